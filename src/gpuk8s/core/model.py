@@ -1,0 +1,205 @@
+"""The GPU model: what a node has, independent of how it was discovered.
+
+Pure data, stdlib only. Discovery (``gpuk8s.discovery``) builds these objects from a
+host root; everything else (allocator, labels, scoring, services, Ansible modules)
+consumes them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .errors import InventoryError
+
+METAX_VENDOR_ID = 0x9999
+NVIDIA_VENDOR_ID = 0x10DE
+
+
+class LinkKind(enum.IntEnum):
+    """Affinity of a pair of devices, higher is better.
+
+    ``SELF`` is the pair of two virtual functions of one physical GPU; ``MX`` is a
+    vendor high-speed link (MetaXLink, or NVLink on NVIDIA nodes); ``PIX`` a shared
+    PCIe switch; ``NODE`` the same NUMA node; ``SYS`` anything else.
+    """
+
+    SYS = 0
+    NODE = 1
+    PIX = 2
+    MX = 3
+    SELF = 4
+
+    @property
+    def label(self) -> str:
+        return self.name if self is not LinkKind.SELF else "X"
+
+
+class SriovState(str, enum.Enum):
+    """SR-IOV state as published in the ``gpu.sriov`` label."""
+
+    ON = "on"  # virtual functions are configured
+    OFF = "off"  # capable, but no VF configured
+    FORBIDDEN = "forbidden"  # the device (or its driver) cannot do SR-IOV
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class DriverMode(str, enum.Enum):
+    NATIVE = "native"  # maintained on the host by the administrator
+    CLOUD = "cloud"  # installed and managed by a container (operator scheme)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Sriov:
+    state: SriovState = SriovState.FORBIDDEN
+    total_vfs: int = 0
+    num_vfs: int = 0
+    vf_addresses: tuple[str, ...] = ()
+    # device nodes of each VF, parallel to vf_addresses (e.g. ("/dev/dri/card9", ...))
+    vf_device_nodes: tuple[tuple[str, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU."""
+
+    index: int
+    pci_address: str
+    vendor: str  # "metax" | "nvidia"
+    vendor_id: int
+    device_id: int
+    product: str
+    family: str = ""
+    memory_mib: int | None = None
+    serial: str | None = None
+    uuid: str | None = None
+    numa_node: int | None = None
+    pcie_switch: str | None = None  # PCI address of the upstream switch port
+    link_group: int | None = None  # MetaXLink / NVLink group id (None: no links)
+    sriov: Sriov = field(default_factory=Sriov)
+    device_nodes: tuple[str, ...] = ()  # e.g. /dev/dri/card1, /dev/dri/renderD129
+    driver_bound: bool = False
+    fault: str | None = None  # reason reported by the vendor tool, None when fine
+
+    @property
+    def memory_label(self) -> str | None:
+        """Memory as the ``gpu.memory`` label shows it (``64GB``)."""
+        if self.memory_mib is None:
+            return None
+        gib = self.memory_mib / 1024
+        return f"{round(gib)}GB"
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    loaded: bool = False
+    version: str | None = None
+    mode: DriverMode = DriverMode.NATIVE
+
+    @property
+    def version_parts(self) -> tuple[int, int, int] | None:
+        """(major, minor, patch) parsed from ``version``; None when unparsable."""
+        if not self.version:
+            return None
+        parts: list[int] = []
+        for raw in self.version.replace("-", ".").split(".")[:3]:
+            digits = "".join(ch for ch in raw if ch.isdigit())
+            if not digits:
+                return None
+            parts.append(int(digits))
+        while len(parts) < 3:
+            parts.append(0)
+        return parts[0], parts[1], parts[2]
+
+
+@dataclass(frozen=True)
+class SdkInfo:
+    version: str | None = None
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """Everything discovery knows about one node's GPUs."""
+
+    backend: str  # "metax" | "nvidia" | "none"
+    gpus: tuple[Gpu, ...] = ()
+    driver: DriverInfo = field(default_factory=DriverInfo)
+    sdk: SdkInfo = field(default_factory=SdkInfo)
+    # pairs of GPU indices joined by a vendor link (MetaXLink / NVLink)
+    links: frozenset[frozenset[int]] = frozenset()
+    control_devices: tuple[str, ...] = ()  # e.g. /dev/mxcd
+    problems: tuple[str, ...] = ()  # why the inventory is partial, one line each
+
+    def __post_init__(self) -> None:
+        seen: set[int] = set()
+        for gpu in self.gpus:
+            if gpu.index in seen:
+                raise InventoryError(f"duplicate GPU index {gpu.index}")
+            seen.add(gpu.index)
+        for pair in self.links:
+            if len(pair) != 2 or not pair <= seen:
+                raise InventoryError(f"link {sorted(pair)} names unknown GPU indices")
+
+    @property
+    def has_gpus(self) -> bool:
+        return bool(self.gpus)
+
+    def gpu(self, index: int) -> Gpu:
+        for gpu in self.gpus:
+            if gpu.index == index:
+                return gpu
+        raise InventoryError(f"no GPU with index {index}")
+
+    def with_problem(self, problem: str) -> NodeInventory:
+        return replace(self, problems=(*self.problems, problem))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view, stable key names (used by `gpuk8s detect --json`)."""
+        return {
+            "backend": self.backend,
+            "driver": {
+                "loaded": self.driver.loaded,
+                "version": self.driver.version,
+                "mode": str(self.driver.mode),
+            },
+            "sdk": {"version": self.sdk.version, "path": self.sdk.path},
+            "control_devices": list(self.control_devices),
+            "links": sorted(sorted(p) for p in self.links),
+            "problems": list(self.problems),
+            "gpus": [gpu_to_dict(g) for g in self.gpus],
+        }
+
+
+def gpu_to_dict(gpu: Gpu) -> dict[str, Any]:
+    return {
+        "index": gpu.index,
+        "pci_address": gpu.pci_address,
+        "vendor": gpu.vendor,
+        "vendor_id": f"0x{gpu.vendor_id:04x}",
+        "device_id": f"0x{gpu.device_id:04x}",
+        "product": gpu.product,
+        "family": gpu.family,
+        "memory_mib": gpu.memory_mib,
+        "serial": gpu.serial,
+        "uuid": gpu.uuid,
+        "numa_node": gpu.numa_node,
+        "pcie_switch": gpu.pcie_switch,
+        "link_group": gpu.link_group,
+        "sriov": {
+            "state": str(gpu.sriov.state),
+            "total_vfs": gpu.sriov.total_vfs,
+            "num_vfs": gpu.sriov.num_vfs,
+            "vf_addresses": list(gpu.sriov.vf_addresses),
+            "vf_device_nodes": [list(nodes) for nodes in gpu.sriov.vf_device_nodes],
+        },
+        "device_nodes": list(gpu.device_nodes),
+        "driver_bound": gpu.driver_bound,
+        "fault": gpu.fault,
+    }

@@ -1,0 +1,1 @@
+"""Long-running services: device plugin, labeller, scheduler extender."""
