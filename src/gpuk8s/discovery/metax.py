@@ -1,0 +1,366 @@
+"""MetaX backend: device-id table, the ``metax`` kernel module, ``mx-smi``, ``/opt/maca``.
+
+mx-smi output (every subcommand) starts with a banner whose header line is
+``=== MetaX System Management Interface Log ===``; per-GPU queries then print one
+section per GPU::
+
+    GPU#0  MXC500  0000:03:00.0
+        Memory
+            vram total                                : 67108864 KB
+
+and ``topo -m`` prints a matrix (``GPU0  X  MX  SYS ...``) where a cell containing
+``MX`` is a MetaXLink edge. Moffett AI ships an unrelated tool also called ``mx-smi``;
+output without the MetaX header is rejected.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, replace
+
+from ..core.model import (
+    METAX_VENDOR_ID,
+    DriverInfo,
+    Gpu,
+    NodeInventory,
+    SdkInfo,
+    Sriov,
+)
+from . import sysfs
+from .tools import Runner, find_tool, host_path, run_tool
+
+VENDOR = "metax"
+DRIVER_NAMES = frozenset({"metax"})  # compared case-insensitively (pci:METAX)
+MODULE_DIR = "/sys/module/metax"
+HEADER = "MetaX System Management Interface Log"
+
+# PCI device id -> (product, family). REFERENCE §A (vllm_mxext gpu_families).
+DEVICE_IDS: dict[int, tuple[str, str]] = {
+    0x4001: ("C500", "MXC"),
+    0x4000: ("C550", "MXC"),
+    0x4081: ("C280", "MXC"),
+    0x4083: ("N260", "MXN"),
+}
+
+MXSMI_CANDIDATES = (
+    "/opt/mxdriver/bin/mx-smi",
+    "/opt/maca/bin/mx-smi",
+    "/usr/bin/mx-smi",
+    "/usr/local/bin/mx-smi",
+)
+SDK_CANDIDATES = ("/opt/maca", "/opt/mxn100")
+CONTROL_DEVICES = ("/dev/mxcd", "/dev/mxnd", "/dev/mxgd")
+# values of "Unavailable Reason" that mean the GPU is fine
+HEALTHY_REASONS = frozenset({"", "n/a", "na", "none", "-", "null", "available", "normal"})
+
+_SECTION_RE = re.compile(
+    r"^GPU#(\d+)\s+(.*?)\s*([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s*$"
+)
+_FIELD_RE = re.compile(r"^\s+(\S.*?)\s*:\s(.*)$")
+
+
+def product_for(device_id: int) -> tuple[str, str]:
+    """(product, family) for a PCI device id; unknown ids still get a product name."""
+    return DEVICE_IDS.get(device_id, (f"unknown-0x{device_id:04x}", ""))
+
+
+def is_gpu(device: sysfs.PciDevice) -> bool:
+    """A MetaX physical function that is a GPU (display / 3D / accelerator class)."""
+    return (
+        device.vendor_id == METAX_VENDOR_ID
+        and not device.is_virtfn
+        and (device.base_class in (0x03, 0x12) or device.device_id in DEVICE_IDS)
+    )
+
+
+# ---------------------------------------------------------------------------- mx-smi
+
+
+@dataclass
+class Section:
+    """One ``GPU#n  NAME  BDF`` block of mx-smi output."""
+
+    smi_index: int
+    name: str
+    address: str
+    fields: dict[str, str] = field(default_factory=dict)  # lower-cased key -> value
+
+
+def check_header(text: str) -> bool:
+    return HEADER in text
+
+
+def parse_sections(text: str) -> dict[str, Section]:
+    """Per-GPU sections keyed by PCI address; nested field names flattened."""
+    sections: dict[str, Section] = {}
+    current: Section | None = None
+    for line in text.splitlines():
+        match = _SECTION_RE.match(line.strip()) if line[:1] not in (" ", "\t") else None
+        if match:
+            address = match.group(3).lower()
+            current = Section(int(match.group(1)), match.group(2).strip(), address)
+            sections[address] = current
+            continue
+        if current is None:
+            continue
+        field_match = _FIELD_RE.match(line)
+        if field_match:
+            key = " ".join(field_match.group(1).lower().split())
+            current.fields.setdefault(key, field_match.group(2).strip())
+    return sections
+
+
+def parse_topo_matrix(text: str) -> set[frozenset[int]]:
+    """Pairs of tool indices (``GPU<n>`` labels) whose matrix cell marks a link.
+
+    Works for ``mx-smi topo -m`` (``MX``) and ``nvidia-smi topo -m`` (``NV<n>``).
+    """
+    columns: list[int] = []
+    pairs: set[frozenset[int]] = set()
+    for line in text.splitlines():
+        tokens = line.split()
+        if not tokens or not re.fullmatch(r"GPU\d+", tokens[0]):
+            continue
+        if line[:1].isspace():  # the header row is indented: "   GPU0  GPU1 ..."
+            columns = [int(t[3:]) for t in tokens if re.fullmatch(r"GPU\d+", t)]
+            continue
+        if not columns:
+            continue
+        row = int(tokens[0][3:])
+        for col, cell in zip(columns, tokens[1 : 1 + len(columns)], strict=False):
+            if col != row and (cell.startswith("MX") or re.fullmatch(r"NV\d+", cell)):
+                pairs.add(frozenset((row, col)))
+    return pairs
+
+
+def run_mxsmi(tool: str, runner: Runner | None, *args: str) -> tuple[str | None, str | None]:
+    """(stdout, problem): stdout only when the run worked and the header is MetaX's."""
+    result = run_tool(runner, [tool, *args])
+    shown = " ".join(("mx-smi", *args))
+    if not result.ok:
+        return None, result.problem
+    if not check_header(result.stdout):
+        return None, (
+            f"{tool} is not MetaX's mx-smi: `{shown}` output lacks the header "
+            f"'{HEADER}' (Moffett AI ships an unrelated tool of the same name)"
+        )
+    return result.stdout, None
+
+
+def _kib(value: str) -> int | None:
+    match = re.match(r"(\d+)\s*([KMG]i?B)?", value.strip(), re.IGNORECASE)
+    if not match:
+        return None
+    number = int(match.group(1))
+    unit = (match.group(2) or "KB").upper().replace("I", "")
+    return number * {"KB": 1, "MB": 1024, "GB": 1024 * 1024}[unit]
+
+
+def unavailable_reasons(
+    root: str, runner: Runner | None = None
+) -> tuple[dict[str, str | None], str | None]:
+    """``mx-smi --show-unavailable-reason``: address -> reason (None when fine).
+
+    Returns ``({}, problem)`` when the tool is missing or unusable; GPUs the tool does
+    not list are absent from the map.
+    """
+    tool = find_tool(root, "mx-smi", MXSMI_CANDIDATES)
+    if tool is None:
+        return {}, "mx-smi not found"
+    text, problem = run_mxsmi(tool, runner, "--show-unavailable-reason")
+    if text is None:
+        return {}, problem
+    reasons: dict[str, str | None] = {}
+    for address, section in parse_sections(text).items():
+        raw = next(
+            (v for k, v in section.fields.items() if "unavailable" in k or "reason" in k), ""
+        )
+        reasons[address] = None if raw.strip().lower() in HEALTHY_REASONS else raw.strip()
+    return reasons, None
+
+
+# ------------------------------------------------------------------------ discovery
+
+
+def driver_info(root: str) -> tuple[DriverInfo, list[str]]:
+    module = host_path(root, MODULE_DIR)
+    if not os.path.isdir(module):
+        return DriverInfo(loaded=False), [
+            "metax kernel module is not loaded (no /sys/module/metax)"
+        ]
+    version = sysfs.read_text(os.path.join(module, "version"))
+    problems = [] if version else ["metax module loaded but /sys/module/metax/version unreadable"]
+    return DriverInfo(loaded=True, version=version or None), problems
+
+
+def sdk_info(root: str) -> tuple[SdkInfo, list[str]]:
+    for path in SDK_CANDIDATES:
+        text = sysfs.read_text(host_path(root, f"{path}/Version.txt"))
+        if text is None:
+            continue
+        for line in text.splitlines():
+            if ":" in line:
+                version = line.split(":")[1].strip()
+                if version:
+                    return SdkInfo(version=version, path=path), []
+        return SdkInfo(path=path), [f"{path}/Version.txt has no 'key:version' line"]
+    return SdkInfo(), ["MXMACA SDK not found (no /opt/maca/Version.txt)"]
+
+
+def drm_device_nodes(root: str, address: str) -> tuple[str, ...]:
+    """``/dev/dri/card<N>`` and ``/dev/dri/renderD<N>`` of one PCI function."""
+    candidates = (
+        f"{MODULE_DIR}/drivers/pci:METAX/{address}/drm",
+        f"{MODULE_DIR}/drivers/pci:metax/{address}/drm",
+        f"{sysfs.PCI_DEVICES}/{address}/drm",
+    )
+    for candidate in candidates:
+        cards, renders = sysfs.drm_nodes(host_path(root, candidate))
+        if cards or renders:
+            return tuple(f"/dev/dri/{name}" for name in (*cards, *renders))
+    return ()
+
+
+def control_devices(root: str) -> tuple[str, ...]:
+    return tuple(p for p in CONTROL_DEVICES if os.path.lexists(host_path(root, p)))
+
+
+def discover(
+    root: str, devices: list[sysfs.PciDevice], runner: Runner | None = None
+) -> NodeInventory:
+    """Inventory of the MetaX GPUs in ``devices`` (link groups are set by the caller)."""
+    problems: list[str] = []
+    driver, driver_problems = driver_info(root)
+    problems += driver_problems
+    sdk, sdk_problems = sdk_info(root)
+    problems += sdk_problems
+
+    gpus_pci = [d for d in devices if is_gpu(d)]
+    memory: dict[str, Section] = {}
+    hwinfo: dict[str, Section] = {}
+    reasons: dict[str, str | None] = {}
+    links: set[frozenset[int]] = set()
+    tool = find_tool(root, "mx-smi", MXSMI_CANDIDATES)
+    if tool is None:
+        problems.append("mx-smi not found under /opt/mxdriver/bin, /opt/maca/bin, /usr/bin, "
+                        "/usr/local/bin: no memory, serial, uuid or MetaXLink data")
+    else:
+        # once a run fails (wrong tool, hung, broken install) the others are skipped:
+        # a hung tool would otherwise cost one timeout per query
+        text = _query(tool, runner, problems, "--show-hwinfo")
+        if text is not None:
+            hwinfo = parse_sections(text)
+            if gpus_pci and not hwinfo:
+                problems.append("`mx-smi --show-hwinfo` listed no GPU")
+            text = _query(tool, runner, problems, "--show-memory")
+        if text is not None:
+            memory = parse_sections(text)
+            reasons, problem = unavailable_reasons(root, runner)
+            if problem:
+                problems.append(problem)
+            text = _query(tool, runner, problems, "topo", "-m")
+        if text is not None:
+            links = _links_by_address(parse_topo_matrix(text), hwinfo or memory, gpus_pci,
+                                      problems)
+
+    gpus: list[Gpu] = []
+    for index, dev in enumerate(gpus_pci):
+        product, family = product_for(dev.device_id or 0)
+        fields = hwinfo[dev.address].fields if dev.address in hwinfo else {}
+        mem_kib = _memory_kib(memory.get(dev.address))
+        bound = (dev.driver or "").lower() in DRIVER_NAMES
+        if dev.driver and not bound:
+            problems.append(f"GPU {dev.address} is bound to {dev.driver!r}, not metax")
+        if dev.sriov.num_vfs != len(dev.sriov.vf_addresses):
+            problems.append(f"GPU {dev.address}: sriov_numvfs is {dev.sriov.num_vfs} but "
+                            f"{len(dev.sriov.vf_addresses)} virtfn links exist")
+        nodes = drm_device_nodes(root, dev.address)
+        if bound and not nodes:
+            problems.append(f"GPU {dev.address}: no DRM card/renderD nodes in sysfs")
+        for node in nodes:
+            if not os.path.lexists(host_path(root, node)):
+                problems.append(f"GPU {dev.address}: {node} does not exist")
+        gpus.append(
+            Gpu(
+                index=index,
+                pci_address=dev.address,
+                vendor=VENDOR,
+                vendor_id=METAX_VENDOR_ID,
+                device_id=dev.device_id or 0,
+                product=product,
+                family=family,
+                memory_mib=None if mem_kib is None else mem_kib // 1024,
+                serial=_field(fields, "serial number", "serial", "sn"),
+                uuid=_field(fields, "uuid", "gpu uuid"),
+                numa_node=dev.numa_node,
+                pcie_switch=dev.pcie_switch,
+                sriov=_with_vf_nodes(root, dev.sriov),
+                device_nodes=nodes,
+                driver_bound=bound,
+                fault=reasons.get(dev.address),
+            )
+        )
+    inventory = NodeInventory(
+        backend=VENDOR,
+        gpus=tuple(gpus),
+        driver=driver,
+        sdk=sdk,
+        links=frozenset(links),
+        control_devices=control_devices(root),
+        problems=tuple(problems),
+    )
+    if gpus and driver.loaded and not inventory.control_devices:
+        inventory = inventory.with_problem("/dev/mxcd does not exist")
+    return inventory
+
+
+def _query(tool: str, runner: Runner | None, problems: list[str], *args: str) -> str | None:
+    text, problem = run_mxsmi(tool, runner, *args)
+    if problem:
+        problems.append(problem)
+    return text
+
+
+def _with_vf_nodes(root: str, sriov: Sriov) -> Sriov:
+    nodes = tuple(drm_device_nodes(root, address) for address in sriov.vf_addresses)
+    return replace(sriov, vf_device_nodes=nodes)
+
+
+def _field(fields: dict[str, str], *keys: str) -> str | None:
+    for key in keys:
+        value = fields.get(key)
+        if value and value.lower() not in ("n/a", "none", "-"):
+            return value
+    return None
+
+
+def _memory_kib(section: Section | None) -> int | None:
+    if section is None:
+        return None
+    for key in ("vram total", "vram total memory", "total"):
+        if key in section.fields:
+            return _kib(section.fields[key])
+    return None
+
+
+def _links_by_address(
+    smi_pairs: set[frozenset[int]],
+    sections: dict[str, Section],
+    gpus: list[sysfs.PciDevice],
+    problems: list[str],
+) -> set[frozenset[int]]:
+    """Translate mx-smi indices to positions in ``gpus`` (via the BDFs it printed)."""
+    by_smi = {s.smi_index: s.address for s in sections.values()}
+    position = {d.address: i for i, d in enumerate(gpus)}
+    if not by_smi:
+        if smi_pairs:
+            problems.append("mx-smi GPU numbering unknown: assuming it follows PCI order")
+        by_smi = {i: d.address for i, d in enumerate(gpus)}
+    result: set[frozenset[int]] = set()
+    for pair in smi_pairs:
+        addresses = [by_smi.get(i) for i in pair]
+        if all(a in position for a in addresses):
+            result.add(frozenset(position[a] for a in addresses if a is not None))
+    return result
+

@@ -1,0 +1,214 @@
+"""NVIDIA backend: PCI vendor 0x10de from sysfs, enriched by ``nvidia-smi`` when present.
+
+Naming (our choice, stable): ``product`` is the short model (``H100``, ``A100``), from
+the PCI device-id table or else the first word of nvidia-smi's name after ``NVIDIA``;
+``family`` is ``NVIDIA-<architecture>`` (``NVIDIA-Hopper``), ``NVIDIA`` when unknown.
+NVLink pairs come from ``nvidia-smi topo -m`` (``NV<n>`` cells) and count as ``MX``
+links in the model. Device nodes are ``/dev/nvidia<minor>`` (minor from
+``/proc/driver/nvidia/gpus/<bdf>/information``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ..core.model import NVIDIA_VENDOR_ID, DriverInfo, Gpu, NodeInventory, SdkInfo
+from . import sysfs
+from .metax import parse_topo_matrix
+from .tools import Runner, find_tool, host_path, run_tool
+
+VENDOR = "nvidia"
+DRIVER_NAMES = frozenset({"nvidia"})
+MODULE_DIR = "/sys/module/nvidia"
+NVSMI_CANDIDATES = ("/usr/bin/nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi")
+CONTROL_DEVICES = (
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+)
+QUERY_FIELDS = ("index", "pci.bus_id", "name", "memory.total", "serial", "uuid")
+
+# PCI device id -> product (a few data-centre parts; others fall back to nvidia-smi)
+DEVICE_IDS: dict[int, str] = {
+    0x2330: "H100",
+    0x2331: "H100",
+    0x2324: "H800",
+    0x2335: "H200",
+    0x20B0: "A100",
+    0x20B2: "A100",
+    0x20B5: "A100",
+    0x20F1: "A100",
+    0x20F3: "A800",
+    0x26B5: "L40",
+    0x26B9: "L40S",
+    0x27B8: "L4",
+    0x1DB4: "V100",
+    0x1DB5: "V100",
+    0x1DB6: "V100",
+}
+ARCHITECTURES = (
+    ("B", "Blackwell"),
+    ("H", "Hopper"),
+    ("L", "Ada"),
+    ("A", "Ampere"),
+    ("T4", "Turing"),
+    ("V", "Volta"),
+)
+
+
+def family_for(product: str) -> str:
+    for prefix, arch in ARCHITECTURES:
+        if product.startswith(prefix):
+            return f"NVIDIA-{arch}"
+    return "NVIDIA"
+
+
+def is_gpu(device: sysfs.PciDevice) -> bool:
+    # NVSwitches share the vendor id but are bridges (class 0x0680): skip them
+    return device.vendor_id == NVIDIA_VENDOR_ID and not device.is_virtfn and (
+        device.base_class == 0x03
+    )
+
+
+def normalise_bus_id(bus_id: str) -> str:
+    """``00000000:18:00.0`` (nvidia-smi) -> ``0000:18:00.0`` (sysfs)."""
+    bus_id = bus_id.strip().lower()
+    domain, _, rest = bus_id.partition(":")
+    return f"{int(domain or '0', 16):04x}:{rest}"
+
+
+def parse_query(text: str) -> dict[str, dict[str, str]]:
+    """``--query-gpu=index,pci.bus_id,...`` CSV -> address -> field -> value."""
+    rows: dict[str, dict[str, str]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != len(QUERY_FIELDS) or not cells[1]:
+            continue
+        row = dict(zip(QUERY_FIELDS, cells, strict=True))
+        try:
+            rows[normalise_bus_id(row["pci.bus_id"])] = row
+        except ValueError:
+            continue
+    return rows
+
+
+def device_minor(root: str, address: str) -> int | None:
+    text = sysfs.read_text(host_path(root, f"/proc/driver/nvidia/gpus/{address}/information"))
+    match = re.search(r"Device Minor:\s*(\d+)", text or "")
+    return int(match.group(1)) if match else None
+
+
+def unreachable(stderr: str) -> dict[str, str]:
+    """GPUs nvidia-smi could not open, from its stderr lines
+    ``Unable to determine the device handle for GPU<bdf>: <why>``."""
+    result: dict[str, str] = {}
+    for line in stderr.splitlines():
+        match = re.search(r"for GPU\s*([0-9a-fA-F]+:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):\s*(.*)",
+                          line)
+        if match:
+            result[normalise_bus_id(match.group(1))] = match.group(2).strip() or "unreachable"
+    return result
+
+
+def query(root: str, runner: Runner | None) -> tuple[dict[str, dict[str, str]], dict[str, str],
+                                                    str | None]:
+    """(rows by address, unreachable GPUs by address, problem)."""
+    tool = find_tool(root, "nvidia-smi", NVSMI_CANDIDATES)
+    if tool is None:
+        return {}, {}, "nvidia-smi not found: no memory, serial, uuid or NVLink data"
+    result = run_tool(runner, [tool, f"--query-gpu={','.join(QUERY_FIELDS)}",
+                               "--format=csv,noheader,nounits"])
+    rows = parse_query(result.stdout)
+    bad = unreachable(result.stderr)
+    if not result.ok and not rows:
+        return {}, bad, result.problem
+    return rows, bad, None
+
+
+def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = None
+             ) -> NodeInventory:
+    problems: list[str] = []
+    module = host_path(root, MODULE_DIR)
+    loaded = os.path.isdir(module)
+    version = sysfs.read_text(os.path.join(module, "version")) if loaded else None
+    if not loaded:
+        problems.append("nvidia kernel module is not loaded (no /sys/module/nvidia)")
+    gpus_pci = [d for d in devices if is_gpu(d)]
+    rows, bad, problem = query(root, runner)
+    if problem:
+        problems.append(problem)
+    links: set[frozenset[int]] = set()
+    tool = find_tool(root, "nvidia-smi", NVSMI_CANDIDATES)
+    if tool is not None and rows:
+        result = run_tool(runner, [tool, "topo", "-m"])
+        if result.ok:
+            position = {d.address: i for i, d in enumerate(gpus_pci)}
+            by_smi = {int(r["index"]): a for a, r in rows.items() if r["index"].isdigit()}
+            for pair in parse_topo_matrix(result.stdout):
+                addresses = [by_smi.get(i) for i in pair]
+                if all(a in position for a in addresses):
+                    links.add(frozenset(position[a] for a in addresses if a is not None))
+        else:
+            problems.append(f"{result.problem}")
+
+    gpus: list[Gpu] = []
+    for index, dev in enumerate(gpus_pci):
+        row = rows.get(dev.address, {})
+        product = DEVICE_IDS.get(dev.device_id or 0) or _product_from_name(row.get("name"))
+        if product is None:
+            product = f"unknown-0x{dev.device_id or 0:04x}"
+        minor = device_minor(root, dev.address)
+        nodes = (f"/dev/nvidia{minor}",) if minor is not None else ()
+        bound = (dev.driver or "") in DRIVER_NAMES
+        gpus.append(
+            Gpu(
+                index=index,
+                pci_address=dev.address,
+                vendor=VENDOR,
+                vendor_id=NVIDIA_VENDOR_ID,
+                device_id=dev.device_id or 0,
+                product=product,
+                family=family_for(product),
+                memory_mib=_int(row.get("memory.total")),
+                serial=_value(row.get("serial")),
+                uuid=_value(row.get("uuid")),
+                numa_node=dev.numa_node,
+                pcie_switch=dev.pcie_switch,
+                sriov=dev.sriov,
+                device_nodes=nodes,
+                driver_bound=bound,
+                fault=bad.get(dev.address),
+            )
+        )
+    controls = tuple(p for p in CONTROL_DEVICES if os.path.lexists(host_path(root, p)))
+    return NodeInventory(
+        backend=VENDOR,
+        gpus=tuple(gpus),
+        driver=DriverInfo(loaded=loaded, version=version or None),
+        sdk=SdkInfo(),
+        links=frozenset(links),
+        control_devices=controls,
+        problems=tuple(problems),
+    )
+
+
+def _product_from_name(name: str | None) -> str | None:
+    if not name:
+        return None
+    words = name.replace("NVIDIA", "").replace("Tesla", "").split()
+    return words[0] if words else None
+
+
+def _value(text: str | None) -> str | None:
+    if not text or text.strip().lower() in ("[n/a]", "n/a", "[not supported]"):
+        return None
+    return text.strip()
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(float(text)) if text else None
+    except ValueError:
+        return None

@@ -1,0 +1,1 @@
+"""Fake vendor tools installed into simulated roots (each file is a standalone script)."""

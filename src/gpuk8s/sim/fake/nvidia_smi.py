@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Simulated ``nvidia-smi``, installed as ``<root>/usr/bin/nvidia-smi``.
+
+Standalone (stdlib only): finds the simulated root from its own location and reads
+``<root>/var/lib/gpuk8s-sim/state.json``. Answers ``-L``, ``--query-gpu=... --format=csv
+[,noheader][,nounits]`` and ``topo -m``. A GPU in fault is reported like a GPU that fell
+off the bus ("Unable to determine the device handle ...", exit status 15).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+UNITS = {"memory.total": "MiB"}
+
+
+def root_dir() -> str:
+    here = os.path.realpath(__file__)
+    for _ in range(3):  # <root>/usr/bin/nvidia-smi
+        here = os.path.dirname(here)
+    return here
+
+
+def load() -> dict[str, Any]:
+    path = os.path.join(root_dir(), "var/lib/gpuk8s-sim/state.json")
+    with open(path, encoding="utf-8") as handle:
+        state: dict[str, Any] = json.load(handle)
+    return state
+
+
+def bus_id(gpu: dict[str, Any]) -> str:
+    return "0000" + str(gpu["bdf"]).upper()
+
+
+def value(state: dict[str, Any], gpu: dict[str, Any], n: int, name: str) -> str:
+    values: dict[str, object] = {
+        "index": n,
+        "pci.bus_id": bus_id(gpu),
+        "name": gpu["name"],
+        "memory.total": gpu["memory_mib"],
+        "serial": gpu["serial"],
+        "uuid": gpu["uuid"],
+        "driver_version": state["driver"]["version"],
+        "minor_number": gpu["index"],
+    }
+    return str(values.get(name, "[N/A]"))
+
+
+def main(argv: list[str]) -> int:
+    try:
+        state = load()
+    except (OSError, ValueError) as err:
+        print(f"NVIDIA-SMI has failed: {err}", file=sys.stderr)
+        return 9
+    present = [g for g in state["gpus"] if g["status"] in ("ok", "fault")]
+    gpus = [g for g in present if g["status"] == "ok"]
+    broken = [g for g in present if g["status"] == "fault"]
+    for gpu in broken:
+        print(f"Unable to determine the device handle for GPU{bus_id(gpu)}: "
+              f"{gpu['reason'] or 'Unknown Error'}", file=sys.stderr)
+    rc = 15 if broken else 0
+    query = next((a.split("=", 1)[1] for a in argv if a.startswith("--query-gpu=")), None)
+    fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("--format=")), "")
+    if query is not None:
+        fields = [f.strip() for f in query.split(",")]
+        opts = set(fmt.split(","))
+        if "csv" not in opts:
+            print("'--format' requires 'csv'", file=sys.stderr)
+            return 2
+        if "noheader" not in opts:
+            print(", ".join(f + (f" [{UNITS[f]}]" if f in UNITS and "nounits" not in opts
+                                 else "") for f in fields))
+        for n, gpu in enumerate(gpus):
+            cells = []
+            for f in fields:
+                cell = value(state, gpu, n, f)
+                if f in UNITS and "nounits" not in opts:
+                    cell += f" {UNITS[f]}"
+                cells.append(cell)
+            print(", ".join(cells))
+        return rc
+    if argv[:2] == ["topo", "-m"]:
+        linked = {frozenset(p) for p in state["links"]}
+        print("\t" + "\t".join(f"GPU{n}" for n in range(len(gpus)))
+              + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID")
+        for n, a in enumerate(gpus):
+            cells = []
+            for b in gpus:
+                if a is b:
+                    cells.append(" X ")
+                elif frozenset((a["index"], b["index"])) in linked:
+                    cells.append(state["link_cell"])
+                elif a["switch"] == b["switch"]:
+                    cells.append("PIX")
+                elif a["numa"] == b["numa"]:
+                    cells.append("NODE")
+                else:
+                    cells.append("SYS")
+            cpus = "0-55,112-167" if a["numa"] == 0 else "56-111,168-223"
+            print(f"GPU{n}\t" + "\t".join(cells) + f"\t{cpus}\t{a['numa']}\t\tN/A")
+        print("\nLegend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe as well as the "
+              "SMP interconnect between NUMA nodes (e.g., QPI/UPI)\n  NODE = Connection "
+              "traversing PCIe as well as the interconnect between PCIe Host Bridges within "
+              "a NUMA node\n  PIX  = Connection traversing at most a single PCIe bridge\n"
+              "  NV#  = Connection traversing a bonded set of # NVLinks")
+        return rc
+    if argv[:1] == ["-L"] or not argv:
+        for n, gpu in enumerate(gpus):
+            print(f"GPU {n}: {gpu['name']} (UUID: {gpu['uuid']})")
+        return rc
+    print(f"Invalid combination of input arguments: {' '.join(argv)}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
