@@ -1,0 +1,227 @@
+"""Node state for the scheduler extender: allocations in, node annotations out.
+
+Allocations come from the kubelet's PodResources API (``List``); the annotations are
+
+* ``metax-tech.com/gpu.topology.scores`` / ``...losses`` -- ``core.scoring`` tables
+  over the *free* devices (healthy and not allocated), and
+* ``metax-tech.com/gpu.devices`` -- the device list (``core.devicelist``).
+
+They are patched on the plugin's own Node (JSON merge patch of
+``metadata.annotations``; RBAC: ``patch`` and ``get`` on ``nodes``) only when their
+value changed: at start the current values are read from the Node, afterwards the
+last values sent are remembered. A failed patch is retried at the next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import grpc
+
+from ...core.devicelist import DEVICES_ANNOTATION, format_device_list
+from ...core.errors import GpuK8sError
+from ...core.scoring import tables_as_annotations, topology_tables
+from .. import kube
+from .devices import DeviceSet
+from .grpcapi import PodResourcesStub, podres, unix_target
+from .metrics import PluginMetrics
+
+log = logging.getLogger("gpuk8s.deviceplugin.nodestate")
+
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+class NodeStateError(GpuK8sError):
+    """Reading allocations or patching the node failed (temporary: retried)."""
+
+
+class NodePatcher(Protocol):
+    """Where node annotations go. Tests use a recording fake or a real apiserver."""
+
+    def get_annotations(self, node: str) -> dict[str, str]: ...
+
+    def patch_annotations(self, node: str, annotations: Mapping[str, str | None]) -> None: ...
+
+
+class KubernetesNodePatcher:
+    """``NodePatcher`` over the official client (``services.kube.api_client``: an
+    explicit kubeconfig, the in-cluster service account, or $KUBECONFIG)."""
+
+    def __init__(self, kubeconfig: str | None = None, api_client: Any = None) -> None:
+        from kubernetes import client
+
+        if api_client is None:
+            api_client = kube.api_client(kubeconfig)
+        self.api = client.CoreV1Api(api_client)
+
+    def get_annotations(self, node: str) -> dict[str, str]:
+        try:
+            obj = self.api.read_node(node)
+        except Exception as err:  # classified: temporary vs permanent ApiError
+            raise kube.classify(err, f"read node {node}") from err
+        meta = obj.metadata
+        return dict(meta.annotations or {}) if meta is not None else {}
+
+    def patch_annotations(self, node: str, annotations: Mapping[str, str | None]) -> None:
+        body = {"metadata": {"annotations": dict(annotations)}}
+        try:
+            self.api.patch_node(node, body, _content_type="application/merge-patch+json")
+        except Exception as err:
+            raise kube.classify(err, f"patch node {node}") from err
+
+
+class PodResourcesClient:
+    """Allocated device ids of one resource, from the kubelet's PodResources ``List``.
+
+    A new channel per call: the socket is recreated whenever the kubelet restarts.
+    """
+
+    def __init__(self, socket_path: str = DEFAULT_POD_RESOURCES_SOCKET, timeout: float = 5.0):
+        self.socket_path = socket_path
+        self.timeout = timeout
+
+    def allocated(self, resource_name: str) -> set[str]:
+        try:
+            with grpc.insecure_channel(unix_target(self.socket_path)) as channel:
+                response = PodResourcesStub(channel).List(
+                    podres.ListPodResourcesRequest(), timeout=self.timeout
+                )
+        except grpc.RpcError as err:
+            raise NodeStateError(
+                f"PodResources List on {self.socket_path} failed: {err.code()}"
+            ) from err
+        ids: set[str] = set()
+        for pod in response.pod_resources:
+            for container in pod.containers:
+                for devices in container.devices:
+                    if devices.resource_name == resource_name:
+                        ids.update(devices.device_ids)
+        return ids
+
+
+AllocationsSource = Callable[[str], set[str]]
+
+
+class NodeStatePublisher:
+    """Keeps the node annotations in line with health and allocations."""
+
+    def __init__(
+        self,
+        devices: DeviceSet,
+        node_name: str,
+        patcher: NodePatcher,
+        allocations: AllocationsSource | None,
+        metrics: PluginMetrics,
+        interval: float = 10.0,
+    ) -> None:
+        self.devices = devices
+        self.node_name = node_name
+        self.patcher = patcher
+        self.allocations = allocations
+        self.metrics = metrics
+        self.interval = interval
+        self.allocated: set[str] = set()
+        self.published: dict[str, str] | None = None
+        self.patches = 0
+        self._lock = threading.Lock()  # one sync at a time
+        self._due_lock = threading.Lock()
+        self._due = 0.0
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._pod_resources_failing = False
+
+    def desired(self, allocated: set[str]) -> dict[str, str]:
+        topo = self.devices.topology
+        healthy = set(self.devices.healthy_ids())
+        free = [topo.position[u] for u in healthy - allocated if u in topo.position]
+        scores, losses = topology_tables(topo, free)
+        out = tables_as_annotations(scores, losses)
+        out[DEVICES_ANNOTATION] = format_device_list(self.devices.entries(allocated))
+        return out
+
+    def refresh_allocations(self) -> None:
+        if self.allocations is None:
+            return
+        try:
+            found = self.allocations(self.devices.resource_name)
+        except GpuK8sError as err:
+            if not self._pod_resources_failing:
+                log.warning(
+                    "cannot read allocations; keeping the last known", extra={"error": str(err)}
+                )
+            self._pod_resources_failing = True
+            return
+        if self._pod_resources_failing:
+            log.info("PodResources API answers again")
+        self._pod_resources_failing = False
+        known = {u.id for u in self.devices.units}
+        self.allocated = found & known
+        self.metrics.allocated.set(len(self.allocated))
+
+    def sync_once(self) -> bool:
+        """Read allocations, compute the annotations, patch if changed. True if patched."""
+        with self._lock:
+            self.refresh_allocations()
+            want = self.desired(self.allocated)
+            if self.published is None:
+                try:
+                    current = self.patcher.get_annotations(self.node_name)
+                    self.published = {k: current[k] for k in want if k in current}
+                except GpuK8sError as err:
+                    log.warning("cannot read the node; will patch", extra={"error": str(err)})
+            if self.published == want:
+                return False
+            try:
+                self.patcher.patch_annotations(self.node_name, want)
+            except GpuK8sError as err:
+                log.warning("node patch failed; retrying later", extra={"error": str(err)})
+                return False
+            self.published = dict(want)
+            self.patches += 1
+            self.metrics.node_patches.inc()
+            log.info(
+                "node annotations updated",
+                extra={"node": self.node_name, "allocated": sorted(self.allocated)},
+            )
+            return True
+
+    def nudge(self, delay: float = 0.0) -> None:
+        """Ask for a sync in ``delay`` seconds (earlier requests win)."""
+        due = time.monotonic() + delay
+        with self._due_lock:
+            self._due = min(self._due, due)
+        self._wake.set()
+
+    def run(self, stop: threading.Event) -> None:
+        self._due = time.monotonic()
+        while not stop.is_set():
+            now = time.monotonic()
+            with self._due_lock:
+                due = now >= self._due
+                if due:
+                    self._due = now + self.interval
+            if due:
+                try:
+                    self.sync_once()
+                except Exception:  # never let a bug stop the loop; log and retry
+                    log.exception("node state sync failed")
+                continue
+            self._wake.wait(self._due - now)
+            self._wake.clear()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self.run, args=(self._stop,), name="nodestate", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
