@@ -1,0 +1,26 @@
+# Entry points that are not Python tests. See docs/package.md and docs/charts.md.
+#
+#   make package VERSION=x.y.z [IMAGES=build/images/images.txt] [OUT=dist]
+#       the offline packages dist/metax-gpu-k8s-package[-base].x.y.z.tar.gz
+#       (without IMAGES, images/build.sh builds the component images first)
+#   make chart-docs      regenerate the option tables of docs/charts.md
+#   make chart-lint      helm lint --strict both charts
+
+PYTHON ?= python3
+OUT ?= dist
+
+.PHONY: package chart-docs chart-lint
+
+package:
+ifndef VERSION
+	$(error VERSION is required: make package VERSION=1.2.3)
+endif
+	package/build.sh $(VERSION) --out $(OUT) $(if $(IMAGES),--images $(IMAGES))
+
+chart-docs:
+	$(PYTHON) package/values_table.py
+
+chart-lint:
+	helm="$${HELM:-$$(lab/tools.sh helm)}"; \
+	"$$helm" lint --strict charts/metax-gpu-extensions && \
+	"$$helm" lint --strict charts/metax-operator --set driver.payload.version=0.0.0

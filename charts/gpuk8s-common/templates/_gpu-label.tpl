@@ -1,0 +1,121 @@
+{{/*
+gpu-label: the node labeller DaemonSet and its RBAC.
+It runs on every Linux node, with no selector on metax-tech.com/ labels: it is the
+component that writes them (gpu.installed=false included), so it cannot wait for them.
+Context: root.
+*/}}
+{{- define "gpuk8s.gpuLabel" -}}
+{{- $root := .root -}}
+{{- $ctx := dict "root" $root "component" "gpu-label" "values" $root.Values.gpuLabel -}}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: gpu-label
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+automountServiceAccountToken: true
+---
+# The labeller reads its node and patches its labels: nothing else.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: {{ include "gpuk8s.clusterName" $ctx }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+rules:
+  - apiGroups: [""]
+    resources: ["nodes"]
+    verbs: ["get", "patch"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: {{ include "gpuk8s.clusterName" $ctx }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: {{ include "gpuk8s.clusterName" $ctx }}
+subjects:
+  - kind: ServiceAccount
+    name: gpu-label
+    namespace: {{ $root.Release.Namespace }}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: gpu-label
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+spec:
+  selector:
+    matchLabels:
+      {{- include "gpuk8s.selectorLabels" $ctx | nindent 6 }}
+  updateStrategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxUnavailable: 1
+  template:
+    metadata:
+      labels:
+        {{- include "gpuk8s.labels" $ctx | nindent 8 }}
+    spec:
+      serviceAccountName: gpu-label
+      priorityClassName: system-node-critical
+      {{- with include "gpuk8s.imagePullSecrets" $root | trim }}{{ . | nindent 6 }}{{ end }}
+      nodeSelector:
+        kubernetes.io/os: linux
+      tolerations:
+        {{- include "gpuk8s.nodeAgentTolerations" $root | nindent 8 }}
+      securityContext:
+        {{- include "gpuk8s.podSecurityContext" $root | nindent 8 }}
+      containers:
+        - name: gpu-label
+          image: {{ include "gpuk8s.image" $ctx }}
+          imagePullPolicy: {{ $root.Values.pullPolicy }}
+          command: ["gpuk8s"]
+          args:
+            - serve
+            - labeller
+            - --host-root=/host
+            - --interval={{ $root.Values.gpuLabel.interval }}
+            - --health-port=8081
+            {{- range $root.Values.gpuLabel.extraArgs }}
+            - {{ . | quote }}
+            {{- end }}
+            {{- include "gpuk8s.logArgs" $ctx | nindent 12 }}
+          env:
+            {{- include "gpuk8s.nodeNameEnv" $root | nindent 12 }}
+          ports:
+            - name: health
+              containerPort: 8081
+              protocol: TCP
+          livenessProbe:
+            httpGet:
+              path: /healthz
+              port: health
+            initialDelaySeconds: 30
+            periodSeconds: 30
+            timeoutSeconds: 5
+          # Not privileged: it only reads the host (sysfs, /opt/maca, the driver's version
+          # files) through the read-only host root. uid 0 because some of those files and
+          # the host log dir are root-owned; every capability is dropped.
+          securityContext:
+            {{- include "gpuk8s.restrictedSecurityContext" (dict "uid" 0) | nindent 12 }}
+          {{- with include "gpuk8s.resources" $ctx | trim }}{{ . | nindent 10 }}{{ end }}
+          volumeMounts:
+            - name: host-root
+              mountPath: /host
+              readOnly: true
+              mountPropagation: HostToContainer
+            {{- with include "gpuk8s.logVolumeMount" $ctx | trim }}{{ . | nindent 12 }}{{ end }}
+      volumes:
+        - name: host-root
+          hostPath:
+            path: {{ $root.Values.hostPaths.root }}
+            type: Directory
+        {{- with include "gpuk8s.logVolume" $ctx | trim }}{{ . | nindent 8 }}{{ end }}
+{{- end -}}

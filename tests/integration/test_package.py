@@ -1,0 +1,543 @@
+"""The offline package, end to end against real programs: `make package` builds both
+tarballs; the `.run` pushes every image to a real OCI registry (Debian's docker-registry,
+started here on 127.0.0.1 with its own config and storage) and loads them into a real
+containerd; `helm push` puts both charts in the same registry, and the chart pulled back
+from it references images that are really there.
+
+The component images are tiny but real OCI archives written by images/ociimage.py (one
+file layer each), so the test does not wait for the full image build; set
+GPUK8S_PACKAGE_IMAGES to an images.txt of images/build.sh (and GPUK8S_PACKAGE_VERSION to
+their tag) to package the real ones.
+Needs: helm (lab/tools.sh helm), skopeo, docker-registry, make; ctr + a running
+containerd for the load test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tarfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+# the images of GPUK8S_PACKAGE_IMAGES must be tagged with this version
+VERSION = os.environ.get("GPUK8S_PACKAGE_VERSION", "1.2.3")
+EXT_IMAGES = ["gpu-device", "gpu-label", "gpu-aware"]
+OP_IMAGES = ["driver-manager", "container-runtime", "operator-controller"]
+ALL_IMAGES = EXT_IMAGES + OP_IMAGES
+FULL = f"metax-gpu-k8s-package.{VERSION}"
+BASE = f"metax-gpu-k8s-package-base.{VERSION}"
+RUN = f"metax-k8s-images.{VERSION}.run"
+
+
+# -- tools --------------------------------------------------------------------------------
+def need(program: str, hint: str) -> str:
+    path = shutil.which(program)
+    if not path:
+        pytest.skip(f"{program} not installed ({hint})")
+    return path
+
+
+@cache
+def _helm() -> str | None:
+    if os.environ.get("GPUK8S_HELM"):
+        return os.environ["GPUK8S_HELM"]
+    tools = REPO / "lab" / "tools.sh"
+    if tools.exists():
+        proc = subprocess.run(
+            ["bash", str(tools), "helm"], capture_output=True, text=True, check=False
+        )
+        if proc.returncode == 0 and os.access(proc.stdout.strip(), os.X_OK):
+            return proc.stdout.strip()
+    return shutil.which("helm")
+
+
+def helm_bin() -> str:
+    path = _helm()
+    if not path:
+        pytest.skip("helm not available (lab/tools.sh helm or GPUK8S_HELM)")
+    assert path
+    return path
+
+
+def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300, **kw)
+
+
+def ok(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    proc = run(cmd, **kw)
+    assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+# -- fixtures -------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A docker-registry of our own on 127.0.0.1:<free port>, storage in a temp dir."""
+    binary = need("docker-registry", "apt-get install docker-registry")
+    root = tmp_path_factory.mktemp("registry")
+    port = _free_port()
+    config = {
+        "version": 0.1,
+        "log": {"level": "warn"},
+        "storage": {
+            "filesystem": {"rootdirectory": str(root / "data")},
+            "delete": {"enabled": True},
+        },
+        "http": {"addr": f"127.0.0.1:{port}"},
+    }
+    (root / "config.yml").write_text(yaml.safe_dump(config))
+    log = (root / "registry.log").open("w")
+    proc = subprocess.Popen([binary, "serve", str(root / "config.yml")], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None, (root / "registry.log").read_text()
+            assert time.monotonic() < deadline, "docker-registry did not answer on /v2/"
+            time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def images_list(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """images.txt ("ARCHIVE REF" lines) of one OCI archive per component, tagged VERSION."""
+    given = os.environ.get("GPUK8S_PACKAGE_IMAGES")
+    if given:
+        return Path(given)
+    work = tmp_path_factory.mktemp("images")
+    lines = []
+    for name in ALL_IMAGES:
+        payload = work / f"{name}.txt"
+        payload.write_text(f"{name} {VERSION} {uuid.uuid4()}\n")
+        archive = work / f"{name}.oci.tar"
+        ref = f"127.0.0.1:5000/gpuk8s/{name}:{VERSION}"
+        ok(
+            [
+                "python3",
+                str(REPO / "images" / "ociimage.py"),
+                "--ref",
+                ref,
+                "--out",
+                str(archive),
+                "--layer",
+                f"{payload}=/etc/{name}.txt:0644",
+                "--entrypoint",
+                "/bin/true",
+            ]
+        )
+        lines.append(f"{archive} {ref}")
+    (work / "images.txt").write_text("\n".join(lines) + "\n")
+    return work / "images.txt"
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory, images_list: Path) -> Path:
+    """`make package VERSION=...`, both tarballs unpacked under the returned directory."""
+    need("make", "apt-get install make")
+    need("skopeo", "apt-get install skopeo")
+    out = tmp_path_factory.mktemp("dist")
+    env = {**os.environ, "HELM": helm_bin()}
+    ok(
+        [
+            "make",
+            "-C",
+            str(REPO),
+            "package",
+            f"VERSION={VERSION}",
+            f"IMAGES={images_list}",
+            f"OUT={out}",
+        ],
+        env=env,
+    )
+    for name in (FULL, BASE):
+        with tarfile.open(out / f"{name}.tar.gz") as tar:
+            tar.extractall(out / "x", filter="data")
+    return out
+
+
+def _archive_manifest(archive: Path) -> dict[str, Any]:
+    """The image manifest inside an OCI archive (index -> manifest)."""
+    with tarfile.open(archive) as tar:
+        index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
+        digest = index["manifests"][0]["digest"].split(":", 1)[1]
+        return json.load(tar.extractfile(f"blobs/sha256/{digest}"))  # type: ignore[arg-type]
+
+
+def _archives(images_list: Path) -> dict[str, Path]:
+    out = {}
+    for line in images_list.read_text().splitlines():
+        if line.strip():
+            archive, ref = line.split()
+            out[ref.rsplit("/", 1)[1].split(":")[0]] = Path(archive)
+    return out
+
+
+# -- the package ------------------------------------------------------------------------------
+def test_package_layout(package: Path) -> None:
+    assert sorted(p.name for p in package.glob("*.tar.gz")) == [f"{BASE}.tar.gz", f"{FULL}.tar.gz"]
+    full, base = package / "x" / FULL, package / "x" / BASE
+    assert sorted(p.name for p in full.iterdir()) == sorted(
+        [
+            RUN,
+            f"metax-gpu-extensions-{VERSION}.tgz",
+            f"metax-operator-{VERSION}.tgz",
+            "SHA256SUMS",
+            "README.txt",
+        ]
+    )
+    # the -base variant: no operator chart
+    assert sorted(p.name for p in base.iterdir()) == sorted(
+        [
+            RUN,
+            f"metax-gpu-extensions-{VERSION}.tgz",
+            "SHA256SUMS",
+            "README.txt",
+        ]
+    )
+    for d in (full, base):
+        ok(["sha256sum", "-c", "SHA256SUMS"], cwd=d)
+        assert os.access(d / RUN, os.X_OK)
+
+
+@pytest.mark.parametrize("chart", ["metax-gpu-extensions", "metax-operator"])
+def test_packaged_charts_carry_the_version_and_the_library(package: Path, chart: str) -> None:
+    with tarfile.open(package / "x" / FULL / f"{chart}-{VERSION}.tgz") as tar:
+        names = tar.getnames()
+        meta = yaml.safe_load(tar.extractfile(f"{chart}/Chart.yaml"))  # type: ignore[arg-type]
+    assert meta["version"] == VERSION and meta["appVersion"] == VERSION
+    # the symlinked library chart is copied in: the .tgz stands alone
+    assert f"{chart}/charts/gpuk8s-common/templates/_helpers.tpl" in names
+    assert f"{chart}/values.schema.json" in names
+
+
+def test_run_lists_and_verifies(package: Path) -> None:
+    full = ok([str(package / "x" / FULL / RUN), "list"]).stdout.split()
+    assert full == [f"{n}:{VERSION}" for n in ALL_IMAGES]
+    base = ok([str(package / "x" / BASE / RUN), "list"]).stdout.split()
+    assert base == [f"{n}:{VERSION}" for n in EXT_IMAGES]
+    assert "payload ok" in ok([str(package / "x" / FULL / RUN), "verify"]).stderr
+
+
+def test_run_detects_a_damaged_payload(package: Path, tmp_path: Path) -> None:
+    damaged = tmp_path / RUN
+    data = bytearray((package / "x" / FULL / RUN).read_bytes())
+    data[-2000] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    damaged.chmod(0o755)
+    proc = run([str(damaged), "verify"])
+    assert proc.returncode != 0 and "checksum mismatch" in proc.stderr
+    proc = run([str(damaged), "push", "127.0.0.1:1/x", "--dest-tls-verify=false"])
+    assert proc.returncode != 0 and "checksum mismatch" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["push"], "give the destination"),
+        (["push", "onlydomain"], "DOMAIN/PROJECT"),
+        (["push", "r.local/p", "--dest-tls-verify=maybe"], "must be true or false"),
+        (["push", "r.local/p", "--bogus"], "unknown option --bogus"),
+        (["load", "--engine", "rkt"], "containerd, docker or podman"),
+        (["frobnicate"], "unknown command"),
+    ],
+)
+def test_run_rejects_bad_usage(package: Path, args: list[str], needle: str) -> None:
+    proc = run([str(package / "x" / BASE / RUN), *args])
+    assert proc.returncode != 0
+    assert needle in proc.stderr
+
+
+def test_run_push_to_a_real_registry(package: Path, registry: str, images_list: Path) -> None:
+    dest = f"{registry}/metax"
+    proc = ok([str(package / "x" / FULL / RUN), "push", dest, "--dest-tls-verify=false"])
+    assert f"pushed {len(ALL_IMAGES)} images to {dest}" in proc.stderr
+    archives = _archives(images_list)
+    for name in ALL_IMAGES:
+        raw = ok(
+            [
+                "skopeo",
+                "inspect",
+                "--raw",
+                "--tls-verify=false",
+                f"docker://{dest}/{name}:{VERSION}",
+            ]
+        ).stdout
+        pushed = json.loads(raw)
+        original = _archive_manifest(archives[name])
+        # same content: the registry holds exactly the layers and config that were packaged
+        assert [layer["digest"] for layer in pushed["layers"]] == [
+            layer["digest"] for layer in original["layers"]
+        ], name
+        assert pushed["config"]["digest"] == original["config"]["digest"], name
+    # the base package pushes only the extension images
+    ok([str(package / "x" / BASE / RUN), "push", f"{registry}/base", "--dest-tls-verify=false"])
+    with urllib.request.urlopen(f"http://{registry}/v2/_catalog") as resp:
+        catalog = json.load(resp)["repositories"]
+    assert sorted(r for r in catalog if r.startswith("base/")) == sorted(
+        f"base/{n}" for n in EXT_IMAGES
+    )
+
+
+def test_push_needs_tls_off_for_a_plain_http_registry(package: Path, registry: str) -> None:
+    proc = run([str(package / "x" / BASE / RUN), "push", f"{registry}/tls"])
+    assert proc.returncode != 0
+    assert "--dest-tls-verify=false" in proc.stderr  # the hint names the flag
+
+
+def test_helm_push_both_charts_and_install_from_the_registry(
+    package: Path, registry: str, tmp_path: Path
+) -> None:
+    helm = helm_bin()
+    env = {
+        **os.environ,
+        "HELM_REGISTRY_CONFIG": str(tmp_path / "registry.json"),
+        "HELM_CACHE_HOME": str(tmp_path / "cache"),
+        "HELM_CONFIG_HOME": str(tmp_path / "config"),
+    }
+    project = f"{registry}/metax"
+    # images first (the chart rendered below must find them)
+    ok([str(package / "x" / FULL / RUN), "push", project, "--dest-tls-verify=false"])
+    for chart in ("metax-gpu-extensions", "metax-operator"):
+        proc = ok(
+            [
+                helm,
+                "push",
+                str(package / "x" / FULL / f"{chart}-{VERSION}.tgz"),
+                f"oci://{project}",
+                "--plain-http",
+            ],
+            env=env,
+        )
+        assert f"{project}/{chart}:{VERSION}" in proc.stdout + proc.stderr
+        shown = ok(
+            [
+                helm,
+                "show",
+                "chart",
+                f"oci://{project}/{chart}",
+                "--version",
+                VERSION,
+                "--plain-http",
+            ],
+            env=env,
+        ).stdout
+        assert yaml.safe_load(shown)["appVersion"] == VERSION
+    # install-equivalent render from the registry: every image it names is in the registry
+    rendered = ok(
+        [
+            helm,
+            "template",
+            "rel",
+            f"oci://{project}/metax-operator",
+            "--version",
+            VERSION,
+            "--plain-http",
+            "-n",
+            "metax-operator",
+            "--set",
+            f"registry={project}",
+            "--set",
+            "driver.payload.version=2.0.0",
+            "--set",
+            "deployExtenderGPUAware=true",
+        ],
+        env=env,
+    ).stdout
+    images = set()
+    for doc in yaml.safe_load_all(rendered):
+        if doc and doc["kind"] in ("DaemonSet", "Deployment", "Pod"):
+            spec = doc["spec"]["template"]["spec"] if doc["kind"] != "Pod" else doc["spec"]
+            images |= {c["image"] for c in spec["containers"]}
+    assert images == {f"{project}/{n}:{VERSION}" for n in ALL_IMAGES}
+    for image in sorted(images):
+        ok(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{image}"])
+
+
+def _containerd_ready() -> str | None:
+    if not shutil.which("ctr"):
+        return "ctr not installed"
+    if not Path("/run/containerd/containerd.sock").exists():
+        return "containerd is not running (/run/containerd/containerd.sock)"
+    if os.geteuid() != 0:
+        return "ctr needs root"
+    return None
+
+
+def _drop_namespace(ns: str) -> None:
+    images = run(["ctr", "-n", ns, "images", "ls", "-q"]).stdout.split()
+    if images:
+        run(["ctr", "-n", ns, "images", "rm", *images])
+    for _ in range(8):  # snapshots go child first
+        keys = [
+            line.split()[0]
+            for line in run(["ctr", "-n", ns, "snapshots", "ls"]).stdout.splitlines()[1:]
+        ]
+        if not keys:
+            break
+        for key in keys:
+            run(["ctr", "-n", ns, "snapshots", "rm", key])
+    blobs = run(["ctr", "-n", ns, "content", "ls", "-q"]).stdout.split()
+    if blobs:
+        run(["ctr", "-n", ns, "content", "rm", *blobs])
+    run(["ctr", "namespaces", "rm", ns])
+
+
+def test_run_load_into_containerd(package: Path) -> None:
+    reason = _containerd_ready()
+    if reason:
+        pytest.skip(reason)
+    ns = f"gpuk8s-pkgtest-{uuid.uuid4().hex[:8]}"  # never the kubelet's k8s.io
+    try:
+        ok([str(package / "x" / BASE / RUN), "load", "--engine", "containerd", "--namespace", ns])
+        names = sorted(run(["ctr", "-n", ns, "images", "ls", "-q"]).stdout.split())
+        # exactly the references the chart uses by default, nothing else
+        assert names == sorted(f"cr.metax-tech.com/cloud/{n}:{VERSION}" for n in EXT_IMAGES)
+        ok(
+            [
+                str(package / "x" / BASE / RUN),
+                "load",
+                "reg.local/p/",
+                "--engine",
+                "containerd",
+                "--namespace",
+                ns,
+            ]
+        )
+        names = set(run(["ctr", "-n", ns, "images", "ls", "-q"]).stdout.split())
+        assert {f"reg.local/p/{n}:{VERSION}" for n in EXT_IMAGES} <= names
+    finally:
+        _drop_namespace(ns)
+
+
+def test_load_dry_run_for_docker_and_podman(package: Path) -> None:
+    for engine in ("docker", "podman"):
+        proc = ok([str(package / "x" / BASE / RUN), "load", "--engine", engine, "--dry-run"])
+        for name in EXT_IMAGES:
+            ref = f"cr.metax-tech.com/cloud/{name}:{VERSION}"
+            assert "docker-archive:" in proc.stdout and ref in proc.stdout
+        assert proc.stdout.count(f"+ {engine} load -i") == len(EXT_IMAGES)
+
+
+# -- package/build.sh refuses bad input ------------------------------------------------------
+def _write_list(tmp_path: Path, entries: dict[str, str]) -> Path:
+    lst = tmp_path / "images.txt"
+    lst.write_text("".join(f"{archive} {ref}\n" for ref, archive in entries.items()))
+    return lst
+
+
+def test_build_rejects_wrong_tags_missing_images_and_bad_versions(
+    images_list: Path, tmp_path: Path
+) -> None:
+    need("skopeo", "apt-get install skopeo")
+    build = str(REPO / "package" / "build.sh")
+    env = {**os.environ, "HELM": helm_bin()}
+    archives = _archives(images_list)
+    proc = run([build, "1.2.x", "--images", str(images_list), "--out", str(tmp_path)], env=env)
+    assert proc.returncode != 0 and "SemVer" in proc.stderr
+    proc = run([build, "9.9.9", "--images", str(images_list), "--out", str(tmp_path)], env=env)
+    assert proc.returncode != 0 and f"tagged {VERSION}" in proc.stderr and ":9.9.9" in proc.stderr
+    partial = _write_list(tmp_path, {f"x/{n}:{VERSION}": str(archives[n]) for n in EXT_IMAGES})
+    proc = run([build, VERSION, "--images", str(partial), "--out", str(tmp_path)], env=env)
+    assert proc.returncode != 0
+    assert (
+        "no image archive for: driver-manager container-runtime operator-controller" in proc.stderr
+    )
+    assert not list(tmp_path.glob("*.tar.gz"))
+
+
+def test_packaging_is_reproducible(images_list: Path, tmp_path: Path) -> None:
+    need("skopeo", "apt-get install skopeo")
+    env = {**os.environ, "HELM": helm_bin(), "SOURCE_DATE_EPOCH": "1700000000"}
+    digests = []
+    for i in range(2):
+        out = tmp_path / str(i)
+        ok(
+            [
+                str(REPO / "package" / "build.sh"),
+                VERSION,
+                "--images",
+                str(images_list),
+                "--out",
+                str(out),
+            ],
+            env=env,
+        )
+        digests.append(hashlib.sha256((out / f"{BASE}.tar.gz").read_bytes()).hexdigest())
+    assert digests[0] == digests[1]
+
+
+def test_run_extract(package: Path, tmp_path: Path) -> None:
+    ok([str(package / "x" / BASE / RUN), "extract", str(tmp_path / "out")])
+    listing = (tmp_path / "out" / "images.txt").read_text().splitlines()
+    assert listing == [f"{n} {VERSION}" for n in EXT_IMAGES]
+    layout = tmp_path / "out" / "oci"
+    assert json.loads((layout / "oci-layout").read_text())["imageLayoutVersion"] == "1.0.0"
+    index = json.loads((layout / "index.json").read_text())
+    # one layout, one manifest per image, named only NAME:VERSION (not the builder's registry)
+    names = [m["annotations"]["org.opencontainers.image.ref.name"] for m in index["manifests"]]
+    assert sorted(names) == sorted(f"{n}:{VERSION}" for n in EXT_IMAGES)
+    assert not any("io.containerd.image.name" in m["annotations"] for m in index["manifests"])
+    # every blob is there, and blobs the images share are stored once
+    wanted = set()
+    for m in index["manifests"]:
+        manifest = json.loads((layout / "blobs" / "sha256" / m["digest"].split(":")[1]).read_text())
+        wanted |= {manifest["config"]["digest"]} | {la["digest"] for la in manifest["layers"]}
+    present = {f"sha256:{p.name}" for p in (layout / "blobs" / "sha256").iterdir()}
+    assert wanted <= present
+    for digest in wanted:
+        blob = (layout / "blobs" / "sha256" / digest.split(":")[1]).read_bytes()
+        assert hashlib.sha256(blob).hexdigest() == digest.split(":")[1]
+
+
+def test_push_passes_credentials_to_skopeo(package: Path, tmp_path: Path) -> None:
+    auth = tmp_path / "auth.json"
+    auth.write_text("{}")
+    proc = ok(
+        [
+            str(package / "x" / BASE / RUN),
+            "push",
+            "r.local/p/",
+            "--creds",
+            "u:secret",
+            "--authfile",
+            str(auth),
+            "--dry-run",
+        ]
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("+ skopeo copy")]
+    assert len(lines) == len(EXT_IMAGES)
+    for line, name in zip(lines, EXT_IMAGES, strict=True):
+        assert "--dest-creds u:secret" in line and f"--dest-authfile {auth}" in line
+        assert "--dest-tls-verify=true" in line  # TLS verified unless asked otherwise
+        assert line.endswith(f"docker://r.local/p/{name}:{VERSION}")

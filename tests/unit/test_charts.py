@@ -1,0 +1,1199 @@
+"""Helm charts: render with `helm template` over many value combinations and assert on the
+parsed objects; `helm lint --strict`; every rendered object validated against the
+Kubernetes OpenAPI schemas (kubernetes-validate, strict, and kubeconform when built).
+
+helm comes from $GPUK8S_HELM, else `lab/tools.sh helm` (builds it from Go modules once),
+else PATH. Without helm the module is skipped locally and fails under CI.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHARTS = REPO / "charts"
+EXT = CHARTS / "metax-gpu-extensions"
+OP = CHARTS / "metax-operator"
+NS = "gpu-ns"
+REL = "rel"
+KUBE_VERSION = "1.35.0"  # the lab's minor; schemas of the same minor are used below
+P = "metax-tech.com/"
+
+# minimal values each chart needs to render
+OP_MIN = {"driver": {"payload": {"version": "2.0.0"}}}
+
+
+# -- locating tools -----------------------------------------------------------------
+def _missing(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (required in CI)")
+    pytest.skip(reason)
+
+
+@cache
+def _helm_path() -> str | None:
+    env = os.environ.get("GPUK8S_HELM")
+    if env:
+        return env
+    tools = REPO / "lab" / "tools.sh"
+    if tools.exists():
+        proc = subprocess.run(
+            ["bash", str(tools), "helm"], capture_output=True, text=True, check=False
+        )
+        path = proc.stdout.strip()
+        if proc.returncode == 0 and path and os.access(path, os.X_OK):
+            return path
+    return shutil.which("helm")
+
+
+def helm_bin() -> str:
+    path = _helm_path()
+    if not path:
+        _missing("no helm: set GPUK8S_HELM or make `lab/tools.sh helm` work")
+    assert path
+    return path
+
+
+@cache
+def _kubeconform_path() -> str | None:
+    env = os.environ.get("GPUK8S_KUBECONFORM")
+    if env:
+        return env
+    cache_dir = Path(os.environ.get("GPUK8S_CACHE", "/var/cache/gpuk8s")) / "bin"
+    for found in sorted(cache_dir.glob("kubeconform-*/kubeconform"), reverse=True):
+        if os.access(found, os.X_OK):
+            return str(found)
+    return shutil.which("kubeconform")
+
+
+# -- rendering ------------------------------------------------------------------------
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def run_helm(
+    args: list[str], values: dict[str, Any] | None = None
+) -> subprocess.CompletedProcess[str]:
+    cmd = [helm_bin(), *args]
+    stdin = None
+    if values is not None:
+        cmd += ["-f", "-"]
+        stdin = yaml.safe_dump(values)
+    return subprocess.run(cmd, input=stdin, capture_output=True, text=True, check=False)
+
+
+@cache
+def _render_cached(chart: str, values_json: str, kube_version: str) -> tuple[int, str, str]:
+    proc = run_helm(
+        ["template", REL, chart, "-n", NS, "--kube-version", kube_version],
+        json.loads(values_json),
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def render_raw(
+    chart: Path, values: dict[str, Any] | None = None, kube_version: str = KUBE_VERSION
+) -> tuple[int, str, str]:
+    return _render_cached(str(chart), json.dumps(values or {}, sort_keys=True), kube_version)
+
+
+def render(chart: Path, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    rc, out, err = render_raw(chart, values)
+    assert rc == 0, f"helm template failed: {err}"
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert docs, "rendered nothing"
+    return docs
+
+
+def render_error(chart: Path, values: dict[str, Any]) -> str:
+    rc, _out, err = render_raw(chart, values)
+    assert rc != 0, f"expected helm template to fail for {values}"
+    return err
+
+
+class Objects:
+    """Rendered objects with lookups by kind and name."""
+
+    def __init__(self, docs: list[dict[str, Any]]) -> None:
+        self.docs = docs
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [d for d in self.docs if d["kind"] == kind]
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        found = [d for d in self.of(kind) if d["metadata"]["name"] == name]
+        assert len(found) == 1, f"{kind}/{name}: found {len(found)}"
+        return found[0]
+
+    def has(self, kind: str, name: str) -> bool:
+        return any(d["metadata"]["name"] == name for d in self.of(kind))
+
+    def workloads(self) -> list[dict[str, Any]]:
+        return [d for d in self.docs if d["kind"] in ("DaemonSet", "Deployment")]
+
+    def pod_specs(self) -> Iterable[tuple[str, dict[str, Any]]]:
+        for w in self.workloads():
+            yield f"{w['kind']}/{w['metadata']['name']}", w["spec"]["template"]["spec"]
+        for pod in self.of("Pod"):
+            yield f"Pod/{pod['metadata']['name']}", pod["spec"]
+
+
+def objs(chart: Path, values: dict[str, Any] | None = None) -> Objects:
+    return Objects(render(chart, values))
+
+
+def container(workload: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    name = name or workload["metadata"]["name"]
+    found = [c for c in containers if c["name"] == name]
+    assert len(found) == 1, f"no container {name} in {workload['metadata']['name']}"
+    return found[0]
+
+
+def flags(c: dict[str, Any]) -> dict[str, str]:
+    """--key=value flags of a container's args."""
+    out: dict[str, str] = {}
+    for arg in c["args"]:
+        if arg.startswith("--") and "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            out[key] = value
+    return out
+
+
+def mounts(workload: dict[str, Any], cname: str | None = None) -> dict[str, dict[str, Any]]:
+    c = container(workload, cname)
+    return {m["mountPath"]: m for m in c.get("volumeMounts", [])}
+
+
+def volumes(workload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}
+
+
+def required_node_labels(workload: dict[str, Any]) -> dict[str, list[str]]:
+    affinity = workload["spec"]["template"]["spec"].get("affinity", {})
+    terms = (
+        affinity.get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+        .get("nodeSelectorTerms", [])
+    )
+    assert len(terms) <= 1
+    out: dict[str, list[str]] = {}
+    for term in terms:
+        for expr in term["matchExpressions"]:
+            assert expr["operator"] == "In"
+            out[expr["key"]] = expr["values"]
+    return out
+
+
+# value combinations rendered by the broad tests (chart, values)
+COMBOS: list[tuple[str, Path, dict[str, Any]]] = [
+    ("ext-defaults", EXT, {}),
+    ("ext-aware", EXT, {"deployExtenderGPUAware": True}),
+    (
+        "ext-everything",
+        EXT,
+        {
+            "registry": "harbor.example.com:5000/metax/",
+            "pullPolicy": "Never",
+            "imageTag": "1.2.3",
+            "imagePullSecrets": ["pull-a", "pull-b"],
+            "deployExtenderGPUAware": True,
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu"}],
+            "hostPaths": {
+                "root": "/srv/sim/node1",
+                "devicePlugins": "/data/kubelet/device-plugins",
+                "podResources": "/data/kubelet/pod-resources",
+            },
+            "log": {"dir": "", "level": "warning", "format": "text"},
+            "gpuDevice": {
+                "healthyInterval": 0,
+                "imageTag": "9.9.9",
+                "log": {"dir": "/var/log/dp", "level": "debug"},
+                "resources": {"limits": {"memory": "256Mi"}},
+                "extraArgs": ["--node-state-interval=5"],
+            },
+            "gpuLabel": {"interval": 15, "log": {"format": "json", "maxAge": "4w2d"}},
+            "gpuAware": {"scoreWeight": 3, "lossWeight": "0.5", "log": {"dir": "/var/log/x"}},
+        },
+    ),
+    ("op-min", OP, OP_MIN),
+    (
+        "op-never",
+        OP,
+        {"driver": {"deployPolicy": "Never"}, "deployExtenderGPUAware": True},
+    ),
+    (
+        "op-everything",
+        OP,
+        {
+            "registry": "registry.local/cloud",
+            "pullPolicy": "Always",
+            "deployExtenderGPUAware": True,
+            "log": {"level": "error"},
+            "driver": {
+                "deployPolicy": "Always",
+                "payload": {"name": "mx-driver", "version": "2.31.0.6", "registry": "drv.local/x"},
+                "log": {"format": "text"},
+                "imageTag": "7",
+            },
+            "maca": {
+                "payload": {
+                    "images": [
+                        "maca-c500:2.18.0.3-ubuntu18.04-amd64",
+                        "maca-c550:2.18.0.3-ubuntu22.04-amd64",
+                    ]
+                },
+                "log": {"dir": "/var/log/maca", "level": "debug"},
+            },
+            "runtime": {"log": {"rotationTime": "12h"}},
+            "operatorController": {"log": {"dir": ""}, "imageTag": "8.0.0"},
+        },
+    ),
+]
+COMBO_IDS = [c[0] for c in COMBOS]
+
+
+@pytest.fixture(params=COMBOS, ids=COMBO_IDS)
+def combo(request: pytest.FixtureRequest) -> tuple[str, Path, dict[str, Any], Objects]:
+    name, chart, values = request.param
+    return name, chart, values, objs(chart, values)
+
+
+# -- lint ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "chart,values",
+    [
+        (EXT, {}),
+        (EXT, {"deployExtenderGPUAware": True}),
+        (OP, OP_MIN),
+        (OP, {"driver": {"deployPolicy": "Never"}}),
+    ],
+    ids=["ext", "ext-aware", "op", "op-never"],
+)
+def test_helm_lint_strict(chart: Path, values: dict[str, Any]) -> None:
+    proc = run_helm(["lint", "--strict", str(chart)], values)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+
+
+def test_helm_lint_library_chart() -> None:
+    proc = run_helm(["lint", "--strict", str(CHARTS / "gpuk8s-common")])
+    assert proc.returncode == 0 and "0 chart(s) failed" in proc.stdout, proc.stdout + proc.stderr
+    assert "library" in (CHARTS / "gpuk8s-common" / "Chart.yaml").read_text()
+
+
+def test_helm_lint_fails_on_bad_values() -> None:
+    """Lint is a real check: a wrong enum makes it fail."""
+    proc = run_helm(["lint", "--strict", str(EXT)], {"pullPolicy": "Sometimes"})
+    assert proc.returncode != 0
+    assert "pullPolicy" in proc.stdout + proc.stderr
+
+
+# -- schema validation of every rendered object -----------------------------------------
+def test_every_object_validates_against_kubernetes_schemas(combo: Any) -> None:
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
+    _name, _chart, _values, rendered = combo
+    errors = []
+    for doc in rendered.docs:
+        try:
+            kv.validate(doc, KUBE_VERSION, strict=True)
+        except kv.ValidationError as err:
+            path = ".".join(str(p) for p in err.path)
+            errors.append(f"{doc['kind']}/{doc['metadata']['name']}: {path}: {err.message}")
+        except kv.SchemaNotFoundError as err:  # pragma: no cover - a kind we don't know
+            errors.append(err.message)
+    assert not errors, "\n".join(errors)
+
+
+def test_schema_validation_can_fail() -> None:
+    kv = pytest.importorskip("kubernetes_validate")
+    bad = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "x"},
+        "spec": {
+            "selector": {},
+            "template": {"spec": {"containers": [{"name": "c", "imagePullPolicy": 3}]}},
+        },
+    }
+    with pytest.raises(kv.ValidationError):
+        kv.validate(bad, KUBE_VERSION, strict=True)
+
+
+def _refs(node: Any) -> Iterable[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str) and "#/$defs/" in value:
+                yield value.split("#/$defs/", 1)[1]
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
+
+
+@pytest.fixture(scope="module")
+def kubeconform_schemas(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """kubeconform-readable schemas from kubernetes-validate's 1.35 strict set: each kind we
+    render, made standalone by inlining the definitions it reaches."""
+    kv = pytest.importorskip("kubernetes_validate")
+    src = Path(kv.__file__).parent / "kubernetes-json-schema" / "v1.35.0-local-strict"
+    defs = json.loads((src / "_definitions.json").read_text())["$defs"]
+    out = tmp_path_factory.mktemp("kubeconform-schemas")
+    names = {
+        "serviceaccount-v1",
+        "configmap-v1",
+        "service-v1",
+        "pod-v1",
+        "daemonset-apps-v1",
+        "deployment-apps-v1",
+        "clusterrole-rbac-v1",
+        "clusterrolebinding-rbac-v1",
+        "role-rbac-v1",
+        "rolebinding-rbac-v1",
+    }
+    for name in names:
+        schema = json.loads((src / f"{name}.json").read_text())
+        todo, reached = list(_refs(schema)), set()
+        while todo:
+            ref = todo.pop()
+            if ref not in reached:
+                reached.add(ref)
+                todo.extend(_refs(defs[ref]))
+        schema["$defs"] = {r: defs[r] for r in reached}
+        text = json.dumps(schema).replace('"/api/_definitions.json#', '"#')
+        (out / f"{name}.json").write_text(text)
+    return out
+
+
+@pytest.mark.parametrize("name", ["ext-everything", "op-everything"])
+def test_kubeconform_strict(name: str, kubeconform_schemas: Path, tmp_path: Path) -> None:
+    kubeconform = _kubeconform_path()
+    if not kubeconform:
+        pytest.skip("kubeconform not built: lab/tools.sh kubeconform")
+    _n, chart, values = next(c for c in COMBOS if c[0] == name)
+    rc, out, err = render_raw(chart, values)
+    assert rc == 0, err
+    manifest = tmp_path / "rendered.yaml"
+    manifest.write_text(out)
+    location = str(kubeconform_schemas) + "/{{.ResourceKind}}{{.KindSuffix}}.json"
+    proc = subprocess.run(
+        [kubeconform, "-strict", "-summary", "-schema-location", location, str(manifest)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Invalid: 0, Errors: 0, Skipped: 0" in proc.stdout, proc.stdout
+    # and it does catch a broken object
+    manifest.write_text(
+        out + "\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: x, bogus: 1}\n"
+    )
+    proc = subprocess.run(
+        [kubeconform, "-strict", "-schema-location", location, str(manifest)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode != 0 and "bogus" in proc.stdout
+
+
+# -- properties of every combination ------------------------------------------------------
+def test_namespaced_objects_live_in_the_release_namespace(combo: Any) -> None:
+    _n, _c, _v, rendered = combo
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    for doc in rendered.docs:
+        meta = doc["metadata"]
+        if doc["kind"] in cluster_scoped:
+            assert "namespace" not in meta
+            assert meta["name"].startswith(f"{REL}-")
+        else:
+            assert meta["namespace"] == NS, f"{doc['kind']}/{meta['name']}"
+        assert len(meta["name"]) <= 63
+        labels = meta["labels"]
+        assert labels["app.kubernetes.io/instance"] == REL
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+
+
+def test_workload_selectors_match_pod_labels(combo: Any) -> None:
+    _n, _c, _v, rendered = combo
+    for w in rendered.workloads():
+        selector = w["spec"]["selector"]["matchLabels"]
+        pod_labels = w["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= pod_labels.items()
+        assert "app.kubernetes.io/version" not in selector  # selectors are immutable
+    for svc in rendered.of("Service"):
+        target = [
+            w
+            for w in rendered.workloads()
+            if svc["spec"]["selector"].items()
+            <= w["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert len(target) == 1, (
+            f"Service {svc['metadata']['name']} selects {len(target)} workloads"
+        )
+
+
+def test_images_registry_tag_and_pull_policy(combo: Any) -> None:
+    _n, chart, values, rendered = combo
+    registry = values.get("registry", "cr.metax-tech.com/cloud").rstrip("/")
+    app_version = yaml.safe_load((chart / "Chart.yaml").read_text())["appVersion"]
+    global_tag = str(values.get("imageTag") or app_version)
+    component_values = {
+        "gpu-device": "gpuDevice",
+        "gpu-label": "gpuLabel",
+        "gpu-aware": "gpuAware",
+        "driver-manager": "driver",
+        "container-runtime": "runtime",
+        "operator-controller": "operatorController",
+    }
+    pull = values.get("pullPolicy", "IfNotPresent")
+    for where, spec in rendered.pod_specs():
+        for c in spec["containers"]:
+            assert c["imagePullPolicy"] == pull, where
+            repo, tag = c["image"].rsplit(":", 1)
+            assert repo.rsplit("/", 1)[0] == registry, where
+            component = repo.rsplit("/", 1)[1]
+            if where.startswith("Pod/"):
+                assert component == "gpu-label"  # the test pod uses the labeller's image
+            key = component_values[component]
+            own = str(values.get(key, {}).get("imageTag") or "")
+            assert tag == (own or global_tag), where
+        secrets = [s["name"] for s in spec.get("imagePullSecrets", [])]
+        assert secrets == values.get("imagePullSecrets", []), where
+
+
+def test_least_privilege_security_contexts(combo: Any) -> None:
+    """Only the device plugin and the driver installer are privileged; everything else
+    drops every capability, cannot escalate and has a read-only root filesystem."""
+    _n, _c, _v, rendered = combo
+    privileged_ok = {("DaemonSet/gpu-device", "gpu-device"), ("DaemonSet/driver-manager", "driver")}
+    for where, spec in rendered.pod_specs():
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            if (where, c["name"]) in privileged_ok:
+                assert sc["privileged"] is True
+                continue
+            assert not sc.get("privileged"), where
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["capabilities"]["drop"] == ["ALL"], where
+            assert "add" not in sc["capabilities"], where
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["runAsNonRoot"] == (sc["runAsUser"] != 0), where
+
+
+def _rules_by_subject(rendered: Objects) -> dict[str, list[dict[str, Any]]]:
+    """ServiceAccount name -> every RBAC rule bound to it (cluster and namespace)."""
+    roles = {
+        (r["kind"], r["metadata"]["name"]): r
+        for r in rendered.of("ClusterRole") + rendered.of("Role")
+    }
+    out: dict[str, list[dict[str, Any]]] = {}
+    for b in rendered.of("ClusterRoleBinding") + rendered.of("RoleBinding"):
+        role = roles[(b["roleRef"]["kind"], b["roleRef"]["name"])]
+        if b["kind"] == "RoleBinding":
+            assert (
+                role["kind"] == "Role"
+                and role["metadata"]["namespace"] == b["metadata"]["namespace"]
+            )
+        for s in b["subjects"]:
+            assert s["kind"] == "ServiceAccount" and s["namespace"] == NS
+            assert rendered.has("ServiceAccount", s["name"]), s["name"]
+            out.setdefault(s["name"], []).extend(role["rules"])
+    return out
+
+
+def _permissions(rules: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
+    out = set()
+    for r in rules:
+        for group in r["apiGroups"]:
+            for res in r["resources"]:
+                for verb in r["verbs"]:
+                    for name in r.get("resourceNames", ["*any*"]):
+                        out.add((group, res, verb, name))
+    return out
+
+
+ANY = "*any*"
+EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
+    "gpu-device": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY)},
+    "gpu-label": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY)},
+    "gpu-aware": {
+        ("", res, verb, ANY) for res in ("nodes", "pods") for verb in ("get", "list", "watch")
+    }
+    | {("", "configmaps", "get", "gpu-aware")},
+    "driver-manager": {("", "nodes", "get", ANY)}
+    | {("", "configmaps", verb, "driver-config") for verb in ("get", "list", "watch")},
+    "gpu-test": {("", "nodes", "get", ANY), ("", "nodes", "list", ANY)},
+}
+
+
+def test_rbac_is_least_privilege(combo: Any) -> None:
+    _n, _c, _v, rendered = combo
+    by_subject = _rules_by_subject(rendered)
+    for sa, rules in by_subject.items():
+        perms = _permissions(rules)
+        for group, res, verb, _name in perms:
+            assert "*" not in (group, res, verb), f"{sa}: wildcard in {rules}"
+            assert res != "secrets", f"{sa} may read secrets"
+        if sa in EXPECTED_PERMISSIONS:
+            assert perms == EXPECTED_PERMISSIONS[sa], sa
+    # every pod's ServiceAccount exists; only those that need the API get a token
+    for where, spec in rendered.pod_specs():
+        sa = spec["serviceAccountName"]
+        assert rendered.has("ServiceAccount", sa), where
+        if sa == "container-runtime":
+            assert spec["automountServiceAccountToken"] is False
+            assert sa not in by_subject
+        else:
+            assert sa in by_subject, f"{where}: {sa} is bound to nothing"
+
+
+def test_operator_controller_rbac() -> None:
+    rendered = objs(OP, OP_MIN)
+    perms = _permissions(_rules_by_subject(rendered)["operator-controller"])
+    assert ("", "pods/eviction", "create", ANY) in perms
+    assert ("", "nodes", "patch", ANY) in perms  # cordon / uncordon
+    assert ("", "pods", "delete", ANY) in perms  # namespace Role only: OnDelete rollouts
+    cluster = _permissions(rendered.get("ClusterRole", f"{REL}-operator-controller")["rules"])
+    assert ("", "pods", "delete", ANY) not in cluster  # user pods leave only by eviction
+    assert ("", "configmaps", "update", "driver-config") in perms
+    assert ("", "configmaps", "update", ANY) not in perms
+
+
+def test_node_agents_are_critical_and_tolerate_gpu_taints(combo: Any) -> None:
+    _n, _c, values, rendered = combo
+    for ds in rendered.of("DaemonSet"):
+        spec = ds["spec"]["template"]["spec"]
+        assert spec["priorityClassName"] == "system-node-critical"
+        keys = {t.get("key") for t in spec["tolerations"]}
+        assert {
+            "metax-tech.com/gpu",
+            "CriticalAddonsOnly",
+            "node-role.kubernetes.io/control-plane",
+        } <= keys
+        for extra in values.get("tolerations", []):
+            assert extra in spec["tolerations"]
+        env = {e["name"]: e for c in spec["containers"] for e in c.get("env", [])}
+        assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def _effective_log(values: dict[str, Any], key: str) -> dict[str, str]:
+    base = {
+        "dir": "/var/log/metax",
+        "level": "info",
+        "format": "json",
+        "rotationTime": "1w",
+        "maxAge": "26w",
+    }
+    base.update(values.get("log", {}))
+    base.update(values.get(key, {}).get("log", {}))
+    return base
+
+
+LOG_FLAGS = {
+    "dir": "log-dir",
+    "level": "log-level",
+    "format": "log-format",
+    "rotationTime": "log-rotation-time",
+    "maxAge": "log-max-age",
+}
+
+
+def test_component_log_overrides_global_key_by_key(combo: Any) -> None:
+    _n, _c, values, rendered = combo
+    containers = {
+        ("DaemonSet", "gpu-device", "gpu-device"): "gpuDevice",
+        ("DaemonSet", "gpu-label", "gpu-label"): "gpuLabel",
+        ("Deployment", "gpu-aware", "gpu-aware"): "gpuAware",
+        ("DaemonSet", "driver-manager", "driver"): "driver",
+        ("DaemonSet", "driver-manager", "maca"): "maca",
+        ("DaemonSet", "container-runtime", "container-runtime"): "runtime",
+        ("Deployment", "operator-controller", "operator-controller"): "operatorController",
+    }
+    seen = 0
+    for (kind, wname, cname), key in containers.items():
+        if not rendered.has(kind, wname):
+            continue
+        seen += 1
+        w = rendered.get(kind, wname)
+        f = flags(container(w, cname))
+        want = _effective_log(values, key)
+        assert {k: f[flag] for k, flag in LOG_FLAGS.items()} == want, f"{wname}/{cname}"
+        # the log dir is a host directory mounted at the same path, or absent
+        logs = [
+            m for m in container(w, cname).get("volumeMounts", []) if m["name"].startswith("log")
+        ]
+        if want["dir"]:
+            assert [m["mountPath"] for m in logs] == [want["dir"]]
+            vol = volumes(w)[logs[0]["name"]]
+            assert vol["hostPath"] == {"path": want["dir"], "type": "DirectoryOrCreate"}
+        else:
+            assert logs == []
+    assert seen >= 2
+
+
+def test_log_override_single_key() -> None:
+    """SPEC example: gpuLabel.log.format=text changes only that key of gpu-label."""
+    rendered = objs(EXT, {"gpuLabel": {"log": {"format": "text"}}})
+    label = flags(container(rendered.get("DaemonSet", "gpu-label")))
+    device = flags(container(rendered.get("DaemonSet", "gpu-device")))
+    assert label["log-format"] == "text" and device["log-format"] == "json"
+    assert label["log-dir"] == device["log-dir"] == "/var/log/metax"
+    assert label["log-max-age"] == "26w" and label["log-rotation-time"] == "1w"
+
+
+# -- gpu-device / gpu-label ---------------------------------------------------------------
+def test_gpu_device_daemonset(combo: Any) -> None:
+    _name, chart, values, rendered = combo
+    ds = rendered.get("DaemonSet", "gpu-device")
+    c = container(ds)
+    assert c["args"][:2] == ["serve", "device-plugin"]
+    f = flags(c)
+    assert f["host-root"] == "/host"
+    assert f["healthy-interval"] == str(values.get("gpuDevice", {}).get("healthyInterval", 5))
+    for extra in values.get("gpuDevice", {}).get("extraArgs", []):
+        assert extra in c["args"]
+    hp = {
+        "root": "/",
+        "devicePlugins": "/var/lib/kubelet/device-plugins",
+        "podResources": "/var/lib/kubelet/pod-resources",
+        **values.get("hostPaths", {}),
+    }
+    m = mounts(ds)
+    v = volumes(ds)
+    assert not m["/var/lib/kubelet/device-plugins"].get("readOnly")
+    assert m["/var/lib/kubelet/pod-resources"]["readOnly"] is True
+    assert m["/host"]["readOnly"] is True
+    assert v[m["/host"]["name"]]["hostPath"]["path"] == hp["root"]
+    if hp["root"].rstrip("/"):  # a simulated host tree: device paths live under it
+        assert f["device-path-prefix"] == hp["root"].rstrip("/")
+    else:
+        assert "device-path-prefix" not in f
+    assert (
+        v[m["/var/lib/kubelet/device-plugins"]["name"]]["hostPath"]["path"] == hp["devicePlugins"]
+    )
+    assert v[m["/var/lib/kubelet/pod-resources"]["name"]]["hostPath"]["path"] == hp["podResources"]
+    want = {
+        P + "gpu.installed": ["true"],
+        P + "driver.ready": ["true"],
+        "kubernetes.io/os": ["linux"],
+    }
+    if chart == OP:
+        want |= {P + "maca.ready": ["true"], P + "runtime.ready": ["true"]}
+        assert "--cdi" in c["args"]
+    else:
+        assert "--cdi" not in c["args"]
+    assert required_node_labels(ds) == want
+    if "resources" in values.get("gpuDevice", {}):
+        assert c["resources"] == values["gpuDevice"]["resources"]
+    else:
+        assert "resources" not in c
+
+
+def test_gpu_label_daemonset_runs_everywhere(combo: Any) -> None:
+    _n, _c, values, rendered = combo
+    ds = rendered.get("DaemonSet", "gpu-label")
+    spec = ds["spec"]["template"]["spec"]
+    # it writes the metax-tech.com/ labels, so it must not wait for any of them
+    assert required_node_labels(ds) == {}
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    c = container(ds)
+    assert c["args"][:2] == ["serve", "labeller"]
+    f = flags(c)
+    assert f["host-root"] == "/host"
+    assert f["interval"] == str(values.get("gpuLabel", {}).get("interval", 60))
+    assert f["health-port"] == "8081"
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 8081}
+    m = mounts(ds)
+    assert m["/host"]["readOnly"] is True
+    assert set(m) <= {"/host", _effective_log(values, "gpuLabel")["dir"]}
+
+
+# -- gpu-aware ------------------------------------------------------------------------------
+def test_gpu_aware_only_when_enabled() -> None:
+    off = objs(EXT)
+    assert not any(d["metadata"]["name"] == "gpu-aware" for d in off.docs)
+    assert not any("gpu-aware" in d["metadata"]["name"] for d in off.docs)
+    on = objs(EXT, {"deployExtenderGPUAware": True})
+    for kind in ("Deployment", "Service", "ConfigMap", "ServiceAccount", "Role", "RoleBinding"):
+        assert on.has(kind, "gpu-aware"), kind
+    assert on.has("ClusterRole", f"{REL}-gpu-aware")
+
+
+@pytest.mark.parametrize(
+    "weights,expected",
+    [
+        ({}, ("1", "1")),
+        ({"scoreWeight": 10, "lossWeight": 0}, ("10", "0")),
+        ({"scoreWeight": "0.25", "lossWeight": 2.5}, ("0.25", "2.5")),
+    ],
+)
+def test_gpu_aware_deployment_service_and_weights(
+    weights: dict[str, Any], expected: tuple[str, str]
+) -> None:
+    rendered = objs(EXT, {"deployExtenderGPUAware": True, "gpuAware": weights})
+    cm = rendered.get("ConfigMap", "gpu-aware")
+    assert cm["data"] == {"scoreWeight": expected[0], "lossWeight": expected[1]}
+    svc = rendered.get("Service", "gpu-aware")
+    assert svc["spec"]["type"] == "ClusterIP"
+    assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [(8080, "http")]
+    dep = rendered.get("Deployment", "gpu-aware")
+    c = container(dep)
+    assert c["args"][:2] == ["serve", "extender"]
+    assert flags(c)["port"] == "8080" and flags(c)["config-dir"] == "/etc/gpu-aware"
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8080}
+    m = mounts(dep)["/etc/gpu-aware"]
+    assert m["readOnly"] is True
+    assert volumes(dep)[m["name"]]["configMap"]["name"] == "gpu-aware"
+    spec = dep["spec"]["template"]["spec"]
+    # control-plane preferred, not required: single-node labs must work
+    aff = spec["affinity"]["nodeAffinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in aff
+    pref = aff["preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"][
+        "matchExpressions"
+    ]
+    assert pref == [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]
+    assert any(t.get("key") == "node-role.kubernetes.io/control-plane" for t in spec["tolerations"])
+
+
+def test_gpu_aware_runs_as_non_root_without_host_logs() -> None:
+    with_logs = container(
+        objs(EXT, {"deployExtenderGPUAware": True}).get("Deployment", "gpu-aware")
+    )
+    assert with_logs["securityContext"]["runAsUser"] == 0  # owns files in the root-owned log dir
+    no_logs = container(
+        objs(EXT, {"deployExtenderGPUAware": True, "gpuAware": {"log": {"dir": ""}}}).get(
+            "Deployment", "gpu-aware"
+        )
+    )
+    assert no_logs["securityContext"]["runAsUser"] == 65532
+    assert no_logs["securityContext"]["runAsNonRoot"] is True
+
+
+# -- operator scheme --------------------------------------------------------------------------
+def test_operator_components_and_gating() -> None:
+    rendered = objs(OP, OP_MIN)
+    dm = rendered.get("DaemonSet", "driver-manager")
+    assert required_node_labels(dm) == {
+        P + "gpu.installed": ["true"],
+        "kubernetes.io/os": ["linux"],
+    }
+    assert dm["spec"]["updateStrategy"]["type"] == "OnDelete"
+    driver = container(dm, "driver")
+    assert driver["args"][:3] == ["serve", "driver-manager", "--payload=driver"]
+    f = flags(driver)
+    assert f["deploy-policy"] == "IfNotPresent"
+    assert f["payload-image"] == "cr.metax-tech.com/cloud/driver-image:2.0.0"
+    assert f["vfnum-configmap"] == "driver-config"
+    assert container(dm, "maca")["args"][:3] == ["serve", "driver-manager", "--payload=maca"]
+    rt = rendered.get("DaemonSet", "container-runtime")
+    assert required_node_labels(rt) == {
+        P + "gpu.installed": ["true"],
+        P + "maca.ready": ["true"],
+        "kubernetes.io/os": ["linux"],
+    }
+    assert container(rt)["args"][:2] == ["serve", "container-runtime"]
+    assert mounts(rt)["/etc/cdi"].get("readOnly") is not True
+    oc = rendered.get("Deployment", "operator-controller")
+    assert container(oc)["args"][:2] == ["serve", "operator-controller"]
+    assert oc["spec"]["strategy"]["type"] == "Recreate"
+    cm = rendered.get("ConfigMap", "driver-config")
+    assert yaml.safe_load(cm["data"]["node-vfnums"]) == {"nodes": {}}
+    # the extensions chart has none of these
+    ext = objs(EXT)
+    for kind, name in [
+        ("DaemonSet", "driver-manager"),
+        ("DaemonSet", "container-runtime"),
+        ("Deployment", "operator-controller"),
+        ("ConfigMap", "driver-config"),
+    ]:
+        assert not ext.has(kind, name)
+
+
+def test_operator_payload_registries_and_images() -> None:
+    _n, _c, values = next(c for c in COMBOS if c[0] == "op-everything")
+    rendered = objs(OP, values)
+    dm = rendered.get("DaemonSet", "driver-manager")
+    assert flags(container(dm, "driver"))["payload-image"] == "drv.local/x/mx-driver:2.31.0.6"
+    assert flags(container(dm, "driver"))["deploy-policy"] == "Always"
+    maca_images = [
+        a.split("=", 1)[1]
+        for a in container(dm, "maca")["args"]
+        if a.startswith("--payload-image=")
+    ]
+    assert maca_images == [
+        "registry.local/cloud/maca-c500:2.18.0.3-ubuntu18.04-amd64",
+        "registry.local/cloud/maca-c550:2.18.0.3-ubuntu22.04-amd64",
+    ]
+    # driver-manager image (both containers) follows driver.imageTag
+    assert container(dm, "maca")["image"] == "registry.local/cloud/driver-manager:7"
+    # maca has its own registry option
+    other = objs(OP, _deep_merge(values, {"maca": {"payload": {"registry": "sdk.local/m"}}}))
+    args = container(other.get("DaemonSet", "driver-manager"), "maca")["args"]
+    assert "--payload-image=sdk.local/m/maca-c500:2.18.0.3-ubuntu18.04-amd64" in args
+
+
+def test_operator_deploy_policy_never_needs_no_version() -> None:
+    rendered = objs(OP, {"driver": {"deployPolicy": "Never"}})
+    f = flags(container(rendered.get("DaemonSet", "driver-manager"), "driver"))
+    assert f["deploy-policy"] == "Never"
+    assert "payload-image" not in f
+
+
+# -- the helm test hook ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "chart,values,ready",
+    [
+        (EXT, {}, "driver.ready"),
+        (EXT, {"deployExtenderGPUAware": True}, "driver.ready"),
+        (OP, OP_MIN, "driver.ready,maca.ready,runtime.ready"),
+    ],
+)
+def test_helm_test_pod(chart: Path, values: dict[str, Any], ready: str) -> None:
+    rendered = objs(chart, values)
+    pods = rendered.of("Pod")
+    assert len(pods) == 1
+    pod = pods[0]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    # its RBAC are test hooks too, created before the pod and removed once it passed
+    for kind, name in [
+        ("ServiceAccount", "gpu-test"),
+        ("ClusterRole", f"{REL}-gpu-test"),
+        ("ClusterRoleBinding", f"{REL}-gpu-test"),
+    ]:
+        ann = rendered.get(kind, name)["metadata"]["annotations"]
+        assert ann["helm.sh/hook"] == "test"
+        assert int(ann["helm.sh/hook-weight"]) < int(
+            pod["metadata"]["annotations"]["helm.sh/hook-weight"]
+        )
+        assert "hook-succeeded" in ann["helm.sh/hook-delete-policy"]
+    c = pod["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["READY_LABELS"] == ready
+    assert env["EXTENDER_URL"] == (
+        f"gpu-aware.{NS}.svc:8080" if values.get("deployExtenderGPUAware") else ""
+    )
+    assert c["command"] == ["python3", "-c"]
+    compile(c["args"][0], "gpu-test", "exec")  # the embedded check is valid Python
+
+
+def test_helm_test_script_logic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the embedded script against fake API answers: it passes on a good node and
+    names what is wrong on a bad one."""
+    pytest.importorskip("kubernetes")
+    from types import SimpleNamespace
+
+    import kubernetes
+
+    script = objs(OP, OP_MIN).of("Pod")[0]["spec"]["containers"][0]["args"][0]
+
+    def run(nodes: list[Any]) -> tuple[int, str]:
+        monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda: None)
+        api = SimpleNamespace(list_node=lambda label_selector: SimpleNamespace(items=nodes))
+        monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda: api)
+        monkeypatch.setenv("READY_LABELS", "driver.ready,maca.ready,runtime.ready")
+        monkeypatch.setenv("EXTENDER_URL", "")
+        import contextlib
+        import io
+
+        out = io.StringIO()
+        code = 0
+        with contextlib.redirect_stdout(out):
+            try:
+                exec(compile(script, "gpu-test", "exec"), {"__name__": "__main__"})
+            except SystemExit as exc:
+                code = int(exc.code or 0)
+        return code, out.getvalue()
+
+    def node(name: str, labels: dict[str, str], gpus: str) -> Any:
+        return SimpleNamespace(
+            metadata=SimpleNamespace(name=name, labels={P + k: v for k, v in labels.items()}),
+            status=SimpleNamespace(allocatable={P + "gpu": gpus}),
+        )
+
+    good = {
+        "gpu.installed": "true",
+        "driver.ready": "true",
+        "maca.ready": "true",
+        "runtime.ready": "true",
+        "gpu.driver.mode": "cloud",
+        "gpu.product": "C500",
+        "gpu.vfnum": "0",
+    }
+    assert run([node("n1", good, "8")]) == (0, mock_ok := run([node("n1", good, "8")])[1])
+    assert "allocatable metax-tech.com/gpu=8" in mock_ok
+    code, out = run([node("n1", {**good, "runtime.ready": "false"}, "0")])
+    assert code == 1 and "n1: not ready: runtime.ready" in out
+    code, out = run([node("n1", good, "0")])
+    assert code == 1 and "no allocatable" in out
+    code, out = run([])
+    assert code == 1 and "gpu.installed=true" in out
+
+
+# -- the two charts share their common components -----------------------------------------
+def _strip_chart_specifics(doc: dict[str, Any]) -> dict[str, Any]:
+    d = copy.deepcopy(doc)
+    for meta in (d["metadata"], d.get("spec", {}).get("template", {}).get("metadata", {})):
+        for key in ("app.kubernetes.io/part-of", "helm.sh/chart"):
+            meta.get("labels", {}).pop(key, None)
+    return d
+
+
+def test_both_charts_render_the_same_common_components() -> None:
+    ext = objs(EXT, {"deployExtenderGPUAware": True})
+    op = objs(OP, _deep_merge(OP_MIN, {"deployExtenderGPUAware": True}))
+    for kind, name in [
+        ("DaemonSet", "gpu-label"),
+        ("Deployment", "gpu-aware"),
+        ("Service", "gpu-aware"),
+        ("ConfigMap", "gpu-aware"),
+        ("ClusterRole", f"{REL}-gpu-device"),
+    ]:
+        assert _strip_chart_specifics(ext.get(kind, name)) == _strip_chart_specifics(
+            op.get(kind, name)
+        ), name
+    # gpu-device differs only in its gating and the CDI flag
+    a = _strip_chart_specifics(ext.get("DaemonSet", "gpu-device"))
+    b = _strip_chart_specifics(op.get("DaemonSet", "gpu-device"))
+    for d in (a, b):
+        d["spec"]["template"]["spec"].pop("affinity")
+        d["spec"]["template"]["spec"]["containers"][0]["args"] = [
+            x for x in d["spec"]["template"]["spec"]["containers"][0]["args"] if x != "--cdi"
+        ]
+    assert a == b
+
+
+def _schema_common(schema: dict[str, Any]) -> dict[str, Any]:
+    s = copy.deepcopy(schema)
+    for key in ("driver", "maca", "runtime", "operatorController"):
+        s["properties"].pop(key, None)
+    s["required"] = [r for r in s["required"] if r in s["properties"]]
+    s["$defs"].pop("optionalRegistry", None)
+    s.pop("title")
+    s["properties"]["gpuDevice"].pop("description")
+    return s
+
+
+def test_values_and_schema_of_the_two_charts_agree() -> None:
+    ev = yaml.safe_load((EXT / "values.yaml").read_text())
+    ov = yaml.safe_load((OP / "values.yaml").read_text())
+    assert {k: v for k, v in ov.items() if k in ev} == ev
+    assert set(ov) - set(ev) == {"driver", "maca", "runtime", "operatorController"}
+    es = json.loads((EXT / "values.schema.json").read_text())
+    os_ = json.loads((OP / "values.schema.json").read_text())
+    assert _schema_common(es) == _schema_common(os_)
+
+
+# -- values.yaml, schema and defaults (SPEC §5) -------------------------------------------
+SPEC_DEFAULTS = {
+    "registry": "cr.metax-tech.com/cloud",
+    "pullPolicy": "IfNotPresent",
+    "deployExtenderGPUAware": False,
+    "log": {
+        "dir": "/var/log/metax",
+        "level": "info",
+        "format": "json",
+        "rotationTime": "1w",
+        "maxAge": "26w",
+    },
+    "gpuDevice.healthyInterval": 5,
+}
+
+
+def _get(values: dict[str, Any], dotted: str) -> Any:
+    cur: Any = values
+    for part in dotted.split("."):
+        cur = cur[part]
+    return cur
+
+
+@pytest.mark.parametrize("chart", [EXT, OP], ids=["ext", "op"])
+def test_spec_defaults(chart: Path) -> None:
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    for key, want in SPEC_DEFAULTS.items():
+        assert _get(values, key) == want, key
+    for comp in ("gpuDevice", "gpuLabel", "gpuAware"):
+        assert "log" in values[comp]
+    assert {"scoreWeight", "lossWeight"} <= set(values["gpuAware"])
+    if chart == OP:
+        assert values["driver"]["deployPolicy"] == "IfNotPresent"
+        assert values["driver"]["payload"] == {
+            "name": "driver-image",
+            "version": "",
+            "registry": "",
+        }
+        assert values["maca"]["payload"] == {"images": [], "registry": ""}
+        for comp in ("driver", "maca", "runtime"):
+            assert values[comp]["log"] == {}
+
+
+def _leaf_paths(values: dict[str, Any], prefix: str = "") -> Iterable[str]:
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if (isinstance(value, dict) and value and key != "log") or path == "log":
+            yield from _leaf_paths(value, path + ".")
+        else:
+            yield path
+
+
+def _schema_node(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    node = schema
+    for part in path.split("."):
+        node = node["properties"][part]
+        while "$ref" in node and "properties" not in node:
+            ref = node["$ref"].split("/")[-1]
+            node = {**schema["$defs"][ref], **{k: v for k, v in node.items() if k != "$ref"}}
+    return node
+
+
+@pytest.mark.parametrize("chart", [EXT, OP], ids=["ext", "op"])
+def test_every_value_is_commented_and_in_the_schema(chart: Path) -> None:
+    text = (chart / "values.yaml").read_text().splitlines()
+    values = yaml.safe_load("\n".join(text))
+    schema = json.loads((chart / "values.schema.json").read_text())
+    for path in _leaf_paths(values):
+        node = _schema_node(schema, path)
+        assert node.get("description"), f"{path}: no description in values.schema.json"
+    # every key line in values.yaml is preceded by a comment line
+    for i, line in enumerate(text):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "- ")) or stripped == "---":
+            continue
+        assert ":" in stripped, line
+        prev = text[i - 1].strip() if i else ""
+        assert prev.startswith("#"), (
+            f"values.yaml line {i + 1} ({stripped!r}) has no comment above it"
+        )
+
+
+# -- bad input: clear errors that name the field ------------------------------------------
+BAD_VALUES = [
+    (EXT, {"pullPolicy": "Sometimes"}, ["/pullPolicy", "IfNotPresent", "Always", "Never"]),
+    (EXT, {"log": {"level": "verbose"}}, ["/log/level", "debug", "fatal"]),
+    (EXT, {"log": {"format": "xml"}}, ["/log/format", "json", "text"]),
+    (EXT, {"log": {"rotationTime": "3m"}}, ["/log/rotationTime"]),
+    (EXT, {"log": {"maxAge": "0w"}}, ["/log/maxAge"]),
+    (EXT, {"gpuLabel": {"log": {"maxAge": "26 weeks"}}}, ["/gpuLabel/log/maxAge"]),
+    (EXT, {"gpuDevice": {"log": {"level": "loud"}}}, ["/gpuDevice/log/level"]),
+    (EXT, {"gpuDevice": {"log": {"colour": "red"}}}, ["/gpuDevice/log", "colour"]),
+    (EXT, {"gpuDevice": {"healthyInterval": -1}}, ["/gpuDevice/healthyInterval"]),
+    (EXT, {"gpuDevice": {"healthyInterval": "often"}}, ["/gpuDevice/healthyInterval"]),
+    (EXT, {"deployExtenderGPUAware": "yes"}, ["/deployExtenderGPUAware"]),
+    (EXT, {"gpuAware": {"scoreWeight": -1}}, ["/gpuAware/scoreWeight"]),
+    (EXT, {"registry": ""}, ["/registry"]),
+    (EXT, {"registry": "has space/x"}, ["/registry"]),
+    (EXT, {"imageTag": "bad tag"}, ["/imageTag"]),
+    (EXT, {"hostPaths": {"root": "relative"}}, ["/hostPaths/root"]),
+    (EXT, {"log": {"dir": "var/log"}}, ["/log/dir"]),
+    (EXT, {"gpuLabel": {"log": {"dir": "logs"}}}, ["/gpuLabel/log/dir"]),
+    (EXT, {"gpuDevice": {"healthyIntervall": 5}}, ["healthyIntervall"]),  # typo
+    (EXT, {"driver": {"deployPolicy": "Never"}}, ["driver"]),  # operator-only option
+    (
+        EXT,
+        {"deployExtenderGPUAware": True, "gpuAware": {"scoreWeight": 0, "lossWeight": 0}},
+        ["gpuAware.scoreWeight and gpuAware.lossWeight are both 0"],
+    ),
+    (
+        OP,
+        {},
+        [
+            "driver.payload.version is required when driver.deployPolicy is IfNotPresent",
+            "driver.deployPolicy=Never",
+            "cr.metax-tech.com/cloud/driver-image",
+        ],
+    ),
+    (
+        OP,
+        {"driver": {"deployPolicy": "Always", "payload": {"registry": "r.local/p"}}},
+        [
+            "driver.payload.version is required when driver.deployPolicy is Always",
+            "r.local/p/driver-image",
+        ],
+    ),
+    (
+        OP,
+        {"driver": {"deployPolicy": "Sometimes"}},
+        ["/driver/deployPolicy", "IfNotPresent", "Never"],
+    ),
+    (
+        OP,
+        _deep_merge(OP_MIN, {"maca": {"payload": {"images": ["maca-c500"]}}}),
+        ["/maca/payload/images/0"],
+    ),
+    (
+        OP,
+        _deep_merge(OP_MIN, {"maca": {"payload": {"images": ["maca-c500:"]}}}),
+        ["/maca/payload/images/0"],
+    ),
+    (OP, _deep_merge(OP_MIN, {"runtime": {"log": {"format": "yaml"}}}), ["/runtime/log/format"]),
+    (
+        OP,
+        _deep_merge(OP_MIN, {"driver": {"payload": {"version": "2.0 beta"}}}),
+        ["/driver/payload/version"],
+    ),
+]
+
+
+@pytest.mark.parametrize("chart,values,needles", BAD_VALUES)
+def test_bad_values_fail_with_a_message_naming_the_field(
+    chart: Path, values: dict[str, Any], needles: list[str]
+) -> None:
+    err = render_error(chart, values)
+    for needle in needles:
+        assert needle in err, f"{needle!r} not in: {err}"
+
+
+@pytest.mark.parametrize("value", ["1w", "36h", "1w2d", "10d", "26w"])
+def test_good_durations(value: str) -> None:
+    render(EXT, {"log": {"rotationTime": value, "maxAge": value}})
+
+
+def test_kubernetes_version_floor() -> None:
+    rc, _o, _e = render_raw(EXT, {}, kube_version="1.23.0")
+    assert rc == 0
+    rc, _o, err = render_raw(EXT, {}, kube_version="1.22.9")
+    assert rc != 0 and "1.23" in err
+
+
+def test_driver_config_ships_empty_vfnums() -> None:
+    rendered = objs(OP, OP_MIN)
+    cm = rendered.get("ConfigMap", "driver-config")
+    assert list(cm["data"]) == ["node-vfnums"]
+    assert yaml.safe_load(cm["data"]["node-vfnums"]) == {"nodes": {}}
+
+
+@pytest.mark.parametrize("chart,values", [(EXT, {"deployExtenderGPUAware": True}), (OP, OP_MIN)])
+def test_notes_print_the_verification_commands(chart: Path, values: dict[str, Any]) -> None:
+    proc = run_helm(["install", REL, str(chart), "-n", NS, "--dry-run=client"], values)
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert f"helm test {REL} -n {NS} --logs" in notes
+    assert f"kubectl get daemonsets,deployments,pods -n {NS}" in notes
+    assert f"helm uninstall {REL} -n {NS} --wait" in notes
+    if values.get("deployExtenderGPUAware"):
+        assert f"kubectl get service gpu-aware -n {NS}" in notes
+    if chart == OP:
+        assert "driver-config" in notes and "runtime.ready" in notes
