@@ -31,7 +31,8 @@ def test_spec_example_node() -> None:
 
 
 def test_no_gpu_gives_only_installed_false() -> None:
-    assert compute_labels(NodeInventory(backend="none")) == {"metax-tech.com/gpu.installed": "false"}
+    labels = compute_labels(NodeInventory(backend="none"))
+    assert labels == {"metax-tech.com/gpu.installed": "false"}
 
 
 def test_vfs_and_cloud_mode_and_readiness() -> None:
@@ -61,14 +62,19 @@ def test_unbound_gpu_means_driver_not_ready() -> None:
 
 
 def test_unknown_readiness_key_is_rejected() -> None:
-    with pytest.raises(ValueError, match="maca.ready, runtime.ready"):
+    with pytest.raises(ValueError, match=r"maca\.ready, runtime\.ready"):
         compute_labels(topologies.c500_8(), readiness={"driver.ready": True})
 
 
 @pytest.mark.parametrize(
     ("raw", "value"),
-    [("C500", "C500"), ("unknown-0x4099", "unknown-0x4099"), ("MetaX C500 (PCIe)", "MetaX-C500--PCIe"),
-     ("-x-", "x"), ("a" * 80, "a" * 63)],
+    [
+        ("C500", "C500"),
+        ("unknown-0x4099", "unknown-0x4099"),
+        ("MetaX C500 (PCIe)", "MetaX-C500--PCIe"),
+        ("-x-", "x"),
+        ("a" * 80, "a" * 63),
+    ],
 )
 def test_label_values_are_valid(raw: str, value: str) -> None:
     assert label_value(raw) == value

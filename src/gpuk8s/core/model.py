@@ -36,23 +36,17 @@ class LinkKind(enum.IntEnum):
         return self.name if self is not LinkKind.SELF else "X"
 
 
-class SriovState(str, enum.Enum):
+class SriovState(enum.StrEnum):
     """SR-IOV state as published in the ``gpu.sriov`` label."""
 
     ON = "on"  # virtual functions are configured
     OFF = "off"  # capable, but no VF configured
     FORBIDDEN = "forbidden"  # the device (or its driver) cannot do SR-IOV
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class DriverMode(str, enum.Enum):
+class DriverMode(enum.StrEnum):
     NATIVE = "native"  # maintained on the host by the administrator
     CLOUD = "cloud"  # installed and managed by a container (operator scheme)
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
