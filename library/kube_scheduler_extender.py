@@ -1,0 +1,438 @@
+#!/usr/bin/python
+# Copyright: gpuk8s contributors
+# Apache License 2.0 (see LICENSE)
+"""Ansible module: enable / disable the gpu-aware scheduler extender on a control-plane node."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kube_scheduler_extender
+short_description: Add or remove a kube-scheduler extender on a kubeadm-style control-plane node
+description:
+  - Writes a C(KubeSchedulerConfiguration) with one extender (default file
+    C(/etc/metax/extender.yaml)) and patches the static-pod manifest
+    C(/etc/kubernetes/manifests/kube-scheduler.yaml) to use it - the C(--config) argument,
+    read-only volumeMounts and hostPath volumes for the configuration and the scheduler
+    kubeconfig.
+  - The configuration C(apiVersion) follows the cluster - C(kubescheduler.config.k8s.io/v1)
+    for Kubernetes 1.25 and newer, C(v1beta3) for 1.23-1.24, C(v1beta2) for 1.22 - taken
+    from O(kubernetes_version) or else the tag of the scheduler image in the manifest.
+  - When the scheduler already runs with a C(--config) of its own, the extender is
+    appended to that file's C(extenders) (or updated in place) and the manifest is left
+    alone.
+  - YAML is round-tripped - comments, key order and indentation are kept - and
+    O(state=absent) removes exactly what O(state=present) added, so enabling and then
+    disabling gives back the original bytes.
+  - Every file is rendered, re-parsed and checked (and passed to O(validate)) before it
+    atomically replaces the original; a malformed manifest is an error and nothing is
+    written. Backups go to O(backup_dir), never next to the manifest, because the kubelet
+    would start any extra file in the manifests directory as a second scheduler pod.
+version_added: "0.1.0"
+author:
+  - gpuk8s contributors
+options:
+  state:
+    description: Whether the extender is configured.
+    type: str
+    choices: [present, absent]
+    default: present
+  url_prefix:
+    description:
+      - Address of the extender, e.g. C(http://10.96.12.34:8080) (the gpu-aware Service).
+      - Required with O(state=present). With O(state=absent) it is needed only when the
+        extender lives in the administrator's own C(--config) file, where it identifies
+        our entry.
+    type: str
+  filter_verb:
+    description: Path of the filter call; empty to not filter.
+    type: str
+    default: filter
+  prioritize_verb:
+    description: Path of the prioritize call; empty to not prioritize.
+    type: str
+    default: prioritize
+  weight:
+    description: Multiplier of the extender's scores; must be positive with a prioritize verb.
+    type: int
+    default: 500
+  enable_https:
+    description: Call the extender over HTTPS (O(url_prefix) must then be C(https://)).
+    type: bool
+    default: false
+  tls_config:
+    description: TLS settings when O(enable_https=true).
+    type: dict
+    suboptions:
+      insecure:
+        description: Skip verification of the extender's certificate.
+        type: bool
+        default: false
+      server_name:
+        description: Server name used to verify the certificate.
+        type: str
+      cert_file:
+        description: Client certificate file (path on the control-plane node).
+        type: str
+      key_file:
+        description: Client key file.
+        type: str
+      ca_file:
+        description: CA bundle that signed the extender's certificate.
+        type: str
+  http_timeout:
+    description:
+      - Timeout of each extender call as a duration (C(5s), C(1m30s)); scheduler default 5s.
+    type: str
+  node_cache_capable:
+    description: The extender caches nodes itself and receives only node names.
+    type: bool
+    default: false
+  ignorable:
+    description: Scheduling goes on when the extender fails or is unreachable.
+    type: bool
+    default: false
+  managed_resources:
+    description:
+      - Extended resources the extender manages; pods are sent to it only when they
+        request one of them. Empty sends every pod.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description: Resource name, e.g. C(metax-tech.com/gpu).
+        type: str
+        required: true
+      ignored_by_scheduler:
+        description: The scheduler skips its own fit check for this resource.
+        type: bool
+        default: false
+  kubernetes_version:
+    description:
+      - Kubernetes version of the control plane (C(v1.29.3), C(1.29)); picks the
+        configuration apiVersion. Default - the tag of the scheduler image.
+    type: str
+  manifest_path:
+    description: The kube-scheduler static-pod manifest, as a path on the host.
+    type: path
+    default: /etc/kubernetes/manifests/kube-scheduler.yaml
+  config_path:
+    description: The configuration file this module owns, as a path on the host (and in the pod).
+    type: path
+    default: /etc/metax/extender.yaml
+  kubeconfig:
+    description: Scheduler kubeconfig named in C(clientConnection.kubeconfig) and mounted read-only.
+    type: path
+    default: /etc/kubernetes/scheduler.conf
+  host_root:
+    description: Directory the host's files are under (C(/) on a real host; a copy in tests).
+    type: path
+    default: /
+  backup:
+    description: Copy every file to O(backup_dir) before changing or removing it.
+    type: bool
+    default: false
+  backup_dir:
+    description: Where backups go (a path on the host, created if missing).
+    type: path
+    default: /var/lib/gpuk8s/backups
+  validate:
+    description:
+      - Command run on each rendered file before it replaces the original; C(%s) is the
+        temporary file. A non-zero exit aborts and nothing is written.
+    type: str
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+  platform:
+    platforms: posix
+requirements:
+  - ruamel.yaml on the host (Debian/Ubuntu C(python3-ruamel.yaml), RHEL C(python3-ruamel-yaml))
+notes:
+  - The kubelet restarts the scheduler pod when the manifest changes; wait for it
+    (the gpu_aware role does).
+"""
+
+EXAMPLES = r"""
+- name: Enable the gpu-aware extender
+  kube_scheduler_extender:
+    url_prefix: "http://{{ gpu_aware_service_ip }}:8080"
+    managed_resources:
+      - name: metax-tech.com/gpu
+    backup: true
+
+- name: Second manual's variant - HTTPS through the apiserver proxy, ignorable
+  kube_scheduler_extender:
+    url_prefix: https://10.96.0.1/api/v1/namespaces/metax-gpu-extensions/services/gpu-aware:8080/proxy
+    filter_verb: predicates
+    enable_https: true
+    tls_config:
+      insecure: false
+      ca_file: /etc/kubernetes/pki/ca.crt
+      cert_file: /etc/kubernetes/pki/apiserver-kubelet-client.crt
+      key_file: /etc/kubernetes/pki/apiserver-kubelet-client.key
+    http_timeout: 30s
+    ignorable: true
+
+- name: Disable it again (removes exactly what was added)
+  kube_scheduler_extender:
+    state: absent
+"""
+
+RETURN = r"""
+state:
+  description: The requested state.
+  returned: always
+  type: str
+  sample: present
+mode:
+  description: C(own) when the extender lives in O(config_path); C(appended) when it was
+    added to the scheduler's existing C(--config) file.
+  returned: always
+  type: str
+  sample: own
+api_version:
+  description: apiVersion of the configuration file holding the extender (null after removing ours).
+  returned: always
+  type: str
+  sample: kubescheduler.config.k8s.io/v1
+manifest_path:
+  description: The manifest, as a path on the host.
+  returned: always
+  type: str
+  sample: /etc/kubernetes/manifests/kube-scheduler.yaml
+config_path:
+  description: The configuration file holding (or that held) the extender, as the scheduler sees it.
+  returned: always
+  type: str
+  sample: /etc/metax/extender.yaml
+changes:
+  description: What changed (or would change), one line each.
+  returned: always
+  type: list
+  elements: str
+  sample: ["command: added --config=/etc/metax/extender.yaml"]
+files:
+  description: Files written or removed (paths under O(host_root)).
+  returned: always
+  type: list
+  elements: str
+  sample: [/etc/metax/extender.yaml, /etc/kubernetes/manifests/kube-scheduler.yaml]
+manifest_changed:
+  description: Whether the manifest changed (the scheduler pod restarts when it does).
+  returned: always
+  type: bool
+  sample: true
+backup_files:
+  description: Backups written, one per changed file that existed.
+  returned: always
+  type: list
+  elements: str
+  sample: [/var/lib/gpuk8s/backups/kube-scheduler.yaml.20260101T000000Z~]
+"""
+
+import os  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
+from ansible.module_utils.gpuk8s.ansible import schedfiles  # noqa: E402
+from ansible.module_utils.gpuk8s.core import schedconf  # noqa: E402
+from ansible.module_utils.gpuk8s.core.errors import (  # noqa: E402
+    ConfigError,
+    GpuK8sError,
+    ManifestError,
+)
+
+
+def argument_spec():
+    return dict(
+        state=dict(type="str", choices=["present", "absent"], default="present"),
+        url_prefix=dict(type="str"),
+        filter_verb=dict(type="str", default="filter"),
+        prioritize_verb=dict(type="str", default="prioritize"),
+        weight=dict(type="int", default=500),
+        enable_https=dict(type="bool", default=False),
+        tls_config=dict(
+            type="dict",
+            options=dict(
+                insecure=dict(type="bool", default=False),
+                server_name=dict(type="str"),
+                cert_file=dict(type="str"),
+                key_file=dict(type="str"),
+                ca_file=dict(type="str"),
+            ),
+        ),
+        http_timeout=dict(type="str"),
+        node_cache_capable=dict(type="bool", default=False),
+        ignorable=dict(type="bool", default=False),
+        managed_resources=dict(
+            type="list",
+            elements="dict",
+            default=[],
+            options=dict(
+                name=dict(type="str", required=True),
+                ignored_by_scheduler=dict(type="bool", default=False),
+            ),
+        ),
+        kubernetes_version=dict(type="str"),
+        manifest_path=dict(type="path", default=schedconf.DEFAULT_MANIFEST),
+        config_path=dict(type="path", default=schedconf.DEFAULT_CONFIG_PATH),
+        kubeconfig=dict(type="path", default=schedconf.DEFAULT_KUBECONFIG),
+        host_root=dict(type="path", default="/"),
+        backup=dict(type="bool", default=False),
+        backup_dir=dict(type="path", default="/var/lib/gpuk8s/backups"),
+        validate=dict(type="str"),
+    )
+
+
+def spec_from_params(params):
+    """The ExtenderSpec the parameters describe (None for state=absent)."""
+    if params["state"] != "present":
+        return None
+    if not params["url_prefix"]:
+        raise ConfigError("url_prefix is required with state=present (e.g. http://10.96.0.50:8080)")
+    tls = params["tls_config"]
+    spec = schedconf.ExtenderSpec(
+        url_prefix=params["url_prefix"],
+        filter_verb=params["filter_verb"] or None,
+        prioritize_verb=params["prioritize_verb"] or None,
+        weight=params["weight"],
+        enable_https=params["enable_https"],
+        tls_config=None if tls is None else schedconf.TlsConfig(**tls),
+        http_timeout=params["http_timeout"] or None,
+        node_cache_capable=params["node_cache_capable"],
+        ignorable=params["ignorable"],
+        managed_resources=tuple(
+            schedconf.ManagedResource(r["name"], r["ignored_by_scheduler"])
+            for r in params["managed_resources"]
+        ),
+    )
+    spec.validate()
+    return spec
+
+
+def request_from_params(params):
+    return schedfiles.Request(
+        state=params["state"],
+        spec=spec_from_params(params),
+        url_prefix=params["url_prefix"],
+        manifest_path=params["manifest_path"],
+        config_path=params["config_path"],
+        kubeconfig=params["kubeconfig"],
+        kubernetes_version=params["kubernetes_version"],
+        host_root=params["host_root"],
+    )
+
+
+def backup_file(path, backup_dir):
+    """Copy ``path`` into ``backup_dir`` (mode kept); the backup's path."""
+    os.makedirs(backup_dir, mode=0o700, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = os.path.join(backup_dir, f"{os.path.basename(path)}.{stamp}.{os.getpid()}~")
+    shutil.copy2(path, target)
+    return target
+
+
+def run_validate(module, command, path):
+    if "%s" not in command:
+        raise ConfigError(f"validate {command!r} must contain %s (the file to check)")
+    rc, out, err = module.run_command(command % path)
+    if rc != 0:
+        raise ManifestError(
+            f"validate {command!r} rejected the rendered {path} (rc {rc}): "
+            f"{(err or out).strip()}"
+        )
+
+
+def write(module, change, params):
+    """Replace (or remove) one file: temp file, checks, validate, atomic rename."""
+    backup = None
+    if params["backup"] and change.before is not None:
+        backup = backup_file(change.path, schedfiles.under_root(params["host_root"],
+                                                                params["backup_dir"]))
+    if change.after is None:
+        os.unlink(change.path)
+        return backup
+    directory = os.path.dirname(change.path)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    # A dot-name: the kubelet ignores hidden files in the manifests directory.
+    handle, tmp = tempfile.mkstemp(prefix=".gpuk8s-", suffix=".yaml", dir=directory)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(change.after)
+        if change.before is None:
+            os.chmod(tmp, 0o644 if change.kind == "config" else 0o600)
+        if params["validate"]:
+            run_validate(module, params["validate"], tmp)
+        module.atomic_move(tmp, change.path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return backup
+
+
+def diff_of(plan):
+    return [
+        dict(
+            before=change.before or "",
+            after=change.after or "",
+            before_header=change.path if change.before is not None else "(absent)",
+            after_header=change.path if change.after is not None else "(absent)",
+        )
+        for change in plan.files
+        if change.changed
+    ]
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=argument_spec(),
+        supports_check_mode=True,
+    )
+    if schedfiles.RUAMEL_IMPORT_ERROR is not None:
+        module.fail_json(
+            msg=missing_required_lib("ruamel.yaml"), exception=schedfiles.RUAMEL_IMPORT_ERROR
+        )
+    params = module.params
+    backups = []
+    try:
+        plan = schedfiles.plan(request_from_params(params))
+        if plan.changed and not module.check_mode:
+            # present: the configuration first, since the patched manifest mounts it with
+            # type File; absent: the manifest first, so no scheduler restarts without it.
+            first = "config" if params["state"] == "present" else "manifest"
+            for change in sorted(plan.files, key=lambda c: c.kind != first):
+                if change.changed:
+                    backup = write(module, change, params)
+                    if backup:
+                        backups.append(backup)
+    except GpuK8sError as err:
+        module.fail_json(msg=str(err), backup_files=backups)
+    except OSError as err:
+        module.fail_json(msg=f"cannot write {err.filename}: {err.strerror}", backup_files=backups)
+    for warning in plan.warnings:
+        module.warn(warning)
+    result = dict(
+        changed=plan.changed,
+        state=params["state"],
+        mode=plan.mode,
+        api_version=plan.api_version,
+        manifest_path=params["manifest_path"],
+        config_path=plan.config_path,
+        changes=plan.changes,
+        files=[c.path for c in plan.files if c.changed],
+        manifest_changed=any(c.changed and c.kind == "manifest" for c in plan.files),
+        backup_files=backups,
+    )
+    if module._diff:
+        result["diff"] = diff_of(plan)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

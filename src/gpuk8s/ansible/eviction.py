@@ -1,0 +1,138 @@
+"""Which pods hold GPUs on a node, and the eviction loop (``gpu_pod_eviction`` module).
+
+Pods are plain dicts as the API serves them (``metadata``, ``spec``, ``status``).
+Eviction semantics follow ``kubectl drain`` (REFERENCE §E): the Eviction API, so
+PodDisruptionBudgets are respected; HTTP 429 means "not now" and is retried every few
+seconds until the timeout; 404 means the pod is already gone; then wait until the pod
+is gone or replaced (another UID).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.errors import GpuK8sError
+
+DEFAULT_PREFIXES = ("metax-tech.com/",)
+
+
+class EvictionError(GpuK8sError):
+    """Pods could not be evicted in time."""
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def requested_resources(pod: Mapping[str, Any]) -> set[str]:
+    """Every resource name any (init) container of ``pod`` requests or limits."""
+    spec = pod.get("spec") or {}
+    names: set[str] = set()
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            resources = container.get("resources") or {}
+            for part in ("limits", "requests"):
+                names.update((resources.get(part) or {}).keys())
+    return names
+
+
+def is_daemonset_pod(pod: Mapping[str, Any]) -> bool:
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return any(o.get("kind") == "DaemonSet" for o in owners)
+
+
+def is_mirror_pod(pod: Mapping[str, Any]) -> bool:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return "kubernetes.io/config.mirror" in annotations
+
+
+def gpu_pods(pods: Iterable[Mapping[str, Any]],
+             prefixes: Sequence[str] = DEFAULT_PREFIXES) -> list[PodRef]:
+    """Pods requesting a resource under one of ``prefixes`` that eviction can stop:
+    not finished, not DaemonSet-managed (they would come straight back, like
+    ``drain --ignore-daemonsets``), not static (mirror) pods."""
+    out: list[PodRef] = []
+    for pod in pods:
+        phase = (pod.get("status") or {}).get("phase")
+        if phase in ("Succeeded", "Failed") or is_daemonset_pod(pod) or is_mirror_pod(pod):
+            continue
+        if any(r.startswith(tuple(prefixes)) for r in requested_resources(pod)):
+            meta = pod.get("metadata") or {}
+            out.append(PodRef(meta.get("namespace", "default"), meta.get("name", ""),
+                              meta.get("uid", "")))
+    return sorted(out, key=lambda p: (p.namespace, p.name))
+
+
+# evict(pod) -> HTTP status (201/200 accepted, 429 blocked by a PDB, 404 gone, other: error)
+Evict = Callable[[PodRef], tuple[int, str]]
+# current(pod) -> UID of the pod with that name now, None when it is gone
+Current = Callable[[PodRef], str | None]
+
+
+def evict_all(
+    pods: Sequence[PodRef],
+    evict: Evict,
+    current: Current,
+    *,
+    timeout: float,
+    retry_delay: float = 5.0,
+    poll: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[str]:
+    """Evict every pod and wait until each is gone; returns one log line per event.
+
+    Raises EvictionError naming the pods still there when ``timeout`` runs out.
+    """
+    deadline = clock() + timeout
+    log: list[str] = []
+    pending = list(pods)
+    blocked: dict[PodRef, str] = {}
+    while pending:
+        still: list[PodRef] = []
+        for pod in pending:
+            status, message = evict(pod)
+            if status in (200, 201):
+                log.append(f"evicted {pod}")
+            elif status == 404:
+                log.append(f"{pod} already gone")
+            elif status == 429:
+                blocked[pod] = message or "disruption budget"
+                still.append(pod)
+            else:
+                raise EvictionError(f"evicting {pod} failed with HTTP {status}: {message}")
+        pending = still
+        if pending:
+            if clock() >= deadline:
+                raise EvictionError(_timeout_message(pending, blocked, timeout))
+            sleep(retry_delay)
+    waiting = list(pods)
+    while waiting:
+        waiting = [p for p in waiting if current(p) == p.uid]
+        if not waiting:
+            break
+        if clock() >= deadline:
+            raise EvictionError(
+                f"pods did not terminate within {timeout:g}s: "
+                f"{', '.join(str(p) for p in waiting)}"
+            )
+        sleep(poll)
+    return log
+
+
+def _timeout_message(pods: Sequence[PodRef], blocked: Mapping[PodRef, str],
+                     timeout: float) -> str:
+    shown = "; ".join(f"{p}: {blocked.get(p, '?')}" for p in pods)
+    return (
+        f"eviction blocked for {timeout:g}s (PodDisruptionBudget, HTTP 429): {shown}. "
+        "Scale the workload or relax its PodDisruptionBudget, then rerun"
+    )

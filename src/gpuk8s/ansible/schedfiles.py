@@ -1,0 +1,264 @@
+"""Files of the kube-scheduler extender: read, plan, render (no writes).
+
+The YAML side of ``core.schedconf``: files are parsed with ruamel.yaml's round-trip
+loader so comments, key order and quoting survive; the indentation style is detected
+from the file (kubeadm writes ``mapping 2 / sequence 2 / offset 0``), so removing what
+we added gives back the original bytes. Planning produces ``FileChange`` objects; the
+caller (the module's ``main()``) writes them atomically.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core import schedconf
+from ..core.errors import ConfigError, ManifestError
+
+try:
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    RUAMEL_IMPORT_ERROR: str | None = None
+except ImportError as _err:  # reported by the module with missing_required_lib
+    YAML = None  # type: ignore[misc,assignment]
+    YAMLError = Exception  # type: ignore[misc,assignment]
+    RUAMEL_IMPORT_ERROR = str(_err)
+
+# (mapping, sequence, offset) styles tried, most common first.
+_STYLES = ((2, 2, 0), (2, 4, 2), (4, 4, 0), (4, 6, 4), (4, 4, 2), (2, 4, 0))
+
+
+def _yaml(style: tuple[int, int, int]) -> Any:
+    if YAML is None:
+        raise ManifestError(f"ruamel.yaml is not installed on the host: {RUAMEL_IMPORT_ERROR}")
+    yaml = YAML(typ="rt")
+    yaml.preserve_quotes = True
+    yaml.width = 4096
+    yaml.indent(mapping=style[0], sequence=style[1], offset=style[2])
+
+    def null(representer: Any, _data: None) -> Any:  # kubeadm writes `null`, not ``
+        return representer.represent_scalar("tag:yaml.org,2002:null", "null")
+
+    yaml.representer.add_representer(type(None), null)
+    return yaml
+
+
+@dataclass
+class YamlDoc:
+    """A parsed YAML file and the dumper that reproduces its style."""
+
+    path: str
+    text: str | None  # None: the file does not exist
+    data: Any
+    style: tuple[int, int, int] = _STYLES[0]
+    exact: bool = True  # False when no known style reproduced the original bytes
+
+    def render(self) -> str:
+        buffer = io.StringIO()
+        _yaml(self.style).dump(self.data, buffer)
+        return buffer.getvalue()
+
+
+def parse(text: str, path: str) -> YamlDoc:
+    """Parse ``text`` (ManifestError when it is not YAML or not one document)."""
+    try:
+        data = _yaml(_STYLES[0]).load(text)
+    except YAMLError as err:
+        raise ManifestError(f"{path} is not valid YAML: {err}".replace("\n", " ")) from err
+    except Exception as err:  # ruamel raises assorted errors on odd input
+        raise ManifestError(f"{path} cannot be parsed: {err}".replace("\n", " ")) from err
+    doc = YamlDoc(path=path, text=text, data=data)
+    for style in _STYLES:
+        doc.style = style
+        if doc.render() == text:
+            return doc
+    doc.style, doc.exact = _STYLES[0], False
+    return doc
+
+
+def read(path: str) -> YamlDoc:
+    """The file at ``path``; a missing file gives ``text=None, data=None``."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return YamlDoc(path=path, text=None, data=None)
+    except OSError as err:
+        raise ManifestError(f"cannot read {path}: {err.strerror or err}") from err
+    return parse(text, path)
+
+
+def fresh(path: str, data: Any) -> YamlDoc:
+    return YamlDoc(path=path, text=None, data=data)
+
+
+@dataclass
+class FileChange:
+    """One file to write (``after`` text) or remove (``after is None``)."""
+
+    path: str  # on the host, under host_root
+    before: str | None
+    after: str | None
+    kind: str  # "manifest" | "config"
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+@dataclass
+class Plan:
+    files: list[FileChange] = field(default_factory=list)
+    changes: list[str] = field(default_factory=list)
+    api_version: str | None = None
+    mode: str = "own"  # "own": our config file; "appended": extender added to theirs
+    config_path: str = schedconf.DEFAULT_CONFIG_PATH  # as the scheduler sees it
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return any(f.changed for f in self.files)
+
+
+@dataclass(frozen=True)
+class Request:
+    state: str
+    spec: schedconf.ExtenderSpec | None
+    url_prefix: str | None
+    manifest_path: str = schedconf.DEFAULT_MANIFEST
+    config_path: str = schedconf.DEFAULT_CONFIG_PATH
+    kubeconfig: str = schedconf.DEFAULT_KUBECONFIG
+    kubernetes_version: str | None = None
+    host_root: str = "/"
+
+
+def under_root(root: str, path: str) -> str:
+    return os.path.join(root, path.lstrip("/"))
+
+
+def plan(request: Request) -> Plan:
+    """Every file change for ``request``; raises GpuK8sError before anything is written."""
+    root = request.host_root
+    manifest = read(under_root(root, request.manifest_path))
+    if manifest.text is None:
+        raise ManifestError(
+            f"{request.manifest_path} does not exist under host_root {root}: "
+            "is this a kubeadm-style control-plane node (static-pod kube-scheduler)?"
+        )
+    container = schedconf.scheduler_container(manifest.data, request.manifest_path)
+    existing = schedconf.configured_path(container)
+    result = Plan(config_path=request.config_path)
+    if not manifest.exact:
+        result.warnings.append(
+            f"{request.manifest_path}: indentation style not recognised; the patched file is "
+            "re-indented (content, comments and order are kept)"
+        )
+    foreign = existing is not None and existing != request.config_path
+    if foreign:
+        assert existing is not None
+        result.mode = "appended"
+        result.config_path = existing
+        host = schedconf.host_path_of(manifest.data, existing) or existing
+        _plan_foreign(request, host, result)
+        # clean up anything of ours a previous run left in the manifest
+        result.changes += schedconf.unpatch_manifest(manifest.data, request.config_path)
+    elif request.state == "present":
+        assert request.spec is not None
+        version = request.kubernetes_version or schedconf.scheduler_image_version(manifest.data)
+        if not version:
+            raise ConfigError(
+                "kubernetes_version is not set and the scheduler image tag is not a version: "
+                "set kubernetes_version (e.g. 'v1.29.3')"
+            )
+        result.api_version = schedconf.api_version_for(version)
+        config_file = under_root(root, request.config_path)
+        current = read(config_file)
+        wanted = schedconf.new_config(request.spec, result.api_version, request.kubeconfig)
+        if current.data != wanted:
+            result.files.append(
+                FileChange(config_file, current.text, fresh(config_file, wanted).render(),
+                           "config")
+            )
+            result.changes.append(f"{request.config_path}: extender {request.spec.url_prefix}")
+        result.changes += schedconf.patch_manifest(
+            manifest.data, request.config_path, request.kubeconfig
+        )
+    else:
+        config_file = under_root(root, request.config_path)
+        current = read(config_file)
+        if current.text is not None:
+            result.files.append(FileChange(config_file, current.text, None, "config"))
+            result.changes.append(f"{request.config_path}: removed")
+        manifest_changes = schedconf.unpatch_manifest(manifest.data, request.config_path)
+        _drop_empty(manifest.data, manifest_changes)
+        result.changes += manifest_changes
+    after = manifest.render()
+    if after != manifest.text:
+        result.files.append(FileChange(manifest.path, manifest.text, after, "manifest"))
+    for change in result.files:
+        check(change, request, result)
+    return result
+
+
+def _plan_foreign(request: Request, host: str, result: Plan) -> None:
+    """Our extender in a configuration file the administrator owns."""
+    path = under_root(request.host_root, host)
+    doc = read(path)
+    if doc.text is None:
+        raise ManifestError(
+            f"the scheduler runs with --config={result.config_path}, but {host} does not "
+            "exist on the host"
+        )
+    schedconf.check_config(doc.data, host)
+    assert isinstance(doc.data, MutableMapping)
+    result.api_version = str(doc.data.get("apiVersion"))
+    if request.state == "present":
+        assert request.spec is not None
+        if schedconf.upsert_extender(doc.data, request.spec):
+            result.changes.append(f"{host}: extender {request.spec.url_prefix}")
+    else:
+        if not request.url_prefix:
+            raise ConfigError(
+                f"url_prefix is required with state=absent when the extender lives in the "
+                f"administrator's own --config file ({host})"
+            )
+        if schedconf.remove_extender(doc.data, request.url_prefix):
+            result.changes.append(f"{host}: removed extender {request.url_prefix}")
+    after = doc.render()
+    if after != doc.text:
+        result.files.append(FileChange(path, doc.text, after, "config"))
+
+
+def _drop_empty(manifest: Any, changes: list[str]) -> None:
+    """Remove a volumes / volumeMounts list that only held our entries."""
+    container = schedconf.scheduler_container(manifest)
+    for parent, key in ((container, "volumeMounts"), (manifest["spec"], "volumes")):
+        if any(c.startswith(f"{key}: removed") for c in changes) and parent.get(key) == []:
+            del parent[key]
+
+
+def check(change: FileChange, request: Request, result: Plan) -> None:
+    """Re-read the text we are about to write and check it says what we meant."""
+    if change.after is None:
+        return
+    doc = parse(change.after, change.path)
+    if change.kind == "config":
+        schedconf.check_config(doc.data, change.path)
+        extenders = doc.data.get("extenders") or []
+        urls = [str(e.get("urlPrefix")) for e in extenders]
+        if request.state == "present" and request.spec and request.spec.url_prefix not in urls:
+            raise ManifestError(f"{change.path}: rendered config lost the extender (bug)")
+        return
+    container = schedconf.scheduler_container(doc.data, change.path)
+    configured = schedconf.configured_path(container)
+    if request.state == "present" and configured != result.config_path:
+        raise ManifestError(
+            f"{change.path}: rendered manifest runs --config={configured}, expected "
+            f"{result.config_path} (bug)"
+        )
+    if request.state == "absent" and result.mode == "own" and configured is not None:
+        raise ManifestError(f"{change.path}: rendered manifest still has --config (bug)")

@@ -1,0 +1,269 @@
+"""kube_scheduler_extender through the AnsibleModule harness, on a copy of a control plane.
+
+The manifest is a realistic kubeadm one with comments (tests/ansible/data); every
+test works under a temporary host_root.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuk8s.ansible import schedfiles
+from gpuk8s.ansible.harness import run_module
+from gpuk8s.core.errors import ManifestError
+
+DATA = Path(__file__).resolve().parents[1] / "ansible" / "data"
+MANIFEST = "etc/kubernetes/manifests/kube-scheduler.yaml"
+CONFIG = "etc/metax/extender.yaml"
+URL = "http://10.96.0.50:8080"
+MODULE = "kube_scheduler_extender"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    host = tmp_path / "host"
+    (host / MANIFEST).parent.mkdir(parents=True)
+    shutil.copy(DATA / "kube-scheduler.yaml", host / MANIFEST)
+    return host
+
+
+def run(root: Path, check: bool = False, **args: Any) -> dict[str, Any]:
+    args.setdefault("url_prefix", URL)
+    return run_module(MODULE, {"host_root": str(root), **args}, check_mode=check, diff=True)
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_four_step_idempotence(root: Path) -> None:
+    original = snapshot(root)
+    first_check = run(root, check=True)
+    assert first_check["changed"] and first_check["manifest_changed"]
+    assert snapshot(root) == original, "check mode wrote something"
+    applied = run(root)
+    assert applied["changed"]
+    assert applied["api_version"] == "kubescheduler.config.k8s.io/v1"  # image tag v1.29.3
+    after_apply = snapshot(root)
+    second_check = run(root, check=True)
+    assert not second_check["changed"], second_check["changes"]
+    second = run(root)
+    assert not second["changed"]
+    assert second["files"] == []
+    assert snapshot(root) == after_apply
+
+
+def test_present_writes_spec_config_and_keeps_comments(root: Path) -> None:
+    result = run(root, managed_resources=[{"name": "metax-tech.com/gpu"}])
+    assert not result.get("failed"), result
+    config = schedfiles.read(str(root / CONFIG)).data
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert config["clientConnection"]["kubeconfig"] == "/etc/kubernetes/scheduler.conf"
+    assert config["extenders"] == [{
+        "urlPrefix": URL, "filterVerb": "filter", "prioritizeVerb": "prioritize",
+        "weight": 500, "enableHTTPS": False, "nodeCacheCapable": False, "ignorable": False,
+        "managedResources": [{"name": "metax-tech.com/gpu", "ignoredByScheduler": False}],
+    }]
+    text = (root / MANIFEST).read_text()
+    for comment in ("# kube-scheduler static pod, laid out the way kubeadm writes it.",
+                    "--bind-address=127.0.0.1  # metrics and health only on loopback",
+                    "cpu: 100m  # raised from kubeadm's default after an incident",
+                    "  # the scheduler's own credentials"):
+        assert comment in text
+    pod = schedfiles.read(str(root / MANIFEST)).data
+    container = pod["spec"]["containers"][0]
+    assert "--config=/etc/metax/extender.yaml" in container["command"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/etc/metax/extender.yaml"]["readOnly"] is True
+    assert mounts["/etc/kubernetes/scheduler.conf"]["readOnly"] is True
+    volumes = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in pod["spec"]["volumes"]}
+    assert volumes == {"/etc/kubernetes/scheduler.conf": "FileOrCreate",
+                       "/etc/metax/extender.yaml": "File"}
+    assert list(pod["metadata"]) == ["creationTimestamp", "labels", "name", "namespace"]
+    assert "creationTimestamp: null" in text
+
+
+def test_absent_gives_back_the_original_bytes(root: Path) -> None:
+    original = (root / MANIFEST).read_bytes()
+    run(root, weight=10, http_timeout="30s")
+    removed = run(root, state="absent")
+    assert removed["changed"]
+    assert (root / MANIFEST).read_bytes() == original
+    assert not (root / CONFIG).exists()
+    again = run(root, state="absent")
+    assert not again["changed"]
+
+
+def test_backup_holds_the_original(root: Path) -> None:
+    original = (root / MANIFEST).read_bytes()
+    result = run(root, backup=True)
+    assert len(result["backup_files"]) == 1  # the config file did not exist yet
+    backup = Path(result["backup_files"][0])
+    assert backup.read_bytes() == original
+    # never next to the manifest: the kubelet would run it as a second scheduler
+    assert backup.parent != (root / MANIFEST).parent
+    assert str(backup).startswith(str(root / "var/lib/gpuk8s/backups"))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "apiVersion: v1\nkind: Pod\nspec: [unclosed\n",
+        "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - name: etcd\n    command: [etcd]\n",
+        "kind: Deployment\n",
+        "- just\n- a list\n",
+    ],
+)
+def test_malformed_manifest_is_an_error_and_untouched(root: Path, text: str) -> None:
+    (root / MANIFEST).write_text(text)
+    before = os.stat(root / MANIFEST)
+    result = run(root, backup=True)
+    assert result["failed"]
+    assert "kube-scheduler.yaml" in result["msg"]
+    assert (root / MANIFEST).read_text() == text
+    assert os.stat(root / MANIFEST).st_mtime_ns == before.st_mtime_ns
+    assert not (root / CONFIG).exists()
+    assert not (root / "var").exists()
+
+
+def test_missing_manifest_is_an_error(tmp_path: Path) -> None:
+    result = run(tmp_path)
+    assert result["failed"] and "does not exist" in result["msg"]
+
+
+@pytest.mark.parametrize(
+    ("version", "api"),
+    [("v1.22.3", "v1beta2"), ("1.23", "v1beta3"), ("v1.24.9", "v1beta3"), ("1.25.0", "v1")],
+)
+def test_api_version_from_option(root: Path, version: str, api: str) -> None:
+    result = run(root, kubernetes_version=version)
+    assert result["api_version"] == f"kubescheduler.config.k8s.io/{api}"
+    assert schedfiles.read(str(root / CONFIG)).data["apiVersion"] == result["api_version"]
+
+
+def test_api_version_from_image_tag(root: Path) -> None:
+    text = (root / MANIFEST).read_text().replace(":v1.29.3", ":v1.23.17")
+    (root / MANIFEST).write_text(text)
+    assert run(root)["api_version"] == "kubescheduler.config.k8s.io/v1beta3"
+
+
+def test_untagged_image_needs_kubernetes_version(root: Path) -> None:
+    text = (root / MANIFEST).read_text().replace("kube-scheduler:v1.29.3", "kube-scheduler:latest")
+    (root / MANIFEST).write_text(text)
+    result = run(root)
+    assert result["failed"] and "kubernetes_version" in result["msg"]
+    assert not (root / CONFIG).exists()
+
+
+FOREIGN = """\
+# site scheduler profile: keep the default plugins
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: /etc/kubernetes/scheduler.conf
+extenders:
+- urlPrefix: http://127.0.0.1:9999
+  filterVerb: filter
+  weight: 1  # theirs
+"""
+
+
+def with_foreign_config(root: Path) -> Path:
+    """The scheduler already runs --config=/etc/kubernetes/sched/config.yaml via a dir mount."""
+    text = (root / MANIFEST).read_text()
+    text = text.replace(
+        "    - --leader-elect=true\n",
+        "    - --leader-elect=true\n    - --config=/etc/kubernetes/sched/config.yaml\n",
+    ).replace(
+        "      name: kubeconfig\n      readOnly: true\n",
+        "      name: kubeconfig\n      readOnly: true\n"
+        "    - mountPath: /etc/kubernetes/sched\n      name: sched\n      readOnly: true\n",
+    ).replace(
+        "    name: kubeconfig\nstatus",
+        "    name: kubeconfig\n  - hostPath:\n      path: /srv/sched\n      type: Directory\n"
+        "    name: sched\nstatus",
+    )
+    (root / MANIFEST).write_text(text)
+    path = root / "srv/sched/config.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(FOREIGN)
+    return path
+
+
+def test_existing_config_gets_our_extender_appended(root: Path) -> None:
+    theirs = with_foreign_config(root)
+    manifest = (root / MANIFEST).read_bytes()
+    result = run(root)
+    assert result["changed"] and result["mode"] == "appended"
+    assert result["config_path"] == "/etc/kubernetes/sched/config.yaml"
+    assert not result["manifest_changed"]
+    assert (root / MANIFEST).read_bytes() == manifest
+    assert not (root / CONFIG).exists()
+    text = theirs.read_text()
+    assert text.startswith(FOREIGN)  # theirs kept, comments included; ours appended
+    config = schedfiles.read(str(theirs)).data
+    assert [e["urlPrefix"] for e in config["extenders"]] == ["http://127.0.0.1:9999", URL]
+    assert not run(root)["changed"]
+    assert run(root, weight=20)["changed"]
+    assert schedfiles.read(str(theirs)).data["extenders"][1]["weight"] == 20
+    removed = run(root, state="absent")
+    assert removed["changed"]
+    assert theirs.read_text() == FOREIGN
+
+
+def test_absent_in_foreign_config_needs_url_prefix(root: Path) -> None:
+    with_foreign_config(root)
+    result = run_module(MODULE, {"host_root": str(root), "state": "absent"})
+    assert result["failed"] and "url_prefix" in result["msg"]
+
+
+def test_invalid_options_fail_naming_the_field(root: Path) -> None:
+    original = snapshot(root)
+    result = run(root, weight=0)
+    assert result["failed"] and "weight" in result["msg"]
+    result = run(root, enable_https=True)
+    assert result["failed"] and "enable_https" in result["msg"]
+    result = run_module(MODULE, {"host_root": str(root)})
+    assert result["failed"] and "url_prefix" in result["msg"]
+    assert snapshot(root) == original
+
+
+def test_failing_validate_command_writes_nothing(root: Path) -> None:
+    original = snapshot(root)
+    result = run(root, validate="grep -q no-such-text %s")
+    assert result["failed"] and "validate" in result["msg"]
+    assert snapshot(root) == original
+    assert not list((root / MANIFEST).parent.glob(".gpuk8s-*"))
+    assert run(root, validate="grep -q kind %s")["changed"]
+
+
+def test_diff_shows_both_files(root: Path) -> None:
+    result = run(root, check=True)
+    headers = sorted(d["after_header"] for d in result["diff"])
+    assert headers == sorted([str(root / CONFIG), str(root / MANIFEST)])
+    manifest_diff = next(d for d in result["diff"] if d["after_header"].endswith("yaml")
+                         and "manifests" in d["after_header"])
+    assert "--config=/etc/metax/extender.yaml" in manifest_diff["after"]
+    assert "--config" not in manifest_diff["before"]
+
+
+def test_four_space_manifest_keeps_its_style(root: Path) -> None:
+    doc = schedfiles.read(str(root / MANIFEST))
+    doc.style = (4, 6, 4)
+    four = doc.render()
+    (root / MANIFEST).write_text(four)
+    run(root)
+    patched = schedfiles.read(str(root / MANIFEST))
+    assert patched.exact and patched.style == (4, 6, 4)
+    run(root, state="absent")
+    assert (root / MANIFEST).read_text() == four
+
+
+def test_parse_rejects_invalid_yaml() -> None:
+    with pytest.raises(ManifestError, match="not valid YAML"):
+        schedfiles.parse("a: [b\n", "m.yaml")
