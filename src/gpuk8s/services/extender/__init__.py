@@ -1,0 +1,1 @@
+"""gpu-aware: the topology-aware kube-scheduler extender (filter / prioritize)."""

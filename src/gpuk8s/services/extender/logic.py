@@ -1,0 +1,394 @@
+"""gpu-aware's decisions, independent of HTTP: filter and prioritize.
+
+``Extender.handle(verb, body)`` is the whole protocol surface (bytes in, status and
+bytes out); the HTTP server only moves bytes. Every failure that is the caller's
+fault is a 400 with ``{"Error": ...}``; anything else is a 500 with a short message
+(the traceback goes to the log, never to the caller).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from bisect import bisect_right
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from itertools import compress, filterfalse, repeat
+from json.encoder import encode_basestring_ascii
+from operator import add, attrgetter, gt
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .nodes import (
+    BoundPods,
+    NodeCache,
+    NodeState,
+    StateMemo,
+    short_reason,
+    unresolvable_reason,
+)
+from .weights import Weights, WeightSource
+from .wire import (
+    MAX_EXTENDER_PRIORITY,
+    BadRequest,
+    ExtenderArgs,
+    error_body,
+    parse_args,
+)
+
+log = logging.getLogger("gpuk8s.extender")
+
+_ALLOCATED = attrgetter("allocated")
+NOT_CACHED = "gpu-aware: node not in the extender's node cache yet"
+CHANGED = "gpu-aware: node changed while the request was answered"
+_SCORE_TAIL = [f"{s}}}" for s in range(MAX_EXTENDER_PRIORITY + 1)]
+FILTER_VERBS = frozenset({"filter", "predicates"})
+PRIORITIZE_VERBS = frozenset({"prioritize", "priorities"})
+
+
+class ExtenderMetrics:
+    """Prometheus metrics on a private registry (served at /metrics)."""
+
+    def __init__(
+        self, cache: NodeCache | None, pods: BoundPods | None, weights: WeightSource
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "gpu_aware_requests",
+            "Extender requests by verb and HTTP status",
+            ["verb", "code"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "gpu_aware_request_seconds",
+            "Time to answer a request (after the body is read)",
+            ["verb"],
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+        )
+        self.rejected = Counter(
+            "gpu_aware_filtered_nodes",
+            "Nodes removed by filter, by kind of rejection",
+            ["kind"],
+            registry=self.registry,
+        )
+        cached = Gauge("gpu_aware_cached_nodes", "Nodes in the node cache", registry=self.registry)
+        cached.set_function(lambda: float(len(cache)) if cache is not None else 0.0)
+        tracked = Gauge(
+            "gpu_aware_bound_gpu_pods",
+            "Bound, unfinished GPU pods being tracked",
+            registry=self.registry,
+        )
+        tracked.set_function(lambda: float(len(pods)) if pods is not None else 0.0)
+        reloads = Gauge(
+            "gpu_aware_config_reloads", "Weight reloads from the ConfigMap", registry=self.registry
+        )
+        reloads.set_function(lambda: float(weights.reloads))
+        errors = Gauge(
+            "gpu_aware_config_errors", "Rejected ConfigMap edits", registry=self.registry
+        )
+        errors.set_function(lambda: float(weights.errors))
+        score = Gauge("gpu_aware_score_weight", "Current scoreWeight", registry=self.registry)
+        score.set_function(lambda: weights.current().score)
+        loss = Gauge("gpu_aware_loss_weight", "Current lossWeight", registry=self.registry)
+        loss.set_function(lambda: weights.current().loss)
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+
+MISSING = float("-inf")  # "no table for this request size": scores 0
+
+
+def _thresholds(present: Iterable[float]) -> list[float] | None:
+    """Cut points so that ``bisect_right(cuts, raw)`` is the 0..10 score: 0 for MISSING,
+    1 + round-half-up(9·(raw − min)/(max − min)) otherwise, 10 for all on a tie."""
+    values = list(present)
+    if not values:
+        return None
+    low, high = min(values), max(values)
+    if high - low < 1e-9:
+        return [low - 1.0] * MAX_EXTENDER_PRIORITY  # any value present -> 10
+    span = high - low
+    slack = span * 1e-9  # exact halves round up despite float error in the cut
+    steps = 2 * (MAX_EXTENDER_PRIORITY - 1)
+    cuts = [low - slack]
+    cuts += [low + (2 * k - 1) * span / steps - slack for k in range(1, MAX_EXTENDER_PRIORITY)]
+    return cuts
+
+
+def normalise_list(raw: list[float]) -> list[int]:
+    """Raw priorities (MISSING: no data) to extender scores 0..10, same order."""
+    cuts = _thresholds(filter(MISSING.__ne__, raw))  # C-level
+    if cuts is None:
+        return [0] * len(raw)
+    return list(map(bisect_right, repeat(cuts), raw))  # C-level loop
+
+
+def normalise(raw: dict[str, float]) -> dict[str, int]:
+    """Raw priorities to 1..10 (min-max over the nodes that have data; all 10 on a tie)."""
+    names = list(raw)
+    return dict(zip(names, normalise_list([raw[n] for n in names]), strict=True))
+
+
+class Extender:
+    """Filter and prioritize over either full nodes (request) or the node cache."""
+
+    def __init__(
+        self,
+        weights: WeightSource,
+        cache: NodeCache | None = None,
+        pods: BoundPods | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.weights = weights
+        self.cache = cache
+        self.pods = pods
+        self.memo = StateMemo()
+        self._host_heads: dict[str, str] = {}  # name -> '{"Host":"name","Score":'
+        self.metrics = ExtenderMetrics(cache, pods, weights)
+        self._clock = clock
+
+    # -- node states ----------------------------------------------------------
+    def _candidates(self, args: ExtenderArgs) -> tuple[list[str], Iterable[NodeState | None]]:
+        """Names and states (None: not in the cache) of the candidates, request order."""
+        if args.nodes is not None:
+            memo = self.memo
+            return [n.name for n in args.nodes], [
+                memo.get(n.name, n.annotations) for n in args.nodes
+            ]
+        assert args.node_names is not None
+        cache = self.cache
+        if cache is None:
+            raise BadRequest(
+                "NodeNames given (nodeCacheCapable: true) but this extender runs without "
+                "--node-cache; start it with --node-cache or set nodeCacheCapable: false"
+            )
+        if not cache.synced:
+            raise _NotReady("node cache not synced with the API server yet")
+        names = args.node_names
+        return names, map(cache.snapshot().get, names)  # lazy, C-level lookups
+
+    # -- filter ---------------------------------------------------------------
+    def filter(self, args: ExtenderArgs) -> dict[str, Any]:
+        need = args.gpus
+        if need == 0:
+            every = (
+                [n.name for n in args.nodes]
+                if args.nodes is not None
+                else list(args.node_names or [])
+            )
+            return self._filter_result(args, every, {}, {})
+        if args.nodes is None and self.cache is not None and self.cache.synced:
+            keep, failed, unresolvable = self._filter_cached(args.node_names or [], need)
+        else:
+            keep, failed, unresolvable = self._filter_states(args, need)
+        if failed:
+            self.metrics.rejected.labels("failed").inc(len(failed))
+        if unresolvable:
+            self.metrics.rejected.labels("unresolvable").inc(len(unresolvable))
+        return self._filter_result(args, keep, failed, unresolvable)
+
+    def _promise_check(
+        self, name: str, state: NodeState, need: int, requested: dict[str, int]
+    ) -> str | None:
+        """The FailedNodes reason when promised GPUs leave too few free, else None."""
+        promised = requested.get(name, 0) - state.allocated
+        if promised > 0 and state.free - promised < need:
+            return short_reason(state, need, promised)
+        return None
+
+    def _filter_states(
+        self, args: ExtenderArgs, need: int
+    ) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """One loop over (name, state): full nodes in the request, or the cache's slow path."""
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        requested = self.pods.per_node() if self.pods is not None else {}
+        keep: list[str] = []
+        names, states = self._candidates(args)
+        for name, state in zip(names, states, strict=True):
+            if state is None:
+                failed[name] = NOT_CACHED
+                continue
+            reason = unresolvable_reason(state, need)
+            if reason is not None:
+                unresolvable[name] = reason
+            elif state.free < need:
+                failed[name] = short_reason(state, need)
+            elif (why := self._promise_check(name, state, need, requested)) is not None:
+                failed[name] = why
+            else:
+                keep.append(name)
+        return keep, failed, unresolvable
+
+    def _filter_cached(
+        self, names: list[str], need: int
+    ) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """Set-membership passes over the names against the cache's NeedIndex."""
+        assert self.cache is not None
+        index = self.cache.need_index(need)
+        states = self.cache.snapshot()
+        fit_names = list(filter(index.fits.__contains__, names))
+        unresolvable: dict[str, str] = {}
+        failed: dict[str, str] = {}
+        if len(fit_names) != len(names):
+            # usually few: the scheduler already dropped nodes short of GPUs by count
+            for name in filterfalse(index.fits.__contains__, names):
+                if (why := index.unresolvable.get(name)) is not None:
+                    unresolvable[name] = why
+                elif (why := index.short.get(name)) is not None:
+                    failed[name] = why
+                elif name not in states:
+                    failed[name] = NOT_CACHED
+                else:
+                    # a node event moved it between sets while we read them: do it slowly
+                    return self._filter_states(
+                        ExtenderArgs({}, "", "", need, None, {}, names), need
+                    )
+        keep = fit_names
+        if self.pods is not None:
+            requested = self.pods.per_node()
+            # C-level pass: only nodes whose bound pods ask for more than is allocated
+            # can have promised GPUs; the Python check runs for those alone
+            fit_states = list(map(states.get, fit_names))
+            if None in fit_states:  # deleted meanwhile
+                return self._filter_states(ExtenderArgs({}, "", "", need, None, {}, names), need)
+            pending = compress(
+                fit_names,
+                map(gt, map(requested.get, fit_names, repeat(0)), map(_ALLOCATED, fit_states)),
+            )
+            promised_fail = {}
+            for name in pending:
+                why = self._promise_check(name, states[name], need, requested)
+                if why is not None:
+                    promised_fail[name] = why
+            if promised_fail:
+                failed.update(promised_fail)
+                keep = list(filterfalse(promised_fail.__contains__, fit_names))
+        return keep, failed, unresolvable
+
+    @staticmethod
+    def _filter_result(
+        args: ExtenderArgs, keep: list[str], failed: dict[str, str], unresolvable: dict[str, str]
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "Nodes": None,
+            "NodeNames": None,
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": unresolvable,
+            "Error": "",
+        }
+        if args.nodes is not None:
+            # nodeCacheCapable: false -- the scheduler reads the surviving Node objects
+            kept = set(keep)
+            result["Nodes"] = {
+                "metadata": args.nodes_meta,
+                "items": [n.raw for n in args.nodes if n.name in kept],
+            }
+        else:
+            result["NodeNames"] = keep
+        return result
+
+    # -- prioritize -----------------------------------------------------------
+    def priorities(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
+        """(names, scores 0..10) in request order."""
+        need = args.gpus
+        if need == 0:
+            names = (
+                [n.name for n in args.nodes]
+                if args.nodes is not None
+                else list(args.node_names or [])
+            )
+            return names, [0] * len(names)
+        weights: Weights = self.weights.current()
+        key = (weights.score, weights.loss)
+        if args.nodes is None and self.cache is not None and self.cache.synced:
+            names = args.node_names or []
+            table = self.cache.raw_priorities(key, need)
+            raw = list(map(table.get, names, repeat(MISSING)))  # C-level lookups
+            return names, normalise_list(raw)
+        names, states = self._candidates(args)
+        raw = []
+        for state in states:
+            value = state.raw_priorities(key).get(need) if state is not None else None
+            raw.append(MISSING if value is None else value)
+        return names, normalise_list(raw)
+
+    def prioritize(self, args: ExtenderArgs) -> bytes:
+        """The HostPriorityList, encoded by hand from cached pieces (no json.dumps)."""
+        names, scores = self.priorities(args)
+        heads = self._host_heads
+        found = list(map(heads.get, names))
+        if None in found:
+            if len(heads) > 100_000:
+                heads.clear()  # bounded: node names come and go
+            for name in names:
+                if name not in heads:
+                    heads[name] = '{"Host":' + encode_basestring_ascii(name) + ',"Score":'
+            found = list(map(heads.__getitem__, names))
+        parts = map(add, found, map(_SCORE_TAIL.__getitem__, scores))
+        return ("[" + ",".join(parts) + "]").encode()
+
+    # -- protocol -------------------------------------------------------------
+    def handle(self, verb: str, body: bytes) -> Response:
+        """Answer one extender call; never raises."""
+        started = self._clock()
+        kind = (
+            "filter"
+            if verb in FILTER_VERBS
+            else "prioritize"
+            if verb in PRIORITIZE_VERBS
+            else "unknown"
+        )
+        try:
+            if kind == "unknown":
+                response = Response(
+                    404,
+                    error_body(
+                        f"unknown verb {verb[:40]!r}; use filter (or predicates) or prioritize"
+                    ),
+                )
+            else:
+                args = parse_args(body)
+                try:
+                    if kind == "filter":
+                        data = json.dumps(self.filter(args), separators=(",", ":")).encode()
+                    else:
+                        data = self.prioritize(args)
+                    response = Response(200, data)
+                except _NotReady as err:
+                    if kind == "filter":
+                        # the scheduler reports Error as this pod's scheduling failure, retries
+                        response = Response(
+                            200,
+                            json.dumps(
+                                {
+                                    "Nodes": None,
+                                    "NodeNames": None,
+                                    "FailedNodes": {},
+                                    "FailedAndUnresolvableNodes": {},
+                                    "Error": f"gpu-aware: {err}",
+                                }
+                            ).encode(),
+                        )
+                    else:
+                        response = Response(503, error_body(f"gpu-aware: {err}"))
+        except BadRequest as err:
+            response = Response(400, error_body(str(err)))
+        except Exception as err:  # a bug: answer cleanly, keep the trace in our log
+            log.exception("internal error answering %s", verb)
+            response = Response(500, error_body(f"gpu-aware internal error: {type(err).__name__}"))
+        self.metrics.requests.labels(kind, str(response.status)).inc()
+        self.metrics.latency.labels(kind).observe(self._clock() - started)
+        return response
+
+
+class _NotReady(Exception):
+    """The extender cannot answer yet (node cache still syncing)."""

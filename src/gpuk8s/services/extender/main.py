@@ -1,0 +1,186 @@
+"""`gpuk8s serve extender`: gpu-aware, the topology-aware kube-scheduler extender.
+
+    gpuk8s serve extender --port 8080 [--address 0.0.0.0] [--node-cache]
+                          [--no-pod-watch] [--config-dir /etc/gpu-aware]
+                          [--score-weight 1] [--loss-weight 1] [--max-body-mib 64]
+                          [--kubeconfig PATH] [log options]
+
+``--node-cache`` keeps a watch on nodes so the scheduler can be configured with
+``nodeCacheCapable: true``. The bound-pod watch (on unless ``--no-pod-watch``)
+subtracts GPUs promised to pods that are bound but not yet allocated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from ...core.errors import ConfigError, GpuK8sError
+from ..kube import api_client
+from ..logging_setup import LogOptions, add_log_arguments, configure_logging
+from .logic import Extender
+from .nodes import BoundPods, NodeCache
+from .server import ExtenderHTTPServer
+from .watch import WatchLoop, node_watch_loop, pod_watch_loop
+from .weights import Weights, WeightSource, parse_weight
+
+log = logging.getLogger("gpuk8s.extender")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuk8s serve extender",
+        description="gpu-aware: kube-scheduler extender (POST /filter, /prioritize)",
+    )
+    parser.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
+    parser.add_argument("--address", default="0.0.0.0", help="listen address (default all)")
+    parser.add_argument(
+        "--node-cache",
+        action="store_true",
+        help="watch nodes and answer nodeCacheCapable: true requests (NodeNames only)",
+    )
+    parser.add_argument(
+        "--no-pod-watch",
+        dest="pod_watch",
+        action="store_false",
+        help="do not track bound GPU pods (no API access needed without --node-cache; "
+        "GPUs promised to bound-but-unstarted pods are then not subtracted)",
+    )
+    parser.add_argument(
+        "--config-dir",
+        default=None,
+        help="gpu-aware ConfigMap mount with keys scoreWeight / lossWeight (re-read on change)",
+    )
+    parser.add_argument(
+        "--score-weight", default="1", help="scoreWeight when the ConfigMap has none (default 1)"
+    )
+    parser.add_argument(
+        "--loss-weight", default="1", help="lossWeight when the ConfigMap has none (default 1)"
+    )
+    parser.add_argument(
+        "--max-body-mib",
+        type=float,
+        default=64.0,
+        help="largest request body accepted, MiB (default 64)",
+    )
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: in-cluster)")
+    add_log_arguments(parser)
+    return parser
+
+
+class ExtenderService:
+    """The running pieces: HTTP server plus the watch threads; start() / close()."""
+
+    def __init__(
+        self, server: ExtenderHTTPServer, extender: Extender, loops: list[tuple[str, WatchLoop]]
+    ) -> None:
+        self.server = server
+        self.extender = extender
+        self.loops = loops
+        self.stopping = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def start(self) -> None:
+        for name, loop in self.loops:
+            thread = threading.Thread(target=loop, args=(self.stopping,), name=name, daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        thread = threading.Thread(
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="gpu-aware-http",
+            daemon=True,
+        )
+        thread.start()
+        self.threads.append(thread)
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def build_service(
+    args: argparse.Namespace,
+    *,
+    node_watch: WatchLoop | None = None,
+    pod_watch: WatchLoop | None = None,
+) -> ExtenderService:
+    """Validate flags and assemble the service; ``ConfigError`` on bad input.
+
+    ``node_watch``/``pod_watch`` replace the real list+watch loops (tests); they are
+    built around the service's own cache, so they get it through ``.extender``.
+    """
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port: {args.port} must be 0..65535")
+    if not args.max_body_mib > 0:
+        raise ConfigError(f"--max-body-mib: {args.max_body_mib} must be > 0")
+    defaults = Weights(
+        parse_weight(args.score_weight, "--score-weight"),
+        parse_weight(args.loss_weight, "--loss-weight"),
+    )
+    weights = WeightSource(args.config_dir, defaults)
+    cache = NodeCache() if args.node_cache else None
+    pods = BoundPods() if args.pod_watch else None
+    extender = Extender(weights, cache=cache, pods=pods)
+    needs_api = (cache is not None and node_watch is None) or (
+        pods is not None and pod_watch is None
+    )
+    client = api_client(args.kubeconfig) if needs_api else None
+    loops: list[tuple[str, WatchLoop]] = []
+    if cache is not None:
+        loops.append(("node-watch", node_watch or node_watch_loop(client, cache)))
+    if pods is not None:
+        loops.append(("pod-watch", pod_watch or pod_watch_loop(client, pods)))
+    try:
+        server = ExtenderHTTPServer(
+            (args.address, args.port), extender, max_body=int(args.max_body_mib * 1024 * 1024)
+        )
+    except OSError as err:
+        raise ConfigError(f"--port: cannot listen on {args.address}:{args.port}: {err}") from err
+    return ExtenderService(server, extender, loops)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``gpuk8s serve extender``."""
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        configure_logging(LogOptions.from_args(args), component="gpu-aware")
+        service = build_service(args)
+    except GpuK8sError as err:
+        print(f"gpuk8s serve extender: error: {err}", file=sys.stderr)
+        return 2
+    done = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda *_: done.set()) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+    service.start()
+    log.info(
+        "gpu-aware listening",
+        extra={
+            "address": args.address,
+            "port": service.port,
+            "node_cache": args.node_cache,
+            "pod_watch": args.pod_watch,
+            "config_dir": args.config_dir,
+        },
+    )
+    try:
+        # short waits: Python runs signal handlers in the main thread only between
+        # bytecodes, and the signal may land on one of the server's threads
+        while not done.wait(0.5):
+            pass
+    finally:
+        service.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    log.info("gpu-aware stopped")
+    return 0

@@ -1,0 +1,328 @@
+"""What the extender knows about nodes and about pods it still has to account for.
+
+``NodeState`` is a node's GPU annotations parsed once: device counts and the score /
+loss tables. ``NodeCache`` holds them for ``nodeCacheCapable: true`` (fed by a node
+watch); ``StateMemo`` avoids re-parsing unchanged annotations when full nodes arrive
+in every request (``nodeCacheCapable: false``).
+
+``BoundPods`` is the "promised but not yet allocated" accounting. A filter call never
+says which node the scheduler picks, so the extender learns placements the only
+reliable way: by watching pods that are bound (``spec.nodeName`` set), not finished,
+and request GPUs. Devices the kubelet has handed out show up as ``allocated`` in the
+node's device list; GPUs requested by bound pods beyond that count are promised:
+
+    promised(node) = max(0, Σ GPU requests of bound, unfinished pods on node
+                             − devices marked allocated on node)
+
+so a pod that was just bound and whose container has not started yet still blocks
+its GPUs, and the promise disappears once the device plugin publishes the allocation.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from ...core.devicelist import DEVICES_ANNOTATION, parse_device_list
+from ...core.errors import GpuK8sError
+from ...core.scoring import LOSSES_ANNOTATION, SCORES_ANNOTATION, parse_table
+from .wire import GPU_RESOURCE
+
+
+# eq=False: identity comparison, so ``None in states`` stays a C-level scan
+@dataclass(frozen=True, eq=False)
+class NodeState:
+    name: str
+    total: int  # devices advertised (capacity)
+    healthy: int
+    allocated: int  # healthy or not, held by a container
+    free: int  # healthy and not allocated
+    scores: Mapping[int, int]
+    losses: Mapping[int, int]
+    problem: str | None = None  # why the device list is unusable; None when fine
+    # (scoreWeight, lossWeight) -> {request size: weighted raw priority}; filled on first
+    # use per weights, so prioritize does one dict lookup per node and no arithmetic
+    raw_cache: dict[tuple[float, float], dict[int, float]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def raw_priorities(self, weights: tuple[float, float]) -> dict[int, float]:
+        """Request size -> scoreWeight·score − lossWeight·loss (sizes in both tables)."""
+        table = self.raw_cache.get(weights)
+        if table is None:
+            sw, lw = weights
+            losses = self.losses
+            table = {k: sw * v - lw * losses[k] for k, v in self.scores.items() if k in losses}
+            if len(self.raw_cache) >= 4:
+                self.raw_cache.clear()  # weights changed several times: keep it small
+            self.raw_cache[weights] = table
+        return table
+
+    @property
+    def has_devices_annotation(self) -> bool:
+        return self.problem is None
+
+
+def parse_node_state(name: str, annotations: Mapping[str, str]) -> NodeState:
+    """A node's annotations parsed; a missing or broken device list is a ``problem``."""
+    raw = annotations.get(DEVICES_ANNOTATION)
+    scores = parse_table(annotations.get(SCORES_ANNOTATION))
+    losses = parse_table(annotations.get(LOSSES_ANNOTATION))
+    if raw is None:
+        return NodeState(
+            name,
+            0,
+            0,
+            0,
+            0,
+            scores,
+            losses,
+            problem=f"no {DEVICES_ANNOTATION} annotation (no gpu-device on this node)",
+        )
+    try:
+        entries = parse_device_list(raw)
+    except GpuK8sError as err:
+        return NodeState(name, 0, 0, 0, 0, scores, losses, problem=f"unusable device list: {err}")
+    healthy = sum(1 for e in entries if e.healthy)
+    allocated = sum(1 for e in entries if e.allocated)
+    free = sum(1 for e in entries if e.healthy and not e.allocated)
+    return NodeState(name, len(entries), healthy, allocated, free, scores, losses)
+
+
+def _key(annotations: Mapping[str, str]) -> tuple[str | None, str | None, str | None]:
+    return (
+        annotations.get(DEVICES_ANNOTATION),
+        annotations.get(SCORES_ANNOTATION),
+        annotations.get(LOSSES_ANNOTATION),
+    )
+
+
+class StateMemo:
+    """Parsed states by node name, reused while the three annotations are unchanged."""
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self._limit = limit
+        self._memo: dict[str, tuple[tuple[str | None, str | None, str | None], NodeState]] = {}
+
+    def get(self, name: str, annotations: Mapping[str, str]) -> NodeState:
+        key = _key(annotations)
+        hit = self._memo.get(name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        state = parse_node_state(name, annotations)
+        if len(self._memo) >= self._limit:
+            self._memo.clear()  # rare (more nodes than the limit): start over, stay bounded
+        self._memo[name] = (key, state)
+        return state
+
+
+def unresolvable_reason(state: NodeState, need: int) -> str | None:
+    """Why no preemption can make the node fit ``need`` GPUs; None when it could fit."""
+    if state.problem is not None:
+        return f"gpu-aware: {state.problem}"
+    if state.healthy < need:
+        return (
+            f"gpu-aware: node has {state.total} {GPU_RESOURCE} device(s), "
+            f"{state.healthy} healthy; the pod needs {need}"
+        )
+    return None
+
+
+def short_reason(state: NodeState, need: int, promised: int = 0) -> str:
+    """Why the node's free devices do not cover ``need`` (preemption may help)."""
+    free = max(state.free - promised, 0)
+    extra = f", {promised} promised to bound pods not started yet" if promised else ""
+    return (
+        f"gpu-aware: {free} of {state.healthy} healthy {GPU_RESOURCE} device(s) free "
+        f"({state.allocated} allocated{extra}); the pod needs {need}"
+    )
+
+
+@dataclass
+class NeedIndex:
+    """The cache's nodes sorted by what they can do for one request size, kept up to
+    date on every node event, so filter tests set membership (C speed) per node."""
+
+    unresolvable: dict[str, str] = field(default_factory=dict)
+    short: dict[str, str] = field(default_factory=dict)  # healthy enough, too few free
+    fits: set[str] = field(default_factory=set)  # free >= need (before promises)
+
+    def place(self, name: str, state: NodeState | None, need: int) -> None:
+        # add before remove would leave a name in two sets; readers tolerate "in none"
+        self.unresolvable.pop(name, None)
+        self.short.pop(name, None)
+        self.fits.discard(name)
+        if state is None:
+            return
+        reason = unresolvable_reason(state, need)
+        if reason is not None:
+            self.unresolvable[name] = reason
+        elif state.free < need:
+            self.short[name] = short_reason(state, need)
+        else:
+            self.fits.add(name)
+
+
+MAX_INDEXES = 64
+
+
+class NodeCache:
+    """Node name -> ``NodeState`` for ``nodeCacheCapable: true``, fed by a node watch.
+
+    Besides the states it keeps, per request size seen, a ``NeedIndex`` and, per
+    (weights, size), the raw priority of every node, all updated incrementally by
+    ``upsert``/``delete``; a request then costs a few C-level passes over its names.
+    Readers never lock: dicts are replaced on a relist and mutated one key at a time.
+    """
+
+    def __init__(self) -> None:
+        self._states: dict[str, NodeState] = {}
+        self._needs: dict[int, NeedIndex] = {}
+        self._raws: dict[tuple[float, float, int], dict[str, float]] = {}
+        self._synced = threading.Event()
+        self._lock = threading.Lock()
+        self._memo = StateMemo()
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout: float) -> bool:
+        return self._synced.wait(timeout)
+
+    def replace(self, nodes: Iterable[tuple[str, Mapping[str, str]]]) -> None:
+        """The full list (after a list call): drops nodes not in it."""
+        fresh = {name: self._memo.get(name, annotations) for name, annotations in nodes}
+        with self._lock:
+            self._states = fresh
+            self._needs = {}
+            self._raws = {}
+        self._synced.set()
+
+    def _update(self, name: str, state: NodeState | None) -> None:
+        for need, index in self._needs.items():
+            index.place(name, state, need)
+        for (sw, lw, need), raw in self._raws.items():
+            value = state.raw_priorities((sw, lw)).get(need) if state is not None else None
+            if value is None:
+                raw.pop(name, None)
+            else:
+                raw[name] = value
+
+    def upsert(self, name: str, annotations: Mapping[str, str]) -> None:
+        state = self._memo.get(name, annotations)
+        with self._lock:
+            self._states[name] = state
+            self._update(name, state)
+
+    def delete(self, name: str) -> None:
+        with self._lock:
+            self._states.pop(name, None)
+            self._update(name, None)
+
+    def get(self, name: str) -> NodeState | None:
+        return self._states.get(name)
+
+    def snapshot(self) -> dict[str, NodeState]:
+        """The current mapping; callers only read it (updates replace keys atomically)."""
+        return self._states
+
+    def need_index(self, need: int) -> NeedIndex:
+        index = self._needs.get(need)
+        if index is None:
+            with self._lock:
+                index = self._needs.get(need)
+                if index is None:
+                    index = NeedIndex()
+                    for name, state in self._states.items():
+                        index.place(name, state, need)
+                    if len(self._needs) >= MAX_INDEXES:
+                        self._needs = {}
+                    self._needs[need] = index
+        return index
+
+    def raw_priorities(self, weights: tuple[float, float], need: int) -> dict[str, float]:
+        """Node -> scoreWeight·score[need] − lossWeight·loss[need], nodes with data only."""
+        key = (weights[0], weights[1], need)
+        raw = self._raws.get(key)
+        if raw is None:
+            with self._lock:
+                raw = self._raws.get(key)
+                if raw is None:
+                    raw = {}
+                    for name, state in self._states.items():
+                        value = state.raw_priorities(weights).get(need)
+                        if value is not None:
+                            raw[name] = value
+                    if len(self._raws) >= MAX_INDEXES:
+                        self._raws = {}
+                    self._raws[key] = raw
+        return raw
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+
+class BoundPods:
+    """GPU requests of bound, unfinished pods: pod UID -> (node, gpus), summed per node."""
+
+    def __init__(self) -> None:
+        self._pods: dict[str, tuple[str, int]] = {}
+        self._per_node: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._synced = threading.Event()
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def _drop(self, uid: str) -> None:
+        old = self._pods.pop(uid, None)
+        if old is not None:
+            node, gpus = old
+            left = self._per_node.get(node, 0) - gpus
+            if left > 0:
+                self._per_node[node] = left
+            else:
+                self._per_node.pop(node, None)
+
+    def set(self, uid: str, node: str | None, gpus: int) -> None:
+        """Record (or forget, when ``node`` is None or ``gpus`` is 0) one pod."""
+        with self._lock:
+            self._drop(uid)
+            if node and gpus > 0:
+                self._pods[uid] = (node, gpus)
+                self._per_node[node] = self._per_node.get(node, 0) + gpus
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            self._drop(uid)
+
+    def replace(self, pods: Iterable[tuple[str, str | None, int]]) -> None:
+        """The full list (after a list call), swapped in at once: readers never see a
+        half-filled table during a relist."""
+        fresh: dict[str, tuple[str, int]] = {}
+        per_node: dict[str, int] = {}
+        for uid, node, gpus in pods:
+            if node and gpus > 0:
+                fresh[uid] = (node, gpus)
+        for node, gpus in fresh.values():
+            per_node[node] = per_node.get(node, 0) + gpus
+        with self._lock:
+            self._pods, self._per_node = fresh, per_node
+        self._synced.set()
+
+    def per_node(self) -> dict[str, int]:
+        """Node -> GPUs requested by its bound pods (live mapping, read only)."""
+        return self._per_node
+
+    def requested(self, node: str) -> int:
+        return self._per_node.get(node, 0)
+
+    def promised(self, state: NodeState) -> int:
+        """GPUs bound pods will take on the node beyond what is already allocated."""
+        return max(0, self._per_node.get(state.name, 0) - state.allocated)
+
+    def __len__(self) -> int:
+        return len(self._pods)

@@ -1,0 +1,1 @@
+"""gpu-label: writes the node labels of SPEC §4 onto the node it runs on."""

@@ -1,0 +1,215 @@
+"""`gpuk8s serve labeller`: keep this node's ``metax-tech.com/`` labels true.
+
+    gpuk8s serve labeller --node-name N --host-root /host --interval 60
+                          [--once] [--dry-run] [--json] [--kubeconfig PATH]
+                          [--status-dir /run/metax] [--health-port 0] [log options]
+
+Exit codes with ``--once``: 0 labels are (or, with ``--dry-run``, would be) correct,
+1 the API server refused or could not be reached, 2 bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from ...core.errors import ConfigError, GpuK8sError
+from ..kube import ApiError, api_client
+from ..logging_setup import LogOptions, add_log_arguments, configure_logging
+from .loop import LabellerLoop, LoopStatus
+from .reconcile import (
+    DEFAULT_STATUS_DIR,
+    Discover,
+    KubeNodeLabelStore,
+    NodeLabelStore,
+    ReconcileResult,
+    format_diff,
+    reconcile,
+    wanted_labels,
+)
+
+log = logging.getLogger("gpuk8s.labeller")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuk8s serve labeller",
+        description="gpu-label: write this node's metax-tech.com/ labels (SPEC §4)",
+    )
+    parser.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME", ""),
+        help="Kubernetes name of this node (default: $NODE_NAME)",
+    )
+    parser.add_argument("--host-root", default="/host", help="where the host's / is mounted")
+    parser.add_argument(
+        "--status-dir",
+        default=DEFAULT_STATUS_DIR,
+        help="directory (under the host root) of the operator scheme's readiness files "
+        "maca.ready / runtime.ready (default /run/metax)",
+    )
+    parser.add_argument(
+        "--interval", type=float, default=60.0, help="seconds between passes (default 60)"
+    )
+    parser.add_argument("--once", action="store_true", help="one pass, then exit")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the label diff, change nothing (implies --once)",
+    )
+    parser.add_argument("--json", action="store_true", help="with --once: print a JSON result")
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: in-cluster)")
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=0,
+        help="serve GET /healthz on this port (0: off, the default)",
+    )
+    add_log_arguments(parser)
+    return parser
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if not args.node_name:
+        raise ConfigError("--node-name: required (or set NODE_NAME, e.g. from spec.nodeName)")
+    if not os.path.isdir(args.host_root):
+        raise ConfigError(f"--host-root: {args.host_root!r} is not a directory")
+    if not args.interval > 0:
+        raise ConfigError(f"--interval: {args.interval} must be a positive number of seconds")
+    if not 0 <= args.health_port <= 65535:
+        raise ConfigError(f"--health-port: {args.health_port} must be 0 (off) or 1..65535")
+
+
+def _result_json(result: ReconcileResult) -> str:
+    return json.dumps(
+        {
+            "node": result.node,
+            "changed": result.changed,
+            "applied": result.applied,
+            "changes": result.changes,
+            "labels": result.wanted,
+            "problems": list(result.problems),
+        },
+        sort_keys=True,
+    )
+
+
+def make_pass(
+    store: NodeLabelStore,
+    node: str,
+    host_root: str,
+    discover: Discover,
+    status_dir: str = DEFAULT_STATUS_DIR,
+    dry_run: bool = False,
+) -> Callable[[], ReconcileResult]:
+    def one_pass() -> ReconcileResult:
+        wanted, inventory = wanted_labels(host_root, discover, status_dir)
+        return reconcile(store, node, wanted, dry_run=dry_run, problems=inventory.problems)
+
+    return one_pass
+
+
+def serve_health(port: int, status: LoopStatus, stale_after: float) -> ThreadingHTTPServer:
+    """A liveness endpoint: 200 while the loop keeps attempting passes, else 503."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != "/healthz":
+                self._send(404, {"Error": f"no such path {self.path!r}; try /healthz"})
+                return
+            with status.lock:
+                age = time.monotonic() - status.last_attempt
+                body = {"passes": status.passes, "lastError": status.last_error}
+            code = 200 if age <= stale_after else 503
+            body["status"] = "ok" if code == 200 else f"no pass attempted for {age:.0f}s"
+            self._send(code, body)
+
+        def _send(self, code: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("", port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="labeller-health", daemon=True).start()
+    return server
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    store: NodeLabelStore | None = None,
+    discover: Discover | None = None,
+) -> int:
+    """Entry point of ``gpuk8s serve labeller``; ``store``/``discover`` are for tests."""
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        configure_logging(LogOptions.from_args(args), component="gpu-label")
+        _validate(args)
+        if discover is None:
+            from ...discovery import discover as real_discover
+
+            discover = real_discover
+        if store is None:
+            store = KubeNodeLabelStore(api_client(args.kubeconfig))
+    except GpuK8sError as err:
+        print(f"gpuk8s serve labeller: error: {err}", file=sys.stderr)
+        return 2
+    one_pass = make_pass(
+        store, args.node_name, args.host_root, discover, args.status_dir, dry_run=args.dry_run
+    )
+    if args.once or args.dry_run:
+        try:
+            result = one_pass()
+        except ApiError as err:
+            print(f"gpuk8s serve labeller: error: {err}", file=sys.stderr)
+            return 1
+        except GpuK8sError as err:
+            print(f"gpuk8s serve labeller: error: {err}", file=sys.stderr)
+            return 2
+        print(_result_json(result) if args.json else format_diff(result))
+        return 0
+
+    loop = LabellerLoop(one_pass, args.interval)
+    health = None
+    if args.health_port:
+        health = serve_health(args.health_port, loop.status, 3 * args.interval + 120)
+    # set_wakeup_fd writes every signal into the loop's wake-up pipe, whichever thread
+    # receives it: that alone makes SIGHUP start a pass, so its handler does nothing.
+    previous = {
+        signal.SIGHUP: signal.signal(signal.SIGHUP, lambda *_: None),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: loop.stop()),
+        signal.SIGINT: signal.signal(signal.SIGINT, lambda *_: loop.stop()),
+    }
+    previous_wakeup = signal.set_wakeup_fd(loop.wakeup_fd)
+    log.info(
+        "labeller started",
+        extra={"node": args.node_name, "host_root": args.host_root, "interval_s": args.interval},
+    )
+    try:
+        loop.run()
+    finally:
+        signal.set_wakeup_fd(previous_wakeup)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        loop.close()
+        if health is not None:
+            health.shutdown()
+            health.server_close()
+    log.info("labeller stopped")
+    return 0

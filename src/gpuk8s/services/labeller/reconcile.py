@@ -1,0 +1,178 @@
+"""One reconcile pass: host root -> wanted labels -> patch of the node's labels.
+
+Split so each piece is testable on its own: ``read_readiness`` and ``wanted_labels``
+read the host; ``NodeLabelStore`` is the only thing that talks to the API server;
+``reconcile`` compares and writes once (compute, then act).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ...core.labels import PREFIX, compute_labels, label_diff
+from ...core.model import NodeInventory
+from ..kube import PermanentApiError, classify
+
+# Operator-scheme readiness: the component that makes a thing ready writes a status file
+# (content ``true`` or ``false``) under the host root; an absent file means "this scheme
+# does not report it" and the label is not published.
+READINESS_KEYS: tuple[str, ...] = ("maca.ready", "runtime.ready")
+DEFAULT_STATUS_DIR = "/run/metax"
+
+Discover = Callable[[str], NodeInventory]
+
+
+def _under_root(root: str, path: str) -> str:
+    return os.path.join(root, path.lstrip("/"))
+
+
+def read_readiness(host_root: str, status_dir: str = DEFAULT_STATUS_DIR) -> dict[str, bool]:
+    """``{"maca.ready": True, ...}`` for every status file present under the root.
+
+    A file whose first word is ``true`` (any case) means ready; anything else
+    (``false``, empty, unreadable) means not ready, so a half-written or broken
+    marker never claims readiness.
+    """
+    states: dict[str, bool] = {}
+    directory = _under_root(host_root, status_dir)
+    for key in READINESS_KEYS:
+        path = os.path.join(directory, key)
+        if not os.path.lexists(path):
+            continue
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                words = handle.read(256).split()
+        except OSError:
+            words = []
+        states[key] = bool(words) and words[0].lower() == "true"
+    return states
+
+
+def wanted_labels(
+    host_root: str,
+    discover: Discover,
+    status_dir: str = DEFAULT_STATUS_DIR,
+) -> tuple[dict[str, str], NodeInventory]:
+    """The labels this node should carry, and the inventory they came from."""
+    inventory = discover(host_root)
+    readiness = read_readiness(host_root, status_dir) if inventory.has_gpus else {}
+    return compute_labels(inventory, readiness=readiness), inventory
+
+
+class NodeLabelStore(Protocol):
+    """Where the node's labels live (the API server; a dict in unit tests)."""
+
+    def read(self, node: str) -> tuple[dict[str, str], str | None]:
+        """(labels, resourceVersion) of the node."""
+        ...
+
+    def patch(
+        self, node: str, changes: Mapping[str, str | None], resource_version: str | None
+    ) -> None:
+        """Apply ``changes`` (None: remove) only if the node is still at ``resource_version``."""
+        ...
+
+
+class KubeNodeLabelStore:
+    """``NodeLabelStore`` over the official client; needs RBAC get + patch on nodes."""
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self._core = client.CoreV1Api(api_client)
+
+    def read(self, node: str) -> tuple[dict[str, str], str | None]:
+        try:
+            obj = self._core.read_node(node)
+        except Exception as err:
+            raised = classify(err, f"get node {node}")
+            if raised.status == 404:
+                raise PermanentApiError(
+                    f"node {node!r} does not exist; check --node-name / NODE_NAME "
+                    "(it must be the Kubernetes node name, usually spec.nodeName)",
+                    404,
+                ) from err
+            raise raised from err
+        meta = obj.metadata
+        if meta is None:
+            raise PermanentApiError(f"get node {node}: the answer has no metadata")
+        return dict(meta.labels or {}), meta.resource_version
+
+    def patch(
+        self, node: str, changes: Mapping[str, str | None], resource_version: str | None
+    ) -> None:
+        metadata: dict[str, Any] = {"labels": dict(changes)}
+        if resource_version:
+            # Precondition: a concurrent writer makes this a 409, i.e. re-read and retry.
+            metadata["resourceVersion"] = resource_version
+        try:
+            self._core.patch_node(
+                node,
+                {"metadata": metadata},
+                _content_type="application/merge-patch+json",
+            )
+        except Exception as err:
+            raise classify(err, f"patch labels of node {node}") from err
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    node: str
+    changes: dict[str, str | None]  # what was (or, in dry-run, would be) written
+    current: dict[str, str]  # our labels before the pass
+    wanted: dict[str, str]
+    applied: bool
+    problems: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.changes)
+
+
+def reconcile(
+    store: NodeLabelStore,
+    node: str,
+    wanted: Mapping[str, str],
+    *,
+    dry_run: bool = False,
+    problems: tuple[str, ...] = (),
+) -> ReconcileResult:
+    """Bring the node's ``metax-tech.com/`` labels to ``wanted``; other labels untouched."""
+    labels, version = store.read(node)
+    changes = label_diff(labels, wanted)
+    ours = {k: v for k, v in labels.items() if k.startswith(PREFIX)}
+    applied = False
+    if changes and not dry_run:
+        store.patch(node, changes, version)
+        applied = True
+    return ReconcileResult(
+        node=node,
+        changes=dict(changes),
+        current=ours,
+        wanted=dict(wanted),
+        applied=applied,
+        problems=problems,
+    )
+
+
+def format_diff(result: ReconcileResult) -> str:
+    """Human-readable diff: ``+ key=value``, ``~ key: old -> new``, ``- key``."""
+    lines = [
+        f"node {result.node}: "
+        + (f"{len(result.changes)} label change(s)" if result.changes else "labels up to date")
+    ]
+    for key in sorted(result.changes):
+        new = result.changes[key]
+        old = result.current.get(key)
+        if new is None:
+            lines.append(f"- {key} (was {old})")
+        elif old is None:
+            lines.append(f"+ {key}={new}")
+        else:
+            lines.append(f"~ {key}: {old} -> {new}")
+    for problem in result.problems:
+        lines.append(f"! discovery: {problem}")
+    return "\n".join(lines)

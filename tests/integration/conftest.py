@@ -1,0 +1,282 @@
+"""A real control plane for the integration tier: etcd + kube-apiserver, RBAC on.
+
+``apiserver`` (session scope) starts etcd and the lab's kube-apiserver on free
+loopback ports with static tokens and yields an ``ApiServer`` with kubeconfigs for
+these users:
+
+=============  =================  ==========================================
+user           groups             RBAC granted by the fixture
+=============  =================  ==========================================
+``admin``      system:masters     everything
+``gpu-label``  gpuk8s-test        nodes: get, patch (the labeller's ClusterRole)
+``gpu-aware``  gpuk8s-test        nodes, pods: get, list, watch (the extender's)
+``nobody``     gpuk8s-test        nothing
+=============  =================  ==========================================
+
+Binaries: kube-apiserver from ``$GPUK8S_CACHE/bin/kube-<KUBE_VERSION>/`` (built by
+``lab/tools.sh kube``; any ``kube-*`` there or on PATH as a fallback), etcd from
+``$GPUK8S_CACHE/bin/etcd-<ETCD_VERSION>/`` (``lab/tools.sh etcd``), else ``etcd`` on
+PATH (Debian: ``apt-get install etcd-server``). Tests using the fixture skip only when
+one of these (or openssl) is missing, and the skip names what is missing.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE_BIN = Path(os.environ.get("GPUK8S_CACHE", "/var/cache/gpuk8s")) / "bin"
+USERS = {
+    "admin": ("admin-token", "system:masters"),
+    "gpu-label": ("label-token", "gpuk8s-test"),
+    "gpu-aware": ("aware-token", "gpuk8s-test"),
+    "nobody": ("nobody-token", "gpuk8s-test"),
+}
+ROLES = {
+    "gpu-label": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}],
+    "gpu-aware": [
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}
+    ],
+}
+
+
+def _pinned_versions() -> dict[str, str]:
+    out: dict[str, str] = {}
+    path = REPO / "lab" / "versions.env"
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if "=" in line and not line.lstrip().startswith("#"):
+                key, value = line.split("=", 1)
+                out[key.strip()] = value.strip()
+    return out
+
+
+def find_binary(name: str, pinned_dir: str | None) -> str | None:
+    """``name`` in the pinned cache dir, else any cached version, else on PATH."""
+    candidates = []
+    if pinned_dir:
+        candidates.append(CACHE_BIN / pinned_dir / name)
+    prefix = pinned_dir.split("-")[0] if pinned_dir else name
+    candidates += [
+        Path(p) for p in sorted(glob.glob(f"{CACHE_BIN}/{prefix}-*/{name}"), reverse=True)
+    ]
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    return shutil.which(name)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def write_kubeconfig(path: Path, port: int, token: str) -> str:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        "clusters:\n- name: test\n  cluster:\n"
+        f"    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\n"
+        f"users:\n- name: u\n  user:\n    token: {token}\n"
+        "contexts:\n- name: c\n  context: {cluster: test, user: u}\ncurrent-context: c\n"
+    )
+    return str(path)
+
+
+@dataclass
+class ApiServer:
+    port: int
+    workdir: Path
+    kubeconfigs: dict[str, str]
+
+    def binary(self, name: str) -> str | None:
+        """Another Kubernetes program of the same build (kube-scheduler, kubectl...)."""
+        versions = _pinned_versions()
+        pinned = f"kube-{versions['KUBE_VERSION']}" if "KUBE_VERSION" in versions else None
+        return find_binary(name, pinned)
+
+    def kubeconfig(self, user: str) -> str:
+        return self.kubeconfigs[user]
+
+    def core(self, user: str = "admin") -> Any:
+        from kubernetes import client
+
+        from gpuk8s.services.kube import api_client
+
+        return client.CoreV1Api(api_client(self.kubeconfigs[user]))
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture(scope="session")
+def apiserver() -> Iterator[ApiServer]:
+    versions = _pinned_versions()
+    kube_dir = f"kube-{versions['KUBE_VERSION']}" if "KUBE_VERSION" in versions else None
+    etcd_dir = f"etcd-{versions['ETCD_VERSION']}" if "ETCD_VERSION" in versions else None
+    apiserver_bin = find_binary("kube-apiserver", kube_dir)
+    etcd_bin = find_binary("etcd", etcd_dir)
+    missing = [
+        what
+        for what, found in (
+            (
+                f"kube-apiserver (build it with lab/tools.sh kube; looked in {CACHE_BIN} and PATH)",
+                apiserver_bin,
+            ),
+            (
+                f"etcd (lab/tools.sh etcd, or apt-get install etcd-server; looked in {CACHE_BIN} "
+                "and PATH)",
+                etcd_bin,
+            ),
+            ("openssl", shutil.which("openssl")),
+        )
+        if not found
+    ]
+    if missing:
+        pytest.skip("integration tier needs " + "; ".join(missing))
+    assert apiserver_bin is not None and etcd_bin is not None
+
+    work = Path(tempfile.mkdtemp(prefix="gpuk8s-apiserver-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+        with open(work / "etcd.log", "wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [
+                        etcd_bin,
+                        "--data-dir",
+                        str(work / "etcd"),
+                        "--listen-client-urls",
+                        f"http://127.0.0.1:{etcd_port}",
+                        "--advertise-client-urls",
+                        f"http://127.0.0.1:{etcd_port}",
+                        "--listen-peer-urls",
+                        f"http://127.0.0.1:{peer_port}",
+                        "--initial-advertise-peer-urls",
+                        f"http://127.0.0.1:{peer_port}",
+                        "--initial-cluster",
+                        f"default=http://127.0.0.1:{peer_port}",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        subprocess.run(
+            ["openssl", "genrsa", "-out", str(work / "sa.key"), "2048"],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            [
+                "openssl",
+                "rsa",
+                "-in",
+                str(work / "sa.key"),
+                "-pubout",
+                "-out",
+                str(work / "sa.pub"),
+            ],
+            check=True,
+            capture_output=True,
+        )
+        (work / "tokens.csv").write_text(
+            "".join(
+                f'{token},{user},uid-{user},"{group}"\n' for user, (token, group) in USERS.items()
+            )
+        )
+        with open(work / "apiserver.log", "wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [
+                        apiserver_bin,
+                        f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                        "--bind-address=127.0.0.1",
+                        f"--secure-port={api_port}",
+                        f"--cert-dir={work / 'certs'}",
+                        f"--token-auth-file={work / 'tokens.csv'}",
+                        "--authorization-mode=RBAC",
+                        "--allow-privileged=true",  # SPEC §1: both schemes need privileged pods
+                        f"--service-account-key-file={work / 'sa.pub'}",
+                        f"--service-account-signing-key-file={work / 'sa.key'}",
+                        "--service-account-issuer=https://kubernetes.default.svc",
+                        "--service-cluster-ip-range=10.96.0.0/16",
+                        "--enable-priority-and-fairness=false",
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        kubeconfigs = {
+            user: write_kubeconfig(work / f"{user}.kubeconfig", api_port, token)
+            for user, (token, _) in USERS.items()
+        }
+        server = ApiServer(api_port, work, kubeconfigs)
+        core = server.core()
+
+        def ready() -> bool:
+            for proc in procs:
+                if proc.poll() is not None:
+                    raise AssertionError(
+                        f"{proc.args[0]} exited with {proc.returncode}:\n"
+                        + (work / "etcd.log").read_text(errors="replace")[-2000:]
+                        + (work / "apiserver.log").read_text(errors="replace")[-3000:]
+                    )
+            try:
+                core.list_namespace()
+                core.read_namespace("default")
+                return True
+            except Exception:
+                return False
+
+        _wait(ready, 180, "kube-apiserver to answer")
+        from kubernetes import client
+
+        from gpuk8s.services.kube import api_client
+
+        rbac = client.RbacAuthorizationV1Api(api_client(kubeconfigs["admin"]))
+        for name, rules in ROLES.items():
+            rbac.create_cluster_role({"metadata": {"name": name}, "rules": rules})
+            rbac.create_cluster_role_binding(
+                {
+                    "metadata": {"name": name},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": name,
+                    },
+                    "subjects": [
+                        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}
+                    ],
+                }
+            )
+        # no controller-manager here: the ServiceAccount admission needs "default" to exist
+        core.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
+        yield server
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        shutil.rmtree(work, ignore_errors=True)

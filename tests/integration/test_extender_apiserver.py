@@ -1,0 +1,394 @@
+"""gpu-aware's node cache and bound-pod tracker fed by real watches on a real
+kube-apiserver (RBAC: get/list/watch on nodes and pods), served over real HTTP."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gpuk8s import sim
+from gpuk8s.core.devicelist import DEVICES_ANNOTATION, DeviceEntry, format_device_list
+from gpuk8s.core.model import NodeInventory
+from gpuk8s.core.scoring import tables_as_annotations, topology_tables
+from gpuk8s.core.topology import Topology, units_for_inventory
+from gpuk8s.discovery import discover
+from gpuk8s.services.extender.main import ExtenderService, build_parser, build_service
+from gpuk8s.services.extender.nodes import BoundPods, NodeCache
+from gpuk8s.services.extender.watch import node_watch_loop, pod_watch_loop
+from gpuk8s.services.kube import api_client
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning"),
+]
+
+GPU = "metax-tech.com/gpu"
+
+
+@pytest.fixture(scope="module")
+def c500(tmp_path_factory: pytest.TempPathFactory) -> NodeInventory:
+    root = str(tmp_path_factory.mktemp("sim") / "c500")
+    sim.create(root, "c500-8")
+    return discover(root)
+
+
+def node_annotations(inventory: NodeInventory, allocated: list[int]) -> dict[str, str]:
+    """The annotations gpu-device publishes with the units at ``allocated`` in use."""
+    units = units_for_inventory(inventory)
+    gpus = {g.index: g for g in inventory.gpus}
+    entries = [
+        DeviceEntry(
+            id=u.id,
+            pci=gpus[u.gpu].pci_address,
+            gpu=u.gpu,
+            vf=u.vf,
+            product=gpus[u.gpu].product,
+            numa=gpus[u.gpu].numa_node,
+            group=gpus[u.gpu].link_group,
+            switch=gpus[u.gpu].pcie_switch,
+            healthy=True,
+            allocated=pos in allocated,
+        )
+        for pos, u in enumerate(units)
+    ]
+    topo = Topology.from_inventory(inventory, units)
+    scores, losses = topology_tables(topo, [p for p in range(len(units)) if p not in allocated])
+    return {
+        **tables_as_annotations(scores, losses),
+        DEVICES_ANNOTATION: format_device_list(entries),
+    }
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def names() -> Iterator[list[str]]:
+    tag = uuid.uuid4().hex[:6]
+    yield [f"gpu-{tag}-a", f"gpu-{tag}-b", f"gpu-{tag}-c"]
+
+
+def _create_nodes(apiserver: Any, names: list[str], c500: NodeInventory) -> None:
+    core = apiserver.core()
+    core.create_node(
+        {"metadata": {"name": names[0], "annotations": node_annotations(c500, allocated=[0, 1])}}
+    )  # a whole MetaXLink group of 4 is free
+    core.create_node(
+        {"metadata": {"name": names[1], "annotations": node_annotations(c500, allocated=[0, 4])}}
+    )  # 6 free, no whole group
+    core.create_node({"metadata": {"name": names[2]}})  # no gpu-device
+
+
+def _gpu_pod(name: str, node: str, gpus: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/none:1",
+                    "resources": {"limits": {GPU: str(gpus)}},
+                }
+            ],
+        },
+    }
+
+
+def test_watch_loops_follow_nodes_and_bound_pods(
+    apiserver: Any, names: list[str], c500: NodeInventory
+) -> None:
+    _create_nodes(apiserver, names, c500)
+    client = api_client(apiserver.kubeconfig("gpu-aware"))
+    cache, pods = NodeCache(), BoundPods()
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=loop, args=(stop,), daemon=True)
+        for loop in (node_watch_loop(client, cache), pod_watch_loop(client, pods))
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: cache.synced and pods.synced, 30, "initial lists")
+        state = cache.get(names[0])
+        assert state is not None and (state.free, state.allocated) == (6, 2)
+        assert cache.get(names[2]) is not None and cache.get(names[2]).problem  # type: ignore[union-attr]
+
+        # the device plugin publishes a new allocation: the cache follows the watch
+        apiserver.core().patch_node(
+            names[0],
+            {"metadata": {"annotations": node_annotations(c500, allocated=[0, 1, 2])}},
+            _content_type="application/merge-patch+json",
+        )
+        wait_for(
+            lambda: cache.get(names[0]).allocated == 3,
+            30,  # type: ignore[union-attr]
+            "the annotation change",
+        )
+        apiserver.core().delete_node(names[2])
+        wait_for(lambda: cache.get(names[2]) is None, 30, "the node deletion")
+
+        core = apiserver.core()
+        core.create_namespaced_pod("default", _gpu_pod(f"{names[1]}-p", names[1], 3))
+        core.create_namespaced_pod(
+            "default",
+            {
+                "metadata": {"name": f"{names[1]}-cpu"},
+                "spec": {"nodeName": names[1], "containers": [{"name": "c", "image": "x"}]},
+            },
+        )
+        wait_for(lambda: pods.requested(names[1]) == 3, 30, "the bound GPU pod")
+        state = cache.get(names[1])
+        assert state is not None and pods.promised(state) == 1  # 3 requested, 2 allocated
+        pod = core.read_namespaced_pod(f"{names[1]}-p", "default")
+        pod.status.phase = "Succeeded"
+        core.replace_namespaced_pod_status(f"{names[1]}-p", "default", pod)
+        wait_for(lambda: pods.requested(names[1]) == 0, 30, "the finished pod to be dropped")
+    finally:
+        stop.set()
+    for thread in threads:
+        thread.join(timeout=WATCH_JOIN_S)
+
+
+WATCH_JOIN_S = 1.0  # the loops stop at the next event or watch timeout; daemon threads
+
+
+def _post(service: ExtenderService, verb: str, payload: Any) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", service.port, timeout=10)
+    conn.request(
+        "POST",
+        f"/{verb}",
+        body=json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    resp = conn.getresponse()
+    data = json.loads(resp.read())
+    conn.close()
+    return resp.status, data
+
+
+def test_extender_service_with_node_cache(
+    apiserver: Any, names: list[str], c500: NodeInventory
+) -> None:
+    _create_nodes(apiserver, names, c500)
+    args = build_parser().parse_args(
+        [
+            "--port",
+            "0",
+            "--address",
+            "127.0.0.1",
+            "--node-cache",
+            "--kubeconfig",
+            apiserver.kubeconfig("gpu-aware"),
+        ]
+    )
+    service = build_service(args)
+    service.start()
+    try:
+        cache = service.extender.cache
+        assert cache is not None
+        wait_for(lambda: cache.synced and cache.get(names[2]) is not None, 30, "node cache")
+        pod = {
+            "metadata": {"name": "train", "namespace": "default", "uid": "u1"},
+            "spec": {"containers": [{"name": "m", "resources": {"limits": {GPU: "4"}}}]},
+        }
+        status, result = _post(service, "filter", {"Pod": pod, "NodeNames": names})
+        assert status == 200 and result["NodeNames"] == names[:2]
+        assert DEVICES_ANNOTATION in result["FailedAndUnresolvableNodes"][names[2]]
+        status, result = _post(service, "prioritize", {"Pod": pod, "NodeNames": names})
+        assert result == [
+            {"Host": names[0], "Score": 10},
+            {"Host": names[1], "Score": 1},
+            {"Host": names[2], "Score": 0},
+        ]
+        # the pod holding the 2 allocated devices, then a 4-GPU pod just bound there:
+        # its GPUs are promised at once, before any device list update
+        core = apiserver.core()
+        core.create_namespaced_pod("default", _gpu_pod(f"{names[0]}-old", names[0], 2))
+        core.create_namespaced_pod("default", _gpu_pod(f"{names[0]}-new", names[0], 4))
+        pods = service.extender.pods
+        assert pods is not None
+        wait_for(lambda: pods.requested(names[0]) == 6, 30, "the bound pods")
+        status, result = _post(service, "filter", {"Pod": pod, "NodeNames": names})
+        assert result["NodeNames"] == [names[1]]
+        assert "4 promised" in result["FailedNodes"][names[0]]
+    finally:
+        service.close()
+
+
+def _gpu_node(
+    apiserver: Any, name: str, label: str, annotations: dict[str, str], cpu: str, memory: str
+) -> None:
+    core = apiserver.core()
+    core.create_node(
+        {
+            "metadata": {
+                "name": name,
+                "labels": {"gpuk8s.test/pool": label},
+                "annotations": annotations,
+            }
+        }
+    )
+    resources = {"cpu": cpu, "memory": memory, "pods": "110", GPU: "8"}
+    core.patch_node_status(
+        name,
+        {
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "test node",
+                    }
+                ],
+            }
+        },
+        _content_type="application/merge-patch+json",
+    )
+
+
+def test_real_kube_scheduler_places_a_4_gpu_pod_inside_one_link_group(
+    apiserver: Any, c500: NodeInventory, tmp_path: Any
+) -> None:
+    """kube-scheduler (the lab's build) + this extender (node cache, weight 500): a 4-GPU
+    pod lands on the node that still has a whole MetaXLink group of 4; the next one is
+    kept off that node because its GPUs are promised to the first (not yet allocated)."""
+    import os
+    import subprocess
+
+    scheduler_bin = apiserver.binary("kube-scheduler")
+    if scheduler_bin is None:
+        pytest.skip("needs kube-scheduler (lab/tools.sh kube)")
+    tag = uuid.uuid4().hex[:6]
+    whole, split = f"whole-{tag}", f"split-{tag}"
+    # the scheduler's own scoring prefers "split" (4x the CPU and memory left: the
+    # LeastAllocated and balance scores); only the extender's topology priority can
+    # move the pod to "whole"
+    _gpu_node(apiserver, split, tag, node_annotations(c500, allocated=[0, 4]), "256", "1Ti")
+    _gpu_node(apiserver, whole, tag, node_annotations(c500, allocated=[0, 1]), "64", "256Gi")
+    # the pods that hold the devices marked allocated above
+    core = apiserver.core()
+    for node_name in (whole, split):
+        core.create_namespaced_pod("default", _gpu_pod(f"{node_name}-holder", node_name, 2))
+
+    args = build_parser().parse_args(
+        [
+            "--port",
+            "0",
+            "--address",
+            "127.0.0.1",
+            "--node-cache",
+            "--kubeconfig",
+            apiserver.kubeconfig("gpu-aware"),
+            "--log-level",
+            "warning",
+        ]
+    )
+    service = build_service(args)
+    service.start()
+    config = tmp_path / "scheduler.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "apiVersion": "kubescheduler.config.k8s.io/v1",
+                "kind": "KubeSchedulerConfiguration",
+                "clientConnection": {"kubeconfig": apiserver.kubeconfig("admin")},
+                "leaderElection": {"leaderElect": False},
+                "extenders": [
+                    {
+                        "urlPrefix": f"http://127.0.0.1:{service.port}",
+                        "filterVerb": "filter",
+                        "prioritizeVerb": "prioritize",
+                        "weight": 500,
+                        "enableHTTPS": False,
+                        "nodeCacheCapable": True,
+                        "ignorable": False,
+                        "httpTimeout": "10s",
+                        "managedResources": [{"name": GPU, "ignoredByScheduler": False}],
+                    }
+                ],
+            }
+        )
+    )
+    log = open(tmp_path / "scheduler.log", "wb")  # noqa: SIM115 - closed below
+    scheduler = subprocess.Popen(
+        [scheduler_bin, f"--config={config}", "--secure-port=0", "-v=2"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        cache = service.extender.cache
+        assert cache is not None
+        wait_for(
+            lambda: cache.get(whole) is not None and cache.get(split) is not None,
+            30,
+            "the extender's node cache",
+        )
+
+        def place(name: str) -> str:
+            core.create_namespaced_pod(
+                "default",
+                {
+                    "metadata": {"name": name},
+                    "spec": {
+                        "nodeSelector": {"gpuk8s.test/pool": tag},
+                        # no controller-manager/kubelet here: the admission's not-ready
+                        # taint stays on the test nodes
+                        "tolerations": [
+                            {
+                                "key": "node.kubernetes.io/not-ready",
+                                "operator": "Exists",
+                                "effect": "NoSchedule",
+                            }
+                        ],
+                        "containers": [
+                            {
+                                "name": "m",
+                                "image": "registry.invalid/x:1",
+                                "resources": {"limits": {GPU: "4", "cpu": "32", "memory": "128Gi"}},
+                            }
+                        ],
+                    },
+                },
+            )
+            bound: list[str] = []
+
+            def is_bound() -> bool:
+                assert scheduler.poll() is None, (tmp_path / "scheduler.log").read_text()[-3000:]
+                node = core.read_namespaced_pod(name, "default").spec.node_name
+                if node:
+                    bound.append(node)
+                return bool(node)
+
+            wait_for(is_bound, 90, f"{name} to be scheduled")
+            return bound[0]
+
+        assert place(f"train-{tag}-1") == whole
+        # whole: 6 free devices, 4 promised to train-1 (bound, not allocated yet)
+        assert place(f"train-{tag}-2") == split
+    finally:
+        scheduler.terminate()
+        try:
+            scheduler.wait(20)
+        except subprocess.TimeoutExpired:
+            scheduler.kill()
+        log.close()
+        service.close()
+        if os.environ.get("GPUK8S_KEEP_LOGS"):
+            print((tmp_path / "scheduler.log").read_text()[-5000:])

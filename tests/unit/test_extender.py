@@ -1,0 +1,457 @@
+"""gpu-aware: wire format, filter, prioritize, weights -- driven through Extender.handle.
+
+Node annotations are produced the way the device plugin produces them (core.topology
++ core.scoring + core.devicelist over an inventory with the simulator presets' shapes),
+so the extender is tested against real tables, not hand-typed numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuk8s.core.devicelist import DEVICES_ANNOTATION, DeviceEntry, format_device_list
+from gpuk8s.core.errors import ConfigError
+from gpuk8s.core.model import NodeInventory
+from gpuk8s.core.scoring import (
+    LOSSES_ANNOTATION,
+    SCORES_ANNOTATION,
+    tables_as_annotations,
+    topology_tables,
+)
+from gpuk8s.core.topology import Topology, units_for_inventory
+from gpuk8s.services.extender.logic import Extender, normalise
+from gpuk8s.services.extender.nodes import BoundPods, NodeCache, parse_node_state
+from gpuk8s.services.extender.weights import Weights, WeightSource
+from gpuk8s.services.extender.wire import BadRequest, parse_args, pod_request
+
+from . import topologies
+
+GPU = "metax-tech.com/gpu"
+
+
+# -- helpers shared by the extender tests -------------------------------------------
+def node_annotations(
+    inventory: NodeInventory,
+    allocated: Iterable[int] = (),
+    unhealthy: Iterable[int] = (),
+) -> dict[str, str]:
+    """What gpu-device publishes for ``inventory`` with units at these positions
+    allocated / unhealthy (positions in topology order)."""
+    units = units_for_inventory(inventory)
+    topo = Topology.from_inventory(inventory, units)
+    taken, sick = set(allocated), set(unhealthy)
+    gpus = {g.index: g for g in inventory.gpus}
+    entries = []
+    for pos, unit in enumerate(units):
+        gpu = gpus[unit.gpu]
+        entries.append(DeviceEntry(
+            id=unit.id, pci=gpu.pci_address, gpu=gpu.index, vf=unit.vf, product=gpu.product,
+            numa=gpu.numa_node, group=gpu.link_group, switch=gpu.pcie_switch,
+            healthy=pos not in sick, allocated=pos in taken,
+        ))
+    free = [p for p in range(len(units)) if p not in taken and p not in sick]
+    scores, losses = topology_tables(topo, free)
+    out = tables_as_annotations(scores, losses)
+    out[DEVICES_ANNOTATION] = format_device_list(entries)
+    return out
+
+
+def node(name: str, annotations: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
+    """A Node object as the scheduler sends it in Nodes.items."""
+    meta: dict[str, Any] = {"name": name, "uid": f"uid-{name}", "labels": {"a": "b"}}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    obj = {"metadata": meta, "spec": {}, "status": {"capacity": {GPU: "8"}}}
+    obj.update(extra)
+    return obj
+
+
+def pod(gpus: int | str | None = None, *, uid: str = "pod-uid", kind: str = "limits",
+        init: list[int] | None = None) -> dict[str, Any]:
+    resources: dict[str, Any] = {}
+    if gpus is not None:
+        resources[kind] = {GPU: gpus if isinstance(gpus, str) else str(gpus)}
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "x", "resources": resources}]}
+    if init:
+        spec["initContainers"] = [
+            {"name": f"init{i}", "resources": {"limits": {GPU: str(n)}}}
+            for i, n in enumerate(init)
+        ]
+    return {"metadata": {"name": "job", "namespace": "ml", "uid": uid}, "spec": spec}
+
+
+def body(**fields: Any) -> bytes:
+    return json.dumps(fields).encode()
+
+
+def call(ext: Extender, verb: str, payload: Any) -> tuple[int, Any]:
+    raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    response = ext.handle(verb, raw)
+    return response.status, json.loads(response.body)
+
+
+def make_extender(tmp_path: Path | None = None, *, score: float = 1, loss: float = 1,
+                  cache: NodeCache | None = None, pods: BoundPods | None = None) -> Extender:
+    return Extender(WeightSource(None, Weights(score, loss)), cache=cache, pods=pods)
+
+
+C500 = topologies.c500_8()  # two PCIe switches x 4, MetaXLink inside each four
+
+
+# -- wire format ----------------------------------------------------------------------
+def test_args_use_go_field_names_and_match_case_insensitively() -> None:
+    args = parse_args(body(Pod=pod(2), Nodes={"items": [node("a")]}))
+    assert args.gpus == 2 and args.pod_ref == "ml/job"
+    assert [n.name for n in args.nodes or []] == ["a"]
+    lower = parse_args(body(pod=pod(1), nodenames=["a", "b"]))
+    assert lower.node_names == ["a", "b"] and lower.nodes is None
+
+
+@pytest.mark.parametrize(
+    ("payload", "needle"),
+    [
+        ({"Pod": pod(1), "Nodes": {"items": []}, "Extra": 1}, "unknown field 'Extra'"),
+        ({"Nodes": {"items": []}}, "Pod: must be an object"),
+        ({"Pod": [], "NodeNames": []}, "Pod: must be an object, got array"),
+        ({"Pod": pod(1)}, "needs Nodes"),
+        ({"Pod": pod(1), "NodeNames": "a"}, "NodeNames: must be an array"),
+        ({"Pod": pod(1), "NodeNames": ["a", 3]}, "NodeNames[1]: must be a string"),
+        ({"Pod": pod(1), "Nodes": {"items": {}}}, "Nodes.items: must be an array"),
+        ({"Pod": pod(1), "Nodes": {"items": [{"metadata": {}}]}},
+         "Nodes.items[0].metadata.name"),
+        ({"Pod": pod(1), "Nodes": {"items": [node("a", {DEVICES_ANNOTATION: 5})]}},
+         f"Nodes.items[0].metadata.annotations['{DEVICES_ANNOTATION}']: must be a string"),
+        ({"Pod": pod("1.5"), "NodeNames": []}, "cannot be fractional"),
+        ({"Pod": pod("500m"), "NodeNames": []}, "not a whole-number quantity"),
+        ({"Pod": pod(-1), "NodeNames": []}, "not a whole-number quantity"),
+        ({"Pod": {"spec": {"containers": "x"}}, "NodeNames": []},
+         "Pod.spec.containers: must be an array"),
+        ({"Pod": {"spec": {"containers": [{"resources": {"limits": [1]}}]}}, "NodeNames": []},
+         "Pod.spec.containers[0].resources.limits: must be an object"),
+        ({"Pod": pod(1), "Pod ": 1, "NodeNames": []}, "unknown field"),
+        ({"Pod": pod(1), "pod": pod(2), "NodeNames": []}, "given twice"),
+    ],
+)
+def test_bad_args_name_the_field(payload: dict[str, Any], needle: str) -> None:
+    with pytest.raises(BadRequest) as err:
+        parse_args(json.dumps(payload).encode())
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [(b"{", "not valid JSON"), (b"\xff\xfe", "not UTF-8"), (b"[" * 100_000, "nested"),
+     (b"[]", "must be a JSON object"), (b"", "not valid JSON")],
+)
+def test_undecodable_bodies_are_bad_requests(raw: bytes, needle: str) -> None:
+    with pytest.raises(BadRequest) as err:
+        parse_args(raw)
+    assert needle in str(err.value)
+
+
+def test_pod_request_follows_the_scheduler_rules() -> None:
+    assert pod_request(pod(None)) == 0
+    assert pod_request(pod(3, kind="requests")) == 3
+    two = pod(2)
+    two["spec"]["containers"].append({"name": "b", "resources": {"limits": {GPU: 1}}})
+    assert pod_request(two) == 3  # containers add up
+    assert pod_request(pod(2, init=[4, 1])) == 4  # an init container alone may need more
+    assert pod_request(pod(2, init=[1])) == 2
+    sidecar = pod(2, init=[1, 3])
+    sidecar["spec"]["initContainers"][0]["restartPolicy"] = "Always"
+    # the sidecar (1) runs beside the later init (3) and beside the main container (2)
+    assert pod_request(sidecar) == 4
+    assert pod_request(pod("2k")) == 2000
+
+
+# -- filter ---------------------------------------------------------------------------
+def test_filter_keeps_fitting_nodes_and_explains_every_rejection() -> None:
+    ext = make_extender()
+    nodes = [
+        node("free", node_annotations(C500)),
+        node("busy", node_annotations(C500, allocated=range(6))),
+        node("small", node_annotations(topologies.build(
+            2, switch_of=[0, 0], numa_of=[0, 0], link_groups=[]))),
+        node("sick", node_annotations(C500, unhealthy=range(6))),
+        node("plain"),  # no gpu-device
+        node("broken", {DEVICES_ANNOTATION: "[{]"}),
+    ]
+    status, result = call(ext, "filter", {"Pod": pod(4), "Nodes": {"items": nodes}})
+    assert status == 200
+    assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["free"]
+    assert result["Nodes"]["items"][0] == nodes[0]  # echoed unchanged
+    assert result["NodeNames"] is None and result["Error"] == ""
+    assert set(result["FailedNodes"]) == {"busy"}
+    assert "2 of 8 healthy" in result["FailedNodes"]["busy"]
+    assert "6 allocated" in result["FailedNodes"]["busy"]
+    unres = result["FailedAndUnresolvableNodes"]
+    assert set(unres) == {"small", "sick", "plain", "broken"}
+    assert "node has 2 metax-tech.com/gpu device(s), 2 healthy; the pod needs 4" in unres["small"]
+    assert "8 metax-tech.com/gpu device(s), 2 healthy" in unres["sick"]
+    assert "no metax-tech.com/gpu.devices annotation" in unres["plain"]
+    assert "unusable device list" in unres["broken"]
+
+
+def test_pods_without_gpu_request_pass_through_untouched() -> None:
+    ext = make_extender()
+    nodes = [node("plain"), node("broken", {DEVICES_ANNOTATION: "nope"}), node("gpu",
+             node_annotations(C500, allocated=range(8)))]
+    status, result = call(ext, "filter", {"Pod": pod(None), "Nodes": {"items": nodes}})
+    assert status == 200
+    assert result["Nodes"]["items"] == nodes
+    assert result["FailedNodes"] == {} and result["FailedAndUnresolvableNodes"] == {}
+    status, prio = call(ext, "prioritize", {"Pod": pod(None), "Nodes": {"items": nodes}})
+    assert prio == [{"Host": "plain", "Score": 0}, {"Host": "broken", "Score": 0},
+                    {"Host": "gpu", "Score": 0}]
+
+
+def test_filter_subtracts_gpus_promised_to_bound_pods() -> None:
+    pods = BoundPods()
+    ext = make_extender(pods=pods)
+    annotations = node_annotations(C500, allocated=[0, 1])  # 6 free
+    request = {"Pod": pod(4, uid="new"), "Nodes": {"items": [node("n1", annotations)]}}
+    assert call(ext, "filter", request)[1]["FailedNodes"] == {}
+    # two pods already allocated (the 2 devices) plus one just bound with 3 GPUs
+    pods.replace([("a", "n1", 1), ("b", "n1", 1), ("c", "n1", 3), ("d", "other", 8)])
+    result = call(ext, "filter", request)[1]
+    assert "3 of 8 healthy" in result["FailedNodes"]["n1"]
+    assert "3 promised to bound pods" in result["FailedNodes"]["n1"]
+    # the kubelet allocated c's devices: the device list now shows 5 allocated
+    done = node_annotations(C500, allocated=[0, 1, 2, 3, 4])
+    request["Nodes"]["items"] = [node("n1", done)]
+    result = call(ext, "filter", request)[1]
+    assert "3 of 8 healthy" in result["FailedNodes"]["n1"]
+    assert "promised" not in result["FailedNodes"]["n1"]
+    pods.forget("c")
+    pods.set("a", None, 0)  # a finished
+    assert pods.requested("n1") == 1
+
+
+def test_filter_with_node_cache_uses_node_names() -> None:
+    cache = NodeCache()
+    ext = make_extender(cache=cache)
+    request = {"Pod": pod(2), "NodeNames": ["n1", "n2", "ghost"]}
+    status, result = call(ext, "filter", request)
+    assert status == 200 and "not synced" in result["Error"]
+    cache.replace([("n1", node_annotations(C500)), ("n2", node_annotations(C500, range(7)))])
+    status, result = call(ext, "filter", request)
+    assert result["NodeNames"] == ["n1"] and result["Nodes"] is None
+    assert "1 of 8 healthy" in result["FailedNodes"]["n2"]
+    assert "not in the extender's node cache" in result["FailedNodes"]["ghost"]
+    cache.upsert("n2", node_annotations(C500))
+    cache.delete("n1")
+    assert call(ext, "filter", request)[1]["NodeNames"] == ["n2"]
+
+
+def test_node_names_without_a_cache_is_a_clear_error() -> None:
+    status, result = call(make_extender(), "filter", {"Pod": pod(1), "NodeNames": ["a"]})
+    assert status == 400 and "--node-cache" in result["Error"]
+
+
+def test_unknown_verb_is_404() -> None:
+    status, result = call(make_extender(), "bind", {"Pod": pod(1), "NodeNames": []})
+    assert status == 404 and "unknown verb" in result["Error"]
+
+
+# -- prioritize -----------------------------------------------------------------------
+def test_prioritize_prefers_the_node_with_a_whole_link_group() -> None:
+    ext = make_extender()
+    whole = node_annotations(C500, allocated=[0, 1])  # group {4..7} stays whole
+    split = node_annotations(C500, allocated=[0, 4])  # no whole group of 4 left
+    status, result = call(ext, "prioritize", {"Pod": pod(4), "Nodes": {"items": [
+        node("split", split), node("whole", whole), node("nodata")]}})
+    assert status == 200
+    scores = {h["Host"]: h["Score"] for h in result}
+    assert scores == {"whole": 10, "split": 1, "nodata": 0}
+    assert [h["Host"] for h in result] == ["split", "whole", "nodata"]  # request order
+
+
+def test_prioritize_weights_trade_speed_against_damage() -> None:
+    # 2 GPUs: "fresh" takes 2 of a whole MetaXLink group (fast, breaks the group);
+    # "leftover" takes a pair left in an already broken group (equally fast, no damage)
+    fresh = node_annotations(C500, allocated=[])
+    leftover = node_annotations(C500, allocated=[0, 1])
+    items = {"Nodes": {"items": [node("fresh", fresh), node("leftover", leftover)]}}
+    state_f = parse_node_state("fresh", fresh)
+    state_l = parse_node_state("leftover", leftover)
+    assert state_f.scores[2] == state_l.scores[2] == 100
+    assert state_f.losses[2] > state_l.losses[2]
+    scores = {h["Host"]: h["Score"] for h in call(make_extender(score=1, loss=1),
+                                                   "prioritize", {"Pod": pod(2), **items})[1]}
+    assert scores == {"fresh": 1, "leftover": 10}
+    # with lossWeight 0 only speed counts: a tie, both get the top score
+    scores = {h["Host"]: h["Score"] for h in call(make_extender(score=1, loss=0),
+                                                   "prioritize", {"Pod": pod(2), **items})[1]}
+    assert scores == {"fresh": 10, "leftover": 10}
+
+
+def test_normalise_is_min_max_onto_1_to_10() -> None:
+    assert normalise({}) == {}
+    assert normalise({"a": 5.0}) == {"a": 10}
+    assert normalise({"a": -40.0, "b": 60.0, "c": 10.0}) == {"a": 1, "b": 10, "c": 6}
+
+
+def test_worked_example_of_the_docs() -> None:
+    """docs/extender.md's worked example, from real tables: a 4-GPU pod, four nodes."""
+    nodes = [
+        node("A", node_annotations(C500, allocated=[0, 1])),  # a whole MetaXLink 4 left
+        node("F", node_annotations(topologies.c550_8())),  # 8 linked GPUs, all free
+        node("E", node_annotations(topologies.pcie_only_8())),  # no links, 2 per switch
+        node("B", node_annotations(C500, allocated=[0, 4])),  # both groups already broken
+    ]
+    tables = {n["metadata"]["name"]: parse_node_state("x", n["metadata"]["annotations"])
+              for n in nodes}
+    assert {k: (v.scores[4], v.losses[4]) for k, v in tables.items()} == {
+        "A": (100, 0), "F": (100, 50), "E": (30, 0), "B": (10, 0)}
+    request = {"Pod": pod(4), "Nodes": {"items": nodes}}
+    expected = {
+        (1, 1): {"A": 10, "F": 5, "E": 3, "B": 1},
+        (1, 0): {"A": 10, "F": 10, "E": 3, "B": 1},
+        (1, 3): {"A": 10, "F": 1, "E": 6, "B": 5},
+    }
+    for (score_w, loss_w), want in expected.items():
+        got = call(make_extender(score=score_w, loss=loss_w), "prioritize", request)[1]
+        assert {h["Host"]: h["Score"] for h in got} == want, (score_w, loss_w)
+
+
+# -- weights --------------------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _write(path: Path, text: str, bump: int) -> None:
+    path.write_text(text)
+    stamp = 1_700_000_000 + bump
+    os.utime(path, (stamp, stamp))
+
+
+def test_weights_reload_from_the_configmap_dir_without_restart(tmp_path: Path) -> None:
+    clock = Clock()
+    _write(tmp_path / "scoreWeight", "2", 0)
+    source = WeightSource(str(tmp_path), Weights(1, 1), poll_s=1.0, clock=clock)
+    assert source.current() == Weights(2, 1)  # lossWeight absent: the default
+    _write(tmp_path / "lossWeight", "0.5\n", 1)
+    assert source.current() == Weights(2, 1)  # not polled yet
+    clock.now = 1.5
+    assert source.current() == Weights(2, 0.5) and source.reloads == 1
+    _write(tmp_path / "scoreWeight", "fast please", 2)
+    clock.now = 3.0
+    assert source.current() == Weights(2, 0.5)  # bad edit: previous weights stay
+    assert source.errors == 1 and "scoreWeight" in (source.last_error or "")
+    _write(tmp_path / "scoreWeight", "0", 3)
+    _write(tmp_path / "lossWeight", "0", 3)
+    clock.now = 4.5
+    assert source.current() == Weights(2, 0.5) and source.errors == 2  # both zero refused
+    _write(tmp_path / "scoreWeight", "3", 4)
+    clock.now = 6.0
+    assert source.current() == Weights(3, 0)
+
+
+def test_weights_change_prioritize_live(tmp_path: Path) -> None:
+    clock = Clock()
+    _write(tmp_path / "scoreWeight", "1", 0)
+    _write(tmp_path / "lossWeight", "1", 0)
+    ext = Extender(WeightSource(str(tmp_path), clock=clock))
+    items = {"Nodes": {"items": [node("fresh", node_annotations(C500)),
+                                 node("leftover", node_annotations(C500, allocated=[0, 1]))]}}
+    assert call(ext, "prioritize", {"Pod": pod(2), **items})[1][0]["Score"] == 1
+    _write(tmp_path / "lossWeight", "0", 1)
+    clock.now = 10
+    assert call(ext, "prioritize", {"Pod": pod(2), **items})[1][0]["Score"] == 10
+
+
+@pytest.mark.parametrize(("score", "loss", "needle"), [
+    ("-1", "1", "scoreWeight"), ("1", "nan", "lossWeight"), ("x", "1", "not a number"),
+    ("0", "0", "at least one"),
+])
+def test_bad_weights_at_start_are_config_errors(tmp_path: Path, score: str, loss: str,
+                                                needle: str) -> None:
+    (tmp_path / "scoreWeight").write_text(score)
+    (tmp_path / "lossWeight").write_text(loss)
+    with pytest.raises(ConfigError) as err:
+        WeightSource(str(tmp_path))
+    assert needle in str(err.value)
+
+
+def test_missing_config_dir_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--config-dir"):
+        WeightSource(str(tmp_path / "nope"))
+
+
+# -- node state -------------------------------------------------------------------------
+def test_node_state_counts_from_the_device_list() -> None:
+    inv = topologies.c500_8(vfs=4)
+    state = parse_node_state("n", node_annotations(inv, allocated=[0, 1, 2], unhealthy=[2, 3]))
+    assert (state.total, state.healthy, state.allocated, state.free) == (32, 30, 3, 28)
+    assert state.scores[28] > 0 and 29 not in state.scores
+    assert parse_node_state("n", {SCORES_ANNOTATION: "{}", LOSSES_ANNOTATION: "{}"}).problem
+
+
+def test_cache_indexes_agree_with_the_plain_computation() -> None:
+    """The node cache's incremental indexes (filter) and raw tables (prioritize) give
+    the same answers as the per-node computation, through random node events."""
+    import random
+
+    rng = random.Random(5)
+    shapes = [C500, topologies.c550_8(), topologies.pcie_only_8()]
+    variants = [node_annotations(shape, allocated=rng.sample(range(8), rng.randint(0, 6)),
+                                 unhealthy=rng.sample(range(8), rng.randint(0, 1)))
+                for shape in shapes for _ in range(6)]
+    variants += [{}, {DEVICES_ANNOTATION: "broken"}]
+    names = [f"n{i}" for i in range(40)]
+    cache, pods = NodeCache(), BoundPods()
+    cache.replace((n, rng.choice(variants)) for n in names[:30])
+    pods.replace((f"p{i}", rng.choice(names), rng.randint(1, 4)) for i in range(25))
+    fast = Extender(WeightSource(None, Weights(1, 2)), cache=cache, pods=pods)
+    for step in range(60):
+        if step % 3 == 0:
+            cache.upsert(rng.choice(names), rng.choice(variants))
+        elif step % 7 == 0:
+            cache.delete(rng.choice(names))
+        need = rng.choice([1, 2, 3, 4, 8])
+        offered = rng.sample(names, 25)
+        args = parse_args(body(Pod=pod(need), NodeNames=offered))
+        keep, failed, unres = fast._filter_cached(offered, need)
+        assert (keep, failed, unres) == fast._filter_states(args, need)
+        assert set(keep) | set(failed) | set(unres) == set(offered)
+        # prioritize: the cached raw table against the per-node states
+        snapshot = cache.snapshot()
+        expected = {n: snapshot[n].raw_priorities((1.0, 2.0)).get(need) for n in offered
+                    if n in snapshot}
+        table = cache.raw_priorities((1.0, 2.0), need)
+        assert {n: table.get(n) for n in offered if n in snapshot} == expected
+        got = dict(zip(*fast.priorities(args), strict=True))
+        want = normalise({n: v for n, v in expected.items() if v is not None})
+        assert got == {n: want.get(n, 0) for n in offered}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=-300, max_value=300) | st.none(), max_size=30))
+def test_normalise_list_is_exact_half_up_min_max(values: list[int | None]) -> None:
+    from fractions import Fraction
+
+    from gpuk8s.services.extender.logic import MISSING, normalise_list
+
+    raw = [MISSING if v is None else float(v) for v in values]
+    present = [v for v in values if v is not None]
+    got = normalise_list(raw)
+    for v, score in zip(values, got, strict=True):
+        if v is None:
+            assert score == 0
+        elif max(present) == min(present):
+            assert score == 10
+        else:
+            exact = Fraction(9 * (v - min(present)), max(present) - min(present)) + Fraction(1, 2)
+            assert score == 1 + int(exact)  # floor: half-up rounding
