@@ -25,6 +25,7 @@ from gpuk8s.services.kube import PermanentApiError, TemporaryApiError
 from gpuk8s.services.labeller.loop import Backoff, LabellerLoop
 from gpuk8s.services.labeller.main import main
 from gpuk8s.services.labeller.reconcile import (
+    MAINTENANCE_ANNOTATION,
     format_diff,
     read_readiness,
     reconcile,
@@ -40,11 +41,15 @@ class LabelStore:
 
     def __init__(self, nodes: Mapping[str, Mapping[str, str]]) -> None:
         self.labels = {n: dict(v) for n, v in nodes.items()}
+        self.node_annotations: dict[str, dict[str, str]] = {}
         self.version = dict.fromkeys(nodes, 1)
         self.reads = 0
         self.patches: list[dict[str, str | None]] = []
         self.before_patch: Callable[[], None] | None = None
         self.fail_reads: list[Exception] = []
+
+    def annotations(self, node: str) -> Mapping[str, str]:
+        return self.node_annotations.get(node, {})
 
     def read(self, node: str) -> tuple[dict[str, str], str | None]:
         self.reads += 1
@@ -145,6 +150,18 @@ def test_reconcile_adds_updates_removes_only_ours(c500_root: str) -> None:
     assert {k: labels[k] for k in OTHER} == OTHER  # untouched
     again = reconcile(store, "gpu-1", wanted)
     assert not again.changed and not again.applied and len(store.patches) == 1
+
+
+def test_node_in_maintenance_keeps_its_labels_removed(c500_root: str) -> None:
+    store = LabelStore({"gpu-1": dict(OTHER)})  # node_maintenance removed our labels
+    store.node_annotations["gpu-1"] = {MAINTENANCE_ANNOTATION: "2026-11-22T10:00:00+00:00"}
+    wanted = wanted_labels(c500_root, discover)[0]
+    result = reconcile(store, "gpu-1", wanted)
+    assert result.changed and not result.applied and store.patches == []
+    assert any("maintenance" in p for p in result.problems)
+    store.node_annotations["gpu-1"] = {}  # maintenance over: labels come back
+    assert reconcile(store, "gpu-1", wanted).applied
+    assert ours(store.labels["gpu-1"]) == wanted
 
 
 def test_dry_run_changes_nothing_and_prints_the_diff(c500_root: str) -> None:

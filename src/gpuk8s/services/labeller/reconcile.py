@@ -21,6 +21,9 @@ from ..kube import PermanentApiError, classify
 # does not report it" and the label is not published.
 READINESS_KEYS: tuple[str, ...] = ("maca.ready", "runtime.ready")
 DEFAULT_STATUS_DIR = "/run/metax"
+# Set by the node_maintenance role (SPEC §9) while a node is being worked on: the
+# labeller must not put back the labels the role removed until the role clears it.
+MAINTENANCE_ANNOTATION = "metax-tech.com/maintenance"
 
 Discover = Callable[[str], NodeInventory]
 
@@ -69,6 +72,10 @@ class NodeLabelStore(Protocol):
         """(labels, resourceVersion) of the node."""
         ...
 
+    def annotations(self, node: str) -> Mapping[str, str]:
+        """The node's annotations as of the last ``read``."""
+        ...
+
     def patch(
         self, node: str, changes: Mapping[str, str | None], resource_version: str | None
     ) -> None:
@@ -83,6 +90,7 @@ class KubeNodeLabelStore:
         from kubernetes import client
 
         self._core = client.CoreV1Api(api_client)
+        self._annotations: dict[str, dict[str, str]] = {}
 
     def read(self, node: str) -> tuple[dict[str, str], str | None]:
         try:
@@ -99,7 +107,11 @@ class KubeNodeLabelStore:
         meta = obj.metadata
         if meta is None:
             raise PermanentApiError(f"get node {node}: the answer has no metadata")
+        self._annotations[node] = dict(meta.annotations or {})
         return dict(meta.labels or {}), meta.resource_version
+
+    def annotations(self, node: str) -> Mapping[str, str]:
+        return self._annotations.get(node, {})
 
     def patch(
         self, node: str, changes: Mapping[str, str | None], resource_version: str | None
@@ -145,6 +157,13 @@ def reconcile(
     changes = label_diff(labels, wanted)
     ours = {k: v for k, v in labels.items() if k.startswith(PREFIX)}
     applied = False
+    since = store.annotations(node).get(MAINTENANCE_ANNOTATION)
+    if since is not None:
+        problems = (
+            *problems,
+            f"node is in maintenance since {since} ({MAINTENANCE_ANNOTATION}): labels left alone",
+        )
+        dry_run = True
     if changes and not dry_run:
         store.patch(node, changes, version)
         applied = True
