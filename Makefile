@@ -3,7 +3,7 @@
 #   make package VERSION=x.y.z [IMAGES=build/images/images.txt] [OUT=dist]
 #       the offline packages dist/metax-gpu-k8s-package[-base].x.y.z.tar.gz
 #       (without IMAGES, images/build.sh builds the component images first)
-#   make chart-docs      regenerate the option tables of docs/charts.md
+#   make chart-docs      regenerate the option tables of README.md (Chart options)
 #   make chart-lint      helm lint --strict both charts
 
 PYTHON ?= python3

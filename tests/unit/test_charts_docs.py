@@ -1,4 +1,4 @@
-"""docs/charts.md documents every chart option: its generated tables are up to date and
+"""README.md documents every chart option: its generated tables are up to date and
 list every key of both values.yaml files (the generator is package/values_table.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATOR = REPO / "package" / "values_table.py"
-DOC = REPO / "docs" / "charts.md"
+DOC = REPO / "README.md"
 
 
 def _keys(values: dict[str, Any], prefix: str = "") -> list[str]:

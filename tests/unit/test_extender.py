@@ -300,7 +300,7 @@ def test_normalise_is_min_max_onto_1_to_10() -> None:
 
 
 def test_worked_example_of_the_docs() -> None:
-    """docs/extender.md's worked example, from real tables: a 4-GPU pod, four nodes."""
+    """The README's worked example of the weights, from real tables: a 4-GPU pod, four nodes."""
     nodes = [
         node("A", node_annotations(C500, allocated=[0, 1])),  # a whole MetaXLink 4 left
         node("F", node_annotations(topologies.c550_8())),  # 8 linked GPUs, all free
