@@ -1,0 +1,118 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2034  # settings used by the scripts that source this file
+# Shared settings and helpers for lab/up, lab/down, lab/status, lab/ctl (sourced, not run).
+
+LAB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_DIR="$(cd "$LAB_DIR/.." && pwd)"
+# shellcheck source=lab/versions.env
+. "$LAB_DIR/versions.env"
+
+CACHE="${GPUK8S_CACHE:-/var/cache/gpuk8s}"
+STATE="${GPUK8S_LAB_STATE:-/var/lib/gpuk8s-lab}"
+RUN_DIR="$STATE/run"          # pid files
+LOG_DIR="$STATE/log"          # one log per daemon
+SIM_ROOT="$STATE/simroot"     # the simulated GPU host root (gpuk8s sim create --root)
+KUBE_ETC=/etc/kubernetes
+PKI="$KUBE_ETC/pki"
+KUBELET_DIR=/var/lib/kubelet
+CNI_CONF=/etc/cni/net.d/10-gpuk8s-lab.conflist
+CONTAINERD_CONF="$STATE/containerd/config.toml"
+CONTAINERD_SOCK=/run/containerd/containerd.sock
+REGISTRY_ADDR="${GPUK8S_REGISTRY:-127.0.0.1:5000}"
+
+NODE_NAME="${GPUK8S_LAB_NODE:-$(hostname -s | tr '[:upper:]' '[:lower:]')}"
+NODE_IP="${GPUK8S_LAB_NODE_IP:-$(ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p')}"
+NODE_IP="${NODE_IP:-127.0.0.1}"
+POD_CIDR=10.244.0.0/16
+NODE_POD_CIDR=10.244.0.0/24
+SERVICE_CIDR=10.96.0.0/12
+KUBERNETES_SVC_IP=10.96.0.1
+APISERVER="https://$NODE_IP:6443"
+SCHEDULER_IMAGE="registry.k8s.io/kube-scheduler:$KUBE_VERSION"
+PAUSE_IMAGE="registry.k8s.io/pause:3.10-gpuk8s"
+
+export KUBECONFIG="${KUBECONFIG_LAB:-$KUBE_ETC/admin.conf}"
+
+log() { printf '[lab %s] %s\n' "$(date -u +%T)" "$*" >&2; }
+die() { printf '[lab] ERROR: %s\n' "$*" >&2; exit 1; }
+
+need_root() { [ "$(id -u)" -eq 0 ] || die "run as root (the lab installs packages and runs kubelet/containerd)"; }
+
+# Timed phases: phase NAME FUNC...; a summary is printed by phase_summary.
+PHASES=()
+phase() {
+    local name="$1"; shift
+    local t0 t1
+    t0=$(date +%s)
+    log "== $name"
+    "$@"
+    t1=$(date +%s)
+    PHASES+=("$(printf '%-28s %4ss' "$name" "$((t1 - t0))")")
+}
+phase_summary() {
+    log "phase timings:"
+    local p
+    for p in "${PHASES[@]}"; do printf '    %s\n' "$p" >&2; done
+}
+
+kube_bin() { echo "$CACHE/bin/kube-$KUBE_VERSION/$1"; }
+kubectl() { "$(kube_bin kubectl)" --kubeconfig "$KUBE_ETC/admin.conf" "$@"; }
+
+# write_if_changed FILE < content: replace FILE atomically, and only when the content differs
+# (kube-proxy exits when its config file changes; a rewrite must not look like a change).
+write_if_changed() {
+    local dest="$1" tmp
+    tmp="$(mktemp "$dest.XXXXXX")"
+    cat >"$tmp"
+    if [ -f "$dest" ] && cmp -s "$tmp" "$dest"; then rm -f "$tmp"; else chmod 644 "$tmp"; mv "$tmp" "$dest"; fi
+}
+
+# Daemons: started detached (setsid), pid file in $RUN_DIR, log in $LOG_DIR.
+daemon_pid() {
+    local f="$RUN_DIR/$1.pid" pid
+    [ -f "$f" ] || return 1
+    pid="$(cat "$f")"
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+    echo "$pid"
+}
+daemon_running() { daemon_pid "$1" >/dev/null; }
+
+start_daemon() {
+    local name="$1"; shift
+    mkdir -p "$RUN_DIR" "$LOG_DIR"
+    if daemon_running "$name"; then
+        log "$name already running (pid $(daemon_pid "$name"))"
+        return 0
+    fi
+    # The command line, NUL-separated, so lab/ctl can restart the daemon the same way.
+    printf '%s\0' "$@" >"$RUN_DIR/$name.cmd"
+    # setsid: the daemon survives the shell that started it; its stdin is closed.
+    setsid "$@" </dev/null >>"$LOG_DIR/$name.log" 2>&1 &
+    echo $! >"$RUN_DIR/$name.pid"
+    log "started $name (pid $!, log $LOG_DIR/$name.log)"
+}
+
+stop_daemon() {
+    local name="$1" pid i
+    if pid="$(daemon_pid "$name")"; then
+        kill "$pid" 2>/dev/null || true
+        for i in $(seq 1 50); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.2
+        done
+        if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
+        log "stopped $name (pid $pid)"
+    fi
+    rm -f "$RUN_DIR/$name.pid"
+}
+
+# wait_for DESC TIMEOUT_S CMD...: poll CMD every second until it succeeds.
+wait_for() {
+    local desc="$1" timeout="$2"; shift 2
+    local i
+    for ((i = 0; i < timeout; i++)); do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        sleep 1
+    done
+    die "timed out after ${timeout}s waiting for $desc"
+}

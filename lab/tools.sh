@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# Build (once) and print the path of the lab's Go-built tools.
+#
+#   lab/tools.sh helm          -> absolute path of a ready helm binary
+#   lab/tools.sh helm3         -> the same for helm 3 (for kubernetes.core.helm, see README)
+#   lab/tools.sh kubeconform   -> absolute path of a ready kubeconform binary
+#   lab/tools.sh kube          -> absolute path of the directory holding kube-apiserver,
+#                                 kube-controller-manager, kube-scheduler, kubelet,
+#                                 kube-proxy, kubectl
+#   lab/tools.sh etcd          -> absolute path of the directory holding etcd, etcdctl
+#   lab/tools.sh schemas       -> absolute path of the kubeconform JSON schema directory
+#                                 (generated from the built kube-apiserver's OpenAPI; see README)
+#   lab/tools.sh all           -> builds everything (helm first), prints a timing summary
+#   lab/tools.sh versions      -> prints the pinned versions
+#
+# Binaries are cached outside the repo under ${GPUK8S_CACHE:-/var/cache/gpuk8s}/bin/<tool>-<version>/
+# and rebuilt only when missing. Builds run serially (2-core machines); each build's wall time is
+# printed on stderr. Stdout carries only the requested path, so `$(lab/tools.sh helm)` works.
+set -euo pipefail
+
+LAB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=lab/versions.env
+. "$LAB_DIR/versions.env"
+
+CACHE="${GPUK8S_CACHE:-/var/cache/gpuk8s}"
+BIN="$CACHE/bin"
+LOGS="$CACHE/logs"
+KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+
+log() { printf '[tools] %s\n' "$*" >&2; }
+die() { printf '[tools] ERROR: %s\n' "$*" >&2; exit 1; }
+
+find_go() {
+    if command -v go >/dev/null 2>&1; then command -v go
+    elif [ -x /usr/local/go/bin/go ]; then echo /usr/local/go/bin/go
+    else die "no Go toolchain found (need go >= 1.25 on PATH or at /usr/local/go/bin/go)"
+    fi
+}
+GO="$(find_go)"
+
+go_env() {
+    # -mod=mod: our wrapper modules resolve against the module proxy; no vendor dirs.
+    export GOFLAGS=-mod=mod CGO_ENABLED="${CGO_ENABLED:-0}" GOTOOLCHAIN=local
+    export GOPATH="${GOPATH:-$("$GO" env GOPATH)}"
+    export GOCACHE="${GOCACHE:-$("$GO" env GOCACHE)}"
+}
+
+# timed NAME CMD...: run CMD, log its wall time, append it to $CACHE/build-times.log
+timed() {
+    local name="$1"; shift
+    local t0 t1
+    t0=$(date +%s)
+    mkdir -p "$LOGS"
+    log "building $name (log: $LOGS/$name.log)"
+    if ! "$@" >"$LOGS/$name.log" 2>&1; then
+        tail -n 40 "$LOGS/$name.log" >&2
+        die "build of $name failed; full log: $LOGS/$name.log"
+    fi
+    t1=$(date +%s)
+    log "built $name in $((t1 - t0))s"
+    printf '%s %s %ss\n' "$(date -u +%FT%TZ)" "$name" "$((t1 - t0))" >>"$CACHE/build-times.log"
+}
+
+# Build one module's main package with `go install pkg@version` into a staging dir.
+go_install_into() {
+    local dest="$1" pkg="$2" ldflags="$3"
+    go_env
+    GOBIN="$dest.tmp" "$GO" install -trimpath -ldflags="-s -w $ldflags" "$pkg"
+}
+
+ensure_helm() {
+    local dir="$BIN/helm-$HELM_VERSION"
+    if [ ! -x "$dir/helm" ]; then
+        rm -rf "$dir.tmp"; mkdir -p "$dir.tmp"
+        timed "helm-$HELM_VERSION" go_install_into "$dir" "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" \
+            "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION"
+        rm -rf "$dir"; mv "$dir.tmp" "$dir"
+    fi
+    echo "$dir/helm"
+}
+
+ensure_helm3() {
+    local dir="$BIN/helm-$HELM3_VERSION"
+    if [ ! -x "$dir/helm" ]; then
+        rm -rf "$dir.tmp"; mkdir -p "$dir.tmp"
+        timed "helm-$HELM3_VERSION" go_install_into "$dir" "helm.sh/helm/v3/cmd/helm@$HELM3_VERSION" \
+            "-X helm.sh/helm/v3/internal/version.version=$HELM3_VERSION"
+        rm -rf "$dir"; mv "$dir.tmp" "$dir"
+    fi
+    echo "$dir/helm"
+}
+
+ensure_kubeconform() {
+    local dir="$BIN/kubeconform-$KUBECONFORM_VERSION"
+    if [ ! -x "$dir/kubeconform" ]; then
+        rm -rf "$dir.tmp"; mkdir -p "$dir.tmp"
+        timed "kubeconform-$KUBECONFORM_VERSION" go_install_into "$dir" \
+            "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION" "-X main.version=$KUBECONFORM_VERSION"
+        rm -rf "$dir"; mv "$dir.tmp" "$dir"
+    fi
+    echo "$dir/kubeconform"
+}
+
+# Our wrapper module (lab/gomod/kube) requires k8s.io/kubernetes and replaces every staging
+# module with its published v0.Y.Z; it is copied to a scratch dir so the repo stays clean.
+kube_build_one() {
+    local cmd="$1" out="$2"
+    local minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
+    local commit="${KUBE_GIT_COMMIT:-0000000000000000000000000000000000000000}"
+    local date; date="$(date -u +%FT%TZ)"
+    local x=""
+    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        x+=" -X $p.gitVersion=$KUBE_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+        x+=" -X $p.gitCommit=$commit -X $p.gitTreeState=clean -X $p.buildDate=$date"
+    done
+    go_env
+    (cd "$KUBE_WORK" && "$GO" build -trimpath -ldflags="-s -w$x" -o "$out" "k8s.io/kubernetes/cmd/$cmd")
+}
+
+kube_prepare_workdir() {
+    KUBE_WORK="$CACHE/work/kube-$KUBE_VERSION"
+    mkdir -p "$KUBE_WORK"
+    cp "$LAB_DIR/gomod/kube/go.mod" "$LAB_DIR/gomod/kube/tools.go" "$KUBE_WORK/"
+    [ -f "$LAB_DIR/gomod/kube/go.sum" ] && cp "$LAB_DIR/gomod/kube/go.sum" "$KUBE_WORK/"
+    grep -q "k8s.io/kubernetes $KUBE_VERSION" "$KUBE_WORK/go.mod" ||
+        die "lab/gomod/kube/go.mod does not require k8s.io/kubernetes $KUBE_VERSION (run: lab/gomod/gen-kube-gomod.sh)"
+}
+
+ensure_kube() {
+    local dir="$BIN/kube-$KUBE_VERSION" missing=()
+    for c in "${KUBE_COMMANDS[@]}"; do [ -x "$dir/$c" ] || missing+=("$c"); done
+    if [ "${#missing[@]}" -gt 0 ]; then
+        kube_prepare_workdir
+        mkdir -p "$dir"
+        for c in "${missing[@]}"; do
+            timed "$c-$KUBE_VERSION" kube_build_one "$c" "$dir/$c.tmp"
+            mv "$dir/$c.tmp" "$dir/$c"
+        done
+    fi
+    echo "$dir"
+}
+
+ensure_etcd() {
+    local dir="$BIN/etcd-$ETCD_VERSION"
+    if [ ! -x "$dir/etcd" ] || [ ! -x "$dir/etcdctl" ]; then
+        local work="$CACHE/work/etcd-$ETCD_VERSION"
+        mkdir -p "$work" "$dir"
+        cp "$LAB_DIR/gomod/etcd/go.mod" "$LAB_DIR/gomod/etcd/tools.go" "$work/"
+        [ -f "$LAB_DIR/gomod/etcd/go.sum" ] && cp "$LAB_DIR/gomod/etcd/go.sum" "$work/"
+        go_env
+        timed "etcd-$ETCD_VERSION" bash -c "cd '$work' && '$GO' build -trimpath -ldflags='-s -w' -o '$dir/etcd.tmp' go.etcd.io/etcd/server/v3 && mv '$dir/etcd.tmp' '$dir/etcd'"
+        timed "etcdctl-$ETCD_VERSION" bash -c "cd '$work' && '$GO' build -trimpath -ldflags='-s -w' -o '$dir/etcdctl.tmp' go.etcd.io/etcd/etcdctl/v3 && mv '$dir/etcdctl.tmp' '$dir/etcdctl'"
+    fi
+    echo "$dir"
+}
+
+# Kubernetes JSON schemas for kubeconform, generated offline from the apiserver we built
+# (see lab/schemas.py). Needs a running apiserver, so lab/up produces them; this prints the dir.
+schemas_dir() {
+    echo "$CACHE/schemas/kube-$KUBE_VERSION"
+}
+
+# One build at a time across processes (several engineers call this concurrently).
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.tools.lock"
+if ! flock -n 9; then
+    log "waiting for another lab/tools.sh build to finish (lock $CACHE/.tools.lock)"
+    flock 9
+fi
+
+case "${1:-}" in
+    helm) ensure_helm ;;
+    helm3) ensure_helm3 ;;
+    kubeconform) ensure_kubeconform ;;
+    kube) ensure_kube ;;
+    etcd) ensure_etcd ;;
+    schemas) schemas_dir ;;
+    versions) cat "$LAB_DIR/versions.env" ;;
+    all)
+        t0=$(date +%s)
+        ensure_helm; ensure_kubeconform; ensure_kube; ensure_etcd; ensure_helm3
+        log "all tools ready in $(( $(date +%s) - t0 ))s; build times: $CACHE/build-times.log"
+        ;;
+    *) echo "usage: $0 helm|helm3|kubeconform|kube|etcd|schemas|all|versions" >&2; exit 2 ;;
+esac

@@ -1,0 +1,157 @@
+"""Issue 7 tests 1 (install playbook), 5 (gpu_aware) and 6 (maintenance) on the lab.
+
+The playbooks install from the local registry: the charts are packaged into build/charts
+and pushed with the images by push_artifacts.yml, then install.yml deploys the
+extensions scheme; uninstall.yml removes it at the end (and must leave nothing behind).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import (
+    FAKE_TOLERATION,
+    HELM,
+    LAB,
+    REPO,
+    apply,
+    kubectl,
+    kubectl_json,
+    requires_paths,
+    run,
+    tool,
+    wait_until,
+)
+from .test_gpu_stack import SPEC4_LABELS, gpu, gpu_pod
+
+pytestmark = [
+    pytest.mark.e2e,
+    requires_paths(
+        "charts/metax-gpu-extensions",
+        "playbooks/push_artifacts.yml",
+        "playbooks/install.yml",
+        "playbooks/uninstall.yml",
+        "inventories/lab",
+    ),
+]
+NS = "metax-gpu-extensions"
+INVENTORY = str(REPO / "inventories" / "lab")
+
+
+def helm_for_ansible() -> str:
+    """kubernetes.core.helm (6.2, in the `ansible` package) calls `helm list --all`, which
+    helm 4 removed: give the playbooks helm 3 unless GPUK8S_HELM already names one."""
+    if os.environ.get("GPUK8S_HELM"):
+        return os.environ["GPUK8S_HELM"]
+    return run(str(LAB / "tools.sh"), "helm3", timeout=900).stdout.strip()
+
+
+def playbook(name: str, *extra: str) -> str:
+    env = {**os.environ, "GPUK8S_HELM": helm_for_ansible()}
+    return run(
+        tool("ansible-playbook"),
+        "-i",
+        INVENTORY,
+        str(REPO / "playbooks" / name),
+        *extra,
+        timeout=900,
+        cwd=str(REPO),
+        env=env,
+    ).stdout
+
+
+@pytest.fixture(scope="module")
+def installed_by_playbook(lab: dict[str, str]) -> Iterator[dict[str, str]]:
+    charts = REPO / "build" / "charts"
+    charts.mkdir(parents=True, exist_ok=True)
+    for chart in ("metax-gpu-extensions", "metax-operator"):
+        if (REPO / "charts" / chart).exists():
+            run(HELM, "package", str(REPO / "charts" / chart), "-d", str(charts))
+    try:
+        playbook("push_artifacts.yml")
+        playbook("install.yml")
+        yield lab
+    finally:
+        run(str(LAB / "fake-nodes"), "0", check=False, timeout=300)
+        playbook("uninstall.yml")
+        left = kubectl(
+            "get",
+            "daemonset,deployment,service,configmap",
+            "-n",
+            NS,
+            "-o",
+            "name",
+            "-l",
+            "app.kubernetes.io/managed-by=Helm",
+            check=False,
+        ).strip()
+        assert left == "", f"uninstall left: {left}"
+
+
+def test_1_install_playbook_registers_gpus(installed_by_playbook: dict[str, str]) -> None:
+    node = installed_by_playbook["node"]
+    wait_until("capacity 8", lambda: gpu(node, "capacity") == 8, 180)
+    wait_until("allocatable 8", lambda: gpu(node) == 8, 60)
+    labels = kubectl_json("get", "node", node)["metadata"]["labels"]
+    for key in SPEC4_LABELS:
+        assert f"metax-tech.com/{key}" in labels, key
+
+
+@requires_paths("playbooks/gpu_aware.yml")
+def test_5_gpu_aware_places_4_gpu_pod_inside_one_link_group(
+    installed_by_playbook: dict[str, str],
+) -> None:
+    manifest = Path("/etc/kubernetes/manifests/kube-scheduler.yaml")
+    original = manifest.read_bytes()
+    # Of these variants only the last can hold 4 GPUs inside one MetaXLink group.
+    run(
+        str(LAB / "fake-nodes"),
+        "9",
+        "--variants",
+        "c500-8:used=0+4,c500-8:used=0+1+4+5,c500-8:used=0+1+2+3",
+        timeout=300,
+    )
+    ns = "e2e-aware"
+    try:
+        playbook("install.yml", "-e", "gpuk8s_deploy_gpu_aware=true")
+        playbook("gpu_aware.yml")
+        assert "--config=/etc/metax/extender.yaml" in manifest.read_text()
+        wait_until(
+            "scheduler back with the extender",
+            lambda: (
+                run("curl", "-fsSk", "https://127.0.0.1:10259/readyz", check=False).returncode == 0
+            ),
+            180,
+        )
+        kubectl("create", "namespace", ns, check=False)
+        wait_until("default sa", lambda: kubectl("-n", ns, "get", "sa", "default", check=False), 30)
+        pod = gpu_pod(ns, "four", 4)
+        pod["spec"]["nodeSelector"] = {"lab.gpuk8s.io/fake-node": "true"}
+        pod["spec"]["tolerations"] = [FAKE_TOLERATION]
+        apply(pod)
+        node = wait_until(
+            "four bound",
+            lambda: kubectl("-n", ns, "get", "pod", "four", "-o", "jsonpath={.spec.nodeName}"),
+            120,
+        )
+        variant = kubectl_json("get", "node", node)["metadata"]["labels"]["lab.gpuk8s.io/variant"]
+        assert variant == "c500-8.used-0_1_2_3", variant
+    finally:
+        kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        playbook("gpu_aware.yml", "-e", "gpu_aware_state=absent")
+        run(str(LAB / "fake-nodes"), "0", check=False, timeout=300)
+    assert manifest.read_bytes() == original
+
+
+@requires_paths("playbooks/maintenance.yml")
+def test_6_maintenance_cordons_evicts_and_restores(installed_by_playbook: dict[str, str]) -> None:
+    node = installed_by_playbook["node"]
+    playbook("maintenance.yml")
+    obj = kubectl_json("get", "node", node)
+    assert not obj["spec"].get("unschedulable", False)
+    assert obj["metadata"]["labels"].get("metax-tech.com/gpu.installed") == "true"
+    wait_until("allocatable back", lambda: gpu(node) == 8, 120)
