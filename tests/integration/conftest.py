@@ -4,20 +4,25 @@
 loopback ports with static tokens and yields an ``ApiServer`` with kubeconfigs for
 these users:
 
-=============  =================  ==========================================
-user           groups             RBAC granted by the fixture
-=============  =================  ==========================================
-``admin``      system:masters     everything
-``gpu-label``  gpuk8s-test        nodes: get, patch (the labeller's ClusterRole)
-``gpu-aware``  gpuk8s-test        nodes, pods: get, list, watch (the extender's)
-``nobody``     gpuk8s-test        nothing
-=============  =================  ==========================================
+==============  =================  ==========================================
+user            groups             RBAC granted by the fixture
+==============  =================  ==========================================
+``admin``       system:masters     everything
+``gpu-label``   gpuk8s-test        nodes: get, patch (the labeller's ClusterRole)
+``gpu-device``  gpuk8s-test        nodes: get, patch (the device plugin's)
+``gpu-aware``   gpuk8s-test        nodes, pods: get, list, watch (the extender's)
+``nobody``      gpuk8s-test        nothing
+==============  =================  ==========================================
 
 Binaries: kube-apiserver from ``$GPUK8S_CACHE/bin/kube-<KUBE_VERSION>/`` (built by
 ``lab/tools.sh kube``; any ``kube-*`` there or on PATH as a fallback), etcd from
 ``$GPUK8S_CACHE/bin/etcd-<ETCD_VERSION>/`` (``lab/tools.sh etcd``), else ``etcd`` on
 PATH (Debian: ``apt-get install etcd-server``). Tests using the fixture skip only when
 one of these (or openssl) is missing, and the skip names what is missing.
+
+``helm_binary`` (session scope) is the path of helm: ``$GPUK8S_HELM``, else what
+``lab/tools.sh helm`` prints (it builds helm once), else ``helm`` on PATH; tests using
+it skip when there is none.
 """
 
 from __future__ import annotations
@@ -41,11 +46,13 @@ CACHE_BIN = Path(os.environ.get("GPUK8S_CACHE", "/var/cache/gpuk8s")) / "bin"
 USERS = {
     "admin": ("admin-token", "system:masters"),
     "gpu-label": ("label-token", "gpuk8s-test"),
+    "gpu-device": ("device-token", "gpuk8s-test"),
     "gpu-aware": ("aware-token", "gpuk8s-test"),
     "nobody": ("nobody-token", "gpuk8s-test"),
 }
 ROLES = {
     "gpu-label": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}],
+    "gpu-device": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}],
     "gpu-aware": [
         {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}
     ],
@@ -76,6 +83,28 @@ def find_binary(name: str, pinned_dir: str | None) -> str | None:
         if path.is_file() and os.access(path, os.X_OK):
             return str(path)
     return shutil.which(name)
+
+
+def find_helm() -> str | None:
+    """helm from ``$GPUK8S_HELM``, else ``lab/tools.sh helm``, else PATH; None if none."""
+    if os.environ.get("GPUK8S_HELM"):
+        return os.environ["GPUK8S_HELM"]
+    tools = REPO / "lab" / "tools.sh"
+    if tools.exists():
+        proc = subprocess.run(
+            ["bash", str(tools), "helm"], capture_output=True, text=True, check=False
+        )
+        if proc.returncode == 0 and os.access(proc.stdout.strip(), os.X_OK):
+            return proc.stdout.strip()
+    return shutil.which("helm")
+
+
+@pytest.fixture(scope="session")
+def helm_binary() -> str:
+    path = find_helm()
+    if not path:
+        pytest.skip("helm not available (lab/tools.sh helm or GPUK8S_HELM)")
+    return path
 
 
 def free_port() -> int:

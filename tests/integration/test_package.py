@@ -25,7 +25,6 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -50,28 +49,6 @@ def need(program: str, hint: str) -> str:
     path = shutil.which(program)
     if not path:
         pytest.skip(f"{program} not installed ({hint})")
-    return path
-
-
-@cache
-def _helm() -> str | None:
-    if os.environ.get("GPUK8S_HELM"):
-        return os.environ["GPUK8S_HELM"]
-    tools = REPO / "lab" / "tools.sh"
-    if tools.exists():
-        proc = subprocess.run(
-            ["bash", str(tools), "helm"], capture_output=True, text=True, check=False
-        )
-        if proc.returncode == 0 and os.access(proc.stdout.strip(), os.X_OK):
-            return proc.stdout.strip()
-    return shutil.which("helm")
-
-
-def helm_bin() -> str:
-    path = _helm()
-    if not path:
-        pytest.skip("helm not available (lab/tools.sh helm or GPUK8S_HELM)")
-    assert path
     return path
 
 
@@ -162,12 +139,12 @@ def images_list(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory, images_list: Path) -> Path:
+def package(tmp_path_factory: pytest.TempPathFactory, images_list: Path, helm_binary: str) -> Path:
     """`make package VERSION=...`, both tarballs unpacked under the returned directory."""
     need("make", "apt-get install make")
     need("skopeo", "apt-get install skopeo")
     out = tmp_path_factory.mktemp("dist")
-    env = {**os.environ, "HELM": helm_bin()}
+    env = {**os.environ, "HELM": helm_binary}
     ok(
         [
             "make",
@@ -316,9 +293,9 @@ def test_push_needs_tls_off_for_a_plain_http_registry(package: Path, registry: s
 
 
 def test_helm_push_both_charts_and_install_from_the_registry(
-    package: Path, registry: str, tmp_path: Path
+    package: Path, registry: str, tmp_path: Path, helm_binary: str
 ) -> None:
-    helm = helm_bin()
+    helm = helm_binary
     env = {
         **os.environ,
         "HELM_REGISTRY_CONFIG": str(tmp_path / "registry.json"),
@@ -457,11 +434,11 @@ def _write_list(tmp_path: Path, entries: dict[str, str]) -> Path:
 
 
 def test_build_rejects_wrong_tags_missing_images_and_bad_versions(
-    images_list: Path, tmp_path: Path
+    images_list: Path, tmp_path: Path, helm_binary: str
 ) -> None:
     need("skopeo", "apt-get install skopeo")
     build = str(REPO / "package" / "build.sh")
-    env = {**os.environ, "HELM": helm_bin()}
+    env = {**os.environ, "HELM": helm_binary}
     archives = _archives(images_list)
     proc = run([build, "1.2.x", "--images", str(images_list), "--out", str(tmp_path)], env=env)
     assert proc.returncode != 0 and "SemVer" in proc.stderr
@@ -476,9 +453,9 @@ def test_build_rejects_wrong_tags_missing_images_and_bad_versions(
     assert not list(tmp_path.glob("*.tar.gz"))
 
 
-def test_packaging_is_reproducible(images_list: Path, tmp_path: Path) -> None:
+def test_packaging_is_reproducible(images_list: Path, tmp_path: Path, helm_binary: str) -> None:
     need("skopeo", "apt-get install skopeo")
-    env = {**os.environ, "HELM": helm_bin(), "SOURCE_DATE_EPOCH": "1700000000"}
+    env = {**os.environ, "HELM": helm_binary, "SOURCE_DATE_EPOCH": "1700000000"}
     digests = []
     for i in range(2):
         out = tmp_path / str(i)

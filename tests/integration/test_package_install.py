@@ -9,9 +9,7 @@ administrator's edit of driver-config, a bad value fails before anything is crea
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 VERSION = "1.2.3"
 
 
-@cache
-def _helm() -> str | None:
-    if os.environ.get("GPUK8S_HELM"):
-        return os.environ["GPUK8S_HELM"]
-    tools = REPO / "lab" / "tools.sh"
-    if tools.exists():
-        proc = subprocess.run(
-            ["bash", str(tools), "helm"], capture_output=True, text=True, check=False
-        )
-        if proc.returncode == 0 and os.access(proc.stdout.strip(), os.X_OK):
-            return proc.stdout.strip()
-    return shutil.which("helm")
-
-
 @pytest.fixture(scope="module")
-def helm(apiserver: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def helm(apiserver: Any, helm_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """helm as the cluster admin, with its own config and cache dirs."""
-    binary = _helm()
-    if not binary:
-        pytest.skip("helm not available (lab/tools.sh helm or GPUK8S_HELM)")
     home = tmp_path_factory.mktemp("helm")
     env = {
         **os.environ,
@@ -55,7 +36,7 @@ def helm(apiserver: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
-            [binary, *args], capture_output=True, text=True, check=False, env=env, timeout=300
+            [helm_binary, *args], capture_output=True, text=True, check=False, env=env, timeout=300
         )
         if "privileged: Forbidden: disallowed by cluster policy" in proc.stderr:
             # Both schemes need privileged pods (SPEC §1): a cluster without them is not
@@ -63,7 +44,7 @@ def helm(apiserver: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
             if args[0] == "install":  # leave the shared API server as we found it
                 ns = args[args.index("-n") + 1]
                 subprocess.run(
-                    [binary, "uninstall", args[1], "-n", ns],
+                    [helm_binary, "uninstall", args[1], "-n", ns],
                     env=env,
                     capture_output=True,
                     check=False,

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,12 +27,8 @@ from gpuk8s.services.deviceplugin.devices import (
 )
 from gpuk8s.services.deviceplugin.main import PluginConfig
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _fast_python3() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PATH", f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
-        yield
+# the simulator's fake vendor tools run with this interpreter (tests/unit/conftest.py)
+pytestmark = pytest.mark.usefixtures("fast_python3")
 
 
 @pytest.fixture(scope="module")
