@@ -7,6 +7,7 @@ extensions scheme; uninstall.yml removes it at the end (and must leave nothing b
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,8 @@ from .conftest import (
     wait_until,
 )
 from .test_gpu_stack import SPEC4_LABELS, gpu, gpu_pod
+
+DATA = Path(__file__).parent / "data"
 
 pytestmark = [
     pytest.mark.e2e,
@@ -148,10 +151,37 @@ def test_5_gpu_aware_places_4_gpu_pod_inside_one_link_group(
 
 
 @requires_paths("playbooks/maintenance.yml")
-def test_6_maintenance_cordons_evicts_and_restores(installed_by_playbook: dict[str, str]) -> None:
+def test_6_maintenance_cordons_evicts_and_restores(
+    installed_by_playbook: dict[str, str], tmp_path: Path
+) -> None:
     node = installed_by_playbook["node"]
-    playbook("maintenance.yml")
-    obj = kubectl_json("get", "node", node)
-    assert not obj["spec"].get("unschedulable", False)
-    assert obj["metadata"]["labels"].get("metax-tech.com/gpu.installed") == "true"
-    wait_until("allocatable back", lambda: gpu(node) == 8, 120)
+    ns = "e2e-maintenance"
+    kubectl("create", "namespace", ns, check=False)
+    wait_until("default sa", lambda: kubectl("-n", ns, "get", "sa", "default", check=False), 30)
+    try:
+        kubectl("apply", "-f", "-", stdin=json.dumps(gpu_pod(ns, "holds-two", 2)))
+        kubectl("-n", ns, "wait", "--for=condition=Ready", "pod/holds-two", "--timeout=120s")
+        probe = tmp_path / "probe.json"
+        os.environ["GPUK8S_MAINTENANCE_PROBE"] = str(probe)
+        try:
+            playbook(
+                "maintenance.yml",
+                "-e", "node_maintenance_action=tasks",
+                "-e", f"node_maintenance_action_tasks={DATA / 'maintenance_probe.yml'}",
+            )  # fmt: skip
+        finally:
+            os.environ.pop("GPUK8S_MAINTENANCE_PROBE", None)
+        during = json.loads(probe.read_text())
+        # SPEC §9 during the action: cordoned, no metax-tech.com/ label, GPU pods gone.
+        assert during["unschedulable"] is True
+        assert not [k for k in during["labels"] if k.startswith("metax-tech.com/")]
+        assert "holds-two" not in during["pods"]
+        assert not [p for p in during["pods"] if p.startswith("gpu-device")]
+        # ...and after: uncordoned, labels and allocatable GPUs back.
+        obj = kubectl_json("get", "node", node)
+        assert not obj["spec"].get("unschedulable", False)
+        assert obj["metadata"]["labels"].get("metax-tech.com/gpu.installed") == "true"
+        assert "metax-tech.com/maintenance" not in obj["metadata"].get("annotations", {})
+        wait_until("allocatable back", lambda: gpu(node) == 8, 120)
+    finally:
+        kubectl("delete", "namespace", ns, "--wait=false", check=False)

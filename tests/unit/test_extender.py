@@ -420,12 +420,22 @@ def test_cache_indexes_agree_with_the_plain_computation() -> None:
             cache.upsert(rng.choice(names), rng.choice(variants))
         elif step % 7 == 0:
             cache.delete(rng.choice(names))
+        elif step % 5 == 0:  # a pod bound, moved or gone: promises change
+            pods.set(f"p{rng.randrange(30)}", rng.choice([*names, None]), rng.randint(0, 4))
+        elif step % 11 == 0:
+            pods.forget(f"p{rng.randrange(30)}")
         need = rng.choice([1, 2, 3, 4, 8])
         offered = rng.sample(names, 25)
         args = parse_args(body(Pod=pod(need), NodeNames=offered))
         keep, failed, unres = fast._filter_cached(offered, need)
         assert (keep, failed, unres) == fast._filter_states(args, need)
         assert set(keep) | set(failed) | set(unres) == set(offered)
+        # the encoded answer (pre-encoded members) says what the plain computation says,
+        # and is byte for byte json.dumps of the same answer
+        plain = fast._filter_result(args, *fast._filter_states(args, need))
+        encoded = fast.filter_json(args)
+        assert json.loads(encoded) == plain
+        assert encoded == json.dumps(fast.filter(args), separators=(",", ":")).encode()
         # prioritize: the cached raw table against the per-node states
         snapshot = cache.snapshot()
         expected = {n: snapshot[n].raw_priorities((1.0, 2.0)).get(need) for n in offered
@@ -435,6 +445,61 @@ def test_cache_indexes_agree_with_the_plain_computation() -> None:
         got = dict(zip(*fast.priorities(args), strict=True))
         want = normalise({n: v for n, v in expected.items() if v is not None})
         assert got == {n: want.get(n, 0) for n in offered}
+
+
+def test_cached_answers_follow_node_and_pod_events() -> None:
+    """Nothing precomputed (verdicts, pre-encoded reasons, raw priorities, promised
+    GPUs) outlives the event that changes it: each event changes the next answer."""
+    cache, pods = NodeCache(), BoundPods()
+    ext = make_extender(cache=cache, pods=pods)
+    free = node_annotations(C500)
+    cache.replace([("n1", free), ("n2", free)])
+    pods.replace([])
+    request = {"Pod": pod(4), "NodeNames": ["n1", "n2"]}
+
+    def answer() -> tuple[Any, Any]:
+        return call(ext, "filter", request)[1], call(ext, "prioritize", request)[1]
+
+    result, prio = answer()
+    assert result["NodeNames"] == ["n1", "n2"] and result["FailedNodes"] == {}
+    assert prio == [{"Host": "n1", "Score": 10}, {"Host": "n2", "Score": 10}]
+    # n2's annotation update (6 of 8 allocated): rejected, with its new counts
+    cache.upsert("n2", node_annotations(C500, allocated=range(6)))
+    result, prio = answer()
+    assert result["NodeNames"] == ["n1"]
+    assert "2 of 8 healthy" in result["FailedNodes"]["n2"]
+    # another update on n2 (7 allocated): the pre-encoded reason follows
+    cache.upsert("n2", node_annotations(C500, allocated=range(7)))
+    assert "1 of 8 healthy" in answer()[0]["FailedNodes"]["n2"]
+    # n1 split (no whole link group left): its score drops below n2's... after n2 heals
+    cache.upsert("n2", node_annotations(C500, allocated=[0, 1]))
+    cache.upsert("n1", node_annotations(C500, allocated=[0, 4]))
+    result, prio = answer()
+    assert result["NodeNames"] == ["n1", "n2"]
+    assert prio == [{"Host": "n1", "Score": 1}, {"Host": "n2", "Score": 10}]
+    # a pod bound to n2 and not started: its 3 GPUs are promised, n2 (6 free) fails
+    pods.set("new", "n2", 1 + 1 + 3)  # the 2 allocated devices' pods plus the new one
+    result = answer()[0]
+    assert result["NodeNames"] == ["n1"]
+    assert "3 promised to bound pods" in result["FailedNodes"]["n2"]
+    # the device plugin publishes the allocation: no promise left, 3 free < 4
+    cache.upsert("n2", node_annotations(C500, allocated=range(5)))
+    result = answer()[0]
+    assert "3 of 8 healthy" in result["FailedNodes"]["n2"]
+    assert "promised" not in result["FailedNodes"]["n2"]
+    cache.upsert("n2", node_annotations(C500, allocated=[0, 1]))
+    assert "3 promised" in answer()[0]["FailedNodes"]["n2"]
+    # the pod goes away; then a pod relist brings a promise back, a node relist drops n1
+    pods.forget("new")
+    assert answer()[0]["NodeNames"] == ["n1", "n2"]
+    pods.replace([("x", "n1", 2 + 3)])
+    result = answer()[0]
+    assert result["NodeNames"] == ["n2"] and "promised" in result["FailedNodes"]["n1"]
+    cache.replace([("n2", free)])
+    result, prio = answer()
+    assert result["NodeNames"] == ["n2"]
+    assert "not in the extender's node cache" in result["FailedNodes"]["n1"]
+    assert prio == [{"Host": "n1", "Score": 0}, {"Host": "n2", "Score": 10}]
 
 
 @settings(max_examples=300, deadline=None)

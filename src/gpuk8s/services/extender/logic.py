@@ -14,9 +14,9 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import compress, filterfalse, repeat
+from itertools import filterfalse, repeat
 from json.encoder import encode_basestring_ascii
-from operator import add, attrgetter, gt
+from operator import add
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -25,7 +25,9 @@ from .nodes import (
     BoundPods,
     NodeCache,
     NodeState,
+    Promises,
     StateMemo,
+    json_member,
     short_reason,
     unresolvable_reason,
 )
@@ -40,12 +42,13 @@ from .wire import (
 
 log = logging.getLogger("gpuk8s.extender")
 
-_ALLOCATED = attrgetter("allocated")
 NOT_CACHED = "gpu-aware: node not in the extender's node cache yet"
 CHANGED = "gpu-aware: node changed while the request was answered"
 _SCORE_TAIL = [f"{s}}}" for s in range(MAX_EXTENDER_PRIORITY + 1)]
+MAX_ENCODED_NAMES = 100_000  # bound on the per-name encoding cache
 FILTER_VERBS = frozenset({"filter", "predicates"})
 PRIORITIZE_VERBS = frozenset({"prioritize", "priorities"})
+_encode = json.JSONEncoder(separators=(",", ":")).encode  # compact, ensure_ascii: as json.dumps
 
 
 class ExtenderMetrics:
@@ -131,6 +134,45 @@ def normalise_list(raw: list[float]) -> list[int]:
     return list(map(bisect_right, repeat(cuts), raw))  # C-level loop
 
 
+def _score_tails(raw: list[float]) -> dict[float, str]:
+    """Raw priority -> its ``Score`` tail (``"7}"``), for the distinct values of ``raw``:
+    ``normalise_list`` on the (usually few) distinct values, not on every node."""
+    distinct = set(raw)
+    distinct.discard(MISSING)
+    tails = {MISSING: _SCORE_TAIL[0]}
+    cuts = _thresholds(distinct)
+    if cuts is not None:
+        values = list(distinct)
+        scores = map(bisect_right, repeat(cuts), values)  # C-level loop
+        tails.update(zip(values, map(_SCORE_TAIL.__getitem__, scores), strict=True))
+    return tails
+
+
+def _encoded(
+    cache: dict[str, Any], names: list[str], make: Callable[[str], Any]
+) -> list[Any]:
+    """``[cache[n] for n in names]`` at C speed, filling misses with ``make(n)``."""
+    try:
+        return list(map(cache.__getitem__, names))
+    except KeyError:
+        if len(cache) > MAX_ENCODED_NAMES:
+            cache.clear()  # bounded: node names come and go
+        for name in names:
+            if name not in cache:
+                cache[name] = make(name)
+        return list(map(cache.__getitem__, names))
+
+
+def _host_head(name: str) -> str:
+    return '{"Host":' + encode_basestring_ascii(name) + ',"Score":'
+
+
+def _members(members: list[str]) -> dict[str, str]:
+    """Pre-encoded ``"name":"reason"`` members back to a dict."""
+    result: dict[str, str] = json.loads("{" + ",".join(members) + "}")
+    return result
+
+
 def normalise(raw: dict[str, float]) -> dict[str, int]:
     """Raw priorities to 1..10 (min-max over the nodes that have data; all 10 on a tie)."""
     names = list(raw)
@@ -151,6 +193,7 @@ class Extender:
         self.cache = cache
         self.pods = pods
         self.memo = StateMemo()
+        self.promises = Promises(cache, pods) if cache is not None and pods is not None else None
         self._host_heads: dict[str, str] = {}  # name -> '{"Host":"name","Score":'
         self.metrics = ExtenderMetrics(cache, pods, weights)
         self._clock = clock
@@ -231,48 +274,92 @@ class Extender:
     def _filter_cached(
         self, names: list[str], need: int
     ) -> tuple[list[str], dict[str, str], dict[str, str]]:
-        """Set-membership passes over the names against the cache's NeedIndex."""
+        """``_filter_cached_parts`` with the rejections as dicts (the plain result)."""
+        parts = self._filter_cached_parts(names, need)
+        if parts is None:
+            return self._filter_states(ExtenderArgs({}, "", "", need, None, {}, names), need)
+        keep, failed, unresolvable = parts
+        return keep, _members(failed), _members(unresolvable)
+
+    def _filter_cached_parts(
+        self, names: list[str], need: int
+    ) -> tuple[list[str], list[str], list[str]] | None:
+        """(kept names, FailedNodes members, FailedAndUnresolvableNodes members), the
+        members pre-encoded ``"name":"reason"`` JSON; None when a node event moved a
+        node while we read (the caller does it slowly).
+
+        Set-membership and dict-lookup passes over the names against the cache's
+        NeedIndex (C-level); Python-level work runs only for offered nodes outside the
+        "fits" set when some are not in the index, and for nodes with promised GPUs."""
         assert self.cache is not None
         index = self.cache.need_index(need)
-        states = self.cache.snapshot()
-        fit_names = list(filter(index.fits.__contains__, names))
-        unresolvable: dict[str, str] = {}
-        failed: dict[str, str] = {}
-        if len(fit_names) != len(names):
+        fits = index.fits
+        keep = list(filter(fits.__contains__, names))
+        failed: list[str] = []
+        unresolvable: list[str] = []
+        if len(keep) != len(names):
             # usually few: the scheduler already dropped nodes short of GPUs by count
-            for name in filterfalse(index.fits.__contains__, names):
-                if (why := index.unresolvable.get(name)) is not None:
-                    unresolvable[name] = why
-                elif (why := index.short.get(name)) is not None:
-                    failed[name] = why
-                elif name not in states:
-                    failed[name] = NOT_CACHED
-                else:
-                    # a node event moved it between sets while we read them: do it slowly
-                    return self._filter_states(
-                        ExtenderArgs({}, "", "", need, None, {}, names), need
-                    )
-        keep = fit_names
-        if self.pods is not None:
-            requested = self.pods.per_node()
-            # C-level pass: only nodes whose bound pods ask for more than is allocated
-            # can have promised GPUs; the Python check runs for those alone
-            fit_states = list(map(states.get, fit_names))
-            if None in fit_states:  # deleted meanwhile
-                return self._filter_states(ExtenderArgs({}, "", "", need, None, {}, names), need)
-            pending = compress(
-                fit_names,
-                map(gt, map(requested.get, fit_names, repeat(0)), map(_ALLOCATED, fit_states)),
-            )
-            promised_fail = {}
-            for name in pending:
-                why = self._promise_check(name, states[name], need, requested)
-                if why is not None:
-                    promised_fail[name] = why
-            if promised_fail:
-                failed.update(promised_fail)
-                keep = list(filterfalse(promised_fail.__contains__, fit_names))
+            rest = list(filterfalse(fits.__contains__, names))
+            unresolvable = list(filter(None, map(index.unresolvable_json.get, rest)))
+            failed = list(filter(None, map(index.short_json.get, rest)))
+            if len(unresolvable) + len(failed) != len(rest):
+                # not cached, or moved between sets while we read them: one by one
+                states = self.cache.snapshot()
+                unresolvable, failed = [], []
+                for name in rest:
+                    if (member := index.unresolvable_json.get(name)) is not None:
+                        unresolvable.append(member)
+                    elif (member := index.short_json.get(name)) is not None:
+                        failed.append(member)
+                    elif name not in states:
+                        failed.append(json_member(name, NOT_CACHED))
+                    else:
+                        return None
+        if self.promises is not None and self.pods is not None:
+            promised = self.promises.current()
+            pending = list(filter(promised.__contains__, keep))
+            if pending:
+                states = self.cache.snapshot()
+                requested = self.pods.per_node()
+                dropped: dict[str, str] = {}
+                for name in pending:
+                    state = states.get(name)
+                    if state is None:  # deleted meanwhile
+                        return None
+                    why = self._promise_check(name, state, need, requested)
+                    if why is not None:
+                        dropped[name] = why
+                if dropped:
+                    failed += [json_member(name, why) for name, why in dropped.items()]
+                    keep = list(filterfalse(dropped.__contains__, keep))
         return keep, failed, unresolvable
+
+    def filter_json(self, args: ExtenderArgs) -> bytes:
+        """The filter answer, encoded. With the node cache it is assembled from the
+        index's pre-encoded members; otherwise ``json.dumps`` of ``filter``."""
+        cache = self.cache
+        if args.nodes is None and cache is not None and cache.synced:
+            names = args.node_names or []
+            need = args.gpus
+            parts = ([*names], [], []) if need == 0 else self._filter_cached_parts(names, need)
+            if parts is not None:
+                keep, failed, unresolvable = parts
+                if failed:
+                    self.metrics.rejected.labels("failed").inc(len(failed))
+                if unresolvable:
+                    self.metrics.rejected.labels("unresolvable").inc(len(unresolvable))
+                return "".join(
+                    (
+                        '{"Nodes":null,"NodeNames":',
+                        _encode(keep),
+                        ',"FailedNodes":{',
+                        ",".join(failed),
+                        '},"FailedAndUnresolvableNodes":{',
+                        ",".join(unresolvable),
+                        '},"Error":""}',
+                    )
+                ).encode()
+        return _encode(self.filter(args)).encode()
 
     @staticmethod
     def _filter_result(
@@ -297,8 +384,9 @@ class Extender:
         return result
 
     # -- prioritize -----------------------------------------------------------
-    def priorities(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
-        """(names, scores 0..10) in request order."""
+    def _raw(self, args: ExtenderArgs) -> tuple[list[str], list[float] | None]:
+        """(names, raw priorities, MISSING where no data) in request order; raw is None
+        when the pod asks for no GPUs (every score 0)."""
         need = args.gpus
         if need == 0:
             names = (
@@ -306,35 +394,36 @@ class Extender:
                 if args.nodes is not None
                 else list(args.node_names or [])
             )
-            return names, [0] * len(names)
+            return names, None
         weights: Weights = self.weights.current()
         key = (weights.score, weights.loss)
         if args.nodes is None and self.cache is not None and self.cache.synced:
             names = args.node_names or []
             table = self.cache.raw_priorities(key, need)
-            raw = list(map(table.get, names, repeat(MISSING)))  # C-level lookups
-            return names, normalise_list(raw)
+            return names, list(map(table.get, names, repeat(MISSING)))  # C-level lookups
         names, states = self._candidates(args)
         raw = []
         for state in states:
             value = state.raw_priorities(key).get(need) if state is not None else None
             raw.append(MISSING if value is None else value)
-        return names, normalise_list(raw)
+        return names, raw
+
+    def priorities(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
+        """(names, scores 0..10) in request order."""
+        names, raw = self._raw(args)
+        return names, [0] * len(names) if raw is None else normalise_list(raw)
 
     def prioritize(self, args: ExtenderArgs) -> bytes:
         """The HostPriorityList, encoded by hand from cached pieces (no json.dumps)."""
-        names, scores = self.priorities(args)
-        heads = self._host_heads
-        found = list(map(heads.get, names))
-        if None in found:
-            if len(heads) > 100_000:
-                heads.clear()  # bounded: node names come and go
-            for name in names:
-                if name not in heads:
-                    heads[name] = '{"Host":' + encode_basestring_ascii(name) + ',"Score":'
-            found = list(map(heads.__getitem__, names))
-        parts = map(add, found, map(_SCORE_TAIL.__getitem__, scores))
-        return ("[" + ",".join(parts) + "]").encode()
+        names, raw = self._raw(args)
+        # (a dict of whole '{"Host":..,"Score":s}' strings per name and score was
+        # slower: the per-request memory touched matters more than the concatenation)
+        heads = _encoded(self._host_heads, names, _host_head)
+        if raw is None:
+            parts = map(add, heads, repeat(_SCORE_TAIL[0]))
+        else:
+            parts = map(add, heads, map(_score_tails(raw).__getitem__, raw))
+        return "".join(("[", ",".join(parts), "]")).encode()
 
     # -- protocol -------------------------------------------------------------
     def handle(self, verb: str, body: bytes) -> Response:
@@ -358,10 +447,7 @@ class Extender:
             else:
                 args = parse_args(body)
                 try:
-                    if kind == "filter":
-                        data = json.dumps(self.filter(args), separators=(",", ":")).encode()
-                    else:
-                        data = self.prioritize(args)
+                    data = self.filter_json(args) if kind == "filter" else self.prioritize(args)
                     response = Response(200, data)
                 except _NotReady as err:
                     if kind == "filter":

@@ -21,13 +21,22 @@ its GPUs, and the promise disappears once the device plugin publishes the alloca
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 
 from ...core.devicelist import DEVICES_ANNOTATION, parse_device_list
 from ...core.errors import GpuK8sError
 from ...core.scoring import LOSSES_ANNOTATION, SCORES_ANNOTATION, parse_table
 from .wire import GPU_RESOURCE
+
+_FLOATS: dict[float, float] = {}  # one object per raw priority value (see raw_priorities)
+
+
+def _shared(value: float) -> float:
+    if len(_FLOATS) > 100_000:
+        _FLOATS.clear()  # bounded (weights changed many times)
+    return _FLOATS.setdefault(value, value)
 
 
 # eq=False: identity comparison, so ``None in states`` stays a C-level scan
@@ -53,7 +62,11 @@ class NodeState:
         if table is None:
             sw, lw = weights
             losses = self.losses
-            table = {k: sw * v - lw * losses[k] for k, v in self.scores.items() if k in losses}
+            # the same value on many nodes is one float object: prioritize's passes over
+            # the offered nodes' values then touch a few objects, not one per node
+            table = {
+                k: _shared(sw * v - lw * losses[k]) for k, v in self.scores.items() if k in losses
+            }
             if len(self.raw_cache) >= 4:
                 self.raw_cache.clear()  # weights changed several times: keep it small
             self.raw_cache[weights] = table
@@ -139,27 +152,42 @@ def short_reason(state: NodeState, need: int, promised: int = 0) -> str:
     )
 
 
+def json_member(name: str, reason: str) -> str:
+    """``"name":"reason"`` exactly as ``json.dumps`` (ensure_ascii) writes the pair."""
+    return encode_basestring_ascii(name) + ":" + encode_basestring_ascii(reason)
+
+
 @dataclass
 class NeedIndex:
     """The cache's nodes sorted by what they can do for one request size, kept up to
-    date on every node event, so filter tests set membership (C speed) per node."""
+    date on every node event, so filter tests set membership (C speed) per node.
+
+    ``short_json`` / ``unresolvable_json`` hold the same rejections pre-encoded as JSON
+    object members, so a filter answer joins strings instead of encoding reasons."""
 
     unresolvable: dict[str, str] = field(default_factory=dict)
     short: dict[str, str] = field(default_factory=dict)  # healthy enough, too few free
     fits: set[str] = field(default_factory=set)  # free >= need (before promises)
+    unresolvable_json: dict[str, str] = field(default_factory=dict)
+    short_json: dict[str, str] = field(default_factory=dict)
 
     def place(self, name: str, state: NodeState | None, need: int) -> None:
         # add before remove would leave a name in two sets; readers tolerate "in none"
         self.unresolvable.pop(name, None)
+        self.unresolvable_json.pop(name, None)
         self.short.pop(name, None)
+        self.short_json.pop(name, None)
         self.fits.discard(name)
         if state is None:
             return
         reason = unresolvable_reason(state, need)
         if reason is not None:
+            self.unresolvable_json[name] = json_member(name, reason)
             self.unresolvable[name] = reason
         elif state.free < need:
-            self.short[name] = short_reason(state, need)
+            reason = short_reason(state, need)
+            self.short_json[name] = json_member(name, reason)
+            self.short[name] = reason
         else:
             self.fits.add(name)
 
@@ -183,6 +211,16 @@ class NodeCache:
         self._synced = threading.Event()
         self._lock = threading.Lock()
         self._memo = StateMemo()
+        self._listeners: list[Callable[[str | None], None]] = []
+
+    def listen(self, callback: Callable[[str | None], None]) -> None:
+        """Call ``callback(name)`` after each change to one node, ``callback(None)``
+        after a relist (everything may have changed)."""
+        self._listeners.append(callback)
+
+    def _notify(self, name: str | None) -> None:
+        for callback in self._listeners:
+            callback(name)
 
     @property
     def synced(self) -> bool:
@@ -198,6 +236,7 @@ class NodeCache:
             self._states = fresh
             self._needs = {}
             self._raws = {}
+        self._notify(None)
         self._synced.set()
 
     def _update(self, name: str, state: NodeState | None) -> None:
@@ -215,11 +254,13 @@ class NodeCache:
         with self._lock:
             self._states[name] = state
             self._update(name, state)
+        self._notify(name)
 
     def delete(self, name: str) -> None:
         with self._lock:
             self._states.pop(name, None)
             self._update(name, None)
+        self._notify(name)
 
     def get(self, name: str) -> NodeState | None:
         return self._states.get(name)
@@ -272,32 +313,50 @@ class BoundPods:
         self._per_node: dict[str, int] = {}
         self._lock = threading.Lock()
         self._synced = threading.Event()
+        self._listeners: list[Callable[[str | None], None]] = []
+
+    def listen(self, callback: Callable[[str | None], None]) -> None:
+        """Call ``callback(node)`` after the GPUs requested on ``node`` may have
+        changed, ``callback(None)`` after a relist."""
+        self._listeners.append(callback)
+
+    def _notify(self, name: str | None) -> None:
+        for callback in self._listeners:
+            callback(name)
 
     @property
     def synced(self) -> bool:
         return self._synced.is_set()
 
-    def _drop(self, uid: str) -> None:
+    def _drop(self, uid: str) -> str | None:
         old = self._pods.pop(uid, None)
-        if old is not None:
-            node, gpus = old
-            left = self._per_node.get(node, 0) - gpus
-            if left > 0:
-                self._per_node[node] = left
-            else:
-                self._per_node.pop(node, None)
+        if old is None:
+            return None
+        node, gpus = old
+        left = self._per_node.get(node, 0) - gpus
+        if left > 0:
+            self._per_node[node] = left
+        else:
+            self._per_node.pop(node, None)
+        return node
 
     def set(self, uid: str, node: str | None, gpus: int) -> None:
         """Record (or forget, when ``node`` is None or ``gpus`` is 0) one pod."""
         with self._lock:
-            self._drop(uid)
+            old = self._drop(uid)
             if node and gpus > 0:
                 self._pods[uid] = (node, gpus)
                 self._per_node[node] = self._per_node.get(node, 0) + gpus
+        if old is not None:
+            self._notify(old)
+        if node and gpus > 0 and node != old:
+            self._notify(node)
 
     def forget(self, uid: str) -> None:
         with self._lock:
-            self._drop(uid)
+            old = self._drop(uid)
+        if old is not None:
+            self._notify(old)
 
     def replace(self, pods: Iterable[tuple[str, str | None, int]]) -> None:
         """The full list (after a list call), swapped in at once: readers never see a
@@ -311,6 +370,7 @@ class BoundPods:
             per_node[node] = per_node.get(node, 0) + gpus
         with self._lock:
             self._pods, self._per_node = fresh, per_node
+        self._notify(None)
         self._synced.set()
 
     def per_node(self) -> dict[str, int]:
@@ -326,3 +386,59 @@ class BoundPods:
 
     def __len__(self) -> int:
         return len(self._pods)
+
+
+class Promises:
+    """Cached nodes whose bound pods request more GPUs than their device list shows
+    allocated: node -> promised GPUs (> 0). Kept current from the cache's and the pod
+    tracker's change notifications, so filter checks promises only for these nodes
+    (one set-membership pass) instead of comparing counts for every offered node."""
+
+    def __init__(self, cache: NodeCache, pods: BoundPods) -> None:
+        self._cache = cache
+        self._pods = pods
+        self._lock = threading.Lock()
+        self._dirty: set[str] = set()
+        self._all = True  # recompute everything on the next read
+        self._nodes: dict[str, int] = {}
+        cache.listen(self._touch)
+        pods.listen(self._touch)
+
+    def _touch(self, name: str | None) -> None:
+        with self._lock:
+            if name is None:
+                self._all = True
+                self._dirty.clear()
+            elif not self._all:
+                self._dirty.add(name)
+
+    def _promised(self, name: str, states: Mapping[str, NodeState]) -> int:
+        state = states.get(name)
+        if state is None:
+            return 0
+        return self._pods.requested(name) - state.allocated
+
+    def current(self) -> dict[str, int]:
+        """Node -> promised GPUs, nodes with promises only (read only)."""
+        if self._all or self._dirty:
+            with self._lock:
+                states = self._cache.snapshot()
+                if self._all:
+                    self._all = False
+                    self._dirty.clear()
+                    fresh: dict[str, int] = {}
+                    for name, requested in list(self._pods.per_node().items()):
+                        state = states.get(name)
+                        if state is not None and requested > state.allocated:
+                            fresh[name] = requested - state.allocated
+                    self._nodes = fresh
+                else:
+                    nodes = self._nodes
+                    for name in self._dirty:
+                        promised = self._promised(name, states)
+                        if promised > 0:
+                            nodes[name] = promised
+                        else:
+                            nodes.pop(name, None)
+                    self._dirty.clear()
+        return self._nodes

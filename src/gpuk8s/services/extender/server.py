@@ -24,6 +24,7 @@ from .wire import error_body
 log = logging.getLogger("gpuk8s.extender")
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
+ONE_WRITE_MAX = 1024 * 1024  # bodies up to this size go out with the headers in one send
 READ_TIMEOUT_S = 30.0
 
 
@@ -61,14 +62,21 @@ class ExtenderHandler(BaseHTTPRequestHandler):
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _send(self, response: Response, close: bool = False) -> None:
+        body = response.body
         self.send_response(response.status)
         self.send_header("Content-Type", response.content_type)
-        self.send_header("Content-Length", str(len(response.body)))
+        self.send_header("Content-Length", str(len(body)))
         if close:
             self.send_header("Connection", "close")
             self.close_connection = True
-        self.end_headers()
-        self.wfile.write(response.body)
+        buffer = getattr(self, "_headers_buffer", None)  # BaseHTTPRequestHandler's
+        if buffer is not None and len(body) <= ONE_WRITE_MAX:
+            # headers and body in one send (end_headers would write the headers alone)
+            buffer.extend((b"\r\n", body))
+            self.flush_headers()
+        else:
+            self.end_headers()
+            self.wfile.write(body)
 
     def _error(self, status: int, message: str, close: bool = False) -> None:
         self._send(Response(status, error_body(message)), close=close)
@@ -145,7 +153,8 @@ class ExtenderHandler(BaseHTTPRequestHandler):
             self._error(code, message or "bad request", close=True)
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http " + format % args)
+        if log.isEnabledFor(logging.DEBUG):  # called for every request: format only if kept
+            log.debug("http " + format % args)
 
 
 def serve_in_thread(server: ExtenderHTTPServer) -> threading.Thread:
