@@ -50,10 +50,9 @@ def percentile(values: list[float], q: float) -> float:
 # -- node pool (built in the server process and in the client, same seed) ---------------
 def annotation_pool(seed: int) -> list[dict[str, str]]:
     from gpuk8s import sim
-    from gpuk8s.core.devicelist import DEVICES_ANNOTATION, DeviceEntry, format_device_list
-    from gpuk8s.core.scoring import tables_as_annotations, topology_tables
-    from gpuk8s.core.topology import Topology, units_for_inventory
     from gpuk8s.discovery import discover
+    from gpuk8s.services.deviceplugin.devices import DeviceSet
+    from gpuk8s.services.deviceplugin.nodestate import published_annotations
 
     rng = random.Random(seed)
     pool: list[dict[str, str]] = []
@@ -61,36 +60,11 @@ def annotation_pool(seed: int) -> list[dict[str, str]]:
         for preset in PRESETS:
             root = str(Path(tmp) / preset)
             sim.create(root, preset)
-            inv = discover(root)
-            units = units_for_inventory(inv)
-            topo = Topology.from_inventory(inv, units)
-            gpus = {g.index: g for g in inv.gpus}
+            devices = DeviceSet(discover(root), GPU)
+            ids = [u.id for u in devices.units]
             for _ in range(VARIANTS_PER_PRESET):
-                taken = set(rng.sample(range(len(units)), rng.randint(0, len(units) // 2)))
-                entries = [
-                    DeviceEntry(
-                        id=u.id,
-                        pci=gpus[u.gpu].pci_address,
-                        gpu=u.gpu,
-                        vf=u.vf,
-                        product=gpus[u.gpu].product,
-                        numa=gpus[u.gpu].numa_node,
-                        group=gpus[u.gpu].link_group,
-                        switch=gpus[u.gpu].pcie_switch,
-                        healthy=True,
-                        allocated=p in taken,
-                    )
-                    for p, u in enumerate(units)
-                ]
-                scores, losses = topology_tables(
-                    topo, [p for p in range(len(units)) if p not in taken]
-                )
-                pool.append(
-                    {
-                        **tables_as_annotations(scores, losses),
-                        DEVICES_ANNOTATION: format_device_list(entries),
-                    }
-                )
+                taken = set(rng.sample(range(len(ids)), rng.randint(0, len(ids) // 2)))
+                pool.append(published_annotations(devices, {ids[p] for p in taken}))
     return pool
 
 

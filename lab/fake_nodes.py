@@ -120,11 +120,10 @@ def variant_view(variant: str) -> tuple[int, int, dict[str, str], dict[str, str]
     device plugin (DeviceSet, devicelist) and labeller (core.labels) run on a real node.
     """
     from gpuk8s import sim
-    from gpuk8s.core.devicelist import DEVICES_ANNOTATION, format_device_list
     from gpuk8s.core.labels import compute_labels
-    from gpuk8s.core.scoring import tables_as_annotations, topology_tables
     from gpuk8s.discovery import discover
     from gpuk8s.services.deviceplugin.devices import DeviceSet
+    from gpuk8s.services.deviceplugin.nodestate import published_annotations
 
     preset, _, rest = variant.partition(":")
     used_gpus: set[int] = set()
@@ -139,13 +138,7 @@ def variant_view(variant: str) -> tuple[int, int, dict[str, str], dict[str, str]
         inventory = discover(root)
     devices = DeviceSet(inventory, RESOURCE)
     used_ids = {u.id for u in devices.units if u.gpu in used_gpus}
-    entries = devices.entries(used_ids)
-    free_positions = [i for i, u in enumerate(devices.units) if u.id not in used_ids]
-    scores, losses = topology_tables(devices.topology, free_positions)
-    annotations = {
-        **tables_as_annotations(scores, losses),
-        DEVICES_ANNOTATION: format_device_list(entries),
-    }
+    annotations = published_annotations(devices, used_ids)
     labels = compute_labels(inventory)
     capacity = len(devices.units)
     # Units held by (imaginary) earlier pods are not offered again.

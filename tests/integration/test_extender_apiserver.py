@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from gpuk8s import sim
-from gpuk8s.core.devicelist import DEVICES_ANNOTATION, DeviceEntry, format_device_list
+from gpuk8s.core.devicelist import DEVICES_ANNOTATION
 from gpuk8s.core.model import NodeInventory
-from gpuk8s.core.scoring import tables_as_annotations, topology_tables
-from gpuk8s.core.topology import Topology, units_for_inventory
 from gpuk8s.discovery import discover
+from gpuk8s.services.deviceplugin.devices import DeviceSet
+from gpuk8s.services.deviceplugin.nodestate import published_annotations
 from gpuk8s.services.extender.main import ExtenderService, build_parser, build_service
 from gpuk8s.services.extender.nodes import BoundPods, NodeCache
 from gpuk8s.services.extender.watch import node_watch_loop, pod_watch_loop
@@ -39,31 +39,13 @@ def c500(tmp_path_factory: pytest.TempPathFactory) -> NodeInventory:
     return discover(root)
 
 
+GPU_RESOURCE = "metax-tech.com/gpu"
+
+
 def node_annotations(inventory: NodeInventory, allocated: list[int]) -> dict[str, str]:
     """The annotations gpu-device publishes with the units at ``allocated`` in use."""
-    units = units_for_inventory(inventory)
-    gpus = {g.index: g for g in inventory.gpus}
-    entries = [
-        DeviceEntry(
-            id=u.id,
-            pci=gpus[u.gpu].pci_address,
-            gpu=u.gpu,
-            vf=u.vf,
-            product=gpus[u.gpu].product,
-            numa=gpus[u.gpu].numa_node,
-            group=gpus[u.gpu].link_group,
-            switch=gpus[u.gpu].pcie_switch,
-            healthy=True,
-            allocated=pos in allocated,
-        )
-        for pos, u in enumerate(units)
-    ]
-    topo = Topology.from_inventory(inventory, units)
-    scores, losses = topology_tables(topo, [p for p in range(len(units)) if p not in allocated])
-    return {
-        **tables_as_annotations(scores, losses),
-        DEVICES_ANNOTATION: format_device_list(entries),
-    }
+    devices = DeviceSet(inventory, GPU_RESOURCE)
+    return published_annotations(devices, {devices.units[p].id for p in allocated})
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:

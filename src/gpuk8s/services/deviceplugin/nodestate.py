@@ -35,6 +35,22 @@ log = logging.getLogger("gpuk8s.deviceplugin.nodestate")
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
+
+def published_annotations(devices: DeviceSet, allocated: set[str]) -> dict[str, str]:
+    """The node annotations gpu-device publishes: score and loss tables over the free
+    (healthy, not allocated) devices, and the device list.
+
+    The one definition of that content; the lab's fake nodes, the extender's tests and
+    benchmark build their nodes with it too.
+    """
+    topo = devices.topology
+    healthy = set(devices.healthy_ids())
+    free = [topo.position[u] for u in healthy - allocated if u in topo.position]
+    scores, losses = topology_tables(topo, free)
+    out = tables_as_annotations(scores, losses)
+    out[DEVICES_ANNOTATION] = format_device_list(devices.entries(allocated))
+    return out
+
 class NodeStateError(GpuK8sError):
     """Reading allocations or patching the node failed (temporary: retried)."""
 
@@ -136,13 +152,7 @@ class NodeStatePublisher:
         self._pod_resources_failing = False
 
     def desired(self, allocated: set[str]) -> dict[str, str]:
-        topo = self.devices.topology
-        healthy = set(self.devices.healthy_ids())
-        free = [topo.position[u] for u in healthy - allocated if u in topo.position]
-        scores, losses = topology_tables(topo, free)
-        out = tables_as_annotations(scores, losses)
-        out[DEVICES_ANNOTATION] = format_device_list(self.devices.entries(allocated))
-        return out
+        return published_annotations(self.devices, allocated)
 
     def refresh_allocations(self) -> None:
         if self.allocations is None:
