@@ -10,9 +10,9 @@ is gone or replaced (another UID).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Optional, Tuple  # runtime aliases: Python 3.8
 
 from ..core.errors import GpuK8sError
 
@@ -73,9 +73,9 @@ def gpu_pods(pods: Iterable[Mapping[str, Any]],
 
 
 # evict(pod) -> HTTP status (201/200 accepted, 429 blocked by a PDB, 404 gone, other: error)
-Evict = Callable[[PodRef], tuple[int, str]]
+Evict = Callable[[PodRef], Tuple[int, str]]
 # current(pod) -> UID of the pod with that name now, None when it is gone
-Current = Callable[[PodRef], str | None]
+Current = Callable[[PodRef], Optional[str]]
 
 
 def evict_all(

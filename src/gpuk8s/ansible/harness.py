@@ -106,11 +106,9 @@ def run_module(
         result.update(failed=True, msg=msg)
         raise ModuleExit(result)
 
-    with (
-        patch_module_args(full),
-        mock.patch.object(basic.AnsibleModule, "exit_json", exit_json),
-        mock.patch.object(basic.AnsibleModule, "fail_json", fail_json),
-    ):
+    with patch_module_args(full), mock.patch.object(
+        basic.AnsibleModule, "exit_json", exit_json
+    ), mock.patch.object(basic.AnsibleModule, "fail_json", fail_json):
         try:
             module.main()
         except ModuleExit as done:

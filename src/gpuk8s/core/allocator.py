@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Tuple  # runtime aliases below: Python 3.8 cannot subscript tuple
 
 from .errors import AllocationError
 from .model import LinkKind
@@ -40,7 +41,7 @@ from .topology import Topology
 _SELF = int(LinkKind.SELF)
 _LEVELS_FINE_FIRST = tuple(range(_SELF, int(LinkKind.SYS), -1))  # SELF, MX, PIX, NODE
 
-Key = tuple[int, tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...]]
+Key = Tuple[int, Tuple[int, ...], Tuple[Tuple[int, ...], ...], Tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -81,14 +82,14 @@ def _key(topo: Topology, members: list[int], free_counts: dict[int, list[int]]) 
     return (-worst, spans, tuple(leftover), tuple(members))
 
 
-Partial = tuple[tuple[int, ...], tuple[tuple[int, ...], ...], tuple[int, ...]]
+Partial = Tuple[Tuple[int, ...], Tuple[Tuple[int, ...], ...], Tuple[int, ...]]
 
 
 def _merge(a: Partial, b: Partial) -> Partial:
     """Combine the partial keys of two disjoint parts of one group."""
     return (
-        tuple(x + y for x, y in zip(a[0], b[0], strict=True)),
-        tuple(tuple(sorted(x + y)) for x, y in zip(a[1], b[1], strict=True)),
+        tuple(x + y for x, y in zip(a[0], b[0])),
+        tuple(tuple(sorted(x + y)) for x, y in zip(a[1], b[1])),
         tuple(sorted(a[2] + b[2])),
     )
 

@@ -36,7 +36,17 @@ class LinkKind(enum.IntEnum):
         return self.name if self is not LinkKind.SELF else "X"
 
 
-class SriovState(enum.StrEnum):
+class _StrValue(str, enum.Enum):
+    """``enum.StrEnum`` (3.11) for Python 3.8: str() and format() give the value."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class SriovState(_StrValue):
     """SR-IOV state as published in the ``gpu.sriov`` label."""
 
     ON = "on"  # virtual functions are configured
@@ -44,7 +54,7 @@ class SriovState(enum.StrEnum):
     FORBIDDEN = "forbidden"  # the device (or its driver) cannot do SR-IOV
 
 
-class DriverMode(enum.StrEnum):
+class DriverMode(_StrValue):
     NATIVE = "native"  # maintained on the host by the administrator
     CLOUD = "cloud"  # installed and managed by a container (operator scheme)
 

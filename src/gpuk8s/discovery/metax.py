@@ -128,7 +128,7 @@ def parse_topo_matrix(text: str) -> set[frozenset[int]]:
         if not columns:
             continue
         row = int(tokens[0][3:])
-        for col, cell in zip(columns, tokens[1 : 1 + len(columns)], strict=False):
+        for col, cell in zip(columns, tokens[1 : 1 + len(columns)]):
             if col != row and (cell.startswith("MX") or re.fullmatch(r"NV\d+", cell)):
                 pairs.add(frozenset((row, col)))
     return pairs

@@ -86,7 +86,7 @@ def parse_query(text: str) -> dict[str, dict[str, str]]:
         cells = [c.strip() for c in line.split(",")]
         if len(cells) != len(QUERY_FIELDS) or not cells[1]:
             continue
-        row = dict(zip(QUERY_FIELDS, cells, strict=True))
+        row = dict(zip(QUERY_FIELDS, cells))
         try:
             rows[normalise_bus_id(row["pci.bus_id"])] = row
         except ValueError:

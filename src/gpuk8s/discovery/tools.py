@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Callable, List, Tuple  # runtime alias: Python 3.8
 
-Runner = Callable[[list[str]], tuple[int, str, str]]
+Runner = Callable[[List[str]], Tuple[int, str, str]]
 
 DEFAULT_TIMEOUT_S = 10.0
 TIMEOUT_RC = 124
