@@ -11,6 +11,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ...core.allocator import allocate
+from ...core.cdi import (
+    DEFAULT_SDK_PATHS,
+    VISIBLE_ENV,
+    ContainerEdits,
+    SdkSource,
+    edits_for_units,
+    qualified,
+    sdk_edits,
+    visible_value,
+)
 from ...core.devicelist import MAX_ID_LENGTH, DeviceEntry
 from ...core.errors import AllocationError, ConfigError
 from ...core.model import Gpu, NodeInventory
@@ -20,10 +30,7 @@ HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 
 VISIBLE_DEVICES_MODES = ("auto", "container", "host", "uuid", "none")
-VISIBLE_ENV = {"metax": "MACA_VISIBLE_DEVICES", "nvidia": "NVIDIA_VISIBLE_DEVICES"}
 DEFAULT_RESOURCE = {"metax": "metax-tech.com/gpu", "nvidia": "nvidia.com/gpu"}
-DEFAULT_SDK_PATHS = {"metax": ("/opt/maca", "/opt/mxdriver"), "nvidia": ()}
-DEVICE_PERMISSIONS = "rw"
 
 
 class UnknownDeviceError(AllocationError):
@@ -236,61 +243,28 @@ class DeviceSet:
         opts = self.options
         spec = ContainerSpec()
         env = VISIBLE_ENV.get(self.backend)
-        value = self._visible_value(units)
+        value = visible_value(self.inventory, units, opts.visible_devices, self.topology.position)
         if env and value is not None:
             spec.envs[env] = value
         spec.envs["GPUK8S_DEVICE_IDS"] = ",".join(u.id for u in units)
-        if opts.cdi:
-            kind = opts.cdi_kind or self.resource_name
-            spec.cdi_devices = [f"{kind}={u.id}" for u in units]
-        else:
-            paths: list[str] = list(self.inventory.control_devices)
-            for unit in units:
-                paths.extend(self._device_nodes(unit))
-            seen: set[str] = set()
-            for path in paths:
-                if path in seen:
-                    continue
-                seen.add(path)
-                spec.devices.append((path, self._host(path), DEVICE_PERMISSIONS))
+        sdk = None
         if opts.mount_sdk:
-            sdk_paths = (
+            paths = (
                 opts.sdk_paths
                 if opts.sdk_paths is not None
                 else DEFAULT_SDK_PATHS.get(self.backend, ())
             )
-            for path in sdk_paths:
-                spec.mounts.append((path, self._host(path), True))
-            if self.backend == "metax" and sdk_paths:
-                spec.envs.setdefault("MACA_PATH", sdk_paths[0])
-                spec.envs.setdefault("LD_LIBRARY_PATH", ":".join(f"{p}/lib" for p in sdk_paths))
+            sdk = SdkSource(paths=tuple(paths)) if paths else None
+        if opts.cdi:
+            kind = opts.cdi_kind or self.resource_name
+            spec.cdi_devices = [qualified(kind, u.id) for u in units]
+            edits = sdk_edits(sdk, opts.device_path_prefix) if sdk else ContainerEdits()
+        else:
+            edits = edits_for_units(self.inventory, units, opts.device_path_prefix, sdk)
+        for node in edits.device_nodes:
+            spec.devices.append((node.path, node.host_path, node.permissions))
+        for mount in edits.mounts:
+            spec.mounts.append((mount.container_path, mount.host_path, mount.read_only))
+        for name, val in edits.env_map().items():
+            spec.envs.setdefault(name, val)
         return spec
-
-    def _device_nodes(self, unit: Unit) -> tuple[str, ...]:
-        gpu = self.gpu_of(unit)
-        if unit.vf is None:
-            return gpu.device_nodes
-        nodes = gpu.sriov.vf_device_nodes
-        return nodes[unit.vf] if unit.vf < len(nodes) else ()
-
-    def _host(self, path: str) -> str:
-        prefix = self.options.device_path_prefix.rstrip("/")
-        return prefix + path if prefix else path
-
-    def _visible_value(self, units: Sequence[Unit]) -> str | None:
-        mode = self.options.visible_devices
-        if mode == "auto":
-            mode = "uuid" if self.backend == "nvidia" else "container"
-        if mode == "none":
-            return None
-        if mode == "container":
-            # only the allocated device nodes exist in the container: the runtime
-            # numbers them 0..k-1 in host order, which is the order used here
-            return ",".join(str(i) for i in range(len(units)))
-        if mode == "host":
-            return ",".join(str(self.topology.position[u.id]) for u in units)
-        values = []
-        for unit in units:
-            gpu = self.gpu_of(unit)
-            values.append(gpu.uuid if gpu.uuid and unit.vf is None else unit.id)
-        return ",".join(values)
