@@ -168,9 +168,9 @@ def chain(*lookups: TakesValue) -> TakesValue:
     return lookup
 
 
-def help_flags(text: str) -> TakesValue:
-    """A lookup from the text of ``docker run --help`` (a type word after a flag = it takes
-    a value), for flags newer than the tables."""
+def help_table(text: str) -> dict[str, bool]:
+    """Flag -> takes a value, read from the text of ``docker run --help`` (a type word after
+    the flag means it takes one)."""
     table: dict[str, bool] = {}
     for line in text.splitlines():
         match = _HELP_LINE.match(line)
@@ -180,7 +180,12 @@ def help_flags(text: str) -> TakesValue:
         table["--" + long] = kind is not None
         if short:
             table["-" + short] = kind is not None
-    return table.get
+    return table
+
+
+def help_flags(text: str) -> TakesValue:
+    """A lookup from ``docker run --help``, for flags newer than the tables."""
+    return help_table(text).get
 
 
 def split_invocation(argv: Sequence[str]) -> Invocation:

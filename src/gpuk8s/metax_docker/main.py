@@ -57,6 +57,7 @@ ENV_PREFIX = "METAX_DOCKER_DEVICE_PATH_PREFIX"
 SDK_PATH, *OTHER_SDK_PATHS = DEFAULT_SDK_PATHS["metax"]  # /opt/maca; /opt/mxdriver
 MIN_DOCKER = (19, 3)
 EXIT_USAGE = 2
+RUN_FAILED = 125  # docker run's status when the daemon refuses (no such image ...)
 VISIBLE_DEVICES_MODE = "auto"  # the device plugin's default (--visible-devices)
 PROBE_ENTRYPOINT = "/.metax-docker-probe"  # never started: the probe container only exists
 PROBE_LABEL = "com.metax-tech.metax-docker.probe=1"
@@ -171,13 +172,16 @@ class Docker:
     def run_flags_help(self, command: Sequence[str]) -> str:
         return self._run([*command, "--help"]).stdout
 
-    def image_has(self, image: str, path: str, create_options: Sequence[str] = ()) -> bool:
+    def image_has(self, image: str, path: str, create_options: Sequence[str] = (),
+                  failed_rc: int | None = None) -> bool:
         """Whether ``image`` has ``path`` and, for a directory, something in it.
 
         Cheap and read-only: ``docker create`` (never started; pulls a missing image as
         ``run`` would) and the first tar headers of ``docker cp -L CONTAINER:PATH -``
         (the daemon stats the path in the image's filesystem; nothing is run in it and
-        the copy is cut after two headers), then ``docker rm``.
+        the copy is cut after two headers), then ``docker rm``. When the image cannot be
+        had, docker has said why on stderr: ``DockerError`` with ``failed_rc`` (125 for
+        ``run``, docker run's status for a daemon error) or docker create's status.
         """
         create = [*self.base, "create", "--network", "none", "--entrypoint", PROBE_ENTRYPOINT,
                   "--label", PROBE_LABEL, *create_options, image]
@@ -187,7 +191,7 @@ class Docker:
         except OSError as err:
             raise DockerError(127, f"cannot run {self.base[0]}: {err}") from None
         if made.returncode != 0:
-            raise DockerError(made.returncode)
+            raise DockerError(failed_rc or made.returncode)
         cid = made.stdout.strip().splitlines()[-1]
         try:
             return self._has_path(cid, path)
@@ -247,10 +251,12 @@ def plan(argv: Sequence[str], env: Mapping[str, str], program: str) -> list[str]
         return list(argv)
     if run.image is None:  # docker says what is missing
         return [*prefix, *run.rebuild([])]
-    return [*prefix, *run.rebuild(wrapper_args(run, env, docker))]
+    return [*prefix, *run.rebuild(wrapper_args(run, env, docker, invocation.command))]
 
 
-def wrapper_args(run: RunArgs, env: Mapping[str, str], docker: Docker) -> list[str]:
+def wrapper_args(
+    run: RunArgs, env: Mapping[str, str], docker: Docker, command: Sequence[str] = ("run",)
+) -> list[str]:
     """The docker flags that replace ``--gpus`` / ``--maca`` / ``--maca-force``: every check
     on the host first (nothing is asked of docker before they pass), then docker's version
     and the image."""
@@ -269,7 +275,8 @@ def wrapper_args(run: RunArgs, env: Mapping[str, str], docker: Docker) -> list[s
             value = run.option_value(flag)
             if value is not None:
                 probe.append(f"{flag}={value}")
-        image_has_sdk = docker.image_has(run.image, SDK_PATH, probe)
+        failed_rc = RUN_FAILED if command[-1] == "run" else None
+        image_has_sdk = docker.image_has(run.image, SDK_PATH, probe, failed_rc)
     edits = container_edits(inventory, gpus, host, sdk, image_has_sdk)
     return docker_args(edits)
 
