@@ -24,7 +24,7 @@ metax-docker:
 ifndef VERSION
 	$(error VERSION is required: make metax-docker VERSION=1.2.3)
 endif
-	package/metax-docker.sh $(VERSION) --out $(OUT)
+	$(PYTHON) package/metax_docker.py $(VERSION) --out $(OUT)
 
 chart-docs:
 	$(PYTHON) package/values_table.py

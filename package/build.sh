@@ -11,7 +11,7 @@
 #   metax-k8s-images.VERSION.run       self-contained: push DOMAIN/PROJECT | load | list
 #   metax-gpu-extensions-VERSION.tgz   helm chart (version and appVersion = VERSION)
 #   metax-operator-VERSION.tgz         helm chart (full package only)
-#   metax-docker_VERSION.tar           metax-docker installers (package/metax-docker.sh)
+#   metax-docker_VERSION.tar           metax-docker installers (package/metax_docker.py)
 #   SHA256SUMS, README.txt
 #
 # Images: LIST is a file of "ARCHIVE REFERENCE" lines (the images.txt that images/build.sh
@@ -156,6 +156,6 @@ for chart in metax-gpu-extensions metax-operator; do
         -d "$STAGE/charts" 2> >(grep -v 'found symbolic link in path' >&2) >/dev/null
     [ -f "$STAGE/charts/$chart-$VERSION.tgz" ] || die "helm package $chart did not produce $chart-$VERSION.tgz"
 done
-"$PKG_DIR/metax-docker.sh" "$VERSION" --out "$STAGE" >/dev/null
+"${PYTHON:-python3}" "$PKG_DIR/metax_docker.py" "$VERSION" --out "$STAGE" >/dev/null
 make_package metax-gpu-k8s-package metax-gpu-extensions metax-operator
 make_package metax-gpu-k8s-package-base metax-gpu-extensions

@@ -114,8 +114,8 @@ def test_metax_docker_role_four_steps(tmp_path: Path) -> None:
     """check -> changed, nothing installed; apply -> changed; check and apply again ->
     unchanged; the same for state absent. The installed wrapper runs."""
     version = "1.2.3"
-    subprocess.run([str(REPO / "package/metax-docker.sh"), version, "--out", str(tmp_path)],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run([sys.executable, str(REPO / "package/metax_docker.py"), version,
+                    "--out", str(tmp_path)], check=True, capture_output=True, timeout=120)
     prefix = tmp_path / "prefix"
     target = prefix / "bin/metax-docker"
     host_python = SYSTEM_PYTHON if os.access(SYSTEM_PYTHON, os.X_OK) else sys.executable

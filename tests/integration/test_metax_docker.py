@@ -1,5 +1,5 @@
 """metax-docker against a real dockerd (Debian's docker.io 20.10), as installed from its
-``.run`` installer (built by package/metax-docker.sh) and run by Python 3.8 when it is there.
+``.run`` installer (built by package/metax_docker.py) and run by Python 3.8 when it is there.
 
 The dockerd is private to this module: its own containerd (config, root, state and socket
 in a temp dir; the lab's /run/containerd/containerd.sock is never used — dockerd would pick
@@ -38,6 +38,7 @@ from gpuk8s.metax_docker.main import PROBE_LABEL
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "package/metax_docker.py"
 VERSION = "1.2.3"
 DOCKER = "/usr/bin/docker"  # Debian's client (the one of docker.io), not another on PATH
 BUSYBOX = "/bin/busybox"
@@ -68,9 +69,9 @@ def ok(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
 # -- the installers ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def installers(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """metax-docker_VERSION.tar built by package/metax-docker.sh, unpacked."""
+    """metax-docker_VERSION.tar built by package/metax_docker.py, unpacked."""
     out = tmp_path_factory.mktemp("metax-docker-dist")
-    tar = ok([str(REPO / "package/metax-docker.sh"), VERSION, "--out", str(out)]).stdout.strip()
+    tar = ok([sys.executable, str(BUILD), VERSION, "--out", str(out)]).stdout.strip()
     assert tar == str(out / f"metax-docker_{VERSION}.tar")
     with tarfile.open(tar) as archive:
         names = archive.getnames()
@@ -99,7 +100,7 @@ def metax_docker(installers: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def test_build_is_reproducible(installers: Path, tmp_path: Path) -> None:
-    again = ok([str(REPO / "package/metax-docker.sh"), VERSION, "--out", str(tmp_path)])
+    again = ok([sys.executable, str(BUILD), VERSION, "--out", str(tmp_path)])
     first = installers.parent / f"metax-docker_{VERSION}.tar"
     assert Path(again.stdout.strip()).read_bytes() == first.read_bytes()
 

@@ -10,6 +10,6 @@ at ``/opt/maca`` (unless the image has its own ``/opt/maca``, which wins unless
 into CDI specs); GPU ids and serial numbers come from ``gpuk8s.discovery``.
 
 Stdlib only, Python 3.8+: it runs on hosts without gpuk8s installed, as a zipapp built
-by ``package/metax-docker.sh``. It may import ``gpuk8s.core`` and ``gpuk8s.discovery``
+by ``package/metax_docker.py``. It may import ``gpuk8s.core`` and ``gpuk8s.discovery``
 only (an import-linter contract).
 """
