@@ -130,7 +130,9 @@ def container_edits(
     units = units_of(gpus)
     if inventory is not None and units:
         edits = edits_for_units(inventory, units, host.prefix, sdk)
-        positions = {u.id: i for i, u in enumerate(units)}
+        # node-wide positions, as gpu-device's topology numbers whole GPUs
+        every = units_of(sorted(inventory.gpus, key=lambda g: g.index))
+        positions = {u.id: i for i, u in enumerate(every)}
         value = visible_value(inventory, units, VISIBLE_DEVICES_MODE, positions)
         if value is not None:
             edits = edits.merged(ContainerEdits(env=(f"{VISIBLE_ENV['metax']}={value}",)))
@@ -192,7 +194,10 @@ class Docker:
             raise DockerError(127, f"cannot run {self.base[0]}: {err}") from None
         if made.returncode != 0:
             raise DockerError(failed_rc or made.returncode)
-        cid = made.stdout.strip().splitlines()[-1]
+        lines = made.stdout.split()
+        if not lines:
+            raise DockerError(1, f"docker create printed no container id for {image}")
+        cid = lines[-1]
         try:
             return self._has_path(cid, path)
         finally:
@@ -211,7 +216,7 @@ class Docker:
                 first = tar.next()
                 # an empty directory (a bare mount point) is no SDK
                 present = first is not None and (not first.isdir() or tar.next() is not None)
-        except tarfile.ReadError:
+        except tarfile.TarError:  # no tar at all: docker says why on stderr
             present = None
         finally:
             if proc.poll() is None:
