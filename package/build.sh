@@ -11,6 +11,7 @@
 #   metax-k8s-images.VERSION.run       self-contained: push DOMAIN/PROJECT | load | list
 #   metax-gpu-extensions-VERSION.tgz   helm chart (version and appVersion = VERSION)
 #   metax-operator-VERSION.tgz         helm chart (full package only)
+#   metax-docker_VERSION.tar           metax-docker installers (package/metax_docker.py)
 #   SHA256SUMS, README.txt
 #
 # Images: LIST is a file of "ARCHIVE REFERENCE" lines (the images.txt that images/build.sh
@@ -132,6 +133,7 @@ make_package() {
     for chart in "$@"; do
         cp "$STAGE/charts/$chart-$VERSION.tgz" "$dir/"
     done
+    cp "$STAGE/metax-docker_$VERSION.tar" "$dir/"
     cat >"$dir/README.txt" <<EOF
 $top: gpuk8s $VERSION, offline package (see docs/package.md in the source).
 
@@ -154,5 +156,6 @@ for chart in metax-gpu-extensions metax-operator; do
         -d "$STAGE/charts" 2> >(grep -v 'found symbolic link in path' >&2) >/dev/null
     [ -f "$STAGE/charts/$chart-$VERSION.tgz" ] || die "helm package $chart did not produce $chart-$VERSION.tgz"
 done
+"${PYTHON:-python3}" "$PKG_DIR/metax_docker.py" "$VERSION" --out "$STAGE" >/dev/null
 make_package metax-gpu-k8s-package metax-gpu-extensions metax-operator
 make_package metax-gpu-k8s-package-base metax-gpu-extensions

@@ -1,4 +1,4 @@
-"""`gpuk8s` command line: detect | labels | topo | allocate | sim | serve."""
+"""`gpuk8s` command line: detect | labels | topo | allocate | sim | serve | metax-docker."""
 
 from __future__ import annotations
 
@@ -161,6 +161,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .sim.cli import main as sim_main
 
             return sim_main(args_list[1:])
+        if args_list and args_list[0] == "metax-docker":
+            from .metax_docker.main import main as metax_docker_main
+
+            return metax_docker_main(args_list[1:])
         if len(args_list) >= 2 and args_list[0] == "serve" and args_list[1] in SERVICES:
             module = importlib.import_module(SERVICES[args_list[1]])
             return int(module.main(args_list[2:]))

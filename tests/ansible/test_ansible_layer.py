@@ -108,3 +108,45 @@ def test_molecule_scenario(scenario: str) -> None:
     assert proc.returncode == 0, output[-6000:]
     for step in ("prepare", "converge", "idempotence", "verify"):
         assert f"{scenario} ➜ {step}: Executed: Successful" in output, output[-6000:]
+
+
+def test_metax_docker_role_four_steps(tmp_path: Path) -> None:
+    """check -> changed, nothing installed; apply -> changed; check and apply again ->
+    unchanged; the same for state absent. The installed wrapper runs."""
+    version = "1.2.3"
+    subprocess.run([sys.executable, str(REPO / "package/metax_docker.py"), version,
+                    "--out", str(tmp_path)], check=True, capture_output=True, timeout=120)
+    prefix = tmp_path / "prefix"
+    target = prefix / "bin/metax-docker"
+    host_python = SYSTEM_PYTHON if os.access(SYSTEM_PYTHON, os.X_OK) else sys.executable
+
+    def play(state: str, check: bool = False) -> int:
+        extra = {
+            "metax_docker_version": version,
+            "metax_docker_package": str(tmp_path / f"metax-docker_{version}.tar"),
+            "metax_docker_prefix": str(prefix),
+            "metax_docker_state": state,
+            "metax_docker_python": host_python,
+            "ansible_python_interpreter": sys.executable,
+        }
+        proc = subprocess.run(
+            [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+             "-e", json.dumps(extra), *(["--check"] if check else []),
+             str(REPO / "tests/ansible/playbooks/metax_docker_role.yml")],
+            cwd=REPO, env=env(), capture_output=True, text=True, timeout=300, check=False,
+        )
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        found = re.search(r"localhost\s*:\s*ok=\d+\s+changed=(\d+)", proc.stdout)
+        assert found, proc.stdout[-2000:]
+        return int(found.group(1))
+
+    assert play("present", check=True) == 1 and not target.exists()
+    assert play("present") == 1 and target.exists()
+    assert play("present", check=True) == 0
+    assert play("present") == 0
+    proc = subprocess.run([str(target), "run", "--gpus", "0", "img"], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "at least one GPU" in proc.stderr
+    assert play("absent", check=True) == 1 and target.exists()
+    assert play("absent") == 1 and not target.exists()
+    assert play("absent") == 0

@@ -42,6 +42,7 @@ ALL_IMAGES = EXT_IMAGES + OP_IMAGES
 FULL = f"metax-gpu-k8s-package.{VERSION}"
 BASE = f"metax-gpu-k8s-package-base.{VERSION}"
 RUN = f"metax-k8s-images.{VERSION}.run"
+METAX_DOCKER = f"metax-docker_{VERSION}.tar"
 
 
 # -- tools --------------------------------------------------------------------------------
@@ -189,6 +190,7 @@ def test_package_layout(package: Path) -> None:
             RUN,
             f"metax-gpu-extensions-{VERSION}.tgz",
             f"metax-operator-{VERSION}.tgz",
+            METAX_DOCKER,
             "SHA256SUMS",
             "README.txt",
         ]
@@ -198,6 +200,7 @@ def test_package_layout(package: Path) -> None:
         [
             RUN,
             f"metax-gpu-extensions-{VERSION}.tgz",
+            METAX_DOCKER,
             "SHA256SUMS",
             "README.txt",
         ]
@@ -205,6 +208,12 @@ def test_package_layout(package: Path) -> None:
     for d in (full, base):
         ok(["sha256sum", "-c", "SHA256SUMS"], cwd=d)
         assert os.access(d / RUN, os.X_OK)
+        # metax-docker's installers, one per architecture (tests/integration/test_metax_docker.py)
+        with tarfile.open(d / METAX_DOCKER) as tar:
+            assert tar.getnames() == [
+                f"metax-docker_{VERSION}.aarch64.run",
+                f"metax-docker_{VERSION}.x86_64.run",
+            ]
 
 
 @pytest.mark.parametrize("chart", ["metax-gpu-extensions", "metax-operator"])

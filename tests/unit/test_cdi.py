@@ -140,6 +140,17 @@ def test_docker_args(c500: str) -> None:
     assert args[-2:] == ["--env", "LD_LIBRARY_PATH=/opt/maca/lib:/opt/mxdriver/lib"]
 
 
+def test_docker_args_quote_mount_fields_docker_reads_as_csv() -> None:
+    import csv
+
+    edits = cdi.ContainerEdits(mounts=(cdi.Mount('/srv/sdk,v2 "new"', "/opt/maca"),))
+    args = cdi.docker_args(edits)
+    assert args[0] == "--mount"
+    # docker parses --mount with encoding/csv: the source must come back whole
+    fields = next(csv.reader([args[1]]))
+    assert fields == ["type=bind", 'source=/srv/sdk,v2 "new"', "target=/opt/maca", "readonly"]
+
+
 def test_annotation_devices() -> None:
     got = cdi.annotation_devices(
         {"cdi.k8s.io/gpuk8s": "a.com/b=1, a.com/b=2", "other": "x", "cdi.k8s.io/z": "a.com/b=1"}

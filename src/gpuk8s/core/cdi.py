@@ -489,14 +489,23 @@ def apply_to_oci(config: dict[str, Any], edits: ContainerEdits, stat: StatFn) ->
     return config
 
 
+def _csv_field(text: str) -> str:
+    """One field of docker's ``--mount`` value, which docker reads as a CSV record."""
+    if any(c in text for c in ',"\r\n'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
 def docker_args(edits: ContainerEdits) -> list[str]:
     """``docker run`` / ``docker create`` flags carrying the edits."""
     args: list[str] = []
     for node in edits.device_nodes:
         args += ["--device", f"{node.host_path}:{node.path}:{node.permissions}"]
     for mount in edits.mounts:
-        spec = f"type=bind,source={mount.host_path},target={mount.container_path}"
-        args += ["--mount", spec + (",readonly" if mount.read_only else "")]
+        fields = ["type=bind", f"source={mount.host_path}", f"target={mount.container_path}"]
+        if mount.read_only:
+            fields.append("readonly")
+        args += ["--mount", ",".join(_csv_field(f) for f in fields)]
     for item in edits.env:
         args += ["--env", item]
     return args
