@@ -20,6 +20,7 @@ SERVICES: dict[str, str] = {
     "device-plugin": "gpuk8s.services.deviceplugin.main",
     "labeller": "gpuk8s.services.labeller.main",
     "extender": "gpuk8s.services.extender.main",
+    "exporter": "gpuk8s.services.exporter.main",
     "driver-manager": "gpuk8s.services.drivermanager.main",
     "container-runtime": "gpuk8s.services.runtime.main",
     "operator-controller": "gpuk8s.services.operator.main",
