@@ -149,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_allocate)
 
-    sub.add_parser("sim", help="GPU simulator: create|fail|heal|vfnum|sync|load|show (`gpuk8s sim -h`)")
+    sub.add_parser("sim", help="GPU simulator: create|fail|heal|vfnum|sync|load|show "
+                   "(`gpuk8s sim -h`)")
     p = sub.add_parser("serve", help="run a service: " + ", ".join(SERVICES))
     p.add_argument("service", choices=sorted(SERVICES))
     return parser

@@ -408,7 +408,7 @@ def test_every_documented_metric_is_served_and_no_other(exporter: dict[str, Any]
     documented = {name for name, _, _, _ in METRICS}
     assert served == documented
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    for name, kind, _, labels in METRICS:
+    for name, kind, _, _labels in METRICS:
         assert f"| `{name}` | {kind} |" in readme, f"{name} missing from the README table"
 
 
