@@ -497,3 +497,36 @@ def test_inventory_is_rediscovered_when_a_gpu_appears(tmp_path: Path) -> None:
     assert len(calls) == 1
     sim.heal(root, 7)
     assert len(sampler.sample_once().usage.gpus) == 8 and len(calls) == 2
+
+
+# ------------------------------------------------------------------------ gpuk8s top
+def test_top_shows_nodes_and_pods_from_the_exporter(exporter: dict[str, Any],
+                                                    capsys: Any) -> None:
+    root, proc = exporter["root"], exporter["proc"]
+    exporter["podres"].pods = [
+        ("team-a", "train", [("main", "metax-tech.com/gpu", ["0000:04:00.0", "0000:05:00.0"])]),
+    ]
+    _write_proc(proc, 1001, UID_A, CID["a"])
+    sim.set_load(root, 1, utilization=40, processes=[{"pid": 1001, "memory_mib": 2048}])
+    sim.set_load(root, 2, utilization=60, memory_used_mib=1024)
+    exporter["sampler"].sample_once()
+    url = exporter["url"]
+    assert cli_main(["top", "pods", "--url", url, "--json"]) == 0
+    (pod,) = json.loads(capsys.readouterr().out)
+    # two GPUs at 40 % and 60 %: the pod's mean; memory: its process on GPU 1, and GPU 2
+    # (held alone, no process listed) counts nothing of its own
+    assert pod == {"namespace": "team-a", "pod": "train", "node": "gpu-node-1", "kind": "pGPU",
+                   "gpus": 2, "utilization_ratio": 0.5, "memory_used_bytes": 2048 * MIB}
+    assert cli_main(["top", "nodes", "--url", url, "--json"]) == 0
+    (node,) = json.loads(capsys.readouterr().out)
+    assert node == {"node": "gpu-node-1", "gpus": 8, "utilization_ratio": 0.125,
+                    "memory_used_bytes": 3072 * MIB, "memory_total_bytes": 8 * 64 * GIB}
+    assert cli_main(["top", "nodes", "--url", url]) == 0
+    out = capsys.readouterr().out
+    assert "gpu-node-1" in out and "3.0/512.0" in out
+    assert cli_main(["top", "pods", "--url", url, "--kind", "MPS", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert cli_main(["top", "--url", url, "--kind", "GPU"]) == 2
+    assert "--kind: 'GPU' is not one of pGPU, vGPU, MPS" in capsys.readouterr().err
+    assert cli_main(["top", "--url", "127.0.0.1:1"]) == 2
+    assert "must start with http://" in capsys.readouterr().err
