@@ -530,3 +530,26 @@ def test_top_shows_nodes_and_pods_from_the_exporter(exporter: dict[str, Any],
     assert "--kind: 'GPU' is not one of pGPU, vGPU, MPS" in capsys.readouterr().err
     assert cli_main(["top", "--url", "127.0.0.1:1"]) == 2
     assert "must start with http://" in capsys.readouterr().err
+
+
+def test_scrapes_between_samples_are_served_from_one_rendering(exporter: dict[str, Any]) -> None:
+    sampler = exporter["sampler"]
+    sampler.sample_once()
+    first = scrape(exporter["url"])
+    for _ in range(3):
+        assert scrape(exporter["url"]) == first
+    sim.set_load(exporter["root"], 0, utilization=12)
+    sampler.sample_once()
+    assert value(scrape(exporter["url"]), "gpuk8s_gpu_utilization_ratio", gpu="0") == 0.12
+
+
+def test_pods_are_indexed_from_their_json() -> None:
+    from gpuk8s.services.exporter.pods import index_pods
+
+    pod = {"metadata": {"uid": UID_A.upper(), "namespace": "team-a", "name": "train"},
+           "status": {"containerStatuses": [{"name": "main", "containerID":
+                                             f"containerd://{CID['a']}"},
+                                            {"name": "waiting"}]}}
+    by_id, by_uid = index_pods([pod, {"metadata": {}}])
+    assert by_id == {CID["a"]: A}
+    assert by_uid == {UID_A: [A, ContainerRef("team-a", "train", "waiting")]}

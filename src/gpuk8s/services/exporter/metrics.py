@@ -10,10 +10,11 @@ plugins). Processes (PIDs) are never labels.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .sampler import Sampler
@@ -157,3 +158,27 @@ def registry_for(sampler: Sampler, node: str) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(sampler, node))
     return registry
+
+
+class Exposition:
+    """The text a scrape gets, rendered once per snapshot: the values only change when a
+    sample is taken, so every scrape in between is a copy of bytes (constant time,
+    whatever the number of devices or scrapers)."""
+
+    def __init__(self, registry: CollectorRegistry, sampler: Sampler) -> None:
+        self.registry = registry
+        self.sampler = sampler
+        self._key: tuple[int, int, int] | None = None
+        self._body = b""
+        self._lock = threading.Lock()
+        self.renders = 0
+
+    def body(self) -> bytes:
+        stats = self.sampler.stats
+        key = (id(self.sampler.snapshot), stats.samples, stats.failures)
+        with self._lock:
+            if key != self._key:
+                self._body = generate_latest(self.registry)
+                self._key = key
+                self.renders += 1
+            return self._body

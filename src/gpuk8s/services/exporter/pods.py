@@ -2,8 +2,11 @@
 
 From the API server: ``list pods`` with ``fieldSelector=spec.nodeName=<node>``; each
 running container's ``status.containerStatuses[].containerID`` (``containerd://<id>``)
-and the pod's UID. Refreshed when a process names a container not seen yet, at most
-once per ``min_refresh`` seconds, and every ``max_age`` seconds anyway.
+and the pod's UID. In a pod the call is made with ``kube.InClusterReader`` (stdlib: the
+official client alone would take half the exporter's memory budget); with
+``--kubeconfig`` through the official client. Refreshed when a process names a
+container not seen yet, at most once per ``min_refresh`` seconds, and every ``max_age``
+seconds anyway.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -28,21 +32,21 @@ class PodLister(Protocol):
     def __call__(self) -> PodIndex: ...
 
 
-def index_pods(pods: list[Any]) -> PodIndex:
-    """Index ``V1Pod``-shaped objects (attribute access, as the client returns them)."""
+def index_pods(pods: list[dict[str, Any]]) -> PodIndex:
+    """Index pods in their JSON form (``metadata``, ``status.containerStatuses``)."""
     by_id: dict[str, ContainerRef] = {}
     by_uid: dict[str, list[ContainerRef]] = {}
     for pod in pods:
-        meta, status = pod.metadata, pod.status
-        if meta is None:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        if not meta.get("uid"):
             continue
-        refs = by_uid.setdefault(str(meta.uid).lower(), [])
-        statuses = [*(getattr(status, "container_statuses", None) or []),
-                    *(getattr(status, "init_container_statuses", None) or [])]
+        refs = by_uid.setdefault(str(meta["uid"]).lower(), [])
+        statuses = [*(status.get("containerStatuses") or []),
+                    *(status.get("initContainerStatuses") or [])]
         for cs in statuses:
-            ref = ContainerRef(meta.namespace, meta.name, cs.name)
+            ref = ContainerRef(meta.get("namespace", ""), meta.get("name", ""), cs.get("name", ""))
             refs.append(ref)
-            raw = cs.container_id or ""
+            raw = cs.get("containerID") or ""
             if raw:
                 by_id[raw.split("://", 1)[-1].lower()] = ref
     return by_id, by_uid
@@ -50,9 +54,20 @@ def index_pods(pods: list[Any]) -> PodIndex:
 
 def kubernetes_lister(node_name: str, kubeconfig: str | None = None,
                       timeout: float = 10.0) -> PodLister:
+    selector = urllib.parse.quote(f"spec.nodeName={node_name}", safe="")
+    if not kubeconfig and kube.in_cluster():
+        reader = kube.InClusterReader()
+
+        def list_in_cluster() -> PodIndex:
+            data = reader.get_json(f"/api/v1/pods?fieldSelector={selector}", timeout)
+            return index_pods(list(data.get("items") or []))
+
+        return list_in_cluster
+
     from kubernetes import client
 
-    api = client.CoreV1Api(kube.api_client(kubeconfig))
+    api_client = kube.api_client(kubeconfig)
+    api = client.CoreV1Api(api_client)
 
     def list_pods() -> PodIndex:
         try:
@@ -61,7 +76,7 @@ def kubernetes_lister(node_name: str, kubeconfig: str | None = None,
             )
         except Exception as err:
             raise kube.classify(err, f"list pods on {node_name}") from err
-        return index_pods(list(result.items or []))
+        return index_pods(api_client.sanitize_for_serialization(list(result.items or [])))
 
     return list_pods
 

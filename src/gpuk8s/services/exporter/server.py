@@ -17,8 +17,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
+from .metrics import Exposition
 from .sampler import Sampler
 
 log = logging.getLogger("gpuk8s.exporter.http")
@@ -30,7 +31,7 @@ class ExporterHTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], registry: CollectorRegistry, sampler: Sampler,
                  stale_after: float) -> None:
-        self.registry = registry
+        self.exposition = Exposition(registry, sampler)
         self.sampler = sampler
         self.stale_after = stale_after
         self.started = time.time()
@@ -74,7 +75,7 @@ class ExporterHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
-            self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+            self._send(200, self.server.exposition.body(), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
             ok, why = self.server.healthy()
             self._json(200 if ok else 503, {"status": why})
