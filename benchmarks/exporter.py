@@ -14,7 +14,9 @@ Baseline: a bare Python process serving an empty prometheus-client registry over
 HTTP (the floor of any Python exporter), scraped the same way.
 
 The pod list (container ID -> pod) is given to the exporter process directly instead of
-coming from an API server, as in the unit tests; everything else is the product path.
+coming from an API server, as in the unit tests; in a pod the exporter fetches it with
+the stdlib (kube.InClusterReader), so the official kubernetes client is not loaded
+there either. Everything else is the product path.
 Targets: scrape p99 < 50 ms, RSS < 60 MB.
 
     python benchmarks/exporter.py [--scrapes 300] [--interval 10]
@@ -54,8 +56,6 @@ def rss_mb(pid: int) -> tuple[float, float]:
 # ------------------------------------------------------------------ child processes
 def serve_exporter(spec_path: str) -> None:
     """Child: the exporter over the prepared node; prints its port, serves forever."""
-    import kubernetes.client  # noqa: F401  # the real process has the API client loaded
-
     from gpuk8s.core.telemetry import ContainerRef
     from gpuk8s.services.exporter import main as exporter_main
     from gpuk8s.services.exporter.metrics import registry_for
