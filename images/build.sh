@@ -165,8 +165,10 @@ build_wheels() {
     rm -rf "$wheels"; mkdir -p "$wheels" "$CACHE/wheels"
     "$PYTHON" -m pip wheel -q --no-deps -w "$wheels" "$REPO_DIR" >"$BUILD_DIR/work/pip-wheel.log" 2>&1 ||
         { tail -20 "$BUILD_DIR/work/pip-wheel.log" >&2; die "pip wheel of $REPO_DIR failed"; }
-    local whl
+    local whl fresh
     whl="$(ls "$wheels"/gpuk8s-*.whl)"
+    fresh="$BUILD_DIR/work/$(basename "$whl")"
+    cp "$whl" "$fresh"
     # Offline first (the cache usually holds everything), then from PyPI.
     local pipargs=(--only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 --abi abi3
         --abi none --platform manylinux_2_36_x86_64 --platform manylinux_2_28_x86_64
@@ -198,6 +200,9 @@ EOF
     else
         cp "$CACHE"/wheels/*.whl "$wheels/"
     fi
+    # The cache keeps the first gpuk8s wheel it saw under the same file name (pip download
+    # skips a file that exists): put this checkout's wheel back over whatever came from it.
+    cp "$fresh" "$whl"
 }
 
 build_components() {

@@ -71,7 +71,7 @@ def exporter(lab: dict[str, str]) -> Iterator[dict[str, str]]:
     on = ["--set", "gpuExporter.enabled=true", "--set", f"gpuExporter.interval={EXPORTER_INTERVAL}"]
     if ours:
         release, revision = ours[0]["name"], ours[0]["revision"]
-        helm("upgrade", release, CHART, "-n", NS, "--reuse-values", *on, "--wait",
+        helm("upgrade", release, CHART, "-n", NS, "--reset-then-reuse-values", *on, "--wait",
              "--timeout", "5m")
     else:
         release, revision = "e2e-monitoring", ""
