@@ -165,10 +165,12 @@ build_wheels() {
     rm -rf "$wheels"; mkdir -p "$wheels" "$CACHE/wheels"
     "$PYTHON" -m pip wheel -q --no-deps -w "$wheels" "$REPO_DIR" >"$BUILD_DIR/work/pip-wheel.log" 2>&1 ||
         { tail -20 "$BUILD_DIR/work/pip-wheel.log" >&2; die "pip wheel of $REPO_DIR failed"; }
-    local whl fresh
+    local whl
     whl="$(ls "$wheels"/gpuk8s-*.whl)"
-    fresh="$BUILD_DIR/work/$(basename "$whl")"
-    cp "$whl" "$fresh"
+    # pip download copies the gpuk8s wheel into the cache and, next time, skips it as
+    # "already downloaded" and resolves from that stale copy (same file name, old code,
+    # old dependencies): keep gpuk8s itself out of the cache.
+    rm -f "$CACHE"/wheels/gpuk8s-*.whl
     # Offline first (the cache usually holds everything), then from PyPI.
     local pipargs=(--only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 --abi abi3
         --abi none --platform manylinux_2_36_x86_64 --platform manylinux_2_28_x86_64
@@ -181,6 +183,7 @@ build_wheels() {
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
         "$whl" >"$BUILD_DIR/work/pip-download.log" 2>&1 ||
         { tail -20 "$BUILD_DIR/work/pip-download.log" >&2; die "pip download of the dependencies failed"; }
+    rm -f "$CACHE"/wheels/gpuk8s-*.whl
     # Only what this wheel needs (the cache may hold older versions too).
     "$PYTHON" -m pip install -q --dry-run --ignore-installed --no-index --find-links "$CACHE/wheels" \
         --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none \
@@ -200,9 +203,6 @@ EOF
     else
         cp "$CACHE"/wheels/*.whl "$wheels/"
     fi
-    # The cache keeps the first gpuk8s wheel it saw under the same file name (pip download
-    # skips a file that exists): put this checkout's wheel back over whatever came from it.
-    cp "$fresh" "$whl"
 }
 
 build_components() {
