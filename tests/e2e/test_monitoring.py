@@ -131,8 +131,11 @@ def prometheus(exporter: dict[str, str]) -> Iterator[str]:
     try:
         def ready() -> bool:
             assert proc.poll() is None, (work / "prometheus.log").read_text()[-2000:]
-            with urllib.request.urlopen(url + "/-/ready", timeout=2) as resp:
-                return resp.status == 200
+            try:
+                with urllib.request.urlopen(url + "/-/ready", timeout=2) as resp:
+                    return resp.status == 200
+            except OSError:  # not listening yet
+                return False
 
         wait_until("prometheus ready", ready, 60, interval=0.5)
         yield url

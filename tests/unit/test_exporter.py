@@ -553,3 +553,14 @@ def test_pods_are_indexed_from_their_json() -> None:
     by_id, by_uid = index_pods([pod, {"metadata": {}}])
     assert by_id == {CID["a"]: A}
     assert by_uid == {UID_A: [A, ContainerRef("team-a", "train", "waiting")]}
+
+
+def test_sim_refresh_brings_new_tools_into_an_old_root(tmp_path: Path) -> None:
+    root = str(tmp_path / "node")
+    sim.create(root, "c500-8")
+    sim.set_load(root, 0, utilization=55)
+    tool = Path(root) / "opt/mxdriver/bin/mx-smi"
+    tool.write_text("#!/bin/sh\necho old tool >&2; exit 2\n")
+    assert telemetry(root, "metax").gpus == ()
+    assert cli_main(["sim", "refresh", "--root", root]) == 0
+    assert telemetry(root, "metax").gpu("0000:03:00.0").utilization_ratio == 0.55  # type: ignore[union-attr]

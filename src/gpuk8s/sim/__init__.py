@@ -43,6 +43,7 @@ __all__ = [
     "fail",
     "heal",
     "is_sim_root",
+    "refresh",
     "set_load",
     "set_vfnum",
     "state",
@@ -122,6 +123,14 @@ def _install_files(root: str, current: dict[str, Any]) -> None:
     if current["vendor"] == "nvidia" and driver["loaded"]:
         tree.write_file(os.path.join(root, tree.NVSMI_PATH), tool_source("nvidia-smi"), 0o755)
         nvml.install(root)
+
+
+def refresh(root: str) -> None:
+    """Re-install the stand-in tools and libraries of this gpuk8s into an existing root,
+    keeping its state (a long-lived root, like the lab's, gets new tool features)."""
+    current = state(root)
+    _install_files(root, current)
+    tree.save_state(root, current)
 
 
 def set_vfnum(root: str, vfnum: int, gpus: list[int] | None = None) -> None:

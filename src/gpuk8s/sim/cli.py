@@ -15,6 +15,7 @@ from . import (
     create,
     fail,
     heal,
+    refresh,
     set_load,
     set_vfnum,
     state,
@@ -52,6 +53,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--root", required=True)
     p.add_argument("--vfnum", type=int, required=True, choices=(0, 1, 2, 4, 8))
     p.add_argument("--gpu", type=int, action="append", help="only this GPU (repeatable)")
+
+    p = sub.add_parser("refresh", help="re-install the stand-in tools (mx-smi, ...) of this "
+                       "gpuk8s into an existing root, keeping its state")
+    p.add_argument("--root", required=True)
 
     p = sub.add_parser("sync", help="apply sriov_numvfs values written into the sysfs")
     p.add_argument("--root", required=True)
@@ -153,6 +158,8 @@ def main(argv: list[str]) -> int:
             heal(args.root, None if args.all else args.gpu)
         elif args.command == "vfnum":
             set_vfnum(args.root, args.vfnum, args.gpu)
+        elif args.command == "refresh":
+            refresh(args.root)
         elif args.command == "load":
             run_load(args)
         elif args.command == "sync":
