@@ -39,18 +39,10 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "src"))
 
+from deviceplugin import rss_mb  # noqa: E402  # (benchmarks/ is this script's directory)
+
 SCRAPE_TARGET_MS = 50.0
 RSS_TARGET_MB = 60.0
-
-
-def rss_mb(pid: int) -> tuple[float, float]:
-    values = {}
-    with open(f"/proc/{pid}/status", encoding="ascii") as handle:
-        for line in handle:
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                values[key] = int(rest.split()[0]) / 1024
-    return values["VmRSS"], values["VmHWM"]
 
 
 # ------------------------------------------------------------------ child processes

@@ -65,37 +65,30 @@ def value(state: dict[str, Any], gpu: dict[str, Any], n: int, name: str) -> str:
     return str(values.get(name, "[N/A]"))
 
 
-def compute_apps(state: dict[str, Any], gpus: list[dict[str, Any]], query: str, fmt: str,
-                 rc: int) -> int:
-    """``--query-compute-apps=gpu_bus_id,pid,used_memory,... --format=csv...``."""
+def app_values(gpu: dict[str, Any], proc: dict[str, Any]) -> dict[str, object]:
+    return {
+        "gpu_bus_id": bus_id(gpu),
+        "gpu_uuid": gpu["uuid"],
+        "pid": proc["pid"],
+        "process_name": proc.get("name") or "python3",
+        "used_memory": int(proc["memory_mib"]),
+    }
+
+
+def csv_query(query: str, fmt: str, rows: list[dict[str, object]]) -> int:
+    """``--query-...=FIELDS --format=csv[,noheader][,nounits]`` over ``rows``."""
     fields = [f.strip() for f in query.split(",")]
     opts = set(fmt.split(","))
     if "csv" not in opts:
         print("'--format' requires 'csv'", file=sys.stderr)
         return 2
+    units = "nounits" not in opts
     if "noheader" not in opts:
-        print(", ".join(f + (f" [{UNITS[f]}]" if f in UNITS and "nounits" not in opts else "")
-                        for f in fields))
-    by_index = {g["index"]: g for g in gpus}
-    for proc in state.get("processes", []):
-        gpu = by_index.get(proc["gpu"])
-        if gpu is None:
-            continue
-        values: dict[str, object] = {
-            "gpu_bus_id": bus_id(gpu),
-            "gpu_uuid": gpu["uuid"],
-            "pid": proc["pid"],
-            "process_name": proc.get("name") or "python3",
-            "used_memory": int(proc["memory_mib"]),
-        }
-        cells = []
-        for f in fields:
-            cell = str(values.get(f, "[N/A]"))
-            if f in UNITS and "nounits" not in opts:
-                cell += f" {UNITS[f]}"
-            cells.append(cell)
-        print(", ".join(cells))
-    return rc
+        print(", ".join(f + (f" [{UNITS[f]}]" if f in UNITS and units else "") for f in fields))
+    for row in rows:
+        print(", ".join(str(row.get(f, "[N/A]")) + (f" {UNITS[f]}" if f in UNITS and units
+                                                    else "") for f in fields))
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -116,25 +109,14 @@ def main(argv: list[str]) -> int:
                 None)
     fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("--format=")), "")
     if apps is not None:
-        return compute_apps(state, gpus, apps, fmt, rc)
+        by_index = {g["index"]: g for g in gpus}
+        rows = [app_values(by_index[p["gpu"]], p) for p in state.get("processes", [])
+                if p["gpu"] in by_index]
+        return csv_query(apps, fmt, rows) or rc
     if query is not None:
-        fields = [f.strip() for f in query.split(",")]
-        opts = set(fmt.split(","))
-        if "csv" not in opts:
-            print("'--format' requires 'csv'", file=sys.stderr)
-            return 2
-        if "noheader" not in opts:
-            print(", ".join(f + (f" [{UNITS[f]}]" if f in UNITS and "nounits" not in opts
-                                 else "") for f in fields))
-        for n, gpu in enumerate(gpus):
-            cells = []
-            for f in fields:
-                cell = value(state, gpu, n, f)
-                if f in UNITS and "nounits" not in opts:
-                    cell += f" {UNITS[f]}"
-                cells.append(cell)
-            print(", ".join(cells))
-        return rc
+        names = [f.strip() for f in query.split(",")]
+        return csv_query(query, fmt, [{f: value(state, g, n, f) for f in names}
+                                      for n, g in enumerate(gpus)]) or rc
     if argv[:2] == ["topo", "-m"]:
         linked = {frozenset(p) for p in state["links"]}
         print("\t" + "\t".join(f"GPU{n}" for n in range(len(gpus)))
