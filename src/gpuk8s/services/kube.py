@@ -143,10 +143,11 @@ class InClusterReader:
     call (kubelet-rotated bound tokens).
     """
 
-    def __init__(self, secrets_dir: str = IN_CLUSTER_DIR, host: str | None = None) -> None:
+    def __init__(self, secrets_dir: str = IN_CLUSTER_DIR, host: str | None = None,
+                 port: int | None = None) -> None:
         self.secrets_dir = secrets_dir
         host = host or os.environ.get("KUBERNETES_SERVICE_HOST", "")
-        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        port = port or int(os.environ.get("KUBERNETES_SERVICE_PORT", "443"))
         if not host:
             raise ConfigError("not in a pod: KUBERNETES_SERVICE_HOST is not set")
         self.base = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"

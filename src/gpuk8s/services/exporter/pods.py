@@ -52,17 +52,21 @@ def index_pods(pods: list[dict[str, Any]]) -> PodIndex:
     return by_id, by_uid
 
 
-def kubernetes_lister(node_name: str, kubeconfig: str | None = None,
+def in_cluster_lister(node_name: str, reader: kube.InClusterReader,
                       timeout: float = 10.0) -> PodLister:
     selector = urllib.parse.quote(f"spec.nodeName={node_name}", safe="")
+
+    def list_in_cluster() -> PodIndex:
+        data = reader.get_json(f"/api/v1/pods?fieldSelector={selector}", timeout)
+        return index_pods(list(data.get("items") or []))
+
+    return list_in_cluster
+
+
+def kubernetes_lister(node_name: str, kubeconfig: str | None = None,
+                      timeout: float = 10.0) -> PodLister:
     if not kubeconfig and kube.in_cluster():
-        reader = kube.InClusterReader()
-
-        def list_in_cluster() -> PodIndex:
-            data = reader.get_json(f"/api/v1/pods?fieldSelector={selector}", timeout)
-            return index_pods(list(data.get("items") or []))
-
-        return list_in_cluster
+        return in_cluster_lister(node_name, kube.InClusterReader(), timeout)
 
     from kubernetes import client
 
