@@ -564,3 +564,18 @@ def test_sim_refresh_brings_new_tools_into_an_old_root(tmp_path: Path) -> None:
     assert telemetry(root, "metax").gpus == ()
     assert cli_main(["sim", "refresh", "--root", root]) == 0
     assert telemetry(root, "metax").gpu("0000:03:00.0").utilization_ratio == 0.55  # type: ignore[union-attr]
+
+
+def test_nvml_lists_mps_clients(nvidia_root: str) -> None:
+    """Under MPS, NVML lists the client processes (the pods') apart from the compute ones."""
+    sim.set_load(nvidia_root, 2, utilization=50, processes=[
+        {"pid": 900, "memory_mib": 100, "utilization": 5},                      # MPS server
+        {"pid": 901, "memory_mib": 300, "utilization": 30, "mps": True},
+        {"pid": 902, "memory_mib": 200, "utilization": 15, "mps": True}])
+    try:
+        got = NvmlReader(nvidia_root).read()
+        on_gpu = [(p.pid, p.memory_bytes, p.utilization_ratio) for p in got.processes or ()
+                  if p.address == "0000:05:00.0"]
+        assert on_gpu == [(900, 100 * MIB, 0.05), (901, 300 * MIB, 0.30), (902, 200 * MIB, 0.15)]
+    finally:
+        sim.set_load(nvidia_root, 2, utilization=0, processes=[])

@@ -208,7 +208,8 @@ def set_load(
     """Set GPU ``gpu``'s load; arguments left ``None`` keep their value.
 
     ``processes`` replaces the GPU's process list: dicts with ``pid`` (host PID),
-    ``memory_mib`` and optionally ``utilization`` (percent of the GPU) and ``name``.
+    ``memory_mib`` and optionally ``utilization`` (percent of the GPU), ``name`` and
+    ``mps`` (an MPS client: NVML lists it among the MPS compute processes).
     Memory used defaults to the processes' sum when only processes are given, and may
     not be less than it nor more than the GPU's memory.
     """
@@ -269,7 +270,7 @@ def _process(gpu: int, raw: dict[str, Any]) -> dict[str, Any]:
     if pid <= 0 or memory < 0 or not 0 <= util <= 100:
         raise ConfigError(f"process {raw!r}: pid > 0, memory_mib >= 0, utilization 0..100")
     return {"pid": pid, "gpu": gpu, "memory_mib": memory, "utilization": util,
-            "name": str(raw.get("name") or "python3")}
+            "name": str(raw.get("name") or "python3"), "mps": bool(raw.get("mps", False))}
 
 
 def clear_load(root: str) -> None:

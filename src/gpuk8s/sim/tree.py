@@ -113,7 +113,7 @@ def nvml_table(state: dict[str, Any]) -> str:
         driver <version>
         gpu <status> <bus id> <uuid> <total B> <used B> <util %> <mem util %> <temp C>
             <power mW> <ecc corrected> <ecc uncorrected> <name>
-        proc <gpu position> <pid> <used B> <sm util %> <name>
+        proc <gpu position> <pid> <used B> <sm util %> <mps 0|1> <name>
 
     Only GPUs on the bus appear (``ok`` or ``fault``), in PCI order; a ``proc`` names
     its GPU by position in that list.
@@ -136,7 +136,8 @@ def nvml_table(state: dict[str, Any]) -> str:
             used = int(proc["memory_mib"]) * 1024 * 1024
             lines.append(
                 f"proc {position[proc['gpu']]} {proc['pid']} {used} "
-                f"{int(proc.get('utilization') or 0)} {proc.get('name') or 'python3'}"
+                f"{int(proc.get('utilization') or 0)} {1 if proc.get('mps') else 0} "
+                f"{proc.get('name') or 'python3'}"
             )
     return "\n".join(lines) + "\n"
 

@@ -135,10 +135,18 @@ class NvmlReader:
     def _processes(self, nvml: Any, handle: Any, address: str,
                    problems: list[str]) -> list[GpuProcess] | None:
         try:
-            running = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            running = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
         except nvml.NVMLError as err:
             problems.append(f"NVML {address} processes: {err}")
             return None
+        try:  # under MPS the clients (the pods' processes) are listed separately
+            seen = {int(p.pid) for p in running}
+            running += [p for p in nvml.nvmlDeviceGetMPSComputeRunningProcesses(handle)
+                        if int(p.pid) not in seen]
+        except nvml.NVMLError as err:
+            if not isinstance(err, (nvml.NVMLError_NotSupported,
+                                    nvml.NVMLError_FunctionNotFound)):
+                problems.append(f"NVML {address} MPS processes: {err}")
         busy: dict[int, float] | None = {}
         try:
             samples = nvml.nvmlDeviceGetProcessUtilization(handle, self._last_seen.get(address, 0))

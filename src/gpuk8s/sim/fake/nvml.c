@@ -68,7 +68,7 @@ struct gpu {
 };
 
 struct proc {
-    unsigned int gpu, pid, sm_util;
+    unsigned int gpu, pid, sm_util, mps;
     unsigned long long used;
 };
 
@@ -117,7 +117,8 @@ static nvmlReturn_t load(struct table *t) {
             }
         } else if (!strncmp(line, "proc ", 5) && t->nprocs < MAX_PROCS) {
             struct proc *p = &t->procs[t->nprocs];
-            if (sscanf(line + 5, "%u %u %llu %u", &p->gpu, &p->pid, &p->used, &p->sm_util) == 4)
+            if (sscanf(line + 5, "%u %u %llu %u %u", &p->gpu, &p->pid, &p->used, &p->sm_util,
+                       &p->mps) == 5)
                 t->nprocs++;
         }
     }
@@ -288,8 +289,9 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t handle, int error_type, in
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t handle, unsigned int *count,
-                                                     nvmlProcessInfo_t *infos) {
+/* Compute processes (mps = 0) or MPS client processes (mps = 1) of a GPU. */
+static nvmlReturn_t processes(nvmlDevice_t handle, unsigned int mps, unsigned int *count,
+                              nvmlProcessInfo_t *infos) {
     static struct table t;
     nvmlReturn_t rc;
     struct gpu *g = device(handle, &t, &rc);
@@ -298,7 +300,7 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t handle, unsign
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     position = (unsigned int)(g - t.gpus);
     for (int i = 0; i < t.nprocs; i++) {
-        if (t.procs[i].gpu != position) continue;
+        if (t.procs[i].gpu != position || t.procs[i].mps != mps) continue;
         if (infos && found < *count) {
             infos[found].pid = t.procs[i].pid;
             infos[found].usedGpuMemory = t.procs[i].used;
@@ -314,6 +316,16 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t handle, unsign
     }
     *count = found;
     return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t handle, unsigned int *count,
+                                                     nvmlProcessInfo_t *infos) {
+    return processes(handle, 0, count, infos);
+}
+
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t handle, unsigned int *count,
+                                                        nvmlProcessInfo_t *infos) {
+    return processes(handle, 1, count, infos);
 }
 
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t handle,
