@@ -2,8 +2,8 @@
 # Build the project's container images without a Docker daemon and without pulling.
 #
 #   images/build.sh system     [--import] [--push]   pause, kube-scheduler, lab-busybox (from scratch)
-#   images/build.sh components [--import] [--push]   gpu-device, gpu-label, gpu-aware, driver-manager,
-#                                                     container-runtime, operator-controller
+#   images/build.sh components [--import] [--push]   gpu-device, gpu-label, gpu-aware, gpu-exporter,
+#                                                     driver-manager, container-runtime, operator-controller
 #   images/build.sh base                              the debootstrapped Debian + python3 base tarball
 #   images/build.sh all        [--import] [--push]
 #
@@ -31,7 +31,7 @@ IMAGE_REGISTRY="${IMAGE_REGISTRY:-127.0.0.1:5000/gpuk8s}"
 PUSH_TLS_VERIFY="${PUSH_TLS_VERIFY:-false}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 BASE_IMAGE_LOCAL=localhost/gpuk8s/base:bookworm
-COMPONENTS=(gpu-device gpu-label gpu-aware driver-manager container-runtime operator-controller)
+COMPONENTS=(gpu-device gpu-label gpu-aware gpu-exporter driver-manager container-runtime operator-controller)
 PAUSE_REF="${PAUSE_REF:-registry.k8s.io/pause:3.10-gpuk8s}"
 SCHEDULER_REF="registry.k8s.io/kube-scheduler:$KUBE_VERSION"
 BUSYBOX_REF="${IMAGE_REGISTRY%/*}/gpuk8s/lab-busybox:1.0"
@@ -167,6 +167,10 @@ build_wheels() {
         { tail -20 "$BUILD_DIR/work/pip-wheel.log" >&2; die "pip wheel of $REPO_DIR failed"; }
     local whl
     whl="$(ls "$wheels"/gpuk8s-*.whl)"
+    # pip download copies the gpuk8s wheel into the cache and, next time, skips it as
+    # "already downloaded" and resolves from that stale copy (same file name, old code,
+    # old dependencies): keep gpuk8s itself out of the cache.
+    rm -f "$CACHE"/wheels/gpuk8s-*.whl
     # Offline first (the cache usually holds everything), then from PyPI.
     local pipargs=(--only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 --abi abi3
         --abi none --platform manylinux_2_36_x86_64 --platform manylinux_2_28_x86_64
@@ -179,6 +183,7 @@ build_wheels() {
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
         "$whl" >"$BUILD_DIR/work/pip-download.log" 2>&1 ||
         { tail -20 "$BUILD_DIR/work/pip-download.log" >&2; die "pip download of the dependencies failed"; }
+    rm -f "$CACHE"/wheels/gpuk8s-*.whl
     # Only what this wheel needs (the cache may hold older versions too).
     "$PYTHON" -m pip install -q --dry-run --ignore-installed --no-index --find-links "$CACHE/wheels" \
         --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none \

@@ -22,7 +22,7 @@ set -euo pipefail
 
 PKG_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$PKG_DIR/.." && pwd)"
-EXT_IMAGES=(gpu-device gpu-label gpu-aware)
+EXT_IMAGES=(gpu-device gpu-label gpu-aware gpu-exporter)
 OP_IMAGES=(driver-manager container-runtime operator-controller)
 
 log() { printf '[package] %s\n' "$*" >&2; }

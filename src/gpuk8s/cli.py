@@ -1,4 +1,4 @@
-"""`gpuk8s` command line: detect | labels | topo | allocate | sim | serve | metax-docker."""
+"""`gpuk8s` command line: detect | labels | topo | allocate | top | sim | serve | metax-docker."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ SERVICES: dict[str, str] = {
     "device-plugin": "gpuk8s.services.deviceplugin.main",
     "labeller": "gpuk8s.services.labeller.main",
     "extender": "gpuk8s.services.extender.main",
+    "exporter": "gpuk8s.services.exporter.main",
     "driver-manager": "gpuk8s.services.drivermanager.main",
     "container-runtime": "gpuk8s.services.runtime.main",
     "operator-controller": "gpuk8s.services.operator.main",
@@ -116,6 +117,23 @@ def cmd_allocate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    from .core.gpuusage import KINDS
+    from .services.exporter import top
+
+    if args.kind is not None and args.kind not in KINDS:
+        raise GpuK8sError(f"--kind: {args.kind!r} is not one of {', '.join(KINDS)}")
+    samples = top.collect(args.url or [], args.prometheus, args.kubeconfig)
+    if args.view == "nodes":
+        rows = top.node_rows(samples, args.kind, args.node)
+        text = top.render_nodes(rows)
+    else:
+        rows = top.pod_rows(samples, args.kind, args.namespace, args.node)
+        text = top.render_pods(rows)
+    print(json.dumps(rows, indent=2) if args.json else text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -148,7 +166,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_allocate)
 
-    sub.add_parser("sim", help="GPU simulator: create|fail|heal|vfnum|sync|show (`gpuk8s sim -h`)")
+    p = sub.add_parser("top", help="GPU usage per node or pod, from gpu-exporter's metrics")
+    p.add_argument("view", nargs="?", choices=("nodes", "pods"), default="nodes")
+    p.add_argument("--url", action="append",
+                   help="scrape this exporter (http://HOST:9400); repeatable")
+    p.add_argument("--prometheus", help="query this Prometheus (http://HOST:9090) instead")
+    p.add_argument("--kubeconfig", help="API server credentials (default: $KUBECONFIG, "
+                   "~/.kube/config); used when neither --url nor --prometheus is given")
+    p.add_argument("--kind", help="only GPUs of this kind: pGPU, vGPU or MPS")
+    p.add_argument("-n", "--namespace", help="pods view: only this namespace")
+    p.add_argument("--node", help="only this node")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_top)
+
+    sub.add_parser("sim", help="GPU simulator: create|fail|heal|vfnum|sync|load|show "
+                   "(`gpuk8s sim -h`)")
     p = sub.add_parser("serve", help="run a service: " + ", ".join(SERVICES))
     p.add_argument("service", choices=sorted(SERVICES))
     return parser

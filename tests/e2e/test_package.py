@@ -61,7 +61,7 @@ def test_run_push_puts_every_image_in_the_registry(package: Path) -> None:
     script = package / f"metax-k8s-images.{version()}.run"
     run("bash", str(script), "push", f"{REGISTRY}/e2e-pkg", "--dest-tls-verify=false", timeout=900)
     repos = catalog()
-    for name in ("gpu-device", "gpu-label", "gpu-aware"):
+    for name in ("gpu-device", "gpu-label", "gpu-aware", "gpu-exporter"):
         assert f"e2e-pkg/{name}" in repos, repos
 
 

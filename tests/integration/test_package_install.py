@@ -264,6 +264,11 @@ def test_operator_upgrade_keeps_the_vfnum_edits(
         )
         assert not _can(authz, ns, "operator-controller", "delete", "pods", namespace="default")
         assert _can(authz, ns, "operator-controller", "patch", "nodes")
+        # gpu-exporter (on by default in the operator scheme) lists pods, nothing more
+        apps.read_namespaced_daemon_set("gpu-exporter", ns)
+        assert _can(authz, ns, "gpu-exporter", "list", "pods")
+        assert not _can(authz, ns, "gpu-exporter", "patch", "nodes")
+        assert not _can(authz, ns, "gpu-exporter", "get", "secrets", namespace=ns)
         assert _can(
             authz, ns, "driver-manager", "watch", "configmaps", namespace=ns, name="driver-config"
         )

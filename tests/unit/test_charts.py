@@ -461,6 +461,7 @@ def test_images_registry_tag_and_pull_policy(combo: Any) -> None:
         "gpu-device": "gpuDevice",
         "gpu-label": "gpuLabel",
         "gpu-aware": "gpuAware",
+        "gpu-exporter": "gpuExporter",
         "driver-manager": "driver",
         "container-runtime": "runtime",
         "operator-controller": "operatorController",
@@ -482,10 +483,12 @@ def test_images_registry_tag_and_pull_policy(combo: Any) -> None:
 
 
 def test_least_privilege_security_contexts(combo: Any) -> None:
-    """Only the device plugin and the driver installer are privileged; everything else
-    drops every capability, cannot escalate and has a read-only root filesystem."""
+    """Only the device plugin, the exporter (both open GPU device nodes) and the driver
+    installer are privileged; everything else drops every capability, cannot escalate
+    and has a read-only root filesystem."""
     _n, _c, _v, rendered = combo
-    privileged_ok = {("DaemonSet/gpu-device", "gpu-device"), ("DaemonSet/driver-manager", "driver")}
+    privileged_ok = {("DaemonSet/gpu-device", "gpu-device"), ("DaemonSet/driver-manager", "driver"),
+                     ("DaemonSet/gpu-exporter", "gpu-exporter")}
     for where, spec in rendered.pod_specs():
         assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
         assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
@@ -545,6 +548,7 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
     "driver-manager": {("", "nodes", "get", ANY)}
     | {("", "configmaps", verb, "driver-config") for verb in ("get", "list", "watch")},
     "gpu-test": {("", "nodes", "get", ANY), ("", "nodes", "list", ANY)},
+    "gpu-exporter": {("", "pods", "list", ANY)},
 }
 
 
@@ -1000,6 +1004,8 @@ def _schema_common(schema: dict[str, Any]) -> dict[str, Any]:
 def test_values_and_schema_of_the_two_charts_agree() -> None:
     ev = yaml.safe_load((EXT / "values.yaml").read_text())
     ov = yaml.safe_load((OP / "values.yaml").read_text())
+    # the one deliberate difference: gpu-exporter is opt-in in the extensions scheme
+    assert (ev["gpuExporter"].pop("enabled"), ov["gpuExporter"].pop("enabled")) == (False, True)
     assert {k: v for k, v in ov.items() if k in ev} == ev
     assert set(ov) - set(ev) == {"driver", "maca", "runtime", "operatorController"}
     es = json.loads((EXT / "values.schema.json").read_text())

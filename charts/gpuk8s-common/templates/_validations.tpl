@@ -11,7 +11,7 @@ Context: root.
 {{- if and $v.deployExtenderGPUAware (eq (float64 $v.gpuAware.scoreWeight) 0.0) (eq (float64 $v.gpuAware.lossWeight) 0.0) -}}
 {{- fail "gpuAware.scoreWeight and gpuAware.lossWeight are both 0: every node would get the same priority and gpu-aware would have no effect; set at least one of them above 0" -}}
 {{- end -}}
-{{- range $component := list "gpuDevice" "gpuLabel" "gpuAware" "driver" "maca" "runtime" "operatorController" -}}
+{{- range $component := list "gpuDevice" "gpuLabel" "gpuAware" "gpuExporter" "driver" "maca" "runtime" "operatorController" -}}
 {{- $log := (get $v $component | default dict).log | default dict -}}
 {{- if and (hasKey $log "dir") (get $log "dir") (not (hasPrefix "/" (toString (get $log "dir")))) -}}
 {{- fail (printf "%s.log.dir: %q must be an absolute path on the node (or \"\" to log to stderr only)" $component (get $log "dir")) -}}

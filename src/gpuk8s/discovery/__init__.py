@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..core.model import Gpu, NodeInventory
+from ..core.telemetry import NodeTelemetry
 from . import metax, nvidia, sysfs
 from .tools import Runner, default_runner, find_tool, run_tool, runner_for
 
-__all__ = ["Runner", "check_health", "default_runner", "discover", "link_groups"]
+__all__ = ["Runner", "check_health", "default_runner", "discover", "link_groups", "telemetry"]
 
 
 def discover(root: str = "/", *, runner: Runner | None = None) -> NodeInventory:
@@ -35,6 +36,16 @@ def discover(root: str = "/", *, runner: Runner | None = None) -> NodeInventory:
         inventory = NodeInventory(backend="none")
     inventory = _grouped(inventory)
     return replace(inventory, problems=(*pci.problems, *inventory.problems))
+
+
+def telemetry(root: str, backend: str, *, runner: Runner | None = None) -> NodeTelemetry:
+    """GPU load from the vendor tool of ``backend`` (``NodeInventory.backend``)."""
+    runner = runner or runner_for(root)
+    if backend == "metax":
+        return metax.telemetry(root, runner)
+    if backend == "nvidia":
+        return nvidia.telemetry(root, runner)
+    return NodeTelemetry(backend=backend, source="")
 
 
 def link_groups(gpus: tuple[Gpu, ...], links: frozenset[frozenset[int]]) -> dict[int, int]:

@@ -9,7 +9,10 @@ section per GPU::
             vram total                                : 67108864 KB
 
 and ``topo -m`` prints a matrix (``GPU0  X  MX  SYS ...``) where a cell containing
-``MX`` is a MetaXLink edge. Moffett AI ships an unrelated tool also called ``mx-smi``;
+``MX`` is a MetaXLink edge. Load (``telemetry``) comes from ``--show-memory`` (exact
+KB), ``dmon ... --format csv -c 1`` (utilisation %, hotspot °C, board power W: a header
+row, a units row, one row per GPU), ``--show-process`` (a ``GPU PID NAME MiB`` table)
+and ``--count-ecc``. Moffett AI ships an unrelated tool also called ``mx-smi``;
 output without the MetaX header is rejected.
 """
 
@@ -27,6 +30,7 @@ from ..core.model import (
     SdkInfo,
     Sriov,
 )
+from ..core.telemetry import MIB, GpuProcess, GpuSample, NodeTelemetry, percent_to_ratio
 from . import sysfs
 from .tools import Runner, find_tool, host_path, run_tool
 
@@ -58,6 +62,10 @@ _SECTION_RE = re.compile(
     r"^GPU#(\d+)\s+(.*?)\s*([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s*$"
 )
 _FIELD_RE = re.compile(r"^\s+(\S.*?)\s*:\s(.*)$")
+_PROCESS_RE = re.compile(r"^(\d+)\s+(\d+)\s+(.+?)\s+(\d+)$")
+_NUMBER_RE = re.compile(r"[-+]?\d+(\.\d+)?")
+DMON_ARGS = ("dmon", "--show-temperature", "--show-board-power", "--show-usage", "--show-memory",
+             "--total-memory", "--show-bdf", "--format", "csv", "-c", "1")
 
 
 def product_for(device_id: int) -> tuple[str, str]:
@@ -364,3 +372,119 @@ def _links_by_address(
             result.add(frozenset(position[a] for a in addresses if a is not None))
     return result
 
+
+
+# ------------------------------------------------------------------------ telemetry
+
+
+def parse_dmon_csv(text: str) -> dict[int, dict[str, str]]:
+    """``dmon ... --format csv``: mx-smi index -> column -> cell.
+
+    The first row whose first cell is ``dev`` names the columns; rows whose first cell
+    is not a number (the units row, banners) are skipped.
+    """
+    header: list[str] = []
+    rows: dict[int, dict[str, str]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.lstrip("#").split(",")]
+        if not cells or not cells[0]:
+            continue
+        if cells[0].lower() == "dev":
+            header = [c.lower() for c in cells]
+            continue
+        if header and cells[0].isdigit():
+            rows[int(cells[0])] = dict(zip(header, cells))
+    return rows
+
+
+def parse_process_table(text: str) -> list[tuple[int, int, str, int]]:
+    """``--show-process``: (mx-smi GPU index, pid, name, memory MiB) per row."""
+    found = []
+    for line in text.splitlines():
+        row = line.strip().strip("|").strip()
+        match = _PROCESS_RE.match(row)
+        if match:
+            found.append((int(match.group(1)), int(match.group(2)), match.group(3).strip(),
+                          int(match.group(4))))
+    return found
+
+
+def _number(text: str | None) -> float | None:
+    match = _NUMBER_RE.search(text or "")
+    return float(match.group(0)) if match else None
+
+
+def _count(fields: dict[str, str], *keys: str) -> int | None:
+    values = [_number(fields.get(k)) for k in keys]
+    known = [v for v in values if v is not None]
+    return int(sum(known)) if known else None
+
+
+def telemetry(root: str, runner: Runner | None = None) -> NodeTelemetry:
+    """Load of every GPU mx-smi lists, keyed by PCI address. Never raises: what could
+    not be read is ``None`` and explained in ``problems``."""
+    driver, _ = driver_info(root)
+    tool = find_tool(root, "mx-smi", MXSMI_CANDIDATES)
+    if tool is None:
+        return NodeTelemetry(VENDOR, "mx-smi", driver_version=driver.version,
+                             problems=("mx-smi not found: no GPU load",))
+    problems: list[str] = []
+    text = _query(tool, runner, problems, "--show-memory")
+    if text is None:
+        return NodeTelemetry(VENDOR, "mx-smi", driver_version=driver.version,
+                             problems=tuple(problems))
+    memory = parse_sections(text)
+    by_smi = {section.smi_index: address for address, section in memory.items()}
+    # dmon's CSV has no MetaX banner to check; --show-memory above vouched for the tool
+    result = run_tool(runner, [tool, *DMON_ARGS])
+    dmon: dict[str, dict[str, str]] = {}
+    if result.ok:
+        for index, row in parse_dmon_csv(result.stdout).items():
+            address = (row.get("bdfid") or by_smi.get(index) or "").lower()
+            if address:
+                dmon[address] = row
+    else:
+        problems.append(f"{result.problem} (no utilisation, temperature or power)")
+    ecc: dict[str, Section] = {}
+    result = run_tool(runner, [tool, "--count-ecc"])
+    if result.ok and check_header(result.stdout):
+        ecc = parse_sections(result.stdout)
+    else:
+        problems.append(f"`mx-smi --count-ecc` unusable: {result.problem or 'no header'}")
+    processes: tuple[GpuProcess, ...] | None = None
+    text = _query(tool, runner, problems, "--show-process")
+    if text is not None:
+        found = []
+        for smi_index, pid, name, mib in parse_process_table(text):
+            gpu_address = by_smi.get(smi_index)
+            if gpu_address is None:
+                problems.append(f"--show-process names GPU#{smi_index}, which mx-smi did not list")
+                continue
+            found.append(GpuProcess(pid=pid, address=gpu_address, memory_bytes=mib * MIB,
+                                    name=name))
+        processes = tuple(found)
+    samples = []
+    for address, section in sorted(memory.items()):
+        row = dmon.get(address, {})
+        fields = ecc[address].fields if address in ecc else {}
+        used = _used_kib(section)
+        total = _memory_kib(section)
+        samples.append(GpuSample(
+            address=address,
+            utilization_ratio=percent_to_ratio(_number(row.get("gpu"))),
+            memory_used_bytes=None if used is None else used * 1024,
+            memory_total_bytes=None if total is None else total * 1024,
+            temperature_celsius=_number(row.get("hottemp")),
+            power_watts=_number(row.get("power")),
+            ecc_corrected=_count(fields, "sram correctable", "dram correctable"),
+            ecc_uncorrected=_count(fields, "sram uncorrectable", "dram uncorrectable"),
+        ))
+    return NodeTelemetry(VENDOR, "mx-smi", gpus=tuple(samples), processes=processes,
+                         driver_version=driver.version, problems=tuple(problems))
+
+
+def _used_kib(section: Section) -> int | None:
+    for key in ("vram used", "vram used memory", "used"):
+        if key in section.fields:
+            return _kib(section.fields[key])
+    return None

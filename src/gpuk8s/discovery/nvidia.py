@@ -14,6 +14,7 @@ import os
 import re
 
 from ..core.model import NVIDIA_VENDOR_ID, DriverInfo, Gpu, NodeInventory, SdkInfo
+from ..core.telemetry import MIB, GpuProcess, GpuSample, NodeTelemetry, percent_to_ratio
 from . import sysfs
 from .metax import parse_topo_matrix
 from .tools import Runner, find_tool, host_path, run_tool
@@ -29,6 +30,10 @@ CONTROL_DEVICES = (
     "/dev/nvidia-modeset",
 )
 QUERY_FIELDS = ("index", "pci.bus_id", "name", "memory.total", "serial", "uuid")
+LOAD_FIELDS = ("pci.bus_id", "utilization.gpu", "memory.used", "memory.total",
+               "temperature.gpu", "power.draw", "ecc.errors.corrected.volatile.total",
+               "ecc.errors.uncorrected.volatile.total")
+APP_FIELDS = ("gpu_bus_id", "pid", "used_memory", "process_name")
 
 # PCI device id -> product (a few data-centre parts; others fall back to nvidia-smi)
 DEVICE_IDS: dict[int, str] = {
@@ -212,3 +217,90 @@ def _int(text: str | None) -> int | None:
         return int(float(text)) if text else None
     except ValueError:
         return None
+
+
+# ------------------------------------------------------------------------ telemetry
+
+
+def _rows(text: str, fields: tuple[str, ...]) -> list[dict[str, str]]:
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) == len(fields) and cells[0] and not cells[0].startswith(fields[0]):
+            rows.append(dict(zip(fields, cells)))
+    return rows
+
+
+def _float(text: str | None) -> float | None:
+    value = _value(text)
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def parse_load(text: str) -> list[GpuSample]:
+    """``--query-gpu=<LOAD_FIELDS> --format=csv,noheader,nounits`` -> samples."""
+    samples = []
+    for row in _rows(text, LOAD_FIELDS):
+        try:
+            address = normalise_bus_id(row["pci.bus_id"])
+        except ValueError:
+            continue
+        used, total = _float(row["memory.used"]), _float(row["memory.total"])
+        ecc_c = _float(row["ecc.errors.corrected.volatile.total"])
+        ecc_u = _float(row["ecc.errors.uncorrected.volatile.total"])
+        samples.append(GpuSample(
+            address=address,
+            utilization_ratio=percent_to_ratio(_float(row["utilization.gpu"])),
+            memory_used_bytes=None if used is None else int(used) * MIB,
+            memory_total_bytes=None if total is None else int(total) * MIB,
+            temperature_celsius=_float(row["temperature.gpu"]),
+            power_watts=_float(row["power.draw"]),
+            ecc_corrected=None if ecc_c is None else int(ecc_c),
+            ecc_uncorrected=None if ecc_u is None else int(ecc_u),
+        ))
+    return samples
+
+
+def parse_compute_apps(text: str) -> list[GpuProcess]:
+    """``--query-compute-apps=<APP_FIELDS> --format=csv,noheader,nounits`` -> processes
+    (nvidia-smi has no per-process utilisation here: ``utilization_ratio`` is None)."""
+    found = []
+    for row in _rows(text, APP_FIELDS):
+        used = _float(row["used_memory"])
+        try:
+            found.append(GpuProcess(
+                pid=int(row["pid"]),
+                address=normalise_bus_id(row["gpu_bus_id"]),
+                memory_bytes=None if used is None else int(used) * MIB,
+                name=row["process_name"],
+            ))
+        except ValueError:
+            continue
+    return found
+
+
+def telemetry(root: str, runner: Runner | None = None) -> NodeTelemetry:
+    """Load of every GPU nvidia-smi can open; never raises (see ``problems``)."""
+    module = host_path(root, MODULE_DIR)
+    version = sysfs.read_text(os.path.join(module, "version")) or None
+    tool = find_tool(root, "nvidia-smi", NVSMI_CANDIDATES)
+    if tool is None:
+        return NodeTelemetry(VENDOR, "nvidia-smi", driver_version=version,
+                             problems=("nvidia-smi not found: no GPU load",))
+    problems: list[str] = []
+    result = run_tool(runner, [tool, f"--query-gpu={','.join(LOAD_FIELDS)}",
+                               "--format=csv,noheader,nounits"])
+    samples = parse_load(result.stdout)
+    if not result.ok and not samples:
+        return NodeTelemetry(VENDOR, "nvidia-smi", driver_version=version,
+                             problems=(str(result.problem),))
+    apps = run_tool(runner, [tool, f"--query-compute-apps={','.join(APP_FIELDS)}",
+                             "--format=csv,noheader,nounits"])
+    processes: tuple[GpuProcess, ...] | None = tuple(parse_compute_apps(apps.stdout))
+    if not apps.ok and not processes:
+        problems.append(f"{apps.problem} (no process list)")
+        processes = None
+    return NodeTelemetry(VENDOR, "nvidia-smi", gpus=tuple(sorted(samples, key=lambda s: s.address)),
+                         processes=processes, driver_version=version, problems=tuple(problems))

@@ -124,3 +124,56 @@ def classify(err: BaseException, action: str) -> ApiError:
     if isinstance(err, network):
         return TemporaryApiError(f"{action}: cannot reach the API server: {err}")
     return PermanentApiError(f"{action}: {type(err).__name__}: {err}")
+
+
+IN_CLUSTER_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def in_cluster() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.isfile(
+        os.path.join(IN_CLUSTER_DIR, "token"))
+
+
+class InClusterReader:
+    """Read-only ``GET``s from inside a pod with the service account, stdlib only.
+
+    For node agents whose memory budget the official client (about 30 MB once imported)
+    would blow: the exporter's one list call. Same errors as ``classify``: temporary
+    (no answer, 408/409/425/429/5xx) or permanent. The token file is re-read on every
+    call (kubelet-rotated bound tokens).
+    """
+
+    def __init__(self, secrets_dir: str = IN_CLUSTER_DIR, host: str | None = None,
+                 port: int | None = None) -> None:
+        self.secrets_dir = secrets_dir
+        host = host or os.environ.get("KUBERNETES_SERVICE_HOST", "")
+        port = port or int(os.environ.get("KUBERNETES_SERVICE_PORT", "443"))
+        if not host:
+            raise ConfigError("not in a pod: KUBERNETES_SERVICE_HOST is not set")
+        self.base = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+    def get_json(self, path: str, timeout: float = 10.0) -> Any:
+        import json
+        import ssl
+        import urllib.error
+        import urllib.request
+
+        try:
+            with open(os.path.join(self.secrets_dir, "token"), encoding="utf-8") as handle:
+                token = handle.read().strip()
+            context = ssl.create_default_context(cafile=os.path.join(self.secrets_dir, "ca.crt"))
+        except OSError as err:
+            raise PermanentApiError(f"GET {path}: service account files unreadable: {err}") \
+                from err
+        request = urllib.request.Request(self.base + path, headers={
+            "Authorization": f"Bearer {token}", "Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
+                return json.load(resp)
+        except urllib.error.HTTPError as err:
+            text = f"GET {path}: HTTP {err.code}: {err.reason}"
+            if err.code in TEMPORARY_STATUSES:
+                raise TemporaryApiError(text, err.code) from err
+            raise PermanentApiError(text, err.code) from err
+        except (OSError, ValueError) as err:  # URLError, timeouts, a truncated body
+            raise TemporaryApiError(f"GET {path}: cannot reach the API server: {err}") from err

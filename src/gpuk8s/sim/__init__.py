@@ -11,6 +11,11 @@ reason; ``unbind`` — the driver binding (driver links, DRM dirs) disappears;
 ``remove`` — the device leaves the bus (sysfs dir and bus link gone, hot-unplug).
 ``heal`` restores a GPU.
 
+Load (``set_load``): utilisation, memory used, temperature, power and ECC counts per
+GPU, and processes (pid, memory, utilisation) on it, as ``mx-smi``, ``nvidia-smi`` and
+the simulated ``libnvidia-ml.so.1`` (NVIDIA presets, compiled from ``fake/nvml.c`` when a
+C compiler is present) report them. Tests set a load and check every metric against it.
+
 Kernel-side stand-ins (the tree module is copied into the root so these work without
 gpuk8s installed): ``<root>/usr/sbin/modprobe [-r] metax`` loads/unloads the installed
 ``lib/modules/*/**/metax.ko`` (refused while ``/sys/module/metax/refcnt`` > 0);
@@ -27,16 +32,19 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError
-from . import tree
+from . import nvml, tree
 from .presets import PRESET_TABLE, PRESETS, build_state
 
 __all__ = [
     "FAIL_MODES",
     "PRESETS",
+    "clear_load",
     "create",
     "fail",
     "heal",
     "is_sim_root",
+    "refresh",
+    "set_load",
     "set_vfnum",
     "state",
     "sync",
@@ -114,6 +122,15 @@ def _install_files(root: str, current: dict[str, Any]) -> None:
         os.makedirs(os.path.join(root, "opt/maca/lib"), exist_ok=True)
     if current["vendor"] == "nvidia" and driver["loaded"]:
         tree.write_file(os.path.join(root, tree.NVSMI_PATH), tool_source("nvidia-smi"), 0o755)
+        nvml.install(root)
+
+
+def refresh(root: str) -> None:
+    """Re-install the stand-in tools and libraries of this gpuk8s into an existing root,
+    keeping its state (a long-lived root, like the lab's, gets new tool features)."""
+    current = state(root)
+    _install_files(root, current)
+    tree.save_state(root, current)
 
 
 def set_vfnum(root: str, vfnum: int, gpus: list[int] | None = None) -> None:
@@ -170,4 +187,96 @@ def heal(root: str, gpu: int | None = None) -> None:
         entry["status"] = "ok"
         entry["reason"] = None
         tree.write_gpu(root, current, entry)
+    tree.save_state(root, current)
+
+
+LOAD_LIMITS = {"utilization": (0, 100), "temperature": (-40, 150), "power": (0, 5000)}
+
+
+def set_load(
+    root: str,
+    gpu: int,
+    *,
+    utilization: float | None = None,
+    memory_used_mib: int | None = None,
+    temperature: float | None = None,
+    power: float | None = None,
+    ecc_corrected: int | None = None,
+    ecc_uncorrected: int | None = None,
+    processes: list[dict[str, Any]] | None = None,
+) -> None:
+    """Set GPU ``gpu``'s load; arguments left ``None`` keep their value.
+
+    ``processes`` replaces the GPU's process list: dicts with ``pid`` (host PID),
+    ``memory_mib`` and optionally ``utilization`` (percent of the GPU), ``name`` and
+    ``mps`` (an MPS client: NVML lists it among the MPS compute processes).
+    Memory used defaults to the processes' sum when only processes are given, and may
+    not be less than it nor more than the GPU's memory.
+    """
+    current = state(root)
+    entry = _gpu(current, gpu)
+    load = tree.gpu_load(entry)
+    given = {"utilization": utilization, "temperature": temperature, "power": power}
+    for key, value in given.items():
+        if value is None:
+            continue
+        low, high = LOAD_LIMITS[key]
+        if not low <= value <= high:
+            raise ConfigError(f"{key}: {value} is outside {low}..{high}")
+        load[key] = value
+    for key, count in (("ecc_corrected", ecc_corrected), ("ecc_uncorrected", ecc_uncorrected)):
+        if count is not None:
+            if count < 0:
+                raise ConfigError(f"{key}: {count} must be >= 0")
+            load[key] = count
+    others = [p for p in current.get("processes", []) if p["gpu"] != gpu]
+    mine = [p for p in current.get("processes", []) if p["gpu"] == gpu]
+    if processes is not None:
+        mine = [_process(gpu, p) for p in processes]
+        pids = [p["pid"] for p in mine]
+        if len(set(pids)) != len(pids):
+            raise ConfigError(f"processes: a pid appears twice on GPU {gpu}")
+    in_use = sum(p["memory_mib"] for p in mine)
+    if memory_used_mib is not None:
+        load["memory_used_mib"] = memory_used_mib
+    elif processes is not None:
+        load["memory_used_mib"] = in_use
+    used = load["memory_used_mib"]
+    if not in_use <= used <= entry["memory_mib"]:
+        raise ConfigError(
+            f"memory_used_mib: {used} must be between the processes' {in_use} MiB and the "
+            f"GPU's {entry['memory_mib']} MiB"
+        )
+    busy = sum(p["utilization"] for p in mine)
+    if busy > load["utilization"]:
+        raise ConfigError(
+            f"utilization: the processes' {busy} % exceed the GPU's {load['utilization']} %"
+        )
+    entry["load"] = load
+    current["processes"] = sorted(others + mine, key=lambda p: (p["gpu"], p["pid"]))
+    tree.save_state(root, current)
+
+
+def _process(gpu: int, raw: dict[str, Any]) -> dict[str, Any]:
+    try:
+        pid = int(raw["pid"])
+        memory = int(raw.get("memory_mib", 0))
+        util = float(raw.get("utilization", 0))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(
+            f"process {raw!r}: needs an integer pid, memory_mib (MiB) and optional "
+            "utilization (percent)"
+        ) from err
+    if pid <= 0 or memory < 0 or not 0 <= util <= 100:
+        raise ConfigError(f"process {raw!r}: pid > 0, memory_mib >= 0, utilization 0..100")
+    return {"pid": pid, "gpu": gpu, "memory_mib": memory, "utilization": util,
+            "name": str(raw.get("name") or "python3"), "mps": bool(raw.get("mps", False))}
+
+
+def clear_load(root: str) -> None:
+    """Every GPU idle again: default load, no processes."""
+    current = state(root)
+    for entry in current["gpus"]:
+        entry.pop("load", None)
+    current["processes"] = []
     tree.save_state(root, current)

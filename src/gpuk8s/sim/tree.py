@@ -26,6 +26,8 @@ METAX_DRIVER = "METAX"  # PCI driver name; sysfs shows /sys/module/metax/drivers
 MXSMI_PATH = "opt/mxdriver/bin/mx-smi"
 NVSMI_PATH = "usr/bin/nvidia-smi"
 MODPROBE_PATH = "usr/sbin/modprobe"
+NVML_LIB_PATH = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+NVML_TABLE = "var/lib/gpuk8s-sim/nvml.txt"
 KERNEL_RELEASE = "5.15.0-91-generic"
 METAX_KO = f"lib/modules/{KERNEL_RELEASE}/extra/metax.ko"
 
@@ -76,7 +78,68 @@ def load_state(root: str) -> dict[str, Any]:
 
 
 def save_state(root: str, state: dict[str, Any]) -> None:
+    if state["vendor"] == "nvidia":  # what the simulated libnvidia-ml answers from
+        write_file(_p(root, NVML_TABLE), nvml_table(state))
     write_file(_p(root, STATE_FILE), json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
+# ------------------------------------------------------------------------- GPU load
+
+DEFAULT_LOAD: dict[str, Any] = {
+    "utilization": 0,  # percent
+    "memory_used_mib": 0,
+    "temperature": 36,  # degrees C
+    "power": 69.0,  # W
+    "ecc_corrected": 0,
+    "ecc_uncorrected": 0,
+}
+
+
+def gpu_load(gpu: dict[str, Any]) -> dict[str, Any]:
+    """The GPU's load with defaults filled in (states written before loads existed)."""
+    return {**DEFAULT_LOAD, **gpu.get("load", {})}
+
+
+def gpu_processes(state: dict[str, Any], gpu: dict[str, Any]) -> list[dict[str, Any]]:
+    """Processes on ``gpu``: ``{pid, gpu, memory_mib, utilization (percent), name}``."""
+    return [p for p in state.get("processes", []) if p["gpu"] == gpu["index"]]
+
+
+def nvml_table(state: dict[str, Any]) -> str:
+    """The simulated NVML library's view (sim/fake/nvml.c reads it on every call).
+
+    One record per line, space separated, names last (they contain spaces)::
+
+        driver <version>
+        gpu <status> <bus id> <uuid> <total B> <used B> <util %> <mem util %> <temp C>
+            <power mW> <ecc corrected> <ecc uncorrected> <name>
+        proc <gpu position> <pid> <used B> <sm util %> <mps 0|1> <name>
+
+    Only GPUs on the bus appear (``ok`` or ``fault``), in PCI order; a ``proc`` names
+    its GPU by position in that list.
+    """
+    lines = [f"driver {state['driver']['version'] or ''}"]
+    present = [g for g in state["gpus"] if g["status"] in ("ok", "fault")]
+    position = {g["index"]: n for n, g in enumerate(present)}
+    for gpu in present:
+        load = gpu_load(gpu)
+        mib = 1024 * 1024
+        lines.append(
+            f"gpu {gpu['status']} 0000{gpu['bdf'].upper()} {gpu['uuid']} "
+            f"{gpu['memory_mib'] * mib} {int(load['memory_used_mib']) * mib} "
+            f"{int(load['utilization'])} 0 {int(load['temperature'])} "
+            f"{round(float(load['power']) * 1000)} {int(load['ecc_corrected'])} "
+            f"{int(load['ecc_uncorrected'])} {gpu['name']}"
+        )
+    for proc in state.get("processes", []):
+        if proc["gpu"] in position:
+            used = int(proc["memory_mib"]) * 1024 * 1024
+            lines.append(
+                f"proc {position[proc['gpu']]} {proc['pid']} {used} "
+                f"{int(proc.get('utilization') or 0)} {1 if proc.get('mps') else 0} "
+                f"{proc.get('name') or 'python3'}"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def _driver_name(state: dict[str, Any]) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 import grpc
@@ -25,6 +25,7 @@ import grpc
 from ...core.devicelist import DEVICES_ANNOTATION, format_device_list
 from ...core.errors import GpuK8sError
 from ...core.scoring import tables_as_annotations, topology_tables
+from ...core.telemetry import ContainerDevices, ContainerRef
 from .. import kube
 from .devices import DeviceSet
 from .grpcapi import PodResourcesStub, podres, unix_target
@@ -91,8 +92,10 @@ class KubernetesNodePatcher:
 
 
 class PodResourcesClient:
-    """Allocated device ids of one resource, from the kubelet's PodResources ``List``.
+    """The kubelet's PodResources ``List``: which container holds which devices.
 
+    The one client of that API: gpu-device reads the allocated ids of its resource
+    (``allocated``), gpu-exporter every container's devices (``assignments``).
     A new channel per call: the socket is recreated whenever the kubelet restarts.
     """
 
@@ -101,6 +104,13 @@ class PodResourcesClient:
         self.timeout = timeout
 
     def allocated(self, resource_name: str) -> set[str]:
+        ids: set[str] = set()
+        for held in self.assignments({resource_name}):
+            ids.update(held.device_ids)
+        return ids
+
+    def assignments(self, resources: Collection[str] | None = None) -> list[ContainerDevices]:
+        """Devices held by each container (of the given resources, or all)."""
         try:
             with grpc.insecure_channel(unix_target(self.socket_path)) as channel:
                 response = PodResourcesStub(channel).List(
@@ -110,13 +120,15 @@ class PodResourcesClient:
             raise NodeStateError(
                 f"PodResources List on {self.socket_path} failed: {err.code()}"
             ) from err
-        ids: set[str] = set()
+        found: list[ContainerDevices] = []
         for pod in response.pod_resources:
             for container in pod.containers:
+                ref = ContainerRef(pod.namespace, pod.name, container.name)
                 for devices in container.devices:
-                    if devices.resource_name == resource_name:
-                        ids.update(devices.device_ids)
-        return ids
+                    if resources is None or devices.resource_name in resources:
+                        found.append(ContainerDevices(ref, devices.resource_name,
+                                                      tuple(devices.device_ids)))
+        return found
 
 
 AllocationsSource = Callable[[str], set[str]]

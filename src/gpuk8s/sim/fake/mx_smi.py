@@ -6,6 +6,12 @@ Standalone (stdlib only): it finds the simulated root from its own location and 
 banner with the ``MetaX System Management Interface Log`` header, then one
 ``GPU#n  NAME  BDF`` section per visible GPU. GPUs that are unbound or removed are not
 visible (as with the real tool); numbering is over visible GPUs in PCI order.
+
+Load (``gpuk8s sim load``) shows in ``--show-memory``, ``--show-usage``,
+``--show-temperature``, ``--show-board-power``, ``--count-ecc``, ``--show-process`` and
+``dmon ... --format csv -c 1``. The process table and the dmon CSV follow what public
+mx-smi consumers parse (a ``GPU PID NAME MEMORY(MiB)`` table; a CSV with a header row,
+a units row, then one row per GPU); per-section field names are our best knowledge.
 """
 
 from __future__ import annotations
@@ -79,16 +85,92 @@ def hwinfo(gpu: dict[str, Any]) -> list[tuple[str, object]]:
     ]
 
 
+def gpu_load(gpu: dict[str, Any]) -> dict[str, Any]:
+    defaults = {"utilization": 0, "memory_used_mib": 0, "temperature": 36, "power": 69.0,
+                "ecc_corrected": 0, "ecc_uncorrected": 0}
+    return {**defaults, **gpu.get("load", {})}
+
+
 def memory(gpu: dict[str, Any]) -> list[tuple[str, object]]:
     kib = gpu["memory_mib"] * 1024
+    used = int(gpu_load(gpu)["memory_used_mib"]) * 1024
     return [
         ("vis_vram total", f"{kib} KB"),
         ("vis_vram used", "0 KB"),
         ("vram total", f"{kib} KB"),
-        ("vram used", "858112 KB"),
+        ("vram used", f"{used} KB"),
         ("xtt total", "0 KB"),
         ("xtt used", "0 KB"),
     ]
+
+
+def usage(gpu: dict[str, Any]) -> list[tuple[str, object]]:
+    return [("GPU", f"{int(gpu_load(gpu)['utilization'])} %"), ("VPUE", "0 %"), ("VPUD", "0 %")]
+
+
+def temperature(gpu: dict[str, Any]) -> list[tuple[str, object]]:
+    hot = float(gpu_load(gpu)["temperature"])
+    return [("hotspot", f"{hot:.2f} C"), ("soc", f"{hot - 3:.2f} C")]
+
+
+def board_power(gpu: dict[str, Any]) -> list[tuple[str, object]]:
+    return [("board power", f"{float(gpu_load(gpu)['power']):.2f} W")]
+
+
+def ecc(gpu: dict[str, Any]) -> list[tuple[str, object]]:
+    load = gpu_load(gpu)
+    return [
+        ("sram correctable", 0),
+        ("sram uncorrectable", 0),
+        ("dram correctable", int(load["ecc_corrected"])),
+        ("dram uncorrectable", int(load["ecc_uncorrected"])),
+    ]
+
+
+def processes(state: dict[str, Any]) -> list[str]:
+    gpus = visible(state)
+    position = {g["index"]: n for n, g in enumerate(gpus)}
+    rows = [p for p in state.get("processes", []) if p["gpu"] in position]
+    width = 81
+    out = banner(len(gpus))
+    out += ["", "Process Information", "+" + "-" * width + "+",
+            f"| {'GPU':<6}{'PID':<12}{'Process Name':<45}{'GPU Memory':<17}|",
+            f"| {'':<6}{'':<12}{'':<45}{'Usage(MiB)':<17}|",
+            "|" + "=" * width + "|"]
+    if not rows:
+        out.append(f"| {'no process found':<{width - 1}}|")
+    for proc in rows:
+        name = str(proc.get("name") or "python3")[:44]
+        out.append(f"| {position[proc['gpu']]:<6}{proc['pid']:<12}{name:<45}"
+                   f"{int(proc['memory_mib']):<17}|")
+    out.append("+" + "-" * width + "+")
+    return out
+
+
+def dmon(state: dict[str, Any], args: list[str]) -> list[str] | None:
+    """``dmon --show-temperature --show-board-power --show-usage --show-memory
+    --total-memory --show-bdf --format csv -c 1`` (the columns asked for, in that order)."""
+    if "--format" not in args or args[args.index("--format") + 1 : ][:1] != ["csv"]:
+        return None
+    columns: list[tuple[str, str, Any]] = [("dev", "Idx", None)]
+    flags = {
+        "--show-bdf": [("bdfid", "BDF", lambda n, g: g["bdf"])],
+        "--show-temperature": [("hottemp", "C", lambda n, g: int(gpu_load(g)["temperature"]))],
+        "--show-board-power": [("power", "W", lambda n, g: round(gpu_load(g)["power"]))],
+        "--show-usage": [("gpu", "%", lambda n, g: int(gpu_load(g)["utilization"]))],
+        "--show-memory": [("vram", "%", lambda n, g: round(
+            100 * gpu_load(g)["memory_used_mib"] / g["memory_mib"]))],
+        "--total-memory": [("total", "GB", lambda n, g: g["memory_mib"] // 1024)],
+    }
+    order = ["--show-bdf", "--show-temperature", "--show-board-power", "--show-usage",
+             "--show-memory", "--total-memory"]
+    for flag in order:
+        if flag in args:
+            columns += flags[flag]
+    lines = [",".join(c[0] for c in columns), ",".join(c[1] for c in columns)]
+    for n, gpu in enumerate(visible(state)):
+        lines.append(",".join(str(n) if c[2] is None else str(c[2](n, gpu)) for c in columns))
+    return lines
 
 
 def reason(gpu: dict[str, Any]) -> list[tuple[str, object]]:
@@ -140,9 +222,13 @@ def summary(state: dict[str, Any]) -> list[str]:
     out.append("|" + "=" * 36 + "+" + "=" * 21 + "+" + "=" * 22 + "|")
     for n, gpu in enumerate(gpus):
         state_text = "Unavailable" if gpu["status"] == "fault" else "Available"
-        mem = f"838/{gpu['memory_mib']} MiB"
-        out.append(f"| {n:<11} {gpu['name']:<22} | {gpu['bdf']:<19} | {'0%':<20} |")
-        out.append(f"| {'36C':<11} {'69W / 350W':<22} | {mem:<19} | {state_text:<20} |")
+        load = gpu_load(gpu)
+        mem = f"{int(load['memory_used_mib'])}/{gpu['memory_mib']} MiB"
+        util = f"{int(load['utilization'])}%"
+        power = f"{round(load['power'])}W / 350W"
+        out.append(f"| {n:<11} {gpu['name']:<22} | {gpu['bdf']:<19} | {util:<20} |")
+        out.append(f"| {str(int(load['temperature'])) + 'C':<11} {power:<22} | {mem:<19} | "
+                   f"{state_text:<20} |")
         out.append("+" + "-" * 36 + "+" + "-" * 21 + "+" + "-" * 22 + "+")
     return out
 
@@ -202,6 +288,22 @@ def main(argv: list[str]) -> int:
         lines = sections(state, "Board Information", lambda g: [("Serial Number", g["serial"])])
     elif args[0] == "--show-memory":
         lines = sections(state, "Memory", memory)
+    elif args[0] == "--show-usage":
+        lines = sections(state, "Utilization", usage)
+    elif args[0] == "--show-temperature":
+        lines = sections(state, "Temperature", temperature)
+    elif args[0] == "--show-board-power":
+        lines = sections(state, "Board Power", board_power)
+    elif args[0] == "--count-ecc":
+        lines = sections(state, "ECC Error Count", ecc)
+    elif args[0] == "--show-process":
+        lines = processes(state)
+    elif args[0] == "dmon":
+        found = dmon(state, args[1:])
+        if found is None:
+            print("mx-smi dmon: only --format csv is simulated", file=sys.stderr)
+            return 2
+        lines = found
     elif args[0] == "--show-unavailable-reason":
         lines = sections(state, "Availability", reason)
     elif args[0] == "vm":

@@ -3,7 +3,9 @@
 
 Standalone (stdlib only): finds the simulated root from its own location and reads
 ``<root>/var/lib/gpuk8s-sim/state.json``. Answers ``-L``, ``--query-gpu=... --format=csv
-[,noheader][,nounits]`` and ``topo -m``. A GPU in fault is reported like a GPU that fell
+[,noheader][,nounits]``, ``--query-compute-apps=...`` and ``topo -m``; load set with
+``gpuk8s sim load`` shows in the utilisation, memory, temperature, power, ECC and
+process fields. A GPU in fault is reported like a GPU that fell
 off the bus ("Unable to determine the device handle ...", exit status 15).
 """
 
@@ -14,7 +16,8 @@ import os
 import sys
 from typing import Any
 
-UNITS = {"memory.total": "MiB"}
+UNITS = {"memory.total": "MiB", "memory.used": "MiB", "utilization.gpu": "%",
+         "power.draw": "W", "used_memory": "MiB"}
 
 
 def root_dir() -> str:
@@ -35,8 +38,21 @@ def bus_id(gpu: dict[str, Any]) -> str:
     return "0000" + str(gpu["bdf"]).upper()
 
 
+def gpu_load(gpu: dict[str, Any]) -> dict[str, Any]:
+    defaults = {"utilization": 0, "memory_used_mib": 0, "temperature": 36, "power": 69.0,
+                "ecc_corrected": 0, "ecc_uncorrected": 0}
+    return {**defaults, **gpu.get("load", {})}
+
+
 def value(state: dict[str, Any], gpu: dict[str, Any], n: int, name: str) -> str:
+    load = gpu_load(gpu)
     values: dict[str, object] = {
+        "utilization.gpu": int(load["utilization"]),
+        "memory.used": int(load["memory_used_mib"]),
+        "temperature.gpu": int(load["temperature"]),
+        "power.draw": f"{float(load['power']):.2f}",
+        "ecc.errors.corrected.volatile.total": int(load["ecc_corrected"]),
+        "ecc.errors.uncorrected.volatile.total": int(load["ecc_uncorrected"]),
         "index": n,
         "pci.bus_id": bus_id(gpu),
         "name": gpu["name"],
@@ -47,6 +63,32 @@ def value(state: dict[str, Any], gpu: dict[str, Any], n: int, name: str) -> str:
         "minor_number": gpu["index"],
     }
     return str(values.get(name, "[N/A]"))
+
+
+def app_values(gpu: dict[str, Any], proc: dict[str, Any]) -> dict[str, object]:
+    return {
+        "gpu_bus_id": bus_id(gpu),
+        "gpu_uuid": gpu["uuid"],
+        "pid": proc["pid"],
+        "process_name": proc.get("name") or "python3",
+        "used_memory": int(proc["memory_mib"]),
+    }
+
+
+def csv_query(query: str, fmt: str, rows: list[dict[str, object]]) -> int:
+    """``--query-...=FIELDS --format=csv[,noheader][,nounits]`` over ``rows``."""
+    fields = [f.strip() for f in query.split(",")]
+    opts = set(fmt.split(","))
+    if "csv" not in opts:
+        print("'--format' requires 'csv'", file=sys.stderr)
+        return 2
+    units = "nounits" not in opts
+    if "noheader" not in opts:
+        print(", ".join(f + (f" [{UNITS[f]}]" if f in UNITS and units else "") for f in fields))
+    for row in rows:
+        print(", ".join(str(row.get(f, "[N/A]")) + (f" {UNITS[f]}" if f in UNITS and units
+                                                    else "") for f in fields))
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -63,25 +105,18 @@ def main(argv: list[str]) -> int:
               f"{gpu['reason'] or 'Unknown Error'}", file=sys.stderr)
     rc = 15 if broken else 0
     query = next((a.split("=", 1)[1] for a in argv if a.startswith("--query-gpu=")), None)
+    apps = next((a.split("=", 1)[1] for a in argv if a.startswith("--query-compute-apps=")),
+                None)
     fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("--format=")), "")
+    if apps is not None:
+        by_index = {g["index"]: g for g in gpus}
+        rows = [app_values(by_index[p["gpu"]], p) for p in state.get("processes", [])
+                if p["gpu"] in by_index]
+        return csv_query(apps, fmt, rows) or rc
     if query is not None:
-        fields = [f.strip() for f in query.split(",")]
-        opts = set(fmt.split(","))
-        if "csv" not in opts:
-            print("'--format' requires 'csv'", file=sys.stderr)
-            return 2
-        if "noheader" not in opts:
-            print(", ".join(f + (f" [{UNITS[f]}]" if f in UNITS and "nounits" not in opts
-                                 else "") for f in fields))
-        for n, gpu in enumerate(gpus):
-            cells = []
-            for f in fields:
-                cell = value(state, gpu, n, f)
-                if f in UNITS and "nounits" not in opts:
-                    cell += f" {UNITS[f]}"
-                cells.append(cell)
-            print(", ".join(cells))
-        return rc
+        names = [f.strip() for f in query.split(",")]
+        return csv_query(query, fmt, [{f: value(state, g, n, f) for f in names}
+                                      for n, g in enumerate(gpus)]) or rc
     if argv[:2] == ["topo", "-m"]:
         linked = {frozenset(p) for p in state["links"]}
         print("\t" + "\t".join(f"GPU{n}" for n in range(len(gpus)))

@@ -1,0 +1,1 @@
+"""gpu-exporter: GPU metrics per GPU and per container, for Prometheus."""

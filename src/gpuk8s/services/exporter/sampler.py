@@ -1,0 +1,151 @@
+"""The exporter's sampling loop: read the GPUs, the kubelet's allocations and the
+processes' owners, attribute, and keep the result as an immutable snapshot.
+
+Scrapes never touch a GPU: they render the last snapshot (``metrics.py``), so a scrape
+costs the same whether the vendor tool takes 5 ms or 5 s, and many scrapers cannot
+multiply the load on the driver. Samples are taken every ``interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ...core.errors import GpuK8sError
+from ...core.gpuusage import DEFAULT_RESOURCE_KINDS, NodeUsage, attribute
+from ...core.model import NodeInventory
+from ...core.telemetry import ContainerDevices, ContainerRef, NodeTelemetry
+from .cgroups import container_of
+from .pods import PodDirectory
+
+log = logging.getLogger("gpuk8s.exporter")
+
+Telemetry = Callable[[], NodeTelemetry]
+Inventory = Callable[[], NodeInventory]
+Health = Callable[[NodeInventory], Mapping[int, str | None]]
+Holdings = Callable[[], Sequence[ContainerDevices]]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    inventory: NodeInventory
+    telemetry: NodeTelemetry
+    usage: NodeUsage
+    taken_at: float  # unix time
+    duration: float  # seconds the sample took
+    problems: tuple[str, ...] = ()
+
+
+@dataclass
+class SamplerStats:
+    samples: int = 0
+    failures: int = 0  # samples that raised (a bug or an unexpected error)
+    holdings_failing: bool = False
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Sampler:
+    def __init__(
+        self,
+        *,
+        inventory: Inventory,
+        telemetry: Telemetry,
+        health: Health,
+        holdings: Holdings | None,
+        pods: PodDirectory | None,
+        proc_dir: str | None,
+        interval: float = 10.0,
+        rediscover: float = 60.0,
+        resource_kinds: Mapping[str, str] = DEFAULT_RESOURCE_KINDS,
+        max_containers: int = 1024,
+    ) -> None:
+        self.inventory_source = inventory
+        self.telemetry_source = telemetry
+        self.health_source = health
+        self.holdings_source = holdings
+        self.pods = pods
+        self.proc_dir = proc_dir
+        self.interval = interval
+        self.rediscover = rediscover
+        self.resource_kinds = dict(resource_kinds)
+        self.max_containers = max_containers
+        self.stats = SamplerStats()
+        self.snapshot: Snapshot | None = None
+        self._inventory: NodeInventory | None = None
+        self._inventory_at = 0.0
+        self._holdings: Sequence[ContainerDevices] = ()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _inventory_now(self, telemetry_addresses: set[str] | None = None) -> NodeInventory:
+        now = time.monotonic()
+        stale = self._inventory is None or now - self._inventory_at >= self.rediscover
+        if not stale and telemetry_addresses is not None and self._inventory is not None:
+            known = {g.pci_address for g in self._inventory.gpus}
+            stale = not telemetry_addresses <= known  # a GPU appeared (or came back)
+        if stale or self._inventory is None:
+            self._inventory = self.inventory_source()
+            self._inventory_at = now
+        return self._inventory
+
+    def _owners(self, telemetry: NodeTelemetry) -> dict[int, ContainerRef | None] | None:
+        if telemetry.processes is None or self.proc_dir is None or self.pods is None:
+            return None
+        owners: dict[int, ContainerRef | None] = {}
+        for proc in telemetry.processes:
+            found = container_of(self.proc_dir, proc.pid)
+            owners[proc.pid] = None if found is None else self.pods.resolve(*found)
+        return owners
+
+    def sample_once(self) -> Snapshot:
+        started = time.monotonic()
+        problems: list[str] = []
+        telemetry = self.telemetry_source()
+        inventory = self._inventory_now({g.address for g in telemetry.gpus})
+        health = self.health_source(inventory)
+        if self.holdings_source is not None:
+            try:
+                self._holdings = self.holdings_source()
+                if self.stats.holdings_failing:
+                    log.info("PodResources API answers again")
+                self.stats.holdings_failing = False
+            except GpuK8sError as err:
+                if not self.stats.holdings_failing:
+                    log.warning("cannot read allocations; keeping the last known",
+                                extra={"error": str(err)})
+                self.stats.holdings_failing = True
+                problems.append(str(err))
+        usage = attribute(inventory, telemetry, self._holdings, self._owners(telemetry), health,
+                          resource_kinds=self.resource_kinds, max_containers=self.max_containers)
+        snapshot = Snapshot(inventory, telemetry, usage, time.time(),
+                            time.monotonic() - started,
+                            tuple([*telemetry.problems, *problems]))
+        self.snapshot = snapshot
+        self.stats.samples += 1
+        return snapshot
+
+    def run(self) -> None:
+        reported: tuple[str, ...] = ()
+        while not self._stop.is_set():
+            try:
+                snapshot = self.sample_once()
+                if snapshot.problems != reported:
+                    for problem in snapshot.problems:
+                        log.warning("sample problem", extra={"problem": problem})
+                    reported = snapshot.problems
+            except Exception:  # never let a bug stop sampling; the metric shows it
+                self.stats.failures += 1
+                log.exception("sample failed")
+            self._stop.wait(self.interval)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="gpu-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
