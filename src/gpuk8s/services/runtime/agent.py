@@ -233,8 +233,12 @@ class RuntimeAgent:
         state = files.read_json(self._state_path()) or {}
         config_path = s.sys(s.containerd_config)
         text = _read(config_path)
+        backup = _read(config_path + ".gpuk8s-backup")
         if text is not None and state:
             after, changed = containerd.unconfigure(text, s.handler, state.get("previousDefault"))
+            if backup is not None and containerd.configure(
+                    backup, s.handler, self.wrapper_path(), s.set_default).text == text:
+                after = backup  # untouched since we wrote it: back byte for byte
             if changed:
                 files.atomic_write(config_path, after)
                 done.append(containerd.restart(s.restart_mode, s.sys(s.containerd_socket),
