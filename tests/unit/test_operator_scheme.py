@@ -26,7 +26,7 @@ from gpuk8s.services.deviceplugin.devices import AllocateOptions
 from gpuk8s.services.deviceplugin.main import PluginConfig, resolve_cdi
 from gpuk8s.services.drivermanager.agent import DriverAgent, PayloadSource
 from gpuk8s.services.drivermanager.main import main as driver_manager_main
-from gpuk8s.services.nodeagent import VFNUM_DESIRED, Report, Reporter
+from gpuk8s.services.nodeagent import VFNUM_DESIRED, Reporter
 from gpuk8s.services.operator.controller import CONFIG_NAME, STATUS_NAME, Controller
 from gpuk8s.services.runtime import containerd
 from gpuk8s.services.runtime.agent import WRAPPER_NAME, RuntimeAgent, RuntimeSettings
@@ -243,7 +243,7 @@ def test_driver_manager_installs_on_a_bare_node_and_labels_say_cloud(tmp_path: P
 
 
 def test_driver_manager_leaves_an_existing_driver_alone(tmp_path: Path) -> None:
-    agent, root, payload, _ = driver_agent(tmp_path, "c500-8")  # 2.32 loaded, no payload
+    agent, root, _, _ = driver_agent(tmp_path, "c500-8")  # 2.32 loaded, no payload
     report = agent.one_pass()
     assert report.state == "ready" and "leaves it alone" in report.message
     assert str(discover(str(root)).driver.mode) == "native"
@@ -269,7 +269,7 @@ def test_bad_payload_is_reported_and_nothing_is_installed(tmp_path: Path, proble
 
 
 def test_driver_manager_applies_the_desired_vfnum(tmp_path: Path) -> None:
-    agent, root, payload, api = driver_agent(tmp_path, "c500-8")
+    agent, root, _, api = driver_agent(tmp_path, "c500-8")
     mxsmi = str(root / "opt/mxdriver/bin/mx-smi")
     agent.vf_command = (mxsmi, "vm", "--enable-vf", "{vfnum}", "-i", "{index}")
     api.annotations[VFNUM_DESIRED] = "4"
