@@ -33,6 +33,7 @@ from .reconcile import (
     NodeLabelStore,
     ReconcileResult,
     format_diff,
+    host_fingerprint,
     reconcile,
     wanted_labels,
 )
@@ -60,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--interval", type=float, default=60.0, help="seconds between passes (default 60)"
     )
+    parser.add_argument(
+        "--watch-interval",
+        type=float,
+        default=2.0,
+        help="seconds between cheap checks of the host (readiness markers, driver module, "
+        "PCI functions) that start a pass at once when something changed; 0: off (default 2)",
+    )
     parser.add_argument("--once", action="store_true", help="one pass, then exit")
     parser.add_argument(
         "--dry-run",
@@ -85,6 +93,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise ConfigError(f"--host-root: {args.host_root!r} is not a directory")
     if not args.interval > 0:
         raise ConfigError(f"--interval: {args.interval} must be a positive number of seconds")
+    if args.watch_interval < 0:
+        raise ConfigError(f"--watch-interval: {args.watch_interval} must be >= 0 (0: off)")
     if not 0 <= args.health_port <= 65535:
         raise ConfigError(f"--health-port: {args.health_port} must be 0 (off) or 1..65535")
 
@@ -150,6 +160,22 @@ def serve_health(port: int, status: LoopStatus, stale_after: float) -> Threading
     return server
 
 
+def watch_host(loop: LabellerLoop, host_root: str, status_dir: str, every: float) -> None:
+    """Wake the loop when ``host_fingerprint`` changes (a daemon thread)."""
+
+    def watch() -> None:
+        last = host_fingerprint(host_root, status_dir)
+        while not loop.stopped:
+            time.sleep(every)
+            current = host_fingerprint(host_root, status_dir)
+            if current != last:
+                last = current
+                log.info("host changed: relabelling now")
+                loop.wake()
+
+    threading.Thread(target=watch, name="labeller-watch", daemon=True).start()
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -186,6 +212,8 @@ def main(
         return 0
 
     loop = LabellerLoop(one_pass, args.interval)
+    if args.watch_interval > 0:
+        watch_host(loop, args.host_root, args.status_dir, args.watch_interval)
     health = None
     if args.health_port:
         health = serve_health(args.health_port, loop.status, 3 * args.interval + 120)

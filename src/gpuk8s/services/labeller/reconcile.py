@@ -7,6 +7,7 @@ API server; ``reconcile`` compares and writes once (compute, then act).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,6 +24,33 @@ DEFAULT_STATUS_DIR = STATUS_DIR
 MAINTENANCE_ANNOTATION = "metax-tech.com/maintenance"
 
 Discover = Callable[[str], NodeInventory]
+
+
+def host_fingerprint(host_root: str, status_dir: str = DEFAULT_STATUS_DIR) -> tuple[object, ...]:
+    """Cheap signature of what the labels depend on and what changes under the operator
+    scheme (readiness markers, the driver module, the PCI functions: VFs, hot-unplug), so
+    a change can trigger a pass at once instead of at the next interval."""
+    def listing(path: str) -> tuple[str, ...]:
+        try:
+            return tuple(sorted(os.listdir(os.path.join(host_root, path))))
+        except OSError:
+            return ()
+
+    def text(path: str) -> str | None:
+        try:
+            with open(os.path.join(host_root, path), encoding="utf-8", errors="replace") as f:
+                return f.read(256)
+        except OSError:
+            return None
+
+    return (
+        tuple(sorted(read_readiness(host_root, status_dir).items())),
+        text("sys/module/metax/version"),
+        text("sys/module/nvidia/version"),
+        text("var/lib/gpuk8s/driver-owner.json"),
+        listing("sys/bus/pci/devices"),
+        text("opt/maca/Version.txt"),
+    )
 
 
 def wanted_labels(

@@ -249,8 +249,14 @@ class RuntimeAgent:
             done.append(f"wrapper kept: {len(users)} running container(s) were created through "
                         f"it ({', '.join(users[:5])}); remove {s.install_dir} after they end")
         else:
-            files.remove(os.path.join(s.sys(s.install_dir)))
-            done.append(f"{s.install_dir} removed")
+            install = s.sys(s.install_dir)
+            for entry in (os.listdir(install) if os.path.isdir(install) else []):
+                files.remove(os.path.join(install, entry))
+            try:
+                os.rmdir(install)
+                done.append(f"{s.install_dir} removed")
+            except OSError:  # the pod's mount point: emptied; the kubelet keeps the dir
+                done.append(f"{s.install_dir} emptied")
         if clear_readiness(s.host_root, "runtime.ready", s.status_dir):
             done.append("runtime.ready marker removed")
         return done
