@@ -426,6 +426,8 @@ def test_namespaced_objects_live_in_the_release_namespace(combo: Any) -> None:
         meta = doc["metadata"]
         if doc["kind"] == "RuntimeClass":  # pods name it: the handler's name, no prefix
             assert "namespace" not in meta and meta["name"] == doc["handler"]
+        elif meta.get("namespace") == "default":  # Node Events live there (node-events.yaml)
+            assert doc["kind"] in ("Role", "RoleBinding") and meta["name"] == f"{REL}-node-events"
         elif doc["kind"] in cluster_scoped:
             assert "namespace" not in meta
             assert meta["name"].startswith(f"{REL}-")
@@ -558,7 +560,7 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
     }
     | {("", "configmaps", "get", "gpu-aware")},
     "driver-manager": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),
-                       ("", "events", "create", ANY), ("", "pods", "get", ANY)},
+                       ("", "events", "create", ANY), ("", "pods", "get", ANY)},  # events: default
     "container-runtime": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),
                           ("", "events", "create", ANY)},
     "gpu-test": {("", "nodes", "get", ANY), ("", "nodes", "list", ANY)},

@@ -95,12 +95,20 @@ class KubeNodeApi:
         return status
 
 
+NODE_EVENTS_NAMESPACE = "default"  # the API server puts Events of cluster-scoped objects there
+
+
 def record_event(core: Any, namespace: str, component: str, kind: str, name: str,
                  node: str | None, reason: str, message: str, warning: bool,
                  object_namespace: str = "") -> None:
-    """Create a core/v1 Event; failures are logged, never raised (reporting is best effort)."""
+    """Create a core/v1 Event; failures are logged, never raised (reporting is best effort).
+
+    Events about a Node (cluster-scoped) must live in ``default`` (API validation; the
+    kubelet's are there too), so ``namespace`` is only used for namespaced objects."""
     from kubernetes import client
 
+    if not object_namespace:
+        namespace = NODE_EVENTS_NAMESPACE
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     body = client.CoreV1Event(
         metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),

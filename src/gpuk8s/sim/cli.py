@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..core.errors import GpuK8sError
-from . import FAIL_MODES, PRESETS, create, fail, heal, set_vfnum, state, sync
+from . import FAIL_MODES, PRESETS, create, fail, heal, set_vfnum, state, sync, write_payload
 
 
 def parser() -> argparse.ArgumentParser:
@@ -45,6 +45,11 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sync", help="apply sriov_numvfs values written into the sysfs")
     p.add_argument("--root", required=True)
 
+    p = sub.add_parser("payload", help="write a simulated driver or SDK payload tree "
+                       "(what the operator's payload images carry)")
+    p.add_argument("kind", choices=("driver", "maca"))
+    p.add_argument("--version", required=True)
+    p.add_argument("--out", required=True, help="directory to write into")
     p = sub.add_parser("show", help="print the simulated state")
     p.add_argument("--root", required=True)
     p.add_argument("--json", action="store_true")
@@ -83,6 +88,9 @@ def main(argv: list[str]) -> int:
             heal(args.root, None if args.all else args.gpu)
         elif args.command == "vfnum":
             set_vfnum(args.root, args.vfnum, args.gpu)
+        elif args.command == "payload":
+            write_payload(args.kind, args.version, args.out)
+            print(f"{args.kind} payload {args.version} at {args.out}")
         elif args.command == "sync":
             print("changed" if sync(args.root) else "unchanged")
         else:
