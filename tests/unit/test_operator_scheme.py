@@ -396,3 +396,30 @@ def test_services_named_by_the_chart_start(tmp_path: Path) -> None:
         out = subprocess.run([shutil.which("gpuk8s") or "gpuk8s", "serve", name, "--help"],
                              capture_output=True, text=True, check=False)
         assert out.returncode == 0 and "usage: gpuk8s serve " + name in out.stdout, out.stderr
+
+
+def test_maca_agent_picks_the_image_asks_for_it_and_installs_it(tmp_path: Path) -> None:
+    from gpuk8s.services.drivermanager.agent import MacaAgent
+
+    root, payload = tmp_path / "host", tmp_path / "payload"
+    sim.create(str(root), "nodriver-8")  # no SDK; ubuntu 22.04 per the simulator
+    payload.mkdir()
+    images = ["reg/p/maca-c500:2.33.0.4-ubuntu18.04-amd64",
+              "reg/p/maca-c500:2.33.0.4-ubuntu22.04-amd64"]
+    api = FakeNode()
+    agent = MacaAgent(str(root), images, Reporter(api, "driver-manager.maca", "Maca"),
+                      PayloadSource(str(payload), "", "", None), "/run/metax",
+                      payload_grace=60.0)
+    first = agent.one_pass()
+    assert first.state == "pending"
+    assert (payload / "maca.want").read_text().strip() == images[1]  # same OS wins
+    assert read_readiness(str(root)) == {"maca.ready": False}
+    # what the matching payload container does
+    sim.write_payload("maca", "2.33.0.4", str(payload / "maca"))
+    (payload / "maca.complete").write_text(images[1] + "\n")
+    report = agent.one_pass()
+    assert report.state == "ready", report.message
+    assert read_readiness(str(root)) == {"maca.ready": True}
+    assert (root / "opt/maca").is_symlink()
+    assert (root / "opt/maca/Version.txt").read_text() == "Version:2.33.0.4\n"
+    assert api.events[-1][0] == "MacaReady"
