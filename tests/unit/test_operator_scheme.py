@@ -423,3 +423,31 @@ def test_maca_agent_picks_the_image_asks_for_it_and_installs_it(tmp_path: Path) 
     assert (root / "opt/maca").is_symlink()
     assert (root / "opt/maca/Version.txt").read_text() == "Version:2.33.0.4\n"
     assert api.events[-1][0] == "MacaReady"
+
+
+def test_liveness_endpoint_of_the_node_agents() -> None:
+    import socket
+    import urllib.error
+    import urllib.request
+
+    from gpuk8s.services.health import serve_health
+    from gpuk8s.services.nodeagent import Liveness
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    liveness = Liveness(stale_after=60)
+    server = serve_health(port, liveness.status, "test")
+    try:
+        liveness.beat()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as answer:
+            assert answer.status == 200 and json.loads(answer.read())["passes"] == 1
+        for path, code in (("/nope", 404), ("/healthz", 503)):
+            if code == 503:
+                liveness.stale_after = -1  # no pass for longer than allowed
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5)
+            assert err.value.code == code
+    finally:
+        server.shutdown()
+        server.server_close()

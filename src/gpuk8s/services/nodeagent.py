@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
+from .health import serve_health
 from .kube import classify
 
 log = logging.getLogger("gpuk8s.nodeagent")
@@ -199,35 +200,20 @@ class Liveness:
         return (200 if age <= self.stale_after else 503), body
 
 
-def serve_health(port: int, liveness: Liveness, name: str) -> ThreadingHTTPServer:
-    """``GET /healthz`` on ``port`` (200 while the loop runs, 503 when it is stuck)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path not in ("/healthz", "/livez"):
-                self._send(404, {"error": f"no such path {self.path[:100]!r}; try /healthz"})
-                return
-            code, body = liveness.status()
-            self._send(code, body)
-
-        def _send(self, code: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
-
-    server = ThreadingHTTPServer(("", port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name=f"{name}-health", daemon=True).start()
-    return server
+def serve_until_stopped(one_pass: Callable[[], object], interval: float, health_port: int,
+                        name: str, stale_after: float) -> None:
+    """Run ``one_pass`` every ``interval`` seconds until SIGTERM/SIGINT, with the liveness
+    endpoint on ``health_port`` (0: none) failing once no pass finished for ``stale_after``."""
+    liveness = Liveness(stale_after)
+    if health_port:
+        serve_health(health_port, liveness.status, name)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    run_passes(one_pass, interval, stop, liveness)
 
 
-def run_passes(one_pass: Callable[[], None], interval: float, stop: threading.Event,
+def run_passes(one_pass: Callable[[], object], interval: float, stop: threading.Event,
                liveness: Liveness) -> None:
     """Call ``one_pass`` every ``interval`` seconds until ``stop``; an exception is logged
     and counted, the loop goes on (the next pass retries)."""

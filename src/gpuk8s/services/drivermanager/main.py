@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 
 from ...core.errors import ConfigError, GpuK8sError
@@ -28,10 +26,8 @@ from ..kube import api_client
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
 from ..nodeagent import (
     KubeNodeApi,
-    Liveness,
     Reporter,
-    run_passes,
-    serve_health,
+    serve_until_stopped,
     uninstalling,
 )
 from .agent import DriverAgent, MacaAgent, PayloadSource
@@ -168,19 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = agent.one_pass()
         print(report.to_json())
         return 0 if report.state in ("ready", "disabled") else 1
-    liveness = Liveness(stale_after=max(300.0, 10 * args.interval))
-    if args.health_port:
-        serve_health(args.health_port, liveness, component)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     log.info("starting", extra={"job": args.payload, "node": args.node_name,
                                 "policy": args.deploy_policy, "images": args.payload_image})
 
-    def one_pass() -> None:
-        agent.one_pass()
-
-    run_passes(one_pass, args.interval, stop, liveness)
+    serve_until_stopped(agent.one_pass, args.interval, args.health_port, component,
+                        max(300.0, 10 * args.interval))
     if uninstalling(api):
         # helm uninstall: take back what this agent published (the driver and the SDK stay
         # on the host: running workloads use them; see the README)

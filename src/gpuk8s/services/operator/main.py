@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,7 +21,7 @@ from ...core.errors import ConfigError, GpuK8sError
 from ...core.labels import PREFIX
 from ..kube import api_client, classify
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
-from ..nodeagent import UNINSTALL, Liveness, record_event, run_passes, serve_health
+from ..nodeagent import UNINSTALL, record_event, serve_until_stopped
 from .controller import CONFIG_NAME, STATUS_NAME, Controller
 
 log = logging.getLogger("gpuk8s.operator-controller")
@@ -222,17 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = controller.one_pass()
         print(status["summary"])
         return 0
-    liveness = Liveness(stale_after=max(120.0, 10 * args.interval))
-    if args.health_port:
-        serve_health(args.health_port, liveness, "operator-controller")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     log.info("starting", extra={"namespace": args.namespace, "policy": args.driver_deploy_policy})
 
-    def one_pass() -> None:
-        controller.one_pass()
-
-    run_passes(one_pass, args.interval, stop, liveness)
+    serve_until_stopped(controller.one_pass, args.interval, args.health_port, "operator-controller",
+                        max(120.0, 10 * args.interval))
     log.info("stopped")
     return 0
