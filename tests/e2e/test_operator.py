@@ -113,7 +113,7 @@ def operator_lab(lab: dict[str, str]) -> Iterator[dict[str, str]]:
             playbook("uninstall.yml", "-e", "gpuk8s_scheme=operator")
         lab_up("c500-8")
         if had_extensions:
-            run(str(LAB / "install"), timeout=900)
+            run(str(LAB / "install"), "-e", "gpu_artifacts_charts_force=true", timeout=900)
 
 
 def test_1_install_playbook_gives_a_bare_node_its_driver_sdk_and_gpus(
@@ -121,7 +121,9 @@ def test_1_install_playbook_gives_a_bare_node_its_driver_sdk_and_gpus(
 ) -> None:
     node = operator_lab["node"]
     assert not (SIM_ROOT / "opt/mxdriver").exists()  # bare: no driver, no SDK
-    run(str(LAB / "install"), "-e", "gpuk8s_scheme=operator", timeout=900)
+    # force: the registry may hold an older chart of the same version (another checkout)
+    run(str(LAB / "install"), "-e", "gpuk8s_scheme=operator",
+        "-e", "gpu_artifacts_charts_force=true", timeout=900)
     returned = time.monotonic()
     wait_until("allocatable 8", lambda: gpu(node) == 8, 180)
     assert time.monotonic() - returned < 180
