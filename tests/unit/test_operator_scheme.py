@@ -451,3 +451,36 @@ def test_liveness_endpoint_of_the_node_agents() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_wrapper_still_in_use_at_uninstall_is_removed_by_its_last_container(
+    tmp_path: Path,
+) -> None:
+    agent, _gpu_root, system = runtime_node(tmp_path)
+    agent.one_pass()
+    install = system / "usr/local/gpuk8s"
+    wrapper_host_path = agent.wrapper_path()  # what containerd records in each bundle
+    tasks = system / "run/containerd/io.containerd.runtime.v2.task/k8s.io"
+    for cid in ("c1", "c2"):
+        (tasks / cid).mkdir(parents=True)
+        (tasks / cid / "runtime").write_text(wrapper_host_path)
+    done = agent.uninstall()
+    assert any("retired" in line for line in done) and install.exists()
+    config_path = install / "bin/oci-runtime.json"
+    config = json.loads(config_path.read_text())
+    assert config["retired"] is True
+    # run it as the host would (paths of this test's system root)
+    fake_runc = tmp_path / "runc"
+    fake_runc.write_text("#!/bin/sh\nexit 0\n")
+    fake_runc.chmod(0o755)
+    config.update(runtime=str(fake_runc), installDir=str(install),
+                  tasksDir=str(tasks.parent))
+    config_path.write_text(json.dumps(config))
+    for cid in ("c1", "c2"):
+        (tasks / cid / "runtime").write_text(str(install / "bin" / WRAPPER_NAME))
+    wrapper = str(install / "bin" / WRAPPER_NAME)
+    subprocess.run([wrapper, "delete", "c1"], check=True)
+    assert install.exists()  # c2 still needs it
+    shutil.rmtree(tasks / "c1")
+    subprocess.run([wrapper, "delete", "--force", "c2"], check=True)
+    assert not install.exists()

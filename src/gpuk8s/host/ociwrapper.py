@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -35,6 +37,11 @@ DEFAULTS: dict[str, Any] = {
     "specDirs": ["/etc/cdi", "/var/run/cdi"],
     "sdkPaths": ["/opt/maca"],  # the image's own copy of these wins unless forced
     "forceEnv": "MACA_FORCE",
+    # set by container-runtime at uninstall while containers created through the wrapper
+    # still run: the last of them to be deleted removes installDir
+    "retired": False,
+    "installDir": "",
+    "tasksDir": "/run/containerd/io.containerd.runtime.v2.task",
 }
 # runc global options that take a value (the bundle flag comes after the subcommand)
 _VALUE_OPTIONS = {"--root", "--log", "--log-format", "--criu", "--rootless"}
@@ -140,12 +147,50 @@ def edit_bundle(bundle: str, config: dict[str, Any]) -> list[str]:
     return names
 
 
+def users(tasks_dir: str, wrapper: str, skip: str | None = None) -> list[str]:
+    """Ids of containers whose shim runs ``wrapper`` (their bundle's ``runtime`` file)."""
+    found: list[str] = []
+    try:
+        namespaces = os.listdir(tasks_dir)
+    except OSError:
+        return found
+    for namespace in namespaces:
+        try:
+            ids = os.listdir(os.path.join(tasks_dir, namespace))
+        except OSError:
+            continue
+        for cid in ids:
+            try:
+                with open(os.path.join(tasks_dir, namespace, cid, "runtime"),
+                          encoding="utf-8") as handle:
+                    runtime = handle.read().strip()
+            except OSError:
+                continue
+            if runtime == wrapper and cid != skip:
+                found.append(cid)
+    return found
+
+
+def retire(config: dict[str, Any], args: Sequence[str], wrapper: str) -> int:
+    """``delete`` of a retired wrapper: run it, then remove the wrapper when unused."""
+    runtime = str(config["runtime"])
+    rc = subprocess.call([runtime, *args])
+    positional = [a for a in args if not a.startswith("-")]
+    install = str(config["installDir"])
+    if rc == 0 and install.startswith("/") and install != "/" and \
+            not users(str(config["tasksDir"]), wrapper, positional[-1] if positional else None):
+        shutil.rmtree(install, ignore_errors=True)
+    return rc
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     here = os.path.dirname(os.path.realpath(sys.argv[0]))
     config = load_config(os.environ.get("GPUK8S_OCI_RUNTIME_CONFIG")
                          or os.path.join(here, CONFIG_NAME))
     command, bundle = find_bundle(args)
+    if command == "delete" and config["retired"]:
+        return retire(config, args, os.path.realpath(sys.argv[0]))
     if command in ("create", "run") and bundle:
         try:
             edit_bundle(bundle, config)

@@ -117,32 +117,45 @@ class KubeCluster:
                      object_namespace=self.namespace if kind == "ConfigMap" else "")
 
     # ------------------------------------------------------------------ uninstall
+    def _delete_and_wait(self, kind: str, names: Sequence[str], deadline: float) -> list[str]:
+        """Delete workloads (foreground) and wait for their pods; the pods left."""
+        delete = (self.apps.delete_namespaced_deployment if kind == "deployment"
+                  else self.apps.delete_namespaced_daemon_set)
+        for name in names:
+            try:
+                delete(name, self.namespace, propagation_policy="Foreground")
+            except Exception as err:
+                error = classify(err, f"delete {kind} {name}")
+                if error.status != 404:
+                    raise error from err
+        left: list[str] = []
+        while time.monotonic() < deadline:
+            left = [str(p["metadata"]["name"]) for p in self.pods(
+                "app.kubernetes.io/name in (" + ",".join(names) + ")")]
+            if not left:
+                break
+            time.sleep(2)
+        return left
+
     def uninstall(self, timeout: float) -> tuple[list[str], list[str]]:
-        """(done, left): see the README's uninstall section."""
+        """(done, left): see the README's uninstall section. Order: the controller first (it
+        would recreate what is cleaned), then every node agent but container-runtime, then
+        container-runtime (it takes the runtime handler away last)."""
         done: list[str] = []
+        deadline = time.monotonic() + timeout
+        left = self._delete_and_wait("deployment", ["operator-controller"], deadline)
+        if left:
+            return done, [f"operator-controller still running: {', '.join(left)}"]
+        done.append("operator-controller stopped")
         nodes = self.gpu_nodes()
         for node in nodes:
             self.annotate_node(str(node["metadata"]["name"]), {UNINSTALL: "true"})
         done.append(f"marked {len(nodes)} GPU node(s) for uninstall")
-        for name in NODE_AGENTS:
-            try:
-                self.apps.delete_namespaced_daemon_set(
-                    name, self.namespace, propagation_policy="Foreground")
-                done.append(f"daemonset {name} deleted")
-            except Exception as err:
-                error = classify(err, f"delete daemonset {name}")
-                if error.status != 404:
-                    raise error from err
-        deadline = time.monotonic() + timeout
-        left: list[str] = []
-        while time.monotonic() < deadline:
-            left = [str(p["metadata"]["name"]) for p in self.pods(
-                "app.kubernetes.io/name in (" + ",".join(NODE_AGENTS) + ")")]
-            if not left:
-                break
-            time.sleep(2)
-        if left:
-            return done, [f"pods still terminating after {timeout:.0f}s: {', '.join(left)}"]
+        for group in ([n for n in NODE_AGENTS if n != "container-runtime"], ["container-runtime"]):
+            left = self._delete_and_wait("daemonset", group, deadline)
+            if left:
+                return done, [f"pods still terminating after {timeout:.0f}s: {', '.join(left)}"]
+            done.append(f"{', '.join(group)} stopped")
         done.append("node agents stopped (each cleaned up its node)")
         try:
             every = [self._plain(n) for n in self.core.list_node().items]

@@ -32,7 +32,7 @@ from ...core.cdi import DEFAULT_KIND, DEFAULT_SDK_PATHS, SdkSource, build_spec, 
 from ...core.errors import GpuK8sError
 from ...discovery import discover
 from ...discovery.tools import host_path
-from ...host import files
+from ...host import files, ociwrapper
 from ...host.ociwrapper import CONFIG_NAME
 from ...host.readiness import clear_readiness, write_readiness
 from ..nodeagent import Report, Reporter
@@ -244,12 +244,17 @@ class RuntimeAgent:
                 done.append(containerd.restart(s.restart_mode, s.sys(s.containerd_socket),
                                                s.system_root))
         files.remove(config_path + ".gpuk8s-backup")
-        users = self.wrapper_users()
+        users = ociwrapper.users(s.sys(TASKS_DIR), self.wrapper_path())
+        install = s.sys(s.install_dir)
         if users:
-            done.append(f"wrapper kept: {len(users)} running container(s) were created through "
-                        f"it ({', '.join(users[:5])}); remove {s.install_dir} after they end")
+            # their shims call the wrapper to stop them: the last one removes it (retired)
+            config_path = os.path.join(install, "bin", ociwrapper.CONFIG_NAME)
+            config = files.read_json(config_path) or {}
+            config.update(retired=True, installDir=s.install_dir, tasksDir=TASKS_DIR)
+            files.write_json(config_path, config)
+            done.append(f"wrapper retired: {len(users)} running container(s) were created "
+                        f"through it; the last one to end removes {s.install_dir}")
         else:
-            install = s.sys(s.install_dir)
             for entry in (os.listdir(install) if os.path.isdir(install) else []):
                 files.remove(os.path.join(install, entry))
             try:
@@ -260,26 +265,6 @@ class RuntimeAgent:
         if clear_readiness(s.host_root, "runtime.ready", s.status_dir):
             done.append("runtime.ready marker removed")
         return done
-
-    def wrapper_users(self) -> list[str]:
-        """Ids of containers whose shim runs the wrapper (bundle file ``runtime``)."""
-        base = self.settings.sys(TASKS_DIR)
-        users: list[str] = []
-        try:
-            namespaces = os.listdir(base)
-        except OSError:
-            return users
-        for namespace in namespaces:
-            try:
-                ids = os.listdir(os.path.join(base, namespace))
-            except OSError:
-                continue
-            for cid in ids:
-                runtime = _read(os.path.join(base, namespace, cid, "runtime")) or ""
-                if runtime.strip() == self.wrapper_path():
-                    users.append(cid[:12])
-        return users
-
 
 def _read(path: str) -> str | None:
     try:
