@@ -599,6 +599,9 @@ def test_operator_controller_rbac() -> None:
     assert ("apps", "daemonsets", "delete", "gpu-device") in perms  # uninstall hook only
     hook = rendered.get("Job", "operator-uninstall")
     assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    # it waits for operator-controller's pods to be gone: it must not be one of them
+    labels = hook["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "operator-uninstall"
     assert container(hook, "uninstall")["args"][:3] == ["serve", "operator-controller",
                                                           "--namespace=$(POD_NAMESPACE)"]
 
