@@ -25,7 +25,7 @@ import logging
 import os
 import zipfile
 from dataclasses import dataclass, field
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from ...core.cdi import DEFAULT_KIND, DEFAULT_SDK_PATHS, SdkSource, build_spec, parse_spec
@@ -60,12 +60,13 @@ def wrapper_zip(python: str) -> bytes:
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("__main__.py", "import sys\nfrom gpuk8s.host.ociwrapper import main\n"
                                         "sys.exit(main())\n")
-        package = resources.files("gpuk8s")
-        archive.writestr("gpuk8s/__init__.py", package.joinpath("__init__.py").read_bytes())
+        # read from the installed package's directory (importlib.resources would follow a
+        # module spec that aliasing importers, e.g. Ansible's module_utils, may replace)
+        package = Path(__file__).resolve().parents[2]
+        archive.writestr("gpuk8s/__init__.py", (package / "__init__.py").read_bytes())
         for name in WRAPPER_PACKAGES:
-            for entry in sorted(package.joinpath(name).iterdir(), key=lambda e: e.name):
-                if entry.name.endswith(".py"):
-                    archive.writestr(f"gpuk8s/{name}/{entry.name}", entry.read_bytes())
+            for entry in sorted((package / name).glob("*.py")):
+                archive.writestr(f"gpuk8s/{name}/{entry.name}", entry.read_bytes())
     return f"#!{python}\n".encode() + buffer.getvalue()
 
 
