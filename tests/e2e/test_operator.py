@@ -6,6 +6,8 @@ real install procedure against the simulated host tree.
 The module switches the lab to `nodriver-8` (lab/up --preset) and back to `c500-8` at the
 end; an extensions-scheme release found installed (lab/install) is uninstalled first and
 installed again afterwards, so the lab is left as it was. Order matters (one install).
+The component images must be this checkout's (lab/up from it, as scripts/test does): other
+checkouts push the same tags.
 """
 
 from __future__ import annotations
@@ -109,11 +111,16 @@ def operator_lab(lab: dict[str, str]) -> Iterator[dict[str, str]]:
     try:
         yield {**lab, "containerd_config": original_config}
     finally:
-        if releases(NS):
-            playbook("uninstall.yml", "-e", "gpuk8s_scheme=operator")
-        lab_up("c500-8")
-        if had_extensions:
-            run(str(LAB / "install"), "-e", "gpu_artifacts_charts_force=true", timeout=900)
+        # each step on its own: a failed uninstall must not keep the lab on nodriver-8
+        try:
+            if releases(NS):
+                playbook("uninstall.yml", "-e", "gpuk8s_scheme=operator")
+        finally:
+            for release in releases(NS):  # the playbook failed: at least take the release away
+                helm("uninstall", release, "-n", NS, "--no-hooks", "--wait", check=False)
+            lab_up("c500-8")
+            if had_extensions:
+                run(str(LAB / "install"), "-e", "gpu_artifacts_charts_force=true", timeout=900)
 
 
 def test_1_install_playbook_gives_a_bare_node_its_driver_sdk_and_gpus(
