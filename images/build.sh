@@ -4,6 +4,9 @@
 #   images/build.sh system     [--import] [--push]   pause, kube-scheduler, lab-busybox (from scratch)
 #   images/build.sh components [--import] [--push]   gpu-device, gpu-label, gpu-aware, gpu-exporter,
 #                                                     driver-manager, container-runtime, operator-controller
+#   images/build.sh payloads   [--import] [--push]   the operator's payload images for the lab: a
+#                                                     simulated driver (driver-image), its SDK
+#                                                     (maca-c500) and a broken driver image
 #   images/build.sh base                              the debootstrapped Debian + python3 base tarball
 #   images/build.sh all        [--import] [--push]
 #
@@ -95,6 +98,35 @@ build_busybox() {
     "$PYTHON" "$IMAGES_DIR/ociimage.py" --ref "$BUSYBOX_REF" --out "$OUT/lab-busybox.oci.tar" \
         --layer "$specs" --cmd sh >/dev/null
     record "$OUT/lab-busybox.oci.tar" "$BUSYBOX_REF"
+}
+
+# ---------------------------------------------------------------- payload images (lab)
+# What driver-manager's payload containers run (README: payload images): the simulator's
+# driver / SDK trees (gpuk8s sim payload) plus a static busybox for sh, cp and sleep.
+LAB_DRIVER_VERSION="${LAB_DRIVER_VERSION:-2.33.0.6}"
+LAB_SDK_VERSION="${LAB_SDK_VERSION:-2.33.0.4}"
+LAB_SDK_TAG="$LAB_SDK_VERSION-ubuntu22.04-amd64"
+# a tag whose image holds another driver version than it says ("wrong version inside")
+LAB_BAD_DRIVER_TAG="${LAB_BAD_DRIVER_TAG:-2.34.0.1}"
+
+payload_image() {  # payload_image NAME TAG TREE IMAGEDIR
+    local name="$1" tag="$2" tree="$3" where="$4" specs="/bin/busybox=/bin/busybox:0755" applet
+    for applet in sh cp mkdir rm mv cat sleep test echo ls; do specs+=",L:/bin/$applet=busybox"; done
+    local ref="$IMAGE_REGISTRY/$name:$tag" archive="$OUT/payload-$name-$tag.oci.tar"
+    "$PYTHON" "$IMAGES_DIR/ociimage.py" --ref "$ref" --out "$archive" \
+        --layer "$specs" --layer "@$tree=$where" --env PATH=/bin --cmd sh >/dev/null
+    record "$archive" "$ref"
+}
+
+build_payloads() {
+    local gpuk8s work="$BUILD_DIR/work/payloads"
+    gpuk8s="$("$REPO_DIR/lab/pyenv.sh")/bin/gpuk8s"
+    rm -rf "$work"; mkdir -p "$work"
+    "$gpuk8s" sim payload driver --version "$LAB_DRIVER_VERSION" --out "$work/driver" >/dev/null
+    "$gpuk8s" sim payload maca --version "$LAB_SDK_VERSION" --out "$work/maca" >/dev/null
+    payload_image driver-image "$LAB_DRIVER_VERSION" "$work/driver" /driver
+    payload_image driver-image "$LAB_BAD_DRIVER_TAG" "$work/driver" /driver
+    payload_image maca-c500 "$LAB_SDK_TAG" "$work/maca" /opt/maca
 }
 
 # ---------------------------------------------------------------- base rootfs (debootstrap)
@@ -300,6 +332,7 @@ trap 'rm -f "$LIST"' EXIT
 case "$what" in
     system) { build_pause; build_scheduler; build_busybox; } >>"$LIST" ;;
     components) build_components >>"$LIST" ;;
+    payloads) build_payloads >>"$LIST" ;;
     base) base_tarball; exit 0 ;;
     all) { build_pause; build_scheduler; build_busybox; build_components; } >>"$LIST" ;;
     *) sed -n '2,20p' "$0" >&2; exit 2 ;;

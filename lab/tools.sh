@@ -8,6 +8,8 @@
 #                                 kube-controller-manager, kube-scheduler, kubelet,
 #                                 kube-proxy, kubectl
 #   lab/tools.sh etcd          -> absolute path of the directory holding etcd, etcdctl
+#   lab/tools.sh cdi           -> absolute path of gpuk8s-cdi-check: the reference CDI library
+#                                 (tags.cncf.io/container-device-interface) validating specs
 #   lab/tools.sh schemas       -> absolute path of the kubeconform JSON schema directory
 #                                 (generated from the built kube-apiserver's OpenAPI; see README)
 #   lab/tools.sh all           -> builds everything (helm first), prints a timing summary
@@ -156,6 +158,20 @@ ensure_etcd() {
 
 # Kubernetes JSON schemas for kubeconform, generated offline from the apiserver we built
 # (see lab/schemas.py). Needs a running apiserver, so lab/up produces them; this prints the dir.
+ensure_cdi() {
+    local dir="$BIN/cdi-check-$CDI_VERSION"
+    if [ ! -x "$dir/gpuk8s-cdi-check" ]; then
+        local work="$CACHE/work/cdi-check-$CDI_VERSION"
+        mkdir -p "$work" "$dir"
+        cp "$LAB_DIR/gomod/cdi/go.mod" "$LAB_DIR/gomod/cdi/go.sum" "$LAB_DIR/gomod/cdi/main.go" "$work/"
+        grep -q "tags.cncf.io/container-device-interface $CDI_VERSION" "$work/go.mod" ||
+            die "lab/gomod/cdi/go.mod does not require container-device-interface $CDI_VERSION"
+        go_env
+        timed "cdi-check-$CDI_VERSION" bash -c "cd '$work' && '$GO' build -trimpath -ldflags='-s -w' -o '$dir/gpuk8s-cdi-check.tmp' . && mv '$dir/gpuk8s-cdi-check.tmp' '$dir/gpuk8s-cdi-check'"
+    fi
+    echo "$dir/gpuk8s-cdi-check"
+}
+
 schemas_dir() {
     echo "$CACHE/schemas/kube-$KUBE_VERSION"
 }
@@ -174,12 +190,13 @@ case "${1:-}" in
     kubeconform) ensure_kubeconform ;;
     kube) ensure_kube ;;
     etcd) ensure_etcd ;;
+    cdi) ensure_cdi ;;
     schemas) schemas_dir ;;
     versions) cat "$LAB_DIR/versions.env" ;;
     all)
         t0=$(date +%s)
-        ensure_helm; ensure_kubeconform; ensure_kube; ensure_etcd; ensure_helm3
+        ensure_helm; ensure_kubeconform; ensure_kube; ensure_etcd; ensure_helm3; ensure_cdi
         log "all tools ready in $(( $(date +%s) - t0 ))s; build times: $CACHE/build-times.log"
         ;;
-    *) echo "usage: $0 helm|helm3|kubeconform|kube|etcd|schemas|all|versions" >&2; exit 2 ;;
+    *) echo "usage: $0 helm|helm3|kubeconform|kube|etcd|cdi|schemas|all|versions" >&2; exit 2 ;;
 esac

@@ -13,9 +13,10 @@ description:
   - Compares the driver version installed (C(/opt/mxdriver/Version.txt)) and running
     (C(/sys/module/metax/version), as discovery reads it) with O(version), and under
     O(deploy_policy) installs the payload, unloads the old module and loads the new one.
-  - C(IfNotPresent) installs when O(version) is not the installed version and loads it
-    when it is not the running one; C(Always) reinstalls and reloads on every run;
-    C(Never) changes nothing and only reports.
+  - C(IfNotPresent) installs only where no driver is loaded (a loaded driver is left
+    alone, whatever its version; an installed O(version) that is not loaded is loaded);
+    C(Always) converges to O(version) (install and reload unless it is both installed and
+    running); C(Never) changes nothing and only reports.
   - Refuses to unload while processes hold GPU devices open (C(/dev/dri/*),
     C(/dev/mxcd), ...) unless O(force=true) - drain the node first.
   - The payload is a directory laid out like the host (copied over O(host_root)), a
@@ -23,9 +24,14 @@ description:
     (C(dpkg -i), C(rpm -U)) or the installer runs; under any other O(host_root) the
     package's files are unpacked there (C(dpkg-deb -x), C(rpm2cpio | cpio), C(.run
     --noexec --target)) without package database or maintainer scripts.
-  - After loading, the running version is read back; a mismatch fails the task.
-    When the new driver cannot be installed or loaded after the old one was
-    unloaded, the module tries to load the old one again and says so.
+  - A directory payload is checked before anything is touched (its
+    C(opt/mxdriver/Version.txt) must be O(version)) and copied file by file with a backup
+    and a journal under C(/var/lib/gpuk8s); any later failure restores the previous files
+    and loads the previous driver again, and so does the next run after a crash.
+  - After loading, the running version is read back; a mismatch fails the task (and is
+    rolled back as above).
+  - The procedure is C(gpuk8s.host.driver), the same code the operator's driver-manager
+    runs.
 version_added: "0.1.0"
 author:
   - gpuk8s contributors
@@ -150,84 +156,19 @@ payload_kind:
   sample: dir
 """
 
-import os  # noqa: E402
-import shutil  # noqa: E402
-
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.gpuk8s.ansible import driver as drv  # noqa: E402
-from ansible.module_utils.gpuk8s.core.errors import ConfigError, GpuK8sError  # noqa: E402
-from ansible.module_utils.gpuk8s.discovery import discover  # noqa: E402
+from ansible.module_utils.gpuk8s.core.errors import GpuK8sError  # noqa: E402
+from ansible.module_utils.gpuk8s.host import driver as drv  # noqa: E402
 
 
-def read_state(root):
-    inventory = discover(root)
-    return drv.DriverState(
-        loaded=inventory.driver.loaded,
-        loaded_version=inventory.driver.version,
-        installed_version=drv.read_version_file(
-            os.path.join(root, drv.DRIVER_VERSION_FILE.lstrip("/"))
-        ),
-        sdk_version=inventory.sdk.version,
-    )
-
-
-def run(module, argv, what):
-    rc, out, err = module.run_command(argv)
-    if rc != 0:
-        raise drv.DriverError(f"{what} failed: `{' '.join(argv)}` exited with {rc}: "
-                              f"{(err or out).strip()[-500:]}")
-
-
-def install(module, kind, params):
-    root, payload = params["host_root"], params["payload"]
-    if params["install_command"]:
-        run(module, drv.expand(params["install_command"], payload=payload, host_root=root),
-            "install")
-    elif kind == "dir":
-        try:
-            shutil.copytree(payload, root, symlinks=True, dirs_exist_ok=True)
-        except (OSError, shutil.Error) as err:
-            raise drv.DriverError(f"copying payload {payload} onto {root} failed: {err}") from err
-    else:
-        for argv in drv.install_commands(kind, payload, root, tuple(params["run_args"])):
-            run(module, argv, "install")
-
-
-def converge(module, decision, before, kind, actions):
-    params = module.params
-    values = dict(module=params["module_name"], host_root=params["host_root"])
-    unloaded = False
-    if before.loaded:
-        busy = drv.gpu_processes(params["host_root"])
-        if busy and not params["force"]:
-            raise drv.DriverError(drv.busy_message(busy))
-        run(module, drv.expand(params["unload_command"], **values), "unloading the driver")
-        unloaded = True
-    try:
-        if decision.install:
-            install(module, kind, params)
-        run(module, drv.expand(params["load_command"], **values), "loading the driver")
-    except drv.DriverError as err:
-        if not unloaded:
-            raise
-        rc, _, _ = module.run_command(drv.expand(params["load_command"], **values))
-        again = "the previous driver was loaded again" if rc == 0 else (
-            "loading the previous driver failed too: the node has no GPU driver now")
-        raise drv.DriverError(f"{err}; {again}. The node stays as it is: fix the payload and "
-                              "rerun, or run the maintenance playbook's rescue steps") from err
-    for step in ("unload" if unloaded else None, "install" if decision.install else None, "load"):
-        if step:
-            actions.append(step)
-
-
-def planned_after(before, decision, params):
-    if not (decision.install or decision.load):
-        return before
-    return drv.DriverState(
-        loaded=True,
-        loaded_version=params["version"],
-        installed_version=params["version"] if decision.install else before.installed_version,
-        sdk_version=params["sdk_version"] or before.sdk_version,
+def request_from(params):
+    return drv.InstallRequest(
+        policy=params["deploy_policy"], version=params["version"], payload=params["payload"],
+        payload_kind=params["payload_kind"], run_args=tuple(params["run_args"]),
+        install_command=tuple(params["install_command"] or ()) or None,
+        module=params["module_name"], load_command=tuple(params["load_command"]),
+        unload_command=tuple(params["unload_command"]), force=params["force"],
+        sdk_version=params["sdk_version"],
     )
 
 
@@ -242,62 +183,46 @@ def main():
             install_command=dict(type="list", elements="str"),
             deploy_policy=dict(type="str", choices=list(drv.POLICIES), default="IfNotPresent"),
             module_name=dict(type="str", default="metax"),
-            load_command=dict(type="list", elements="str", default=["modprobe", "{module}"]),
-            unload_command=dict(type="list", elements="str",
-                                default=["modprobe", "-r", "{module}"]),
+            load_command=dict(type="list", elements="str", default=list(drv.DEFAULT_LOAD)),
+            unload_command=dict(type="list", elements="str", default=list(drv.DEFAULT_UNLOAD)),
             force=dict(type="bool", default=False),
             host_root=dict(type="path", default="/"),
         ),
         supports_check_mode=True,
     )
-    params = module.params
-    actions = []
-    kind = None
+    root = module.params["host_root"]
+    request = request_from(module.params)
+
+    def runner(argv):
+        return module.run_command(argv)
+
     try:
-        drv.check_version("version", params["version"])
-        drv.check_version("sdk_version", params["sdk_version"])
-        before = read_state(params["host_root"])
-        decision = drv.decide(params["deploy_policy"], params["version"], before)
-        if decision.install:
-            if not params["payload"]:
-                raise ConfigError(f"payload is required to install {params['version']} "
-                                  f"(deploy_policy {params['deploy_policy']})")
-            kind = drv.payload_kind(params["payload"], params["payload_kind"])
-        after = planned_after(before, decision, params)
-        changed = decision.install or decision.load
-        if changed and module.check_mode:
-            actions = [s for s, on in (("unload", before.loaded), ("install", decision.install),
-                                       ("load", True)) if on]
-        elif changed:
-            converge(module, decision, before, kind, actions)
-            after = read_state(params["host_root"])
-            if not drv.same_version(after.loaded_version, params["version"]):
-                raise drv.DriverError(
-                    f"after loading, the running driver is {after.loaded_version or 'none'}, "
-                    f"wanted {params['version']}: the payload does not hold that version, or "
-                    "the kernel refused it (check dmesg)"
-                )
-            if params["sdk_version"] and not drv.same_version(after.sdk_version,
-                                                              params["sdk_version"]):
-                raise drv.DriverError(
-                    f"SDK version is {after.sdk_version or 'none'} after installing, wanted "
-                    f"{params['sdk_version']}: the payload lacks opt/maca/Version.txt or holds "
-                    "another SDK"
-                )
+        if not module.check_mode:
+            recovered = drv.recover(root, request, runner)
+            if recovered:
+                module.warn(recovered)
+        before, decision, kind = drv.plan(root, request, runner)
+        if module.check_mode or not decision.changes:
+            outcome = drv.Outcome(before, drv.planned_after(before, decision, request), decision,
+                                  kind, drv.planned_actions(before, decision) if
+                                  decision.changes else [])
+        else:
+            outcome = drv.converge(root, request, runner)
     except GpuK8sError as err:
-        module.fail_json(msg=str(err), actions=actions)
+        done = getattr(err, "outcome", None)
+        module.fail_json(msg=str(err), actions=done.actions if done else [])
     result = dict(
-        changed=changed,
-        before=before.to_dict(),
-        after=after.to_dict(),
-        actions=actions,
-        reason=decision.reason,
-        payload_kind=kind,
+        changed=outcome.changed,
+        before=outcome.before.to_dict(),
+        after=outcome.after.to_dict(),
+        actions=outcome.actions,
+        reason=outcome.decision.reason,
+        payload_kind=outcome.kind,
     )
     if module._diff:
         result["diff"] = dict(
-            before="".join(f"{k}: {v}\n" for k, v in before.to_dict().items()),
-            after="".join(f"{k}: {v}\n" for k, v in after.to_dict().items()),
+            before="".join(f"{k}: {v}\n" for k, v in outcome.before.to_dict().items()),
+            after="".join(f"{k}: {v}\n" for k, v in outcome.after.to_dict().items()),
             before_header="driver", after_header="driver",
         )
     module.exit_json(**result)

@@ -89,11 +89,14 @@ from dataclasses import replace  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.gpuk8s.core.errors import ConfigError, GpuK8sError  # noqa: E402
-from ansible.module_utils.gpuk8s.core.labels import PREFIX, compute_labels, label_diff  # noqa: E402
+from ansible.module_utils.gpuk8s.core.labels import (  # noqa: E402
+    PREFIX,
+    READINESS_KEYS,
+    compute_labels,
+    label_diff,
+)
 from ansible.module_utils.gpuk8s.core.model import DriverMode  # noqa: E402
 from ansible.module_utils.gpuk8s.discovery import discover  # noqa: E402
-
-READINESS_KEYS = ("maca.ready", "runtime.ready")
 
 
 def labels_for(inventory, driver_mode, readiness, current):

@@ -36,8 +36,8 @@ options:
   command:
     description:
       - Run this program instead of writing C(sriov_numvfs) directly, once per write.
-        Placeholders C({address}), C({vfnum}) (the value of this write, 0 first when
-        needed) and C({host_root}) are replaced in each item.
+        Placeholders C({address}), C({index}) (GPU index), C({vfnum}) (the value of this
+        write, 0 first when needed) and C({host_root}) are replaced in each item.
       - The result is read back from C(sriov_numvfs) either way.
     type: list
     elements: str
@@ -101,23 +101,9 @@ vf_addresses:
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.gpuk8s.ansible import vfnum as vf  # noqa: E402
-from ansible.module_utils.gpuk8s.ansible.driver import expand  # noqa: E402
 from ansible.module_utils.gpuk8s.core.errors import GpuK8sError  # noqa: E402
 from ansible.module_utils.gpuk8s.discovery import discover  # noqa: E402
-
-
-def apply(module, plan, root):
-    for step in plan.steps:
-        command = module.params["command"]
-        if command:
-            argv = expand(list(command), address=step.address, vfnum=str(step.value),
-                          host_root=root)
-            rc, out, err = module.run_command(argv)
-            if rc != 0:
-                raise vf.VfError(f"{' '.join(argv)} exited with {rc}: {(err or out).strip()}")
-        else:
-            vf.write_numvfs(root, step)
+from ansible.module_utils.gpuk8s.host import vf  # noqa: E402
 
 
 def main():
@@ -137,21 +123,10 @@ def main():
         after = dict(plan.after)
         vf_addresses = {g.pci_address: list(g.sriov.vf_addresses) for g in plan.targets}
         if plan.changed and not module.check_mode:
-            apply(module, plan, root)
-            seen = {g.pci_address: g for g in discover(root).gpus}
-            after = {a: vf.read_numvfs(root, a) for a in plan.after}
-            vf_addresses = {a: list(seen[a].sriov.vf_addresses) if a in seen else []
-                            for a in plan.after}
-            wrong = {a: n for a, n in after.items() if n != params["vfnum"]}
-            if wrong:
-                raise vf.VfError(
-                    f"sriov_numvfs reads back {wrong} after writing {params['vfnum']}: the "
-                    "driver rejected the change (check dmesg)"
-                )
-            for address, addresses in vf_addresses.items():
-                if len(addresses) != params["vfnum"]:
-                    module.warn(f"{address}: sriov_numvfs is {params['vfnum']} but "
-                                f"{len(addresses)} virtfn link(s) exist")
+            done = vf.apply(root, plan, lambda argv: module.run_command(argv), params["command"])
+            after, vf_addresses = done.after, done.vf_addresses
+            for warning in done.warnings:
+                module.warn(warning)
     except GpuK8sError as err:
         module.fail_json(msg=str(err))
     result = dict(

@@ -369,6 +369,8 @@ def kubeconform_schemas(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "clusterrolebinding-rbac-v1",
         "role-rbac-v1",
         "rolebinding-rbac-v1",
+        "runtimeclass-node-v1",
+        "job-batch-v1",
     }
     for name in names:
         schema = json.loads((src / f"{name}.json").read_text())
@@ -422,7 +424,11 @@ def test_namespaced_objects_live_in_the_release_namespace(combo: Any) -> None:
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
     for doc in rendered.docs:
         meta = doc["metadata"]
-        if doc["kind"] in cluster_scoped:
+        if doc["kind"] == "RuntimeClass":  # pods name it: the handler's name, no prefix
+            assert "namespace" not in meta and meta["name"] == doc["handler"]
+        elif meta.get("namespace") == "default":  # Node Events live there (node-events.yaml)
+            assert doc["kind"] in ("Role", "RoleBinding") and meta["name"] == f"{REL}-node-events"
+        elif doc["kind"] in cluster_scoped:
             assert "namespace" not in meta
             assert meta["name"].startswith(f"{REL}-")
         else:
@@ -470,6 +476,8 @@ def test_images_registry_tag_and_pull_policy(combo: Any) -> None:
     for where, spec in rendered.pod_specs():
         for c in spec["containers"]:
             assert c["imagePullPolicy"] == pull, where
+            if "payload" in c["name"]:  # driver/SDK payload images: their own registry
+                continue
             repo, tag = c["image"].rsplit(":", 1)
             assert repo.rsplit("/", 1)[0] == registry, where
             component = repo.rsplit("/", 1)[1]
@@ -491,11 +499,20 @@ def test_least_privilege_security_contexts(combo: Any) -> None:
                      ("DaemonSet/gpu-exporter", "gpu-exporter")}
     for where, spec in rendered.pod_specs():
         assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
-        assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+        assert not spec.get("hostNetwork") and not spec.get("hostIPC")
+        # container-runtime signals containerd (restartMode signal): it must see its pid
+        assert not spec.get("hostPID") or where == "DaemonSet/container-runtime", where
         for c in spec["containers"]:
             sc = c["securityContext"]
             if (where, c["name"]) in privileged_ok:
                 assert sc["privileged"] is True
+                continue
+            if where == "DaemonSet/driver-manager" and "payload" in c["name"]:
+                # copies its image's files as they are (cp -a): owners and modes only
+                assert sc["capabilities"] == {"drop": ["ALL"],
+                                              "add": ["CHOWN", "FOWNER", "DAC_OVERRIDE"]}
+                assert sc["allowPrivilegeEscalation"] is False
+                assert sc["readOnlyRootFilesystem"] is True
                 continue
             assert not sc.get("privileged"), where
             assert sc["allowPrivilegeEscalation"] is False, where
@@ -545,8 +562,10 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
         ("", res, verb, ANY) for res in ("nodes", "pods") for verb in ("get", "list", "watch")
     }
     | {("", "configmaps", "get", "gpu-aware")},
-    "driver-manager": {("", "nodes", "get", ANY)}
-    | {("", "configmaps", verb, "driver-config") for verb in ("get", "list", "watch")},
+    "driver-manager": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),
+                       ("", "events", "create", ANY), ("", "pods", "get", ANY)},  # events: default
+    "container-runtime": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),
+                          ("", "events", "create", ANY)},
     "gpu-test": {("", "nodes", "get", ANY), ("", "nodes", "list", ANY)},
     "gpu-exporter": {("", "pods", "list", ANY)},
 }
@@ -566,23 +585,29 @@ def test_rbac_is_least_privilege(combo: Any) -> None:
     for where, spec in rendered.pod_specs():
         sa = spec["serviceAccountName"]
         assert rendered.has("ServiceAccount", sa), where
-        if sa == "container-runtime":
-            assert spec["automountServiceAccountToken"] is False
-            assert sa not in by_subject
-        else:
-            assert sa in by_subject, f"{where}: {sa} is bound to nothing"
+        assert sa in by_subject, f"{where}: {sa} is bound to nothing"
 
 
 def test_operator_controller_rbac() -> None:
     rendered = objs(OP, OP_MIN)
     perms = _permissions(_rules_by_subject(rendered)["operator-controller"])
-    assert ("", "pods/eviction", "create", ANY) in perms
-    assert ("", "nodes", "patch", ANY) in perms  # cordon / uncordon
-    assert ("", "pods", "delete", ANY) in perms  # namespace Role only: OnDelete rollouts
+    assert ("", "nodes", "patch", ANY) in perms  # desired vfnum, uninstall cleanup
+    assert ("", "pods", "delete", ANY) in perms  # namespace Role only: gpu-device restart
     cluster = _permissions(rendered.get("ClusterRole", f"{REL}-operator-controller")["rules"])
-    assert ("", "pods", "delete", ANY) not in cluster  # user pods leave only by eviction
-    assert ("", "configmaps", "update", "driver-config") in perms
+    assert ("", "pods", "delete", ANY) not in cluster  # never user pods
+    assert ("", "configmaps", "create", ANY) in perms  # driver-config when missing
+    for verb in ("get", "patch", "delete"):
+        assert ("", "configmaps", verb, "driver-config") in perms
     assert ("", "configmaps", "update", ANY) not in perms
+    assert ("", "configmaps", "patch", ANY) not in perms
+    assert ("apps", "daemonsets", "delete", "gpu-device") in perms  # uninstall hook only
+    hook = rendered.get("Job", "operator-uninstall")
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    # it waits for operator-controller's pods to be gone: it must not be one of them
+    labels = hook["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "operator-uninstall"
+    assert container(hook, "uninstall")["args"][:3] == ["serve", "operator-controller",
+                                                          "--namespace=$(POD_NAMESPACE)"]
 
 
 def test_node_agents_are_critical_and_tolerate_gpu_taints(combo: Any) -> None:
@@ -705,9 +730,10 @@ def test_gpu_device_daemonset(combo: Any) -> None:
     }
     if chart == OP:
         want |= {P + "maca.ready": ["true"], P + "runtime.ready": ["true"]}
-        assert "--cdi" in c["args"]
+        # CDI names only where the node accepts them; else the wrapper's annotation
+        assert {"--cdi=auto", "--cdi-annotation"} <= set(c["args"])
     else:
-        assert "--cdi" not in c["args"]
+        assert not any(a.startswith("--cdi") for a in c["args"])
     assert required_node_labels(ds) == want
     if "resources" in values.get("gpuDevice", {}):
         assert c["resources"] == values["gpuDevice"]["resources"]
@@ -798,10 +824,18 @@ def test_gpu_aware_runs_as_non_root_without_host_logs() -> None:
 
 # -- operator scheme --------------------------------------------------------------------------
 def test_operator_components_and_gating() -> None:
+    """SPEC §12 order through node labels: gpu-label (all) -> container-runtime
+    (gpu.installed) -> driver-manager (runtime.ready) -> gpu-device (maca + runtime ready)."""
     rendered = objs(OP, OP_MIN)
+    rt = rendered.get("DaemonSet", "container-runtime")
+    assert required_node_labels(rt) == {
+        P + "gpu.installed": ["true"],
+        "kubernetes.io/os": ["linux"],
+    }
     dm = rendered.get("DaemonSet", "driver-manager")
     assert required_node_labels(dm) == {
         P + "gpu.installed": ["true"],
+        P + "runtime.ready": ["true"],
         "kubernetes.io/os": ["linux"],
     }
     assert dm["spec"]["updateStrategy"]["type"] == "OnDelete"
@@ -809,31 +843,59 @@ def test_operator_components_and_gating() -> None:
     assert driver["args"][:3] == ["serve", "driver-manager", "--payload=driver"]
     f = flags(driver)
     assert f["deploy-policy"] == "IfNotPresent"
+    assert f["driver-version"] == "2.0.0"
     assert f["payload-image"] == "cr.metax-tech.com/cloud/driver-image:2.0.0"
-    assert f["vfnum-configmap"] == "driver-config"
-    assert container(dm, "maca")["args"][:3] == ["serve", "driver-manager", "--payload=maca"]
-    rt = rendered.get("DaemonSet", "container-runtime")
-    assert required_node_labels(rt) == {
-        P + "gpu.installed": ["true"],
-        P + "maca.ready": ["true"],
-        "kubernetes.io/os": ["linux"],
-    }
-    assert container(rt)["args"][:2] == ["serve", "container-runtime"]
-    assert mounts(rt)["/etc/cdi"].get("readOnly") is not True
+    payload = container(dm, "driver-payload")
+    assert payload["image"] == "cr.metax-tech.com/cloud/driver-image:2.0.0"
+    assert "/payload/driver.complete" in payload["args"][0]
+    assert mounts(dm, "driver")["/payload"]["readOnly"] is True
+    maca = container(dm, "maca")
+    assert maca["args"][:3] == ["serve", "driver-manager", "--payload=maca"]
+    assert mounts(dm, "maca")["/host/opt"].get("readOnly") is not True
+    for c in (driver, maca, container(rt)):
+        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    rc = container(rt)
+    assert rc["args"][:2] == ["serve", "container-runtime"]
+    f = flags(rc)
+    assert f["containerd-config"] == "/etc/containerd/config.toml"
+    assert f["restart-mode"] == "signal" and f["set-as-default"] == "true"
+    assert rt["spec"]["template"]["spec"]["hostPID"] is True
+    m = mounts(rt)
+    assert m["/host-system"]["readOnly"] is True
+    for writable in ("/host-system/etc/cdi", "/host-system/etc/containerd",
+                     "/host-system/usr/local/gpuk8s"):
+        assert m[writable].get("readOnly") is not True
+    runtime_class = rendered.get("RuntimeClass", "metax")
+    assert runtime_class["handler"] == "metax"
     oc = rendered.get("Deployment", "operator-controller")
     assert container(oc)["args"][:2] == ["serve", "operator-controller"]
+    assert container(oc)["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert oc["spec"]["strategy"]["type"] == "Recreate"
-    cm = rendered.get("ConfigMap", "driver-config")
-    assert yaml.safe_load(cm["data"]["node-vfnums"]) == {"nodes": {}}
+    # the chart does not ship driver-config: the controller creates it (and never resets it)
+    assert not rendered.has("ConfigMap", "driver-config")
     # the extensions chart has none of these
     ext = objs(EXT)
     for kind, name in [
         ("DaemonSet", "driver-manager"),
         ("DaemonSet", "container-runtime"),
         ("Deployment", "operator-controller"),
-        ("ConfigMap", "driver-config"),
+        ("RuntimeClass", "metax"),
+        ("Job", "operator-uninstall"),
     ]:
         assert not ext.has(kind, name)
+
+
+def test_operator_runtime_options() -> None:
+    rendered = objs(OP, _deep_merge(OP_MIN, {"runtime": {
+        "containerd": {"config": "/var/lib/lab/containerd/config.toml"},
+        "restartMode": "systemd", "setAsDefault": False, "handler": "gpu"}}))
+    rt = rendered.get("DaemonSet", "container-runtime")
+    f = flags(container(rt))
+    assert f["containerd-config"] == "/var/lib/lab/containerd/config.toml"
+    assert f["set-as-default"] == "false" and f["handler"] == "gpu"
+    assert not rt["spec"]["template"]["spec"]["hostPID"]  # systemd mode needs no pid
+    assert mounts(rt)["/host-system/var/lib/lab/containerd"]
+    assert rendered.get("RuntimeClass", "gpu")["handler"] == "gpu"
 
 
 def test_operator_payload_registries_and_images() -> None:
@@ -857,6 +919,13 @@ def test_operator_payload_registries_and_images() -> None:
     other = objs(OP, _deep_merge(values, {"maca": {"payload": {"registry": "sdk.local/m"}}}))
     args = container(other.get("DaemonSet", "driver-manager"), "maca")["args"]
     assert "--payload-image=sdk.local/m/maca-c500:2.18.0.3-ubuntu18.04-amd64" in args
+    # one payload container per SDK image, running that image
+    other_dm = other.get("DaemonSet", "driver-manager")
+    assert container(other_dm, "maca-payload-0")["image"] == \
+        "sdk.local/m/maca-c500:2.18.0.3-ubuntu18.04-amd64"
+    assert container(other_dm, "maca-payload-1")["image"].endswith(
+        "maca-c550:2.18.0.3-ubuntu22.04-amd64")
+    assert container(dm, "driver-payload")["image"] == "drv.local/x/mx-driver:2.31.0.6"
 
 
 def test_operator_deploy_policy_never_needs_no_version() -> None:
@@ -864,6 +933,8 @@ def test_operator_deploy_policy_never_needs_no_version() -> None:
     f = flags(container(rendered.get("DaemonSet", "driver-manager"), "driver"))
     assert f["deploy-policy"] == "Never"
     assert "payload-image" not in f
+    dm = rendered.get("DaemonSet", "driver-manager")
+    assert "driver-payload" not in {c["name"] for c in dm["spec"]["template"]["spec"]["containers"]}
 
 
 # -- the helm test hook ---------------------------------------------------------------------
@@ -985,7 +1056,8 @@ def test_both_charts_render_the_same_common_components() -> None:
     for d in (a, b):
         d["spec"]["template"]["spec"].pop("affinity")
         d["spec"]["template"]["spec"]["containers"][0]["args"] = [
-            x for x in d["spec"]["template"]["spec"]["containers"][0]["args"] if x != "--cdi"
+            x for x in d["spec"]["template"]["spec"]["containers"][0]["args"]
+            if not x.startswith("--cdi")
         ]
     assert a == b
 
@@ -1182,13 +1254,6 @@ def test_kubernetes_version_floor() -> None:
     assert rc == 0
     rc, _o, err = render_raw(EXT, {}, kube_version="1.22.9")
     assert rc != 0 and "1.23" in err
-
-
-def test_driver_config_ships_empty_vfnums() -> None:
-    rendered = objs(OP, OP_MIN)
-    cm = rendered.get("ConfigMap", "driver-config")
-    assert list(cm["data"]) == ["node-vfnums"]
-    assert yaml.safe_load(cm["data"]["node-vfnums"]) == {"nodes": {}}
 
 
 @pytest.mark.parametrize("chart,values", [(EXT, {"deployExtenderGPUAware": True}), (OP, OP_MIN)])

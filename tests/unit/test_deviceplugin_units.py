@@ -109,6 +109,14 @@ def test_container_spec_variants(inventories: dict[str, NodeInventory]) -> None:
     spec = cdi.container_spec(ids)
     assert spec.cdi_devices == [f"k.io/c={g1.pci_address}", f"k.io/c={g6.pci_address}"]
     assert spec.devices == []
+    assert spec.annotations == {}
+    # no CDI names: device nodes + env, and the annotation the runtime wrapper resolves
+    wrapped = DeviceSet(inv, "metax-tech.com/gpu", AllocateOptions(cdi_annotation=True))
+    spec = wrapped.container_spec(ids)
+    assert spec.cdi_devices == [] and len(spec.devices) == 5  # mxcd + 2 x (card, renderD)
+    assert spec.annotations == {
+        "cdi.k8s.io/gpuk8s": f"metax-tech.com/gpu={g1.pci_address},"
+                             f"metax-tech.com/gpu={g6.pci_address}"}
 
 
 def test_unknown_ids_and_empty_requests(inventories: dict[str, NodeInventory]) -> None:

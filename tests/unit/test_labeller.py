@@ -21,13 +21,13 @@ import pytest
 from gpuk8s import sim
 from gpuk8s.core.labels import PREFIX
 from gpuk8s.discovery import discover
+from gpuk8s.host.readiness import read_readiness
 from gpuk8s.services.kube import PermanentApiError, TemporaryApiError
 from gpuk8s.services.labeller.loop import Backoff, LabellerLoop
 from gpuk8s.services.labeller.main import main
 from gpuk8s.services.labeller.reconcile import (
     MAINTENANCE_ANNOTATION,
     format_diff,
-    read_readiness,
     reconcile,
     wanted_labels,
 )

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from gpuk8s import sim
-from gpuk8s.ansible import driver as drv
 from gpuk8s.ansible.harness import run_module
 from gpuk8s.core.errors import ConfigError
 from gpuk8s.discovery import discover
+from gpuk8s.host import driver as drv
 
 STANDIN = str(Path(__file__).resolve().parents[1] / "ansible" / "bin" / "sim_modprobe.py")
 OLD, NEW, SDK = "2.32.0.6", "2.33.0.6", "3.3.0.15"
@@ -35,17 +35,31 @@ def state(loaded: str | None, installed: str | None) -> drv.DriverState:
     return drv.DriverState(loaded is not None, loaded, installed, None)
 
 
+ABSENT, RUNS_NEW, RUNS_OLD = state(None, None), state(NEW, NEW), state(OLD, OLD)
+ON_DISK_NEW, ON_DISK_OLD, OLD_RUNS_NEW_ON_DISK = state(None, NEW), state(None, OLD), state(OLD, NEW)
+
+
 @pytest.mark.parametrize(
     ("policy", "current", "install", "load"),
     [
-        ("IfNotPresent", state(OLD, OLD), True, True),
-        ("IfNotPresent", state(None, None), True, True),
-        ("IfNotPresent", state(NEW, NEW), False, False),
-        ("IfNotPresent", state(None, NEW), False, True),
-        ("IfNotPresent", state(OLD, NEW), False, True),
-        ("Always", state(NEW, NEW), True, True),
-        ("Never", state(None, None), False, False),
-        ("Never", state(OLD, OLD), False, False),
+        # IfNotPresent: only where no driver is loaded; a loaded driver is left alone
+        ("IfNotPresent", ABSENT, True, True),
+        ("IfNotPresent", RUNS_NEW, False, False),
+        ("IfNotPresent", RUNS_OLD, False, False),
+        ("IfNotPresent", OLD_RUNS_NEW_ON_DISK, False, False),
+        ("IfNotPresent", ON_DISK_NEW, False, True),
+        ("IfNotPresent", ON_DISK_OLD, True, True),
+        # Always: converge to the wanted version
+        ("Always", ABSENT, True, True),
+        ("Always", RUNS_NEW, False, False),
+        ("Always", RUNS_OLD, True, True),
+        ("Always", OLD_RUNS_NEW_ON_DISK, False, True),
+        ("Always", ON_DISK_NEW, False, True),
+        ("Always", ON_DISK_OLD, True, True),
+        # Never: nothing, whatever the host has
+        ("Never", ABSENT, False, False),
+        ("Never", RUNS_OLD, False, False),
+        ("Never", ON_DISK_OLD, False, False),
     ],
 )
 def test_decide(policy: str, current: drv.DriverState, install: bool, load: bool) -> None:
@@ -71,7 +85,7 @@ def test_payload_kinds_and_commands(tmp_path: Path) -> None:
     assert drv.payload_kind(str(tmp_path / "x.tar"), "run") == "run"
     with pytest.raises(ConfigError, match="cannot tell its kind"):
         drv.payload_kind(str(tmp_path / "x.tar"))
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(drv.PayloadError, match="does not exist"):
         drv.payload_kind(str(tmp_path / "missing.deb"))
     assert drv.install_commands("deb", "p.deb", "/") == [["dpkg", "-i", "p.deb"]]
     assert drv.install_commands("deb", "p.deb", "/sim") == [["dpkg-deb", "-x", "p.deb", "/sim"]]
@@ -130,10 +144,12 @@ def modprobe_log(root: Path) -> list[str]:
 def test_upgrade_from_a_directory_payload(tmp_path: Path) -> None:
     root = sim_root(tmp_path)
     bundle = payload(tmp_path)
-    check = run(root, check=True, version=NEW, payload=str(bundle))
+    left_alone = run(root, version=NEW, payload=str(bundle))  # IfNotPresent: a driver runs
+    assert not left_alone["changed"] and "leaves it alone" in left_alone["reason"]
+    check = run(root, check=True, version=NEW, payload=str(bundle), deploy_policy="Always")
     assert check["changed"] and check["actions"] == ["unload", "install", "load"]
     assert discover(str(root)).driver.version == OLD and modprobe_log(root) == []
-    result = run(root, version=NEW, payload=str(bundle), sdk_version=SDK)
+    result = run(root, version=NEW, payload=str(bundle), sdk_version=SDK, deploy_policy="Always")
     assert result["changed"], result
     assert result["before"]["loaded_version"] == OLD
     assert result["after"] == {"loaded": True, "loaded_version": NEW, "installed_version": NEW,
@@ -143,7 +159,7 @@ def test_upgrade_from_a_directory_payload(tmp_path: Path) -> None:
     assert all(g.driver_bound for g in inventory.gpus)
     assert (root / "opt/mxdriver/lib/libmxsml.so").read_bytes() == b"\x7fELF stand-in"
     assert modprobe_log(root) == ["unload metax", f"load metax {NEW}"]
-    again = run(root, version=NEW, payload=str(bundle))
+    again = run(root, version=NEW, payload=str(bundle), deploy_policy="Always")
     assert not again["changed"] and again["actions"] == []
     assert modprobe_log(root) == ["unload metax", f"load metax {NEW}"]
 
@@ -155,12 +171,12 @@ def test_refuses_to_unload_while_gpus_are_busy(tmp_path: Path) -> None:
     (root / "proc/31337/comm").write_text("train.py\n")
     os.symlink("/dev/mxcd", fd / "4")
     bundle = payload(tmp_path)
-    result = run(root, version=NEW, payload=str(bundle))
+    result = run(root, version=NEW, payload=str(bundle), deploy_policy="Always")
     assert result["failed"] and "31337 (train.py" in result["msg"]
     assert "force" in result["msg"]
     assert discover(str(root)).driver.version == OLD and modprobe_log(root) == []
     assert (root / "opt/mxdriver/Version.txt").read_text().strip() == f"Version:{OLD}"
-    forced = run(root, version=NEW, payload=str(bundle), force=True)
+    forced = run(root, version=NEW, payload=str(bundle), force=True, deploy_policy="Always")
     assert forced["changed"] and discover(str(root)).driver.version == NEW
 
 
@@ -175,14 +191,18 @@ def test_version_mismatch_after_load_fails_and_says_so(tmp_path: Path) -> None:
     root = sim_root(tmp_path)
     # the package claims NEW but its kernel module is still the old one
     bundle = payload(tmp_path, ko_version=OLD)
-    result = run(root, version=NEW, payload=str(bundle))
+    result = run(root, version=NEW, payload=str(bundle), deploy_policy="Always")
     assert result["failed"] and f"running driver is {OLD}" in result["msg"]
+    # rolled back: the files on disk are the old driver's again, and it runs
+    assert (root / "opt/mxdriver/Version.txt").read_text().strip() == f"Version:{OLD}"
+    assert not (root / "lib/modules/6.1.0-sim/updates/metax.ko").exists()
+    assert discover(str(root)).driver.version == OLD
 
 
 def test_failed_load_reloads_the_previous_driver(tmp_path: Path) -> None:
     root = sim_root(tmp_path)
     bundle = payload(tmp_path)
-    result = run(root, version=NEW, payload=str(bundle),
+    result = run(root, version=NEW, payload=str(bundle), deploy_policy="Always",
                  install_command=["sh", "-c", "echo disk full >&2; exit 3"])
     assert result["failed"] and "previous driver was loaded again" in result["msg"]
     assert discover(str(root)).driver.loaded
@@ -190,8 +210,12 @@ def test_failed_load_reloads_the_previous_driver(tmp_path: Path) -> None:
 
 def test_missing_payload_or_version(tmp_path: Path) -> None:
     root = sim_root(tmp_path)
-    assert "payload is required" in run(root, version=NEW)["msg"]
+    assert "payload is required" in run(root, version=NEW, deploy_policy="Always")["msg"]
     assert "version is required" in run(root, payload=str(payload(tmp_path)))["msg"]
+    wrong = run(root, version=NEW, payload=str(payload(tmp_path, version=OLD)),
+                deploy_policy="Always")
+    assert wrong["failed"] and f"holds driver {OLD}" in wrong["msg"]
+    assert modprobe_log(root) == []  # refused before anything was touched
     assert "not a version" in run(root, version="2.33 beta", payload=str(tmp_path))["msg"]
 
 

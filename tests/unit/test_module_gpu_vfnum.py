@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from gpuk8s import sim
-from gpuk8s.ansible import vfnum as vf
 from gpuk8s.ansible.harness import run_module
 from gpuk8s.core.errors import ConfigError
 from gpuk8s.core.labels import compute_labels
 from gpuk8s.discovery import discover
+from gpuk8s.discovery.sysfs import read_numvfs
+from gpuk8s.host import vf
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +33,7 @@ def sim_root(tmp_path: Path, preset: str, vfnum: int | None = None) -> Path:
 
 def numvfs(root: Path) -> dict[str, int | None]:
     gpus = discover(str(root)).gpus
-    return {g.pci_address: vf.read_numvfs(str(root), g.pci_address) for g in gpus}
+    return {g.pci_address: read_numvfs(str(root), g.pci_address) for g in gpus}
 
 
 def run(root: Path, check: bool = False, **args: Any) -> dict[str, Any]:

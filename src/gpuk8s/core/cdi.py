@@ -509,3 +509,32 @@ def docker_args(edits: ContainerEdits) -> list[str]:
     for item in edits.env:
         args += ["--env", item]
     return args
+
+
+# ---------------------------------------------------------------- who accepts CDI names
+
+_KUBE_RE = re.compile(r"^v?(\d+)\.(\d+)")
+_RUNTIME_RE = re.compile(r"^([a-z-]+)://v?(\d+)\.(\d+)")
+
+
+def cdi_names_accepted(kubelet_version: str, runtime_version: str) -> tuple[bool, str]:
+    """Whether a device plugin may answer ``Allocate`` with CDI device names on a node
+    (``status.nodeInfo.kubeletVersion`` / ``containerRuntimeVersion``), and why.
+
+    The kubelet passes ``cdi_devices`` on from 1.29 (gate ``DevicePluginCDIDevices`` beta,
+    on by default; alpha and off in 1.28). The runtime must resolve them: containerd from
+    2.0 (CDI on by default; 1.7 only with ``enable_cdi``, which the Node does not show:
+    treated as no), CRI-O from 1.28. Anything else gets device nodes + mounts + env.
+    """
+    kube = _KUBE_RE.match(kubelet_version or "")
+    if not kube or (int(kube.group(1)), int(kube.group(2))) < (1, 29):
+        return False, (f"kubelet {kubelet_version or 'unknown'} does not pass CDI device names "
+                       "on by default (needs >= 1.29)")
+    runtime = _RUNTIME_RE.match(runtime_version or "")
+    if not runtime:
+        return False, f"container runtime {runtime_version or 'unknown'}: CDI support unknown"
+    kind, version = runtime.group(1), (int(runtime.group(2)), int(runtime.group(3)))
+    if (kind == "containerd" and version >= (2, 0)) or (kind == "cri-o" and version >= (1, 28)):
+        return True, f"kubelet {kubelet_version} and {runtime_version} accept CDI device names"
+    return False, (f"{runtime_version} does not resolve CDI device names by default "
+                   "(containerd >= 2.0, or 1.7 with enable_cdi; CRI-O >= 1.28)")

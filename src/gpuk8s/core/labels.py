@@ -33,6 +33,10 @@ LABEL_NAMES: tuple[str, ...] = (
     "runtime.ready",
 )
 
+# Operator-scheme readiness labels, published from marker files the node agents write
+# (gpuk8s.host.readiness); the one definition of their names.
+READINESS_KEYS: tuple[str, ...] = ("maca.ready", "runtime.ready")
+
 _VALUE_OK = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
@@ -97,8 +101,10 @@ def compute_labels(
     labels["gpu.sriov"] = str(state)
     labels["gpu.vfnum"] = str(max(g.sriov.num_vfs for g in gpus))
     for key, ready in (readiness or {}).items():
-        if key not in ("maca.ready", "runtime.ready"):
-            raise ValueError(f"readiness key {key!r} is not one of maca.ready, runtime.ready")
+        if key not in READINESS_KEYS:
+            raise ValueError(
+                f"readiness key {key!r} is not one of {', '.join(READINESS_KEYS)}"
+            )
         labels[key] = _bool(ready)
     return {f"{prefix}{k}": v for k, v in sorted(labels.items())}
 

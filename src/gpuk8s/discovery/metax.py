@@ -18,6 +18,7 @@ output without the MetaX header is rejected.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from ..core.model import (
     METAX_VENDOR_ID,
     DriverInfo,
+    DriverMode,
     Gpu,
     NodeInventory,
     SdkInfo,
@@ -54,6 +56,10 @@ MXSMI_CANDIDATES = (
     "/usr/local/bin/mx-smi",
 )
 SDK_CANDIDATES = ("/opt/maca", "/opt/mxn100")
+DRIVER_VERSION_FILE = "/opt/mxdriver/Version.txt"
+# Written by the operator's driver-manager when it installed the running driver
+# (gpuk8s.host.driver.record_owner): the driver is then `cloud`, else `native`.
+OWNER_RECORD = "/var/lib/gpuk8s/driver-owner.json"
 CONTROL_DEVICES = ("/dev/mxcd", "/dev/mxnd", "/dev/mxgd")
 # values of "Unavailable Reason" that mean the GPU is fine
 HEALTHY_REASONS = frozenset({"", "n/a", "na", "none", "-", "null", "available", "normal"})
@@ -191,6 +197,39 @@ def unavailable_reasons(
 # ------------------------------------------------------------------------ discovery
 
 
+def read_version_file(path: str) -> str | None:
+    """The version in a vendor ``Version.txt``: the first ``key:version`` line's value (the
+    vendor's scripts read it with ``cut -d: -f2``), else the first non-empty bare line.
+    None when the file is missing, unreadable or empty."""
+    text = sysfs.read_text(path)
+    if text is None:
+        return None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if ":" in line:
+            value = line.split(":")[1].strip()
+            if value:
+                return value
+    for line in lines:
+        if ":" not in line:
+            return line
+    return None
+
+
+def owner_record(root: str) -> dict[str, str] | None:
+    """The driver-manager's ownership record (``OWNER_RECORD``), or None."""
+    text = sysfs.read_text(host_path(root, OWNER_RECORD))
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("version"), str):
+        return None
+    return {str(k): str(v) for k, v in data.items()}
+
+
 def driver_info(root: str) -> tuple[DriverInfo, list[str]]:
     module = host_path(root, MODULE_DIR)
     if not os.path.isdir(module):
@@ -199,19 +238,22 @@ def driver_info(root: str) -> tuple[DriverInfo, list[str]]:
         ]
     version = sysfs.read_text(os.path.join(module, "version"))
     problems = [] if version else ["metax module loaded but /sys/module/metax/version unreadable"]
-    return DriverInfo(loaded=True, version=version or None), problems
+    record = owner_record(root)
+    # cloud only while the running driver is the one driver-manager installed: an admin who
+    # replaced it owns it again
+    cloud = record is not None and bool(version) and record["version"] == version
+    mode = DriverMode.CLOUD if cloud else DriverMode.NATIVE
+    return DriverInfo(loaded=True, version=version or None, mode=mode), problems
 
 
 def sdk_info(root: str) -> tuple[SdkInfo, list[str]]:
     for path in SDK_CANDIDATES:
-        text = sysfs.read_text(host_path(root, f"{path}/Version.txt"))
-        if text is None:
+        file = host_path(root, f"{path}/Version.txt")
+        if not os.path.lexists(file):
             continue
-        for line in text.splitlines():
-            if ":" in line:
-                version = line.split(":")[1].strip()
-                if version:
-                    return SdkInfo(version=version, path=path), []
+        version = read_version_file(file)
+        if version and ":" in (sysfs.read_text(file) or ""):
+            return SdkInfo(version=version, path=path), []
         return SdkInfo(path=path), [f"{path}/Version.txt has no 'key:version' line"]
     return SdkInfo(), ["MXMACA SDK not found (no /opt/maca/Version.txt)"]
 

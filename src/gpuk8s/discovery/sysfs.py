@@ -92,12 +92,25 @@ def _ancestors(resolved: str) -> tuple[str, ...]:
     return tuple(chain)
 
 
+NUMVFS = "sriov_numvfs"  # the one place that names the attribute (read here, written by host.vf)
+
+
+def numvfs_path(root: str, address: str) -> str:
+    """The ``sriov_numvfs`` attribute of PCI function ``address`` under ``root``."""
+    return host_path(root, f"{PCI_DEVICES}/{address}/{NUMVFS}")
+
+
+def read_numvfs(root: str, address: str) -> int | None:
+    """The VF count the kernel reports for ``address`` (None: no SR-IOV / unreadable)."""
+    return read_int(numvfs_path(root, address))
+
+
 def read_sriov(device_dir: str) -> Sriov:
     """SR-IOV state from the generic kernel ABI (``sriov_totalvfs`` and friends)."""
     total = read_int(os.path.join(device_dir, "sriov_totalvfs"))
     if not total:
         return Sriov(state=SriovState.FORBIDDEN)
-    num = read_int(os.path.join(device_dir, "sriov_numvfs")) or 0
+    num = read_int(os.path.join(device_dir, NUMVFS)) or 0
     vfs: list[tuple[int, str]] = []
     try:
         entries = os.listdir(device_dir)

@@ -49,9 +49,12 @@ __all__ = [
     "state",
     "sync",
     "tool_source",
+    "write_payload",
 ]
 
 FAIL_MODES = ("fault", "unbind", "remove")
+PAYLOAD_KINDS = ("driver", "maca")
+OS_RELEASE = 'NAME="Ubuntu"\nVERSION_ID="22.04"\nID=ubuntu\nID_LIKE=debian\n'
 DEFAULT_REASON = "GPU hang detected: uncorrectable ECC error (simulated)"
 
 
@@ -107,6 +110,8 @@ def _install_files(root: str, current: dict[str, Any]) -> None:
     simulated kernel library the stand-in tools import."""
     lib = os.path.join(root, tree.LIB_DIR, f"{tree.LIB_NAME}.py")
     tree.write_file(lib, Path(tree.__file__).read_text(encoding="utf-8"))
+    # the node's OS, as driver-manager reads it to pick an SDK image (SPEC §1: Ubuntu ...)
+    tree.write_file(os.path.join(root, "etc/os-release"), OS_RELEASE)
     driver = current["driver"]
     if current["vendor"] == "metax":
         tree.write_file(os.path.join(root, tree.MODPROBE_PATH), tool_source("modprobe"), 0o755)
@@ -131,6 +136,30 @@ def refresh(root: str) -> None:
     current = state(root)
     _install_files(root, current)
     tree.save_state(root, current)
+
+
+def write_payload(kind: str, version: str, out: str) -> None:
+    """A simulated vendor payload under ``out``, as the operator's payload images carry it.
+
+    ``driver``: a host-layout tree (``opt/mxdriver/Version.txt``, the stand-in ``mx-smi``,
+    ``lib/modules/<release>/extra/metax.ko`` with ``version=<version>``), which the
+    simulator's ``modprobe`` loads once it is installed on a simulated root.
+    ``maca``: an SDK tree (``Version.txt``, ``lib/``, ``bin/macainfo``), the content of an
+    SDK image's ``/opt/maca``.
+    """
+    if kind not in PAYLOAD_KINDS:
+        raise ConfigError(f"payload kind {kind!r}: choose one of {', '.join(PAYLOAD_KINDS)}")
+    if kind == "driver":
+        tree.write_file(os.path.join(out, "opt/mxdriver/Version.txt"), f"Version:{version}\n")
+        tree.write_file(os.path.join(out, tree.MXSMI_PATH), tool_source("mx-smi"), 0o755)
+        tree.write_file(os.path.join(out, tree.METAX_KO),
+                        f"\x7fELF (simulated)\x00version={version}\x00license=GPL\x00"
+                        "name=metax\x00")
+        return
+    tree.write_file(os.path.join(out, "Version.txt"), f"Version:{version}\n")
+    tree.write_file(os.path.join(out, "lib/libmcruntime.so"), "\x7fELF (simulated SDK)\n")
+    tree.write_file(os.path.join(out, "bin/macainfo"),
+                    f"#!/bin/sh\necho \"MXMACA {version} (simulated)\"\n", 0o755)
 
 
 def set_vfnum(root: str, vfnum: int, gpus: list[int] | None = None) -> None:

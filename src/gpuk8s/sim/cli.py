@@ -20,6 +20,7 @@ from . import (
     set_vfnum,
     state,
     sync,
+    write_payload,
 )
 
 
@@ -77,6 +78,12 @@ def parser() -> argparse.ArgumentParser:
                    help="a process on the GPU (host pid, memory MiB, optional percent of the "
                    "GPU it keeps busy); repeatable; replaces the GPU's process list")
     p.add_argument("--no-processes", action="store_true", help="remove the GPU's processes")
+
+    p = sub.add_parser("payload", help="write a simulated driver or SDK payload tree "
+                       "(what the operator's payload images carry)")
+    p.add_argument("kind", choices=("driver", "maca"))
+    p.add_argument("--version", required=True)
+    p.add_argument("--out", required=True, help="directory to write into")
 
     p = sub.add_parser("show", help="print the simulated state")
     p.add_argument("--root", required=True)
@@ -162,6 +169,9 @@ def main(argv: list[str]) -> int:
             refresh(args.root)
         elif args.command == "load":
             run_load(args)
+        elif args.command == "payload":
+            write_payload(args.kind, args.version, args.out)
+            print(f"{args.kind} payload {args.version} at {args.out}")
         elif args.command == "sync":
             print("changed" if sync(args.root) else "unchanged")
         else:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ...core.allocator import allocate
 from ...core.cdi import (
+    CDI_ANNOTATION,
     DEFAULT_SDK_PATHS,
     VISIBLE_ENV,
     ContainerEdits,
@@ -58,6 +59,7 @@ class AllocateOptions:
     sdk_paths: tuple[str, ...] | None = None  # None: the backend's defaults
     cdi: bool = False
     cdi_kind: str = ""  # "" : the resource name
+    cdi_annotation: bool = False  # without CDI names: cdi.k8s.io/gpuk8s for the wrapper
 
     def __post_init__(self) -> None:
         if self.visible_devices not in VISIBLE_DEVICES_MODES:
@@ -261,6 +263,9 @@ class DeviceSet:
             edits = sdk_edits(sdk, opts.device_path_prefix) if sdk else ContainerEdits()
         else:
             edits = edits_for_units(self.inventory, units, opts.device_path_prefix, sdk)
+            if opts.cdi_annotation:
+                kind = opts.cdi_kind or self.resource_name
+                spec.annotations[CDI_ANNOTATION] = ",".join(qualified(kind, u.id) for u in units)
         for node in edits.device_nodes:
             spec.devices.append((node.path, node.host_path, node.permissions))
         for mount in edits.mounts:

@@ -16,10 +16,12 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from types import FrameType
+from typing import Any
 
+from ...core.cdi import cdi_names_accepted
 from ...core.errors import ConfigError, GpuK8sError
 from ...core.model import NodeInventory
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
@@ -182,9 +184,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--cdi",
+        nargs="?",
+        const="on",
+        default={"1": "on", "true": "on"}.get(env.get("CDI", ""), env.get("CDI") or "off"),
+        choices=("off", "on", "auto"),
+        help="answer Allocate with CDI device names: on, off (device nodes + mounts + env), "
+        "auto (only where the node's kubelet and container runtime accept them, read from "
+        "its Node status.nodeInfo; needs --node-name)",
+    )
+    p.add_argument(
+        "--cdi-annotation",
         action="store_true",
-        default=env.get("CDI", "") in ("1", "true"),
-        help="answer Allocate with CDI device names instead of device nodes",
+        default=env.get("CDI_ANNOTATION", "") in ("1", "true"),
+        help="without CDI names: also set annotation cdi.k8s.io/gpuk8s to the container's CDI "
+        "device names, for the operator scheme's runtime wrapper (SDK injection)",
     )
     p.add_argument(
         "--cdi-kind",
@@ -237,8 +250,9 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
             visible_devices=args.visible_devices,
             mount_sdk=args.mount_sdk,
             sdk_paths=tuple(args.sdk_path) if args.sdk_path else None,
-            cdi=args.cdi,
+            cdi=args.cdi == "on",
             cdi_kind=args.cdi_kind,
+            cdi_annotation=args.cdi_annotation,
         ),
         pod_resources_socket=args.pod_resources_socket,
         node_name=args.node_name,
@@ -247,6 +261,28 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
     )
+
+
+def resolve_cdi(config: PluginConfig, node: Mapping[str, Any] | None = None) -> PluginConfig:
+    """``--cdi auto``: CDI names only where the node's kubelet and runtime accept them."""
+    if node is None:
+        if not config.node_name:
+            raise ConfigError("needs --node-name (NODE_NAME) to read the node's versions")
+        from kubernetes import client
+
+        from ..kube import api_client, classify
+
+        api = api_client(config.kubeconfig or None)
+        try:
+            node = api.sanitize_for_serialization(
+                client.CoreV1Api(api).read_node(config.node_name))
+        except Exception as err:
+            raise classify(err, f"read node {config.node_name}") from err
+    info = ((node or {}).get("status") or {}).get("nodeInfo") or {}
+    accepted, why = cdi_names_accepted(str(info.get("kubeletVersion", "")),
+                                       str(info.get("containerRuntimeVersion", "")))
+    log.info("CDI device names " + ("used" if accepted else "not used"), extra={"why": why})
+    return replace(config, allocate=replace(config.allocate, cdi=accepted))
 
 
 class DevicePluginApp:
@@ -343,6 +379,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"gpuk8s serve device-plugin: error: {err}", file=sys.stderr)
         return 2
+    if args.cdi == "auto":
+        try:
+            config = resolve_cdi(config)
+        except GpuK8sError as err:
+            print(f"gpuk8s serve device-plugin: error: --cdi auto: {err}", file=sys.stderr)
+            return 2
     from ...discovery import discover
 
     inventory = discover(config.host_root)

@@ -19,10 +19,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from ...core.errors import ConfigError, GpuK8sError
+from ..health import serve_health as serve_json_health
 from ..kube import ApiError, api_client
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
 from .loop import LabellerLoop, LoopStatus
@@ -33,6 +34,7 @@ from .reconcile import (
     NodeLabelStore,
     ReconcileResult,
     format_diff,
+    host_fingerprint,
     reconcile,
     wanted_labels,
 )
@@ -60,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--interval", type=float, default=60.0, help="seconds between passes (default 60)"
     )
+    parser.add_argument(
+        "--watch-interval",
+        type=float,
+        default=2.0,
+        help="seconds between cheap checks of the host (readiness markers, driver module, "
+        "PCI functions) that start a pass at once when something changed; 0: off (default 2)",
+    )
     parser.add_argument("--once", action="store_true", help="one pass, then exit")
     parser.add_argument(
         "--dry-run",
@@ -85,6 +94,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise ConfigError(f"--host-root: {args.host_root!r} is not a directory")
     if not args.interval > 0:
         raise ConfigError(f"--interval: {args.interval} must be a positive number of seconds")
+    if args.watch_interval < 0:
+        raise ConfigError(f"--watch-interval: {args.watch_interval} must be >= 0 (0: off)")
     if not 0 <= args.health_port <= 65535:
         raise ConfigError(f"--health-port: {args.health_port} must be 0 (off) or 1..65535")
 
@@ -121,33 +132,31 @@ def make_pass(
 def serve_health(port: int, status: LoopStatus, stale_after: float) -> ThreadingHTTPServer:
     """A liveness endpoint: 200 while the loop keeps attempting passes, else 503."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path != "/healthz":
-                self._send(404, {"Error": f"no such path {self.path!r}; try /healthz"})
-                return
-            with status.lock:
-                age = time.monotonic() - status.last_attempt
-                body = {"passes": status.passes, "lastError": status.last_error}
-            code = 200 if age <= stale_after else 503
-            body["status"] = "ok" if code == 200 else f"no pass attempted for {age:.0f}s"
-            self._send(code, body)
+    def check() -> tuple[int, dict[str, Any]]:
+        with status.lock:
+            age = time.monotonic() - status.last_attempt
+            body: dict[str, Any] = {"passes": status.passes, "lastError": status.last_error}
+        code = 200 if age <= stale_after else 503
+        body["status"] = "ok" if code == 200 else f"no pass attempted for {age:.0f}s"
+        return code, body
 
-        def _send(self, code: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    return serve_json_health(port, check, "labeller")
 
-        def log_message(self, format: str, *args: Any) -> None:
-            return
 
-    server = ThreadingHTTPServer(("", port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="labeller-health", daemon=True).start()
-    return server
+def watch_host(loop: LabellerLoop, host_root: str, status_dir: str, every: float) -> None:
+    """Wake the loop when ``host_fingerprint`` changes (a daemon thread)."""
+
+    def watch() -> None:
+        last = host_fingerprint(host_root, status_dir)
+        while not loop.stopped:
+            time.sleep(every)
+            current = host_fingerprint(host_root, status_dir)
+            if current != last:
+                last = current
+                log.info("host changed: relabelling now")
+                loop.wake()
+
+    threading.Thread(target=watch, name="labeller-watch", daemon=True).start()
 
 
 def main(
@@ -186,6 +195,8 @@ def main(
         return 0
 
     loop = LabellerLoop(one_pass, args.interval)
+    if args.watch_interval > 0:
+        watch_host(loop, args.host_root, args.status_dir, args.watch_interval)
     health = None
     if args.health_port:
         health = serve_health(args.health_port, loop.status, 3 * args.interval + 120)

@@ -1,8 +1,8 @@
 """One reconcile pass: host root -> wanted labels -> patch of the node's labels.
 
-Split so each piece is testable on its own: ``read_readiness`` and ``wanted_labels``
-read the host; ``NodeLabelStore`` is the only thing that talks to the API server;
-``reconcile`` compares and writes once (compute, then act).
+Split so each piece is testable on its own: ``wanted_labels`` reads the host (readiness
+markers through ``host.readiness``); ``NodeLabelStore`` is the only thing that talks to the
+API server; ``reconcile`` compares and writes once (compute, then act).
 """
 
 from __future__ import annotations
@@ -14,13 +14,11 @@ from typing import Any, Protocol
 
 from ...core.labels import PREFIX, compute_labels, label_diff
 from ...core.model import NodeInventory
+from ...host.readiness import STATUS_DIR, read_readiness
 from ..kube import PermanentApiError, classify
 
-# Operator-scheme readiness: the component that makes a thing ready writes a status file
-# (content ``true`` or ``false``) under the host root; an absent file means "this scheme
-# does not report it" and the label is not published.
-READINESS_KEYS: tuple[str, ...] = ("maca.ready", "runtime.ready")
-DEFAULT_STATUS_DIR = "/run/metax"
+# Operator-scheme readiness markers (gpuk8s.host.readiness: one reader, one writer).
+DEFAULT_STATUS_DIR = STATUS_DIR
 # Set by the node_maintenance role (SPEC §9) while a node is being worked on: the
 # labeller must not put back the labels the role removed until the role clears it.
 MAINTENANCE_ANNOTATION = "metax-tech.com/maintenance"
@@ -28,30 +26,31 @@ MAINTENANCE_ANNOTATION = "metax-tech.com/maintenance"
 Discover = Callable[[str], NodeInventory]
 
 
-def _under_root(root: str, path: str) -> str:
-    return os.path.join(root, path.lstrip("/"))
-
-
-def read_readiness(host_root: str, status_dir: str = DEFAULT_STATUS_DIR) -> dict[str, bool]:
-    """``{"maca.ready": True, ...}`` for every status file present under the root.
-
-    A file whose first word is ``true`` (any case) means ready; anything else
-    (``false``, empty, unreadable) means not ready, so a half-written or broken
-    marker never claims readiness.
-    """
-    states: dict[str, bool] = {}
-    directory = _under_root(host_root, status_dir)
-    for key in READINESS_KEYS:
-        path = os.path.join(directory, key)
-        if not os.path.lexists(path):
-            continue
+def host_fingerprint(host_root: str, status_dir: str = DEFAULT_STATUS_DIR) -> tuple[object, ...]:
+    """Cheap signature of what the labels depend on and what changes under the operator
+    scheme (readiness markers, the driver module, the PCI functions: VFs, hot-unplug), so
+    a change can trigger a pass at once instead of at the next interval."""
+    def listing(path: str) -> tuple[str, ...]:
         try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                words = handle.read(256).split()
+            return tuple(sorted(os.listdir(os.path.join(host_root, path))))
         except OSError:
-            words = []
-        states[key] = bool(words) and words[0].lower() == "true"
-    return states
+            return ()
+
+    def text(path: str) -> str | None:
+        try:
+            with open(os.path.join(host_root, path), encoding="utf-8", errors="replace") as f:
+                return f.read(256)
+        except OSError:
+            return None
+
+    return (
+        tuple(sorted(read_readiness(host_root, status_dir).items())),
+        text("sys/module/metax/version"),
+        text("sys/module/nvidia/version"),
+        text("var/lib/gpuk8s/driver-owner.json"),
+        listing("sys/bus/pci/devices"),
+        text("opt/maca/Version.txt"),
+    )
 
 
 def wanted_labels(

@@ -1,22 +1,25 @@
-"""SR-IOV virtual functions per GPU (the ``gpu_vfnum`` module's logic).
+"""SR-IOV virtual functions per GPU: plan (pure), apply, read back. The one implementation,
+used by the Ansible module ``gpu_vfnum`` and by driver-manager (``driver-config`` vfnum).
 
-The kernel ABI (REFERENCE §A): a physical function exposes ``sriov_totalvfs`` (read
-only) and ``sriov_numvfs``; changing a non-zero count needs a write of ``0`` first
-(the kernel refuses N -> M with EBUSY). Planning is pure; ``apply_sysfs`` performs
-the writes under a host root.
+The kernel ABI (REFERENCE §A): a physical function exposes ``sriov_totalvfs`` (read only)
+and ``sriov_numvfs``; changing a non-zero count needs a write of ``0`` first (the kernel
+refuses N -> M with EBUSY). The attribute is read in one place (``discovery.sysfs``).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..core.errors import ConfigError, GpuK8sError
 from ..core.model import Gpu, NodeInventory
+from ..core.vfconfig import ALLOWED_VFNUMS
+from ..discovery import discover
+from ..discovery.sysfs import numvfs_path, read_numvfs
+from ..discovery.tools import Runner
+from .driver import expand
 
-ALLOWED = (0, 1, 2, 4, 8)
-PCI_DEVICES = "/sys/bus/pci/devices"
+ALLOWED = ALLOWED_VFNUMS
 
 
 class VfError(GpuK8sError):
@@ -34,6 +37,7 @@ class VfStep:
 
 @dataclass(frozen=True)
 class VfPlan:
+    vfnum: int
     targets: tuple[Gpu, ...]
     steps: tuple[VfStep, ...]
     before: dict[str, int]  # address -> current VF count
@@ -95,11 +99,7 @@ def plan(inventory: NodeInventory, vfnum: int, gpus: Sequence[str] | None = None
         if vfnum != 0:
             steps.append(VfStep(gpu.index, gpu.pci_address, vfnum))
     before = {g.pci_address: g.sriov.num_vfs for g in targets}
-    return VfPlan(targets, tuple(steps), before, {g.pci_address: vfnum for g in targets})
-
-
-def numvfs_path(root: str, address: str) -> str:
-    return os.path.join(root, PCI_DEVICES.lstrip("/"), address, "sriov_numvfs")
+    return VfPlan(vfnum, targets, tuple(steps), before, {g.pci_address: vfnum for g in targets})
 
 
 def write_numvfs(root: str, step: VfStep) -> None:
@@ -115,9 +115,41 @@ def write_numvfs(root: str, step: VfStep) -> None:
         ) from err
 
 
-def read_numvfs(root: str, address: str) -> int | None:
-    try:
-        with open(numvfs_path(root, address), encoding="ascii") as handle:
-            return int(handle.read().strip() or 0)
-    except (OSError, ValueError):
-        return None
+@dataclass(frozen=True)
+class VfResult:
+    after: dict[str, int | None]  # address -> VF count read back
+    vf_addresses: dict[str, list[str]]  # address -> its VFs' PCI addresses
+    warnings: tuple[str, ...] = ()
+
+
+def apply(root: str, vf_plan: VfPlan, runner: Runner,
+          command: Sequence[str] | None = None) -> VfResult:
+    """Do the writes (sysfs, or ``command`` with ``{address}``, ``{index}``, ``{vfnum}``,
+    ``{host_root}``), then read back; VfError when the kernel did not take the count."""
+    for step in vf_plan.steps:
+        if command:
+            argv = expand(list(command), address=step.address, index=str(step.index),
+                          vfnum=str(step.value), host_root=root)
+            rc, out, err = runner(argv)
+            if rc != 0:
+                raise VfError(f"{' '.join(argv)} exited with {rc}: {(err or out).strip()}")
+        else:
+            write_numvfs(root, step)
+    return read_back(root, vf_plan)
+
+
+def read_back(root: str, vf_plan: VfPlan) -> VfResult:
+    seen = {g.pci_address: g for g in discover(root).gpus}
+    after = {a: read_numvfs(root, a) for a in vf_plan.after}
+    vf_addresses = {a: list(seen[a].sriov.vf_addresses) if a in seen else [] for a in vf_plan.after}
+    wrong = {a: n for a, n in after.items() if n != vf_plan.vfnum}
+    if wrong:
+        raise VfError(
+            f"sriov_numvfs reads back {wrong} after writing {vf_plan.vfnum}: the driver rejected "
+            "the change (check dmesg)"
+        )
+    warnings = tuple(
+        f"{address}: sriov_numvfs is {vf_plan.vfnum} but {len(addresses)} virtfn link(s) exist"
+        for address, addresses in vf_addresses.items() if len(addresses) != vf_plan.vfnum
+    )
+    return VfResult(dict(after), vf_addresses, warnings)

@@ -1,0 +1,492 @@
+"""Kernel driver (+ driver user space) install, load and verify: the one procedure.
+
+Called by the Ansible module ``gpu_driver``, the operator's ``driver-manager`` and the CLI.
+
+A *payload* is what gets installed: a directory laid out like the host (``opt/mxdriver``,
+``lib/modules/...``), a ``.deb``, an ``.rpm`` or the vendor's ``.run`` installer.
+
+* ``decide`` is the deploy-policy table (pure): ``Never`` touches nothing; ``IfNotPresent``
+  installs only where no driver is loaded (an existing driver is left alone, whatever its
+  version); ``Always`` converges to the wanted version (install + reload unless that
+  version is both installed and running).
+* ``converge`` runs it: checks the payload *before* touching the host (the version it
+  holds must be the wanted one), refuses to unload while processes hold GPU devices open,
+  unloads, installs, loads, reads the running version back. Directory payloads (and, under
+  a root other than ``/``, unpacked packages) are copied file by file with a backup and a
+  journal (``host.files``): any failure — or a crash, found by ``recover`` at the next
+  start — restores the previous files and loads the previous driver again. On ``/``, deb /
+  rpm / run payloads go through the package manager / installer (their own transaction);
+  a failure there still reloads the previous module.
+* ``record_owner`` writes ``discovery.metax.OWNER_RECORD``: labels then say
+  ``gpu.driver.mode=cloud`` while that driver runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from ..core.errors import ConfigError, GpuK8sError
+from ..discovery import discover
+from ..discovery.metax import DRIVER_VERSION_FILE, OWNER_RECORD, read_version_file
+from ..discovery.tools import Runner, host_path
+from . import files
+
+POLICIES = ("IfNotPresent", "Always", "Never")
+KINDS = ("dir", "deb", "rpm", "run")
+# What a GPU process holds open (REFERENCE §A: /dev/mxcd, /dev/dri/*; NVIDIA: /dev/nvidia*).
+GPU_DEVICE_PREFIXES = ("/dev/dri/", "/dev/mxcd", "/dev/mxnd", "/dev/mxgd", "/dev/nvidia")
+STATE_DIR = "/var/lib/gpuk8s"  # journal and backup of an install in progress
+JOURNAL = STATE_DIR + "/driver-install.json"
+BACKUP = STATE_DIR + "/driver-backup"
+DEFAULT_LOAD = ("modprobe", "{module}")
+DEFAULT_UNLOAD = ("modprobe", "-r", "{module}")
+VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+_~-]*$")
+
+
+class DriverError(GpuK8sError):
+    """Installing, loading or unloading the driver failed; the message says what to do."""
+
+    outcome: Outcome | None = None  # set by ``converge``: the state before, the steps done
+
+
+class PayloadError(DriverError):
+    """The payload is unusable (missing, wrong version inside); nothing was changed."""
+
+
+class GpuBusyError(DriverError):
+    """Processes use the GPUs: the driver cannot be unloaded now; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class DriverState:
+    loaded: bool
+    loaded_version: str | None  # the running module's version (/sys/module/<mod>/version)
+    installed_version: str | None  # on disk (/opt/mxdriver/Version.txt)
+    sdk_version: str | None
+    mode: str = "native"  # gpu.driver.mode: cloud while driver-manager's driver runs
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "loaded": self.loaded,
+            "loaded_version": self.loaded_version,
+            "installed_version": self.installed_version,
+            "sdk_version": self.sdk_version,
+        }
+
+
+@dataclass(frozen=True)
+class Decision:
+    install: bool
+    load: bool
+    reason: str
+
+    @property
+    def changes(self) -> bool:
+        return self.install or self.load
+
+
+def same_version(a: str | None, b: str | None) -> bool:
+    return a is not None and b is not None and a.strip().lstrip("v") == b.strip().lstrip("v")
+
+
+def check_version(name: str, value: str | None) -> None:
+    if value is not None and not VERSION_RE.match(value):
+        raise ConfigError(f"{name} {value!r} is not a version string (e.g. '2.33.0.6')")
+
+
+def check_policy(policy: str) -> None:
+    if policy not in POLICIES:
+        raise ConfigError(f"deploy_policy {policy!r}: choose one of {', '.join(POLICIES)}")
+
+
+def decide(policy: str, wanted: str | None, state: DriverState) -> Decision:
+    """The deploy-policy table (module doc). Pure."""
+    check_policy(policy)
+    if policy == "Never":
+        return Decision(False, False, "deploy_policy Never: the host's driver is left alone")
+    if not wanted:
+        raise ConfigError(f"version is required with deploy_policy {policy} (e.g. '2.33.0.6')")
+    check_version("version", wanted)
+    if policy == "IfNotPresent" and state.loaded:
+        running = state.loaded_version or "unknown version"
+        return Decision(False, False, f"a driver is loaded ({running}): IfNotPresent leaves it "
+                                      "alone")
+    if same_version(state.installed_version, wanted):
+        if state.loaded and same_version(state.loaded_version, wanted):
+            return Decision(False, False, f"{wanted} installed and loaded")
+        now = (state.loaded_version or "unknown") if state.loaded else "not loaded"
+        return Decision(False, True, f"{wanted} installed but the running driver is {now}")
+    was = state.installed_version or "nothing"
+    return Decision(True, True, f"installed {was}, wanted {wanted}")
+
+
+def read_state(root: str, runner: Runner | None = None) -> DriverState:
+    inventory = discover(root, runner=runner)
+    return DriverState(
+        loaded=inventory.driver.loaded,
+        loaded_version=inventory.driver.version,
+        installed_version=read_version_file(host_path(root, DRIVER_VERSION_FILE)),
+        sdk_version=inventory.sdk.version,
+        mode=str(inventory.driver.mode),
+    )
+
+
+# ----------------------------------------------------------------------------- payloads
+
+
+def payload_kind(path: str, kind: str = "auto") -> str:
+    if not os.path.exists(path):
+        raise PayloadError(f"payload {path} does not exist")
+    if kind != "auto":
+        if kind not in KINDS:
+            raise ConfigError(f"payload_kind {kind!r}: choose one of auto, {', '.join(KINDS)}")
+        return kind
+    if os.path.isdir(path):
+        return "dir"
+    for suffix in ("deb", "rpm", "run"):
+        if path.endswith("." + suffix):
+            return suffix
+    raise ConfigError(
+        f"payload {path}: cannot tell its kind from the name; use a directory, .deb, .rpm or "
+        ".run, or set payload_kind"
+    )
+
+
+def payload_version(path: str, kind: str) -> str | None:
+    """The driver version a directory payload holds (its ``opt/mxdriver/Version.txt``);
+    None for packages (checked after loading instead)."""
+    if kind != "dir":
+        return None
+    return read_version_file(os.path.join(path, DRIVER_VERSION_FILE.lstrip("/")))
+
+
+def check_payload(path: str, kind: str, wanted: str) -> None:
+    """Refuse a payload that holds another version than ``wanted`` (nothing touched)."""
+    inside = payload_version(path, kind)
+    if inside is not None and not same_version(inside, wanted):
+        raise PayloadError(
+            f"payload {path} holds driver {inside} (opt/mxdriver/Version.txt), not the wanted "
+            f"{wanted}: fix the payload (or the version asked for); nothing was changed"
+        )
+
+
+def install_commands(kind: str, payload: str, root: str,
+                     run_args: tuple[str, ...] = ()) -> list[list[str]]:
+    """argv lists that install a package payload onto ``root`` (``/``: package manager /
+    vendor installer) or unpack it into ``root`` (any other directory: files only)."""
+    real = os.path.realpath(root) == "/"
+    if kind == "deb":
+        return [["dpkg", "-i", payload]] if real else [["dpkg-deb", "-x", payload, root]]
+    if kind == "rpm":
+        if real:
+            return [["rpm", "-U", "--replacepkgs", "--replacefiles", payload]]
+        return [["sh", "-c", 'rpm2cpio "$1" | (cd "$2" && cpio -idmu --quiet)', "rpm-unpack",
+                 payload, root]]
+    if kind == "run":
+        if real:
+            return [["sh", payload, *run_args]]
+        # makeself archives: unpack without running the embedded installer
+        return [["sh", payload, "--noexec", "--target", root]]
+    raise ConfigError(f"no install command for payload kind {kind!r}")
+
+
+def expand(argv: list[str] | tuple[str, ...], **values: str) -> list[str]:
+    """``{host_root}`` / ``{payload}`` / ``{module}`` / ... placeholders in a command."""
+    out = []
+    for item in argv:
+        for key, value in values.items():
+            item = item.replace("{" + key + "}", value)
+        out.append(item)
+    return out
+
+
+# ------------------------------------------------------------------------ GPU processes
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    command: str
+    device: str
+
+
+def gpu_processes(root: str) -> list[GpuProcess]:
+    """Processes holding a GPU device open (``<root>/proc/<pid>/fd/*``)."""
+    proc = os.path.join(root, "proc")
+    found: list[GpuProcess] = []
+    try:
+        pids = sorted(int(p) for p in os.listdir(proc) if p.isdigit())
+    except OSError:
+        return found
+    for pid in pids:
+        fd_dir = os.path.join(proc, str(pid), "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if target.startswith(GPU_DEVICE_PREFIXES):
+                found.append(GpuProcess(pid, _comm(proc, pid), target))
+                break
+    return found
+
+
+def _comm(proc: str, pid: int) -> str:
+    try:
+        with open(os.path.join(proc, str(pid), "comm"), encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return "?"
+
+
+def busy_message(processes: list[GpuProcess]) -> str:
+    shown = ", ".join(f"{p.pid} ({p.command}: {p.device})" for p in processes[:10])
+    more = f" and {len(processes) - 10} more" if len(processes) > 10 else ""
+    return (
+        f"refusing to unload the GPU driver: {len(processes)} process(es) use the GPUs: "
+        f"{shown}{more}. Drain the node first (playbooks/maintenance.yml), or set force: true"
+    )
+
+
+# --------------------------------------------------------------------------- procedure
+
+
+@dataclass(frozen=True)
+class InstallRequest:
+    """What to converge to and how (the options of ``gpu_driver`` / driver-manager)."""
+
+    policy: str = "IfNotPresent"
+    version: str | None = None
+    payload: str | None = None
+    payload_kind: str = "auto"
+    run_args: tuple[str, ...] = ()
+    install_command: tuple[str, ...] | None = None
+    module: str = "metax"
+    load_command: tuple[str, ...] = DEFAULT_LOAD
+    unload_command: tuple[str, ...] = DEFAULT_UNLOAD
+    force: bool = False
+    sdk_version: str | None = None
+    owner: str | None = None  # record ownership (driver-manager: "driver-manager")
+
+    def check(self) -> None:
+        check_policy(self.policy)
+        check_version("version", self.version)
+        check_version("sdk_version", self.sdk_version)
+
+
+@dataclass
+class Outcome:
+    """Result of ``converge`` (also on failure, through ``DriverError.outcome``)."""
+
+    before: DriverState
+    after: DriverState
+    decision: Decision
+    kind: str | None = None
+    actions: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.decision.changes
+
+
+def plan(root: str, request: InstallRequest, runner: Runner | None = None
+         ) -> tuple[DriverState, Decision, str | None]:
+    """(state, decision, payload kind) without changing anything (check mode)."""
+    request.check()
+    before = read_state(root, runner)
+    decision = decide(request.policy, request.version, before)
+    kind = None
+    if decision.install:
+        if not request.payload:
+            raise ConfigError(f"payload is required to install {request.version} "
+                              f"(deploy_policy {request.policy})")
+        kind = payload_kind(request.payload, request.payload_kind)
+        check_payload(request.payload, kind, str(request.version))
+    return before, decision, kind
+
+
+def planned_after(before: DriverState, decision: Decision, request: InstallRequest
+                  ) -> DriverState:
+    if not decision.changes:
+        return before
+    return replace(
+        before,
+        loaded=True,
+        loaded_version=request.version,
+        installed_version=request.version if decision.install else before.installed_version,
+        sdk_version=request.sdk_version or before.sdk_version,
+    )
+
+
+def planned_actions(before: DriverState, decision: Decision) -> list[str]:
+    steps = (("unload", before.loaded and decision.changes), ("install", decision.install),
+             ("load", decision.changes))
+    return [name for name, on in steps if on]
+
+
+def _run(runner: Runner, argv: list[str], what: str) -> None:
+    try:
+        rc, out, err = runner(argv)
+    except OSError as exc:
+        raise DriverError(f"{what} failed: `{' '.join(argv)}` could not run: {exc}") from exc
+    if rc != 0:
+        raise DriverError(f"{what} failed: `{' '.join(argv)}` exited with {rc}: "
+                          f"{(err or out).strip()[-500:]}")
+
+
+def _install_files(root: str, request: InstallRequest, kind: str, runner: Runner) -> None:
+    payload = str(request.payload)
+    journal, backup = host_path(root, JOURNAL), host_path(root, BACKUP)
+    if request.install_command:
+        _run(runner, expand(request.install_command, payload=payload, host_root=root),
+             "install")
+        return
+    if kind == "dir":
+        files.install_tree(payload, root, journal, backup)
+        return
+    if os.path.realpath(root) == "/":
+        for argv in install_commands(kind, payload, root, request.run_args):
+            _run(runner, argv, "install")
+        return
+    # a package onto a root that is not /: unpack aside, then the journalled copy
+    staging = tempfile.mkdtemp(prefix=".gpuk8s-driver-", dir=host_path(root, STATE_DIR))
+    try:
+        for argv in install_commands(kind, payload, staging, request.run_args):
+            _run(runner, argv, "unpacking the payload")
+        files.install_tree(staging, root, journal, backup)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _load(root: str, request: InstallRequest, runner: Runner) -> None:
+    _run(runner, expand(request.load_command, module=request.module, host_root=root),
+         "loading the driver")
+
+
+def recover(root: str, request: InstallRequest, runner: Runner) -> str | None:
+    """Finish what a process that died during ``converge`` left: roll the files back and
+    load the driver that is then on disk. Returns what was done, None when nothing was."""
+    journal = host_path(root, JOURNAL)
+    if not os.path.lexists(journal):
+        return None
+    files.rollback(journal)
+    state = read_state(root, runner)
+    if state.loaded or state.installed_version is None:
+        return "rolled back an interrupted driver install"
+    try:
+        _load(root, request, runner)
+    except DriverError as err:
+        return ("rolled back an interrupted driver install; loading the previous driver "
+                f"failed: {err}")
+    return "rolled back an interrupted driver install and loaded the previous driver again"
+
+
+def converge(root: str, request: InstallRequest, runner: Runner,
+             on_step: Callable[[str], None] | None = None) -> Outcome:
+    """Bring the host to ``request`` (see the module doc). Raises ``DriverError`` (with
+    ``.outcome``) when it could not; the host is then as it was before."""
+    before, decision, kind = plan(root, request, runner)
+    outcome = Outcome(before, before, decision, kind)
+    if not decision.changes:
+        return outcome
+    try:
+        _converge(root, request, runner, outcome, on_step or (lambda _step: None))
+    except DriverError as err:
+        err.outcome = outcome
+        raise
+    return outcome
+
+
+def _converge(root: str, request: InstallRequest, runner: Runner, outcome: Outcome,
+              on_step: Callable[[str], None]) -> None:
+    before, decision, kind = outcome.before, outcome.decision, outcome.kind
+    wanted = str(request.version)
+    unloaded = False  # whether a driver ran before (and was unloaded by us)
+    if before.loaded:
+        busy = gpu_processes(root)
+        if busy and not request.force:
+            raise GpuBusyError(busy_message(busy))
+        on_step("unload")
+        _run(runner, expand(request.unload_command, module=request.module, host_root=root),
+             "unloading the driver")
+        unloaded = True
+        outcome.actions.append("unload")
+    os.makedirs(host_path(root, STATE_DIR), exist_ok=True)
+    try:
+        if decision.install:
+            on_step("install")
+            _install_files(root, request, str(kind), runner)
+            outcome.actions.append("install")
+        on_step("load")
+        _load(root, request, runner)
+        outcome.actions.append("load")
+        after = read_state(root, runner)
+        if not same_version(after.loaded_version, wanted):
+            raise DriverError(
+                f"after loading, the running driver is {after.loaded_version or 'none'}, "
+                f"wanted {wanted}: the payload does not hold that version, or the kernel "
+                "refused it (check dmesg)"
+            )
+        if request.sdk_version and not same_version(after.sdk_version, request.sdk_version):
+            raise DriverError(
+                f"SDK version is {after.sdk_version or 'none'} after installing, wanted "
+                f"{request.sdk_version}: the payload lacks opt/maca/Version.txt or holds "
+                "another SDK"
+            )
+    except DriverError as err:
+        raise type(err)(f"{err}; {_undo(root, request, runner, unloaded)}") from err
+    files.commit(host_path(root, JOURNAL))
+    if request.owner:
+        record_owner(root, wanted, request.owner)
+    else:
+        clear_owner(root)  # installed by the admin's own tooling: native again
+    outcome.after = read_state(root, runner)
+
+
+def _undo(root: str, request: InstallRequest, runner: Runner, was_loaded: bool) -> str:
+    """Roll the files back, unload whatever got loaded, and load the previous driver again
+    when there was one running; says what happened."""
+    rolled = files.rollback(host_path(root, JOURNAL)) is not None
+    what = "the previous driver files were restored" if rolled else "no file had been changed"
+    if read_state(root, runner).loaded:
+        _run_quiet(runner, expand(request.unload_command, module=request.module,
+                                  host_root=root))
+    if not was_loaded:
+        return f"{what}; no driver was loaded before and none is loaded now"
+    rc = _run_quiet(runner, expand(request.load_command, module=request.module, host_root=root))
+    again = ("the previous driver was loaded again" if rc == 0 else
+             "loading the previous driver failed too: the node has no GPU driver now")
+    return (f"{what}; {again}. Fix the payload and retry, or run the maintenance playbook's "
+            "rescue steps")
+
+
+def _run_quiet(runner: Runner, argv: list[str]) -> int:
+    try:
+        return runner(argv)[0]
+    except OSError:
+        return 127
+
+
+# --------------------------------------------------------------------------- ownership
+
+
+def record_owner(root: str, version: str, owner: str) -> None:
+    """Mark the running driver as installed by ``owner`` (labels: gpu.driver.mode=cloud)."""
+    files.write_json(host_path(root, OWNER_RECORD), {
+        "version": version, "owner": owner,
+        "installed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    })
+
+
+def clear_owner(root: str) -> bool:
+    return files.remove(host_path(root, OWNER_RECORD))

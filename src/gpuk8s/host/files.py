@@ -1,0 +1,194 @@
+"""Crash-safe file operations on a host: atomic writes and journalled tree installs.
+
+``install_tree`` copies a directory tree over a root file by file (each file through a
+temp file + ``rename``), after backing up every file it will replace and writing a
+journal that names what it created and replaced. ``rollback`` undoes it from the journal,
+so a process that died half-way (or a later step that failed) leaves the host as it was;
+``commit`` forgets the backup. The journal lives where a restarted process finds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.errors import GpuK8sError
+
+
+class HostFileError(GpuK8sError):
+    """A file operation on the host failed; the message names the path."""
+
+
+def atomic_write(path: str, text: str, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``text`` in one rename (readers see old or new, never half)."""
+    directory = os.path.dirname(path) or "."
+    try:
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise HostFileError(f"writing {path} failed: {err.strerror or err}") from err
+
+
+def read_json(path: str) -> Any:
+    """Decoded JSON of ``path``; None when it does not exist or is not valid JSON."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: str, data: Any, mode: int = 0o644) -> None:
+    atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode)
+
+
+def remove(path: str) -> bool:
+    """Remove a file, symlink or tree; True when something was there."""
+    try:
+        if os.path.islink(path) or os.path.isfile(path):
+            os.unlink(path)
+        elif os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            return False
+    except OSError as err:
+        raise HostFileError(f"removing {path} failed: {err.strerror or err}") from err
+    return True
+
+
+@dataclass
+class TreeJournal:
+    """What ``install_tree`` did (relative paths under ``root``)."""
+
+    root: str
+    backup: str
+    created: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    made_dirs: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"root": self.root, "backup": self.backup, "created": self.created,
+                "replaced": self.replaced, "made_dirs": self.made_dirs}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TreeJournal | None:
+        if not isinstance(data, dict) or not isinstance(data.get("root"), str):
+            return None
+        return cls(data["root"], str(data.get("backup", "")),
+                   [str(p) for p in data.get("created", [])],
+                   [str(p) for p in data.get("replaced", [])],
+                   [str(p) for p in data.get("made_dirs", [])])
+
+
+def _entries(source: str) -> tuple[list[str], list[str]]:
+    """(dirs, files-and-symlinks) of a tree, relative, dirs parents first."""
+    dirs: list[str] = []
+    files: list[str] = []
+    for current, subdirs, names in os.walk(source):
+        rel = os.path.relpath(current, source)
+        for name in sorted(subdirs):
+            path = os.path.normpath(os.path.join(rel, name))
+            if os.path.islink(os.path.join(source, path)):
+                files.append(path)  # a symlink to a dir is copied as a link
+            else:
+                dirs.append(path)
+        files.extend(os.path.normpath(os.path.join(rel, n)) for n in sorted(names))
+        subdirs[:] = sorted(d for d in subdirs if not os.path.islink(os.path.join(current, d)))
+    return dirs, files
+
+
+def _copy_entry(src: str, dest: str) -> None:
+    tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.gpuk8s-new")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    if os.path.islink(src):
+        os.symlink(os.readlink(src), tmp)
+    else:
+        shutil.copy2(src, tmp)
+    os.replace(tmp, dest)
+
+
+def install_tree(source: str, root: str, journal_path: str, backup_dir: str) -> TreeJournal:
+    """Copy ``source`` over ``root``; back up what it replaces; journal every step.
+
+    On any error the caller runs ``rollback(journal_path)``; the journal is written before
+    the first file is replaced, so that also works after a crash.
+    """
+    dirs, files = _entries(source)
+    journal = TreeJournal(root, backup_dir)
+    try:
+        for rel in dirs:
+            target = os.path.join(root, rel)
+            if os.path.lexists(target) and not os.path.isdir(target):
+                raise HostFileError(f"{target} exists and is not a directory")
+            if not os.path.lexists(target):
+                journal.made_dirs.append(rel)
+        for rel in files:
+            target = os.path.join(root, rel)
+            if os.path.isdir(target) and not os.path.islink(target):
+                raise HostFileError(f"{target} is a directory; the payload has a file there")
+            if os.path.lexists(target):
+                saved = os.path.join(backup_dir, rel)
+                os.makedirs(os.path.dirname(saved), exist_ok=True)
+                if os.path.islink(target):
+                    if os.path.lexists(saved):
+                        os.unlink(saved)
+                    os.symlink(os.readlink(target), saved)
+                else:
+                    shutil.copy2(target, saved)
+                journal.replaced.append(rel)
+            else:
+                journal.created.append(rel)
+        write_json(journal_path, journal.to_dict())
+        for rel in dirs:
+            os.makedirs(os.path.join(root, rel), exist_ok=True)
+        for rel in files:
+            _copy_entry(os.path.join(source, rel), os.path.join(root, rel))
+    except OSError as err:
+        raise HostFileError(
+            f"copying {source} onto {root} failed: {err.strerror or err} "
+            f"({getattr(err, 'filename', '') or ''})"
+        ) from err
+    return journal
+
+
+def rollback(journal_path: str) -> TreeJournal | None:
+    """Undo an ``install_tree`` from its journal (idempotent); None when there is none."""
+    journal = TreeJournal.from_dict(read_json(journal_path))
+    if journal is None:
+        return None
+    try:
+        for rel in journal.created:
+            path = os.path.join(journal.root, rel)
+            if os.path.lexists(path):
+                os.unlink(path)
+        for rel in journal.replaced:
+            saved = os.path.join(journal.backup, rel)
+            if os.path.lexists(saved):
+                _copy_entry(saved, os.path.join(journal.root, rel))
+        for rel in reversed(journal.made_dirs):
+            path = os.path.join(journal.root, rel)
+            if os.path.isdir(path) and not os.listdir(path):
+                os.rmdir(path)
+    except OSError as err:
+        raise HostFileError(f"rolling back {journal_path} failed: {err.strerror or err}") from err
+    commit(journal_path)
+    return journal
+
+
+def commit(journal_path: str) -> None:
+    """Forget the backup and the journal of a finished ``install_tree``."""
+    journal = TreeJournal.from_dict(read_json(journal_path))
+    if journal is not None and journal.backup:
+        remove(journal.backup)
+    if os.path.lexists(journal_path):
+        remove(journal_path)

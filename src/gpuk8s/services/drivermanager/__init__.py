@@ -1,0 +1,1 @@
+"""driver-manager: the kernel driver, the MXMACA SDK and VF counts on each GPU node."""

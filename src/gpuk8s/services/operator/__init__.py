@@ -1,0 +1,1 @@
+"""operator-controller: driver-config, per-node status and the uninstall cleanup."""

@@ -1,0 +1,241 @@
+"""`gpuk8s serve operator-controller`: reconcile the operator scheme (see controller.py).
+
+    gpuk8s serve operator-controller --namespace NS [--interval 5] [--health-port 8081]
+    gpuk8s serve operator-controller --namespace NS --uninstall     (helm pre-delete hook)
+
+Exit codes: 0 stopped by a signal / uninstall complete, 1 uninstall incomplete (what is
+left is printed), 2 bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ...core.errors import ConfigError, GpuK8sError
+from ...core.labels import PREFIX
+from ..kube import api_client, classify
+from ..logging_setup import LogOptions, add_log_arguments, configure_logging
+from ..nodeagent import UNINSTALL, record_event, serve_until_stopped
+from .controller import CONFIG_NAME, STATUS_NAME, Controller
+
+log = logging.getLogger("gpuk8s.operator-controller")
+
+NODE_AGENTS = ("container-runtime", "driver-manager", "gpu-device", "gpu-label")
+GPU_NODES = PREFIX + "gpu.installed=true"
+
+
+class KubeCluster:
+    """``controller.Cluster`` over the official client, in one namespace."""
+
+    def __init__(self, api_client_: Any, namespace: str) -> None:
+        from kubernetes import client
+
+        self.client = api_client_
+        self.core = client.CoreV1Api(api_client_)
+        self.apps = client.AppsV1Api(api_client_)
+        self.namespace = namespace
+
+    def _plain(self, obj: Any) -> Any:
+        return self.client.sanitize_for_serialization(obj)
+
+    def get_configmap(self, name: str) -> Mapping[str, Any] | None:
+        try:
+            found: Mapping[str, Any] = self._plain(
+                self.core.read_namespaced_config_map(name, self.namespace))
+            return found
+        except Exception as err:
+            error = classify(err, f"get configmap {name}")
+            if error.status == 404:
+                return None
+            raise error from err
+
+    def create_configmap(self, name: str, data: Mapping[str, str],
+                         labels: Mapping[str, str]) -> None:
+        from kubernetes import client
+
+        body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name, labels=dict(labels)),
+                                  data=dict(data))
+        try:
+            self.core.create_namespaced_config_map(self.namespace, body)
+        except Exception as err:
+            error = classify(err, f"create configmap {name}")
+            if error.status != 409:  # someone created it meanwhile: theirs wins
+                raise error from err
+
+    def put_status(self, name: str, data: Mapping[str, str]) -> None:
+        current = self.get_configmap(name)
+        if current is None:
+            self.create_configmap(name, data, {"app.kubernetes.io/managed-by":
+                                               "operator-controller"})
+        elif (current.get("data") or {}) != dict(data):
+            try:
+                self.core.patch_namespaced_config_map(name, self.namespace, {"data": dict(data)})
+            except Exception as err:
+                raise classify(err, f"update configmap {name}") from err
+
+    def gpu_nodes(self) -> list[Mapping[str, Any]]:
+        try:
+            items = self.core.list_node(label_selector=GPU_NODES).items
+        except Exception as err:
+            raise classify(err, "list nodes") from err
+        return [self._plain(n) for n in items]
+
+    def annotate_node(self, node: str, changes: Mapping[str, str | None]) -> None:
+        self.patch_node(node, {"metadata": {"annotations": dict(changes)}})
+
+    def patch_node(self, node: str, body: Mapping[str, Any]) -> None:
+        try:
+            self.core.patch_node(node, dict(body),
+                                 _content_type="application/merge-patch+json")
+        except Exception as err:
+            raise classify(err, f"patch node {node}") from err
+
+    def pods(self, selector: str) -> list[Mapping[str, Any]]:
+        try:
+            items = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        except Exception as err:
+            raise classify(err, "list pods") from err
+        return [self._plain(p) for p in items]
+
+    def delete_pod(self, name: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, self.namespace)
+        except Exception as err:
+            error = classify(err, f"delete pod {name}")
+            if error.status != 404:
+                raise error from err
+
+    def event(self, kind: str, name: str, reason: str, message: str, warning: bool) -> None:
+        record_event(self.core, self.namespace, "operator-controller", kind, name, None, reason,
+                     message, warning,
+                     object_namespace=self.namespace if kind == "ConfigMap" else "")
+
+    # ------------------------------------------------------------------ uninstall
+    def _delete_and_wait(self, kind: str, names: Sequence[str], deadline: float) -> list[str]:
+        """Delete workloads (foreground) and wait for their pods; the pods left."""
+        delete = (self.apps.delete_namespaced_deployment if kind == "deployment"
+                  else self.apps.delete_namespaced_daemon_set)
+        for name in names:
+            try:
+                delete(name, self.namespace, propagation_policy="Foreground")
+            except Exception as err:
+                error = classify(err, f"delete {kind} {name}")
+                if error.status != 404:
+                    raise error from err
+        left: list[str] = []
+        while time.monotonic() < deadline:
+            left = [str(p["metadata"]["name"]) for p in self.pods(
+                "app.kubernetes.io/name in (" + ",".join(names) + ")")]
+            if not left:
+                break
+            time.sleep(2)
+        return left
+
+    def uninstall(self, timeout: float) -> tuple[list[str], list[str]]:
+        """(done, left): see the README's uninstall section. Order: the controller first (it
+        would recreate what is cleaned), then every node agent but container-runtime, then
+        container-runtime (it takes the runtime handler away last)."""
+        done: list[str] = []
+        deadline = time.monotonic() + timeout
+        left = self._delete_and_wait("deployment", ["operator-controller"], deadline)
+        if left:
+            return done, [f"operator-controller still running: {', '.join(left)}"]
+        done.append("operator-controller stopped")
+        nodes = self.gpu_nodes()
+        for node in nodes:
+            self.annotate_node(str(node["metadata"]["name"]), {UNINSTALL: "true"})
+        done.append(f"marked {len(nodes)} GPU node(s) for uninstall")
+        for group in ([n for n in NODE_AGENTS if n != "container-runtime"], ["container-runtime"]):
+            left = self._delete_and_wait("daemonset", group, deadline)
+            if left:
+                return done, [f"pods still terminating after {timeout:.0f}s: {', '.join(left)}"]
+            done.append(f"{', '.join(group)} stopped")
+        done.append("node agents stopped (each cleaned up its node)")
+        try:
+            every = [self._plain(n) for n in self.core.list_node().items]
+        except Exception as err:
+            raise classify(err, "list nodes") from err
+        cleaned = 0
+        for node in every:
+            meta = node.get("metadata") or {}
+            labels = {k: None for k in meta.get("labels") or {} if k.startswith(PREFIX)}
+            notes = {k: None for k in meta.get("annotations") or {} if k.startswith(PREFIX)}
+            if labels or notes:
+                self.patch_node(str(meta["name"]), {"metadata": {"labels": labels,
+                                                                 "annotations": notes}})
+                cleaned += 1
+        done.append(f"{PREFIX} labels and annotations removed from {cleaned} node(s)")
+        for name in (CONFIG_NAME, STATUS_NAME):
+            try:
+                self.core.delete_namespaced_config_map(name, self.namespace)
+                done.append(f"configmap {name} deleted")
+            except Exception as err:
+                error = classify(err, f"delete configmap {name}")
+                if error.status != 404:
+                    raise error from err
+        return done, []
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpuk8s serve operator-controller",
+        description="operator-controller: owns ConfigMap driver-config (VF counts per node), "
+        "reports the operator scheme's state per node, cleans up on uninstall",
+    )
+    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", ""),
+                   help="the release namespace (default $POD_NAMESPACE)")
+    p.add_argument("--vfnum-configmap", default=CONFIG_NAME,
+                   help="name of the VF config ConfigMap (fixed: driver-config, SPEC §6)")
+    p.add_argument("--driver-deploy-policy", default="IfNotPresent",
+                   choices=("IfNotPresent", "Always", "Never"),
+                   help="the chart's driver.deployPolicy (reported in the status)")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between passes")
+    p.add_argument("--health-port", type=int, default=0, help="GET /healthz port (0: off)")
+    p.add_argument("--kubeconfig", default=None)
+    p.add_argument("--once", action="store_true", help="one pass, print the status, exit")
+    p.add_argument("--uninstall", action="store_true",
+                   help="helm pre-delete hook: stop the node agents, clean the nodes, exit")
+    p.add_argument("--uninstall-timeout", type=float, default=240.0)
+    add_log_arguments(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        configure_logging(LogOptions.from_args(args), component="operator-controller")
+        if not args.namespace:
+            raise ConfigError("--namespace: required (or set POD_NAMESPACE)")
+        if args.vfnum_configmap != CONFIG_NAME:
+            raise ConfigError(f"--vfnum-configmap: must be {CONFIG_NAME} (SPEC §6)")
+        if not args.interval > 0:
+            raise ConfigError(f"--interval: {args.interval} must be positive")
+        cluster = KubeCluster(api_client(args.kubeconfig), args.namespace)
+    except GpuK8sError as err:
+        print(f"gpuk8s serve operator-controller: error: {err}", file=sys.stderr)
+        return 2
+    if args.uninstall:
+        done, left = cluster.uninstall(args.uninstall_timeout)
+        for line in done:
+            print(line)
+        for line in left:
+            print(f"left: {line}", file=sys.stderr)
+        return 1 if left else 0
+    controller = Controller(cluster, {"app.kubernetes.io/managed-by": "operator-controller",
+                                      "app.kubernetes.io/part-of": "metax-operator"})
+    if args.once:
+        status = controller.one_pass()
+        print(status["summary"])
+        return 0
+    log.info("starting", extra={"namespace": args.namespace, "policy": args.driver_deploy_policy})
+
+    serve_until_stopped(controller.one_pass, args.interval, args.health_port, "operator-controller",
+                        max(120.0, 10 * args.interval))
+    log.info("stopped")
+    return 0

@@ -1,0 +1,1 @@
+"""container-runtime: SDK and device injection at container start (CDI spec + wrapper)."""

@@ -1,0 +1,83 @@
+"""operator-controller against a real kube-apiserver (admin credentials; the chart's RBAC
+is checked by the chart tests): driver-config creation and validation, the desired VF
+count on the Node, Events in the namespaces the API requires, the status ConfigMap, and
+the uninstall cleanup of labels and annotations."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuk8s.services.kube import api_client
+from gpuk8s.services.nodeagent import VFNUM_DESIRED
+from gpuk8s.services.operator.controller import CONFIG_NAME, STATUS_NAME, Controller
+from gpuk8s.services.operator.main import KubeCluster
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def cluster(apiserver: Any) -> Any:
+    from kubernetes import client
+
+    core = apiserver.core()
+    namespace = f"op-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    node = f"gpu-{uuid.uuid4().hex[:6]}"
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node, labels={
+        "metax-tech.com/gpu.installed": "true", "metax-tech.com/gpu.product": "C500",
+        "metax-tech.com/gpu.sriov": "off", "metax-tech.com/maca.ready": "true",
+        "kubernetes.io/os": "linux"}, annotations={"metax-tech.com/gpu.devices": "[]"})))
+    yield KubeCluster(api_client(apiserver.kubeconfig("admin")), namespace), core, node
+    core.delete_node(node)
+
+
+def test_driver_config_vfnums_events_and_status_on_a_real_apiserver(cluster: Any) -> None:
+    kube, core, node = cluster
+    controller = Controller(kube, {"app.kubernetes.io/managed-by": "operator-controller"})
+    controller.one_pass()
+    cm = core.read_namespaced_config_map(CONFIG_NAME, kube.namespace)
+    assert yaml.safe_load(cm.data["node-vfnums"]) == {"nodes": {}}
+    core.patch_namespaced_config_map(CONFIG_NAME, kube.namespace, {"data": {
+        "node-vfnums": f"nodes: {{{node}: {{vfnum: 4}}}}"}})
+    controller.one_pass()
+    assert core.read_node(node).metadata.annotations[VFNUM_DESIRED] == "4"
+    core.patch_namespaced_config_map(CONFIG_NAME, kube.namespace, {"data": {
+        "node-vfnums": f"nodes: {{{node}: {{vfnum: 5}}}}"}})
+    status = controller.one_pass()
+    assert core.read_node(node).metadata.annotations[VFNUM_DESIRED] == "4"  # kept
+    assert any(c["node"] == node for c in status["conditions"])
+    # Node Events live in "default" (API rule for cluster-scoped objects)
+    node_events = core.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={node},reason=InvalidVfnum").items
+    assert node_events and "vfnum 5" in node_events[0].message
+    cm_events = core.list_namespaced_event(
+        kube.namespace, field_selector=f"involvedObject.name={CONFIG_NAME}").items
+    assert cm_events and cm_events[0].type == "Warning"
+    saved = core.read_namespaced_config_map(STATUS_NAME, kube.namespace).data
+    assert yaml.safe_load(saved["nodes"])[node]["vfnumDesired"] == "4"
+    # an admin's edit is never overwritten by the controller
+    assert core.read_namespaced_config_map(CONFIG_NAME, kube.namespace).data[
+        "node-vfnums"] == f"nodes: {{{node}: {{vfnum: 5}}}}"
+
+
+def test_uninstall_takes_every_label_and_annotation_of_ours_off_the_nodes(
+    cluster: Any,
+) -> None:
+    kube, core, node = cluster
+    Controller(kube).one_pass()  # creates driver-config and operator-status
+    core.patch_node(node, {"metadata": {"labels": {"example.com/keep": "yes"},
+                                        "annotations": {"example.com/keep": "yes"}}})
+    done, left = kube.uninstall(timeout=30)
+    assert left == [], left
+    meta = core.read_node(node).metadata
+    assert not [k for k in meta.labels if k.startswith("metax-tech.com/")]
+    assert not [k for k in (meta.annotations or {}) if k.startswith("metax-tech.com/")]
+    assert meta.labels["example.com/keep"] == "yes"
+    assert meta.annotations["example.com/keep"] == "yes"
+    names = [c.metadata.name for c in core.list_namespaced_config_map(kube.namespace).items]
+    assert CONFIG_NAME not in names and STATUS_NAME not in names
+    assert any("removed from" in line for line in done)
