@@ -168,6 +168,8 @@ def test_6_maintenance_cordons_evicts_and_restores(
                 "maintenance.yml",
                 "-e", "node_maintenance_action=tasks",
                 "-e", f"node_maintenance_action_tasks={DATA / 'maintenance_probe.yml'}",
+                # holds-two is a bare pod: like kubectl drain, only evicted with force
+                "-e", "node_maintenance_evict_force=true",
             )  # fmt: skip
         finally:
             os.environ.pop("GPUK8S_MAINTENANCE_PROBE", None)

@@ -79,7 +79,9 @@ def state(apiserver: Any, name: str) -> tuple[bool, dict[str, str]]:
     return bool(obj.spec.unschedulable), dict(obj.metadata.annotations or {})
 
 
-def maintenance(apiserver: Any, node: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
+def maintenance(
+    apiserver: Any, node: dict[str, Any], *extra: str
+) -> subprocess.CompletedProcess[str]:
     tmp = node["tmp"]
     inventory = tmp / "hosts.json"
     host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
@@ -94,7 +96,8 @@ def maintenance(apiserver: Any, node: dict[str, Any], *extra: str) -> subprocess
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
            "PATH": f"{BIN}:{os.environ['PATH']}"}
     return subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(inventory), str(REPO / "playbooks/maintenance.yml"),
+        [str(BIN / "ansible-playbook"), "-i", str(inventory),
+         str(REPO / "playbooks/maintenance.yml"),
          "-e", f"node_maintenance_action_tasks={failing}",
          "-e", f"node_maintenance_report_dir={tmp / 'reports'}",
          "-e", "node_maintenance_wait_retries=60", "-e", "node_maintenance_wait_delay=1",
@@ -103,7 +106,9 @@ def maintenance(apiserver: Any, node: dict[str, Any], *extra: str) -> subprocess
     )
 
 
-def test_failure_with_healthy_gpus_gives_the_node_back(apiserver: Any, node: dict[str, Any]) -> None:
+def test_failure_with_healthy_gpus_gives_the_node_back(
+    apiserver: Any, node: dict[str, Any]
+) -> None:
     name = node["name"]
     run = maintenance(apiserver, node, "-e", "node_maintenance_action=tasks")
     assert run.returncode != 0, run.stdout[-3000:]
@@ -147,3 +152,60 @@ def test_a_node_cordoned_before_stays_cordoned(apiserver: Any, node: dict[str, A
     assert run.returncode == 0, run.stdout[-4000:]
     cordoned, annotations = state(apiserver, name)
     assert cordoned and MARK not in annotations
+
+
+def gpu_pod(name: str, node: str, *, owner: bool = False, emptydir: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if owner:  # no controller-manager here: nothing garbage-collects it for a missing owner
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
+                                    "uid": str(uuid.uuid4()), "controller": True}]
+    spec: dict[str, Any] = {
+        "nodeName": node,
+        "containers": [{"name": "c", "image": "busybox",
+                        "resources": {"limits": {"metax-tech.com/gpu": "1"}}}],
+    }
+    if emptydir:
+        spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def evict(apiserver: Any, node: str, tmp: Path, **args: Any) -> dict[str, Any]:
+    proc = subprocess.run(
+        [str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
+         "-e", f"ansible_python_interpreter={sys.executable}", "-m", "gpu_pod_eviction",
+         "-a", json.dumps({"node": node, "kubeconfig": apiserver.kubeconfig("admin"),
+                           "grace_period": 0, "timeout": 60, **args})],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+             "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1"},
+    )
+    result: dict[str, Any] = json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return result
+
+
+def test_eviction_refuses_bare_and_emptydir_pods_like_kubectl_drain(
+    apiserver: Any, node: dict[str, Any]
+) -> None:
+    name, core = node["name"], apiserver.core()
+    ns = f"evict-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": ns}})
+    # no controller-manager here to create it; the ServiceAccount admission wants it
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+    try:
+        for obj in (gpu_pod("managed", name, owner=True), gpu_pod("bare", name),
+                    gpu_pod("scratch", name, owner=True, emptydir=True)):
+            core.create_namespaced_pod(ns, obj)
+        refused = evict(apiserver, name, node["tmp"])
+        assert refused.get("failed"), refused
+        assert f"declare no controller: {ns}/bare" in refused["msg"]
+        assert f"local storage (emptyDir): {ns}/scratch" in refused["msg"]
+        names = {p.metadata.name for p in core.list_namespaced_pod(ns).items}
+        assert names == {"managed", "bare", "scratch"}, "nothing may be evicted"
+
+        done = evict(apiserver, name, node["tmp"], force=True, delete_emptydir_data=True)
+        assert not done.get("failed"), done
+        assert sorted(done["pods"]) == [f"{ns}/bare", f"{ns}/managed", f"{ns}/scratch"]
+        assert len(done["forced"]) == 2
+        assert core.list_namespaced_pod(ns).items == []
+    finally:
+        core.delete_namespace(ns)
