@@ -40,7 +40,7 @@ EXT_IMAGES = ["gpu-device", "gpu-label", "gpu-aware"]
 OP_IMAGES = ["driver-manager", "container-runtime", "operator-controller"]
 ALL_IMAGES = EXT_IMAGES + OP_IMAGES
 FULL = f"metax-gpu-k8s-package.{VERSION}"
-BASE = f"metax-gpu-k8s-package-base.{VERSION}"
+BASE = f"metax-gpu-k8s-package.{VERSION}-base"
 RUN = f"metax-k8s-images.{VERSION}.run"
 
 
@@ -158,8 +158,9 @@ def package(tmp_path_factory: pytest.TempPathFactory, images_list: Path, helm_bi
         env=env,
     )
     for name in (FULL, BASE):
-        with tarfile.open(out / f"{name}.tar.gz") as tar:
-            tar.extractall(out / "x", filter="data")
+        # the manual's way: mkdir k8s; tar -C k8s -xvzf metax-gpu-k8s-package.<V>.tar.gz
+        ok(["mkdir", "-p", str(out / "x" / name)])
+        ok(["tar", "-C", str(out / "x" / name), "-xvzf", str(out / f"{name}.tar.gz")])
     return out
 
 
@@ -182,7 +183,16 @@ def _archives(images_list: Path) -> dict[str, Path]:
 
 # -- the package ------------------------------------------------------------------------------
 def test_package_layout(package: Path) -> None:
-    assert sorted(p.name for p in package.glob("*.tar.gz")) == [f"{BASE}.tar.gz", f"{FULL}.tar.gz"]
+    # the manual's names: metax-gpu-k8s-package.<V>.tar.gz and ...<V>-base.tar.gz
+    assert sorted(p.name for p in package.glob("*.tar.gz")) == sorted(
+        [f"metax-gpu-k8s-package.{VERSION}-base.tar.gz", f"metax-gpu-k8s-package.{VERSION}.tar.gz"]
+    )
+    for name in (FULL, BASE):
+        with tarfile.open(package / f"{name}.tar.gz") as tar:
+            members = tar.getnames()
+        # every file at the archive's top level: `tar -C k8s -xvzf` gives k8s/<file>
+        assert all("/" not in m.lstrip("./") for m in members), members
+        assert RUN in [m.lstrip("./") for m in members]
     full, base = package / "x" / FULL, package / "x" / BASE
     assert sorted(p.name for p in full.iterdir()) == sorted(
         [
