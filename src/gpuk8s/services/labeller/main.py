@@ -16,13 +16,13 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from ...core.errors import ConfigError, GpuK8sError
+from ..healthserver import serve_health as serve_health_endpoint
 from ..kube import ApiError, api_client
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
 from .loop import LabellerLoop, LoopStatus
@@ -121,33 +121,21 @@ def make_pass(
 def serve_health(port: int, status: LoopStatus, stale_after: float) -> ThreadingHTTPServer:
     """A liveness endpoint: 200 while the loop keeps attempting passes, else 503."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path != "/healthz":
-                self._send(404, {"Error": f"no such path {self.path!r}; try /healthz"})
-                return
-            with status.lock:
-                age = time.monotonic() - status.last_attempt
-                body = {"passes": status.passes, "lastError": status.last_error}
-            code = 200 if age <= stale_after else 503
-            body["status"] = "ok" if code == 200 else f"no pass attempted for {age:.0f}s"
-            self._send(code, body)
+    def alive() -> tuple[bool, dict[str, Any]]:
+        with status.lock:
+            age = time.monotonic() - status.last_attempt
+            body: dict[str, Any] = {"passes": status.passes, "lastError": status.last_error}
+        if age > stale_after:
+            body["reason"] = f"no pass attempted for {age:.0f}s"
+        return age <= stale_after, body
 
-        def _send(self, code: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def ready() -> tuple[bool, dict[str, Any]]:
+        with status.lock:
+            done = status.last_success is not None
+        return done, {} if done else {"reason": "no label pass has succeeded yet"}
 
-        def log_message(self, format: str, *args: Any) -> None:
-            return
-
-    server = ThreadingHTTPServer(("", port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="labeller-health", daemon=True).start()
-    return server
+    return serve_health_endpoint(port, {"/healthz": alive, "/readyz": ready},
+                                 name="labeller-health")
 
 
 def main(
