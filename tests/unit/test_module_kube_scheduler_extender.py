@@ -200,21 +200,26 @@ extenders:
 """
 
 
+def add_mount(text: str, name: str, mount_path: str, host_path: str, kind: str) -> str:
+    """The sample manifest's text with one more hostPath mount (after kubeadm's)."""
+    return text.replace(
+        "      name: kubeconfig\n      readOnly: true\n",
+        "      name: kubeconfig\n      readOnly: true\n"
+        f"    - mountPath: {mount_path}\n      name: {name}\n      readOnly: true\n",
+    ).replace(
+        "    name: kubeconfig\nstatus",
+        f"    name: kubeconfig\n  - hostPath:\n      path: {host_path}\n"
+        f"      type: {kind}\n    name: {name}\nstatus",
+    )
+
+
 def with_foreign_config(root: Path) -> Path:
     """The scheduler already runs --config=/etc/kubernetes/sched/config.yaml via a dir mount."""
     text = (root / MANIFEST).read_text()
-    text = text.replace(
+    text = add_mount(text.replace(
         "    - --leader-elect=true\n",
         "    - --leader-elect=true\n    - --config=/etc/kubernetes/sched/config.yaml\n",
-    ).replace(
-        "      name: kubeconfig\n      readOnly: true\n",
-        "      name: kubeconfig\n      readOnly: true\n"
-        "    - mountPath: /etc/kubernetes/sched\n      name: sched\n      readOnly: true\n",
-    ).replace(
-        "    name: kubeconfig\nstatus",
-        "    name: kubeconfig\n  - hostPath:\n      path: /srv/sched\n      type: Directory\n"
-        "    name: sched\nstatus",
-    )
+    ), "sched", "/etc/kubernetes/sched", "/srv/sched", "Directory")
     (root / MANIFEST).write_text(text)
     path = root / "srv/sched/config.yaml"
     path.parent.mkdir(parents=True)
@@ -335,18 +340,10 @@ extenders:
 def enable_by_hand(root: Path) -> str:
     """What an administrator who followed the manual's steps has: our --config path, a
     mount and volume named their way, the file written by hand."""
-    text = (root / MANIFEST).read_text().replace(
+    text = add_mount((root / MANIFEST).read_text().replace(
         "    - --leader-elect=true\n",
         "    - --leader-elect=true\n    - --config=/etc/metax/extender.yaml\n",
-    ).replace(
-        "      name: kubeconfig\n      readOnly: true\n",
-        "      name: kubeconfig\n      readOnly: true\n"
-        "    - mountPath: /etc/metax/extender.yaml\n      name: extender\n      readOnly: true\n",
-    ).replace(
-        "    name: kubeconfig\nstatus",
-        "    name: kubeconfig\n  - hostPath:\n      path: /etc/metax/extender.yaml\n"
-        "      type: File\n    name: extender\nstatus",
-    )
+    ), "extender", "/etc/metax/extender.yaml", "/etc/metax/extender.yaml", "File")
     (root / MANIFEST).write_text(text)
     (root / CONFIG).parent.mkdir(parents=True)
     (root / CONFIG).write_text(MANUAL_CONFIG)
@@ -373,15 +370,8 @@ def test_manifest_enabled_by_hand_gets_no_second_mount_and_keeps_its_own(root: P
 
 
 def test_a_directory_mount_covers_the_config(root: Path) -> None:
-    text = (root / MANIFEST).read_text().replace(
-        "      name: kubeconfig\n      readOnly: true\n",
-        "      name: kubeconfig\n      readOnly: true\n"
-        "    - mountPath: /etc/metax\n      name: metax\n",
-    ).replace(
-        "    name: kubeconfig\nstatus",
-        "    name: kubeconfig\n  - hostPath:\n      path: /etc/metax\n"
-        "      type: DirectoryOrCreate\n    name: metax\nstatus",
-    )
+    text = add_mount((root / MANIFEST).read_text(), "metax", "/etc/metax", "/etc/metax",
+                     "DirectoryOrCreate")
     (root / MANIFEST).write_text(text)
     run(root)
     pod = schedfiles.read(str(root / MANIFEST)).data

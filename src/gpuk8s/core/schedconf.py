@@ -486,19 +486,19 @@ def read_marker(manifest: Mapping[str, Any]) -> Marker | None:
     )
 
 
+def _mapping(parent: MutableMapping[str, Any], key: str, where: str) -> MutableMapping[str, Any]:
+    """``parent[key]``, created empty when missing; ManifestError when not a mapping."""
+    if parent.get(key) is None:
+        parent[key] = {}
+    child = parent[key]
+    if not isinstance(child, MutableMapping):
+        raise ManifestError(f"{where} is not a mapping")
+    return child
+
+
 def set_marker(manifest: MutableMapping[str, Any], marker: Marker) -> list[str]:
-    metadata = manifest.get("metadata")
-    if metadata is None:
-        manifest["metadata"] = {}
-        metadata = manifest["metadata"]
-    if not isinstance(metadata, MutableMapping):
-        raise ManifestError("metadata is not a mapping")
-    annotations = metadata.get("annotations")
-    if annotations is None:
-        metadata["annotations"] = {}
-        annotations = metadata["annotations"]
-    if not isinstance(annotations, MutableMapping):
-        raise ManifestError("metadata.annotations is not a mapping")
+    metadata = _mapping(manifest, "metadata", "metadata")
+    annotations = _mapping(metadata, "annotations", "metadata.annotations")
     value = marker.render()
     if annotations.get(ANNOTATION) == value:
         return []
