@@ -95,6 +95,9 @@ def installed(lab: dict[str, str]) -> Iterator[dict[str, str]]:
         f"registry={IMAGE_REGISTRY}",
         "--set",
         f"hostPaths.root={SIM_ROOT}",
+        # the node agents see only a few host paths: the simulated mx-smi's state too
+        "--set",
+        "hostPaths.extraReadPaths={/var/lib/gpuk8s-sim}",
         "--set",
         f"gpuDevice.healthyInterval={HEALTHY_INTERVAL}",
         "--set",
@@ -265,8 +268,11 @@ def can_i_list(sa: str, namespace: str) -> set[tuple[str, str, str]]:
 
 
 def can_i(sa: str, verb: str, resource: str, namespace: str, name: str = "") -> bool:
+    resource, _, sub = resource.partition("/")  # pods/eviction: a subresource, not a name
     args = ["auth", "can-i", verb, f"{resource}/{name}" if name else resource,
             f"--as=system:serviceaccount:{NS}:{sa}", "-n", namespace]
+    if sub:
+        args.append(f"--subresource={sub}")
     out = run(KUBECTL, "--kubeconfig", KUBECONFIG, *args, check=False).stdout.strip()
     assert out in ("yes", "no"), out
     return out == "yes"

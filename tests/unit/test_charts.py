@@ -1386,3 +1386,14 @@ def test_notes_print_the_verification_commands(chart: Path, values: dict[str, An
         assert f"kubectl get service gpu-aware -n {NS}" in notes
     if chart == OP:
         assert "driver-config" in notes and "runtime.ready" in notes
+
+
+def test_extra_read_paths_are_mounted_read_only_under_host() -> None:
+    rendered = objs(EXT, {"hostPaths": {"root": "/srv/sim", "extraReadPaths": ["/var/lib/x"]}})
+    for name in ("metax-gpu-device", "gpu-label"):
+        ds = rendered.get("DaemonSet", name)
+        mount = mounts(ds)["/host/var/lib/x"]
+        assert mount["readOnly"] is True
+        assert volumes(ds)[mount["name"]]["hostPath"]["path"] == "/srv/sim/var/lib/x"
+    assert "/hostPaths/extraReadPaths/0" in render_error(
+        EXT, {"hostPaths": {"extraReadPaths": ["relative"]}})

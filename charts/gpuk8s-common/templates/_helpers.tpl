@@ -278,7 +278,9 @@ read-only at /host<path> (the agents run with --host-root=/host). Discovery need
 Version.txt, mx-smi, vendor libraries), the usual places of mx-smi and nvidia-smi,
 /proc/driver (NVIDIA's per-GPU files) and /run/metax (the operator's readiness files).
 Each line: volume name, path, hostPath type; /sys, /dev, /opt and /run/metax follow the
-host's later mounts (hot-plug, a driver installed by driver-manager).
+host's later mounts (hot-plug, a driver installed by driver-manager). hostPaths.extraReadPaths
+adds more (a vendor tool's own files; the lab's simulated mx-smi keeps its state in
+/var/lib/gpuk8s-sim).
 */}}
 {{- define "gpuk8s.hostReadPaths" -}}
 host-sys /sys Directory
@@ -288,6 +290,9 @@ host-usr-bin /usr/bin DirectoryOrCreate
 host-usr-local-bin /usr/local/bin DirectoryOrCreate
 host-proc-driver /proc/driver DirectoryOrCreate
 host-run-metax /run/metax DirectoryOrCreate
+{{- range $i, $path := .Values.hostPaths.extraReadPaths | default list }}
+host-extra-{{ $i }} {{ $path }} Directory
+{{- end }}
 {{- end -}}
 
 {{/* volumeMounts of gpuk8s.hostReadPaths. Context: root. */}}

@@ -120,7 +120,10 @@ spec:
                   problems.append(f"{name}: ready but no allocatable {P}gpu: is gpu-device running?")
           url = os.environ.get("EXTENDER_URL")
           if url:
+              # the Service's address from the kubelet's environment (no cluster DNS
+              # needed), else its DNS name
               host, port = url.rsplit(":", 1)
+              host = os.environ.get("GPU_AWARE_SERVICE_HOST", host)
               try:
                   socket.create_connection((host, int(port)), timeout=5).close()
                   print(f"gpu-aware answers on {url}")
