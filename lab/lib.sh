@@ -55,6 +55,15 @@ phase_summary() {
     for p in "${PHASES[@]}"; do printf '    %s\n' "$p" >&2; done
 }
 
+# record_timing NAME SECONDS: what the newcomer run costs, kept for scripts/test's summary
+# ($STATE/timings/NAME: "<seconds> <UTC end time>").
+# GPUK8S_RECORD_TIMING=0 (scripts/test's own warm lab/up) records nothing.
+record_timing() {
+    [ "${GPUK8S_RECORD_TIMING:-1}" != 0 ] || return 0
+    mkdir -p "$STATE/timings" 2>/dev/null || return 0
+    printf '%s %s\n' "$2" "$(date -u +%FT%TZ)" >"$STATE/timings/$1" 2>/dev/null || true
+}
+
 kube_bin() { echo "$CACHE/bin/kube-$KUBE_VERSION/$1"; }
 kubectl() { "$(kube_bin kubectl)" --kubeconfig "$KUBE_ETC/admin.conf" "$@"; }
 

@@ -14,6 +14,10 @@ description:
     O(resource_prefixes) (default C(metax-tech.com/)) and evicts them through the Eviction
     API, like C(kubectl drain) does for all pods. DaemonSet pods and static pods are left
     alone; finished pods are ignored.
+  - As C(kubectl drain) does, a pod that declares no controller (nothing would recreate
+    it) is evicted only with O(force), and a pod with an C(emptyDir) volume only with
+    O(delete_emptydir_data); without them the task fails naming every such pod and
+    nothing is evicted (in check mode too).
   - An eviction refused with HTTP 429 (a PodDisruptionBudget) is retried every
     O(retry_delay) seconds; a pod already gone (404) counts as done. The module then waits
     until every evicted pod is gone or replaced, all within O(timeout) seconds, and fails
@@ -43,6 +47,18 @@ options:
   grace_period:
     description: Termination grace period in seconds; default the pod's own.
     type: int
+  force:
+    description:
+      - Also evict GPU pods that declare no controller (C(kubectl drain --force)); they
+        are not recreated anywhere.
+    type: bool
+    default: false
+  delete_emptydir_data:
+    description:
+      - Also evict GPU pods with C(emptyDir) volumes, whose data is lost
+        (C(kubectl drain --delete-emptydir-data)).
+    type: bool
+    default: false
   kubeconfig:
     description:
       - kubeconfig file; default the client's (C(KUBECONFIG), C(~/.kube/config), in-cluster).
@@ -67,6 +83,12 @@ EXAMPLES = r"""
     node: gpu-node-1
     timeout: 600
   delegate_to: "{{ groups['kube_control_plane'][0] }}"
+
+- name: Also bare pods and pods with scratch data (kubectl drain --force --delete-emptydir-data)
+  gpu_pod_eviction:
+    node: gpu-node-1
+    force: true
+    delete_emptydir_data: true
 """
 
 RETURN = r"""
@@ -76,6 +98,13 @@ pods:
   type: list
   elements: str
   sample: [ml/train-0]
+forced:
+  description: What C(kubectl drain) would warn about - pods evicted only because of O(force)
+    or O(delete_emptydir_data) (also shown as task warnings).
+  returned: always
+  type: list
+  elements: str
+  sample: ["deleting Pods that declare no controller: ml/debug (force)"]
 log:
   description: What happened, one line per event.
   returned: always
@@ -126,6 +155,8 @@ def main():
             timeout=dict(type="int", default=300),
             retry_delay=dict(type="int", default=5),
             grace_period=dict(type="int"),
+            force=dict(type="bool", default=False),
+            delete_emptydir_data=dict(type="bool", default=False),
             kubeconfig=dict(type="path"),
             context=dict(type="str"),
         ),
@@ -135,11 +166,16 @@ def main():
         module.fail_json(msg=missing_required_lib("kubernetes"), exception=KUBERNETES_ERROR)
     params = module.params
     log = []
+    pods = ()
+    selection = None
     try:
         api = core_api(params)
         listed = api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={params['node']}")
         raw = api.api_client.sanitize_for_serialization(listed).get("items", [])
-        pods = eviction.gpu_pods(raw, params["resource_prefixes"])
+        selection = eviction.select(raw, params["resource_prefixes"], force=params["force"],
+                                    delete_emptydir_data=params["delete_emptydir_data"])
+        pods = selection.pods
+        selection.check()
         if pods and not module.check_mode:
 
             def evict(pod):
@@ -165,12 +201,15 @@ def main():
             log = eviction.evict_all(pods, evict, current, timeout=params["timeout"],
                                      retry_delay=params["retry_delay"])
     except GpuK8sError as err:
-        module.fail_json(msg=str(err), log=log)
+        module.fail_json(msg=str(err), log=log, pods=[str(p) for p in pods])
     except ApiException as err:
         module.fail_json(msg=f"Kubernetes API error {err.status}: {err.reason}", log=log)
     except Exception as err:  # kubeconfig problems surface as assorted exceptions
         module.fail_json(msg=f"cannot reach the Kubernetes API: {err}", log=log)
-    module.exit_json(changed=bool(pods), pods=[str(p) for p in pods], log=log)
+    warnings = list(selection.warnings) if selection else []
+    for warning in warnings:
+        module.warn(warning)
+    module.exit_json(changed=bool(pods), pods=[str(p) for p in pods], forced=warnings, log=log)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,24 @@ description:
     C(/etc/kubernetes/manifests/kube-scheduler.yaml) to use it - the C(--config) argument,
     read-only volumeMounts and hostPath volumes for the configuration and the scheduler
     kubeconfig.
-  - The configuration C(apiVersion) follows the cluster - C(kubescheduler.config.k8s.io/v1)
-    for Kubernetes 1.25 and newer, C(v1beta3) for 1.23-1.24, C(v1beta2) for 1.22 - taken
-    from O(kubernetes_version) or else the tag of the scheduler image in the manifest.
-  - When the scheduler already runs with a C(--config) of its own, the extender is
-    appended to that file's C(extenders) (or updated in place) and the manifest is left
-    alone.
+  - The configuration C(apiVersion) follows the scheduler the manifest runs -
+    C(kubescheduler.config.k8s.io/v1) for Kubernetes 1.25 and newer, C(v1beta3) for
+    1.23-1.24, C(v1beta2) for 1.22 - read from the tag of the scheduler image; O(kubernetes_version)
+    is needed only when that tag is not a version, and must agree with it otherwise.
+  - kube-scheduler reads its configuration only at start and the kubelet restarts a static
+    pod only when its manifest changes, so the pod gets the annotation
+    C(metax-tech.com/scheduler-extender) holding the hash of the configuration file (and our
+    URL, and whether the C(--config) argument is ours); any change of the file changes the
+    manifest and RV(manifest_changed) is true. Wait for the new scheduler pod (the gpu_aware
+    role does).
+  - When the scheduler already runs with a C(--config) of its own - another file, or
+    O(config_path) itself set up by hand as the manual shows - the extender is added to that
+    file's C(extenders) (or updated in place; an entry with the URL recorded by a previous run
+    is replaced when the URL changed), and the administrator's argument, volumes and other
+    entries are never touched; O(state=absent) removes our entry and our annotation only.
+  - A path the scheduler must read (the configuration, the kubeconfig, the tlsConfig files)
+    is mounted only when no other hostPath mount already shows it, so no mountPath appears
+    twice.
   - YAML is round-tripped - comments, key order and indentation are kept - and
     O(state=absent) removes exactly what O(state=present) added, so enabling and then
     disabling gives back the original bytes.
@@ -40,9 +52,10 @@ options:
   url_prefix:
     description:
       - Address of the extender, e.g. C(http://10.96.12.34:8080) (the gpu-aware Service).
-      - Required with O(state=present). With O(state=absent) it is needed only when the
-        extender lives in the administrator's own C(--config) file, where it identifies
-        our entry.
+      - Required with O(state=present). With O(state=absent) it is never needed, the
+        manifest's annotation records our URL; for a manifest patched before that record
+        existed, O(managed_resources) (or this option) identifies our entry in the
+        administrator's own C(--config) file.
     type: str
   filter_verb:
     description: Path of the filter call; empty to not filter.
@@ -72,7 +85,9 @@ options:
         description: Server name used to verify the certificate.
         type: str
       cert_file:
-        description: Client certificate file (path on the control-plane node).
+        description:
+          - Client certificate file (absolute path on the control-plane node). It and the
+            other files are mounted read-only into the scheduler pod at the same path.
         type: str
       key_file:
         description: Client key file.
@@ -111,7 +126,9 @@ options:
   kubernetes_version:
     description:
       - Kubernetes version of the control plane (C(v1.29.3), C(1.29)); picks the
-        configuration apiVersion. Default - the tag of the scheduler image.
+        configuration apiVersion when the scheduler image tag is not a version. When the
+        tag is one, both must select the same apiVersion, else the task fails and nothing
+        is written.
     type: str
   manifest_path:
     description: The kube-scheduler static-pod manifest, as a path on the host.
@@ -154,6 +171,8 @@ requirements:
 notes:
   - The kubelet restarts the scheduler pod when the manifest changes; wait for it
     (the gpu_aware role does).
+  - A Python older than 3.8 on the host gets a clear error from the action plugin of the
+    same name (action_plugins/).
 """
 
 EXAMPLES = r"""
@@ -222,7 +241,8 @@ files:
   elements: str
   sample: [/etc/metax/extender.yaml, /etc/kubernetes/manifests/kube-scheduler.yaml]
 manifest_changed:
-  description: Whether the manifest changed (the scheduler pod restarts when it does).
+  description: Whether the manifest changed (the scheduler pod restarts when it does); true
+    whenever the configuration the scheduler reads changed.
   returned: always
   type: bool
   sample: true
@@ -326,6 +346,7 @@ def request_from_params(params):
         kubeconfig=params["kubeconfig"],
         kubernetes_version=params["kubernetes_version"],
         host_root=params["host_root"],
+        managed_resources=tuple(r["name"] for r in params["managed_resources"]),
     )
 
 

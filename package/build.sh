@@ -3,11 +3,13 @@
 #
 #   package/build.sh VERSION [--images LIST] [--out DIR]
 #
-# Produces, in DIR (default <repo>/dist):
+# Produces, in DIR (default <repo>/dist), the names of the manual (SPEC §8):
 #   metax-gpu-k8s-package.VERSION.tar.gz       both charts + every component image
-#   metax-gpu-k8s-package-base.VERSION.tar.gz  GPU Extensions only: no operator chart, and
+#   metax-gpu-k8s-package.VERSION-base.tar.gz  GPU Extensions only: no operator chart, and
 #                                              only the images that chart uses
-# each unpacking to one directory of the same name (without .tar.gz) with
+# each holding, at the archive's top level (the manual extracts with
+# `mkdir k8s; tar -C k8s -xvzf metax-gpu-k8s-package.VERSION.tar.gz` and runs
+# ./k8s/metax-k8s-images.VERSION.run):
 #   metax-k8s-images.VERSION.run       self-contained: push DOMAIN/PROJECT | load | list
 #   metax-gpu-extensions-VERSION.tgz   helm chart (version and appVersion = VERSION)
 #   metax-operator-VERSION.tgz         helm chart (full package only)
@@ -118,14 +120,15 @@ make_run() {
     rm -rf "$payload" "$STAGE/payload.tar"
 }
 
-# make_package NAME CHART... : DIR/NAME.VERSION.tar.gz
+# make_package SUFFIX CHART... : DIR/metax-gpu-k8s-package.VERSION[SUFFIX].tar.gz, its
+# files at the top level
 make_package() {
-    local pkg="$1" run; shift
-    local top="$pkg.$VERSION" chart
+    local suffix="$1" run; shift
+    local top="metax-gpu-k8s-package.$VERSION$suffix" chart
     local dir="$STAGE/$top"
     mkdir -p "$dir"
     run="$dir/metax-k8s-images.$VERSION.run"
-    if [ "$pkg" = metax-gpu-k8s-package-base ]; then
+    if [ "$suffix" = -base ]; then
         make_run "$run" "${EXT_IMAGES[@]}"
     else
         make_run "$run" "${EXT_IMAGES[@]}" "${OP_IMAGES[@]}"
@@ -137,13 +140,14 @@ make_package() {
     cat >"$dir/README.txt" <<EOF
 $top: gpuk8s $VERSION, offline package (see docs/package.md in the source).
 
-Images:  ./metax-k8s-images.$VERSION.run list | push DOMAIN/PROJECT | load [REGISTRY]
+Unpack:  mkdir k8s; tar -C k8s -xvzf $top.tar.gz   (the files are at the top level)
+Images:  ./k8s/metax-k8s-images.$VERSION.run list | push DOMAIN/PROJECT | load [REGISTRY]
 Charts:  helm registry login DOMAIN; helm push CHART-$VERSION.tgz oci://DOMAIN/PROJECT
 Install: helm install oci://DOMAIN/PROJECT/metax-gpu-extensions --create-namespace \\
            -n metax-gpu-extensions --generate-name --wait --set registry=DOMAIN/PROJECT
 EOF
     (cd "$dir" && sha256sum -- * | grep -v ' SHA256SUMS$' >SHA256SUMS)
-    tar -C "$STAGE" "${TAR_FLAGS[@]}" -cf - "$top" | gzip -n -6 >"$OUT_DIR/$top.tar.gz.tmp"
+    (cd "$dir" && tar "${TAR_FLAGS[@]}" -cf - -- *) | gzip -n -6 >"$OUT_DIR/$top.tar.gz.tmp"
     mv "$OUT_DIR/$top.tar.gz.tmp" "$OUT_DIR/$top.tar.gz"
     log "wrote $OUT_DIR/$top.tar.gz ($(du -h "$OUT_DIR/$top.tar.gz" | cut -f1))"
     echo "$OUT_DIR/$top.tar.gz"
@@ -157,5 +161,5 @@ for chart in metax-gpu-extensions metax-operator; do
     [ -f "$STAGE/charts/$chart-$VERSION.tgz" ] || die "helm package $chart did not produce $chart-$VERSION.tgz"
 done
 "${PYTHON:-python3}" "$PKG_DIR/metax_docker.py" "$VERSION" --out "$STAGE" >/dev/null
-make_package metax-gpu-k8s-package metax-gpu-extensions metax-operator
-make_package metax-gpu-k8s-package-base metax-gpu-extensions
+make_package "" metax-gpu-extensions metax-operator
+make_package -base metax-gpu-extensions

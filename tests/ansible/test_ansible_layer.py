@@ -23,6 +23,7 @@ from gpuk8s import sim
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SYSTEM_PYTHON = "/usr/bin/python3"
+SAMPLE_MANIFEST = REPO / "tests/ansible/data/kube-scheduler.yaml"
 pytestmark = pytest.mark.slow
 
 
@@ -64,25 +65,34 @@ def test_module_runs_under_a_python_without_gpuk8s(sim_root: Path) -> None:
     assert facts["labels"]["metax-tech.com/gpu.product"] == "C500"
 
 
-def test_modules_four_steps_through_ansible_playbook(tmp_path: Path, sim_root: Path) -> None:
-    host_python = SYSTEM_PYTHON if os.access(SYSTEM_PYTHON, os.X_OK) else sys.executable
-    cp_root = tmp_path / "cp"
+def host_vars(where: Path, host_python: str, yaml_python: str) -> dict[str, str]:
+    """A simulated GPU node, a copy of a control plane and a driver payload under
+    ``where``: the variables of tests/ansible/playbooks/modules_on_sim.yml for one host."""
+    sim_root = where / "sim"
+    sim.create(str(sim_root), "c500-8")
+    cp_root = where / "cp"
     (cp_root / "etc/kubernetes/manifests").mkdir(parents=True)
-    sample = REPO / "tests/ansible/data/kube-scheduler.yaml"
-    shutil.copy(sample, cp_root / "etc/kubernetes/manifests/kube-scheduler.yaml")
-    payload = tmp_path / "payload"
+    shutil.copy(SAMPLE_MANIFEST, cp_root / "etc/kubernetes/manifests/kube-scheduler.yaml")
+    payload = where / "payload"
     for rel, text in (("opt/mxdriver/Version.txt", "Version:2.33.0.6\n"),
                       ("lib/modules/6.1.0-sim/updates/metax.ko", "version=2.33.0.6\n")):
         (payload / rel).parent.mkdir(parents=True, exist_ok=True)
         (payload / rel).write_text(text)
-    extra = {
+    return {
         "gpuk8s_sim_root": str(sim_root),
         "gpuk8s_cp_root": str(cp_root),
         "gpuk8s_payload": str(payload),
         "gpuk8s_host_python": host_python,
-        "gpuk8s_yaml_python": sys.executable,
+        "gpuk8s_yaml_python": yaml_python,
         "gpuk8s_standin": str(REPO / "tests/ansible/bin/sim_modprobe.py"),
+        # the simulator's modprobe stand-in imports gpuk8s: the controller's Python
+        "gpuk8s_standin_python": sys.executable,
     }
+
+
+def test_modules_four_steps_through_ansible_playbook(tmp_path: Path) -> None:
+    host_python = SYSTEM_PYTHON if os.access(SYSTEM_PYTHON, os.X_OK) else sys.executable
+    extra = host_vars(tmp_path, host_python, sys.executable)
     proc = subprocess.run(
         [str(BIN / "ansible-playbook"), "-i", "localhost,", "-e", json.dumps(extra),
          str(REPO / "tests/ansible/playbooks/modules_on_sim.yml")],
@@ -91,8 +101,8 @@ def test_modules_four_steps_through_ansible_playbook(tmp_path: Path, sim_root: P
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert "failed=0" in proc.stdout
     # absent gave back the original bytes
-    manifest = cp_root / "etc/kubernetes/manifests/kube-scheduler.yaml"
-    assert manifest.read_bytes() == sample.read_bytes()
+    manifest = tmp_path / "cp/etc/kubernetes/manifests/kube-scheduler.yaml"
+    assert manifest.read_bytes() == SAMPLE_MANIFEST.read_bytes()
 
 
 @pytest.mark.skipif(shutil.which("molecule", path=str(BIN)) is None,

@@ -113,6 +113,60 @@ def lab() -> dict[str, str]:
     return {"node": node, "kube_version": VERSIONS["KUBE_VERSION"]}
 
 
+OUR_CHARTS = ("metax-gpu-extensions", "metax-operator")
+SCHEDULER_MANIFEST = Path("/etc/kubernetes/manifests/kube-scheduler.yaml")
+
+
+def _helm_list() -> list[dict[str, Any]]:
+    out = run(HELM, "--kubeconfig", KUBECONFIG, "list", "-A", "--deployed", "--failed",
+              "--pending", "-o", "json").stdout
+    return [r for r in json.loads(out or "[]") if r["chart"].rsplit("-", 1)[0] in OUR_CHARTS]
+
+
+def _gpu_aware_playbook(state: str, namespace: str) -> None:
+    helm3 = os.environ.get("GPUK8S_HELM") or run(str(LAB / "tools.sh"), "helm3",
+                                                 timeout=900).stdout.strip()
+    run(tool("ansible-playbook"), "-i", str(REPO / "inventories" / "lab"),
+        str(REPO / "playbooks" / "gpu_aware.yml"), "-e", f"gpu_aware_state={state}",
+        "-e", f"gpu_aware_namespace={namespace}", timeout=900, cwd=str(REPO),
+        env={**os.environ, "GPUK8S_HELM": helm3})
+
+
+@pytest.fixture(scope="session", autouse=True)
+def releases_set_aside() -> Iterator[list[dict[str, Any]]]:
+    """The README's first command (lab/install) leaves the toolkit installed; the e2e tier
+    installs and removes its own releases, as on a fresh CI lab. So an installed release
+    of our charts is set aside first (`helm uninstall --keep-history`, the scheduler
+    extender disabled if it was on) and given back at the end exactly as it was (`helm
+    rollback` to its revision: same chart, same values; the extender enabled again with
+    the new Service IP): an administrator finds the lab as lab/install left it."""
+    if os.environ.get("GPUK8S_E2E") != "1" or not Path(KUBECONFIG).exists():
+        yield []
+        return
+    releases = _helm_list()
+    extender = SCHEDULER_MANIFEST.exists() and (
+        "metax-tech.com/scheduler-extender" in SCHEDULER_MANIFEST.read_text()
+        or "--config=/etc/metax/extender.yaml" in SCHEDULER_MANIFEST.read_text()
+    )
+    if releases:
+        names = ", ".join(f"{r['namespace']}/{r['name']} (revision {r['revision']})"
+                          for r in releases)
+        print(f"\n[e2e] setting aside {names}; given back after the tests", file=sys.stderr)
+    if extender and releases:
+        _gpu_aware_playbook("absent", releases[0]["namespace"])
+    for r in releases:
+        run(HELM, "--kubeconfig", KUBECONFIG, "uninstall", r["name"], "-n", r["namespace"],
+            "--keep-history", "--wait", "--timeout", "5m", timeout=400)
+    try:
+        yield releases
+    finally:
+        for r in releases:
+            run(HELM, "--kubeconfig", KUBECONFIG, "rollback", r["name"], str(r["revision"]),
+                "-n", r["namespace"], "--wait", "--timeout", "5m", timeout=400)
+        if extender and releases:
+            _gpu_aware_playbook("present", releases[0]["namespace"])
+
+
 @pytest.fixture()
 def namespace(lab: dict[str, str]) -> Iterator[str]:
     ns = f"e2e-{uuid.uuid4().hex[:8]}"

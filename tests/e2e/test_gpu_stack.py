@@ -11,13 +11,17 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+import yaml
 
 from .conftest import (
     BUSYBOX,
     HELM,
     KUBECONFIG,
+    KUBECTL,
     LAB,
     REGISTRY,
     REPO,
@@ -91,10 +95,17 @@ def installed(lab: dict[str, str]) -> Iterator[dict[str, str]]:
         f"registry={IMAGE_REGISTRY}",
         "--set",
         f"hostPaths.root={SIM_ROOT}",
+        # the node agents see only a few host paths: the simulated mx-smi's state too
+        "--set",
+        "hostPaths.extraReadPaths={/var/lib/gpuk8s-sim}",
         "--set",
         f"gpuDevice.healthyInterval={HEALTHY_INTERVAL}",
         "--set",
         f"gpuDevice.extraArgs={{--device-path-prefix={SIM_ROOT}}}",
+        # gpu-aware too (kube-scheduler is not pointed at it here): its non-root pod and
+        # the log-dir init container run on the real node, and its RBAC is in the matrix
+        "--set",
+        "deployExtenderGPUAware=true",
     )
     try:
         yield lab
@@ -219,3 +230,130 @@ def test_4_kubelet_restart_keeps_pods_and_reregisters(
     assert after["containerID"] == before["containerID"]
     assert after["restartCount"] == before["restartCount"]
     assert pod_phase(ns, "first") == "Running"
+
+
+
+# -- issue 16: RBAC matrix, the own-node policy, helm test cleanup ---------------------------
+ALLOWED = {  # (resource, resource name, verb) per ServiceAccount; namespace scope: ns-only
+    "gpu-device": {("nodes", "", "get"), ("nodes", "", "patch")},
+    "gpu-label": {("nodes", "", "get"), ("nodes", "", "patch")},
+    "gpu-aware": {(r, "", v) for r in ("nodes", "pods") for v in ("get", "list", "watch")},
+}
+ALLOWED_IN_NS = {"gpu-aware": {("configmaps", "gpu-aware-plugin", "get")}}
+# what every authenticated user may do (discovery, self reviews): not the chart's doing
+DEFAULT_RESOURCES = {
+    "selfsubjectaccessreviews.authorization.k8s.io",
+    "selfsubjectrulesreviews.authorization.k8s.io",
+    "selfsubjectreviews.authentication.k8s.io",
+}
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
+RESOURCES = ("nodes", "pods", "pods/eviction", "configmaps", "secrets", "daemonsets.apps",
+             "clusterroles.rbac.authorization.k8s.io")
+
+
+def can_i_list(sa: str, namespace: str) -> set[tuple[str, str, str]]:
+    """`kubectl auth can-i --list` as the ServiceAccount: (resource, name, verb) rows."""
+    out = kubectl("auth", "can-i", "--list", f"--as=system:serviceaccount:{NS}:{sa}",
+                  "-n", namespace)
+    rows: set[tuple[str, str, str]] = set()
+    for line in out.splitlines()[1:]:
+        cols = re.split(r"\s{2,}", line.strip())
+        if len(cols) < 4 or not cols[0] or cols[0] in DEFAULT_RESOURCES:
+            continue  # non-resource URLs (discovery) and the default self reviews
+        names = cols[2].strip("[]").split() or [""]
+        for verb in cols[3].strip("[]").split():
+            for name in names:
+                rows.add((cols[0], name, verb))
+    return rows
+
+
+def can_i(sa: str, verb: str, resource: str, namespace: str, name: str = "") -> bool:
+    resource, _, sub = resource.partition("/")  # pods/eviction: a subresource, not a name
+    args = ["auth", "can-i", verb, f"{resource}/{name}" if name else resource,
+            f"--as=system:serviceaccount:{NS}:{sa}", "-n", namespace]
+    if sub:
+        args.append(f"--subresource={sub}")
+    out = run(KUBECTL, "--kubeconfig", KUBECONFIG, *args, check=False).stdout.strip()
+    assert out in ("yes", "no"), out
+    return out == "yes"
+
+
+def test_5_rbac_matrix_each_service_account_may_do_its_job_and_nothing_else(
+    installed: dict[str, str],
+) -> None:
+    for sa, allowed in ALLOWED.items():
+        # everything the apiserver would let it do, exhaustively, in both scopes
+        assert can_i_list(sa, "default") == allowed, sa
+        assert can_i_list(sa, NS) == allowed | ALLOWED_IN_NS.get(sa, set()), sa
+        # the kubectl auth can-i matrix: every verb on the resources that matter
+        cells = [(verb, resource) for resource in RESOURCES for verb in VERBS]
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            answers = list(pool.map(lambda c, sa=sa: can_i(sa, c[0], c[1], NS), cells))
+        wrong = [(verb, resource, got) for (verb, resource), got in zip(cells, answers, strict=True)
+                 if got != ((resource, "", verb) in allowed)]
+        assert not wrong, f"{sa}: kubectl auth can-i answered unexpectedly: {wrong}"
+    assert can_i("gpu-aware", "get", "configmaps", NS, "gpu-aware-plugin")
+    assert not can_i("gpu-aware", "get", "configmaps", NS, "other")
+    assert not can_i("gpu-aware", "update", "configmaps", NS, "gpu-aware-plugin")
+
+
+def test_6_node_agents_may_patch_only_their_own_node(
+    installed: dict[str, str], tmp_path: Path
+) -> None:
+    """The chart's ValidatingAdmissionPolicy on the lab's kube-apiserver (1.35): a token
+    of the real gpu-label pod changes its own Node, never another one."""
+    node = installed["node"]
+    other = "e2e-not-this-node"
+    pod = kubectl("-n", NS, "get", "pods", "-l", "app.kubernetes.io/name=gpu-label",
+                  "--field-selector", f"spec.nodeName={node}",
+                  "-o", "jsonpath={.items[0].metadata.name}")
+    assert pod, "no gpu-label pod on the lab node"
+    token = kubectl("-n", NS, "create", "token", "gpu-label", "--bound-object-kind", "Pod",
+                    "--bound-object-name", pod, "--duration", "10m").strip()
+    admin = yaml.safe_load(Path(KUBECONFIG).read_text())
+    as_agent = tmp_path / "agent.conf"
+    as_agent.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
+        "users": [{"name": "agent", "user": {"token": token}}],
+        "contexts": [{"name": "agent", "context": {"cluster": admin["clusters"][0]["name"],
+                                                   "user": "agent"}}],
+        "current-context": "agent"}))
+    apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": other}})
+    try:
+        label = ["label", "node", "--overwrite", "--dry-run=server", "e2e.gpuk8s.io/probe=1"]
+        own = run(KUBECTL, "--kubeconfig", str(as_agent), *label[:2], node, *label[2:],
+                  check=False)
+        assert own.returncode == 0, own.stderr
+        denied = run(KUBECTL, "--kubeconfig", str(as_agent), *label[:2], other, *label[2:],
+                     check=False)
+        assert denied.returncode != 0
+        assert "may change only the Node its pod runs on" in denied.stderr, denied.stderr
+        # RBAC alone would allow it: the policy is what stops it
+        assert can_i("gpu-label", "patch", "nodes", NS, other)
+    finally:
+        kubectl("delete", "node", other, "--wait=false", check=False)
+
+
+def test_7_helm_test_leaves_nothing_behind_passed_or_failed(installed: dict[str, str]) -> None:
+    def leftovers() -> str:
+        return (kubectl("-n", NS, "get", "pod,serviceaccount", "-o", "name", check=False)
+                + kubectl("get", "clusterrole,clusterrolebinding", "-o", "name", check=False))
+
+    passed = run(HELM, "--kubeconfig", KUBECONFIG, "test", RELEASE, "-n", NS, "--logs",
+                 timeout=300, check=False)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert f"{installed['node']}: allocatable metax-tech.com/gpu=8" in passed.stdout
+    assert "gpu-test" not in leftovers()
+    # a node that claims GPUs but has none of the labels: the test fails...
+    bad = "e2e-bad-gpu-node"
+    apply({"apiVersion": "v1", "kind": "Node",
+           "metadata": {"name": bad, "labels": {"metax-tech.com/gpu.installed": "true"}}})
+    try:
+        failed = run(HELM, "--kubeconfig", KUBECONFIG, "test", RELEASE, "-n", NS, "--logs",
+                     timeout=300, check=False)
+        assert failed.returncode != 0
+        assert f"FAIL {bad}: labels missing" in failed.stdout + failed.stderr
+        # ...and still leaves no pod, ServiceAccount or RBAC behind
+        wait_until("test hooks deleted", lambda: "gpu-test" not in leftovers(), 60)
+    finally:
+        kubectl("delete", "node", bad, "--wait=false", check=False)

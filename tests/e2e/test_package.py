@@ -47,9 +47,9 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     tarball = out / f"metax-gpu-k8s-package.{version()}.tar.gz"
     assert tarball.exists(), list(out.iterdir())
-    with tarfile.open(tarball) as tar:
-        tar.extractall(out)
-    return out / f"metax-gpu-k8s-package.{version()}"
+    with tarfile.open(tarball) as tar:  # the manual: mkdir k8s; tar -C k8s -xvzf ...
+        tar.extractall(out / "k8s", filter="data")
+    return out / "k8s"
 
 
 def catalog() -> list[str]:

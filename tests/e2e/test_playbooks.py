@@ -7,6 +7,7 @@ extensions scheme; uninstall.yml removes it at the end (and must leave nothing b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -143,6 +144,29 @@ def test_5_gpu_aware_places_4_gpu_pod_inside_one_link_group(
         )
         variant = kubectl_json("get", "node", node)["metadata"]["labels"]["lab.gpuk8s.io/variant"]
         assert variant == "c500-8.used-0_1_2_3", variant
+        # issue 16: a new weight only changes /etc/metax/extender.yaml; the hash annotation
+        # makes the kubelet restart kube-scheduler, and the role waits for the new pod
+        scheduler = f"kube-scheduler-{installed_by_playbook['node']}"
+        before = kubectl_json("-n", "kube-system", "get", "pod", scheduler)["metadata"]
+        playbook("gpu_aware.yml", "-e", "gpu_aware_weight=400")
+        config = Path("/etc/metax/extender.yaml").read_text()
+        assert "weight: 400" in config
+        after = kubectl_json("-n", "kube-system", "get", "pod", scheduler)
+        hashes = ("kubernetes.io/config.hash", "metax-tech.com/scheduler-extender")
+        assert after["metadata"]["annotations"][hashes[0]] != before["annotations"][hashes[0]]
+        marker = json.loads(after["metadata"]["annotations"][hashes[1]])
+        assert marker["configHash"] == "sha256:" + hashlib.sha256(config.encode()).hexdigest()
+        assert any(c["type"] == "Ready" and c["status"] == "True"
+                   for c in after["status"]["conditions"])
+        # ...and a kubernetes_version the real scheduler image (1.35) contradicts is refused
+        text = manifest.read_bytes()
+        refused = run(tool("ansible-playbook"), "-i", INVENTORY,
+                      str(REPO / "playbooks" / "gpu_aware.yml"),
+                      "-e", "gpu_aware_kubernetes_version=1.23", timeout=900, cwd=str(REPO),
+                      env={**os.environ, "GPUK8S_HELM": helm_for_ansible()}, check=False)
+        assert refused.returncode != 0
+        assert "selects kubescheduler.config.k8s.io/v1beta3" in refused.stdout
+        assert manifest.read_bytes() == text
     finally:
         kubectl("delete", "namespace", ns, "--wait=false", check=False)
         playbook("gpu_aware.yml", "-e", "gpu_aware_state=absent")
@@ -168,6 +192,8 @@ def test_6_maintenance_cordons_evicts_and_restores(
                 "maintenance.yml",
                 "-e", "node_maintenance_action=tasks",
                 "-e", f"node_maintenance_action_tasks={DATA / 'maintenance_probe.yml'}",
+                # holds-two is a bare pod: like kubectl drain, only evicted with force
+                "-e", "node_maintenance_evict_force=true",
             )  # fmt: skip
         finally:
             os.environ.pop("GPUK8S_MAINTENANCE_PROBE", None)
@@ -176,7 +202,7 @@ def test_6_maintenance_cordons_evicts_and_restores(
         assert during["unschedulable"] is True
         assert not [k for k in during["labels"] if k.startswith("metax-tech.com/")]
         assert "holds-two" not in during["pods"]
-        assert not [p for p in during["pods"] if p.startswith("gpu-device")]
+        assert not [p for p in during["pods"] if p.startswith("metax-gpu-device")]
         # ...and after: uncordoned, labels and allocatable GPUs back.
         obj = kubectl_json("get", "node", node)
         assert not obj["spec"].get("unschedulable", False)

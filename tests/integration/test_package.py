@@ -40,7 +40,7 @@ EXT_IMAGES = ["gpu-device", "gpu-label", "gpu-aware", "gpu-exporter"]
 OP_IMAGES = ["driver-manager", "container-runtime", "operator-controller"]
 ALL_IMAGES = EXT_IMAGES + OP_IMAGES
 FULL = f"metax-gpu-k8s-package.{VERSION}"
-BASE = f"metax-gpu-k8s-package-base.{VERSION}"
+BASE = f"metax-gpu-k8s-package.{VERSION}-base"
 RUN = f"metax-k8s-images.{VERSION}.run"
 METAX_DOCKER = f"metax-docker_{VERSION}.tar"
 
@@ -159,8 +159,9 @@ def package(tmp_path_factory: pytest.TempPathFactory, images_list: Path, helm_bi
         env=env,
     )
     for name in (FULL, BASE):
-        with tarfile.open(out / f"{name}.tar.gz") as tar:
-            tar.extractall(out / "x", filter="data")
+        # the manual's way: mkdir k8s; tar -C k8s -xvzf metax-gpu-k8s-package.<V>.tar.gz
+        ok(["mkdir", "-p", str(out / "x" / name)])
+        ok(["tar", "-C", str(out / "x" / name), "-xvzf", str(out / f"{name}.tar.gz")])
     return out
 
 
@@ -183,7 +184,16 @@ def _archives(images_list: Path) -> dict[str, Path]:
 
 # -- the package ------------------------------------------------------------------------------
 def test_package_layout(package: Path) -> None:
-    assert sorted(p.name for p in package.glob("*.tar.gz")) == [f"{BASE}.tar.gz", f"{FULL}.tar.gz"]
+    # the manual's names: metax-gpu-k8s-package.<V>.tar.gz and ...<V>-base.tar.gz
+    assert sorted(p.name for p in package.glob("*.tar.gz")) == sorted(
+        [f"metax-gpu-k8s-package.{VERSION}-base.tar.gz", f"metax-gpu-k8s-package.{VERSION}.tar.gz"]
+    )
+    for name in (FULL, BASE):
+        with tarfile.open(package / f"{name}.tar.gz") as tar:
+            members = tar.getnames()
+        # every file at the archive's top level: `tar -C k8s -xvzf` gives k8s/<file>
+        assert all("/" not in m.lstrip("./") for m in members), members
+        assert RUN in [m.lstrip("./") for m in members]
     full, base = package / "x" / FULL, package / "x" / BASE
     assert sorted(p.name for p in full.iterdir()) == sorted(
         [
@@ -527,3 +537,124 @@ def test_push_passes_credentials_to_skopeo(package: Path, tmp_path: Path) -> Non
         assert "--dest-creds u:secret" in line and f"--dest-authfile {auth}" in line
         assert "--dest-tls-verify=true" in line  # TLS verified unless asked otherwise
         assert line.endswith(f"docker://r.local/p/{name}:{VERSION}")
+
+
+# -- the gpu_artifacts_images role, fed by the offline package's .run ----------------------------
+def _role(tmp_path: Path, variables: dict[str, Any],
+          environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """playbooks-like run of the gpu_artifacts_images role on localhost."""
+    import sys
+
+    play = [{"name": "Images", "hosts": "all", "gather_facts": False,
+             "environment": environment or {},
+             "roles": [{"role": "gpu_artifacts_images"}]}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    bin_dir = Path(sys.executable).parent
+    return run(
+        [str(bin_dir / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+         "-e", f"ansible_python_interpreter={sys.executable}", "-e", json.dumps(variables),
+         str(tmp_path / "play.yml")],
+        cwd=REPO,
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+             "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )
+
+
+def _recap(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+    return proc.stdout.split("PLAY RECAP", 1)[1]
+
+
+def test_role_pushes_the_run_of_the_offline_package(
+    package: Path, registry: str, tmp_path: Path
+) -> None:
+    """images.txt inside the .run is "NAME TAG" with an OCI layout, not "ARCHIVE REF"."""
+    variables = {"gpu_artifacts_images_mode": "push",
+                 "gpu_artifacts_images_run": str(package / "x" / BASE / RUN),
+                 "gpu_artifacts_images_registry": f"{registry}/role",
+                 "gpu_artifacts_images_tls_verify": False}
+    assert "changed=0" not in _recap(_role(tmp_path, variables))
+    for name in EXT_IMAGES:
+        ok(["skopeo", "inspect", "--raw", "--tls-verify=false",
+            f"docker://{registry}/role/{name}:{VERSION}"])
+    assert "changed=0" in _recap(_role(tmp_path, variables))  # every tag is there already
+
+
+def test_role_loads_the_run_into_containerd_under_the_charts_reference(
+    package: Path, tmp_path: Path
+) -> None:
+    reason = _containerd_ready()
+    if reason:
+        pytest.skip(reason)
+    ns = f"gpuk8s-roletest-{uuid.uuid4().hex[:8]}"  # never the kubelet's k8s.io
+    variables = {"gpu_artifacts_images_mode": "load",
+                 "gpu_artifacts_images_run": str(package / "x" / BASE / RUN),
+                 "gpu_artifacts_images_engine": "containerd",
+                 "gpu_artifacts_images_containerd_namespace": ns,
+                 "gpu_artifacts_images_load_registry": "reg.example/cloud",
+                 "gpu_artifacts_images_remote_dir": str(tmp_path / "staging")}
+    try:
+        _recap(_role(tmp_path, variables))
+        names = sorted(run(["ctr", "-n", ns, "images", "ls", "-q"]).stdout.split())
+        # exactly the references the chart uses with registry=reg.example/cloud
+        assert names == sorted(f"reg.example/cloud/{n}:{VERSION}" for n in EXT_IMAGES)
+        assert "changed=0" in _recap(_role(tmp_path, variables))
+        assert not (tmp_path / "staging").exists()
+    finally:
+        _drop_namespace(ns)
+
+
+@pytest.fixture
+def dockerd(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A private Debian dockerd (20.10: cannot `docker load` an OCI archive), on the lab's
+    containerd in a namespace of its own, no bridge, no iptables."""
+    reason = _containerd_ready()
+    if reason:
+        pytest.skip(reason)
+    binary = need("dockerd", "apt-get install docker.io")
+    need("docker", "apt-get install docker.io")
+    ns = f"gpuk8s-dockertest-{uuid.uuid4().hex[:8]}"
+    sock = tmp_path / "docker.sock"
+    log = (tmp_path / "dockerd.log").open("w")
+    proc = subprocess.Popen(
+        [binary, "--data-root", str(tmp_path / "data"), "--exec-root", str(tmp_path / "exec"),
+         "--host", f"unix://{sock}", "--pidfile", str(tmp_path / "dockerd.pid"),
+         "--bridge=none", "--iptables=false", "--ip-masq=false",
+         "--containerd", "/run/containerd/containerd.sock", "--containerd-namespace", ns,
+         "--containerd-plugins-namespace", ns + "-plugins"],
+        stdout=log, stderr=log,
+    )
+    env = {"DOCKER_HOST": f"unix://{sock}"}
+    try:
+        deadline = time.monotonic() + 60
+        while run(["docker", "info"], env={**os.environ, **env}).returncode != 0:
+            assert proc.poll() is None, (tmp_path / "dockerd.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "dockerd did not start"
+            time.sleep(0.5)
+        yield env
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+        _drop_namespace(ns)
+        _drop_namespace(ns + "-plugins")
+
+
+def test_role_loads_into_docker_through_a_docker_archive(
+    package: Path, tmp_path: Path, dockerd: dict[str, str], images_list: Path
+) -> None:
+    env = {**os.environ, **dockerd}
+    # what the role did before: `docker load` of an OCI archive, refused by this docker
+    archive = _archives(images_list)["gpu-device"]
+    assert run(["docker", "load", "-i", str(archive)], env=env).returncode != 0
+    variables = {"gpu_artifacts_images_mode": "load",
+                 "gpu_artifacts_images_run": str(package / "x" / BASE / RUN),
+                 "gpu_artifacts_images_engine": "docker",
+                 "gpu_artifacts_images_remote_dir": str(tmp_path / "staging")}
+    _recap(_role(tmp_path, variables, environment=dockerd))
+    listed = run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], env=env).stdout
+    # no registry given: the charts' default one
+    assert sorted(listed.split()) == sorted(
+        f"cr.metax-tech.com/cloud/{n}:{VERSION}" for n in EXT_IMAGES
+    )
+    assert "changed=0" in _recap(_role(tmp_path, variables, environment=dockerd))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,12 @@ def _can(
 
 
 def _release_objects(apiserver: Any, release: str, ns: str) -> list[str]:
+    from kubernetes import client
+
+    from gpuk8s.services.kube import api_client
+
     core, apps, rbac, _ = _clients(apiserver)
+    adm = client.AdmissionregistrationV1Api(api_client(apiserver.kubeconfig("admin")))
     sel = f"app.kubernetes.io/instance={release}"
     found = []
     for kind, lister in (
@@ -133,6 +139,10 @@ def _release_objects(apiserver: Any, release: str, ns: str) -> list[str]:
         ("ClusterRole", lambda: rbac.list_cluster_role(label_selector=sel)),
         ("ClusterRoleBinding", lambda: rbac.list_cluster_role_binding(label_selector=sel)),
         ("Role", lambda: rbac.list_namespaced_role(ns, label_selector=sel)),
+        ("ValidatingAdmissionPolicy",
+         lambda: adm.list_validating_admission_policy(label_selector=sel)),
+        ("ValidatingAdmissionPolicyBinding",
+         lambda: adm.list_validating_admission_policy_binding(label_selector=sel)),
     ):
         found += [f"{kind}/{o.metadata.name}" for o in lister().items]
     return sorted(found)
@@ -170,11 +180,11 @@ def test_extensions_install_rbac_and_uninstall(
     try:
         assert _release_objects(apiserver, rel, ns) == sorted(
             [
-                "DaemonSet/gpu-device",
+                "DaemonSet/metax-gpu-device",
                 "DaemonSet/gpu-label",
                 "Deployment/gpu-aware",
                 "Service/gpu-aware",
-                "ConfigMap/gpu-aware",
+                "ConfigMap/gpu-aware-plugin",
                 "ServiceAccount/gpu-device",
                 "ServiceAccount/gpu-label",
                 "ServiceAccount/gpu-aware",
@@ -185,13 +195,16 @@ def test_extensions_install_rbac_and_uninstall(
                 f"ClusterRoleBinding/{rel}-gpu-label",
                 f"ClusterRoleBinding/{rel}-gpu-aware",
                 "Role/gpu-aware",
+                # the apiserver (1.35) serves ValidatingAdmissionPolicy
+                f"ValidatingAdmissionPolicy/{rel}-own-node",
+                f"ValidatingAdmissionPolicyBinding/{rel}-own-node",
             ]
         )
-        ds = apps.read_namespaced_daemon_set("gpu-device", ns)
+        ds = apps.read_namespaced_daemon_set("metax-gpu-device", ns)
         assert ds.spec.template.spec.containers[0].image == f"reg.local/metax/gpu-device:{VERSION}"
         svc = core.read_namespaced_service("gpu-aware", ns)
         assert svc.spec.cluster_ip.startswith("10.96.") and svc.spec.ports[0].port == 8080
-        assert core.read_namespaced_config_map("gpu-aware", ns).data == {
+        assert core.read_namespaced_config_map("gpu-aware-plugin", ns).data == {
             "scoreWeight": "1",
             "lossWeight": "1",
         }
@@ -202,7 +215,9 @@ def test_extensions_install_rbac_and_uninstall(
         assert not _can(authz, ns, "gpu-label", "get", "secrets", namespace=ns)
         assert _can(authz, ns, "gpu-aware", "watch", "pods")
         assert not _can(authz, ns, "gpu-aware", "patch", "nodes")
-        assert _can(authz, ns, "gpu-aware", "get", "configmaps", namespace=ns, name="gpu-aware")
+        assert _can(
+            authz, ns, "gpu-aware", "get", "configmaps", namespace=ns, name="gpu-aware-plugin"
+        )
         assert not _can(authz, ns, "gpu-aware", "get", "configmaps", namespace=ns, name="other")
         assert not _can(
             authz, ns, "gpu-aware", "get", "configmaps", namespace="kube-system", name="gpu-aware"
@@ -241,7 +256,7 @@ def test_operator_upgrade_keeps_the_vfnum_edits(
         Controller(KubeCluster(api_client(apiserver.kubeconfig("admin")), ns)).one_pass()
         cm = core.read_namespaced_config_map("driver-config", ns)
         assert yaml.safe_load(cm.data["node-vfnums"]) == {"nodes": {}}
-        for name in ("driver-manager", "container-runtime", "gpu-device", "gpu-label"):
+        for name in ("driver-manager", "container-runtime", "metax-gpu-device", "gpu-label"):
             apps.read_namespaced_daemon_set(name, ns)
         apps.read_namespaced_deployment("operator-controller", ns)
         # an administrator sets VF counts (SPEC §6) ...
@@ -310,3 +325,100 @@ def test_bad_values_create_nothing(apiserver: Any, helm: Any, charts: dict[str, 
     assert proc.returncode != 0 and "/log/level" in proc.stderr
     assert helm("list", "-q", "-n", ns).stdout.strip() == ""
     assert _release_objects(apiserver, "bad", ns) == []
+
+
+
+def _node(core: Any, name: str) -> None:
+    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+
+
+def test_node_agents_may_patch_only_their_own_node(
+    apiserver: Any, helm: Any, charts: dict[str, str], tmp_path: Path
+) -> None:
+    """The ValidatingAdmissionPolicy on this real kube-apiserver (1.35): a gpu-label token
+    bound to a pod on node A patches A, and is denied on B (RBAC alone allows both)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    ns, rel = "metax-gpu-vap", "vap"
+    helm("install", rel, charts["metax-gpu-extensions"], "-n", ns, "--create-namespace")
+    core, _apps, _rbac, authz = _clients(apiserver)
+    a, b = "vap-node-a", "vap-node-b"
+    try:
+        _node(core, a)
+        _node(core, b)
+        # a gpu-label pod on node A (no kubelet here: it is only an API object)
+        pod = core.create_namespaced_pod(ns, {
+            "metadata": {"name": "gpu-label-a"},
+            "spec": {"nodeName": a, "serviceAccountName": "gpu-label",
+                     "containers": [{"name": "c", "image": "x"}]}})
+        token = core.create_namespaced_service_account_token("gpu-label", ns, {
+            "spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 600,
+                     "boundObjectRef": {"kind": "Pod", "apiVersion": "v1",
+                                        "name": pod.metadata.name, "uid": pod.metadata.uid}}})
+        from gpuk8s.services.kube import api_client
+
+        base = api_client(apiserver.kubeconfig("admin")).configuration
+        conf = client.Configuration()
+        conf.host, conf.verify_ssl = base.host, False
+        conf.api_key = {"authorization": "Bearer " + token.status.token}
+        as_label = client.CoreV1Api(client.ApiClient(conf))
+        patch = {"metadata": {"labels": {"metax-tech.com/gpu.installed": "true"}}}
+
+        def denied_on_b() -> bool:  # the apiserver loads new policies within seconds
+            try:
+                as_label.patch_node(b, patch, dry_run="All")
+            except ApiException as err:
+                return err.status == 403
+            return False
+
+        deadline = time.monotonic() + 30
+        while not denied_on_b():
+            assert time.monotonic() < deadline, "the own-node policy never took effect"
+            time.sleep(0.5)
+        as_label.patch_node(a, patch)  # its own node: allowed
+        with pytest.raises(ApiException) as denied:
+            as_label.patch_node(b, patch)
+        assert denied.value.status == 403
+        assert "may change only the Node its pod runs on" in denied.value.body
+        assert "metax-tech.com/gpu.installed" not in (core.read_node(b).metadata.labels or {})
+        # RBAC itself allows both: the policy is what denies
+        assert _can(authz, ns, "gpu-label", "patch", "nodes", name=b)
+    finally:
+        for name in (a, b):
+            core.delete_node(name)
+        helm("uninstall", rel, "-n", ns, "--wait", "--timeout", "120s")
+    assert _release_objects(apiserver, rel, ns) == []
+
+
+def test_upgrade_keeps_live_weights_unless_the_chart_changes_them(
+    apiserver: Any, helm: Any, charts: dict[str, str]
+) -> None:
+    """The manual edits the weights with `kubectl edit cm`; `helm upgrade` must neither
+    reset nor conflict on them, and `--set gpuAware.scoreWeight=...` must still apply."""
+    ns, rel = "metax-gpu-weights", "w"
+    chart = charts["metax-gpu-extensions"]
+    helm("install", rel, chart, "-n", ns, "--create-namespace", "--set",
+         "deployExtenderGPUAware=true")
+    core, _apps, _rbac, _authz = _clients(apiserver)
+    def weights() -> dict[str, str]:
+        return dict(core.read_namespaced_config_map("gpu-aware-plugin", ns).data)
+
+    try:
+        # the administrator's edit, by another field manager (as kubectl edit would)
+        core.patch_namespaced_config_map("gpu-aware-plugin", ns, {"data": {"lossWeight": "3"}},
+                                         field_manager="kubectl-edit")
+        helm("upgrade", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true",
+             "--set", "log.level=debug")
+        assert weights() == {"scoreWeight": "1", "lossWeight": "3"}, "the live edit was lost"
+        # the chart changes the weight nobody edited: it applies, without a conflict
+        helm("upgrade", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true",
+             "--set", "gpuAware.scoreWeight=5")
+        assert weights() == {"scoreWeight": "5", "lossWeight": "3"}
+        # ...and never overrides the edited one (nor conflicts with its manager)
+        helm("upgrade", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true",
+             "--set", "gpuAware.scoreWeight=5", "--set", "gpuAware.lossWeight=7")
+        assert weights() == {"scoreWeight": "5", "lossWeight": "3"}
+    finally:
+        helm("uninstall", rel, "-n", ns, "--wait", "--timeout", "120s")
+    assert _release_objects(apiserver, rel, ns) == []

@@ -161,6 +161,8 @@ def objs(chart: Path, values: dict[str, Any] | None = None) -> Objects:
 
 def container(workload: dict[str, Any], name: str | None = None) -> dict[str, Any]:
     containers = workload["spec"]["template"]["spec"]["containers"]
+    if name is None and len(containers) == 1:
+        return containers[0]  # type: ignore[no-any-return]
     name = name or workload["metadata"]["name"]
     found = [c for c in containers if c["name"] == name]
     assert len(found) == 1, f"no container {name} in {workload['metadata']['name']}"
@@ -495,7 +497,8 @@ def test_least_privilege_security_contexts(combo: Any) -> None:
     installer are privileged; everything else drops every capability, cannot escalate
     and has a read-only root filesystem."""
     _n, _c, _v, rendered = combo
-    privileged_ok = {("DaemonSet/gpu-device", "gpu-device"), ("DaemonSet/driver-manager", "driver"),
+    privileged_ok = {("DaemonSet/metax-gpu-device", "gpu-device"),
+                     ("DaemonSet/driver-manager", "driver"),
                      ("DaemonSet/gpu-exporter", "gpu-exporter")}
     for where, spec in rendered.pod_specs():
         assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
@@ -561,7 +564,7 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
     "gpu-aware": {
         ("", res, verb, ANY) for res in ("nodes", "pods") for verb in ("get", "list", "watch")
     }
-    | {("", "configmaps", "get", "gpu-aware")},
+    | {("", "configmaps", "get", "gpu-aware-plugin")},
     "driver-manager": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),
                        ("", "events", "create", ANY), ("", "pods", "get", ANY)},  # events: default
     "container-runtime": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),
@@ -652,7 +655,7 @@ LOG_FLAGS = {
 def test_component_log_overrides_global_key_by_key(combo: Any) -> None:
     _n, _c, values, rendered = combo
     containers = {
-        ("DaemonSet", "gpu-device", "gpu-device"): "gpuDevice",
+        ("DaemonSet", "metax-gpu-device", "gpu-device"): "gpuDevice",
         ("DaemonSet", "gpu-label", "gpu-label"): "gpuLabel",
         ("Deployment", "gpu-aware", "gpu-aware"): "gpuAware",
         ("DaemonSet", "driver-manager", "driver"): "driver",
@@ -686,17 +689,34 @@ def test_log_override_single_key() -> None:
     """SPEC example: gpuLabel.log.format=text changes only that key of gpu-label."""
     rendered = objs(EXT, {"gpuLabel": {"log": {"format": "text"}}})
     label = flags(container(rendered.get("DaemonSet", "gpu-label")))
-    device = flags(container(rendered.get("DaemonSet", "gpu-device")))
+    device = flags(container(rendered.get("DaemonSet", "metax-gpu-device"), "gpu-device"))
     assert label["log-format"] == "text" and device["log-format"] == "json"
     assert label["log-dir"] == device["log-dir"] == "/var/log/metax"
     assert label["log-max-age"] == "26w" and label["log-rotation-time"] == "1w"
 
 
 # -- gpu-device / gpu-label ---------------------------------------------------------------
+# What the node agents see of the host, each read-only at /host<path>: never the whole /.
+HOST_READ_PATHS = ("/sys", "/dev", "/opt", "/usr/bin", "/usr/local/bin", "/proc/driver",
+                   "/run/metax")
+HOST_READ_PATHS_IN_POD = tuple(f"/host{p}" for p in HOST_READ_PATHS)
+
+
+def assert_reads_only_a_few_host_paths(workload: dict[str, Any], root: str) -> None:
+    m, v = mounts(workload), volumes(workload)
+    base = root.rstrip("/")
+    for path in HOST_READ_PATHS:
+        mount = m[f"/host{path}"]
+        assert mount["readOnly"] is True, path
+        assert v[mount["name"]]["hostPath"]["path"] == base + path
+    for name, vol in v.items():
+        host = vol.get("hostPath", {}).get("path")
+        assert host not in ("/", root), f"{name} mounts the whole host root {host}"
+    assert "/host" not in m
 def test_gpu_device_daemonset(combo: Any) -> None:
     _name, chart, values, rendered = combo
-    ds = rendered.get("DaemonSet", "gpu-device")
-    c = container(ds)
+    ds = rendered.get("DaemonSet", "metax-gpu-device")
+    c = container(ds, "gpu-device")
     assert c["args"][:2] == ["serve", "device-plugin"]
     f = flags(c)
     assert f["host-root"] == "/host"
@@ -713,8 +733,7 @@ def test_gpu_device_daemonset(combo: Any) -> None:
     v = volumes(ds)
     assert not m["/var/lib/kubelet/device-plugins"].get("readOnly")
     assert m["/var/lib/kubelet/pod-resources"]["readOnly"] is True
-    assert m["/host"]["readOnly"] is True
-    assert v[m["/host"]["name"]]["hostPath"]["path"] == hp["root"]
+    assert_reads_only_a_few_host_paths(ds, hp["root"])
     if hp["root"].rstrip("/"):  # a simulated host tree: device paths live under it
         assert f["device-path-prefix"] == hp["root"].rstrip("/")
     else:
@@ -735,10 +754,9 @@ def test_gpu_device_daemonset(combo: Any) -> None:
     else:
         assert not any(a.startswith("--cdi") for a in c["args"])
     assert required_node_labels(ds) == want
-    if "resources" in values.get("gpuDevice", {}):
-        assert c["resources"] == values["gpuDevice"]["resources"]
-    else:
-        assert "resources" not in c
+    # default requests reserve what the plugin needs; given values are merged over them
+    defaults = {"requests": {"cpu": "20m", "memory": "64Mi"}}
+    assert c["resources"] == _deep_merge(defaults, values.get("gpuDevice", {}).get("resources", {}))
 
 
 def test_gpu_label_daemonset_runs_everywhere(combo: Any) -> None:
@@ -757,8 +775,9 @@ def test_gpu_label_daemonset_runs_everywhere(combo: Any) -> None:
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 8081}
     m = mounts(ds)
-    assert m["/host"]["readOnly"] is True
-    assert set(m) <= {"/host", _effective_log(values, "gpuLabel")["dir"]}
+    assert_reads_only_a_few_host_paths(ds, values.get("hostPaths", {}).get("root", "/"))
+    assert set(m) <= set(HOST_READ_PATHS_IN_POD) | {_effective_log(values, "gpuLabel")["dir"]}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
 
 
 # -- gpu-aware ------------------------------------------------------------------------------
@@ -767,8 +786,9 @@ def test_gpu_aware_only_when_enabled() -> None:
     assert not any(d["metadata"]["name"] == "gpu-aware" for d in off.docs)
     assert not any("gpu-aware" in d["metadata"]["name"] for d in off.docs)
     on = objs(EXT, {"deployExtenderGPUAware": True})
-    for kind in ("Deployment", "Service", "ConfigMap", "ServiceAccount", "Role", "RoleBinding"):
+    for kind in ("Deployment", "Service", "ServiceAccount", "Role", "RoleBinding"):
         assert on.has(kind, "gpu-aware"), kind
+    assert on.has("ConfigMap", "gpu-aware-plugin")
     assert on.has("ClusterRole", f"{REL}-gpu-aware")
 
 
@@ -784,8 +804,9 @@ def test_gpu_aware_deployment_service_and_weights(
     weights: dict[str, Any], expected: tuple[str, str]
 ) -> None:
     rendered = objs(EXT, {"deployExtenderGPUAware": True, "gpuAware": weights})
-    cm = rendered.get("ConfigMap", "gpu-aware")
+    cm = rendered.get("ConfigMap", "gpu-aware-plugin")  # `grep gpu-aware-plugin` finds it
     assert cm["data"] == {"scoreWeight": expected[0], "lossWeight": expected[1]}
+    assert cm["metadata"]["annotations"]["metax-tech.com/chart-weights"] == "/".join(expected)
     svc = rendered.get("Service", "gpu-aware")
     assert svc["spec"]["type"] == "ClusterIP"
     assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [(8080, "http")]
@@ -796,7 +817,9 @@ def test_gpu_aware_deployment_service_and_weights(
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8080}
     m = mounts(dep)["/etc/gpu-aware"]
     assert m["readOnly"] is True
-    assert volumes(dep)[m["name"]]["configMap"]["name"] == "gpu-aware"
+    assert volumes(dep)[m["name"]]["configMap"]["name"] == "gpu-aware-plugin"
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     spec = dep["spec"]["template"]["spec"]
     # control-plane preferred, not required: single-node labs must work
     aff = spec["affinity"]["nodeAffinity"]
@@ -808,18 +831,54 @@ def test_gpu_aware_deployment_service_and_weights(
     assert any(t.get("key") == "node-role.kubernetes.io/control-plane" for t in spec["tolerations"])
 
 
-def test_gpu_aware_runs_as_non_root_without_host_logs() -> None:
-    with_logs = container(
-        objs(EXT, {"deployExtenderGPUAware": True}).get("Deployment", "gpu-aware")
-    )
-    assert with_logs["securityContext"]["runAsUser"] == 0  # owns files in the root-owned log dir
-    no_logs = container(
-        objs(EXT, {"deployExtenderGPUAware": True, "gpuAware": {"log": {"dir": ""}}}).get(
-            "Deployment", "gpu-aware"
-        )
-    )
-    assert no_logs["securityContext"]["runAsUser"] == 65532
-    assert no_logs["securityContext"]["runAsNonRoot"] is True
+@pytest.mark.parametrize(
+    ("chart", "values", "name"),
+    [(EXT, {"deployExtenderGPUAware": True}, "gpu-aware"),
+     (OP, OP_MIN, "operator-controller")],
+    ids=["gpu-aware", "operator-controller"],
+)
+def test_deployments_run_as_non_root_even_with_host_logs(
+    chart: Path, values: dict[str, Any], name: str
+) -> None:
+    """The host log dir was the only reason for root: an init container with CHOWN and
+    FOWNER alone hands the directory's group to 65532 instead."""
+    dep = objs(chart, values).get("Deployment", name)
+    spec = dep["spec"]["template"]["spec"]
+    c = container(dep)
+    assert c["securityContext"]["runAsUser"] == 65532
+    assert c["securityContext"]["runAsNonRoot"] is True
+    [init] = spec["initContainers"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
+    assert init["securityContext"]["allowPrivilegeEscalation"] is False
+    assert init["args"][1:] == ["/log", name]
+    log_volume = volumes(dep)[init["volumeMounts"][0]["name"]]
+    assert log_volume["hostPath"]["path"] == "/var/log/metax"
+    assert mounts(dep)["/var/log/metax"]["name"] == init["volumeMounts"][0]["name"]
+    key = "gpuAware" if name == "gpu-aware" else "operatorController"
+    no_logs = objs(chart, _deep_merge(values, {key: {"log": {"dir": ""}}})).get("Deployment", name)
+    assert "initContainers" not in no_logs["spec"]["template"]["spec"]
+    assert container(no_logs)["securityContext"]["runAsUser"] == 65532
+
+
+def test_log_dir_init_container_lets_65532_write(tmp_path: Path) -> None:
+    """The init container's script, run here on a directory like the host's: afterwards
+    the group of 65532 may create files, and its own old log file is its."""
+    import os
+    import subprocess
+
+    dep = objs(EXT, {"deployExtenderGPUAware": True}).get("Deployment", "gpu-aware")
+    [init] = dep["spec"]["template"]["spec"]["initContainers"]
+    d = tmp_path / "log"
+    d.mkdir(mode=0o755)
+    (d / "gpu-aware.log").write_text("old\n")
+    (d / "gpu-device.log").write_text("other\n")
+    if os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    subprocess.run([*init["command"], init["args"][0], str(d), "gpu-aware"], check=True)
+    st = d.stat()
+    assert st.st_gid == 65532 and st.st_mode & 0o7777 == 0o3775
+    assert (d / "gpu-aware.log").stat().st_uid == 65532
+    assert (d / "gpu-device.log").stat().st_uid == 0  # another component's file is left alone
 
 
 # -- operator scheme --------------------------------------------------------------------------
@@ -1044,15 +1103,15 @@ def test_both_charts_render_the_same_common_components() -> None:
         ("DaemonSet", "gpu-label"),
         ("Deployment", "gpu-aware"),
         ("Service", "gpu-aware"),
-        ("ConfigMap", "gpu-aware"),
+        ("ConfigMap", "gpu-aware-plugin"),
         ("ClusterRole", f"{REL}-gpu-device"),
     ]:
         assert _strip_chart_specifics(ext.get(kind, name)) == _strip_chart_specifics(
             op.get(kind, name)
         ), name
     # gpu-device differs only in its gating and the CDI flag
-    a = _strip_chart_specifics(ext.get("DaemonSet", "gpu-device"))
-    b = _strip_chart_specifics(op.get("DaemonSet", "gpu-device"))
+    a = _strip_chart_specifics(ext.get("DaemonSet", "metax-gpu-device"))
+    b = _strip_chart_specifics(op.get("DaemonSet", "metax-gpu-device"))
     for d in (a, b):
         d["spec"]["template"]["spec"].pop("affinity")
         d["spec"]["template"]["spec"]["containers"][0]["args"] = [
@@ -1140,11 +1199,25 @@ def _leaf_paths(values: dict[str, Any], prefix: str = "") -> Iterable[str]:
 def _schema_node(schema: dict[str, Any], path: str) -> dict[str, Any]:
     node = schema
     for part in path.split("."):
+        if "properties" not in node and node.get("type") == "object":
+            return node  # a free-form object (resources): its keys are Kubernetes'
         node = node["properties"][part]
         while "$ref" in node and "properties" not in node:
             ref = node["$ref"].split("/")[-1]
             node = {**schema["$defs"][ref], **{k: v for k, v in node.items() if k != "$ref"}}
     return node
+
+
+@pytest.mark.parametrize("chart", [EXT, OP], ids=["ext", "op"])
+def test_every_container_requests_resources(chart: Path) -> None:
+    values = OP_MIN if chart == OP else {}
+    rendered = objs(chart, _deep_merge(values, {"deployExtenderGPUAware": True}))
+    for where, spec in rendered.pod_specs():
+        if where.startswith("Pod/"):
+            continue  # the helm test pod: seconds long
+        for c in spec["containers"]:
+            requests = c.get("resources", {}).get("requests", {})
+            assert {"cpu", "memory"} <= set(requests), f"{where}/{c['name']}"
 
 
 @pytest.mark.parametrize("chart", [EXT, OP], ids=["ext", "op"])
@@ -1155,9 +1228,15 @@ def test_every_value_is_commented_and_in_the_schema(chart: Path) -> None:
     for path in _leaf_paths(values):
         node = _schema_node(schema, path)
         assert node.get("description"), f"{path}: no description in values.schema.json"
-    # every key line in values.yaml is preceded by a comment line
+    # every key line in values.yaml is preceded by a comment line (the keys inside a
+    # free-form Kubernetes object such as resources are Kubernetes', not ours)
+    inside: int | None = None
     for i, line in enumerate(text):
         stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if inside is not None and stripped and indent > inside:
+            continue
+        inside = indent if stripped == "resources:" else None
         if not stripped or stripped.startswith(("#", "- ")) or stripped == "---":
             continue
         assert ":" in stripped, line
@@ -1186,6 +1265,17 @@ BAD_VALUES = [
     (EXT, {"imageTag": "bad tag"}, ["/imageTag"]),
     (EXT, {"hostPaths": {"root": "relative"}}, ["/hostPaths/root"]),
     (EXT, {"log": {"dir": "var/log"}}, ["/log/dir"]),
+    # issue 16: never the host's / (nor a system directory) read-write for log files
+    (EXT, {"log": {"dir": "/"}}, ["log.dir", "system directory", "/var/log/metax"]),
+    (EXT, {"log": {"dir": "//"}}, ["log.dir", "system directory"]),
+    (EXT, {"gpuLabel": {"log": {"dir": "/etc/"}}}, ["gpuLabel.log.dir", "system directory"]),
+    (OP, _deep_merge(OP_MIN, {"maca": {"log": {"dir": "/usr"}}}), ["maca.log.dir"]),
+    # issue 16: a repository path component cannot end with a separator
+    (EXT, {"registry": "my.reg/proj-"}, ["/registry"]),
+    (EXT, {"registry": "my.reg/proj./x"}, ["/registry"]),
+    (EXT, {"registry": "-reg.local/p"}, ["/registry"]),
+    (OP, _deep_merge(OP_MIN, {"driver": {"payload": {"registry": "r.local/p_"}}}),
+     ["/driver/payload/registry"]),
     (EXT, {"gpuLabel": {"log": {"dir": "logs"}}}, ["/gpuLabel/log/dir"]),
     (EXT, {"gpuDevice": {"healthyIntervall": 5}}, ["healthyIntervall"]),  # typo
     (EXT, {"driver": {"deployPolicy": "Never"}}, ["driver"]),  # operator-only option
@@ -1235,6 +1325,105 @@ BAD_VALUES = [
 ]
 
 
+@pytest.mark.parametrize(
+    "registry", ["my.reg/proj", "my.reg:5000/proj_x/y", "10.0.0.1:5000/a__b/c-d", "reg/p/"]
+)
+def test_good_registries(registry: str) -> None:
+    image = container(objs(EXT, {"registry": registry}).get("DaemonSet", "gpu-label"))["image"]
+    assert image.startswith(registry.rstrip("/") + "/gpu-label:")
+
+
+# -- issue 16: quoting, subcharts, names, probes, hooks, the own-node policy ----------------
+def test_values_are_data_never_yaml() -> None:
+    """`log.dir='/var/log/a #b'` once became /var/log/a: every value is quoted."""
+    odd_dir = "/var/log/a #b: c"
+    odd_root = "/srv/sim #1"
+    rendered = objs(OP, _deep_merge(OP_MIN, {"log": {"dir": odd_dir},
+                                            "hostPaths": {"root": odd_root}}))
+    seen = 0
+    for _where, spec in rendered.pod_specs():
+        for c in spec["containers"]:
+            f = flags(c)
+            if "log-dir" in f:
+                seen += 1
+                assert f["log-dir"] == odd_dir
+    assert seen >= 6
+    ds = rendered.get("DaemonSet", "metax-gpu-device")
+    assert mounts(ds, "gpu-device")[odd_dir]["name"].startswith("log")
+    assert volumes(ds)["log"]["hostPath"]["path"] == odd_dir
+    assert flags(container(ds, "gpu-device"))["device-path-prefix"] == odd_root
+    assert volumes(ds)["host-sys"]["hostPath"]["path"] == odd_root + "/sys"
+
+
+def test_global_values_are_accepted_so_the_charts_can_be_subcharts() -> None:
+    for chart, values in ((EXT, {}), (OP, OP_MIN)):
+        objs(chart, _deep_merge(values, {"global": {"imageRegistry": "x", "any": {"thing": 1}}}))
+
+
+def test_names_the_manual_finds() -> None:
+    """`kubectl get pods | grep metax-gpu-device`, `kubectl get cm | grep gpu-aware-plugin`."""
+    rendered = objs(EXT, {"deployExtenderGPUAware": True})
+    ds = rendered.get("DaemonSet", "metax-gpu-device")  # pods metax-gpu-device-xxxxx
+    # backward compatible: the labels (node_maintenance selects on them) and the
+    # ServiceAccount keep the component name
+    assert ds["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "gpu-device"
+    assert ds["spec"]["template"]["spec"]["serviceAccountName"] == "gpu-device"
+    assert rendered.has("ConfigMap", "gpu-aware-plugin")
+    assert rendered.has("Service", "gpu-aware")  # SPEC §7: the Service keeps its name
+
+
+def test_gpu_device_probes_its_health_endpoint(combo: Any) -> None:
+    _n, _c, _v, rendered = combo
+    c = container(rendered.get("DaemonSet", "metax-gpu-device"), "gpu-device")
+    assert flags(c)["health-port"] == "8082"
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"health": 8082}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+
+
+def test_helm_test_leaves_nothing_behind_even_when_it_fails() -> None:
+    rendered = objs(EXT)
+    hooks = [d for d in rendered.docs
+             if d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    assert {d["kind"] for d in hooks} == {"ServiceAccount", "ClusterRole",
+                                          "ClusterRoleBinding", "Pod"}
+    for d in hooks:
+        policy = d["metadata"]["annotations"]["helm.sh/hook-delete-policy"].split(",")
+        assert {"before-hook-creation", "hook-succeeded", "hook-failed"} <= set(policy), d["kind"]
+    [pod] = [d for d in hooks if d["kind"] == "Pod"]
+    assert "hook-failed" in pod["metadata"]["annotations"]["helm.sh/hook-output-log-policy"]
+
+
+VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+
+
+@pytest.mark.parametrize(("chart", "values"), [(EXT, {}), (OP, OP_MIN)], ids=["ext", "op"])
+def test_node_agents_may_patch_only_their_own_node(chart: Path, values: dict[str, Any]) -> None:
+    """Rendered only where the cluster serves ValidatingAdmissionPolicy (>= 1.30)."""
+    proc = run_helm(["template", REL, str(chart), "-n", NS, "--kube-version", KUBE_VERSION,
+                     "--api-versions", VAP_API], values)
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    [policy] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    [binding] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"],
+                               "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    [rule] = spec["matchConstraints"]["resourceRules"]
+    assert set(rule["resources"]) == {"nodes", "nodes/status"}
+    assert "UPDATE" in rule["operations"]
+    [condition] = spec["matchConditions"]
+    users = [f"system:serviceaccount:{NS}:gpu-device", f"system:serviceaccount:{NS}:gpu-label"]
+    assert condition["expression"] == f"request.userInfo.username in {json.dumps(users)}".replace(
+        ", ", ","
+    )
+    [check] = spec["validations"]
+    assert "authentication.kubernetes.io/node-name" in check["expression"]
+    # without the API (older clusters, plain `helm template`) nothing is rendered
+    assert not objs(chart, values).of("ValidatingAdmissionPolicy")
+
+
 @pytest.mark.parametrize("chart,values,needles", BAD_VALUES)
 def test_bad_values_fail_with_a_message_naming_the_field(
     chart: Path, values: dict[str, Any], needles: list[str]
@@ -1268,3 +1457,14 @@ def test_notes_print_the_verification_commands(chart: Path, values: dict[str, An
         assert f"kubectl get service gpu-aware -n {NS}" in notes
     if chart == OP:
         assert "driver-config" in notes and "runtime.ready" in notes
+
+
+def test_extra_read_paths_are_mounted_read_only_under_host() -> None:
+    rendered = objs(EXT, {"hostPaths": {"root": "/srv/sim", "extraReadPaths": ["/var/lib/x"]}})
+    for name in ("metax-gpu-device", "gpu-label"):
+        ds = rendered.get("DaemonSet", name)
+        mount = mounts(ds)["/host/var/lib/x"]
+        assert mount["readOnly"] is True
+        assert volumes(ds)[mount["name"]]["hostPath"]["path"] == "/srv/sim/var/lib/x"
+    assert "/hostPaths/extraReadPaths/0" in render_error(
+        EXT, {"hostPaths": {"extraReadPaths": ["relative"]}})

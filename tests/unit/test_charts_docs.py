@@ -19,7 +19,8 @@ def _keys(values: dict[str, Any], prefix: str = "") -> list[str]:
     out = []
     for key, value in values.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
+        # resources is a Kubernetes object: documented as one option
+        if isinstance(value, dict) and value and key != "resources":
             out += _keys(value, path + ".")
         else:
             out.append(path)

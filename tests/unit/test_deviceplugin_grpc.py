@@ -550,6 +550,8 @@ def test_bad_config_is_refused_with_the_field_name(tmp_path: Path) -> None:
         PluginConfig(resource_name="gpu")
     with pytest.raises(ConfigError, match="socket-name"):
         PluginConfig(socket_name="../x.sock")
+    with pytest.raises(ConfigError, match="health-port"):
+        PluginConfig(health_port=70000)
     with pytest.raises(ConfigError, match="visible-devices"):
         AllocateOptions(visible_devices="all")
     with pytest.raises(ConfigError, match="device-path-prefix"):
@@ -570,3 +572,42 @@ def test_kubelet_appearing_ends_a_long_back_off(
     # registered long before the back-off would have ended
     kubelet.wait_registrations(1, timeout=20)
     assert app.metrics.registration_failures._value.get() == 1
+
+
+def test_health_endpoints_follow_registration_and_the_health_loop(
+    c500: tuple[str, NodeInventory], plugin_dir: str, running: list[Running]
+) -> None:
+    """--health-port: /readyz while registered with the kubelet, /healthz while the
+    server loop and the health loop run (the chart's probes)."""
+    import http.client
+    import json
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root, inv = c500
+    app = DevicePluginApp(config(root, plugin_dir, healthy_interval=0.5, health_port=port,
+                                 retry_initial=0.2, retry_max=0.5), inv)
+    kubelet = FakeKubelet(plugin_dir)
+    running.append(Running(app, kubelet))
+
+    def get(path: str) -> tuple[int, dict[str, object]]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        conn.close()
+        return resp.status, body
+
+    app.start()
+    assert get("/healthz")[0] == 200
+    code, body = get("/readyz")
+    assert code == 503 and body["registered"] is False  # no kubelet yet
+    kubelet.start()
+    kubelet.wait_registrations(1, timeout=20)
+    assert wait_until(lambda: get("/readyz")[0] == 200, 20)
+    assert get("/nope")[0] == 404
+    app.health.stop()  # a dead health loop is a dead plugin
+    code, body = get("/healthz")
+    assert code == 503 and "health loop not running" in str(body["problems"])

@@ -340,9 +340,14 @@ def test_health_endpoint_reports_a_stuck_loop() -> None:
         status.record("HTTP 503: apiserver busy")
         code, data = get("/healthz")
         assert code == 200 and data["passes"] == 1 and "503" in str(data["lastError"])
+        # ready only once a pass has written (or confirmed) the labels
+        code, data = get("/readyz")
+        assert code == 503 and "no label pass has succeeded" in str(data["reason"])
+        status.record(None)
+        assert get("/readyz")[0] == 200
         status.last_attempt = time.monotonic() - 120  # no pass attempted for 2 minutes
         code, data = get("/healthz")
-        assert code == 503 and "no pass attempted" in str(data["status"])
+        assert code == 503 and "no pass attempted" in str(data["reason"])
         assert get("/other")[0] == 404
     finally:
         server.shutdown()

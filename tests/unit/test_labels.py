@@ -45,7 +45,7 @@ def test_vfs_and_cloud_mode_and_readiness() -> None:
     assert labels[f"{PREFIX}gpu.driver.minor"] == "32"
     assert labels[f"{PREFIX}maca.ready"] == "true"
     assert labels[f"{PREFIX}runtime.ready"] == "false"
-    assert {k.removeprefix(PREFIX) for k in labels} <= set(LABEL_NAMES)
+    assert {k[len(PREFIX):] for k in labels if k.startswith(PREFIX)} <= set(LABEL_NAMES)
 
 
 def test_driver_not_loaded_is_not_ready_and_has_no_version() -> None:

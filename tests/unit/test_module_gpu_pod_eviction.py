@@ -101,3 +101,53 @@ def test_other_errors_stop_at_once() -> None:
     with pytest.raises(ev.EvictionError, match="HTTP 403"):
         ev.evict_all(pods, lambda p: (403, "forbidden"), lambda p: p.uid, timeout=5,
                      sleep=lambda s: None)
+
+
+# ------------------------------------------------------------- kubectl drain's refusals
+
+
+def managed(obj: dict[str, Any], kind: str = "ReplicaSet") -> dict[str, Any]:
+    obj["metadata"]["ownerReferences"] = [{"kind": kind, "name": "x", "controller": True}]
+    return obj
+
+
+def with_emptydir(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["spec"]["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    return obj
+
+
+def test_unmanaged_and_emptydir_pods_are_refused_like_kubectl_drain() -> None:
+    pods = [managed(pod("train", GPU)), pod("bare", GPU), with_emptydir(managed(pod("cache", GPU))),
+            pod("web", {"limits": {"cpu": "1"}})]  # not a GPU pod: none of our business
+    selection = ev.select(pods)
+    assert [p.name for p in selection.pods] == ["bare", "cache", "train"]
+    with pytest.raises(ev.EvictionError) as err:
+        selection.check()
+    text = str(err.value)
+    assert "nothing was evicted" in text
+    assert "declare no controller: ml/bare" in text and "force: true" in text
+    assert "local storage (emptyDir): ml/cache" in text and "delete_emptydir_data: true" in text
+    assert "ml/train" not in text
+
+
+def test_force_and_delete_emptydir_data_allow_them_with_a_warning() -> None:
+    pods = [pod("bare", GPU), with_emptydir(managed(pod("cache", GPU)))]
+    only_force = ev.select(pods, force=True)
+    with pytest.raises(ev.EvictionError, match="emptyDir"):
+        only_force.check()
+    both = ev.select(pods, force=True, delete_emptydir_data=True)
+    both.check()
+    assert [p.name for p in both.pods] == ["bare", "cache"]
+    assert both.warnings == (
+        "deleting Pods that declare no controller: ml/bare (force)",
+        "deleting Pods with local storage (emptyDir): ml/cache (their emptyDir data is lost)",
+    )
+
+
+def test_controller_needs_the_controller_flag() -> None:
+    """An owner that is not the controller (e.g. a garbage-collection owner) recreates
+    nothing: kubectl drain treats such a pod as unmanaged."""
+    obj = pod("owned", GPU)
+    obj["metadata"]["ownerReferences"] = [{"kind": "ConfigMap", "name": "x"}]
+    assert ev.select([obj]).refused
+    assert not ev.select([managed(pod("rs", GPU))]).refused

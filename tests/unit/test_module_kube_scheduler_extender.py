@@ -6,6 +6,8 @@ test works under a temporary host_root.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 from gpuk8s.ansible import schedfiles
 from gpuk8s.ansible.harness import run_module
 from gpuk8s.core.errors import ManifestError
+from gpuk8s.core.schedconf import ANNOTATION
 
 DATA = Path(__file__).resolve().parents[1] / "ansible" / "data"
 MANIFEST = "etc/kubernetes/manifests/kube-scheduler.yaml"
@@ -35,6 +38,23 @@ def root(tmp_path: Path) -> Path:
 def run(root: Path, check: bool = False, **args: Any) -> dict[str, Any]:
     args.setdefault("url_prefix", URL)
     return run_module(MODULE, {"host_root": str(root), **args}, check_mode=check, diff=True)
+
+
+def sha256(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def marker_of(root: Path) -> dict[str, Any]:
+    pod = schedfiles.read(str(root / MANIFEST)).data
+    return json.loads(pod["metadata"]["annotations"][ANNOTATION])  # type: ignore[no-any-return]
+
+
+def marker_lines(root: Path) -> str:
+    """The lines the marker adds to a manifest without annotations."""
+    text = (root / MANIFEST).read_text()
+    start = text.index("  annotations:\n")
+    end = text.index("\n", text.index(ANNOTATION, start)) + 1
+    return text[start:end]
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -84,7 +104,12 @@ def test_present_writes_spec_config_and_keeps_comments(root: Path) -> None:
     volumes = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in pod["spec"]["volumes"]}
     assert volumes == {"/etc/kubernetes/scheduler.conf": "FileOrCreate",
                        "/etc/metax/extender.yaml": "File"}
-    assert list(pod["metadata"]) == ["creationTimestamp", "labels", "name", "namespace"]
+    # the marker: the kubelet restarts the scheduler whenever the configuration changes
+    assert list(pod["metadata"]) == ["creationTimestamp", "labels", "name", "namespace",
+                                     "annotations"]
+    marker = json.loads(pod["metadata"]["annotations"][ANNOTATION])
+    assert marker == {"configHash": sha256((root / CONFIG).read_text()), "urlPrefix": URL,
+                      "configFlag": True}
     assert "creationTimestamp: null" in text
 
 
@@ -141,6 +166,8 @@ def test_missing_manifest_is_an_error(tmp_path: Path) -> None:
     [("v1.22.3", "v1beta2"), ("1.23", "v1beta3"), ("v1.24.9", "v1beta3"), ("1.25.0", "v1")],
 )
 def test_api_version_from_option(root: Path, version: str, api: str) -> None:
+    text = (root / MANIFEST).read_text().replace("kube-scheduler:v1.29.3", "kube-scheduler:site")
+    (root / MANIFEST).write_text(text)  # a tag that is not a version: the option decides
     result = run(root, kubernetes_version=version)
     assert result["api_version"] == f"kubescheduler.config.k8s.io/{api}"
     assert schedfiles.read(str(root / CONFIG)).data["apiVersion"] == result["api_version"]
@@ -173,21 +200,26 @@ extenders:
 """
 
 
+def add_mount(text: str, name: str, mount_path: str, host_path: str, kind: str) -> str:
+    """The sample manifest's text with one more hostPath mount (after kubeadm's)."""
+    return text.replace(
+        "      name: kubeconfig\n      readOnly: true\n",
+        "      name: kubeconfig\n      readOnly: true\n"
+        f"    - mountPath: {mount_path}\n      name: {name}\n      readOnly: true\n",
+    ).replace(
+        "    name: kubeconfig\nstatus",
+        f"    name: kubeconfig\n  - hostPath:\n      path: {host_path}\n"
+        f"      type: {kind}\n    name: {name}\nstatus",
+    )
+
+
 def with_foreign_config(root: Path) -> Path:
     """The scheduler already runs --config=/etc/kubernetes/sched/config.yaml via a dir mount."""
     text = (root / MANIFEST).read_text()
-    text = text.replace(
+    text = add_mount(text.replace(
         "    - --leader-elect=true\n",
         "    - --leader-elect=true\n    - --config=/etc/kubernetes/sched/config.yaml\n",
-    ).replace(
-        "      name: kubeconfig\n      readOnly: true\n",
-        "      name: kubeconfig\n      readOnly: true\n"
-        "    - mountPath: /etc/kubernetes/sched\n      name: sched\n      readOnly: true\n",
-    ).replace(
-        "    name: kubeconfig\nstatus",
-        "    name: kubeconfig\n  - hostPath:\n      path: /srv/sched\n      type: Directory\n"
-        "    name: sched\nstatus",
-    )
+    ), "sched", "/etc/kubernetes/sched", "/srv/sched", "Directory")
     (root / MANIFEST).write_text(text)
     path = root / "srv/sched/config.yaml"
     path.parent.mkdir(parents=True)
@@ -201,8 +233,11 @@ def test_existing_config_gets_our_extender_appended(root: Path) -> None:
     result = run(root)
     assert result["changed"] and result["mode"] == "appended"
     assert result["config_path"] == "/etc/kubernetes/sched/config.yaml"
-    assert not result["manifest_changed"]
-    assert (root / MANIFEST).read_bytes() == manifest
+    # only the marker: the scheduler must restart to read its changed file
+    assert result["manifest_changed"]
+    assert marker_of(root) == {"configHash": sha256(theirs.read_text()), "urlPrefix": URL,
+                               "configFlag": False}
+    assert (root / MANIFEST).read_text().replace(marker_lines(root), "") == manifest.decode()
     assert not (root / CONFIG).exists()
     text = theirs.read_text()
     assert text.startswith(FOREIGN)  # theirs kept, comments included; ours appended
@@ -214,6 +249,7 @@ def test_existing_config_gets_our_extender_appended(root: Path) -> None:
     removed = run(root, state="absent")
     assert removed["changed"]
     assert theirs.read_text() == FOREIGN
+    assert (root / MANIFEST).read_bytes() == manifest
 
 
 def test_absent_in_foreign_config_needs_url_prefix(root: Path) -> None:
@@ -267,3 +303,176 @@ def test_four_space_manifest_keeps_its_style(root: Path) -> None:
 def test_parse_rejects_invalid_yaml() -> None:
     with pytest.raises(ManifestError, match="not valid YAML"):
         schedfiles.parse("a: [b\n", "m.yaml")
+
+
+# --------------------------------------------------------------------------- issue 16
+
+LAB_MANIFEST = Path(__file__).resolve().parents[2] / "lab" / "manifests" / "kube-scheduler.yaml"
+
+
+def test_changed_weight_restarts_the_scheduler(root: Path) -> None:
+    """kube-scheduler reads its configuration only at start: a change of the file alone
+    must change the manifest too (the marker's hash), so the kubelet restarts the pod."""
+    run(root)
+    first = marker_of(root)["configHash"]
+    changed = run(root, weight=20)
+    assert changed["manifest_changed"]
+    assert marker_of(root)["configHash"] == sha256((root / CONFIG).read_text()) != first
+    assert not run(root, weight=20)["changed"]
+
+
+MANUAL_CONFIG = """\
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: /etc/kubernetes/scheduler.conf
+extenders:
+- urlPrefix: http://10.96.0.50:8080
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  weight: 500
+  enableHTTPS: false
+  nodeCacheCapable: false
+  ignorable: false
+"""
+
+
+def enable_by_hand(root: Path) -> str:
+    """What an administrator who followed the manual's steps has: our --config path, a
+    mount and volume named their way, the file written by hand."""
+    text = add_mount((root / MANIFEST).read_text().replace(
+        "    - --leader-elect=true\n",
+        "    - --leader-elect=true\n    - --config=/etc/metax/extender.yaml\n",
+    ), "extender", "/etc/metax/extender.yaml", "/etc/metax/extender.yaml", "File")
+    (root / MANIFEST).write_text(text)
+    (root / CONFIG).parent.mkdir(parents=True)
+    (root / CONFIG).write_text(MANUAL_CONFIG)
+    return text
+
+
+def test_manifest_enabled_by_hand_gets_no_second_mount_and_keeps_its_own(root: Path) -> None:
+    by_hand = enable_by_hand(root)
+    result = run(root, weight=300)
+    assert not result.get("failed"), result
+    assert result["mode"] == "appended"
+    pod = schedfiles.read(str(root / MANIFEST)).data
+    paths = [m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]]
+    assert sorted(paths) == ["/etc/kubernetes/scheduler.conf", "/etc/metax/extender.yaml"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["kubeconfig", "extender"]
+    config = schedfiles.read(str(root / CONFIG)).data
+    assert [(e["urlPrefix"], e["weight"]) for e in config["extenders"]] == [(URL, 300)]
+    # disabling removes our entry and our marker, and keeps the admin's flag and volume
+    removed = run(root, state="absent")
+    assert removed["changed"]
+    assert (root / MANIFEST).read_text() == by_hand
+    assert schedfiles.read(str(root / CONFIG)).data["extenders"] == []
+    assert (root / CONFIG).exists()
+
+
+def test_a_directory_mount_covers_the_config(root: Path) -> None:
+    text = add_mount((root / MANIFEST).read_text(), "metax", "/etc/metax", "/etc/metax",
+                     "DirectoryOrCreate")
+    (root / MANIFEST).write_text(text)
+    run(root)
+    pod = schedfiles.read(str(root / MANIFEST)).data
+    names = [m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]]
+    assert names == ["kubeconfig", "metax"]  # the file is visible through /etc/metax
+    run(root, state="absent")
+    assert (root / MANIFEST).read_text() == text
+
+
+HTTPS = {
+    "url_prefix": "https://10.96.0.1/api/v1/namespaces/metax-gpu-extensions/services/"
+                  "gpu-aware:8080/proxy",
+    "enable_https": True,
+    "tls_config": {"insecure": False, "ca_file": "/etc/kubernetes/pki/ca.crt",
+                   "cert_file": "/etc/kubernetes/pki/apiserver-kubelet-client.crt",
+                   "key_file": "/etc/kubernetes/pki/apiserver-kubelet-client.key"},
+}
+
+
+def test_tls_files_are_mounted_and_removed(root: Path) -> None:
+    original = (root / MANIFEST).read_bytes()
+    result = run(root, **HTTPS)
+    assert not result.get("failed"), result
+    pod = schedfiles.read(str(root / MANIFEST)).data
+    mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v["hostPath"] for v in pod["spec"]["volumes"]}
+    for key in ("ca_file", "cert_file", "key_file"):
+        path = HTTPS["tls_config"][key]  # type: ignore[index]
+        assert mounts[path]["readOnly"] is True
+        assert volumes[mounts[path]["name"]] == {"path": path, "type": "File"}
+    # back to plain HTTP: the TLS mounts go
+    run(root)
+    pod = schedfiles.read(str(root / MANIFEST)).data
+    assert not [m for m in pod["spec"]["containers"][0]["volumeMounts"]
+                if m["mountPath"].startswith("/etc/kubernetes/pki")]
+    run(root, state="absent")
+    assert (root / MANIFEST).read_bytes() == original
+
+
+def test_relative_tls_file_is_refused(root: Path) -> None:
+    bad = {**HTTPS, "tls_config": {"ca_file": "pki/ca.crt"}}
+    result = run(root, **bad)
+    assert result["failed"] and "tls_config.ca_file" in result["msg"]
+    assert not (root / CONFIG).exists()
+
+
+def test_absent_in_foreign_config_finds_our_entry_without_url_prefix(root: Path) -> None:
+    theirs = with_foreign_config(root)
+    manifest = (root / MANIFEST).read_bytes()
+    run(root)
+    removed = run_module(MODULE, {"host_root": str(root), "state": "absent"})
+    assert removed["changed"], removed
+    assert theirs.read_text() == FOREIGN
+    assert (root / MANIFEST).read_bytes() == manifest
+
+
+def test_absent_without_record_finds_our_entry_by_managed_resource(root: Path) -> None:
+    """A manifest patched before the marker existed: the role passes managed_resources."""
+    theirs = with_foreign_config(root)
+    theirs.write_text(FOREIGN + "- urlPrefix: http://10.96.7.7:8080\n  filterVerb: filter\n"
+                      "  managedResources:\n  - name: metax-tech.com/gpu\n")
+    removed = run_module(MODULE, {"host_root": str(root), "state": "absent",
+                                  "managed_resources": [{"name": "metax-tech.com/gpu"}]})
+    assert removed["changed"], removed
+    assert theirs.read_text() == FOREIGN
+
+
+def test_changed_service_ip_replaces_the_old_entry(root: Path) -> None:
+    theirs = with_foreign_config(root)
+    run(root)
+    moved = "http://10.96.0.99:8080"
+    result = run(root, url_prefix=moved)
+    assert result["changed"] and result["manifest_changed"]
+    urls = [e["urlPrefix"] for e in schedfiles.read(str(theirs)).data["extenders"]]
+    assert urls == ["http://127.0.0.1:9999", moved]
+    assert marker_of(root)["urlPrefix"] == moved
+
+
+def test_legacy_patch_without_marker_is_still_removed(root: Path) -> None:
+    """Manifests patched before the marker: our config volume marks the flag as ours."""
+    original = (root / MANIFEST).read_text()
+    run(root)
+    (root / MANIFEST).write_text((root / MANIFEST).read_text().replace(marker_lines(root), ""))
+    run(root, state="absent")
+    assert (root / MANIFEST).read_text() == original
+
+
+def lab_manifest(root: Path) -> None:
+    text = LAB_MANIFEST.read_text().replace("@IMAGE@", "registry.k8s.io/kube-scheduler:v1.35.4")
+    (root / MANIFEST).write_text(text)
+
+
+def test_kubernetes_version_is_checked_against_the_image(root: Path) -> None:
+    """The lab's manifest (kube-scheduler v1.35.4): a 1.23 setting would write v1beta3,
+    which that scheduler refuses at start."""
+    lab_manifest(root)
+    before = snapshot(root)
+    result = run(root, kubernetes_version="1.23")
+    assert result["failed"]
+    assert "kubernetes_version '1.23' selects kubescheduler.config.k8s.io/v1beta3" in result["msg"]
+    assert "v1.35.4" in result["msg"]
+    assert snapshot(root) == before
+    ok = run(root, kubernetes_version="v1.35.4")
+    assert ok["api_version"] == "kubescheduler.config.k8s.io/v1"

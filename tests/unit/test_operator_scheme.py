@@ -430,14 +430,14 @@ def test_liveness_endpoint_of_the_node_agents() -> None:
     import urllib.error
     import urllib.request
 
-    from gpuk8s.services.health import serve_health
+    from gpuk8s.services.healthserver import serve_health
     from gpuk8s.services.nodeagent import Liveness
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     liveness = Liveness(stale_after=60)
-    server = serve_health(port, liveness.status, "test")
+    server = serve_health(port, {"/healthz": liveness.status}, name="test")
     try:
         liveness.beat()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as answer:

@@ -18,7 +18,7 @@ def manifest(extra_args: tuple[str, ...] = (), kubeconfig_mounted: bool = True) 
                "readOnly": True}] if kubeconfig_mounted else []
     volumes = [{"hostPath": {"path": "/etc/kubernetes/scheduler.conf", "type": "FileOrCreate"},
                 "name": "kubeconfig"}] if kubeconfig_mounted else []
-    return {
+    pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "kube-scheduler", "namespace": "kube-system"},
@@ -28,11 +28,13 @@ def manifest(extra_args: tuple[str, ...] = (), kubeconfig_mounted: bool = True) 
                 "image": "registry.k8s.io/kube-scheduler:v1.29.3",
                 "command": ["kube-scheduler", "--kubeconfig=/etc/kubernetes/scheduler.conf",
                             "--leader-elect=true", *extra_args],
-                "volumeMounts": mounts,
             }],
-            "volumes": volumes,
         },
     }
+    if kubeconfig_mounted:  # a manifest without mounts has no such keys at all
+        pod["spec"]["containers"][0]["volumeMounts"] = mounts
+        pod["spec"]["volumes"] = volumes
+    return pod
 
 
 @pytest.mark.parametrize(
@@ -183,6 +185,7 @@ def test_configured_path_both_spellings(args: tuple[str, ...]) -> None:
 
 def test_host_path_through_a_directory_mount() -> None:
     pod = manifest(("--config=/config/sched.yaml",))
+    assert sc.host_path_of(pod, "/config/sched.yaml") is None
     pod["spec"]["containers"][0]["volumeMounts"].append({"mountPath": "/config", "name": "c"})
     pod["spec"]["volumes"].append({"name": "c", "hostPath": {"path": "/srv/sched",
                                                              "type": "Directory"}})

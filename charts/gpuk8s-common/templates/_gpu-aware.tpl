@@ -9,6 +9,7 @@ Context: root.
 {{- if $root.Values.deployExtenderGPUAware }}
 {{- $ctx := dict "root" $root "component" "gpu-aware" "values" $root.Values.gpuAware -}}
 {{- $uid := include "gpuk8s.deploymentUid" $ctx | int -}}
+{{- $weights := include "gpuk8s.gpuAwareWeights" $root | fromYaml -}}
 apiVersion: v1
 kind: ServiceAccount
 metadata:
@@ -58,7 +59,7 @@ metadata:
 rules:
   - apiGroups: [""]
     resources: ["configmaps"]
-    resourceNames: ["gpu-aware"]
+    resourceNames: ["gpu-aware-plugin"]
     verbs: ["get"]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
@@ -78,17 +79,21 @@ subjects:
     namespace: {{ $root.Release.Namespace }}
 ---
 # Node priority = scoreWeight x score - lossWeight x loss (normalised to 0..10).
-# Edit these to change the weights; gpu-aware reloads them without a restart.
+# Edit these to change the weights (`kubectl edit configmap gpu-aware-plugin`); gpu-aware
+# reloads them without a restart, and `helm upgrade` keeps the edit unless the chart's
+# own weights changed (gpuk8s.gpuAwareWeights).
 apiVersion: v1
 kind: ConfigMap
 metadata:
-  name: gpu-aware
+  name: gpu-aware-plugin
   namespace: {{ $root.Release.Namespace }}
   labels:
     {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+  annotations:
+    metax-tech.com/chart-weights: {{ $weights.chart | quote }}
 data:
-  scoreWeight: {{ $root.Values.gpuAware.scoreWeight | toString | quote }}
-  lossWeight: {{ $root.Values.gpuAware.lossWeight | toString | quote }}
+  scoreWeight: {{ $weights.scoreWeight | quote }}
+  lossWeight: {{ $weights.lossWeight | quote }}
 ---
 apiVersion: v1
 kind: Service
@@ -141,10 +146,14 @@ spec:
         {{- include "gpuk8s.controlPlaneTolerations" $root | nindent 8 }}
       securityContext:
         {{- include "gpuk8s.podSecurityContext" $root | nindent 8 }}
+      {{- with include "gpuk8s.logDirInit" $ctx | trim }}
+      initContainers:
+        {{- . | nindent 8 }}
+      {{- end }}
       containers:
         - name: gpu-aware
-          image: {{ include "gpuk8s.image" $ctx }}
-          imagePullPolicy: {{ $root.Values.pullPolicy }}
+          image: {{ include "gpuk8s.image" $ctx | quote }}
+          imagePullPolicy: {{ $root.Values.pullPolicy | quote }}
           command: ["gpuk8s"]
           args:
             - serve
@@ -162,14 +171,17 @@ spec:
               containerPort: 8080
               protocol: TCP
           readinessProbe:
-            tcpSocket:
+            httpGet:
+              path: /readyz
               port: http
             periodSeconds: 5
           livenessProbe:
-            tcpSocket:
+            httpGet:
+              path: /healthz
               port: http
             initialDelaySeconds: 10
             periodSeconds: 20
+            timeoutSeconds: 5
           securityContext:
             {{- include "gpuk8s.restrictedSecurityContext" (dict "uid" $uid) | nindent 12 }}
           {{- with include "gpuk8s.resources" $ctx | trim }}{{ . | nindent 10 }}{{ end }}
@@ -181,7 +193,43 @@ spec:
       volumes:
         - name: weights
           configMap:
-            name: gpu-aware
+            name: gpu-aware-plugin
         {{- with include "gpuk8s.logVolume" $ctx | trim }}{{ . | nindent 8 }}{{ end }}
 {{- end }}
+{{- end -}}
+
+
+{{/*
+The weights of ConfigMap gpu-aware-plugin as YAML (scoreWeight, lossWeight, chart).
+Administrators edit them live (the manual: `kubectl edit cm`), so an upgrade keeps what is
+in the cluster - the way driver-config keeps its vfnums - key by key, like a three-way
+merge: the ConfigMap records what the chart last rendered (annotation
+metax-tech.com/chart-weights); a weight that differs from that record was edited and
+stays, one that does not follows the chart (`--set gpuAware.scoreWeight=...`). So an upgrade
+never resets an edit and never conflicts with its field manager (helm 4 applies
+server-side). A ConfigMap of an older release (named gpu-aware, no record) keeps its
+weights.
+Context: root.
+*/}}
+{{- define "gpuk8s.gpuAwareWeights" -}}
+{{- $ns := .Release.Namespace -}}
+{{- $chart := dict "scoreWeight" (toString .Values.gpuAware.scoreWeight) "lossWeight" (toString .Values.gpuAware.lossWeight) -}}
+{{- $out := deepCopy $chart -}}
+{{- $live := lookup "v1" "ConfigMap" $ns "gpu-aware-plugin" -}}
+{{- if not $live }}{{ $live = lookup "v1" "ConfigMap" $ns "gpu-aware" }}{{ end -}}
+{{- if and $live $live.data -}}
+{{- $recorded := splitList "/" (get ($live.metadata.annotations | default dict) "metax-tech.com/chart-weights") -}}
+{{- range $i, $key := list "scoreWeight" "lossWeight" -}}
+{{- /* key by key: a value edited in the cluster (it differs from what the chart last
+rendered, or there is no record of that) stays; an unedited one follows the chart */ -}}
+{{- if hasKey $live.data $key -}}
+{{- if or (ne (len $recorded) 2) (ne (index $recorded $i) (get $live.data $key)) -}}
+{{- $_ := set $out $key (get $live.data $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+scoreWeight: {{ $out.scoreWeight | quote }}
+lossWeight: {{ $out.lossWeight | quote }}
+chart: {{ printf "%s/%s" $chart.scoreWeight $chart.lossWeight | quote }}
 {{- end -}}

@@ -45,10 +45,12 @@ subjects:
     name: gpu-device
     namespace: {{ $root.Release.Namespace }}
 ---
+# Named metax-gpu-device (its pods metax-gpu-device-xxxxx) as the manual finds them; the
+# component, its labels and its ServiceAccount stay gpu-device.
 apiVersion: apps/v1
 kind: DaemonSet
 metadata:
-  name: gpu-device
+  name: metax-gpu-device
   namespace: {{ $root.Release.Namespace }}
   labels:
     {{- include "gpuk8s.labels" $ctx | nindent 4 }}
@@ -76,27 +78,46 @@ spec:
         {{- include "gpuk8s.podSecurityContext" $root | nindent 8 }}
       containers:
         - name: gpu-device
-          image: {{ include "gpuk8s.image" $ctx }}
-          imagePullPolicy: {{ $root.Values.pullPolicy }}
+          image: {{ include "gpuk8s.image" $ctx | quote }}
+          imagePullPolicy: {{ $root.Values.pullPolicy | quote }}
           command: ["gpuk8s"]
           args:
             - serve
             - device-plugin
             - --host-root=/host
-            - --healthy-interval={{ $root.Values.gpuDevice.healthyInterval }}
+            - {{ printf "--healthy-interval=%v" $root.Values.gpuDevice.healthyInterval | quote }}
             {{- with trimSuffix "/" $root.Values.hostPaths.root }}
             # the host tree is not the node's /: device paths handed to the kubelet live under it
-            - --device-path-prefix={{ . }}
+            - {{ printf "--device-path-prefix=%s" . | quote }}
             {{- end }}
             {{- range .schemeArgs }}
-            - {{ . }}
+            - {{ . | quote }}
             {{- end }}
+            - --health-port=8082
             {{- range $root.Values.gpuDevice.extraArgs }}
             - {{ . | quote }}
             {{- end }}
             {{- include "gpuk8s.logArgs" $ctx | nindent 12 }}
           env:
             {{- include "gpuk8s.nodeNameEnv" $root | nindent 12 }}
+          ports:
+            - name: health
+              containerPort: 8082
+              protocol: TCP
+          # live: the gRPC server and the health loop run; ready: registered with the kubelet
+          livenessProbe:
+            httpGet:
+              path: /healthz
+              port: health
+            initialDelaySeconds: 30
+            periodSeconds: 30
+            timeoutSeconds: 5
+          readinessProbe:
+            httpGet:
+              path: /readyz
+              port: health
+            periodSeconds: 10
+            timeoutSeconds: 5
           # Privileged: the health check opens the GPU device nodes (the device cgroup
           # denies them to an unprivileged container that was allocated no device) and
           # the plugin serves its socket in the kubelet's root-owned device-plugins dir.
@@ -110,23 +131,17 @@ spec:
             - name: pod-resources
               mountPath: /var/lib/kubelet/pod-resources
               readOnly: true
-            - name: host-root
-              mountPath: /host
-              readOnly: true
-              mountPropagation: HostToContainer
+            {{- include "gpuk8s.hostReadMounts" $root | trim | nindent 12 }}
             {{- with include "gpuk8s.logVolumeMount" $ctx | trim }}{{ . | nindent 12 }}{{ end }}
       volumes:
         - name: device-plugins
           hostPath:
-            path: {{ $root.Values.hostPaths.devicePlugins }}
+            path: {{ $root.Values.hostPaths.devicePlugins | quote }}
             type: Directory
         - name: pod-resources
           hostPath:
-            path: {{ $root.Values.hostPaths.podResources }}
+            path: {{ $root.Values.hostPaths.podResources | quote }}
             type: Directory
-        - name: host-root
-          hostPath:
-            path: {{ $root.Values.hostPaths.root }}
-            type: Directory
+        {{- include "gpuk8s.hostReadVolumes" $root | trim | nindent 8 }}
         {{- with include "gpuk8s.logVolume" $ctx | trim }}{{ . | nindent 8 }}{{ end }}
 {{- end -}}

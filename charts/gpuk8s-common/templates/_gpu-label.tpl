@@ -74,14 +74,14 @@ spec:
         {{- include "gpuk8s.podSecurityContext" $root | nindent 8 }}
       containers:
         - name: gpu-label
-          image: {{ include "gpuk8s.image" $ctx }}
-          imagePullPolicy: {{ $root.Values.pullPolicy }}
+          image: {{ include "gpuk8s.image" $ctx | quote }}
+          imagePullPolicy: {{ $root.Values.pullPolicy | quote }}
           command: ["gpuk8s"]
           args:
             - serve
             - labeller
             - --host-root=/host
-            - --interval={{ $root.Values.gpuLabel.interval }}
+            - {{ printf "--interval=%v" $root.Values.gpuLabel.interval | quote }}
             - --health-port=8081
             {{- range $root.Values.gpuLabel.extraArgs }}
             - {{ . | quote }}
@@ -100,22 +100,23 @@ spec:
             initialDelaySeconds: 30
             periodSeconds: 30
             timeoutSeconds: 5
+          # ready once a label pass has succeeded
+          readinessProbe:
+            httpGet:
+              path: /readyz
+              port: health
+            periodSeconds: 10
+            timeoutSeconds: 5
           # Not privileged: it only reads the host (sysfs, /opt/maca, the driver's version
-          # files) through the read-only host root. uid 0 because some of those files and
-          # the host log dir are root-owned; every capability is dropped.
+          # files) through read-only mounts of those paths. uid 0 because some of those
+          # files are root-only (sysfs config space, driver files); every capability is dropped.
           securityContext:
             {{- include "gpuk8s.restrictedSecurityContext" (dict "uid" 0) | nindent 12 }}
           {{- with include "gpuk8s.resources" $ctx | trim }}{{ . | nindent 10 }}{{ end }}
           volumeMounts:
-            - name: host-root
-              mountPath: /host
-              readOnly: true
-              mountPropagation: HostToContainer
+            {{- include "gpuk8s.hostReadMounts" $root | trim | nindent 12 }}
             {{- with include "gpuk8s.logVolumeMount" $ctx | trim }}{{ . | nindent 12 }}{{ end }}
       volumes:
-        - name: host-root
-          hostPath:
-            path: {{ $root.Values.hostPaths.root }}
-            type: Directory
+        {{- include "gpuk8s.hostReadVolumes" $root | trim | nindent 8 }}
         {{- with include "gpuk8s.logVolume" $ctx | trim }}{{ . | nindent 8 }}{{ end }}
 {{- end -}}

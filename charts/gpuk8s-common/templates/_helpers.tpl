@@ -59,14 +59,15 @@ Context: root, values.
 {{- end }}
 {{- end -}}
 
-{{/* Command-line flags of the effective log options (see gpuk8s.services.logging_setup). */}}
+{{/* Command-line flags of the effective log options (see gpuk8s.services.logging_setup).
+Quoted: a value is data, never YAML (`log.dir='/var/log/a #b'` stays whole). */}}
 {{- define "gpuk8s.logArgs" -}}
 {{- $log := include "gpuk8s.log" . | fromYaml -}}
-- --log-dir={{ $log.dir }}
-- --log-level={{ $log.level }}
-- --log-format={{ $log.format }}
-- --log-rotation-time={{ $log.rotationTime }}
-- --log-max-age={{ $log.maxAge }}
+- {{ printf "--log-dir=%s" $log.dir | quote }}
+- {{ printf "--log-level=%s" $log.level | quote }}
+- {{ printf "--log-format=%s" $log.format | quote }}
+- {{ printf "--log-rotation-time=%s" $log.rotationTime | quote }}
+- {{ printf "--log-max-age=%s" $log.maxAge | quote }}
 {{- end -}}
 
 {{/* True ("true") when the component writes log files on the host (log.dir not empty). */}}
@@ -80,7 +81,7 @@ Context: root, values.
 {{- $log := include "gpuk8s.log" . | fromYaml -}}
 {{- if $log.dir }}
 - name: {{ .volumeName | default "log" }}
-  mountPath: {{ $log.dir }}
+  mountPath: {{ $log.dir | quote }}
 {{- end }}
 {{- end -}}
 
@@ -90,7 +91,7 @@ Context: root, values.
 {{- if $log.dir }}
 - name: {{ .volumeName | default "log" }}
   hostPath:
-    path: {{ $log.dir }}
+    path: {{ $log.dir | quote }}
     type: DirectoryOrCreate
 {{- end }}
 {{- end -}}
@@ -100,7 +101,7 @@ Context: root, values.
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
 {{- range . }}
-  - name: {{ . }}
+  - name: {{ . | quote }}
 {{- end }}
 {{- end }}
 {{- end -}}
@@ -196,12 +197,51 @@ runAsNonRoot: {{ ne (int .uid) 0 }}
 {{- end -}}
 
 {{/*
-uid of a Deployment that touches the host only through its log dir: root while it writes
-log files there (the hostPath directory is root-owned), the image's non-root user otherwise.
+uid of a Deployment that touches the host only through its log dir: always the image's
+non-root user; gpuk8s.logDirInit makes the host log dir writable for it.
 Context: root, values.
 */}}
 {{- define "gpuk8s.deploymentUid" -}}
-{{- if include "gpuk8s.logsToHost" . }}0{{ else }}65532{{ end -}}
+65532
+{{- end -}}
+
+{{/*
+initContainers entry (or nothing) that lets uid/gid 65532 write the host log dir: the
+directory gets group 65532 and mode 3775 (group-writable; setgid so new files keep the
+group; sticky, so no component can remove another's files) and this component's own
+log files (<component>.log*, possibly written as root by an older release) become
+65532's. It runs as root with only CHOWN and FOWNER. Context: root, component, values.
+*/}}
+{{- define "gpuk8s.logDirInit" -}}
+{{- $log := include "gpuk8s.log" . | fromYaml -}}
+{{- if $log.dir }}
+- name: log-dir
+  image: {{ include "gpuk8s.image" . | quote }}
+  imagePullPolicy: {{ .root.Values.pullPolicy | quote }}
+  command: ["python3", "-c"]
+  args:
+    - |
+      import os, sys
+      d, prefix = sys.argv[1], sys.argv[2] + ".log"
+      os.chown(d, -1, 65532)
+      os.chmod(d, 0o3775)
+      for name in os.listdir(d):
+          if name.startswith(prefix):
+              os.chown(os.path.join(d, name), 65532, 65532)
+    - /log
+    - {{ .component | quote }}
+  securityContext:
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    runAsUser: 0
+    runAsNonRoot: false
+    capabilities:
+      drop: ["ALL"]
+      add: ["CHOWN", "FOWNER"]
+  volumeMounts:
+    - name: {{ .volumeName | default "log" }}
+      mountPath: /log
+{{- end }}
 {{- end -}}
 
 {{/* Resources block of a component, when set. Context: values. */}}
@@ -228,5 +268,54 @@ resources:
 Context: root, path (absolute). */}}
 {{- define "gpuk8s.hostPath" -}}
 {{- $base := trimSuffix "/" .root.Values.hostPaths.root -}}
-{{- printf "%s%s" $base .path -}}
+{{- printf "%s%s" $base .path | quote -}}
+{{- end -}}
+
+{{/*
+What the node agents read of the host, instead of the whole host /: each path is mounted
+read-only at /host<path> (the agents run with --host-root=/host). Discovery needs sysfs
+(PCI devices, the driver module), /dev (device nodes), /opt (the driver's and SDK's
+Version.txt, mx-smi, vendor libraries), the usual places of mx-smi and nvidia-smi,
+/proc/driver (NVIDIA's per-GPU files) and /run/metax (the operator's readiness files).
+Each line: volume name, path, hostPath type; /sys, /dev, /opt and /run/metax follow the
+host's later mounts (hot-plug, a driver installed by driver-manager). hostPaths.extraReadPaths
+adds more (a vendor tool's own files; the lab's simulated mx-smi keeps its state in
+/var/lib/gpuk8s-sim).
+*/}}
+{{- define "gpuk8s.hostReadPaths" -}}
+host-sys /sys Directory
+host-dev /dev Directory
+host-opt /opt DirectoryOrCreate
+host-usr-bin /usr/bin DirectoryOrCreate
+host-usr-local-bin /usr/local/bin DirectoryOrCreate
+host-proc-driver /proc/driver DirectoryOrCreate
+host-run-metax /run/metax DirectoryOrCreate
+{{- range $i, $path := .Values.hostPaths.extraReadPaths | default list }}
+host-extra-{{ $i }} {{ $path }} Directory
+{{- end }}
+{{- end -}}
+
+{{/* volumeMounts of gpuk8s.hostReadPaths. Context: root. */}}
+{{- define "gpuk8s.hostReadMounts" -}}
+{{- range $line := splitList "\n" (include "gpuk8s.hostReadPaths" .) }}
+{{- $f := splitList " " $line }}
+- name: {{ index $f 0 }}
+  mountPath: {{ printf "/host%s" (index $f 1) | quote }}
+  readOnly: true
+  {{- if has (index $f 1) (list "/sys" "/dev" "/opt" "/run/metax") }}
+  mountPropagation: HostToContainer
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* volumes of gpuk8s.hostReadPaths, under hostPaths.root. Context: root. */}}
+{{- define "gpuk8s.hostReadVolumes" -}}
+{{- $root := . -}}
+{{- range $line := splitList "\n" (include "gpuk8s.hostReadPaths" .) }}
+{{- $f := splitList " " $line }}
+- name: {{ index $f 0 }}
+  hostPath:
+    path: {{ include "gpuk8s.hostPath" (dict "root" $root "path" (index $f 1)) }}
+    type: {{ index $f 2 }}
+{{- end }}
 {{- end -}}

@@ -3,8 +3,10 @@
 it ships) that checks, on every node labelled metax-tech.com/gpu.installed=true:
 the labels of SPEC §4 are there, the readiness labels the chart gates on are "true",
 and metax-tech.com/gpu is allocatable; with gpu-aware deployed, that its Service answers.
-Its ServiceAccount and read-only RBAC are test hooks too, deleted once the test passes;
-the pod is kept until the next run so that `--logs` can show what it checked.
+Its ServiceAccount and read-only RBAC are test hooks too. Everything is deleted after the
+test, passed or failed (nothing is left behind for `helm uninstall`, which never deletes
+hooks); helm prints the pod's log either way (hook-output-log-policy), and `--logs` still
+works (helm reads the logs before it deletes the hooks).
 Context: root, readyLabels (list of readiness label suffixes the chart gates on).
 */}}
 {{- define "gpuk8s.test" -}}
@@ -21,7 +23,7 @@ metadata:
   annotations:
     helm.sh/hook: test
     helm.sh/hook-weight: "-10"
-    helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+    helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded,hook-failed
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRole
@@ -32,7 +34,7 @@ metadata:
   annotations:
     helm.sh/hook: test
     helm.sh/hook-weight: "-10"
-    helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+    helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded,hook-failed
 rules:
   - apiGroups: [""]
     resources: ["nodes"]
@@ -47,7 +49,7 @@ metadata:
   annotations:
     helm.sh/hook: test
     helm.sh/hook-weight: "-5"
-    helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+    helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded,hook-failed
 roleRef:
   apiGroup: rbac.authorization.k8s.io
   kind: ClusterRole
@@ -67,7 +69,8 @@ metadata:
   annotations:
     helm.sh/hook: test
     helm.sh/hook-weight: "0"
-    helm.sh/hook-delete-policy: before-hook-creation
+    helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded,hook-failed
+    helm.sh/hook-output-log-policy: hook-succeeded,hook-failed
 spec:
   serviceAccountName: gpu-test
   restartPolicy: Never
@@ -80,8 +83,8 @@ spec:
     {{- include "gpuk8s.podSecurityContext" $root | nindent 4 }}
   containers:
     - name: check
-      image: {{ $image }}
-      imagePullPolicy: {{ $root.Values.pullPolicy }}
+      image: {{ $image | quote }}
+      imagePullPolicy: {{ $root.Values.pullPolicy | quote }}
       securityContext:
         {{- include "gpuk8s.restrictedSecurityContext" (dict "uid" 65532) | nindent 8 }}
       env:
@@ -117,7 +120,10 @@ spec:
                   problems.append(f"{name}: ready but no allocatable {P}gpu: is gpu-device running?")
           url = os.environ.get("EXTENDER_URL")
           if url:
+              # the Service's address from the kubelet's environment (no cluster DNS
+              # needed), else its DNS name
               host, port = url.rsplit(":", 1)
+              host = os.environ.get("GPU_AWARE_SERVICE_HOST", host)
               try:
                   socket.create_connection((host, int(port)), timeout=5).close()
                   print(f"gpu-aware answers on {url}")

@@ -1,7 +1,10 @@
 """Which pods hold GPUs on a node, and the eviction loop (``gpu_pod_eviction`` module).
 
 Pods are plain dicts as the API serves them (``metadata``, ``spec``, ``status``).
-Eviction semantics follow ``kubectl drain`` (REFERENCE §E): the Eviction API, so
+Eviction semantics follow ``kubectl drain`` (REFERENCE §E): a pod that declares no
+controller (nothing would recreate it) is evicted only with ``force``, a pod with
+emptyDir data only with ``delete_emptydir_data``; otherwise nothing is evicted and the
+refusal names every such pod, as drain does. Then the Eviction API, so
 PodDisruptionBudgets are respected; HTTP 429 means "not now" and is retried every few
 seconds until the timeout; 404 means the pod is already gone; then wait until the pod
 is gone or replaced (another UID).
@@ -55,21 +58,92 @@ def is_mirror_pod(pod: Mapping[str, Any]) -> bool:
     return "kubernetes.io/config.mirror" in annotations
 
 
-def gpu_pods(pods: Iterable[Mapping[str, Any]],
-             prefixes: Sequence[str] = DEFAULT_PREFIXES) -> list[PodRef]:
-    """Pods requesting a resource under one of ``prefixes`` that eviction can stop:
-    not finished, not DaemonSet-managed (they would come straight back, like
-    ``drain --ignore-daemonsets``), not static (mirror) pods."""
-    out: list[PodRef] = []
+def controller_of(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ownerReference with ``controller: true`` (what would recreate the pod)."""
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return next((o for o in owners if o.get("controller") is True), None)
+
+
+def has_emptydir(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod keeps data in an emptyDir volume (lost when it is evicted)."""
+    return any("emptyDir" in (v or {}) for v in (pod.get("spec") or {}).get("volumes") or [])
+
+
+def _ref(pod: Mapping[str, Any]) -> PodRef:
+    meta = pod.get("metadata") or {}
+    return PodRef(meta.get("namespace", "default"), meta.get("name", ""), meta.get("uid", ""))
+
+
+def _gpu_pod_objects(pods: Iterable[Mapping[str, Any]],
+                     prefixes: Sequence[str]) -> list[Mapping[str, Any]]:
+    out = []
     for pod in pods:
         phase = (pod.get("status") or {}).get("phase")
         if phase in ("Succeeded", "Failed") or is_daemonset_pod(pod) or is_mirror_pod(pod):
             continue
         if any(r.startswith(tuple(prefixes)) for r in requested_resources(pod)):
-            meta = pod.get("metadata") or {}
-            out.append(PodRef(meta.get("namespace", "default"), meta.get("name", ""),
-                              meta.get("uid", "")))
-    return sorted(out, key=lambda p: (p.namespace, p.name))
+            out.append(pod)
+    return sorted(out, key=lambda p: (_ref(p).namespace, _ref(p).name))
+
+
+def gpu_pods(pods: Iterable[Mapping[str, Any]],
+             prefixes: Sequence[str] = DEFAULT_PREFIXES) -> list[PodRef]:
+    """Pods requesting a resource under one of ``prefixes`` that eviction can stop:
+    not finished, not DaemonSet-managed (they would come straight back, like
+    ``drain --ignore-daemonsets``), not static (mirror) pods."""
+    return [_ref(p) for p in _gpu_pod_objects(pods, prefixes)]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What to evict, what ``kubectl drain`` would refuse, and what it would warn about."""
+
+    pods: tuple[PodRef, ...]
+    refused: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+    def check(self) -> None:
+        """Raise EvictionError naming every refused pod (nothing is evicted then)."""
+        if self.refused:
+            raise EvictionError(
+                "cannot evict, nothing was evicted: " + "; ".join(self.refused)
+            )
+
+
+def select(
+    pods: Iterable[Mapping[str, Any]],
+    prefixes: Sequence[str] = DEFAULT_PREFIXES,
+    *,
+    force: bool = False,
+    delete_emptydir_data: bool = False,
+) -> Selection:
+    """The GPU pods to evict under ``kubectl drain``'s rules (see the module docstring)."""
+    chosen: list[PodRef] = []
+    unmanaged: list[str] = []
+    local: list[str] = []
+    for pod in _gpu_pod_objects(pods, prefixes):
+        ref = _ref(pod)
+        chosen.append(ref)
+        if controller_of(pod) is None:
+            unmanaged.append(str(ref))
+        if has_emptydir(pod):
+            local.append(str(ref))
+    refused: list[str] = []
+    warnings: list[str] = []
+    if unmanaged:
+        text = "Pods that declare no controller: " + ", ".join(unmanaged)
+        if force:
+            warnings.append("deleting " + text + " (force)")
+        else:
+            refused.append(text + " (nothing recreates them; set force: true to evict them)")
+    if local:
+        text = "Pods with local storage (emptyDir): " + ", ".join(local)
+        if delete_emptydir_data:
+            warnings.append("deleting " + text + " (their emptyDir data is lost)")
+        else:
+            refused.append(text + " (their data would be lost; set delete_emptydir_data: "
+                           "true to evict them)")
+    return Selection(tuple(chosen), tuple(refused), tuple(warnings))
 
 
 # evict(pod) -> HTTP status (201/200 accepted, 429 blocked by a PDB, 404 gone, other: error)

@@ -118,6 +118,7 @@ class Plan:
     mode: str = "own"  # "own": our config file; "appended": extender added to theirs
     config_path: str = schedconf.DEFAULT_CONFIG_PATH  # as the scheduler sees it
     warnings: list[str] = field(default_factory=list)
+    flag_ours: bool = False  # the manifest's --config was added by us
 
     @property
     def changed(self) -> bool:
@@ -134,10 +135,38 @@ class Request:
     kubeconfig: str = schedconf.DEFAULT_KUBECONFIG
     kubernetes_version: str | None = None
     host_root: str = "/"
+    # resource names of our extender: with state=absent, they find it in the
+    # administrator's file when neither url_prefix nor the manifest's marker names it
+    managed_resources: tuple[str, ...] = ()
 
 
 def under_root(root: str, path: str) -> str:
     return os.path.join(root, path.lstrip("/"))
+
+
+def checked_api_version(request: Request, manifest: Any) -> str:
+    """The configuration apiVersion for the scheduler the manifest runs.
+
+    The image tag is the real version; ``kubernetes_version`` is needed only when the
+    tag is not a version, and must agree with it otherwise (a v1beta3 file makes a 1.35
+    scheduler exit at start)."""
+    image_version = schedconf.scheduler_image_version(manifest)
+    if request.kubernetes_version and image_version:
+        wanted = schedconf.api_version_for(request.kubernetes_version)
+        real = schedconf.api_version_for(image_version)
+        if wanted != real:
+            raise ConfigError(
+                f"kubernetes_version {request.kubernetes_version!r} selects {wanted}, but "
+                f"{request.manifest_path} runs kube-scheduler {image_version}, which reads "
+                f"{real}: drop kubernetes_version (the image tag decides) or correct it"
+            )
+    version = image_version or request.kubernetes_version
+    if not version:
+        raise ConfigError(
+            "kubernetes_version is not set and the scheduler image tag is not a version: "
+            "set kubernetes_version (e.g. 'v1.29.3')"
+        )
+    return schedconf.api_version_for(version)
 
 
 def plan(request: Request) -> Plan:
@@ -157,35 +186,30 @@ def plan(request: Request) -> Plan:
             f"{request.manifest_path}: indentation style not recognised; the patched file is "
             "re-indented (content, comments and order are kept)"
         )
-    foreign = existing is not None and existing != request.config_path
-    if foreign:
+    result.flag_ours = schedconf.config_flag_is_ours(manifest.data, request.config_path)
+    if existing is not None and not result.flag_ours:
         assert existing is not None
         result.mode = "appended"
         result.config_path = existing
         host = schedconf.host_path_of(manifest.data, existing) or existing
-        _plan_foreign(request, host, result)
-        # clean up anything of ours a previous run left in the manifest
-        result.changes += schedconf.unpatch_manifest(manifest.data, request.config_path)
+        _plan_foreign(request, manifest.data, host, result)
     elif request.state == "present":
         assert request.spec is not None
-        version = request.kubernetes_version or schedconf.scheduler_image_version(manifest.data)
-        if not version:
-            raise ConfigError(
-                "kubernetes_version is not set and the scheduler image tag is not a version: "
-                "set kubernetes_version (e.g. 'v1.29.3')"
-            )
-        result.api_version = schedconf.api_version_for(version)
+        result.api_version = checked_api_version(request, manifest.data)
         config_file = under_root(root, request.config_path)
         current = read(config_file)
         wanted = schedconf.new_config(request.spec, result.api_version, request.kubeconfig)
+        text = current.text or ""
         if current.data != wanted:
-            result.files.append(
-                FileChange(config_file, current.text, fresh(config_file, wanted).render(),
-                           "config")
-            )
+            text = fresh(config_file, wanted).render()
+            result.files.append(FileChange(config_file, current.text, text, "config"))
             result.changes.append(f"{request.config_path}: extender {request.spec.url_prefix}")
         result.changes += schedconf.patch_manifest(
-            manifest.data, request.config_path, request.kubeconfig
+            manifest.data, request.config_path, request.kubeconfig, request.spec.tls_files()
+        )
+        result.changes += schedconf.set_marker(
+            manifest.data,
+            schedconf.Marker(schedconf.config_hash(text), request.spec.url_prefix, True),
         )
     else:
         config_file = under_root(root, request.config_path)
@@ -193,9 +217,7 @@ def plan(request: Request) -> Plan:
         if current.text is not None:
             result.files.append(FileChange(config_file, current.text, None, "config"))
             result.changes.append(f"{request.config_path}: removed")
-        manifest_changes = schedconf.unpatch_manifest(manifest.data, request.config_path)
-        _drop_empty(manifest.data, manifest_changes)
-        result.changes += manifest_changes
+        result.changes += schedconf.unpatch_manifest(manifest.data, request.config_path)
     after = manifest.render()
     if after != manifest.text:
         result.files.append(FileChange(manifest.path, manifest.text, after, "manifest"))
@@ -204,8 +226,10 @@ def plan(request: Request) -> Plan:
     return result
 
 
-def _plan_foreign(request: Request, host: str, result: Plan) -> None:
-    """Our extender in a configuration file the administrator owns."""
+def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> None:
+    """Our extender in a configuration file the administrator owns (their own --config,
+    or ours written by hand per the manual): the entry is added, replaced or removed;
+    their flag, volumes and other entries stay as they are."""
     path = under_root(request.host_root, host)
     doc = read(path)
     if doc.text is None:
@@ -216,29 +240,45 @@ def _plan_foreign(request: Request, host: str, result: Plan) -> None:
     schedconf.check_config(doc.data, host)
     assert isinstance(doc.data, MutableMapping)
     result.api_version = str(doc.data.get("apiVersion"))
+    marker = schedconf.read_marker(manifest)
     if request.state == "present":
         assert request.spec is not None
+        previous = marker.url_prefix if marker else None
+        if previous and previous.rstrip("/") != request.spec.url_prefix.rstrip("/") and (
+            schedconf.remove_extender(doc.data, previous)
+        ):
+            result.changes.append(f"{host}: removed extender {previous} (URL changed)")
         if schedconf.upsert_extender(doc.data, request.spec):
             result.changes.append(f"{host}: extender {request.spec.url_prefix}")
+        text = doc.render()
+        result.changes += schedconf.patch_manifest(
+            manifest, result.config_path, request.kubeconfig, request.spec.tls_files(),
+            own_config=False,
+        )
+        result.changes += schedconf.set_marker(
+            manifest, schedconf.Marker(schedconf.config_hash(text), request.spec.url_prefix, False)
+        )
     else:
-        if not request.url_prefix:
+        url = request.url_prefix or (marker.url_prefix if marker else None)
+        if not url and request.managed_resources:
+            url = schedconf.find_by_resources(doc.data, request.managed_resources)
+        if not url and marker is None and not request.managed_resources:
             raise ConfigError(
-                f"url_prefix is required with state=absent when the extender lives in the "
-                f"administrator's own --config file ({host})"
+                f"cannot tell which extender of {host} (the administrator's own --config) is "
+                "ours: the manifest has no record of it; pass url_prefix or managed_resources"
             )
-        if schedconf.remove_extender(doc.data, request.url_prefix):
-            result.changes.append(f"{host}: removed extender {request.url_prefix}")
+        if url and schedconf.remove_extender(doc.data, url):
+            result.changes.append(f"{host}: removed extender {url}")
+        result.changes += schedconf.unpatch_manifest(manifest, request.config_path,
+                                                     remove_flag=False)
+        if not marker and any(c.startswith(f"{host}: removed") for c in result.changes):
+            result.warnings.append(
+                f"{host} changed but the manifest has no gpuk8s record to drop: restart "
+                "kube-scheduler (it reads its configuration only at start)"
+            )
     after = doc.render()
     if after != doc.text:
         result.files.append(FileChange(path, doc.text, after, "config"))
-
-
-def _drop_empty(manifest: Any, changes: list[str]) -> None:
-    """Remove a volumes / volumeMounts list that only held our entries."""
-    container = schedconf.scheduler_container(manifest)
-    for parent, key in ((container, "volumeMounts"), (manifest["spec"], "volumes")):
-        if any(c.startswith(f"{key}: removed") for c in changes) and parent.get(key) == []:
-            del parent[key]
 
 
 def check(change: FileChange, request: Request, result: Plan) -> None:
@@ -253,6 +293,7 @@ def check(change: FileChange, request: Request, result: Plan) -> None:
         if request.state == "present" and request.spec and request.spec.url_prefix not in urls:
             raise ManifestError(f"{change.path}: rendered config lost the extender (bug)")
         return
+    schedconf.check_manifest(doc.data, change.path)
     container = schedconf.scheduler_container(doc.data, change.path)
     configured = schedconf.configured_path(container)
     if request.state == "present" and configured != result.config_path:
@@ -260,5 +301,5 @@ def check(change: FileChange, request: Request, result: Plan) -> None:
             f"{change.path}: rendered manifest runs --config={configured}, expected "
             f"{result.config_path} (bug)"
         )
-    if request.state == "absent" and result.mode == "own" and configured is not None:
+    if request.state == "absent" and result.flag_ours and configured is not None:
         raise ManifestError(f"{change.path}: rendered manifest still has --config (bug)")

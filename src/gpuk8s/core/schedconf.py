@@ -12,18 +12,30 @@ elsewhere, so ``absent`` removes exactly that and nothing else:
 
 * the command argument ``--config=<config_path>`` (only when the scheduler had no
   ``--config`` of its own; otherwise our extender goes into that file instead);
-* the volumes and volumeMounts named ``VOLUME_CONFIG`` and ``VOLUME_KUBECONFIG``
-  (the kubeconfig one only when nothing mounts the kubeconfig yet — kubeadm already
-  mounts it as ``kubeconfig``).
+* the volumes and volumeMounts named ``VOLUME_CONFIG``, ``VOLUME_KUBECONFIG`` and
+  ``VOLUME_TLS`` — each only when no other hostPath mount already shows that path to
+  the scheduler (kubeadm mounts the kubeconfig as ``kubeconfig``; an administrator who
+  followed the manual by hand mounts the configuration under a name of their own), so
+  a mountPath never appears twice;
+* the annotation ``ANNOTATION`` on the pod: the hash of the configuration file the
+  scheduler reads (kube-scheduler reads it only at start, and the kubelet restarts a
+  static pod only when its manifest changes: a new hash restarts it), our extender's
+  ``urlPrefix`` (so a changed URL replaces the old entry, and ``absent`` finds it
+  without being told) and whether the ``--config`` flag is ours.
 
-In a configuration file we did not create, our extender is the entry whose
-``urlPrefix`` equals ours.
+A ``--config=<config_path>`` that the annotation does not claim (nor, for manifests
+patched before the annotation existed, our ``VOLUME_CONFIG`` mount) is the
+administrator's: that file is then treated like any configuration file of theirs.
+In such a file our extender is the entry whose ``urlPrefix`` is the annotation's (or the
+one given).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-from collections.abc import MutableMapping, MutableSequence, Sequence
+from collections.abc import Collection, Mapping, MutableMapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +48,14 @@ DEFAULT_KUBECONFIG = "/etc/kubernetes/scheduler.conf"
 DEFAULT_MANIFEST = "/etc/kubernetes/manifests/kube-scheduler.yaml"
 VOLUME_CONFIG = "metax-extender-config"
 VOLUME_KUBECONFIG = "metax-scheduler-kubeconfig"
+# tlsConfig files, by ExtenderSpec.tls_config field
+VOLUME_TLS = {
+    "ca_file": "metax-extender-ca",
+    "cert_file": "metax-extender-cert",
+    "key_file": "metax-extender-key",
+}
+OUR_VOLUMES = (VOLUME_KUBECONFIG, VOLUME_CONFIG, *VOLUME_TLS.values())
+ANNOTATION = "metax-tech.com/scheduler-extender"
 CONTAINER_NAME = "kube-scheduler"
 # Versions KEP-785 lists as served; the oldest first.
 KNOWN_API_VERSIONS = ("v1beta2", "v1beta3", "v1")
@@ -144,6 +164,13 @@ class ExtenderSpec:
             )
         if self.tls_config is not None and not self.enable_https:
             raise ConfigError("tls_config is set but enable_https is false: set enable_https: true")
+        for key in VOLUME_TLS if self.tls_config else ():
+            path = getattr(self.tls_config, key)
+            if path and not str(path).startswith("/"):
+                raise ConfigError(
+                    f"tls_config.{key} {path!r} must be an absolute path on the "
+                    "control-plane node (it is mounted into the scheduler pod)"
+                )
         if not self.filter_verb and not self.prioritize_verb:
             raise ConfigError(
                 "filter_verb and prioritize_verb are both empty: the extender would do nothing"
@@ -168,6 +195,16 @@ class ExtenderSpec:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ConfigError(f"managed_resources lists {', '.join(duplicates)} more than once")
+
+    def tls_files(self) -> dict[str, str]:
+        """Volume name -> host file for every tlsConfig file the scheduler must read."""
+        if self.tls_config is None:
+            return {}
+        return {
+            name: str(getattr(self.tls_config, key))
+            for key, name in VOLUME_TLS.items()
+            if getattr(self.tls_config, key)
+        }
 
     def to_yaml(self) -> dict[str, Any]:
         """The extender as KubeSchedulerConfiguration spells it (field order of SPEC §7)."""
@@ -279,6 +316,18 @@ def upsert_extender(config: MutableMapping[str, Any], spec: ExtenderSpec) -> boo
     return _update_mapping(extenders[position], wanted)
 
 
+def find_by_resources(config: Mapping[str, Any], names: Collection[str]) -> str | None:
+    """urlPrefix of the one extender managing one of ``names`` (None: none, or several)."""
+    found = [
+        str(entry.get("urlPrefix", ""))
+        for entry in config.get("extenders") or []
+        if isinstance(entry, Mapping)
+        and {r.get("name") for r in entry.get("managedResources") or [] if isinstance(r, Mapping)}
+        & set(names)
+    ]
+    return found[0] if len(found) == 1 else None
+
+
 def remove_extender(config: MutableMapping[str, Any], url_prefix: str) -> bool:
     """Drop our extender from ``config['extenders']``; True when something was removed."""
     extenders = config.get("extenders")
@@ -334,11 +383,13 @@ def scheduler_image_version(manifest: Any) -> str | None:
     return version_from_image(str(container.get("image", "")))
 
 
-def host_path_of(manifest: MutableMapping[str, Any], container_path: str) -> str | None:
+def host_path_of(
+    manifest: MutableMapping[str, Any], container_path: str, exclude: Collection[str] = ()
+) -> str | None:
     """Host path behind ``container_path`` through the scheduler's hostPath mounts.
 
     The longest mountPath that is the path itself or one of its parents wins; None
-    when no hostPath volume covers it.
+    when no hostPath volume covers it. Mounts named in ``exclude`` are not considered.
     """
     container = scheduler_container(manifest)
     volumes = {
@@ -348,7 +399,7 @@ def host_path_of(manifest: MutableMapping[str, Any], container_path: str) -> str
     }
     best: tuple[int, str] | None = None
     for mount in container.get("volumeMounts") or []:
-        if not isinstance(mount, MutableMapping):
+        if not isinstance(mount, MutableMapping) or mount.get("name") in exclude:
             continue
         mount_path = str(mount.get("mountPath", "")).rstrip("/") or "/"
         host = volumes.get(mount.get("name"))
@@ -363,13 +414,6 @@ def host_path_of(manifest: MutableMapping[str, Any], container_path: str) -> str
         if best is None or len(mount_path) > best[0]:
             best = (len(mount_path), candidate)
     return None if best is None else best[1]
-
-
-def _mounted(container: MutableMapping[str, Any], path: str) -> bool:
-    return any(
-        isinstance(m, MutableMapping) and str(m.get("mountPath", "")).rstrip("/") == path
-        for m in container.get("volumeMounts") or []
-    )
 
 
 def _list(parent: MutableMapping[str, Any], key: str) -> MutableSequence[Any]:
@@ -397,29 +441,146 @@ def _ensure_named(items: MutableSequence[Any], wanted: dict[str, Any]) -> bool:
     return _update_mapping(items[position], wanted)
 
 
+# --------------------------------------------------------------------------- marker
+
+
+@dataclass(frozen=True)
+class Marker:
+    """What ``present`` recorded in the pod's ``ANNOTATION``."""
+
+    config_hash: str
+    url_prefix: str
+    config_flag: bool  # the --config argument is ours
+
+    def render(self) -> str:
+        return json.dumps(
+            {"configHash": self.config_hash, "urlPrefix": self.url_prefix,
+             "configFlag": self.config_flag},
+            sort_keys=True, separators=(",", ":"),
+        )
+
+
+def config_hash(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _annotations(manifest: Mapping[str, Any]) -> Any:
+    metadata = manifest.get("metadata")
+    return metadata.get("annotations") if isinstance(metadata, Mapping) else None
+
+
+def read_marker(manifest: Mapping[str, Any]) -> Marker | None:
+    """The marker of a previous ``present``; None when absent or unreadable."""
+    annotations = _annotations(manifest)
+    raw = annotations.get(ANNOTATION) if isinstance(annotations, Mapping) else None
+    try:
+        data = json.loads(str(raw)) if raw else None
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    return Marker(
+        config_hash=str(data.get("configHash", "")),
+        url_prefix=str(data.get("urlPrefix", "")),
+        config_flag=data.get("configFlag") is True,
+    )
+
+
+def _mapping(parent: MutableMapping[str, Any], key: str, where: str) -> MutableMapping[str, Any]:
+    """``parent[key]``, created empty when missing; ManifestError when not a mapping."""
+    if parent.get(key) is None:
+        parent[key] = {}
+    child = parent[key]
+    if not isinstance(child, MutableMapping):
+        raise ManifestError(f"{where} is not a mapping")
+    return child
+
+
+def set_marker(manifest: MutableMapping[str, Any], marker: Marker) -> list[str]:
+    metadata = _mapping(manifest, "metadata", "metadata")
+    annotations = _mapping(metadata, "annotations", "metadata.annotations")
+    value = marker.render()
+    if annotations.get(ANNOTATION) == value:
+        return []
+    annotations[ANNOTATION] = value
+    return [f"annotation {ANNOTATION}: configuration {marker.config_hash[:19]}… "
+            "(the kubelet restarts kube-scheduler)"]
+
+
+def drop_marker(manifest: MutableMapping[str, Any]) -> list[str]:
+    annotations = _annotations(manifest)
+    if not isinstance(annotations, MutableMapping) or ANNOTATION not in annotations:
+        return []
+    del annotations[ANNOTATION]
+    if not annotations:
+        del manifest["metadata"]["annotations"]
+    return [f"annotation {ANNOTATION}: removed"]
+
+
+def config_flag_is_ours(manifest: MutableMapping[str, Any], config_path: str) -> bool:
+    """Whether ``--config=<config_path>`` was added by ``present`` (not by hand)."""
+    container = scheduler_container(manifest)
+    if configured_path(container) != config_path:
+        return False
+    marker = read_marker(manifest)
+    if marker is not None:
+        return marker.config_flag
+    # patched before the marker existed: the flag always came with our config volume
+    return _named(container.get("volumeMounts") or [], VOLUME_CONFIG) is not None
+
+
+# --------------------------------------------------------------------------- manifest
+
+
 def patch_manifest(
     manifest: MutableMapping[str, Any],
     config_path: str = DEFAULT_CONFIG_PATH,
     kubeconfig: str = DEFAULT_KUBECONFIG,
+    tls_files: Mapping[str, str] | None = None,
+    own_config: bool = True,
 ) -> list[str]:
-    """Point the scheduler at ``config_path`` (in place); returns what changed, one line
-    each. Call only when the scheduler has no other ``--config``."""
+    """Make the scheduler see what our extender needs (in place); returns what changed,
+    one line each.
+
+    ``own_config``: the scheduler reads ``config_path``, which we own (the ``--config``
+    argument is added when missing, the file and the kubeconfig it names are mounted);
+    otherwise the configuration is the administrator's and only the tlsConfig files
+    are our concern. A path some other hostPath mount already shows is not mounted
+    again; our mounts no longer needed are removed.
+    """
     container = scheduler_container(manifest)
     other = configured_path(container)
-    if other is not None and other != config_path:
+    if own_config and other is not None and other != config_path:
         raise ManifestError(
             f"the scheduler already runs with --config={other}: add the extender to that file"
         )
     changes: list[str] = []
-    if other is None:
+    if own_config and other is None:
         container["command"].append(f"{_CONFIG_FLAG}={config_path}")
         changes.append(f"command: added {_CONFIG_FLAG}={config_path}")
-    mounts = _list(container, "volumeMounts")
-    volumes = _list(manifest["spec"], "volumes")
-    wanted: list[tuple[str, str, str]] = [(VOLUME_CONFIG, config_path, "File")]
-    if not _mounted(container, kubeconfig) or _named(mounts, VOLUME_KUBECONFIG) is not None:
-        wanted.insert(0, (VOLUME_KUBECONFIG, kubeconfig, "FileOrCreate"))
+    wanted: list[tuple[str, str, str]] = []
+    if own_config:
+        wanted.append((VOLUME_KUBECONFIG, kubeconfig, "FileOrCreate"))
+        wanted.append((VOLUME_CONFIG, config_path, "File"))
+    wanted += [(name, path, "File") for name, path in sorted((tls_files or {}).items())]
+    wanted = [w for w in wanted if host_path_of(manifest, w[1], exclude=OUR_VOLUMES) is None]
+    keep = {name for name, _path, _kind in wanted}
+    mounts = container.get("volumeMounts")
+    volumes = manifest["spec"].get("volumes")
+    for name in OUR_VOLUMES:
+        if name in keep:
+            continue
+        for parent, key, items in ((container, "volumeMounts", mounts),
+                                   (manifest["spec"], "volumes", volumes)):
+            position = _named(items, name) if isinstance(items, MutableSequence) else None
+            if position is not None:
+                del items[position]  # type: ignore[union-attr]
+                changes.append(f"{key}: removed {name}")
+                if not items:
+                    del parent[key]
     for name, path, kind in wanted:
+        mounts = _list(container, "volumeMounts")
+        volumes = _list(manifest["spec"], "volumes")
         if _ensure_named(mounts, {"mountPath": path, "name": name, "readOnly": True}):
             changes.append(f"volumeMounts: {name} -> {path} (read-only)")
         if _ensure_named(volumes, {"hostPath": {"path": path, "type": kind}, "name": name}):
@@ -428,14 +589,20 @@ def patch_manifest(
 
 
 def unpatch_manifest(
-    manifest: MutableMapping[str, Any], config_path: str = DEFAULT_CONFIG_PATH
+    manifest: MutableMapping[str, Any],
+    config_path: str = DEFAULT_CONFIG_PATH,
+    remove_flag: bool | None = None,
 ) -> list[str]:
-    """Remove exactly what ``patch_manifest`` adds (in place); returns what changed."""
+    """Remove exactly what ``patch_manifest`` and ``set_marker`` add (in place); returns
+    what changed. The ``--config`` argument goes only when it is ours
+    (``config_flag_is_ours``, unless ``remove_flag`` says)."""
     container = scheduler_container(manifest)
+    if remove_flag is None:
+        remove_flag = config_flag_is_ours(manifest, config_path)
     changes: list[str] = []
     for key in ("command", "args"):
         items = container.get(key)
-        if not isinstance(items, MutableSequence):
+        if not remove_flag or not isinstance(items, MutableSequence):
             continue
         flag = f"{_CONFIG_FLAG}={config_path}"
         while flag in [str(i) for i in items]:
@@ -445,9 +612,28 @@ def unpatch_manifest(
         items = parent.get(key)
         if not isinstance(items, MutableSequence):
             continue
-        for name in (VOLUME_KUBECONFIG, VOLUME_CONFIG):
+        for name in OUR_VOLUMES:
             position = _named(items, name)
             if position is not None:
                 del items[position]
                 changes.append(f"{key}: removed {name}")
+        if not items and any(c.startswith(f"{key}: removed") for c in changes):
+            del parent[key]
+    changes += drop_marker(manifest)
     return changes
+
+
+def check_manifest(manifest: Any, where: str) -> None:
+    """Raise ManifestError on what the apiserver would reject in our edits: a mountPath
+    twice in the scheduler container, a volume name twice."""
+    container = scheduler_container(manifest, where)
+    paths = [str(m.get("mountPath", "")).rstrip("/") for m in container.get("volumeMounts") or []
+             if isinstance(m, Mapping)]
+    twice = sorted({p for p in paths if paths.count(p) > 1})
+    if twice:
+        raise ManifestError(f"{where}: mountPath {', '.join(twice)} appears more than once")
+    names = [v.get("name") for v in manifest["spec"].get("volumes") or [] if isinstance(v, Mapping)]
+    twice = sorted({str(n) for n in names if names.count(n) > 1})
+    if twice:
+        raise ManifestError(f"{where}: volume {', '.join(twice)} appears more than once")
+

@@ -100,7 +100,7 @@ def parse_table(raw: str | None) -> dict[int, int]:
             size = int(key)
         except (TypeError, ValueError):
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         table[size] = int(value)
     return table

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .health import serve_health
+from .healthserver import serve_health
 from .kube import classify
 
 log = logging.getLogger("gpuk8s.nodeagent")
@@ -193,11 +193,11 @@ class Liveness:
             self.passes += 1
             self.last_error = error
 
-    def status(self) -> tuple[int, dict[str, Any]]:
+    def status(self) -> tuple[bool, dict[str, Any]]:
         with self.lock:
             age = time.monotonic() - self.last
             body = {"passes": self.passes, "lastError": self.last_error, "age": round(age, 1)}
-        return (200 if age <= self.stale_after else 503), body
+        return age <= self.stale_after, body
 
 
 def serve_until_stopped(one_pass: Callable[[], object], interval: float, health_port: int,
@@ -206,7 +206,8 @@ def serve_until_stopped(one_pass: Callable[[], object], interval: float, health_
     endpoint on ``health_port`` (0: none) failing once no pass finished for ``stale_after``."""
     liveness = Liveness(stale_after)
     if health_port:
-        serve_health(health_port, liveness.status, name)
+        serve_health(health_port, {"/healthz": liveness.status, "/livez": liveness.status},
+                     name=f"{name}-health")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

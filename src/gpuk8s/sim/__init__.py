@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +101,9 @@ def tool_source(name: str) -> str:
     module = {"mx-smi": "mx_smi.py", "nvidia-smi": "nvidia_smi.py", "modprobe": "modprobe.py"}
     if name not in module:
         raise ConfigError(f"no stand-in for {name!r}; choose one of {', '.join(module)}")
-    return resources.files("gpuk8s.sim.fake").joinpath(module[name]).read_text("utf-8")
+    # a plain path: importlib.resources.files() is 3.9+, and the host-Python tests run the
+    # simulator under 3.8
+    return (Path(__file__).parent / "fake" / module[name]).read_text("utf-8")
 
 
 def _install_files(root: str, current: dict[str, Any]) -> None:

@@ -149,8 +149,8 @@ def build_state(name: str, vfnum: int | None = None, device_nodes: str = "files"
     rp = _bdf(0x00, 0x1C)
     devices.append(_dev(rp, f"pci0000:00/{rp}", INTEL, 0x347A, 0x060400, 0, "pcieport"))
     vga = _bdf(0x3F)
-    devices.append(_dev(vga, f"pci0000:00/{rp}/{vga}", 0x1A03, 0x2000, 0x030000, 0, "ast")
-                   | {"drm": ["card0"]})
+    devices.append({**_dev(vga, f"pci0000:00/{rp}/{vga}", 0x1A03, 0x2000, 0x030000, 0, "ast"),
+                    "drm": ["card0"]})
     rp = _bdf(0x00, 0x1D)
     nic = _bdf(0x31)
     devices.append(_dev(rp, f"pci0000:00/{rp}", INTEL, 0x347B, 0x060400, 0, "pcieport"))

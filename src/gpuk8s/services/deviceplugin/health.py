@@ -57,6 +57,7 @@ class HealthMonitor:
         self.on_change = on_change
         self.checks_done = 0
         self.last_check_seconds = 0.0  # duration of the last full check
+        self.last_check_at = time.monotonic()  # when the last full check ended (liveness)
         self._next_after_start = 0.0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -88,6 +89,7 @@ class HealthMonitor:
             self.last_check_seconds = time.monotonic() - started
         flipped = self.devices.update_health(result)
         self.checks_done += 1
+        self.last_check_at = time.monotonic()
         self.metrics.last_health_check.set(time.time())
         _, views = self.devices.snapshot()
         healthy = sum(1 for v in views if v.healthy)
@@ -136,6 +138,19 @@ class HealthMonitor:
             target=self.run, args=(self._stop,), name="health", daemon=True
         )
         self._thread.start()
+
+    def alive(self, now: float | None = None) -> tuple[bool, str | None]:
+        """Liveness: the loop thread runs and, when checking is on, a full check ended
+        within three intervals (at least a minute: a slow mx-smi is not a hang)."""
+        if self._thread is None or not self._thread.is_alive():
+            return (not self.enabled and self._thread is not None), "health loop not running"
+        if not self.enabled:
+            return True, None
+        age = (time.monotonic() if now is None else now) - self.last_check_at
+        limit = max(3 * self.interval, 60.0)
+        if age > limit:
+            return False, f"no health check finished for {age:.0f}s (limit {limit:.0f}s)"
+        return True, None
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()

@@ -18,12 +18,14 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from http.server import ThreadingHTTPServer
 from types import FrameType
 from typing import Any
 
 from ...core.cdi import cdi_names_accepted
 from ...core.errors import ConfigError, GpuK8sError
 from ...core.model import NodeInventory
+from ..healthserver import serve_health
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
 from .devices import (
     DEFAULT_RESOURCE,
@@ -73,6 +75,7 @@ class PluginConfig:
     node_state_interval: float = 10.0
     metrics_port: int = 0  # 0: no metrics endpoint
     metrics_address: str = "0.0.0.0"
+    health_port: int = 0  # 0: no /healthz, /readyz
 
     def __post_init__(self) -> None:
         if self.healthy_interval < 0:
@@ -101,6 +104,8 @@ class PluginConfig:
             )
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics-port: {self.metrics_port} is not in 0..65535")
+        if not 0 <= self.health_port <= 65535:
+            raise ConfigError(f"health-port: {self.health_port} is not in 0..65535")
 
     def resource_for(self, inventory: NodeInventory) -> str:
         if self.resource_name:
@@ -232,6 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Prometheus /metrics port; 0 disables (default 0)",
     )
     p.add_argument("--metrics-address", default="0.0.0.0")
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=int(env.get("HEALTH_PORT", "0")),
+        help="serve GET /healthz (liveness: the health loop and the gRPC server run) and "
+        "/readyz (registered with the kubelet) on this port; 0 disables (default 0)",
+    )
     add_log_arguments(p)
     return p
 
@@ -260,6 +272,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         node_state_interval=args.node_state_interval,
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
+        health_port=args.health_port,
     )
 
 
@@ -338,6 +351,23 @@ class DevicePluginApp:
             wake_watchers=self.devices.wake,
         )
         self._server_thread: threading.Thread | None = None
+        self._health_server: ThreadingHTTPServer | None = None
+
+    def liveness(self) -> tuple[bool, dict[str, Any]]:
+        """/healthz: the gRPC server loop and the health loop are running."""
+        problems = []
+        if self._server_thread is None or not self._server_thread.is_alive():
+            problems.append("plugin server loop not running")
+        ok, reason = self.health.alive()
+        if not ok and reason:
+            problems.append(reason)
+        return not problems, {"problems": problems, "healthChecks": self.health.checks_done}
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """/readyz: registered with the kubelet (serving the resource)."""
+        registered = self.server.registered.is_set()
+        return registered, {"registered": registered,
+                            "registrations": self.server.registrations}
 
     def _make_servicer(self, serving_stop: threading.Event) -> DevicePluginServicer:
         return DevicePluginServicer(
@@ -356,6 +386,12 @@ class DevicePluginApp:
     def start(self) -> None:
         if self.config.metrics_port:
             self.metrics.serve(self.config.metrics_port, self.config.metrics_address)
+        if self.config.health_port:
+            self._health_server = serve_health(
+                self.config.health_port,
+                {"/healthz": self.liveness, "/readyz": self.readiness},
+                name="deviceplugin-health",
+            )
         self.health.start()
         if self.publisher is not None:
             self.publisher.start()
@@ -369,6 +405,9 @@ class DevicePluginApp:
             self.publisher.stop()
         if self._server_thread is not None:
             self._server_thread.join(timeout)
+        if self._health_server is not None:
+            self._health_server.shutdown()
+            self._health_server.server_close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

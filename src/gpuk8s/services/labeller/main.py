@@ -23,7 +23,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from ...core.errors import ConfigError, GpuK8sError
-from ..health import serve_health as serve_json_health
+from ..healthserver import serve_health as serve_health_endpoint
 from ..kube import ApiError, api_client
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
 from .loop import LabellerLoop, LoopStatus
@@ -132,15 +132,21 @@ def make_pass(
 def serve_health(port: int, status: LoopStatus, stale_after: float) -> ThreadingHTTPServer:
     """A liveness endpoint: 200 while the loop keeps attempting passes, else 503."""
 
-    def check() -> tuple[int, dict[str, Any]]:
+    def alive() -> tuple[bool, dict[str, Any]]:
         with status.lock:
             age = time.monotonic() - status.last_attempt
             body: dict[str, Any] = {"passes": status.passes, "lastError": status.last_error}
-        code = 200 if age <= stale_after else 503
-        body["status"] = "ok" if code == 200 else f"no pass attempted for {age:.0f}s"
-        return code, body
+        if age > stale_after:
+            body["reason"] = f"no pass attempted for {age:.0f}s"
+        return age <= stale_after, body
 
-    return serve_json_health(port, check, "labeller")
+    def ready() -> tuple[bool, dict[str, Any]]:
+        with status.lock:
+            done = status.last_success is not None
+        return done, {} if done else {"reason": "no label pass has succeeded yet"}
+
+    return serve_health_endpoint(port, {"/healthz": alive, "/readyz": ready},
+                                 name="labeller-health")
 
 
 def watch_host(loop: LabellerLoop, host_root: str, status_dir: str, every: float) -> None:

@@ -1,0 +1,211 @@
+"""playbooks/maintenance.yml (the node_maintenance role) against a real kube-apiserver.
+
+The node is an API object (no kubelet): the test sets its allocatable GPUs once, as a
+kubelet would, and the real labeller (``gpuk8s serve labeller``) runs beside the
+playbook on a simulated host, so the labels come back only when the role really ends
+the maintenance. The maintenance action is a task file that fails, or nothing.
+
+* a failure with healthy GPUs: the rescue uncordons *and* removes the maintenance mark,
+  so gpu-label writes the labels again (and gpu-device, which follows them, returns);
+* a failure with a faulty GPU leaves the node cordoned and marked; after healing, the
+  documented rerun gives back the node as it was before the first attempt (uncordoned).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuk8s import sim
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+MARK = "metax-tech.com/maintenance"
+BEFORE = "metax-tech.com/maintenance-before"
+
+
+@pytest.fixture
+def node(apiserver: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    name = f"maint-{uuid.uuid4().hex[:6]}"
+    core = apiserver.core()
+    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    # what the kubelet would report with gpu-device running
+    core.patch_node_status(name, {"status": {"capacity": {"metax-tech.com/gpu": "8"},
+                                             "allocatable": {"metax-tech.com/gpu": "8"}}})
+    root = tmp_path / "sim"
+    sim.create(str(root), "c500-8")
+    labeller = subprocess.Popen(
+        [str(BIN / "gpuk8s"), "serve", "labeller", "--node-name", name, "--host-root",
+         str(root), "--kubeconfig", apiserver.kubeconfig("gpu-label"), "--interval", "1",
+         "--log-level", "warning"],
+        env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"},
+    )
+    try:
+        wait_for(lambda: labels(apiserver, name).get("metax-tech.com/gpu.installed") == "true",
+                 "labels written by gpu-label")
+        yield {"name": name, "root": root, "tmp": tmp_path}
+    finally:
+        labeller.terminate()
+        labeller.wait(10)
+        core.delete_node(name)
+
+
+def wait_for(predicate: Any, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def labels(apiserver: Any, name: str) -> dict[str, str]:
+    return dict(apiserver.core().read_node(name).metadata.labels or {})
+
+
+def state(apiserver: Any, name: str) -> tuple[bool, dict[str, str]]:
+    obj = apiserver.core().read_node(name)
+    return bool(obj.spec.unschedulable), dict(obj.metadata.annotations or {})
+
+
+def maintenance(
+    apiserver: Any, node: dict[str, Any], *extra: str
+) -> subprocess.CompletedProcess[str]:
+    tmp = node["tmp"]
+    inventory = tmp / "hosts.json"
+    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+            "gpuk8s_node_name": node["name"], "gpuk8s_api_host": "gpu",
+            "gpuk8s_kubeconfig": apiserver.kubeconfig("admin"),
+            "gpuk8s_gpu_root": str(node["root"])}
+    inventory.write_text(json.dumps({"all": {"children": {
+        "kube_control_plane": {"hosts": {"gpu": host}}, "gpu_nodes": {"hosts": {"gpu": {}}}}}}))
+    failing = tmp / "fail.yml"
+    failing.write_text("---\n- name: The driver work fails\n  ansible.builtin.fail:\n"
+                       "    msg: simulated failure of the maintenance action\n")
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "PATH": f"{BIN}:{os.environ['PATH']}"}
+    return subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(inventory),
+         str(REPO / "playbooks/maintenance.yml"),
+         "-e", f"node_maintenance_action_tasks={failing}",
+         "-e", f"node_maintenance_report_dir={tmp / 'reports'}",
+         "-e", "node_maintenance_wait_retries=60", "-e", "node_maintenance_wait_delay=1",
+         *extra],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )
+
+
+def test_failure_with_healthy_gpus_gives_the_node_back(
+    apiserver: Any, node: dict[str, Any]
+) -> None:
+    name = node["name"]
+    run = maintenance(apiserver, node, "-e", "node_maintenance_action=tasks")
+    assert run.returncode != 0, run.stdout[-3000:]
+    assert "simulated failure of the maintenance action" in run.stdout
+    assert "mark metax-tech.com/maintenance was removed" in run.stdout
+    cordoned, annotations = state(apiserver, name)
+    assert not cordoned
+    assert MARK not in annotations and BEFORE not in annotations
+    # gpu-label is no longer held back: the labels (which gpu-device follows) return
+    wait_for(lambda: labels(apiserver, name).get("metax-tech.com/driver.ready") == "true",
+             "labels back after the rescue")
+    report = json.loads((node["tmp"] / "reports" / f"{name}.json").read_text())
+    assert report["gpus_healthy"] is True and report["failed_step"] == "drained"
+
+
+def test_rerun_after_a_failure_restores_the_node(apiserver: Any, node: dict[str, Any]) -> None:
+    name = node["name"]
+    root = str(node["root"])
+    sim.fail(root, 3, "fault")
+    failed = maintenance(apiserver, node, "-e", "node_maintenance_action=tasks")
+    assert failed.returncode != 0
+    assert "The GPUs are not healthy: the node stays cordoned" in failed.stdout
+    cordoned, annotations = state(apiserver, name)
+    assert cordoned and MARK in annotations
+    assert json.loads(annotations[BEFORE]) == {"unschedulable": False, "gpus": 8}
+    assert "metax-tech.com/gpu.installed" not in labels(apiserver, name)
+
+    sim.heal(root, 3)
+    rerun = maintenance(apiserver, node, "-e", "node_maintenance_action=none")
+    assert rerun.returncode == 0, rerun.stdout[-4000:]
+    cordoned, annotations = state(apiserver, name)
+    assert not cordoned, "the rerun must give back the node as it was before the first try"
+    assert MARK not in annotations and BEFORE not in annotations
+    assert labels(apiserver, name).get("metax-tech.com/gpu.installed") == "true"
+
+
+def test_a_node_cordoned_before_stays_cordoned(apiserver: Any, node: dict[str, Any]) -> None:
+    name = node["name"]
+    apiserver.core().patch_node(name, {"spec": {"unschedulable": True}})
+    run = maintenance(apiserver, node, "-e", "node_maintenance_action=none")
+    assert run.returncode == 0, run.stdout[-4000:]
+    cordoned, annotations = state(apiserver, name)
+    assert cordoned and MARK not in annotations
+
+
+def gpu_pod(name: str, node: str, *, owner: bool = False, emptydir: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if owner:  # no controller-manager here: nothing garbage-collects it for a missing owner
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
+                                    "uid": str(uuid.uuid4()), "controller": True}]
+    spec: dict[str, Any] = {
+        "nodeName": node,
+        "containers": [{"name": "c", "image": "busybox",
+                        "resources": {"limits": {"metax-tech.com/gpu": "1"}}}],
+    }
+    if emptydir:
+        spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def evict(apiserver: Any, node: str, tmp: Path, **args: Any) -> dict[str, Any]:
+    proc = subprocess.run(
+        [str(BIN / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
+         "-e", f"ansible_python_interpreter={sys.executable}", "-m", "gpu_pod_eviction",
+         "-a", json.dumps({"node": node, "kubeconfig": apiserver.kubeconfig("admin"),
+                           "grace_period": 0, "timeout": 60, **args})],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+             "ANSIBLE_STDOUT_CALLBACK": "json", "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1"},
+    )
+    result: dict[str, Any] = json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return result
+
+
+def test_eviction_refuses_bare_and_emptydir_pods_like_kubectl_drain(
+    apiserver: Any, node: dict[str, Any]
+) -> None:
+    name, core = node["name"], apiserver.core()
+    ns = f"evict-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": ns}})
+    # no controller-manager here to create it; the ServiceAccount admission wants it
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+    try:
+        for obj in (gpu_pod("managed", name, owner=True), gpu_pod("bare", name),
+                    gpu_pod("scratch", name, owner=True, emptydir=True)):
+            core.create_namespaced_pod(ns, obj)
+        refused = evict(apiserver, name, node["tmp"])
+        assert refused.get("failed"), refused
+        assert f"declare no controller: {ns}/bare" in refused["msg"]
+        assert f"local storage (emptyDir): {ns}/scratch" in refused["msg"]
+        names = {p.metadata.name for p in core.list_namespaced_pod(ns).items}
+        assert names == {"managed", "bare", "scratch"}, "nothing may be evicted"
+
+        done = evict(apiserver, name, node["tmp"], force=True, delete_emptydir_data=True)
+        assert not done.get("failed"), done
+        assert sorted(done["pods"]) == [f"{ns}/bare", f"{ns}/managed", f"{ns}/scratch"]
+        assert len(done["forced"]) == 2
+        assert core.list_namespaced_pod(ns).items == []
+    finally:
+        core.delete_namespace(ns)
