@@ -134,6 +134,7 @@ class Request:
     kubeconfig: str = schedconf.DEFAULT_KUBECONFIG
     kubernetes_version: str | None = None
     host_root: str = "/"
+    profile: str = "packing"  # schedconf.PROFILES; only in the file we own
 
 
 def under_root(root: str, path: str) -> str:
@@ -162,6 +163,12 @@ def plan(request: Request) -> Plan:
         assert existing is not None
         result.mode = "appended"
         result.config_path = existing
+        if request.state == "present" and request.profile != "none":
+            result.warnings.append(
+                f"scheduler_profile {request.profile} is not written into {existing} (the "
+                "administrator's file): add its settings there yourself "
+                "(see core/schedconf.py packing_profile)"
+            )
         host = schedconf.host_path_of(manifest.data, existing) or existing
         _plan_foreign(request, host, result)
         # clean up anything of ours a previous run left in the manifest
@@ -177,7 +184,9 @@ def plan(request: Request) -> Plan:
         result.api_version = schedconf.api_version_for(version)
         config_file = under_root(root, request.config_path)
         current = read(config_file)
-        wanted = schedconf.new_config(request.spec, result.api_version, request.kubeconfig)
+        wanted = schedconf.new_config(
+            request.spec, result.api_version, request.kubeconfig, request.profile
+        )
         if current.data != wanted:
             result.files.append(
                 FileChange(config_file, current.text, fresh(config_file, wanted).render(),
