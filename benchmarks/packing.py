@@ -1,12 +1,12 @@
 """Packing on a production trace: gpu-aware against BestFit and FirstFit, FGD's protocol.
 
 The Alibaba openb trace (``../shared/data/openb`` next to the checkout, or ``$OPENB_DIR``:
-1,213 GPU nodes, 6,212 GPUs, 8,152 pods) replayed as in "Beware of Fragmentation" (Weng et al., ATC '23): the pod list is
-shuffled with each seed (42..51 by default), inflated by resampling pods of the trace
-until the requested GPUs reach 130 % of the cluster's GPU capacity, pods never leave, a
-pod that fits nowhere is skipped. CPU and memory are honoured. Allocation = GPU
-requested by the placed pods ÷ capacity (milli-GPUs, as the paper counts), read when the
-*arrived* requests reach 100 % and 130 % of capacity.
+1,213 GPU nodes, 6,212 GPUs, 8,152 pods) replayed as in "Beware of Fragmentation" (Weng
+et al., ATC '23): the pod list is shuffled with each seed (42..51 by default), inflated
+by resampling pods of the trace until the requested GPUs reach 130 % of the cluster's
+GPU capacity, pods never leave, a pod that fits nowhere is skipped. CPU and memory are
+honoured. Allocation = GPU requested by the placed pods ÷ capacity (milli-GPUs, as the
+paper counts), read when the *arrived* requests reach 100 % and 130 % of capacity.
 
 Whole-GPU mode: a pod asking for part of a GPU (``gpu_milli`` < 1000) takes a whole GPU
 (until GPU sharing exists) but counts its milli-GPUs, as in the paper's metric.
