@@ -166,19 +166,7 @@ def test_extender_service_with_node_cache(
     apiserver: Any, names: list[str], c500: NodeInventory
 ) -> None:
     _create_nodes(apiserver, names, c500)
-    args = build_parser().parse_args(
-        [
-            "--port",
-            "0",
-            "--address",
-            "127.0.0.1",
-            "--node-cache",
-            "--kubeconfig",
-            apiserver.kubeconfig("gpu-aware"),
-        ]
-    )
-    service = build_service(args)
-    service.start()
+    service = _extender_service(apiserver)
     try:
         cache = service.extender.cache
         assert cache is not None
