@@ -81,7 +81,7 @@ def test_gpu_aware_keeps_the_cluster_packable_on_a_multi_gpu_mix(multi_gpu_trace
     bench = load_benchmark()
     rows = rows_by_policy(bench.run(range(42, 48), ("gpu-aware", "bestfit"),
                                     data=multi_gpu_trace))
-    aware, best, bound = rows["gpu-aware"], rows["bestfit"], rows["pooled bound"]
+    aware, best, bound = rows["gpu-aware"], rows["bestfit"], rows[bench.POOLED]
     for mark in ("100", "130"):
         assert aware[f"failed{mark}"].get(8, 0) <= best[f"failed{mark}"].get(8, 0), mark
         assert aware[f"alloc{mark}"] >= best[f"alloc{mark}"], mark
@@ -96,6 +96,6 @@ def test_firstfit_and_the_default_profile_are_replayed_too(multi_gpu_trace: Path
     bench = load_benchmark()
     rows = rows_by_policy(bench.run([42], ("gpu-aware-default-profile", "firstfit"),
                                     data=multi_gpu_trace, every=2))
-    assert set(rows) == {"pooled bound", "gpu-aware-default-profile", "firstfit"}
+    assert set(rows) == {bench.POOLED, "gpu-aware-default-profile", "firstfit"}
     table = bench.table(list(rows.values()))
     assert table.count("\n") == 4 and "| firstfit |" in table
