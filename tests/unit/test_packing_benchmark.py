@@ -99,3 +99,18 @@ def test_firstfit_and_the_default_profile_are_replayed_too(multi_gpu_trace: Path
     assert set(rows) == {bench.POOLED, "gpu-aware-default-profile", "firstfit"}
     table = bench.table(list(rows.values()))
     assert table.count("\n") == 4 and "| firstfit |" in table
+
+
+def test_quick_replay_of_the_openb_trace() -> None:
+    """``--quick`` on the real trace (``../shared/data/openb`` next to the checkout, or
+    ``$OPENB_DIR``; not in the repository: the Alibaba cluster-trace terms)."""
+    bench = load_benchmark()
+    if not (bench.DATA / "openb_pod_list_default.csv").is_file():
+        pytest.skip(f"the openb trace is not at {bench.DATA} (set OPENB_DIR)")
+    rows = rows_by_policy(bench.run([42, 43], ("gpu-aware", "bestfit"), every=8))
+    aware, best = rows["gpu-aware"], rows["bestfit"]
+    for mark in ("100", "130"):
+        assert aware[f"failed{mark}"].get(8, 0) <= best[f"failed{mark}"].get(8, 0), mark
+        assert aware[f"alloc{mark}"] > best[f"alloc{mark}"], mark
+    inside, placed = aware["inside"]
+    assert placed > 0 and inside / placed >= 0.99
