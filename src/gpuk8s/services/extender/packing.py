@@ -329,20 +329,25 @@ class NodeRoomInfo:
         return len(self.layout.topology), self.cpu_milli, self.memory_mib
 
 
-def _allocatable(obj: Mapping[str, Any] | None) -> tuple[int | None, int | None]:
+def _allocatable_raw(obj: Mapping[str, Any] | None) -> tuple[Any, Any]:
+    """The node's ``status.allocatable`` CPU and memory as the API wrote them."""
     status = obj.get("status") if isinstance(obj, Mapping) else None
     alloc = status.get("allocatable") if isinstance(status, Mapping) else None
     if not isinstance(alloc, Mapping):
         return None, None
-    cpu = quantity(alloc.get("cpu"))
-    mem = quantity(alloc.get("memory"))
+    return alloc.get("cpu"), alloc.get("memory")
+
+
+def _allocatable(raw: tuple[Any, Any]) -> tuple[int | None, int | None]:
+    cpu, mem = quantity(raw[0]), quantity(raw[1])
     return (
         int(cpu * 1000) if cpu is not None else None,
         int(mem / 2**20) if mem is not None else None,
     )
 
 
-_Seen = tuple[str | None, tuple[int | None, int | None]]  # devices annotation, allocatable
+# what a node's entry was built from: devices annotation, allocatable CPU and memory (raw)
+_Seen = tuple[Any, Any, Any]
 
 
 class NodeRooms(_Notifier):
@@ -387,19 +392,19 @@ class NodeRooms(_Notifier):
         self, found: Mapping[str, Any], node: Mapping[str, Any] | None
     ) -> tuple[_Seen, NodeRoomInfo | None]:
         devices = found.get(DEVICES_ANNOTATION)
-        seen: _Seen = (devices if isinstance(devices, str) else None, _allocatable(node))
-        parsed = self._parse(seen[0]) if seen[0] is not None else None
+        raw = _allocatable_raw(node)
+        seen: _Seen = (devices, *raw)
+        parsed = self._parse(devices) if isinstance(devices, str) else None
         if parsed is None:
             return seen, None
-        return seen, NodeRoomInfo(parsed[0], parsed[1], parsed[2], *seen[1])
+        return seen, NodeRoomInfo(parsed[0], parsed[1], parsed[2], *_allocatable(raw))
 
     def observe(
         self, name: str, found: Mapping[str, Any], node: Mapping[str, Any] | None
     ) -> None:
         """Take the node's device list (from its annotations ``found``) and allocatable
         resources (from the Node object ``node``); a no-op when neither changed."""
-        devices = found.get(DEVICES_ANNOTATION)
-        if self._seen.get(name) == (devices, _allocatable(node)):
+        if self._seen.get(name) == (found.get(DEVICES_ANNOTATION), *_allocatable_raw(node)):
             return
         seen, info = self._entry(found, node)
         with self._lock:
