@@ -9,7 +9,10 @@ honoured. Allocation = GPU requested by the placed pods ÷ capacity (milli-GPUs,
 paper counts), read when the *arrived* requests reach 100 % and 130 % of capacity.
 
 Whole-GPU mode: a pod asking for part of a GPU (``gpu_milli`` < 1000) takes a whole GPU
-(until GPU sharing exists) but counts its milli-GPUs, as in the paper's metric.
+(until GPU sharing exists) but counts its milli-GPUs, as in the paper's metric. A sharing
+mode belongs in ``Replay.place`` (book ``PodSpec.milli`` on the chosen GPUs instead of whole
+devices) and ``pod_object`` (the pod's fractional request); the metric, the protocol and
+the table stay as they are.
 
 Node shapes: 8-GPU nodes are the simulator's ``c500-8`` preset (two PCIe switches of
 four, MetaXLink inside each four), 4-GPU nodes one linked group of four, 2-GPU nodes a
