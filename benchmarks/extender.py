@@ -166,6 +166,7 @@ def assign(count: int, pool: list[dict[str, str]], seed: int) -> list[dict[str, 
 def serve(count: int, cache_mode: bool, seed: int, core: int) -> None:
     from gpuk8s.services.extender.logic import Extender
     from gpuk8s.services.extender.nodes import BoundPods, NodeCache
+    from gpuk8s.services.extender.packing import NodeRooms, RunningPods
     from gpuk8s.services.extender.server import ExtenderHTTPServer
     from gpuk8s.services.extender.weights import Weights, WeightSource
 
@@ -174,14 +175,24 @@ def serve(count: int, cache_mode: bool, seed: int, core: int) -> None:
     pool = annotation_pool(seed)
     annotations = assign(count, pool, seed)
     cache = None
+    rooms = NodeRooms()  # prioritize's view of the nodes (the node watch feeds both)
     if cache_mode:
         cache = NodeCache()
         cache.replace(zip(names, annotations, strict=True))
-    pods = BoundPods()
-    pods.replace(bound_pods(names, annotations, seed))
+        rooms.replace((n, a, None) for n, a in zip(names, annotations, strict=True))
+    pods, running = BoundPods(), RunningPods()
+    held = bound_pods(names, annotations, seed)
+    pods.replace(held)
+    running.replace((uid, node, (gpus, 0, 0)) for uid, node, gpus in held)
     server = ExtenderHTTPServer(
         ("127.0.0.1", 0),
-        Extender(WeightSource(None, Weights(1, 1)), cache=cache, pods=pods),
+        Extender(
+            WeightSource(None, Weights(1, 1)),
+            cache=cache,
+            pods=pods,
+            rooms=rooms,
+            running=running,
+        ),
         max_body=512 * 1024 * 1024,
     )
     print(server.port, flush=True)

@@ -123,6 +123,19 @@ options:
         description: The scheduler skips its own fit check for this resource.
         type: bool
         default: false
+  scheduler_profile:
+    description:
+      - Scheduler settings written next to the extender in O(config_path) (not into a
+        configuration file the administrator owns).
+      - C(packing) - C(percentageOfNodesToScore 100), so the extender ranks every
+        feasible node, and C(NodeResourcesFit) scoring C(MostAllocated) on
+        C(metax-tech.com/gpu) alone, so the scheduler's own scorers break the extender's
+        ties by filling GPU nodes instead of spreading GPU pods (pods without GPUs get no
+        score from it).
+      - C(none) - the scheduler's defaults.
+    type: str
+    choices: [packing, none]
+    default: packing
   kubernetes_version:
     description:
       - Kubernetes version of the control plane (C(v1.29.3), C(1.29)); picks the
@@ -299,6 +312,7 @@ def argument_spec():
                 ignored_by_scheduler=dict(type="bool", default=False),
             ),
         ),
+        scheduler_profile=dict(type="str", choices=list(schedconf.PROFILES), default="packing"),
         kubernetes_version=dict(type="str"),
         manifest_path=dict(type="path", default=schedconf.DEFAULT_MANIFEST),
         config_path=dict(type="path", default=schedconf.DEFAULT_CONFIG_PATH),
@@ -347,6 +361,7 @@ def request_from_params(params):
         kubernetes_version=params["kubernetes_version"],
         host_root=params["host_root"],
         managed_resources=tuple(r["name"] for r in params["managed_resources"]),
+        profile=params["scheduler_profile"],
     )
 
 

@@ -166,19 +166,7 @@ def test_extender_service_with_node_cache(
     apiserver: Any, names: list[str], c500: NodeInventory
 ) -> None:
     _create_nodes(apiserver, names, c500)
-    args = build_parser().parse_args(
-        [
-            "--port",
-            "0",
-            "--address",
-            "127.0.0.1",
-            "--node-cache",
-            "--kubeconfig",
-            apiserver.kubeconfig("gpu-aware"),
-        ]
-    )
-    service = build_service(args)
-    service.start()
+    service = _extender_service(apiserver)
     try:
         cache = service.extender.cache
         assert cache is not None
@@ -193,7 +181,7 @@ def test_extender_service_with_node_cache(
         status, result = _post(service, "prioritize", {"Pod": pod, "NodeNames": names})
         assert result == [
             {"Host": names[0], "Score": 10},
-            {"Host": names[1], "Score": 1},
+            {"Host": names[1], "Score": 9},
             {"Host": names[2], "Score": 0},
         ]
         # the pod holding the 2 allocated devices, then a 4-GPU pod just bound there:
@@ -245,30 +233,87 @@ def _gpu_node(
     )
 
 
-def test_real_kube_scheduler_places_a_4_gpu_pod_inside_one_link_group(
-    apiserver: Any, c500: NodeInventory, tmp_path: Any
-) -> None:
-    """kube-scheduler (the lab's build) + this extender (node cache, weight 500): a 4-GPU
-    pod lands on the node that still has a whole MetaXLink group of 4; the next one is
-    kept off that node because its GPUs are promised to the first (not yet allocated)."""
-    import os
-    import subprocess
+class Scheduler:
+    """The lab's kube-scheduler build against the test apiserver, with ``config``
+    (a KubeSchedulerConfiguration; clientConnection and leader election are set here)."""
 
-    scheduler_bin = apiserver.binary("kube-scheduler")
-    if scheduler_bin is None:
-        pytest.skip("needs kube-scheduler (lab/tools.sh kube)")
-    tag = uuid.uuid4().hex[:6]
-    whole, split = f"whole-{tag}", f"split-{tag}"
-    # the scheduler's own scoring prefers "split" (4x the CPU and memory left: the
-    # LeastAllocated and balance scores); only the extender's topology priority can
-    # move the pod to "whole"
-    _gpu_node(apiserver, split, tag, node_annotations(c500, allocated=[0, 4]), "256", "1Ti")
-    _gpu_node(apiserver, whole, tag, node_annotations(c500, allocated=[0, 1]), "64", "256Gi")
-    # the pods that hold the devices marked allocated above
-    core = apiserver.core()
-    for node_name in (whole, split):
-        core.create_namespaced_pod("default", _gpu_pod(f"{node_name}-holder", node_name, 2))
+    def __init__(self, apiserver: Any, tmp_path: Any, config: dict[str, Any]) -> None:
+        import subprocess
 
+        binary = apiserver.binary("kube-scheduler")
+        if binary is None:
+            pytest.skip("needs kube-scheduler (lab/tools.sh kube)")
+        config = {
+            **config,
+            "clientConnection": {"kubeconfig": apiserver.kubeconfig("admin")},
+            "leaderElection": {"leaderElect": False},
+        }
+        path = tmp_path / "scheduler.yaml"
+        path.write_text(json.dumps(config))
+        self.log_path = tmp_path / "scheduler.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [binary, f"--config={path}", "--secure-port=0", "-v=2"],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def place(self, core: Any, name: str, pool: str, gpus: int = 4) -> str:
+        """Create a pod for the nodes of ``pool``; the node it gets bound to."""
+        core.create_namespaced_pod(
+            "default",
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "nodeSelector": {"gpuk8s.test/pool": pool},
+                    # no controller-manager/kubelet here: the admission's not-ready
+                    # taint stays on the test nodes
+                    "tolerations": [
+                        {
+                            "key": "node.kubernetes.io/not-ready",
+                            "operator": "Exists",
+                            "effect": "NoSchedule",
+                        }
+                    ],
+                    "containers": [
+                        {
+                            "name": "m",
+                            "image": "registry.invalid/x:1",
+                            "resources": {
+                                "limits": {GPU: str(gpus), "cpu": "32", "memory": "128Gi"}
+                            },
+                        }
+                    ],
+                },
+            },
+        )
+        bound: list[str] = []
+
+        def is_bound() -> bool:
+            assert self.process.poll() is None, self.log_path.read_text()[-3000:]
+            node = core.read_namespaced_pod(name, "default").spec.node_name
+            if node:
+                bound.append(node)
+            return bool(node)
+
+        wait_for(is_bound, 90, f"{name} to be scheduled")
+        return bound[0]
+
+    def stop(self) -> None:
+        import os
+        import subprocess
+
+        self.process.terminate()
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self._log.close()
+        if os.environ.get("GPUK8S_KEEP_LOGS"):
+            print(self.log_path.read_text()[-5000:])
+
+
+def _extender_service(apiserver: Any) -> ExtenderService:
     args = build_parser().parse_args(
         [
             "--port",
@@ -284,14 +329,36 @@ def test_real_kube_scheduler_places_a_4_gpu_pod_inside_one_link_group(
     )
     service = build_service(args)
     service.start()
-    config = tmp_path / "scheduler.yaml"
-    config.write_text(
-        json.dumps(
+    return service
+
+
+def test_real_kube_scheduler_places_a_4_gpu_pod_inside_one_link_group(
+    apiserver: Any, c500: NodeInventory, tmp_path: Any
+) -> None:
+    """kube-scheduler (the lab's build) + this extender (node cache, weight 500): a 4-GPU
+    pod lands on the node that still has a whole MetaXLink group of 4; the next one is
+    kept off that node because its GPUs are promised to the first (not yet allocated)."""
+    tag = uuid.uuid4().hex[:6]
+    whole, split = f"whole-{tag}", f"split-{tag}"
+    # the scheduler's own scoring prefers "split" (4x the CPU and memory left: the
+    # LeastAllocated and balance scores); only the extender's topology priority can
+    # move the pod to "whole"
+    _gpu_node(apiserver, split, tag, node_annotations(c500, allocated=[0, 4]), "256", "1Ti")
+    _gpu_node(apiserver, whole, tag, node_annotations(c500, allocated=[0, 1]), "64", "256Gi")
+    # the pods that hold the devices marked allocated above
+    core = apiserver.core()
+    for node_name in (whole, split):
+        core.create_namespaced_pod("default", _gpu_pod(f"{node_name}-holder", node_name, 2))
+
+    service = _extender_service(apiserver)
+    scheduler = None
+    try:
+        scheduler = Scheduler(
+            apiserver,
+            tmp_path,
             {
                 "apiVersion": "kubescheduler.config.k8s.io/v1",
                 "kind": "KubeSchedulerConfiguration",
-                "clientConnection": {"kubeconfig": apiserver.kubeconfig("admin")},
-                "leaderElection": {"leaderElect": False},
                 "extenders": [
                     {
                         "urlPrefix": f"http://127.0.0.1:{service.port}",
@@ -305,16 +372,8 @@ def test_real_kube_scheduler_places_a_4_gpu_pod_inside_one_link_group(
                         "managedResources": [{"name": GPU, "ignoredByScheduler": False}],
                     }
                 ],
-            }
+            },
         )
-    )
-    log = open(tmp_path / "scheduler.log", "wb")  # noqa: SIM115 - closed below
-    scheduler = subprocess.Popen(
-        [scheduler_bin, f"--config={config}", "--secure-port=0", "-v=2"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
         cache = service.extender.cache
         assert cache is not None
         wait_for(
@@ -322,55 +381,72 @@ def test_real_kube_scheduler_places_a_4_gpu_pod_inside_one_link_group(
             30,
             "the extender's node cache",
         )
-
-        def place(name: str) -> str:
-            core.create_namespaced_pod(
-                "default",
-                {
-                    "metadata": {"name": name},
-                    "spec": {
-                        "nodeSelector": {"gpuk8s.test/pool": tag},
-                        # no controller-manager/kubelet here: the admission's not-ready
-                        # taint stays on the test nodes
-                        "tolerations": [
-                            {
-                                "key": "node.kubernetes.io/not-ready",
-                                "operator": "Exists",
-                                "effect": "NoSchedule",
-                            }
-                        ],
-                        "containers": [
-                            {
-                                "name": "m",
-                                "image": "registry.invalid/x:1",
-                                "resources": {"limits": {GPU: "4", "cpu": "32", "memory": "128Gi"}},
-                            }
-                        ],
-                    },
-                },
-            )
-            bound: list[str] = []
-
-            def is_bound() -> bool:
-                assert scheduler.poll() is None, (tmp_path / "scheduler.log").read_text()[-3000:]
-                node = core.read_namespaced_pod(name, "default").spec.node_name
-                if node:
-                    bound.append(node)
-                return bool(node)
-
-            wait_for(is_bound, 90, f"{name} to be scheduled")
-            return bound[0]
-
-        assert place(f"train-{tag}-1") == whole
+        assert scheduler.place(core, f"train-{tag}-1", tag) == whole
         # whole: 6 free devices, 4 promised to train-1 (bound, not allocated yet)
-        assert place(f"train-{tag}-2") == split
+        assert scheduler.place(core, f"train-{tag}-2", tag) == split
     finally:
-        scheduler.terminate()
-        try:
-            scheduler.wait(20)
-        except subprocess.TimeoutExpired:
-            scheduler.kill()
-        log.close()
+        if scheduler is not None:
+            scheduler.stop()
         service.close()
-        if os.environ.get("GPUK8S_KEEP_LOGS"):
-            print((tmp_path / "scheduler.log").read_text()[-5000:])
+
+
+def test_real_kube_scheduler_with_the_packing_profile_offers_every_feasible_node(
+    apiserver: Any, c500: NodeInventory, tmp_path: Any
+) -> None:
+    """The configuration the Ansible module writes (``schedconf.new_config``, profile
+    ``packing``) on the real kube-scheduler: with 150 feasible nodes the extender ranks
+    all of them (kube-scheduler's default profile offers only 100 at this size: the
+    node the extender would pick could be missing), and the 4-GPU pod gets the one node
+    with a whole MetaXLink group of four."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpuk8s.core import schedconf
+
+    tag = uuid.uuid4().hex[:6]
+    names = [f"pack-{tag}-{i:03d}" for i in range(150)]
+    whole = names[137]
+    split = node_annotations(c500, allocated=[0, 4])
+    with ThreadPoolExecutor(8) as pool:
+        list(
+            pool.map(
+                lambda n: _gpu_node(
+                    apiserver,
+                    n,
+                    tag,
+                    node_annotations(c500, allocated=[0, 1]) if n == whole else split,
+                    "64",
+                    "256Gi",
+                ),
+                names,
+            )
+        )
+    service = _extender_service(apiserver)
+    offered: list[int] = []
+    handle = service.extender.handle
+
+    def recording(verb: str, body: bytes) -> Any:
+        if verb == "prioritize":
+            offered.append(len(json.loads(body)["NodeNames"]))
+        return handle(verb, body)
+
+    service.extender.handle = recording  # type: ignore[method-assign]
+    scheduler = None
+    try:
+        spec = schedconf.ExtenderSpec(
+            f"http://127.0.0.1:{service.port}",
+            node_cache_capable=True,
+            http_timeout="10s",
+            managed_resources=(schedconf.ManagedResource(GPU),),
+        )
+        config = schedconf.new_config(spec, schedconf.api_version_for("v1.35.4"))
+        assert config["percentageOfNodesToScore"] == 100
+        scheduler = Scheduler(apiserver, tmp_path, config)
+        cache = service.extender.cache
+        assert cache is not None
+        wait_for(lambda: all(cache.get(n) is not None for n in names), 60, "node cache")
+        assert scheduler.place(apiserver.core(), f"pack-{tag}", tag) == whole
+        assert offered and offered[-1] == len(names)
+    finally:
+        if scheduler is not None:
+            scheduler.stop()
+        service.close()

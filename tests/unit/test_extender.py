@@ -23,12 +23,17 @@ from gpuk8s.core.model import NodeInventory
 from gpuk8s.core.scoring import (
     LOSSES_ANNOTATION,
     SCORES_ANNOTATION,
+    NodeRoom,
+    fragmentation,
+    mix_with_prior,
+    placement_loss,
     tables_as_annotations,
     topology_tables,
 )
 from gpuk8s.core.topology import Topology, units_for_inventory
-from gpuk8s.services.extender.logic import Extender, normalise
+from gpuk8s.services.extender.logic import Extender
 from gpuk8s.services.extender.nodes import BoundPods, NodeCache, parse_node_state
+from gpuk8s.services.extender.packing import MISSING, NodeRooms, Ranker, rank_scores
 from gpuk8s.services.extender.weights import Weights, WeightSource
 from gpuk8s.services.extender.wire import BadRequest, parse_args, pod_request
 
@@ -99,8 +104,32 @@ def call(ext: Extender, verb: str, payload: Any) -> tuple[int, Any]:
 
 
 def make_extender(tmp_path: Path | None = None, *, score: float = 1, loss: float = 1,
-                  cache: NodeCache | None = None, pods: BoundPods | None = None) -> Extender:
-    return Extender(WeightSource(None, Weights(score, loss)), cache=cache, pods=pods)
+                  cache: NodeCache | None = None, pods: BoundPods | None = None,
+                  rooms: NodeRooms | None = None) -> Extender:
+    return Extender(WeightSource(None, Weights(score, loss)), cache=cache, pods=pods,
+                    rooms=rooms)
+
+
+class Watched:
+    """A node cache and the ranker's node rooms fed with the same node events, as the
+    node watch feeds them."""
+
+    def __init__(self) -> None:
+        self.cache = NodeCache()
+        self.rooms = NodeRooms()
+
+    def replace(self, items: Iterable[tuple[str, dict[str, str]]]) -> None:
+        items = list(items)
+        self.cache.replace(items)
+        self.rooms.replace((name, annotations, None) for name, annotations in items)
+
+    def upsert(self, name: str, annotations: dict[str, str]) -> None:
+        self.cache.upsert(name, annotations)
+        self.rooms.observe(name, annotations, None)
+
+    def delete(self, name: str) -> None:
+        self.cache.delete(name)
+        self.rooms.forget(name)
 
 
 C500 = topologies.c500_8()  # two PCIe switches x 4, MetaXLink inside each four
@@ -270,7 +299,7 @@ def test_prioritize_prefers_the_node_with_a_whole_link_group() -> None:
         node("split", split), node("whole", whole), node("nodata")]}})
     assert status == 200
     scores = {h["Host"]: h["Score"] for h in result}
-    assert scores == {"whole": 10, "split": 1, "nodata": 0}
+    assert scores == {"whole": 10, "split": 9, "nodata": 0}
     assert [h["Host"] for h in result] == ["split", "whole", "nodata"]  # request order
 
 
@@ -286,40 +315,69 @@ def test_prioritize_weights_trade_speed_against_damage() -> None:
     assert state_f.losses[2] > state_l.losses[2]
     scores = {h["Host"]: h["Score"] for h in call(make_extender(score=1, loss=1),
                                                    "prioritize", {"Pod": pod(2), **items})[1]}
-    assert scores == {"fresh": 1, "leftover": 10}
+    assert scores == {"fresh": 9, "leftover": 10}
     # with lossWeight 0 only speed counts: a tie, both get the top score
     scores = {h["Host"]: h["Score"] for h in call(make_extender(score=1, loss=0),
                                                    "prioritize", {"Pod": pod(2), **items})[1]}
     assert scores == {"fresh": 10, "leftover": 10}
 
 
-def test_normalise_is_min_max_onto_1_to_10() -> None:
-    assert normalise({}) == {}
-    assert normalise({"a": 5.0}) == {"a": 10}
-    assert normalise({"a": -40.0, "b": 60.0, "c": 10.0}) == {"a": 1, "b": 10, "c": 6}
+def test_rank_scores_give_every_distinct_value_its_own_step() -> None:
+    assert rank_scores([]) == []
+    assert rank_scores([5.0]) == [10]
+    # a min-max spread would give 10, 10, 1 here: the two near-equal leaders collapse
+    assert rank_scores([100.0, 99.9, -400.0]) == [10, 9, 8]
+    assert rank_scores([3.0, MISSING, 3.0, 2.0]) == [10, 0, 10, 9]
+    assert rank_scores([float(v) for v in range(12)]) == [1, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 
 
 def test_worked_example_of_the_docs() -> None:
-    """The README's worked example of the weights, from real tables: a 4-GPU pod, four nodes."""
+    """The README's worked example, through the extender: a 4-GPU pod, five nodes, the
+    prior mix (no pods running yet), CPU and memory not known."""
+    four = topologies.build(4, switch_of=[0] * 4, numa_of=[0] * 4, link_groups=[[0, 1, 2, 3]])
     nodes = [
+        node("S", node_annotations(four)),  # 4 linked GPUs, all free
         node("A", node_annotations(C500, allocated=[0, 1])),  # a whole MetaXLink 4 left
         node("F", node_annotations(topologies.c550_8())),  # 8 linked GPUs, all free
         node("E", node_annotations(topologies.pcie_only_8())),  # no links, 2 per switch
         node("B", node_annotations(C500, allocated=[0, 4])),  # both groups already broken
     ]
-    tables = {n["metadata"]["name"]: parse_node_state("x", n["metadata"]["annotations"])
-              for n in nodes}
-    assert {k: (v.scores[4], v.losses[4]) for k, v in tables.items()} == {
-        "A": (100, 0), "F": (100, 50), "E": (30, 0), "B": (10, 0)}
+    rooms = NodeRooms()
+    mix = mix_with_prior({})
+    table = {}
+    for item in nodes:
+        name = item["metadata"]["name"]
+        rooms.observe(name, item["metadata"]["annotations"], item)
+        info = rooms.get(name)
+        assert info is not None
+        score, after = rooms.after(info, 4)
+        before_room, after_room = NodeRoom(info.usable), NodeRoom(after)
+        table[name] = (
+            score,
+            round(fragmentation(before_room, mix), 2),
+            round(fragmentation(after_room, mix), 2),
+            round(placement_loss(before_room, after_room, mix, info.capacity), 2),
+        )
+    assert table == {
+        "S": (100, 1.0, 0.0, -0.92),
+        "A": (100, 2.0, 1.0, -0.8),
+        "F": (100, 0.0, 1.0, 1.24),
+        "E": (30, 0.0, 1.0, 1.24),
+        "B": (10, 3.5, 1.0, -2.3),
+    }
     request = {"Pod": pod(4), "Nodes": {"items": nodes}}
     expected = {
-        (1, 1): {"A": 10, "F": 5, "E": 3, "B": 1},
-        (1, 0): {"A": 10, "F": 10, "E": 3, "B": 1},
-        (1, 3): {"A": 10, "F": 1, "E": 6, "B": 5},
+        (1, 1): {"S": 10, "A": 9, "F": 8, "E": 6, "B": 7},
+        (1, 0): {"S": 10, "A": 10, "F": 10, "E": 9, "B": 8},
+        (0, 1): {"S": 9, "A": 8, "F": 7, "E": 7, "B": 10},
+        (1, 3): {"S": 10, "A": 9, "F": 7, "E": 6, "B": 8},
     }
     for (score_w, loss_w), want in expected.items():
-        got = call(make_extender(score=score_w, loss=loss_w), "prioritize", request)[1]
+        ext = make_extender(score=score_w, loss=loss_w)
+        got = call(ext, "prioritize", request)[1]
         assert {h["Host"]: h["Score"] for h in got} == want, (score_w, loss_w)
+        raw = ext.ranker.raw((score_w, loss_w), (4, 0, 0), list(want))
+        assert raw == [round(score_w * t[0] - loss_w * 10 * t[3], 9) for t in table.values()]
 
 
 # -- weights --------------------------------------------------------------------------
@@ -366,7 +424,7 @@ def test_weights_change_prioritize_live(tmp_path: Path) -> None:
     ext = Extender(WeightSource(str(tmp_path), clock=clock))
     items = {"Nodes": {"items": [node("fresh", node_annotations(C500)),
                                  node("leftover", node_annotations(C500, allocated=[0, 1]))]}}
-    assert call(ext, "prioritize", {"Pod": pod(2), **items})[1][0]["Score"] == 1
+    assert call(ext, "prioritize", {"Pod": pod(2), **items})[1][0]["Score"] == 9
     _write(tmp_path / "lossWeight", "0", 1)
     clock.now = 10
     assert call(ext, "prioritize", {"Pod": pod(2), **items})[1][0]["Score"] == 10
@@ -411,15 +469,17 @@ def test_cache_indexes_agree_with_the_plain_computation() -> None:
                 for shape in shapes for _ in range(6)]
     variants += [{}, {DEVICES_ANNOTATION: "broken"}]
     names = [f"n{i}" for i in range(40)]
-    cache, pods = NodeCache(), BoundPods()
-    cache.replace((n, rng.choice(variants)) for n in names[:30])
+    watched, pods = Watched(), BoundPods()
+    cache = watched.cache
+    watched.replace((n, rng.choice(variants)) for n in names[:30])
     pods.replace((f"p{i}", rng.choice(names), rng.randint(1, 4)) for i in range(25))
-    fast = Extender(WeightSource(None, Weights(1, 2)), cache=cache, pods=pods)
+    fast = Extender(WeightSource(None, Weights(1, 2)), cache=cache, pods=pods,
+                    rooms=watched.rooms)
     for step in range(60):
         if step % 3 == 0:
-            cache.upsert(rng.choice(names), rng.choice(variants))
+            watched.upsert(rng.choice(names), rng.choice(variants))
         elif step % 7 == 0:
-            cache.delete(rng.choice(names))
+            watched.delete(rng.choice(names))
         elif step % 5 == 0:  # a pod bound, moved or gone: promises change
             pods.set(f"p{rng.randrange(30)}", rng.choice([*names, None]), rng.randint(0, 4))
         elif step % 11 == 0:
@@ -436,22 +496,19 @@ def test_cache_indexes_agree_with_the_plain_computation() -> None:
         encoded = fast.filter_json(args)
         assert json.loads(encoded) == plain
         assert encoded == json.dumps(fast.filter(args), separators=(",", ":")).encode()
-        # prioritize: the cached raw table against the per-node states
-        snapshot = cache.snapshot()
-        expected = {n: snapshot[n].raw_priorities((1.0, 2.0)).get(need) for n in offered
-                    if n in snapshot}
-        table = cache.raw_priorities((1.0, 2.0), need)
-        assert {n: table.get(n) for n in offered if n in snapshot} == expected
+        # prioritize: the ranker's cached priorities against a ranker that starts from
+        # nothing over the same nodes
+        expected = Ranker(watched.rooms, None).raw((1.0, 2.0), (need, 0, 0), offered)
+        assert fast.ranker.raw((1.0, 2.0), (need, 0, 0), offered) == expected
         got = dict(zip(*fast.priorities(args), strict=True))
-        want = normalise({n: v for n, v in expected.items() if v is not None})
-        assert got == {n: want.get(n, 0) for n in offered}
+        assert got == dict(zip(offered, rank_scores(expected), strict=True))
 
 
 def test_cached_answers_follow_node_and_pod_events() -> None:
     """Nothing precomputed (verdicts, pre-encoded reasons, raw priorities, promised
     GPUs) outlives the event that changes it: each event changes the next answer."""
-    cache, pods = NodeCache(), BoundPods()
-    ext = make_extender(cache=cache, pods=pods)
+    cache, pods = Watched(), BoundPods()
+    ext = make_extender(cache=cache.cache, pods=pods, rooms=cache.rooms)
     free = node_annotations(C500)
     cache.replace([("n1", free), ("n2", free)])
     pods.replace([])
@@ -476,7 +533,7 @@ def test_cached_answers_follow_node_and_pod_events() -> None:
     cache.upsert("n1", node_annotations(C500, allocated=[0, 4]))
     result, prio = answer()
     assert result["NodeNames"] == ["n1", "n2"]
-    assert prio == [{"Host": "n1", "Score": 1}, {"Host": "n2", "Score": 10}]
+    assert prio == [{"Host": "n1", "Score": 9}, {"Host": "n2", "Score": 10}]
     # a pod bound to n2 and not started: its 3 GPUs are promised, n2 (6 free) fails
     pods.set("new", "n2", 1 + 1 + 3)  # the 2 allocated devices' pods plus the new one
     result = answer()[0]
@@ -504,19 +561,18 @@ def test_cached_answers_follow_node_and_pod_events() -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(min_value=-300, max_value=300) | st.none(), max_size=30))
-def test_normalise_list_is_exact_half_up_min_max(values: list[int | None]) -> None:
-    from fractions import Fraction
-
-    from gpuk8s.services.extender.logic import MISSING, normalise_list
-
+def test_rank_scores_order_the_values(values: list[int | None]) -> None:
     raw = [MISSING if v is None else float(v) for v in values]
-    present = [v for v in values if v is not None]
-    got = normalise_list(raw)
+    got = rank_scores(raw)
+    distinct = sorted({v for v in values if v is not None}, reverse=True)
     for v, score in zip(values, got, strict=True):
         if v is None:
             assert score == 0
-        elif max(present) == min(present):
-            assert score == 10
         else:
-            exact = Fraction(9 * (v - min(present)), max(present) - min(present)) + Fraction(1, 2)
-            assert score == 1 + int(exact)  # floor: half-up rounding
+            assert score == max(10 - distinct.index(v), 1)
+    # never inverts an order, and only the top value gets 10
+    for a, sa in zip(raw, got, strict=True):
+        for b, sb in zip(raw, got, strict=True):
+            if a > b:
+                assert sa >= sb
+    assert (10 in got) == bool(distinct)

@@ -69,7 +69,7 @@ def test_filter_and_prioritize_over_keep_alive(server: ExtenderHTTPServer) -> No
     status, result, _ = request(server, "POST", "/prioritize",
                                 {"Pod": pod(4), "Nodes": items}, conn=conn)
     assert status == 200 and result == [{"Host": "whole", "Score": 10},
-                                        {"Host": "split", "Score": 1}]
+                                        {"Host": "split", "Score": 9}]
     conn.close()
 
 
@@ -231,8 +231,10 @@ def test_service_with_injected_watch_loops(tmp_path: Path) -> None:
     def node_watch(stop: threading.Event) -> None:
         cache = service.extender.cache
         assert cache is not None
-        cache.replace([("n1", node_annotations(C500, allocated=[0, 1])),
-                       ("n2", node_annotations(C500, allocated=[0, 4]))])
+        nodes = [("n1", node_annotations(C500, allocated=[0, 1])),
+                 ("n2", node_annotations(C500, allocated=[0, 4]))]
+        cache.replace(nodes)
+        service.extender.rooms.replace((name, found, None) for name, found in nodes)
         fed.set()
         stop.wait()
 
@@ -241,6 +243,9 @@ def test_service_with_injected_watch_loops(tmp_path: Path) -> None:
         assert pods is not None
         # "a" holds the 2 allocated devices; "p" is bound but not yet allocated: 6 - 4 free
         pods.replace([("a", "n1", 2), ("p", "n1", 4)])
+        running = service.extender.running
+        assert running is not None
+        running.replace([("a", "n1", (2, 0, 0)), ("p", "n1", (4, 0, 0))])
         pods_fed.set()
         stop.wait()
 
@@ -257,7 +262,7 @@ def test_service_with_injected_watch_loops(tmp_path: Path) -> None:
         assert "4 promised" in result["FailedNodes"]["n1"]
         status, result, _ = request(srv, "POST", "/prioritize",
                                     {"Pod": pod(4), "NodeNames": ["n1", "n2"]})
-        assert result == [{"Host": "n1", "Score": 10}, {"Host": "n2", "Score": 1}]
+        assert result == [{"Host": "n1", "Score": 10}, {"Host": "n2", "Score": 9}]
     finally:
         service.close()
     assert service.stopping.is_set()

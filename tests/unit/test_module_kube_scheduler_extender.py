@@ -17,6 +17,7 @@ import pytest
 
 from gpuk8s.ansible import schedfiles
 from gpuk8s.ansible.harness import run_module
+from gpuk8s.core import schedconf
 from gpuk8s.core.errors import ManifestError
 from gpuk8s.core.schedconf import ANNOTATION
 
@@ -250,6 +251,29 @@ def test_existing_config_gets_our_extender_appended(root: Path) -> None:
     assert removed["changed"]
     assert theirs.read_text() == FOREIGN
     assert (root / MANIFEST).read_bytes() == manifest
+
+
+def test_scheduler_profile_is_written_with_our_extender_only(root: Path) -> None:
+    assert not run(root).get("failed")
+    config = schedfiles.read(str(root / CONFIG)).data
+    assert config["percentageOfNodesToScore"] == 100
+    assert config["profiles"][0]["pluginConfig"][0]["name"] == "NodeResourcesFit"
+    switched = run(root, scheduler_profile="none")
+    assert switched["changed"] and not switched["manifest_changed"]
+    assert "profiles" not in schedfiles.read(str(root / CONFIG)).data
+    assert run(root, scheduler_profile="spread")["failed"]
+    # a configuration file the administrator owns keeps its own profile, with a warning
+    fresh = root.parent / "other"
+    shutil.copytree(root.parent / "host", fresh)
+    shutil.rmtree(fresh / "etc/metax")
+    run(fresh, state="absent")
+    with_foreign_config(fresh)
+    plan = schedfiles.plan(schedfiles.Request(
+        state="present", spec=schedconf.ExtenderSpec(URL), url_prefix=URL, host_root=str(fresh)))
+    assert any("scheduler_profile packing" in w for w in plan.warnings)
+    appended = run(fresh)
+    assert appended["mode"] == "appended"
+    assert "profiles" not in schedfiles.read(str(fresh / "srv/sched/config.yaml")).data
 
 
 def test_absent_in_foreign_config_needs_url_prefix(root: Path) -> None:

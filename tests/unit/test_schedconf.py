@@ -88,6 +88,21 @@ def test_defaults_render_spec_section_7() -> None:
     sc.check_config(config, "x")
 
 
+def test_packing_profile_lets_the_extender_rank_every_feasible_node() -> None:
+    config = sc.new_config(sc.ExtenderSpec(URL), sc.api_version_for("1.35"))
+    assert config["percentageOfNodesToScore"] == 100
+    (profile,) = config["profiles"]
+    assert profile["schedulerName"] == "default-scheduler"
+    (fit,) = profile["pluginConfig"]
+    assert fit == {"name": "NodeResourcesFit", "args": {"scoringStrategy": {
+        "type": "MostAllocated", "resources": [{"name": "metax-tech.com/gpu", "weight": 1}]}}}
+    plain = sc.new_config(sc.ExtenderSpec(URL), sc.api_version_for("1.35"), profile="none")
+    assert "profiles" not in plain and "percentageOfNodesToScore" not in plain
+    assert plain["extenders"] == config["extenders"]
+    with pytest.raises(ConfigError, match="scheduler_profile"):
+        sc.new_config(sc.ExtenderSpec(URL), sc.api_version_for("1.35"), profile="spread")
+
+
 def test_second_manual_variant_renders_every_field() -> None:
     spec = sc.ExtenderSpec(
         "https://10.96.0.1/api/v1/namespaces/ns/services/gpu-aware:8080/proxy",

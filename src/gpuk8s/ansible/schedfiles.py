@@ -138,6 +138,7 @@ class Request:
     # resource names of our extender: with state=absent, they find it in the
     # administrator's file when neither url_prefix nor the manifest's marker names it
     managed_resources: tuple[str, ...] = ()
+    profile: str = "packing"  # schedconf.PROFILES; only in the file we own
 
 
 def under_root(root: str, path: str) -> str:
@@ -191,6 +192,12 @@ def plan(request: Request) -> Plan:
         assert existing is not None
         result.mode = "appended"
         result.config_path = existing
+        if request.state == "present" and request.profile != "none":
+            result.warnings.append(
+                f"scheduler_profile {request.profile} is not written into {existing} (the "
+                "administrator's file): add its settings there yourself "
+                "(see core/schedconf.py packing_profile)"
+            )
         host = schedconf.host_path_of(manifest.data, existing) or existing
         _plan_foreign(request, manifest.data, host, result)
     elif request.state == "present":
@@ -198,7 +205,9 @@ def plan(request: Request) -> Plan:
         result.api_version = checked_api_version(request, manifest.data)
         config_file = under_root(root, request.config_path)
         current = read(config_file)
-        wanted = schedconf.new_config(request.spec, result.api_version, request.kubeconfig)
+        wanted = schedconf.new_config(
+            request.spec, result.api_version, request.kubeconfig, request.profile
+        )
         text = current.text or ""
         if current.data != wanted:
             text = fresh(config_file, wanted).render()

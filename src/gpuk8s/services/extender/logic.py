@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import filterfalse, repeat
@@ -31,6 +30,7 @@ from .nodes import (
     short_reason,
     unresolvable_reason,
 )
+from .packing import NodeRooms, Ranker, RunningPods, pod_resources, rank_scores
 from .weights import Weights, WeightSource
 from .wire import (
     MAX_EXTENDER_PRIORITY,
@@ -106,48 +106,6 @@ class Response:
     content_type: str = "application/json"
 
 
-MISSING = float("-inf")  # "no table for this request size": scores 0
-
-
-def _thresholds(present: Iterable[float]) -> list[float] | None:
-    """Cut points so that ``bisect_right(cuts, raw)`` is the 0..10 score: 0 for MISSING,
-    1 + round-half-up(9·(raw − min)/(max − min)) otherwise, 10 for all on a tie."""
-    values = list(present)
-    if not values:
-        return None
-    low, high = min(values), max(values)
-    if high - low < 1e-9:
-        return [low - 1.0] * MAX_EXTENDER_PRIORITY  # any value present -> 10
-    span = high - low
-    slack = span * 1e-9  # exact halves round up despite float error in the cut
-    steps = 2 * (MAX_EXTENDER_PRIORITY - 1)
-    cuts = [low - slack]
-    cuts += [low + (2 * k - 1) * span / steps - slack for k in range(1, MAX_EXTENDER_PRIORITY)]
-    return cuts
-
-
-def normalise_list(raw: list[float]) -> list[int]:
-    """Raw priorities (MISSING: no data) to extender scores 0..10, same order."""
-    cuts = _thresholds(filter(MISSING.__ne__, raw))  # C-level
-    if cuts is None:
-        return [0] * len(raw)
-    return list(map(bisect_right, repeat(cuts), raw))  # C-level loop
-
-
-def _score_tails(raw: list[float]) -> dict[float, str]:
-    """Raw priority -> its ``Score`` tail (``"7}"``), for the distinct values of ``raw``:
-    ``normalise_list`` on the (usually few) distinct values, not on every node."""
-    distinct = set(raw)
-    distinct.discard(MISSING)
-    tails = {MISSING: _SCORE_TAIL[0]}
-    cuts = _thresholds(distinct)
-    if cuts is not None:
-        values = list(distinct)
-        scores = map(bisect_right, repeat(cuts), values)  # C-level loop
-        tails.update(zip(values, map(_SCORE_TAIL.__getitem__, scores), strict=True))
-    return tails
-
-
 def _encoded(
     cache: dict[str, Any], names: list[str], make: Callable[[str], Any]
 ) -> list[Any]:
@@ -173,12 +131,6 @@ def _members(members: list[str]) -> dict[str, str]:
     return result
 
 
-def normalise(raw: dict[str, float]) -> dict[str, int]:
-    """Raw priorities to 1..10 (min-max over the nodes that have data; all 10 on a tie)."""
-    names = list(raw)
-    return dict(zip(names, normalise_list([raw[n] for n in names]), strict=True))
-
-
 class Extender:
     """Filter and prioritize over either full nodes (request) or the node cache."""
 
@@ -188,10 +140,18 @@ class Extender:
         cache: NodeCache | None = None,
         pods: BoundPods | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        rooms: NodeRooms | None = None,
+        running: RunningPods | None = None,
     ) -> None:
         self.weights = weights
         self.cache = cache
         self.pods = pods
+        # prioritize: the nodes' rooms (node watch with the cache, else the request's
+        # Node objects) and the running pods (pod watch; None: CPU, memory and the mix
+        # beyond the prior are unknown)
+        self.rooms = rooms if rooms is not None else NodeRooms()
+        self.running = running
+        self.ranker = Ranker(self.rooms, running)
         self.memo = StateMemo()
         self.promises = Promises(cache, pods) if cache is not None and pods is not None else None
         self._host_heads: dict[str, str] = {}  # name -> '{"Host":"name","Score":'
@@ -388,30 +348,26 @@ class Extender:
         """(names, raw priorities, MISSING where no data) in request order; raw is None
         when the pod asks for no GPUs (every score 0)."""
         need = args.gpus
+        if args.nodes is not None:
+            names = [n.name for n in args.nodes]
+        else:
+            names = list(args.node_names or [])
         if need == 0:
-            names = (
-                [n.name for n in args.nodes]
-                if args.nodes is not None
-                else list(args.node_names or [])
-            )
             return names, None
+        if args.nodes is not None:
+            rooms = self.rooms
+            for item in args.nodes:  # nodeCacheCapable: false -- the request has them
+                rooms.observe(item.name, item.annotations, item.raw)
+        else:
+            self._candidates(args)  # the cache must be synced (else: not ready)
         weights: Weights = self.weights.current()
-        key = (weights.score, weights.loss)
-        if args.nodes is None and self.cache is not None and self.cache.synced:
-            names = args.node_names or []
-            table = self.cache.raw_priorities(key, need)
-            return names, list(map(table.get, names, repeat(MISSING)))  # C-level lookups
-        names, states = self._candidates(args)
-        raw = []
-        for state in states:
-            value = state.raw_priorities(key).get(need) if state is not None else None
-            raw.append(MISSING if value is None else value)
-        return names, raw
+        cpu, memory = pod_resources(args.pod)
+        return names, self.ranker.raw((weights.score, weights.loss), (need, cpu, memory), names)
 
     def priorities(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
         """(names, scores 0..10) in request order."""
         names, raw = self._raw(args)
-        return names, [0] * len(names) if raw is None else normalise_list(raw)
+        return names, [0] * len(names) if raw is None else rank_scores(raw)
 
     def prioritize(self, args: ExtenderArgs) -> bytes:
         """The HostPriorityList, encoded by hand from cached pieces (no json.dumps)."""
@@ -422,7 +378,7 @@ class Extender:
         if raw is None:
             parts = map(add, heads, repeat(_SCORE_TAIL[0]))
         else:
-            parts = map(add, heads, map(_score_tails(raw).__getitem__, raw))
+            parts = map(add, heads, map(_SCORE_TAIL.__getitem__, rank_scores(raw)))
         return "".join(("[", ",".join(parts), "]")).encode()
 
     # -- protocol -------------------------------------------------------------

@@ -3,11 +3,14 @@
     gpuk8s serve extender --port 8080 [--address 0.0.0.0] [--node-cache]
                           [--no-pod-watch] [--config-dir /etc/gpu-aware]
                           [--score-weight 1] [--loss-weight 1] [--max-body-mib 64]
+                          [--pod-mix-prior 1=1,2=1,4=1,8=1] [--pod-mix-prior-gpus 64]
                           [--kubeconfig PATH] [log options]
 
 ``--node-cache`` keeps a watch on nodes so the scheduler can be configured with
 ``nodeCacheCapable: true``. The bound-pod watch (on unless ``--no-pod-watch``)
-subtracts GPUs promised to pods that are bound but not yet allocated.
+subtracts GPUs promised to pods that are bound but not yet allocated, and feeds the
+ranking with the CPU and memory in use per node and the pod mix (shapes of the running
+GPU pods, blended with ``--pod-mix-prior``).
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ import threading
 from collections.abc import Sequence
 
 from ...core.errors import ConfigError, GpuK8sError
+from ...core.scoring import DEFAULT_PRIOR, DEFAULT_PRIOR_GPUS
 from ..kube import api_client
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
 from .logic import Extender
 from .nodes import BoundPods, NodeCache
+from .packing import NodeRooms, RunningPods, parse_prior
 from .server import ExtenderHTTPServer
 from .watch import WatchLoop, node_watch_loop, pod_watch_loop
 from .weights import Weights, WeightSource, parse_weight
@@ -60,6 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--loss-weight", default="1", help="lossWeight when the ConfigMap has none (default 1)"
+    )
+    parser.add_argument(
+        "--pod-mix-prior",
+        default=",".join(f"{k}={v:g}" for k, v in DEFAULT_PRIOR.items()),
+        help="prior pod mix: request size = share of requested GPUs, comma-separated "
+        "(default %(default)s: every size alike)",
+    )
+    parser.add_argument(
+        "--pod-mix-prior-gpus",
+        default=f"{DEFAULT_PRIOR_GPUS:g}",
+        help="how many requested GPUs the prior counts as next to the running pods' "
+        "(default %(default)s; 0: learned mix only)",
     )
     parser.add_argument(
         "--max-body-mib",
@@ -128,18 +145,22 @@ def build_service(
         parse_weight(args.loss_weight, "--loss-weight"),
     )
     weights = WeightSource(args.config_dir, defaults)
+    prior = parse_prior(args.pod_mix_prior)
+    prior_gpus = parse_weight(args.pod_mix_prior_gpus, "--pod-mix-prior-gpus")
     cache = NodeCache() if args.node_cache else None
     pods = BoundPods() if args.pod_watch else None
-    extender = Extender(weights, cache=cache, pods=pods)
+    running = RunningPods(prior, prior_gpus) if args.pod_watch else None
+    rooms = NodeRooms()
+    extender = Extender(weights, cache=cache, pods=pods, rooms=rooms, running=running)
     needs_api = (cache is not None and node_watch is None) or (
         pods is not None and pod_watch is None
     )
     client = api_client(args.kubeconfig) if needs_api else None
     loops: list[tuple[str, WatchLoop]] = []
     if cache is not None:
-        loops.append(("node-watch", node_watch or node_watch_loop(client, cache)))
+        loops.append(("node-watch", node_watch or node_watch_loop(client, cache, rooms)))
     if pods is not None:
-        loops.append(("pod-watch", pod_watch or pod_watch_loop(client, pods)))
+        loops.append(("pod-watch", pod_watch or pod_watch_loop(client, pods, running)))
     try:
         server = ExtenderHTTPServer(
             (args.address, args.port), extender, max_body=int(args.max_body_mib * 1024 * 1024)

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..kube import TemporaryApiError, classify
 from .nodes import BoundPods, NodeCache
+from .packing import NodeRooms, RunningPods, node_room_fields, running_fields
 from .wire import READ_ANNOTATIONS, BadRequest, pod_request
 
 log = logging.getLogger("gpuk8s.extender")
@@ -121,13 +122,18 @@ def _node_fields(obj: dict[str, Any]) -> tuple[str, dict[str, str]]:
     return str(meta.get("name", "")), ours
 
 
-def node_watch_loop(api_client: Any, cache: NodeCache) -> WatchLoop:
+def node_watch_loop(
+    api_client: Any, cache: NodeCache, rooms: NodeRooms | None = None
+) -> WatchLoop:
+    """Nodes into the cache (filter) and, when given, into ``rooms`` (prioritize)."""
     from kubernetes import client
 
     core = client.CoreV1Api(api_client)
 
     def on_list(items: list[dict[str, Any]]) -> None:
         cache.replace(_node_fields(item) for item in items)
+        if rooms is not None:
+            rooms.replace(node_room_fields(item) for item in items)
         log.info("node cache synced", extra={"nodes": len(cache)})
 
     def on_event(kind: str, obj: dict[str, Any]) -> None:
@@ -136,6 +142,11 @@ def node_watch_loop(api_client: Any, cache: NodeCache) -> WatchLoop:
             cache.delete(name)
         else:
             cache.upsert(name, annotations)
+        if rooms is not None:
+            if kind == "DELETED":
+                rooms.forget(name)
+            else:
+                rooms.observe(*node_room_fields(obj))
 
     def run(stop: threading.Event) -> None:
         list_watch(core.list_node, on_list, on_event, stop, "nodes")
@@ -159,13 +170,19 @@ def pod_fields(obj: dict[str, Any]) -> tuple[str, str | None, int]:
     return uid, node, gpus
 
 
-def pod_watch_loop(api_client: Any, pods: BoundPods) -> WatchLoop:
+def pod_watch_loop(
+    api_client: Any, pods: BoundPods, running: RunningPods | None = None
+) -> WatchLoop:
+    """Bound pods into the GPU promise tracker and, when given, into ``running`` (CPU
+    and memory per node, the pod mix)."""
     from kubernetes import client
 
     core = client.CoreV1Api(api_client)
 
     def on_list(items: list[dict[str, Any]]) -> None:
         pods.replace(pod_fields(item) for item in items)
+        if running is not None:
+            running.replace(running_fields(item) for item in items)
         log.info("bound GPU pods synced", extra={"pods": len(pods)})
 
     def on_event(kind: str, obj: dict[str, Any]) -> None:
@@ -174,6 +191,11 @@ def pod_watch_loop(api_client: Any, pods: BoundPods) -> WatchLoop:
             pods.forget(uid)
         else:
             pods.set(uid, node, gpus)
+        if running is not None:
+            if kind == "DELETED":
+                running.forget(uid)
+            else:
+                running.set(*running_fields(obj))
 
     def run(stop: threading.Event) -> None:
         # only bound pods matter; finished ones are dropped by pod_fields

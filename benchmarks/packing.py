@@ -1,0 +1,690 @@
+"""Packing on a production trace: gpu-aware against BestFit and FirstFit, FGD's protocol.
+
+The Alibaba openb trace (``../shared/data/openb`` next to the checkout, or ``$OPENB_DIR``:
+1,213 GPU nodes, 6,212 GPUs, 8,152 pods) replayed as in "Beware of Fragmentation" (Weng
+et al., ATC '23): the pod list is shuffled with each seed (42..51 by default), inflated
+by resampling pods of the trace until the requested GPUs reach 130 % of the cluster's
+GPU capacity, pods never leave, a pod that fits nowhere is skipped. CPU and memory are
+honoured. Allocation = GPU requested by the placed pods ÷ capacity (milli-GPUs, as the
+paper counts), read when the *arrived* requests reach 100 % and 130 % of capacity.
+
+Whole-GPU mode: a pod asking for part of a GPU (``gpu_milli`` < 1000) takes a whole GPU
+(until GPU sharing exists) but counts its milli-GPUs, as in the paper's metric. A sharing
+mode belongs in ``Replay.place`` (book ``PodSpec.milli`` on the chosen GPUs instead of whole
+devices) and ``pod_object`` (the pod's fractional request); the metric, the protocol and
+the table stay as they are.
+
+Node shapes: 8-GPU nodes are the simulator's ``c500-8`` preset (two PCIe switches of
+four, MetaXLink inside each four), 4-GPU nodes one linked group of four, 2-GPU nodes a
+PCIe-only pair (T4/P100 have no links: the ``n260-2`` preset), 1-GPU nodes a single
+GPU. Each node publishes what gpu-device publishes (``published_annotations``).
+
+Policies (same pods, same nodes, same run):
+
+* ``gpu-aware`` -- the product: a model of kube-scheduler (its ``NodeResourcesFit``
+  filter on CPU, memory and GPU count, then the extender's ``filter`` and
+  ``prioritize`` through ``Extender.handle`` over its node cache, the node watch and
+  the pod watch fed with the same objects the API would send), the scheduler's own
+  scorers with the shipped profile breaking the extender's ties, then the allocator
+  (``core.allocator.allocate``, the device plugin's choice) picking the GPUs on the
+  chosen node. GPU-less pods never reach the extender (``managedResources``): the
+  scheduler's scorers place them, with the documented ``PreferNoSchedule`` taint on
+  GPU-dense nodes (less than ``--taint-cores-per-gpu`` CPU cores per GPU).
+* ``gpu-aware-default-profile`` (``--policies``) -- the same extender under
+  kube-scheduler's default profile: it scores only a sample of the feasible nodes
+  (``percentageOfNodesToScore`` adaptive, ≈ 40 % here), LeastAllocated, no taint.
+* ``bestfit`` -- FGD's BestFit: the node with the least CPU and GPU left,
+  0.5·CPU/128 cores + 0.5·GPUs/8, after placement.
+* ``firstfit`` -- the first node in the node list that fits.
+* ``pooled (no fragmentation)`` -- every pod on one node as big as the whole cluster:
+  the allocation when nothing is ever stranded. Fragmentation makes the pods that fail
+  the big ones (whole GPUs, many GPUs, much CPU), so no policy is expected to do better.
+
+Printed per policy: allocation at arrived 100 % / 130 %, failed pods per GPU count,
+2/4/8-GPU pods placed inside one link group (the groups an empty node of that shape
+uses for that size), whole 8-GPU nodes left, and for gpu-aware the time of one
+``prioritize`` call (all feasible nodes offered; mean and p99 per pod).
+
+Run: python benchmarks/packing.py [--seeds 42-51] [--jobs 2] [--quick] [--json FILE]
+``--quick`` (2 seeds, every 8th node, for tests) keeps the protocol on a sub-cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuk8s import sim
+from gpuk8s.core.allocator import allocate
+from gpuk8s.core.model import DriverInfo, Gpu, NodeInventory
+from gpuk8s.core.schedconf import packing_profile
+from gpuk8s.core.scoring import LinkGroups
+from gpuk8s.discovery import discover
+from gpuk8s.services.deviceplugin.devices import DeviceSet
+from gpuk8s.services.deviceplugin.nodestate import published_annotations
+from gpuk8s.services.extender.logic import Extender
+from gpuk8s.services.extender.nodes import BoundPods, NodeCache
+from gpuk8s.services.extender.packing import (
+    NodeRooms,
+    RunningPods,
+    node_room_fields,
+    running_fields,
+)
+from gpuk8s.services.extender.watch import pod_fields
+from gpuk8s.services.extender.weights import Weights, WeightSource
+from gpuk8s.services.extender.wire import READ_ANNOTATIONS
+
+GPU = "metax-tech.com/gpu"
+# the trace lives next to the checkouts (../shared/data/openb), or where OPENB_DIR says
+DATA = Path(
+    os.environ.get("OPENB_DIR")
+    or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "openb"
+)
+MILLI = 1000
+EXTENDER_WEIGHT = 500  # SPEC §7
+MAX_NODE_SCORE = 100
+MAX_SPEC_CPU = 128_000  # FGD's BestFit normalisation (milli-CPU)
+MAX_SPEC_GPU = 8
+TAINT_CORES_PER_GPU = 20  # GPU-dense nodes get the PreferNoSchedule taint below this
+POLICIES = ("gpu-aware", "bestfit", "firstfit")
+POOLED = "pooled (no fragmentation)"
+
+
+# ----------------------------------------------------------------------------- input
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    cpu: int  # milli-CPU
+    memory: int  # MiB
+    gpus: int
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    name: str
+    cpu: int
+    memory: int
+    gpus: int
+    milli: int  # per GPU
+
+    @property
+    def requested(self) -> int:
+        """Milli-GPUs the pod asks for (what allocation counts)."""
+        return self.gpus * self.milli
+
+
+def load(data: Path) -> tuple[list[NodeSpec], list[PodSpec]]:
+    with open(data / "openb_node_list_gpu_node.csv", newline="") as handle:
+        nodes = [
+            NodeSpec(r["sn"], int(r["cpu_milli"]), int(r["memory_mib"]), int(r["gpu"]))
+            for r in csv.DictReader(handle)
+        ]
+    with open(data / "openb_pod_list_default.csv", newline="") as handle:
+        pods = [
+            PodSpec(
+                r["name"],
+                int(r["cpu_milli"]),
+                int(r["memory_mib"]),
+                int(r["num_gpu"]),
+                int(r["gpu_milli"]) if int(r["num_gpu"]) else 0,
+            )
+            for r in csv.DictReader(handle)
+        ]
+    return nodes, pods
+
+
+def workload(
+    pods: Sequence[PodSpec], capacity: int, seed: int, ratio: float = 1.3
+) -> list[PodSpec]:
+    """The trace shuffled with ``seed``, then pods resampled from it (with replacement)
+    until the requested milli-GPUs reach ``ratio`` × capacity."""
+    rng = random.Random(seed)
+    order = list(pods)
+    rng.shuffle(order)
+    total = sum(p.requested for p in order)
+    while total < ratio * capacity * MILLI:
+        extra = pods[rng.randrange(len(pods))]
+        order.append(extra)
+        total += extra.requested
+    return order
+
+
+# ----------------------------------------------------------------------------- shapes
+def _inventory(gpus: int, linked: bool) -> NodeInventory:
+    """``gpus`` GPUs under one PCIe switch, all MetaXLinked when ``linked``."""
+    items = tuple(
+        Gpu(
+            index=i,
+            pci_address=f"0000:{0x10 + i:02x}:00.0",
+            vendor="metax",
+            vendor_id=0x9999,
+            device_id=0x4001,
+            product="C500",
+            numa_node=0,
+            pcie_switch="0000:01:00.0",
+            link_group=0 if linked and gpus > 1 else None,
+            driver_bound=True,
+        )
+        for i in range(gpus)
+    )
+    links = frozenset(
+        frozenset((a, b)) for a in range(gpus) for b in range(a + 1, gpus) if linked
+    )
+    return NodeInventory("metax", items, DriverInfo(loaded=True, version="2.32.0.6"), links=links)
+
+
+def device_sets() -> dict[int, DeviceSet]:
+    """GPU count -> the device set of that node shape (see the module doc)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = {}
+        for gpus, preset in ((8, "c500-8"), (2, "n260-2")):
+            root = str(Path(tmp) / preset)
+            sim.create(root, preset)
+            out[gpus] = DeviceSet(discover(root), GPU)
+    out[4] = DeviceSet(_inventory(4, linked=True), GPU)
+    out[1] = DeviceSet(_inventory(1, linked=False), GPU)
+    return out
+
+
+class Shape:
+    """One node shape: its devices, annotations per allocation (memoised) and groups."""
+
+    def __init__(self, devices: DeviceSet) -> None:
+        self.devices = devices
+        self.topology = devices.topology
+        self.ids = [u.id for u in devices.units]
+        self.groups = LinkGroups(self.topology)
+        self._annotations: dict[frozenset[str], dict[str, str]] = {}
+
+    def annotations(self, allocated: frozenset[str]) -> dict[str, str]:
+        hit = self._annotations.get(allocated)
+        if hit is None:
+            hit = self._annotations[allocated] = published_annotations(
+                self.devices, set(allocated)
+            )
+        return hit
+
+
+# ----------------------------------------------------------------------------- state
+@dataclass
+class SimNode:
+    spec: NodeSpec
+    shape: Shape
+    cpu: int  # free
+    memory: int
+    free_gpus: int
+    allocated: frozenset[str] = frozenset()
+    object: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Result:
+    policy: str
+    seed: int
+    allocation: dict[str, float] = field(default_factory=dict)  # "100" / "130" -> %
+    failed: dict[str, dict[int, int]] = field(default_factory=dict)  # mark -> size -> n
+    inside: dict[int, list[int]] = field(default_factory=dict)  # size -> [inside, placed]
+    whole8: dict[str, int] = field(default_factory=dict)
+    prioritize_ms: list[float] = field(default_factory=list)
+
+
+def node_object(node: SimNode, annotations: dict[str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": node.spec.name, "annotations": annotations},
+        "status": {
+            "allocatable": {
+                "cpu": f"{node.spec.cpu}m",
+                "memory": f"{node.spec.memory}Mi",
+                GPU: str(node.spec.gpus),
+            }
+        },
+    }
+
+
+def pod_object(pod: PodSpec, uid: str, node: str | None = None) -> dict[str, Any]:
+    resources: dict[str, Any] = {"requests": {"cpu": f"{pod.cpu}m", "memory": f"{pod.memory}Mi"}}
+    if pod.gpus:
+        resources["requests"][GPU] = str(pod.gpus)
+        resources["limits"] = {GPU: str(pod.gpus)}
+    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": resources}]}
+    if node is not None:
+        spec["nodeName"] = node
+    return {"metadata": {"name": pod.name, "namespace": "openb", "uid": uid}, "spec": spec}
+
+
+# ----------------------------------------------------------------------------- scheduler model
+def fit_strategy(profile: str) -> tuple[bool, dict[str, int]]:
+    """(MostAllocated?, resource -> weight) of NodeResourcesFit in ``profile``: the
+    shipped one is read from ``core.schedconf.packing_profile`` (what gets written)."""
+    if profile != "shipped":
+        return False, {"cpu": 1, "memory": 1}  # kube-scheduler's default
+    config = packing_profile(GPU)
+    (plugin,) = [
+        p for p in config["profiles"][0]["pluginConfig"] if p["name"] == "NodeResourcesFit"
+    ]
+    strategy = plugin["args"]["scoringStrategy"]
+    weights = {r["name"]: int(r["weight"]) for r in strategy["resources"]}
+    return strategy["type"] == "MostAllocated", weights
+
+
+def fit_score(node: SimNode, pod: PodSpec, most: bool, weights: dict[str, int]) -> int:
+    """NodeResourcesFit scoring as kube-scheduler computes it (an extended resource the
+    pod does not request is left out)."""
+    total = weight_sum = 0
+    for name, free, cap, req in (
+        ("cpu", node.cpu, node.spec.cpu, pod.cpu),
+        ("memory", node.memory, node.spec.memory, pod.memory),
+        (GPU, node.free_gpus, node.spec.gpus, pod.gpus),
+    ):
+        weight = weights.get(name, 0)
+        if not weight or (name == GPU and not req):
+            continue
+        used = cap - free + req
+        total += weight * ((used if most else cap - used) * MAX_NODE_SCORE // cap)
+        weight_sum += weight
+    return total // weight_sum if weight_sum else 0
+
+
+def balanced_score(node: SimNode, pod: PodSpec) -> int:
+    """NodeResourcesBalancedAllocation: 100·(1 − std of the cpu/memory fractions)."""
+    cpu = (node.spec.cpu - node.cpu + pod.cpu) / node.spec.cpu
+    mem = (node.spec.memory - node.memory + pod.memory) / node.spec.memory
+    return int((1 - abs(cpu - mem) / 2) * MAX_NODE_SCORE)
+
+
+class Scheduler:
+    """kube-scheduler's part: fit filter, node sampling, its own scorers, tie-break."""
+
+    def __init__(
+        self, nodes: list[SimNode], rng: random.Random, profile: str, taint: float
+    ) -> None:
+        self.nodes = nodes
+        self.rng = rng
+        self.shipped = profile == "shipped"
+        self.most, self.weights = fit_strategy(profile)
+        self.tainted = [
+            self.shipped and taint > 0 and n.spec.cpu < taint * 1000 * n.spec.gpus for n in nodes
+        ]
+        self.next_start = 0
+
+    def feasible(self, pod: PodSpec) -> list[int]:
+        nodes = self.nodes
+        fits = [
+            i
+            for i, n in enumerate(nodes)
+            if n.cpu >= pod.cpu and n.memory >= pod.memory and n.free_gpus >= pod.gpus
+        ]
+        if self.shipped or not fits:
+            return fits
+        # the default profile: percentageOfNodesToScore adaptive, from a rotating start
+        total = len(nodes)
+        want = total if total < 100 else max(100, total * max(5, 50 - total // 125) // 100)
+        if len(fits) <= want:
+            self.next_start = (self.next_start + total) % total
+            return fits
+        start = self.next_start
+        ordered = [i for i in fits if i >= start] + [i for i in fits if i < start]
+        chosen = ordered[:want]
+        last = chosen[-1]
+        self.next_start = (last + 1) % total
+        return chosen
+
+    def pick(self, pod: PodSpec, candidates: list[int], extender: dict[str, int] | None) -> int:
+        """The winner of extender·weight·10 + plugin scores, random among equals."""
+        if extender is not None:
+            top = max(extender.values())
+            candidates = [i for i in candidates if extender[self.nodes[i].spec.name] == top]
+        best: list[int] = []
+        best_score = -1
+        for i in candidates:
+            node = self.nodes[i]
+            score = (
+                fit_score(node, pod, self.most, self.weights)
+                + balanced_score(node, pod)
+                + (0 if self.tainted[i] else 3 * MAX_NODE_SCORE)
+            )
+            if score > best_score:
+                best, best_score = [i], score
+            elif score == best_score:
+                best.append(i)
+        return best[self.rng.randrange(len(best))] if len(best) > 1 else best[0]
+
+
+# ----------------------------------------------------------------------------- replay
+class Replay:
+    """One policy over one seed's pod sequence."""
+
+    def __init__(
+        self,
+        policy: str,
+        specs: list[NodeSpec],
+        shapes: dict[int, Shape],
+        seed: int,
+        taint: float,
+    ) -> None:
+        self.policy = policy
+        self.nodes = [SimNode(s, shapes[s.gpus], s.cpu, s.memory, s.gpus) for s in specs]
+        self.by_name = {n.spec.name: n for n in self.nodes}
+        self.capacity = sum(s.gpus for s in specs) * MILLI
+        self.result = Result(policy, seed)
+        self.rng = random.Random(seed * 1_000_003 + len(policy))
+        profile = "default" if policy == "gpu-aware-default-profile" else "shipped"
+        self.scheduler = Scheduler(self.nodes, self.rng, profile, taint)
+        self.extender: Extender | None = None
+        if policy.startswith("gpu-aware"):
+            self._start_extender()
+        self.uid = 0
+
+    # -- the extender and the watches that feed it ---------------------------------
+    def _start_extender(self) -> None:
+        self.cache = NodeCache()
+        self.bound = BoundPods()
+        self.rooms = NodeRooms()
+        self.running = RunningPods()
+        for node in self.nodes:
+            node.object = node_object(node, node.shape.annotations(node.allocated))
+        # the node and pod lists, as the watches deliver them after their first list
+        self.cache.replace(
+            (n.spec.name, {k: n.object["metadata"]["annotations"][k] for k in READ_ANNOTATIONS})
+            for n in self.nodes
+        )
+        self.rooms.replace(node_room_fields(n.object) for n in self.nodes)
+        self.bound.replace([])
+        self.running.replace([])
+        self.extender = Extender(
+            WeightSource(None, Weights(1, 1)),
+            cache=self.cache,
+            pods=self.bound,
+            rooms=self.rooms,
+            running=self.running,
+        )
+
+    def _node_event(self, node: SimNode) -> None:
+        annotations = node.shape.annotations(node.allocated)
+        node.object = node_object(node, annotations)
+        self.cache.upsert(node.spec.name, {k: annotations[k] for k in READ_ANNOTATIONS})
+        self.rooms.observe(*node_room_fields(node.object))
+
+    def _pod_event(self, obj: dict[str, Any]) -> None:
+        uid, name, gpus = pod_fields(obj)
+        self.bound.set(uid, name, gpus)
+        self.running.set(*running_fields(obj))
+
+    # -- choosing ---------------------------------------------------------------------
+    def choose(self, pod: PodSpec, uid: str) -> int | None:
+        candidates = self.scheduler.feasible(pod)
+        if not candidates:
+            return None
+        if self.policy == "firstfit":
+            return candidates[0]
+        if self.policy == "bestfit":
+            nodes = self.nodes
+            return min(
+                candidates,
+                key=lambda i: 0.5 * (nodes[i].cpu - pod.cpu) / MAX_SPEC_CPU
+                + 0.5 * (nodes[i].free_gpus - pod.gpus) / MAX_SPEC_GPU,
+            )
+        if pod.gpus == 0:  # managedResources: the extender never sees it
+            return self.scheduler.pick(pod, candidates, None)
+        assert self.extender is not None
+        names = [self.nodes[i].spec.name for i in candidates]
+        body = json.dumps({"Pod": pod_object(pod, uid), "NodeNames": names}).encode()
+        answer = self.extender.handle("filter", body)
+        kept = json.loads(answer.body)["NodeNames"]
+        if not kept:
+            return None
+        body = json.dumps({"Pod": pod_object(pod, uid), "NodeNames": kept}).encode()
+        started = time.thread_time()
+        answer = self.extender.handle("prioritize", body)
+        self.result.prioritize_ms.append((time.thread_time() - started) * 1000)
+        scores = {h["Host"]: h["Score"] for h in json.loads(answer.body)}
+        keep = set(kept)
+        return self.scheduler.pick(
+            pod, [i for i in candidates if self.nodes[i].spec.name in keep], scores
+        )
+
+    def place(self, pod: PodSpec, index: int, uid: str) -> None:
+        node = self.nodes[index]
+        free = [d for d in node.shape.ids if d not in node.allocated]
+        if pod.gpus:
+            chosen = allocate(node.shape.topology, free, pod.gpus).devices
+            positions = [node.shape.topology.position[d] for d in chosen]
+            if pod.gpus >= 2:
+                counts = self.result.inside.setdefault(pod.gpus, [0, 0])
+                counts[0] += node.shape.groups.inside(positions)
+                counts[1] += 1
+            node.allocated = node.allocated | frozenset(chosen)
+            node.free_gpus -= pod.gpus
+        node.cpu -= pod.cpu
+        node.memory -= pod.memory
+        if self.extender is not None:
+            # the device plugin publishes the allocation; the watches see node and pod
+            if pod.gpus:
+                self._node_event(node)
+            self._pod_event(pod_object(pod, uid, node.spec.name))
+
+    def run(self, pods: Iterable[PodSpec]) -> Result:
+        marks = [("100", 1.0), ("130", 1.3)]
+        arrived = allocated = 0
+        failed: dict[int, int] = {}
+        for pod in pods:
+            self.uid += 1
+            uid = f"pod-{self.uid}"
+            arrived += pod.requested
+            index = self.choose(pod, uid)
+            if index is None:
+                failed[pod.gpus] = failed.get(pod.gpus, 0) + 1
+            else:
+                self.place(pod, index, uid)
+                allocated += pod.requested
+            while marks and arrived >= marks[0][1] * self.capacity:
+                mark = marks.pop(0)[0]
+                self.result.allocation[mark] = 100 * allocated / self.capacity
+                self.result.failed[mark] = dict(failed)
+                self.result.whole8[mark] = sum(
+                    1 for n in self.nodes if n.spec.gpus == 8 and not n.allocated
+                )
+            if not marks:
+                break  # later pods change no figure
+        return self.result
+
+
+def pooled(specs: list[NodeSpec], pods: Iterable[PodSpec], seed: int) -> Result:
+    """Every pod on one node as large as the cluster: no fragmentation at all."""
+    result = Result(POOLED, seed)
+    capacity = sum(s.gpus for s in specs) * MILLI
+    cpu, memory, gpus = (sum(s.cpu for s in specs), sum(s.memory for s in specs),
+                         sum(s.gpus for s in specs))
+    arrived = allocated = 0
+    failed: dict[int, int] = {}
+    marks = [("100", 1.0), ("130", 1.3)]
+    for pod in pods:
+        arrived += pod.requested
+        if pod.cpu <= cpu and pod.memory <= memory and pod.gpus <= gpus:
+            cpu, memory, gpus = cpu - pod.cpu, memory - pod.memory, gpus - pod.gpus
+            allocated += pod.requested
+        else:
+            failed[pod.gpus] = failed.get(pod.gpus, 0) + 1
+        while marks and arrived >= marks[0][1] * capacity:
+            mark = marks.pop(0)[0]
+            result.allocation[mark] = 100 * allocated / capacity
+            result.failed[mark] = dict(failed)
+        if not marks:
+            break
+    return result
+
+
+# ----------------------------------------------------------------------------- driver
+_SHAPES: dict[int, Shape] | None = None
+
+
+def _shapes() -> dict[int, Shape]:
+    global _SHAPES  # one per worker process: the annotation memo is reused across seeds
+    if _SHAPES is None:
+        _SHAPES = {g: Shape(d) for g, d in device_sets().items()}
+    return _SHAPES
+
+
+def run_seed(
+    seed: int, policies: Sequence[str], data: str, every: int, taint: float
+) -> list[Result]:
+    specs, pods = load(Path(data))
+    specs = specs[::every]
+    capacity = sum(s.gpus for s in specs)
+    order = workload(pods, capacity, seed)
+    out = [pooled(specs, order, seed)]
+    for policy in policies:
+        out.append(Replay(policy, specs, _shapes(), seed, taint).run(order))
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def summarise(results: list[Result]) -> list[dict[str, Any]]:
+    rows = []
+    for policy in dict.fromkeys(r.policy for r in results):
+        mine = [r for r in results if r.policy == policy]
+        row: dict[str, Any] = {"policy": policy, "seeds": [r.seed for r in mine]}
+        for mark in ("100", "130"):
+            row[f"alloc{mark}"] = statistics.mean(r.allocation.get(mark, 0.0) for r in mine)
+            sizes = sorted({k for r in mine for k in r.failed.get(mark, {})})
+            row[f"failed{mark}"] = {
+                k: sum(r.failed.get(mark, {}).get(k, 0) for r in mine) for k in sizes
+            }
+            row[f"whole8_{mark}"] = statistics.mean(r.whole8.get(mark, 0) for r in mine)
+        inside = [0, 0]
+        per_size: dict[int, list[int]] = {}
+        for r in mine:
+            for k, (a, b) in r.inside.items():
+                inside[0] += a
+                inside[1] += b
+                acc = per_size.setdefault(k, [0, 0])
+                acc[0] += a
+                acc[1] += b
+        row["inside"] = inside
+        row["inside_by_size"] = per_size
+        times = [t for r in mine for t in r.prioritize_ms]
+        if times:
+            row["prioritize_ms_mean"] = statistics.mean(times)
+            row["prioritize_ms_p99"] = percentile(times, 0.99)
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    def failed(counts: dict[int, int]) -> str:
+        return " ".join(f"{k}:{v}" for k, v in sorted(counts.items())) or "-"
+
+    lines = [
+        "| policy | alloc @100 % | alloc @130 % | failed pods @100 % (GPUs:count) "
+        "| failed pods @130 % | 2/4/8-GPU pods in one link group | whole 8-GPU nodes @100 % "
+        "| prioritize per pod, mean / p99 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        a, b = row["inside"]
+        inside = f"{100 * a / b:.1f} % ({a}/{b})" if b else "-"
+        if row["policy"] == POOLED:
+            inside = "-"
+        timing = (
+            f"{row['prioritize_ms_mean']:.2f} / {row['prioritize_ms_p99']:.2f} ms"
+            if "prioritize_ms_mean" in row
+            else "-"
+        )
+        whole = "-" if row["policy"] == POOLED else f"{row['whole8_100']:.1f}"
+        lines.append(
+            f"| {row['policy']} | {row['alloc100']:.2f} % | {row['alloc130']:.2f} % "
+            f"| {failed(row['failed100'])} | {failed(row['failed130'])} | {inside} "
+            f"| {whole} | {timing} |"
+        )
+    return "\n".join(lines)
+
+
+def seeds_arg(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        out += list(range(int(low), int(high or low) + 1))
+    return out
+
+
+def run(
+    seeds: Sequence[int],
+    policies: Sequence[str] = POLICIES,
+    data: Path = DATA,
+    every: int = 1,
+    jobs: int = 1,
+    taint: float = TAINT_CORES_PER_GPU,
+) -> list[dict[str, Any]]:
+    """Replay every seed with every policy; one summary row per policy."""
+    args = [(s, tuple(policies), str(data), every, taint) for s in seeds]
+    if jobs > 1 and len(seeds) > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            chunks = list(pool.map(run_seed, *zip(*args, strict=True)))
+    else:
+        chunks = [run_seed(*a) for a in args]
+    return summarise([r for chunk in chunks for r in chunk])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,43")
+    parser.add_argument("--policies", default=",".join(POLICIES),
+                        help="comma-separated: gpu-aware, gpu-aware-default-profile, "
+                        "bestfit, firstfit")
+    parser.add_argument("--data", default=str(DATA), help="directory of the openb CSV files")
+    parser.add_argument("--every", type=int, default=1, help="keep every Nth node (sub-cluster)")
+    parser.add_argument("--taint-cores-per-gpu", type=float, default=TAINT_CORES_PER_GPU,
+                        help="gpu-aware: PreferNoSchedule taint on nodes with fewer CPU "
+                        "cores per GPU (0: none)")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="processes (one seed each)")
+    parser.add_argument("--quick", action="store_true",
+                        help="seeds 42,43 on every 8th node: seconds, for tests")
+    parser.add_argument("--json", default=None, help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
+    seeds = [42, 43] if args.quick else seeds_arg(args.seeds)
+    every = 8 if args.quick and args.every == 1 else args.every
+    policies = [p for p in args.policies.split(",") if p]
+    started = time.perf_counter()
+    rows = run(seeds, policies, Path(args.data), every, args.jobs, args.taint_cores_per_gpu)
+    elapsed = time.perf_counter() - started
+    specs, _ = load(Path(args.data))
+    specs = specs[::every]
+    print(
+        f"openb whole-GPU mode: {len(specs)} nodes, {sum(s.gpus for s in specs)} GPUs, "
+        f"seeds {','.join(map(str, seeds))}, {elapsed:.0f} s ({args.jobs} process(es))"
+    )
+    print(table(rows))
+    by = {row["policy"]: row for row in rows}
+    if "gpu-aware" in by and "bestfit" in by:
+        aware, best, pooled = by["gpu-aware"], by["bestfit"], by[POOLED]
+        print(
+            f"gpu-aware − BestFit at arrived 100 %: {aware['alloc100'] - best['alloc100']:+.2f} "
+            f"points (no fragmentation at all: {pooled['alloc100'] - best['alloc100']:+.2f}); "
+            f"failed 8-GPU pods {aware['failed100'].get(8, 0)} vs "
+            f"{best['failed100'].get(8, 0)} (@100 %), {aware['failed130'].get(8, 0)} vs "
+            f"{best['failed130'].get(8, 0)} (@130 %)"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

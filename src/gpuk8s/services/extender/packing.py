@@ -1,0 +1,583 @@
+"""Fragmentation-aware ranking for gpu-aware (prioritize).
+
+Three pieces, fed by the same watches as the node cache and the bound-pod tracker:
+
+* ``RunningPods`` -- every bound, unfinished pod (pod watch): its CPU and memory
+  requests summed per node, and the *pod mix*: GPUs requested per pod shape (GPUs,
+  CPU, memory) of the GPU pods, blended with a configurable prior
+  (``core.scoring.mix_with_prior``). The mix is re-taken only when the pods it was
+  taken from drifted by ``MIX_DRIFT`` of its weight, so rankings stay cached.
+* ``NodeRooms`` -- per node the published device list (layout and free devices) and
+  the allocatable CPU and memory (node watch, or the Node objects of the request).
+* ``Ranker`` -- for a pod of shape (k, cpu, memory) and a node: the allocator's set of
+  k free devices gives ``score`` and the node's room after the placement; the loss is
+  ``core.scoring.placement_loss``. Raw priorities are kept per (weights, shape, mix)
+  and recomputed only for nodes that changed since (node or pod events).
+
+Memory is bounded by the cluster: one small record per bound pod and per node, one
+per distinct device layout, and at most ``MAX_TABLES`` cached rankings.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from itertools import filterfalse, repeat
+from typing import Any
+
+from ...core.allocator import best_set
+from ...core.devicelist import DEVICES_ANNOTATION, parse_device_list
+from ...core.errors import ConfigError, GpuK8sError
+from ...core.scoring import (
+    DEFAULT_MIX_SHAPES,
+    DEFAULT_PRIOR,
+    DEFAULT_PRIOR_GPUS,
+    LOSS_POINTS_PER_GPU,
+    LinkGroups,
+    NodeRoom,
+    PodMix,
+    PodShape,
+    fragmentation,
+    mix_with_prior,
+    placement_loss,
+    score_of,
+    topology_from_devices,
+)
+from ...core.topology import Topology
+from .wire import BadRequest, pod_request
+
+MISSING = float("-inf")  # "no data for this node": scores 0
+MIX_DRIFT = 1.0  # re-take the mix after the pods moved this share of its weight
+MAX_TABLES = 128  # cached rankings (weights x pod shape)
+MAX_LAYOUTS = 1024  # distinct device layouts (topologies) kept
+MAX_MEMO = 200_000  # (layout, free devices, k) placements remembered
+
+# -- quantities ----------------------------------------------------------------------
+_QUANTITY = re.compile(
+    r"^([+]?[0-9]*\.?[0-9]+)(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$"
+)
+_SCALE: dict[str | None, Decimal] = {
+    None: Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    **{p: Decimal(10) ** (3 * i) for i, p in enumerate("kMGTPE", start=1)},
+    **{p + "i": Decimal(2) ** (10 * i) for i, p in enumerate("KMGTPE", start=1)},
+}
+
+
+def quantity(value: Any) -> Decimal | None:
+    """A Kubernetes resource quantity ("500m", "1.5", "64Gi", "1e9", 2); None when it
+    is not one (the apiserver validated it, so callers count it as nothing)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return Decimal(str(value)) if value >= 0 else None
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    match = _QUANTITY.match(value.strip())
+    if not match:
+        return None
+    number, exponent, suffix = match.groups()
+    try:
+        amount = Decimal(number)
+        if exponent:
+            return amount.scaleb(int(exponent[1:]))
+    except (InvalidOperation, ValueError):
+        return None
+    return amount * _SCALE[suffix]
+
+
+def _ceil(value: Decimal) -> int:
+    return int(value.to_integral_value(rounding=ROUND_CEILING))
+
+
+def cpu_milli(value: Any) -> int:
+    amount = quantity(value)
+    return _ceil(amount * 1000) if amount is not None else 0
+
+
+def memory_mib(value: Any) -> int:
+    amount = quantity(value)
+    return _ceil(amount / 2**20) if amount is not None else 0
+
+
+def _requests(container: Any) -> tuple[int, int]:
+    if not isinstance(container, Mapping):
+        return 0, 0
+    resources = container.get("resources")
+    block = resources.get("requests") if isinstance(resources, Mapping) else None
+    if not isinstance(block, Mapping):
+        return 0, 0
+    return cpu_milli(block.get("cpu")), memory_mib(block.get("memory"))
+
+
+def pod_resources(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """(CPU millicores, memory MiB) the scheduler reserves for the pod: containers and
+    sidecars add up, every other init container runs alone beside the sidecars started
+    before it; the largest moment counts, plus the pod overhead."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return 0, 0
+    containers = spec.get("containers")
+    running = [0, 0]
+    for container in containers if isinstance(containers, list) else []:
+        cpu, mem = _requests(container)
+        running[0] += cpu
+        running[1] += mem
+    sidecars = [0, 0]
+    peak = [0, 0]
+    inits = spec.get("initContainers")
+    for container in inits if isinstance(inits, list) else []:
+        cpu, mem = _requests(container)
+        if isinstance(container, Mapping) and container.get("restartPolicy") == "Always":
+            sidecars = [sidecars[0] + cpu, sidecars[1] + mem]
+            peak = [max(peak[0], sidecars[0]), max(peak[1], sidecars[1])]
+        else:
+            peak = [max(peak[0], sidecars[0] + cpu), max(peak[1], sidecars[1] + mem)]
+    overhead = spec.get("overhead")
+    extra = (
+        (cpu_milli(overhead.get("cpu")), memory_mib(overhead.get("memory")))
+        if isinstance(overhead, Mapping)
+        else (0, 0)
+    )
+    return (
+        max(running[0] + sidecars[0], peak[0]) + extra[0],
+        max(running[1] + sidecars[1], peak[1]) + extra[1],
+    )
+
+
+def pod_shape(pod: Mapping[str, Any]) -> PodShape:
+    """(GPUs, CPU millicores, memory MiB) of a pod; a GPU request the extender cannot
+    read counts as none."""
+    try:
+        gpus = pod_request(dict(pod))
+    except BadRequest:
+        gpus = 0
+    cpu, mem = pod_resources(pod)
+    return gpus, cpu, mem
+
+
+def parse_prior(text: str) -> dict[int, float]:
+    """``--pod-mix-prior``: ``"1=1,2=1,4=1,8=1"`` (request size = share of GPUs)."""
+    prior: dict[int, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        size, sep, share = item.partition("=")
+        try:
+            k, weight = int(size), float(share)
+        except ValueError:
+            k, weight = 0, -1.0
+        if not sep or k < 1 or not weight >= 0 or weight == float("inf"):
+            raise ConfigError(
+                f"--pod-mix-prior: {item[:40]!r} is not SIZE=SHARE with SIZE a GPU count "
+                "≥ 1 and SHARE a number ≥ 0 (e.g. 1=1,2=1,4=1,8=1)"
+            )
+        prior[k] = prior.get(k, 0.0) + weight
+    return prior
+
+
+class _Notifier:
+    """Change callbacks: ``callback(name)`` after one node changed, ``callback(None)``
+    after a relist (anything may have changed)."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[str | None], None]] = []
+
+    def listen(self, callback: Callable[[str | None], None]) -> None:
+        self._listeners.append(callback)
+
+    def _notify(self, name: str | None) -> None:
+        for callback in self._listeners:
+            callback(name)
+
+
+# -- pods -----------------------------------------------------------------------------
+class RunningPods(_Notifier):
+    """Bound, unfinished pods: CPU/memory requested per node, and the learned pod mix."""
+
+    def __init__(
+        self,
+        prior: Mapping[int, float] = DEFAULT_PRIOR,
+        prior_gpus: float = DEFAULT_PRIOR_GPUS,
+        shapes: int = DEFAULT_MIX_SHAPES,
+    ) -> None:
+        super().__init__()
+        self.prior = dict(prior)
+        self.prior_gpus = prior_gpus
+        self.shapes = shapes
+        self._pods: dict[str, tuple[str, PodShape]] = {}
+        self._per_node: dict[str, tuple[int, int]] = {}
+        self._gpus: dict[PodShape, int] = {}  # GPUs requested per shape (GPU pods)
+        self._lock = threading.Lock()
+        self._synced = threading.Event()
+        self._mix: tuple[int, PodMix] | None = None
+        self._versions = 0  # mixes taken so far (a new mix is a new version, always)
+        self._drift = 0.0  # GPUs added or removed since the mix was taken
+        self._weight_at_mix = 0.0
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def _add(self, uid: str, node: str, shape: PodShape, sign: int) -> None:
+        cpu, mem = self._per_node.get(node, (0, 0))
+        cpu, mem = cpu + sign * shape[1], mem + sign * shape[2]
+        if cpu or mem or sign > 0:
+            self._per_node[node] = (cpu, mem)
+        else:
+            self._per_node.pop(node, None)
+        k = shape[0]
+        if k > 0:
+            left = self._gpus.get(shape, 0) + sign * k
+            if left > 0:
+                self._gpus[shape] = left
+            else:
+                self._gpus.pop(shape, None)
+            self._drift += k
+
+    def set(self, uid: str, node: str | None, shape: PodShape) -> None:
+        """Record a pod (or forget it: ``node`` None when unbound or finished)."""
+        with self._lock:
+            old = self._pods.pop(uid, None)
+            if old is not None:
+                self._add(uid, old[0], old[1], -1)
+            if node:
+                self._pods[uid] = (node, shape)
+                self._add(uid, node, shape, +1)
+        if old is not None and old[0] != node:
+            self._notify(old[0])
+        if node and old != (node, shape):
+            self._notify(node)
+
+    def forget(self, uid: str) -> None:
+        self.set(uid, None, (0, 0, 0))
+
+    def replace(self, pods: Iterable[tuple[str, str | None, PodShape]]) -> None:
+        """The full list (after a list call)."""
+        with self._lock:
+            self._pods, self._per_node, self._gpus = {}, {}, {}
+            for uid, node, shape in pods:
+                if node:
+                    self._pods[uid] = (node, shape)
+                    self._add(uid, node, shape, +1)
+            self._mix = None
+        self._notify(None)
+        self._synced.set()
+
+    def requested(self, node: str) -> tuple[int, int]:
+        """(CPU millicores, memory MiB) requested by the pods bound to ``node``."""
+        return self._per_node.get(node, (0, 0))
+
+    def mix(self) -> tuple[int, PodMix]:
+        """(version, mix): re-taken after the pods drifted by ``MIX_DRIFT`` of its weight."""
+        current = self._mix
+        if current is not None and self._drift <= MIX_DRIFT * self._weight_at_mix:
+            return current
+        with self._lock:
+            if self._mix is None or self._drift > MIX_DRIFT * self._weight_at_mix:
+                self._versions += 1
+                observed = {s: float(g) for s, g in self._gpus.items()}
+                self._mix = (self._versions, mix_with_prior(observed, self.prior,
+                                                            self.prior_gpus, self.shapes))
+                self._weight_at_mix = sum(observed.values()) + self.prior_gpus
+                self._drift = 0.0
+            return self._mix
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+
+def running_fields(obj: Mapping[str, Any]) -> tuple[str, str | None, PodShape]:
+    """(uid, node or None, shape) of a pod object from the API; finished pods hold
+    nothing."""
+    meta = obj.get("metadata") or {}
+    uid = str(meta.get("uid", "")) if isinstance(meta, Mapping) else ""
+    spec = obj.get("spec")
+    status = obj.get("status")
+    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    if not isinstance(node, str) or not node or phase in ("Succeeded", "Failed"):
+        return uid, None, (0, 0, 0)
+    return uid, node, pod_shape(obj)
+
+
+# -- nodes ----------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """One device layout (topology) shared by every node that has it."""
+
+    topology: Topology
+    groups: LinkGroups
+
+
+@dataclass(frozen=True, eq=False)
+class NodeRoomInfo:
+    """A node as the ranker sees it: layout, free device positions, what they allow,
+    allocatable CPU / memory (None: not known)."""
+
+    layout: Layout
+    free: tuple[int, ...]
+    usable: tuple[int, ...]
+    cpu_milli: int | None
+    memory_mib: int | None
+
+    @property
+    def capacity(self) -> tuple[int, int | None, int | None]:
+        return len(self.layout.topology), self.cpu_milli, self.memory_mib
+
+
+def _allocatable_raw(obj: Mapping[str, Any] | None) -> tuple[Any, Any]:
+    """The node's ``status.allocatable`` CPU and memory as the API wrote them."""
+    status = obj.get("status") if isinstance(obj, Mapping) else None
+    alloc = status.get("allocatable") if isinstance(status, Mapping) else None
+    if not isinstance(alloc, Mapping):
+        return None, None
+    return alloc.get("cpu"), alloc.get("memory")
+
+
+def _allocatable(raw: tuple[Any, Any]) -> tuple[int | None, int | None]:
+    cpu, mem = quantity(raw[0]), quantity(raw[1])
+    return (
+        int(cpu * 1000) if cpu is not None else None,
+        int(mem / 2**20) if mem is not None else None,
+    )
+
+
+# what a node's entry was built from: devices annotation, allocatable CPU and memory (raw)
+_Seen = tuple[Any, Any, Any]
+
+
+class NodeRooms(_Notifier):
+    """Node name -> ``NodeRoomInfo`` from the device-list annotation and the Node's
+    allocatable resources; placements per (layout, free devices, k) memoised."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._nodes: dict[str, NodeRoomInfo] = {}
+        self._seen: dict[str, _Seen] = {}
+        self._layouts: dict[tuple[tuple[Any, ...], ...], Layout] = {}
+        self._parsed: dict[str, tuple[Layout, tuple[int, ...], tuple[int, ...]] | None] = {}
+        self._after: dict[tuple[int, tuple[int, ...], int], tuple[int, tuple[int, ...]]] = {}
+        self._lock = threading.Lock()
+
+    def _parse(self, devices: str) -> tuple[Layout, tuple[int, ...], tuple[int, ...]] | None:
+        hit = self._parsed.get(devices, False)
+        if hit is not False:
+            return hit  # type: ignore[return-value]
+        try:
+            entries = parse_device_list(devices)
+        except GpuK8sError:
+            entries = []
+        result = None
+        if entries:
+            signature = tuple((e.id, e.gpu, e.vf, e.numa, e.group, e.switch) for e in entries)
+            layout = self._layouts.get(signature)
+            if layout is None:
+                topology = topology_from_devices(entries)
+                layout = Layout(topology, LinkGroups(topology))
+                if len(self._layouts) >= MAX_LAYOUTS:
+                    self._layouts.clear()
+                self._layouts[signature] = layout
+            free = tuple(i for i, e in enumerate(entries) if e.free)
+            result = (layout, free, layout.groups.usable(free))
+        if len(self._parsed) >= MAX_LAYOUTS * 16:
+            self._parsed.clear()  # bounded: device lists come and go
+        self._parsed[devices] = result
+        return result
+
+    def _entry(
+        self, found: Mapping[str, Any], node: Mapping[str, Any] | None
+    ) -> tuple[_Seen, NodeRoomInfo | None]:
+        devices = found.get(DEVICES_ANNOTATION)
+        raw = _allocatable_raw(node)
+        seen: _Seen = (devices, *raw)
+        parsed = self._parse(devices) if isinstance(devices, str) else None
+        if parsed is None:
+            return seen, None
+        return seen, NodeRoomInfo(parsed[0], parsed[1], parsed[2], *_allocatable(raw))
+
+    def observe(
+        self, name: str, found: Mapping[str, Any], node: Mapping[str, Any] | None
+    ) -> None:
+        """Take the node's device list (from its annotations ``found``) and allocatable
+        resources (from the Node object ``node``); a no-op when neither changed."""
+        if self._seen.get(name) == (found.get(DEVICES_ANNOTATION), *_allocatable_raw(node)):
+            return
+        seen, info = self._entry(found, node)
+        with self._lock:
+            self._seen[name] = seen
+            if info is None:
+                self._nodes.pop(name, None)
+            else:
+                self._nodes[name] = info
+        self._notify(name)
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._seen.pop(name, None)
+            self._nodes.pop(name, None)
+        self._notify(name)
+
+    def replace(self, nodes: Iterable[tuple[str, Mapping[str, Any], Mapping[str, Any]]]) -> None:
+        """The full list (after a list call): drops nodes not in it."""
+        fresh: dict[str, NodeRoomInfo] = {}
+        seen: dict[str, _Seen] = {}
+        for name, found, node in nodes:
+            seen[name], info = self._entry(found, node)
+            if info is not None:
+                fresh[name] = info
+        with self._lock:
+            self._nodes, self._seen = fresh, seen
+        self._notify(None)
+
+    def get(self, name: str) -> NodeRoomInfo | None:
+        return self._nodes.get(name)
+
+    def after(self, info: NodeRoomInfo, k: int) -> tuple[int, tuple[int, ...]]:
+        """(score, usable after) when the allocator takes k of the node's free devices."""
+        key = (id(info.layout), info.free, k)
+        hit = self._after.get(key)
+        if hit is None:
+            topology = info.layout.topology
+            chosen, objective = best_set(topology, list(info.free), k)
+            taken = set(chosen)
+            left = [u for u in info.free if u not in taken]
+            hit = (score_of(objective[0], k), info.layout.groups.usable(left))
+            if len(self._after) >= MAX_MEMO:
+                self._after.clear()
+            self._after[key] = hit
+        return hit
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+
+def node_room_fields(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, Any], Mapping[str, Any]]:
+    """(name, annotations, node) of a Node object from the API, for ``NodeRooms``."""
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    annotations = meta.get("annotations")
+    return (
+        str(meta.get("name", "")),
+        annotations if isinstance(annotations, Mapping) else {},
+        obj,
+    )
+
+
+# -- ranking --------------------------------------------------------------------------
+class Ranker:
+    """Raw priorities ``scoreWeight·score − lossWeight·LOSS_POINTS_PER_GPU·loss`` per
+    node for a pod shape, cached per (weights, shape, mix version) and refreshed for the
+    nodes that changed."""
+
+    def __init__(self, rooms: NodeRooms, pods: RunningPods | None) -> None:
+        self.rooms = rooms
+        self.pods = pods
+        self._prior_only = (1, mix_with_prior({}))
+        # (weights, shape) -> (node -> raw, node state -> raw): nodes in the same state
+        # (layout, free devices, CPU and memory) share one computation
+        self._tables: dict[
+            tuple[float, float, PodShape], tuple[dict[str, float], dict[Any, float]]
+        ] = {}
+        self._before: dict[str, tuple[Any, float]] = {}  # node -> (key, fragmentation)
+        self._version = 0
+        self._lock = threading.Lock()
+        rooms.listen(self._changed)
+        if pods is not None:
+            pods.listen(self._changed)
+
+    def _changed(self, name: str | None) -> None:
+        with self._lock:
+            if name is None:
+                self._tables = {}
+                self._before = {}
+            else:
+                for table, _ in self._tables.values():
+                    table.pop(name, None)
+                self._before.pop(name, None)
+
+    def mix(self) -> tuple[int, PodMix]:
+        return self.pods.mix() if self.pods is not None else self._prior_only
+
+    def raw(self, weights: tuple[float, float], shape: PodShape, names: list[str]) -> list[float]:
+        """Raw priority per name (request order), ``MISSING`` where the node has no
+        usable device list or too few free devices."""
+        version, mix = self.mix()
+        with self._lock:
+            if version != self._version:
+                self._version = version
+                self._tables = {}
+                self._before = {}
+            key = (weights[0], weights[1], shape)
+            entry = self._tables.get(key)
+            if entry is None:
+                if len(self._tables) >= MAX_TABLES:
+                    self._tables = {}
+                entry = self._tables[key] = ({}, {})
+            table = entry[0]
+            todo = list(filterfalse(table.__contains__, names))
+            if todo:
+                self._fill(entry, todo, weights, shape, mix)
+            return list(map(table.get, names, repeat(MISSING)))
+
+    def _fill(
+        self,
+        entry: tuple[dict[str, float], dict[Any, float]],
+        names: list[str],
+        weights: tuple[float, float],
+        shape: PodShape,
+        mix: PodMix,
+    ) -> None:
+        table, by_state = entry
+        k, cpu, mem = shape
+        sw, lw = weights
+        lw_points = lw * LOSS_POINTS_PER_GPU
+        rooms, pods, before_cache = self.rooms, self.pods, self._before
+        known = pods is not None and pods.synced
+        for name in names:
+            info = rooms.get(name)
+            if info is None or len(info.free) < k:
+                table[name] = MISSING
+                continue
+            if known:
+                assert pods is not None
+                used_cpu, used_mem = pods.requested(name)
+                cpu_free = None if info.cpu_milli is None else max(0, info.cpu_milli - used_cpu)
+                mem_free = (
+                    None if info.memory_mib is None else max(0, info.memory_mib - used_mem)
+                )
+            else:
+                cpu_free = mem_free = None  # nothing known about what runs there
+            state = (info.layout, info.free, info.cpu_milli, info.memory_mib, cpu_free, mem_free)
+            value = by_state.get(state)
+            if value is None:
+                before = NodeRoom(info.usable, cpu_free, mem_free)
+                cached = before_cache.get(name)
+                if cached is not None and cached[0] == state:
+                    base = cached[1]
+                else:
+                    base = fragmentation(before, mix)
+                    before_cache[name] = (state, base)
+                score, after_usable = rooms.after(info, k)
+                after = NodeRoom(
+                    after_usable,
+                    None if cpu_free is None else max(0, cpu_free - cpu),
+                    None if mem_free is None else max(0, mem_free - mem),
+                )
+                loss = placement_loss(before, after, mix, info.capacity, base)
+                value = by_state[state] = round(sw * score - lw_points * loss, 9)
+            table[name] = value
+
+
+def rank_scores(raw: list[float], top: int = 10) -> list[int]:
+    """Extender scores by rank: the best distinct raw value gets ``top``, the next
+    ``top − 1``, ... down to 1 for the rest; ``MISSING`` gets 0. Equal raw values share
+    a score, near-equal ones do not collapse as a linear spread would make them."""
+    distinct = sorted(set(raw) - {MISSING}, reverse=True)
+    score = {MISSING: 0}
+    for position, value in enumerate(distinct):
+        score[value] = max(top - position, 1)
+    return list(map(score.__getitem__, raw))
