@@ -258,8 +258,12 @@ def test_scheduler_profile_is_written_with_our_extender_only(root: Path) -> None
     config = schedfiles.read(str(root / CONFIG)).data
     assert config["percentageOfNodesToScore"] == 100
     assert config["profiles"][0]["pluginConfig"][0]["name"] == "NodeResourcesFit"
+    before = (root / MANIFEST).read_text()
     switched = run(root, scheduler_profile="none")
-    assert switched["changed"] and not switched["manifest_changed"]
+    # the configuration changed, so the static pod's config-hash annotation changes with it and
+    # the kubelet restarts kube-scheduler on the new profile
+    assert switched["changed"] and switched["manifest_changed"]
+    assert (root / MANIFEST).read_text() != before
     assert "profiles" not in schedfiles.read(str(root / CONFIG)).data
     assert run(root, scheduler_profile="spread")["failed"]
     # a configuration file the administrator owns keeps its own profile, with a warning
