@@ -20,9 +20,11 @@ nodes with ``scoreWeight·score[k] − lossWeight·loss[k]``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 
 from .allocator import best_set
+from .boundedjson import BoundedJsonError, loads_bounded
 from .model import LinkKind
 from .topology import Topology
 
@@ -36,6 +38,8 @@ LEVEL_SCORE: Mapping[LinkKind, int] = {
 
 SCORES_ANNOTATION = "metax-tech.com/gpu.topology.scores"
 LOSSES_ANNOTATION = "metax-tech.com/gpu.topology.losses"
+MAX_TABLE_SIZE = 4096  # request sizes beyond any node's device count are ignored
+MAX_TABLE_CHARS = 64 * 1024
 
 
 def _grouping_level(topo: Topology) -> int:
@@ -85,22 +89,31 @@ def tables_as_annotations(scores: Mapping[int, int], losses: Mapping[int, int]) 
 
 
 def parse_table(raw: str | None) -> dict[int, int]:
-    """Parse one annotation back; malformed input gives an empty table."""
+    """Parse one annotation back; malformed input gives an empty table.
+
+    Read defensively (the extender reads every node's value): at most
+    ``MAX_TABLE_CHARS`` characters and shallow nesting (``core.boundedjson``); entries
+    whose size is not an integer in 1..``MAX_TABLE_SIZE`` or whose value is not a
+    finite number are skipped; values are clamped to 0..100.
+    """
     if not raw:
         return {}
     try:
-        data = json.loads(raw)
-    except ValueError:
+        data = loads_bounded(raw, max_depth=2, max_chars=MAX_TABLE_CHARS)
+    except BoundedJsonError:
         return {}
     if not isinstance(data, dict):
         return {}
     table: dict[int, int] = {}
     for key, value in data.items():
-        try:
-            size = int(key)
-        except (TypeError, ValueError):
+        if not (0 < len(key) <= 6 and key.isascii() and key.isdigit()):
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        size = int(key)
+        if not 1 <= size <= MAX_TABLE_SIZE:
             continue
-        table[size] = int(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        table[size] = int(min(100, max(0, value)))
     return table
