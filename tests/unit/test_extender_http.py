@@ -275,7 +275,14 @@ def test_service_refuses_bad_flags(tmp_path: Path) -> None:
 
 
 def test_main_exits_2_with_a_message_on_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
     from gpuk8s.services.extender.main import main
 
-    assert main(["--port", "-1", "--no-pod-watch"]) == 2
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    try:
+        assert main(["--port", "-1", "--no-pod-watch"]) == 2
+    finally:  # main() installs a handler on pytest's captured stderr: put logging back
+        root.handlers[:], root.level = saved[0], saved[1]
     assert "--port" in capsys.readouterr().err

@@ -202,11 +202,16 @@ def whole_count(value: object, what: str, *, json_text: bool = False) -> int:
             amount = parse_json_quantity(value)
     except QuantityError as err:
         raise QuantityError(f"{what}: {err}") from None
+    # the JSON text is shown as written (quotes included), a decoded value as Python does
+    if json_text and isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+    else:
+        shown = _describe(value)
     if amount < 0:
-        raise QuantityError(f"{what}: must not be negative, got {_describe(value)}")
+        raise QuantityError(f"{what}: must not be negative, got {shown}")
     if amount.denominator != 1:
         raise QuantityError(
-            f"{what}: {_describe(value)} is {_decimal(amount)}, not a whole number "
+            f"{what}: {shown} is {_decimal(amount)}, not a whole number "
             "(extended resources cannot be fractional)"
         )
     return int(amount)
