@@ -148,7 +148,7 @@ def test_bad_args_name_the_field(payload: dict[str, Any], needle: str) -> None:
     ("raw", "needle"),
     [(b"{", "not valid JSON"), (b"\xff\xfe", "not valid JSON"),
      (b'{"Pod": {"metadata": {"name": "\xff"}}, "NodeNames": []}', "not UTF-8"),
-     (b'{"Pod": ' + b"[" * 100_000, "nested too deeply"),
+     (b'{"Pod": {"x": ' + b"[" * 100_000, "nested too deeply"),
      (b'{"Pod": {}, "NodeNames": []' + b"}" * 100_000, "not valid JSON"),
      (b"[" * 100_000, "must be a JSON object"), (b"[]", "must be a JSON object"),
      (b"", "not valid JSON")],

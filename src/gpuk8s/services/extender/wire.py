@@ -56,7 +56,9 @@ class BadRequest(GpuK8sError):
 
 # -- typed views: the only parts of a request that become Python objects ----------------
 # (gc=False: plain data without reference cycles, 16 bytes less per object)
-class _Args(Struct, forbid_unknown_fields=True):
+class _RawArgs(Struct, gc=False):
+    """The fields as JSON text (the case-insensitive fallback)."""
+
     Pod: Raw = _EMPTY
     Nodes: Raw = _EMPTY
     NodeNames: Raw = _EMPTY
@@ -132,7 +134,22 @@ class _NodeListRaw(Struct, gc=False):
     items: list[Raw] | None = None
 
 
+class _Args(Struct, forbid_unknown_fields=True, gc=False):
+    """ExtenderArgs as kube-scheduler spells it, decoded in one pass."""
+
+    Pod: PodView | None = None
+    Nodes: _NodeList | None = None
+    NodeNames: Raw = _EMPTY  # counted before the names are built
+
+
+class _EchoArgs(Struct, gc=False):
+    """Second pass for a filter answer: each node's JSON text, to echo kept ones."""
+
+    Nodes: _NodeListRaw | None = None
+
+
 _ARGS = msgspec.json.Decoder(_Args)
+_ECHO_ARGS = msgspec.json.Decoder(_EchoArgs)
 _POD = msgspec.json.Decoder(PodView)
 _NODE_LIST = msgspec.json.Decoder(_NodeList)
 _NODE_LIST_RAW = msgspec.json.Decoder(_NodeListRaw)
@@ -141,9 +158,8 @@ _KEYS = msgspec.json.Decoder(dict[str, Raw])
 _STRING = msgspec.json.Decoder(str)
 
 
-@dataclass(frozen=True)
-class NodeItem:
-    """One node of ``Nodes.items`` as the extender needs it."""
+class NodeItem(Struct, frozen=True, gc=False):
+    """One node of ``Nodes.items`` (or of a watch) as the extender needs it."""
 
     name: str
     # the three annotations as sent (JSON text; empty when absent): the memo key, so
@@ -176,7 +192,9 @@ class ExtenderArgs:
     gpus: int  # the pod's effective metax-tech.com/gpu request
     nodes: list[NodeItem] | None  # nodeCacheCapable: false
     node_names: list[str] | None  # nodeCacheCapable: true
-    # the Nodes value as sent: filter echoes the kept items from it
+    # where filter finds the Nodes as sent, to echo kept items: the whole body, or the
+    # Nodes value itself (after the case-insensitive fallback)
+    body: bytes = b""
     nodes_raw: Raw = dataclasses.field(default_factory=Raw)
 
 
@@ -211,7 +229,8 @@ def _decode_error(err: Exception, root: str) -> BadRequest:
     text = str(err)
     match = _EXPECTED.match(text)
     if match:
-        wants = " or ".join(_TYPE_WORDS.get(w, w) for w in match["want"].split(" | "))
+        kinds = [w for w in match["want"].split(" | ") if w != "null"] or ["null"]
+        wants = " or ".join(_TYPE_WORDS.get(w, w) for w in kinds)
         got = _GOT_WORDS.get(match["got"], match["got"])
         return BadRequest(f"{_at(root, match['at'])}: must be {wants}, got {got}")
     match = _MISSING.match(text)
@@ -286,11 +305,37 @@ def pod_request(pod: dict[str, Any]) -> int:
 
 
 # -- the request --------------------------------------------------------------------------
-def _fields(body: bytes) -> _Args:
-    """The top-level fields; case-insensitive (Go's rule) through a bounded fallback."""
+def _fold_case(body: bytes, unknown: str) -> _RawArgs:
+    """Top-level keys matched case-insensitively (Go's rule), for bodies up to
+    ``CASE_FOLD_MAX_BODY`` (a dict of every key would otherwise cost memory per key)."""
+    if len(body) > CASE_FOLD_MAX_BODY:
+        raise BadRequest(
+            f"request body: unknown field {unknown[:60]!r}; ExtenderArgs has Pod, Nodes, "
+            f"NodeNames (spelled exactly so in bodies over {CASE_FOLD_MAX_BODY >> 10} KiB)"
+        )
+    found: dict[str, Raw] = {}
+    for key, value in _decode(_KEYS, body, "").items():
+        canonical = _ARGS_FIELDS.get(key.lower())
+        if canonical is None:
+            raise BadRequest(
+                f"request body: unknown field {key[:60]!r}; ExtenderArgs has Pod, Nodes, NodeNames"
+            )
+        if canonical in found:
+            raise BadRequest(f"request body: field {canonical} given twice")
+        found[canonical] = value
+    return _RawArgs(**found)
+
+
+def _is_null(raw: Raw) -> bool:
+    return not raw or (len(raw) == 4 and bytes(raw) == b"null")
+
+
+def _top(body: bytes) -> tuple[_Args, Raw]:
+    """The request decoded in one pass; (fields, the Nodes JSON text when it had to be
+    found by the case-insensitive fallback, else empty)."""
     try:
         args: _Args = _ARGS.decode(body)
-        return args
+        return args, _EMPTY
     except msgspec.ValidationError as err:
         unknown = _UNKNOWN.match(str(err))
         if unknown is None:
@@ -303,27 +348,15 @@ def _fields(body: bytes) -> _Args:
             raise _decode_error(err, "") from None
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
         raise _decode_error(err, "") from None
-    # an unknown key: another spelling of ours (Go matches case-insensitively), or junk
-    if len(body) > CASE_FOLD_MAX_BODY:
-        raise BadRequest(
-            f"request body: unknown field {unknown['key'][:60]!r}; ExtenderArgs has Pod, "
-            f"Nodes, NodeNames (spelled exactly so in bodies over {CASE_FOLD_MAX_BODY >> 10} KiB)"
-        )
-    found: dict[str, Raw] = {}
-    for key, value in _decode(_KEYS, body, "").items():
-        canonical = _ARGS_FIELDS.get(key.lower())
-        if canonical is None:
-            raise BadRequest(
-                f"request body: unknown field {key[:60]!r}; ExtenderArgs has Pod, Nodes, NodeNames"
-            )
-        if canonical in found:
-            raise BadRequest(f"request body: field {canonical} given twice")
-        found[canonical] = value
-    return _Args(**found)
-
-
-def _is_null(raw: Raw) -> bool:
-    return not raw or bytes(raw) == b"null"
+    raw = _fold_case(body, unknown["key"])
+    return (
+        _Args(
+            Pod=None if _is_null(raw.Pod) else _decode(_POD, raw.Pod, "Pod"),
+            Nodes=None if _is_null(raw.Nodes) else _decode(_NODE_LIST, raw.Nodes, "Nodes"),
+            NodeNames=raw.NodeNames,
+        ),
+        raw.Nodes,
+    )
 
 
 def _count_bound(raw: Raw, field_name: str) -> None:
@@ -334,16 +367,16 @@ def _count_bound(raw: Raw, field_name: str) -> None:
 
 def parse_args(body: bytes) -> ExtenderArgs:
     """Decode and check an ``ExtenderArgs`` body (filter and prioritize share it)."""
-    fields = _fields(body)
-    if _is_null(fields.Pod):
-        raise BadRequest("Pod: must be an object, got null" if fields.Pod else "Pod: required")
-    pod = _decode(_POD, fields.Pod, "Pod")
+    fields, nodes_raw = _top(body)
+    pod = fields.Pod
+    if pod is None:
+        raise BadRequest("Pod: required (an object)")
     meta = pod.metadata or ObjectMeta()
     gpus = view_request(pod)
 
     nodes: list[NodeItem] | None = None
-    if not _is_null(fields.Nodes):
-        node_list = _decode(_NODE_LIST, fields.Nodes, "Nodes")
+    if fields.Nodes is not None:
+        node_list = fields.Nodes
         if node_list.metadata and bytes(node_list.metadata)[:1] not in (b"{", b"n"):
             raise BadRequest("Nodes.metadata: must be an object")
         views = node_list.items or []
@@ -367,16 +400,23 @@ def parse_args(body: bytes) -> ExtenderArgs:
         gpus=gpus,
         nodes=nodes,
         node_names=node_names,
-        nodes_raw=fields.Nodes if nodes is not None else _EMPTY,
+        body=body if nodes is not None and not nodes_raw else b"",
+        nodes_raw=nodes_raw if nodes is not None else _EMPTY,
     )
 
 
 def node_raws(args: ExtenderArgs) -> tuple[bytes, list[Raw]]:
     """(``Nodes.metadata`` as sent or ``{}``, each ``Nodes.items`` element as sent), for
-    echoing kept nodes without re-encoding them."""
-    if not args.nodes_raw:
+    echoing kept nodes without re-encoding them (one more pass over the request, which
+    builds one small object per node: the count was bounded by ``parse_args``)."""
+    if args.nodes_raw:
+        node_list: _NodeListRaw | None = _decode(_NODE_LIST_RAW, args.nodes_raw, "Nodes")
+    elif args.body:
+        node_list = _decode(_ECHO_ARGS, args.body, "").Nodes
+    else:
+        node_list = None
+    if node_list is None:
         return b"{}", []
-    node_list = _decode(_NODE_LIST_RAW, args.nodes_raw, "Nodes")
     meta = node_list.metadata
     return (b"{}" if _is_null(meta) else bytes(meta)), node_list.items or []
 
