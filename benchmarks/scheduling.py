@@ -157,6 +157,15 @@ def delete_namespace(api: fake_nodes.Api) -> None:
         time.sleep(1)
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far, from /proc (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def fake_nodes_cmd(*args: str) -> list[str]:
     return [sys.executable, str(LAB / "fake_nodes.py"), *args]
 
@@ -178,6 +187,7 @@ def run_setup(
     setup: str,
     extender_url: str | None,
     work: Path,
+    extender_pid: int | None,
 ) -> dict[str, object]:
     """Create the pods, run a scheduler for ``setup`` until all are bound; figures."""
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -218,6 +228,8 @@ def run_setup(
     )
     first_bind = last_bind = None
     bound = 0
+    extender_cpu = cpu_seconds(extender_pid) if extender_pid else 0.0
+    sched_cpu = 0.0
     try:
         deadline = t_start + args.timeout
         while time.monotonic() < deadline:
@@ -233,6 +245,9 @@ def run_setup(
             if sched.poll() is not None:
                 raise SystemExit(f"kube-scheduler exited; log: {work / f'scheduler-{setup}.log'}")
             time.sleep(0.2)
+        sched_cpu = cpu_seconds(sched.pid)
+        if extender_pid:
+            extender_cpu = cpu_seconds(extender_pid) - extender_cpu
     finally:
         sched.terminate()
         try:
@@ -254,7 +269,15 @@ def run_setup(
         rate = bound / max(last_bind - first_bind, 1e-3)
     print(f"[{setup}] bound {bound}/{args.pods}; pods/s {rate or 0:.1f}", flush=True)
     delete_namespace(api)
-    return {"bound": bound, "rate": rate, "variants": per_variant}
+    return {
+        "bound": bound,
+        "rate": rate,
+        "variants": per_variant,
+        # CPU per bound pod: where the time goes (the scheduler's own work includes
+        # encoding the extender requests and decoding its answers)
+        "sched_ms": 1e3 * sched_cpu / max(bound, 1),
+        "ext_ms": 1e3 * extender_cpu / max(bound, 1) if setup != "none" else 0.0,
+    }
 
 
 SETUP_NAMES = {
@@ -275,7 +298,8 @@ def main() -> int:
     ap.add_argument(
         "--setups",
         default="none,cache,full",
-        help="comma list of none (scheduler alone), cache, full; measured in this order",
+        help="comma list of none (scheduler alone), cache, full, measured in this order; "
+        "repeat none (e.g. none,cache,full,none) to average the baseline over the run",
     )
     ap.add_argument("--extender-url", help="use a running extender (skip starting one)")
     ap.add_argument("--extender-port", type=int, default=18080)
@@ -296,7 +320,7 @@ def main() -> int:
     api = fake_nodes.Api(KUBECONFIG)
     procs: list[subprocess.Popen[bytes]] = []
     work = Path(tempfile.mkdtemp(prefix="gpuk8s-bench-"))
-    results: dict[str, dict[str, object]] = {}
+    results: list[tuple[str, dict[str, object]]] = []
     try:
         t0 = time.monotonic()
         heartbeat = open(work / "heartbeat.log", "wb")  # noqa: SIM115 (lives with the process)
@@ -311,13 +335,15 @@ def main() -> int:
         print(f"fake nodes: {args.nodes} in {time.monotonic() - t0:.1f}s", flush=True)
 
         extender_url = args.extender_url
+        extender_pid = None
         if set(setups) - {"none"}:
             if not extender_url:
                 extender_url, proc = start_extender(args, work)
                 procs.append(proc)
+                extender_pid = proc.pid
             wait_http(extender_url.rstrip("/") + "/readyz", 120)
         for setup in setups:
-            results[setup] = run_setup(api, args, setup, extender_url, work)
+            results.append((setup, run_setup(api, args, setup, extender_url, work, extender_pid)))
     finally:
         for p in reversed(procs):
             p.terminate()
@@ -329,22 +355,29 @@ def main() -> int:
         if not args.keep_nodes:
             subprocess.run(fake_nodes_cmd("delete"), check=False)
 
-    base = results.get("none", {}).get("rate")
+    # the baseline: the mean of the "none" runs (list it first and last to see the drift
+    # of a shared machine's load over the run)
+    base_rates = [r["rate"] for s, r in results if s == "none" and isinstance(r["rate"], float)]
+    base = sum(base_rates) / len(base_rates) if base_rates else None
     print(f"\nscheduling throughput, real kube-scheduler {versions()['KUBE_VERSION']}, one run")
     print(f"  nodes: {args.nodes} fake ({args.variants}); pods: {args.pods}, sizes {args.sizes}")
-    print(f"  {'setup':<46} {'bound':>11} {'pods/s':>8} {'vs none':>8}  pods per node variant")
-    for setup, r in results.items():
+    print(
+        f"  {'setup':<46} {'bound':>11} {'pods/s':>8} {'vs none':>8} "
+        f"{'sched CPU ms/pod':>16} {'ext CPU ms/pod':>14}  pods per node variant"
+    )
+    for setup, r in results:
         rate = r["rate"]
         ratio = f"{100 * rate / base:.0f} %" if isinstance(rate, float) and base else "-"
         variants = r["variants"]
         assert isinstance(variants, collections.Counter)
         print(
             f"  {SETUP_NAMES[setup]:<46} {r['bound']!s:>5}/{args.pods:<5} "
-            f"{rate if isinstance(rate, float) else 0.0:>8.1f} {ratio:>8}  "
+            f"{rate if isinstance(rate, float) else 0.0:>8.1f} {ratio:>8} "
+            f"{r['sched_ms']:>16.1f} {r['ext_ms']:>14.1f}  "
             + ", ".join(f"{k}={v}" for k, v in sorted(variants.items()))
         )
     print(f"  logs: {work}")
-    return 0 if all(r["bound"] == args.pods for r in results.values()) else 1
+    return 0 if all(r["bound"] == args.pods for _, r in results) else 1
 
 
 if __name__ == "__main__":

@@ -347,9 +347,14 @@ class _BranchAndBound:
         self.adjacent = topo.class_adjacent
         self.must_mask = sum(1 << c for c, need in enumerate(self.need) if need)
         self.best: tuple[Key, list[int]] | None = None
+        self._set_order(set())
+
+    def _set_order(self, first: set[int]) -> None:
+        """Branching order: must classes, then ``first`` (the best set's GPUs, so the
+        search starts next to it), then the largest free counts, lowest positions."""
         self.order = sorted(
             (c for c, cap in enumerate(self.cap) if cap),
-            key=lambda c: (-self.need[c], -self.cap[c], self.units[c][0]),
+            key=lambda c: (-self.need[c], c not in first, -self.cap[c], self.units[c][0]),
         )
         self.suffix_cap = [0] * (len(self.order) + 1)
         for i in range(len(self.order) - 1, -1, -1):
@@ -427,6 +432,8 @@ class _BranchAndBound:
         complete = True
         try:
             self._seed()
+            if self.best is not None:
+                self._set_order({self.topo.class_of[u] for u in self.best[1]})
             self._masks(0, 0, 0, _SELF)
         except _Cut:
             complete = False
@@ -440,7 +447,7 @@ class _BranchAndBound:
         if mask and self._prefix_worse(mask, worst):
             return
         if capacity >= self.size and mask & self.must_mask == self.must_mask:
-            self._spread(mask, capacity - self.size)
+            self._spread(mask, capacity - self.size, worst)
             return  # a superset touches one more GPU: worse by criterion 2
         if i == len(self.order) or capacity + self.suffix_cap[i] < self.size:
             return
@@ -452,7 +459,43 @@ class _BranchAndBound:
             self._masks(i + 1, mask, capacity, worst)
 
     # -- phase 2: how many units of each ------------------------------------------------
-    def _spread(self, mask: int, slack: int) -> None:
+    def _leftover_bound(self, mask: int) -> tuple[tuple[int, ...], ...]:
+        """A lower bound of criterion 3 for any spread over ``mask``: each group keeps at
+        most its free units minus what it must give (one unit, or the must-include ones,
+        per GPU of the mask in it; and what the rest of the mask cannot supply)."""
+        capacity = sum(self.cap[c] for c in range(len(self.cap)) if mask >> c & 1)
+        out = []
+        for level in _LEVELS_FINE_FIRST:
+            counts = self.free_counts[level]
+            bound = []
+            for g, group in enumerate(self.topo.group_masks[level]):
+                inside = mask & group
+                if not inside:
+                    bound.append(-counts[g])
+                    continue
+                given = in_cap = 0
+                rest = inside
+                while rest:
+                    low = rest & -rest
+                    c = low.bit_length() - 1
+                    given += max(self.need[c], 1)
+                    in_cap += self.cap[c]
+                    rest ^= low
+                given = max(given, self.size - (capacity - in_cap))
+                bound.append(-(counts[g] - given))
+            out.append(tuple(sorted(bound)))
+        return tuple(out)
+
+    def _spread(self, mask: int, slack: int, worst: int) -> None:
+        best = self.best
+        if (
+            best is not None
+            and best[0][0] == -worst
+            and best[0][1]
+            == tuple(self.topo.cover_classes(lv, mask) for lv in range(worst + 1, _SELF + 1))
+            and self._leftover_bound(mask) > best[0][2]
+        ):
+            return  # criteria 1-2 tie the best set, and no spread here beats its leftovers
         classes = [c for c in self.order if mask >> c & 1]
         room = [self.cap[c] - max(self.need[c], 1) for c in classes]
         counts = {c: self.cap[c] for c in classes}
