@@ -12,7 +12,7 @@ VFs (64 devices) and a ring of 64 GPUs.
 
 For every size k: ``--states`` random available sets of at least k devices; per call the
 thread's CPU time (``time.thread_time``: what the call costs; on a busy machine the wall
-clock adds the wait for a core) and whether the default budget (4,000 steps, 15 ms of
+clock adds the wait for a core) and whether the default budget (4,000 steps, 14 ms of
 CPU) cut the search. Baseline: the exhaustive search over all k-subsets (what the code
 before did on partial meshes), timed on a few states where it has at most 20,000 subsets.
 Target: every call within 20 ms of CPU for up to 64 devices.
