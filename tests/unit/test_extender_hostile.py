@@ -412,6 +412,26 @@ def test_bodies_in_flight_are_bounded_and_a_stalled_one_is_released() -> None:
         srv.server_close()
 
 
+def test_a_large_filter_answer_arrives_whole() -> None:
+    # several MiB of kept Node objects: more than one socket send can take at once
+    srv = ExtenderHTTPServer(("127.0.0.1", 0), extender())
+    serve_in_thread(srv)
+    try:
+        pad = "x" * 4000
+        items = [node(f"n{i}", GOOD, status={"pad": pad}) for i in range(1500)]
+        body = json.dumps({"Pod": pod(1), "Nodes": {"items": items}}).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+        conn.request("POST", "/filter", body=body)
+        resp = conn.getresponse()
+        result = json.loads(resp.read())
+        conn.close()
+        assert resp.status == 200 and len(result["Nodes"]["items"]) == 1500
+        assert result["Nodes"]["items"][-1] == items[-1]  # the same object, byte for byte
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def call_http(srv: ExtenderHTTPServer, payload: Any) -> tuple[int, Any]:
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
     try:

@@ -182,13 +182,13 @@ class ExtenderHandler(BaseHTTPRequestHandler):
     server: ExtenderHTTPServer
 
     def setup(self) -> None:
-        self.connection = self.request
+        super().setup()  # connection, and wfile: unbuffered, every write a sendall
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._reader = _DeadlineReader(
             self.connection, self.server.request_timeout, self.server.clock
         )
+        self.rfile.close()  # the plain reader: ours keeps the request deadline
         self.rfile = io.BufferedReader(self._reader, 64 * 1024)
-        self.wfile = self.connection.makefile("wb", 0)
 
     def handle_one_request(self) -> None:
         self._reader.deadline = None  # a new request: idle until its first byte
