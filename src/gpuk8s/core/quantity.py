@@ -46,6 +46,7 @@ _SHAPE = re.compile(
 )
 _DECIMAL_SI = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _BINARY_SI = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_PLAIN_COUNT = re.compile(r"[0-9]{1,18}\Z", re.ASCII)  # < 2^63: the value is int(text)
 _INT64_TEXT = re.compile(r"[+-]?[0-9]+\Z", re.ASCII)  # strconv.ParseInt(s, 10, 64) syntax
 # Go's unicode.IsSpace (strings.TrimSpace), which is narrower than Python's str.isspace
 _GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"  # noqa: E501
@@ -193,6 +194,10 @@ def whole_count(value: object, what: str, *, json_text: bool = False) -> int:
     """A quantity that must be a whole number >= 0 (extended resources such as
     ``metax-tech.com/gpu``): ``value`` as decoded from JSON, or with ``json_text`` the
     JSON text of the value. ``QuantityError`` names ``what`` and says why not."""
+    if isinstance(value, str):  # the common case, "2": no Decimal arithmetic needed
+        plain = value[1:-1] if json_text and value[:1] == '"' == value[-1:] else value
+        if _PLAIN_COUNT.match(plain):
+            return int(plain)
     try:
         if json_text:
             if not isinstance(value, str):
