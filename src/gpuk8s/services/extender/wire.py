@@ -291,12 +291,6 @@ def view_request(pod: PodView, root: str = "Pod") -> int:
     return max(running + sidecars, peak_init)
 
 
-def decode_pod(data: bytes, root: str = "Pod") -> PodView:
-    """A Pod object's JSON as a ``PodView`` (``BadRequest`` naming the field)."""
-    view: PodView = _decode(_POD, data, root)
-    return view
-
-
 def pod_request(pod: dict[str, Any]) -> int:
     """``view_request`` of a Pod given as a decoded JSON object (tests, tools)."""
     if not isinstance(pod, dict):
