@@ -324,35 +324,50 @@ def test_a_slow_client_is_cut_off_with_408(fast_clock_server: ExtenderHTTPServer
     assert fast_clock_server.timed_out_requests == 1
 
 
-def test_connections_are_capped() -> None:
+def _get_healthz(srv: ExtenderHTTPServer) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    try:
+        conn.request("GET", "/healthz")
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def _wait(predicate: Any, what: str) -> None:
+    for _ in range(500):  # polling: the server's threads get there when they get there
+        if predicate():
+            return
+        time.sleep(0.02)
+    pytest.fail(f"never: {what}")
+
+
+def test_connections_are_capped_and_idle_ones_give_way() -> None:
     srv = ExtenderHTTPServer(("127.0.0.1", 0), extender(), max_connections=2)
     serve_in_thread(srv)
-    held = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(2)]
+    held: list[socket.socket] = []
     try:
-        # the two idle connections hold both slots: a third is answered 503 and closed
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as third:
-                answer = third.makefile("rb").read()
-            if answer.startswith(b"HTTP/1.1 503"):
-                break
-            time.sleep(0.05)  # the server may not have picked up both connections yet
+        # two connections in the middle of a request hold both slots: a third gets 503
+        for _ in range(2):
+            sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            sock.sendall(b"POST /filter HTTP/1.1\r\nContent-Len")
+            held.append(sock)
+        _wait(lambda: not srv._idle and srv._connections._value == 0, "both slots busy")
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as third:
+            answer = third.makefile("rb").read()
         assert answer.startswith(b"HTTP/1.1 503") and b"more than 2 connections" in answer
-        assert srv.refused_connections >= 1
-        held.pop().close()
-        for _ in range(200):  # the slot comes back once the server sees the close
-            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
-            try:
-                conn.request("GET", "/healthz")
-                if conn.getresponse().status == 200:
-                    break
-            except (ConnectionError, http.client.HTTPException):
-                pass
-            finally:
-                conn.close()
-            time.sleep(0.05)
-        else:
-            pytest.fail("the freed connection slot never came back")
+        assert srv.refused_connections == 1
+        for sock in held:
+            sock.close()
+        held.clear()
+        # two idle keep-alive connections (waiting for a request) give way to a new one:
+        # idle connections can never lock the scheduler out
+        _wait(lambda: srv._connections._value == 2, "both slots free")
+        for _ in range(2):
+            held.append(socket.create_connection(("127.0.0.1", srv.port), timeout=10))
+        _wait(lambda: len(srv._idle) == 2, "two idle connections")
+        assert _get_healthz(srv) == 200
+        assert srv.evicted_connections == 1 and srv.refused_connections == 1
+        assert held[0].recv(1) == b""  # the one idle the longest was closed
     finally:
         for sock in held:
             sock.close()

@@ -15,8 +15,10 @@ Bounds, so that no client can take the service down:
   byte (a client sending one byte every few seconds is cut off: 408), and the answer
   must be taken within that time too; an idle keep-alive connection is closed after
   ``IDLE_TIMEOUT_S``;
-* at most ``max_connections`` connections are served at once; one more gets a 503 and
-  is closed at once.
+* at most ``max_connections`` connections are served at once; at the cap a new one
+  takes the place of the connection that has waited longest for its next request (so
+  idle connections cannot lock kube-scheduler out), and gets a 503 only when every
+  connection is in the middle of a request.
 """
 
 from __future__ import annotations
@@ -58,10 +60,17 @@ class _DeadlineReader(io.RawIOBase):
     every read gets only the time left until ``started + request_timeout``, so a slow
     client cannot stretch one request by sending a little at a time."""
 
-    def __init__(self, sock: socket.socket, timeout: float, clock: Callable[[], float]):
+    def __init__(
+        self,
+        sock: socket.socket,
+        timeout: float,
+        clock: Callable[[], float],
+        idle: Callable[[socket.socket, bool], None],
+    ):
         self._sock = sock
         self._timeout = timeout
         self._clock = clock
+        self._idle = idle  # tells the server when the connection waits between requests
         self.deadline: float | None = None  # None: between requests
 
     def readable(self) -> bool:
@@ -70,20 +79,23 @@ class _DeadlineReader(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         if self.deadline is None:
             self._sock.settimeout(IDLE_TIMEOUT_S)
+            self._idle(self._sock, True)
+            try:
+                count = self._sock.recv_into(buffer)
+            finally:
+                self._idle(self._sock, False)
+            if count:
+                self.deadline = self._clock() + self._timeout
+            return count
         else:
             left = self.deadline - self._clock()
             if left <= 0:
                 raise _RequestTimeout("request not received within the deadline")
             self._sock.settimeout(left)
         try:
-            count = self._sock.recv_into(buffer)
+            return self._sock.recv_into(buffer)
         except TimeoutError:
-            if self.deadline is None:
-                raise
             raise _RequestTimeout("request not received within the deadline") from None
-        if self.deadline is None and count:
-            self.deadline = self._clock() + self._timeout
-        return count
 
 
 class _ByteBudget:
@@ -132,7 +144,10 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         self.budget = _ByteBudget(body_budget if body_budget is not None else 2 * max_body)
         self.clock = clock
         self._connections = threading.BoundedSemaphore(max_connections)
+        self._idle_lock = threading.Lock()
+        self._idle: dict[socket.socket, float] = {}  # connection -> waiting since
         self.refused_connections = 0
+        self.evicted_connections = 0
         self.timed_out_requests = 0
         super().__init__(address, ExtenderHandler)
 
@@ -145,8 +160,32 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
     def port(self) -> int:
         return int(self.server_address[1])
 
+    def connection_idle(self, sock: socket.socket, idle: bool) -> None:
+        """Handlers report when a connection waits for its next request (evictable)."""
+        with self._idle_lock:
+            if idle:
+                self._idle[sock] = self.clock()
+            else:
+                self._idle.pop(sock, None)
+
+    def _evict_idle(self) -> bool:
+        """At the cap, close the connection that has waited longest for a request, so
+        idle connections can never lock kube-scheduler out; False when none is idle."""
+        with self._idle_lock:
+            if not self._idle:
+                return False
+            oldest = min(self._idle, key=self._idle.__getitem__)
+            del self._idle[oldest]
+        with contextlib.suppress(OSError):
+            oldest.shutdown(socket.SHUT_RDWR)  # its handler's read returns: it ends
+        self.evicted_connections += 1
+        return True
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._connections.acquire(blocking=False):
+        admitted = self._connections.acquire(blocking=False)
+        if not admitted and self._evict_idle():
+            admitted = self._connections.acquire(timeout=1.0)
+        if not admitted:
             self.refused_connections += 1
             with contextlib.suppress(OSError):
                 request.settimeout(1.0)
@@ -172,6 +211,7 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.connection_idle(request, False)
             self._connections.release()
 
 
@@ -185,7 +225,10 @@ class ExtenderHandler(BaseHTTPRequestHandler):
         super().setup()  # connection, and wfile: unbuffered, every write a sendall
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._reader = _DeadlineReader(
-            self.connection, self.server.request_timeout, self.server.clock
+            self.connection,
+            self.server.request_timeout,
+            self.server.clock,
+            self.server.connection_idle,
         )
         self.rfile.close()  # the plain reader: ours keeps the request deadline
         self.rfile = io.BufferedReader(self._reader, 64 * 1024)
