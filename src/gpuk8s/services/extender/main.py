@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-connections",
         type=int,
         default=DEFAULT_MAX_CONNECTIONS,
-        help="connections served at once; more are answered 503 and closed (default 64)",
+        help="connections served at once (default 64); at the cap a new one replaces the "
+        "one idle the longest, or gets 503 when all are busy",
     )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: in-cluster)")
     add_log_arguments(parser)
