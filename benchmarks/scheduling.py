@@ -170,15 +170,29 @@ def fake_nodes_cmd(*args: str) -> list[str]:
     return [sys.executable, str(LAB / "fake_nodes.py"), *args]
 
 
-def start_extender(args: argparse.Namespace, work: Path) -> tuple[str, subprocess.Popen[bytes]]:
+def start_extender(
+    args: argparse.Namespace, work: Path, port: int, source: Path | None = None
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """This checkout's extender, or with ``source`` the one of an extracted revision."""
     cmd = args.extender_cmd or (
-        f"{Path(sys.executable).parent / 'gpuk8s'} serve extender --port {{port}} "
+        f"{sys.executable} -m gpuk8s.cli serve extender --port {{port}} "
         f"--address 127.0.0.1 --kubeconfig {KUBECONFIG} --node-cache --log-format text"
     )
-    cmd = cmd.replace("{port}", str(args.extender_port))
-    log = open(work / "extender.log", "wb")  # noqa: SIM115 (lives as long as the process)
-    proc = subprocess.Popen(cmd.split(), stdout=log, stderr=subprocess.STDOUT)
-    return f"http://127.0.0.1:{args.extender_port}", proc
+    cmd = cmd.replace("{port}", str(port))
+    env = dict(os.environ, PYTHONPATH=str(source / "src")) if source else None
+    log = open(work / f"extender-{port}.log", "wb")  # noqa: SIM115 (lives with the process)
+    proc = subprocess.Popen(cmd.split(), stdout=log, stderr=subprocess.STDOUT, env=env)
+    return f"http://127.0.0.1:{port}", proc
+
+
+def extract(ref: str) -> Path:
+    """The source tree of git revision ``ref`` in a temporary directory."""
+    out = Path(tempfile.mkdtemp(prefix="gpuk8s-baseline-"))
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", ref, "src"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
 
 
 def run_setup(
@@ -218,7 +232,8 @@ def run_setup(
     print(f"[{setup}] pods created: {args.pods} in {time.monotonic() - t0:.1f}s", flush=True)
 
     config = work / f"scheduler-{setup}.json"
-    scheduler_config(config, extender_url if setup != "none" else None, setup == "cache")
+    mode = setup.split("@")[0]
+    scheduler_config(config, extender_url if mode != "none" else None, mode == "cache")
     sched_log = open(work / f"scheduler-{setup}.log", "wb")  # noqa: SIM115 (as above)
     t_start = time.monotonic()
     sched = subprocess.Popen(
@@ -276,7 +291,7 @@ def run_setup(
         # CPU per bound pod: where the time goes (the scheduler's own work includes
         # encoding the extender requests and decoding its answers)
         "sched_ms": 1e3 * sched_cpu / max(bound, 1),
-        "ext_ms": 1e3 * extender_cpu / max(bound, 1) if setup != "none" else 0.0,
+        "ext_ms": 1e3 * extender_cpu / max(bound, 1) if mode != "none" else 0.0,
     }
 
 
@@ -285,6 +300,11 @@ SETUP_NAMES = {
     "cache": "gpu-aware, nodeCacheCapable: true",
     "full": "gpu-aware, nodeCacheCapable: false (SPEC §7)",
 }
+
+
+def setup_name(setup: str, baseline: str | None) -> str:
+    mode, _, base = setup.partition("@")
+    return SETUP_NAMES[mode] + (f" @{(baseline or '')[:8]}" if base else "")
 
 
 def main() -> int:
@@ -299,7 +319,8 @@ def main() -> int:
         "--setups",
         default="none,cache,full",
         help="comma list of none (scheduler alone), cache, full, measured in this order; "
-        "repeat none (e.g. none,cache,full,none) to average the baseline over the run",
+        "repeat none (e.g. none,cache,full,none) to average the baseline over the run; "
+        "cache@base / full@base use the extender of --baseline",
     )
     ap.add_argument("--extender-url", help="use a running extender (skip starting one)")
     ap.add_argument("--extender-port", type=int, default=18080)
@@ -309,13 +330,20 @@ def main() -> int:
         help="command to start the extender ({port} is replaced); default: this Python's "
         "`gpuk8s serve extender --port {port} --node-cache --kubeconfig admin.conf`",
     )
+    ap.add_argument(
+        "--baseline", metavar="REF", help="git revision whose extender the @base setups use"
+    )
     ap.add_argument("--timeout", type=float, default=600, help="per setup, seconds")
     ap.add_argument("--keep-nodes", action="store_true", help="leave the fake nodes registered")
     args = ap.parse_args()
     setups = [s for s in args.setups.split(",") if s]
-    unknown = set(setups) - set(SETUP_NAMES)
+    unknown = set(setups) - set(SETUP_NAMES) - {"cache@base", "full@base"}
     if unknown:
-        raise SystemExit(f"--setups: unknown {sorted(unknown)}; use none, cache, full")
+        raise SystemExit(
+            f"--setups: unknown {sorted(unknown)}; use none, cache, full, cache@base, full@base"
+        )
+    if any(s.endswith("@base") for s in setups) and not args.baseline:
+        raise SystemExit("--setups: the @base setups need --baseline REF")
 
     api = fake_nodes.Api(KUBECONFIG)
     procs: list[subprocess.Popen[bytes]] = []
@@ -336,14 +364,25 @@ def main() -> int:
 
         extender_url = args.extender_url
         extender_pid = None
-        if set(setups) - {"none"}:
+        if {s for s in setups if not s.endswith("@base")} - {"none"}:
             if not extender_url:
-                extender_url, proc = start_extender(args, work)
+                extender_url, proc = start_extender(args, work, args.extender_port)
                 procs.append(proc)
                 extender_pid = proc.pid
             wait_http(extender_url.rstrip("/") + "/readyz", 120)
+        base_url = base_pid = None
+        if any(s.endswith("@base") for s in setups):
+            base_url, proc = start_extender(
+                args, work, args.extender_port + 1, extract(args.baseline)
+            )
+            procs.append(proc)
+            base_pid = proc.pid
+            wait_http(base_url + "/readyz", 120)
         for setup in setups:
-            results.append((setup, run_setup(api, args, setup, extender_url, work, extender_pid)))
+            url, pid = (base_url, base_pid) if setup.endswith("@base") else (
+                extender_url, extender_pid
+            )
+            results.append((setup, run_setup(api, args, setup, url, work, pid)))
     finally:
         for p in reversed(procs):
             p.terminate()
@@ -371,7 +410,7 @@ def main() -> int:
         variants = r["variants"]
         assert isinstance(variants, collections.Counter)
         print(
-            f"  {SETUP_NAMES[setup]:<46} {r['bound']!s:>5}/{args.pods:<5} "
+            f"  {setup_name(setup, args.baseline):<46} {r['bound']!s:>5}/{args.pods:<5} "
             f"{rate if isinstance(rate, float) else 0.0:>8.1f} {ratio:>8} "
             f"{r['sched_ms']:>16.1f} {r['ext_ms']:>14.1f}  "
             + ", ".join(f"{k}={v}" for k, v in sorted(variants.items()))
