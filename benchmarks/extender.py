@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from baseline import extract  # benchmarks/baseline.py (this directory is on sys.path)
+
 PRESETS = ("c500-8", "c550-8", "mixed-16", "c500-8-vf4")
 GPU = "metax-tech.com/gpu"
 VARIANTS_PER_PRESET = 12
@@ -232,17 +234,6 @@ def inproc(count: int, cache_mode: bool, seed: int, core: int, cycles: int) -> N
         ),
         flush=True,
     )
-
-
-def extract(ref: str) -> Path:
-    """The source tree of git revision ``ref`` in a temporary directory."""
-    out = Path(tempfile.mkdtemp(prefix="gpuk8s-baseline-"))
-    repo = Path(__file__).resolve().parents[1]
-    archive = subprocess.run(
-        ["git", "-C", str(repo), "archive", ref, "src"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
-    return out
 
 
 # -- client ---------------------------------------------------------------------------

@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAB = REPO / "lab"
 sys.path.insert(0, str(LAB))
 import fake_nodes  # noqa: E402  (lab/fake_nodes.py: the API client and node variants)
+from baseline import extract  # noqa: E402  (benchmarks/baseline.py)
 
 KUBECONFIG = "/etc/kubernetes/admin.conf"
 NS = "gpuk8s-bench"
@@ -183,16 +184,6 @@ def start_extender(
     log = open(work / f"extender-{port}.log", "wb")  # noqa: SIM115 (lives with the process)
     proc = subprocess.Popen(cmd.split(), stdout=log, stderr=subprocess.STDOUT, env=env)
     return f"http://127.0.0.1:{port}", proc
-
-
-def extract(ref: str) -> Path:
-    """The source tree of git revision ``ref`` in a temporary directory."""
-    out = Path(tempfile.mkdtemp(prefix="gpuk8s-baseline-"))
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", ref, "src"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
-    return out
 
 
 def run_setup(

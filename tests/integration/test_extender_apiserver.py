@@ -162,22 +162,19 @@ def _post(service: ExtenderService, verb: str, payload: Any) -> tuple[int, Any]:
     return resp.status, data
 
 
+def _cached_service_args(apiserver: Any) -> Any:
+    """Flags of a gpu-aware with the node cache, on a free port, as the chart runs it."""
+    return build_parser().parse_args(
+        ["--port", "0", "--address", "127.0.0.1", "--node-cache",
+         "--kubeconfig", apiserver.kubeconfig("gpu-aware")]
+    )
+
+
 def test_extender_service_with_node_cache(
     apiserver: Any, names: list[str], c500: NodeInventory
 ) -> None:
     _create_nodes(apiserver, names, c500)
-    args = build_parser().parse_args(
-        [
-            "--port",
-            "0",
-            "--address",
-            "127.0.0.1",
-            "--node-cache",
-            "--kubeconfig",
-            apiserver.kubeconfig("gpu-aware"),
-        ]
-    )
-    service = build_service(args)
+    service = build_service(_cached_service_args(apiserver))
     service.start()
     try:
         cache = service.extender.cache
@@ -230,11 +227,7 @@ def test_poisoned_nodes_do_not_stop_the_node_cache(
     nested = dict(node_annotations(c500, allocated=[]))
     nested[DEVICES_ANNOTATION] = "[" * 100_000 + "]" * 100_000
     core.create_node({"metadata": {"name": deep, "annotations": nested}})
-    args = build_parser().parse_args(
-        ["--port", "0", "--address", "127.0.0.1", "--node-cache",
-         "--kubeconfig", apiserver.kubeconfig("gpu-aware")]
-    )
-    service = build_service(args)
+    service = build_service(_cached_service_args(apiserver))
     service.start()
     try:
         cache = service.extender.cache
