@@ -19,7 +19,14 @@ through discovery, random allocations, tables from core.scoring; bound pods hold
 allocated devices, and 1 % of the nodes have a just-bound pod whose GPUs are promised.
 Target: p99 < 20 ms for filter+prioritize at 5,000 nodes with the node cache.
 
+``--baseline REF`` measures every row twice, back to back: first with the extender code
+of git revision REF (extracted to a temporary directory and put first on the server's
+PYTHONPATH), then with the working tree, so before/after come from the same run and the
+same machine load. ``--in-process`` times ``Extender.handle`` itself (CPU time of the
+call, no HTTP): the cost of decoding, deciding and encoding alone.
+
 Run: python benchmarks/extender.py [--sizes 100,1000,5000] [--cycles 200] [--seconds 5]
+                                   [--modes cache,nocache] [--baseline REF] [--in-process]
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from baseline import extract  # benchmarks/baseline.py (this directory is on sys.path)
 
 PRESETS = ("c500-8", "c550-8", "mixed-16", "c500-8-vf4")
 GPU = "metax-tech.com/gpu"
@@ -163,40 +172,78 @@ def assign(count: int, pool: list[dict[str, str]], seed: int) -> list[dict[str, 
 
 
 # -- server process -------------------------------------------------------------------
-def serve(count: int, cache_mode: bool, seed: int, core: int) -> None:
+def build_extender(count: int, cache_mode: bool, seed: int) -> Any:
+    """The extender under test, with its node cache (cache mode) and bound pods."""
+    from gpuk8s.core.devicelist import DEVICES_ANNOTATION as DEVICES
     from gpuk8s.services.extender.logic import Extender
     from gpuk8s.services.extender.nodes import BoundPods, NodeCache
-    from gpuk8s.services.extender.packing import NodeRooms, RunningPods
-    from gpuk8s.services.extender.server import ExtenderHTTPServer
+    from gpuk8s.services.extender.packing import NO_ALLOCATABLE, NodeRooms, RunningPods
     from gpuk8s.services.extender.weights import Weights, WeightSource
 
-    os.sched_setaffinity(0, {core})
     names = node_names(count)
-    pool = annotation_pool(seed)
-    annotations = assign(count, pool, seed)
+    annotations = assign(count, annotation_pool(seed), seed)
     cache = None
     rooms = NodeRooms()  # prioritize's view of the nodes (the node watch feeds both)
     if cache_mode:
         cache = NodeCache()
         cache.replace(zip(names, annotations, strict=True))
-        rooms.replace((n, a, None) for n, a in zip(names, annotations, strict=True))
+        rooms.replace(
+            (n, a.get(DEVICES), NO_ALLOCATABLE) for n, a in zip(names, annotations, strict=True)
+        )
     pods, running = BoundPods(), RunningPods()
     held = bound_pods(names, annotations, seed)
     pods.replace(held)
     running.replace((uid, node, (gpus, 0, 0)) for uid, node, gpus in held)
+    # float weights, as parse_weight gives them in production
+    return Extender(
+        WeightSource(None, Weights(1.0, 1.0)), cache=cache, pods=pods, rooms=rooms, running=running
+    )
+
+
+def serve(count: int, cache_mode: bool, seed: int, core: int) -> None:
+    from gpuk8s.services.extender.server import ExtenderHTTPServer
+
+    os.sched_setaffinity(0, {core})
     server = ExtenderHTTPServer(
-        ("127.0.0.1", 0),
-        Extender(
-            WeightSource(None, Weights(1, 1)),
-            cache=cache,
-            pods=pods,
-            rooms=rooms,
-            running=running,
-        ),
-        max_body=512 * 1024 * 1024,
+        ("127.0.0.1", 0), build_extender(count, cache_mode, seed), max_body=512 * 1024 * 1024
     )
     print(server.port, flush=True)
     server.serve_forever()
+
+
+def inproc(count: int, cache_mode: bool, seed: int, core: int, cycles: int) -> None:
+    """Time ``Extender.handle`` in this process (thread CPU time) and print one JSON line."""
+    os.sched_setaffinity(0, {core})
+    ext = build_extender(count, cache_mode, seed)
+    reqs = bodies(count, cache_mode, annotation_pool(seed), seed)
+    for body in reqs:  # warm-up: memo and indexes
+        ext.handle("filter", body)
+        ext.handle("prioritize", body)
+    f_ms: list[float] = []
+    p_ms: list[float] = []
+    for i in range(cycles):
+        body = reqs[i % len(reqs)]
+        t0 = time.thread_time()
+        filtered = ext.handle("filter", body)
+        t1 = time.thread_time()
+        ranked = ext.handle("prioritize", body)
+        t2 = time.thread_time()
+        if filtered.status != 200 or ranked.status != 200:
+            raise RuntimeError(f"in-process call failed: {filtered.body[:200]!r}")
+        f_ms.append((t1 - t0) * 1e3)
+        p_ms.append((t2 - t1) * 1e3)
+    print(
+        json.dumps(
+            {
+                "filter_p50": percentile(f_ms, 0.5),
+                "filter_p99": percentile(f_ms, 0.99),
+                "prio_p50": percentile(p_ms, 0.5),
+                "prio_p99": percentile(p_ms, 0.99),
+                "body_kib": len(reqs[0]) / 1024,
+            }
+        ),
+        flush=True,
+    )
 
 
 # -- client ---------------------------------------------------------------------------
@@ -292,6 +339,42 @@ def measure(
     }
 
 
+def _row(
+    count: int, mode: str, code: str, args: argparse.Namespace, server_core: int,
+    pool: list[dict[str, str]], env: dict[str, str],
+) -> str:
+    cycles = args.cycles if mode == "cache" else max(10, args.cycles * 100 // count)
+    command = [sys.executable, __file__, "--seed", str(args.seed), "--serve", str(count), mode,
+               str(server_core)]
+    if args.in_process:
+        out = subprocess.run(
+            [*command, "--inproc", str(cycles)], env=env, check=True, capture_output=True,
+            text=True,
+        ).stdout
+        r = json.loads(out.strip().splitlines()[-1])
+        return (
+            f"{count:>6} {mode:<8} {code:<10} {r['body_kib']:>9.0f} "
+            f"{r['filter_p50']:>8.2f} / {r['filter_p99']:>7.2f} "
+            f"{r['prio_p50']:>8.2f} / {r['prio_p99']:>7.2f}"
+        )
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        reqs = bodies(count, mode == "cache", pool, args.seed)
+        r = measure(port, proc.pid, reqs, cycles, args.seconds)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    return (
+        f"{count:>6} {mode:<8} {code:<10} {r['body_kib']:>9.0f} "
+        f"{r['filter_p50']:>8.2f} / {r['filter_p99']:>7.2f} "
+        f"{r['prio_p50']:>8.2f} / {r['prio_p99']:>7.2f} "
+        f"{r['both_p50']:>6.2f} / {r['both_p99']:>7.2f} {r['pairs_per_s']:>8.1f} "
+        f"{r['cpu_ms_per_pair']:>19.2f} {1e3 / max(r['cpu_ms_per_pair'], 1e-9):>16.1f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -301,65 +384,56 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=200, help="filter+prioritize pairs timed")
     parser.add_argument("--seconds", type=float, default=5.0, help="throughput run length")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--baseline", metavar="REF", help="also measure git revision REF")
+    parser.add_argument(
+        "--in-process", action="store_true", help="time Extender.handle (CPU), no HTTP"
+    )
     parser.add_argument(
         "--serve", nargs=3, metavar=("NODES", "MODE", "CORE"), help=argparse.SUPPRESS
     )
+    parser.add_argument("--inproc", type=int, metavar="CYCLES", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(int(args.serve[0]), args.serve[1] == "cache", args.seed, int(args.serve[2]))
+        count, mode, core = int(args.serve[0]), args.serve[1] == "cache", int(args.serve[2])
+        if args.inproc:
+            inproc(count, mode, args.seed, core, args.inproc)
+        else:
+            serve(count, mode, args.seed, core)
         return 0
 
     cores = sorted(os.sched_getaffinity(0))
     server_core, client_core = cores[0], cores[-1]
     os.sched_setaffinity(0, {client_core})
     pool = annotation_pool(args.seed)
+    codes: list[tuple[str, dict[str, str]]] = []
+    if args.baseline:
+        base = extract(args.baseline)
+        env = dict(os.environ, PYTHONPATH=str(base / "src"))
+        codes.append((args.baseline[:10], env))
+    codes.append(("worktree", dict(os.environ)))
     print(
         f"python {sys.version.split()[0]}; server pinned to CPU {server_core}, client to "
         f"CPU {client_core}; {args.cycles} timed filter+prioritize pairs per row; "
         f"every node offered; {len(pool)} distinct real node states; nocache rows time "
-        f"fewer pairs (scaled by 100/nodes, at least 10)",
+        f"fewer pairs (scaled by 100/nodes, at least 10); "
+        + ("in-process: CPU time of Extender.handle, no HTTP" if args.in_process else "HTTP"),
         flush=True,
     )
     head = (
-        f"{'nodes':>6} {'mode':<8} {'body KiB':>9} {'filter p50/p99 ms':>18} "
-        f"{'prioritize p50/p99':>19} {'f+p p50/p99 ms':>16} {'pairs/s':>8} "
-        f"{'server CPU ms/pair':>19} {'=> pairs/s/core':>16}"
+        f"{'nodes':>6} {'mode':<8} {'code':<10} {'body KiB':>9} {'filter p50/p99 ms':>18} "
+        f"{'prioritize p50/p99':>19}"
     )
+    if not args.in_process:
+        head += (
+            f" {'f+p p50/p99 ms':>16} {'pairs/s':>8} {'server CPU ms/pair':>19} "
+            f"{'=> pairs/s/core':>16}"
+        )
     print(head)
     print("-" * len(head), flush=True)
     for count in (int(s) for s in args.sizes.split(",")):
         for mode in args.modes.split(","):
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
-                    "--seed",
-                    str(args.seed),
-                    "--serve",
-                    str(count),
-                    mode,
-                    str(server_core),
-                ],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            try:
-                assert proc.stdout is not None
-                port = int(proc.stdout.readline())
-                reqs = bodies(count, mode == "cache", pool, args.seed)
-                cycles = args.cycles if mode == "cache" else max(10, args.cycles * 100 // count)
-                r = measure(port, proc.pid, reqs, cycles, args.seconds)
-            finally:
-                proc.terminate()
-                proc.wait(10)
-            print(
-                f"{count:>6} {mode:<8} {r['body_kib']:>9.0f} "
-                f"{r['filter_p50']:>8.2f} / {r['filter_p99']:>7.2f} "
-                f"{r['prio_p50']:>8.2f} / {r['prio_p99']:>7.2f} "
-                f"{r['both_p50']:>6.2f} / {r['both_p99']:>7.2f} {r['pairs_per_s']:>8.1f} "
-                f"{r['cpu_ms_per_pair']:>19.2f} {1e3 / max(r['cpu_ms_per_pair'], 1e-9):>16.1f}",
-                flush=True,
-            )
+            for code, env in codes:
+                print(_row(count, mode, code, args, server_core, pool, env), flush=True)
     return 0
 
 

@@ -82,7 +82,6 @@ from gpuk8s.services.extender.packing import (
     node_room_fields,
     running_fields,
 )
-from gpuk8s.services.extender.watch import pod_fields
 from gpuk8s.services.extender.weights import Weights, WeightSource
 from gpuk8s.services.extender.wire import READ_ANNOTATIONS
 
@@ -418,9 +417,9 @@ class Replay:
         self.rooms.observe(*node_room_fields(node.object))
 
     def _pod_event(self, obj: dict[str, Any]) -> None:
-        uid, name, gpus = pod_fields(obj)
-        self.bound.set(uid, name, gpus)
-        self.running.set(*running_fields(obj))
+        uid, name, shape = running_fields(obj)
+        self.bound.set(uid, name, shape[0])
+        self.running.set(uid, name, shape)
 
     # -- choosing ---------------------------------------------------------------------
     def choose(self, pod: PodSpec, uid: str) -> int | None:

@@ -108,7 +108,12 @@ def cmd_allocate(args: argparse.Namespace) -> int:
     topo = Topology.from_inventory(inv, units)
     available = _resolve_ids(units, args.available) if args.available else [u.id for u in units]
     must = _resolve_ids(units, args.must_include) if args.must_include else []
-    result = allocate(topo, available, args.size, must)
+    from .discovery import check_health
+
+    # what the device plugin would not offer: never preferred, even when listed
+    health = check_health(args.root, inv)
+    unhealthy = [u.id for u in units if health.get(u.gpu) is not None]
+    result = allocate(topo, available, args.size, must, unhealthy=unhealthy)
     if args.json:
         print(json.dumps({"devices": list(result.devices), "explain": result.explain}))
     else:

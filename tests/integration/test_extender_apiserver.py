@@ -162,6 +162,14 @@ def _post(service: ExtenderService, verb: str, payload: Any) -> tuple[int, Any]:
     return resp.status, data
 
 
+def _cached_service_args(apiserver: Any) -> Any:
+    """Flags of a gpu-aware with the node cache, on a free port, as the chart runs it."""
+    return build_parser().parse_args(
+        ["--port", "0", "--address", "127.0.0.1", "--node-cache",
+         "--kubeconfig", apiserver.kubeconfig("gpu-aware"), "--log-level", "warning"]
+    )
+
+
 def test_extender_service_with_node_cache(
     apiserver: Any, names: list[str], c500: NodeInventory
 ) -> None:
@@ -195,6 +203,52 @@ def test_extender_service_with_node_cache(
         status, result = _post(service, "filter", {"Pod": pod, "NodeNames": names})
         assert result["NodeNames"] == [names[1]]
         assert "4 promised" in result["FailedNodes"][names[0]]
+    finally:
+        service.close()
+
+
+def test_poisoned_nodes_do_not_stop_the_node_cache(
+    apiserver: Any, names: list[str], c500: NodeInventory
+) -> None:
+    """Issue 15: a node whose annotations hold NaN tables, a 100,000-deep device list or a
+    400-digit score used to make the first list fail for ever (/readyz 503, every filter
+    "not synced"). Now the cache syncs, /readyz is ready, the bad node is excluded with a
+    reason and reported (metric, log)."""
+    good, poisoned, deep = names
+    core = apiserver.core()
+    core.create_node(
+        {"metadata": {"name": good, "annotations": node_annotations(c500, allocated=[0, 1])}}
+    )
+    tables = dict(node_annotations(c500, allocated=[0, 4]))
+    tables["metax-tech.com/gpu.topology.scores"] = '{"1": NaN, "4": ' + "9" * 400 + "}"
+    tables["metax-tech.com/gpu.topology.losses"] = '{"1": Infinity, "4": 1e400}'
+    core.create_node({"metadata": {"name": poisoned, "annotations": tables}})
+    nested = dict(node_annotations(c500, allocated=[]))
+    nested[DEVICES_ANNOTATION] = "[" * 100_000 + "]" * 100_000
+    core.create_node({"metadata": {"name": deep, "annotations": nested}})
+    service = _extender_service(apiserver)
+    try:
+        cache = service.extender.cache
+        assert cache is not None
+        wait_for(lambda: cache.synced and cache.get(deep) is not None, 30, "node cache")
+        conn = http.client.HTTPConnection("127.0.0.1", service.port, timeout=10)
+        conn.request("GET", "/readyz")
+        assert conn.getresponse().status == 200
+        conn.close()
+        pod = {
+            "metadata": {"name": "train", "namespace": "default", "uid": "u2"},
+            "spec": {"containers": [{"name": "m", "resources": {"limits": {GPU: "4"}}}]},
+        }
+        status, result = _post(service, "filter", {"Pod": pod, "NodeNames": names})
+        assert status == 200 and result["NodeNames"] == [good, poisoned]
+        assert "nested 100000 deep" in result["FailedAndUnresolvableNodes"][deep]
+        status, ranking = _post(service, "prioritize", {"Pod": pod, "NodeNames": names})
+        assert status == 200 and ranking[0] == {"Host": good, "Score": 10}
+        conn = http.client.HTTPConnection("127.0.0.1", service.port, timeout=10)
+        conn.request("GET", "/metrics")
+        metrics = conn.getresponse().read().decode()
+        conn.close()
+        assert "gpu_aware_unusable_nodes 1.0" in metrics
     finally:
         service.close()
 
@@ -314,20 +368,7 @@ class Scheduler:
 
 
 def _extender_service(apiserver: Any) -> ExtenderService:
-    args = build_parser().parse_args(
-        [
-            "--port",
-            "0",
-            "--address",
-            "127.0.0.1",
-            "--node-cache",
-            "--kubeconfig",
-            apiserver.kubeconfig("gpu-aware"),
-            "--log-level",
-            "warning",
-        ]
-    )
-    service = build_service(args)
+    service = build_service(_cached_service_args(apiserver))
     service.start()
     return service
 

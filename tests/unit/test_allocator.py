@@ -6,8 +6,10 @@ import itertools
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gpuk8s.core.allocator import allocate, best_set, objective_key
+from gpuk8s.core.allocator import Budget, allocate, best_set, objective_key, search
 from gpuk8s.core.errors import AllocationError
 from gpuk8s.core.model import LinkKind
 from gpuk8s.core.topology import Topology, Unit, units_for_inventory
@@ -163,7 +165,7 @@ def test_random_states_vfs() -> None:
         assert got == brute_force(topo, free, size), (free, size)
 
 
-def test_non_hierarchical_topology_falls_back_to_exhaustive_search() -> None:
+def test_a_ring_is_not_hierarchical_and_still_exact() -> None:
     # A ring of links (0-1, 1-2, 2-3, 3-0) is not a clique: 0 and 2 are not linked.
     units = [Unit(id=f"d{i}", gpu=i) for i in range(4)]
     mx, sys_ = int(LinkKind.MX), int(LinkKind.SYS)
@@ -179,3 +181,171 @@ def test_non_hierarchical_topology_falls_back_to_exhaustive_search() -> None:
         got, _ = best_set(topo, [0, 1, 2, 3], size)
         assert got == brute_force(topo, [0, 1, 2, 3], size)
     assert allocate(topo, ["d0", "d1", "d2", "d3"], 2).worst is LinkKind.MX
+
+
+# -- partial meshes: link groups are maximal cliques ------------------------------------
+# The default step budget, without the CPU-time limit (tests never depend on timing):
+# every case below must finish within the steps a real call may use.
+STEPS_ONLY = Budget(seconds=float("inf"))
+
+@pytest.mark.parametrize("name", sorted(topologies.PARTIAL_MESHES))
+def test_partial_meshes_are_exact_for_every_available_set_and_size(name: str) -> None:
+    topo = Topology.from_inventory(topologies.PARTIAL_MESHES[name]())
+    assert not topo.hierarchical
+    n = len(topo)
+    for mask in range(1, 1 << n):
+        free = [u for u in range(n) if mask >> u & 1]
+        for size in range(1, len(free) + 1):
+            result = search(topo, free, size, budget=STEPS_ONLY)
+            assert result.complete, (free, size)
+            assert result.chosen == brute_force(topo, free, size), (free, size)
+
+
+def test_cube_mesh_with_vfs_random_states_with_must_include() -> None:
+    inv = topologies.dgx1_cube_mesh(vfs=4)
+    topo = Topology.from_inventory(inv, units_for_inventory(inv))
+    assert len(topo) == 32 and not topo.hierarchical
+    rng = random.Random(3)
+    for _ in range(300):
+        free = sorted(rng.sample(range(32), rng.randint(1, 14)))
+        size = rng.randint(1, min(4, len(free)))
+        must = sorted(rng.sample(free, rng.randint(0, min(2, size))))
+        result = search(topo, free, size, must, budget=STEPS_ONLY)
+        assert result.complete
+        assert result.chosen == brute_force(topo, free, size, must), (free, size, must)
+
+
+def test_64_devices_random_small_requests() -> None:
+    inv = topologies.double_cube_mesh(vfs=4)
+    topo = Topology.from_inventory(inv, units_for_inventory(inv))
+    assert len(topo) == 64
+    rng = random.Random(11)
+    for _ in range(60):
+        free = sorted(rng.sample(range(64), rng.randint(3, 18)))
+        size = rng.randint(1, 3)
+        result = search(topo, free, size, budget=STEPS_ONLY)
+        assert result.complete
+        assert result.chosen == brute_force(topo, free, size), (free, size)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(min_value=2, max_value=6),
+    data=st.data(),
+)
+def test_random_link_graphs_match_brute_force(n: int, data: st.DataObject) -> None:
+    pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
+    links = data.draw(st.lists(st.sampled_from(pairs), unique=True), label="links")
+    switch_of = data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n), label="switch")
+    numa_of = data.draw(st.lists(st.integers(0, 1), min_size=n, max_size=n), label="numa")
+    vfs = data.draw(st.sampled_from([0, 0, 2]), label="vfs")
+    inv = topologies.build(n, switch_of=switch_of, numa_of=list(numa_of), link_groups=[],
+                           links=links, vfs=vfs)
+    topo = Topology.from_inventory(inv, units_for_inventory(inv))
+    free = data.draw(st.lists(st.sampled_from(range(len(topo))), min_size=1, unique=True),
+                     label="free")
+    free.sort()
+    size = data.draw(st.integers(1, min(len(free), 4)), label="size")
+    must = sorted(data.draw(st.lists(st.sampled_from(free), max_size=min(2, size), unique=True),
+                            label="must"))
+    result = search(topo, free, size, must, budget=STEPS_ONLY)
+    assert result.complete
+    assert result.chosen == brute_force(topo, free, size, must)
+
+
+def test_cube_mesh_rules_on_overlapping_groups() -> None:
+    # DGX-1: quads {0-3}, {4-7} fully linked, plus 0-4, 1-5, 2-6, 3-7. GPUs 0, 1 taken.
+    topo = Topology.from_inventory(topologies.dgx1_cube_mesh())
+    free = ids(topo, [2, 3, 4, 5, 6, 7])
+    # rule 3 over maximal cliques: {2,3} empties the broken quad and keeps {4-7} whole;
+    # {2,6} is also NVLinked but would break quad {4-7}
+    assert allocate(topo, free, 2).devices == tuple(ids(topo, [2, 3]))
+    assert allocate(topo, free, 4).devices == tuple(ids(topo, [4, 5, 6, 7]))
+    # rule 2: three GPUs all linked exist only inside a quad (cover number 1 at NVLink)
+    result = allocate(topo, free, 3)
+    assert result.worst is LinkKind.MX and set(result.devices) <= set(ids(topo, [4, 5, 6, 7]))
+    # 0-4 is a link group of its own at the NVLink level: cover numbers count it
+    assert topo.cover_number(int(LinkKind.MX), [0, 4]) == 1
+    assert topo.cover_number(int(LinkKind.MX), [0, 1, 4, 5]) == 2
+    assert topo.cover_number(int(LinkKind.MX), [0, 5]) == 2
+
+
+def test_straddling_group_beats_a_switch() -> None:
+    # MetaXLink {2,3,4,5} straddles switches {0-3}, {4-7}: 4 GPUs all linked win over
+    # 4 GPUs behind one switch (rule 1), although the group is not under one switch
+    topo = Topology.from_inventory(topologies.straddling_groups())
+    result = allocate(topo, [u.id for u in topo.units], 4)
+    assert result.devices == tuple(ids(topo, [2, 3, 4, 5])) and result.worst is LinkKind.MX
+
+
+# -- budget --------------------------------------------------------------------------------
+def test_a_step_budget_cuts_the_search_deterministically() -> None:
+    inv = topologies.double_cube_mesh(vfs=4)
+    topo = Topology.from_inventory(inv, units_for_inventory(inv))
+    rng = random.Random(5)
+    free = sorted(rng.sample(range(64), 40))
+    full = search(topo, free, 24, budget=Budget(steps=10**9, seconds=1e9))
+    assert full.complete and full.steps > 50
+    cut = [search(topo, free, 24, budget=Budget(steps=50, seconds=1e9)) for _ in range(3)]
+    assert all(not r.complete and r.steps == 51 for r in cut)
+    assert cut[0].chosen == cut[1].chosen == cut[2].chosen  # same input, same answer
+    assert len(cut[0].chosen) == 24 and set(cut[0].chosen) <= set(free)
+    assert cut[0].key >= full.key  # the best found so far, never better than the optimum
+    assert cut[0].key[0] == full.key[0]  # the first set already has the best worst level
+
+
+def test_a_cpu_time_budget_cuts_the_search_with_an_injected_clock() -> None:
+    inv = topologies.double_cube_mesh(vfs=4)
+    topo = Topology.from_inventory(inv, units_for_inventory(inv))
+    ticks = iter(range(10**6))  # every reading one "second" later
+    budget = Budget(steps=10**9, seconds=5.0, clock=lambda: float(next(ticks)))
+    result = allocate(topo, [u.id for u in topo.units][:40], 24, budget=budget)
+    assert not result.complete and len(result.devices) == 24
+    assert result.to_dict()["complete"] is False
+
+
+# -- health --------------------------------------------------------------------------------
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_unhealthy_devices_are_never_chosen(data: st.DataObject) -> None:
+    topo = Topology.from_inventory(topologies.dgx1_cube_mesh())
+    all_ids = [u.id for u in topo.units]
+    available = data.draw(st.lists(st.sampled_from(all_ids), min_size=1, unique=True))
+    sick = data.draw(st.lists(st.sampled_from(all_ids), unique=True))
+    healthy = [d for d in available if d not in sick]
+    size = data.draw(st.integers(1, len(available)))
+    if size > len(healthy):
+        with pytest.raises(AllocationError, match="unhealthy device"):
+            allocate(topo, available, size, unhealthy=sick)
+    else:
+        assert not set(allocate(topo, available, size, unhealthy=sick).devices) & set(sick)
+
+
+def test_device_plugin_never_prefers_a_device_it_marked_unhealthy() -> None:
+    from gpuk8s.services.deviceplugin.devices import DeviceSet
+
+    devices = DeviceSet(topologies.c500_8(), "metax-tech.com/gpu")
+    ids_ = [u.id for u in devices.units]
+    devices.update_health({5: "fault"})
+    # the kubelet's view lags: it still offers GPU 5; the group 4-7 is no longer whole
+    chosen = devices.preferred(ids_[4:], [], 2).devices
+    assert ids_[5] not in chosen
+    assert devices.preferred(ids_[4:], [ids_[5]], 2).devices[0] == ids_[4]  # must: kept
+
+
+@pytest.mark.parametrize(
+    ("name", "free", "size", "expected", "why"),
+    [
+        ("dgx1-cube-mesh", [0, 1, 4], 1, [1], "keeps the NVLinked pair 0-4 whole"),
+        ("straddling-groups", [0, 2, 3, 4], 2, [2, 4], "leaves 0 and 3 under one switch"),
+        ("c500-8-cross-link", [0, 1, 2], 2, [1, 2], "leaves 0, still linked to 4"),
+        ("nvlink-ring-8", [0, 1, 2], 1, [2], "leaves the linked pair 0-1"),
+    ],
+)
+def test_groups_are_cliques_not_components(
+    name: str, free: list[int], size: int, expected: list[int], why: str
+) -> None:
+    # with connected components as groups (the code before), every GPU of these meshes
+    # was in one group per level, so criteria 2-3 could not see any of this
+    topo = Topology.from_inventory(topologies.PARTIAL_MESHES[name]())
+    assert search(topo, free, size, budget=STEPS_ONLY).chosen == expected, why

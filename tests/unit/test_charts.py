@@ -814,6 +814,11 @@ def test_gpu_aware_deployment_service_and_weights(
     c = container(dep)
     assert c["args"][:2] == ["serve", "extender"]
     assert flags(c)["port"] == "8080" and flags(c)["config-dir"] == "/etc/gpu-aware"
+    # the node watch that nodeCacheCapable: true (the gpu_aware role's default) needs;
+    # RBAC for it: test_rbac_is_least_privilege (get/list/watch on nodes and pods)
+    assert "--node-cache" in c["args"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8080}
     m = mounts(dep)["/etc/gpu-aware"]
     assert m["readOnly"] is True
@@ -1260,6 +1265,8 @@ BAD_VALUES = [
     (EXT, {"gpuDevice": {"healthyInterval": "often"}}, ["/gpuDevice/healthyInterval"]),
     (EXT, {"deployExtenderGPUAware": "yes"}, ["/deployExtenderGPUAware"]),
     (EXT, {"gpuAware": {"scoreWeight": -1}}, ["/gpuAware/scoreWeight"]),
+    (EXT, {"gpuAware": {"scoreWeight": 1e308}}, ["/gpuAware/scoreWeight"]),  # gpu-aware refuses
+    (EXT, {"gpuAware": {"lossWeight": "1001"}}, ["/gpuAware/lossWeight"]),
     (EXT, {"registry": ""}, ["/registry"]),
     (EXT, {"registry": "has space/x"}, ["/registry"]),
     (EXT, {"imageTag": "bad tag"}, ["/imageTag"]),

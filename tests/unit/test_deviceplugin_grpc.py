@@ -20,6 +20,7 @@ from gpuk8s.core.allocator import allocate
 from gpuk8s.core.devicelist import DEVICES_ANNOTATION, parse_device_list
 from gpuk8s.core.model import NodeInventory
 from gpuk8s.core.scoring import (
+    LOSS_LIMIT,
     LOSSES_ANNOTATION,
     SCORES_ANNOTATION,
     parse_table,
@@ -452,7 +453,7 @@ def test_node_annotations_follow_allocations_and_health(
     topo = run.app.devices.topology
     scores, losses = topology_tables(topo, range(8))
     assert parse_table(first[SCORES_ANNOTATION]) == scores
-    assert parse_table(first[LOSSES_ANNOTATION]) == losses
+    assert parse_table(first[LOSSES_ANNOTATION], *LOSS_LIMIT) == losses
     # c500-8: MetaXLink groups of four, so 4 GPUs still score as MetaXLink
     assert scores[4] == 100 and scores[8] < 100
 
@@ -467,7 +468,7 @@ def test_node_annotations_follow_allocations_and_health(
     assert [e.id for e in entries if e.allocated] == ids[:2]
     scores, losses = topology_tables(topo, range(2, 8))
     assert parse_table(patcher.patches[1][1][SCORES_ANNOTATION]) == scores
-    assert parse_table(patcher.patches[1][1][LOSSES_ANNOTATION]) == losses
+    assert parse_table(patcher.patches[1][1][LOSSES_ANNOTATION], *LOSS_LIMIT) == losses
     assert set(scores) == set(range(1, 7))
 
     run.app.devices.update_health({7: "simulated fault"})

@@ -15,9 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuk8s.core.devicelist import DEVICES_ANNOTATION
 from gpuk8s.services.extender.logic import Extender
 from gpuk8s.services.extender.main import build_parser, build_service
 from gpuk8s.services.extender.nodes import BoundPods, NodeCache
+from gpuk8s.services.extender.packing import NO_ALLOCATABLE
 from gpuk8s.services.extender.server import ExtenderHTTPServer, serve_in_thread
 from gpuk8s.services.extender.weights import Weights, WeightSource
 
@@ -234,7 +236,9 @@ def test_service_with_injected_watch_loops(tmp_path: Path) -> None:
         nodes = [("n1", node_annotations(C500, allocated=[0, 1])),
                  ("n2", node_annotations(C500, allocated=[0, 4]))]
         cache.replace(nodes)
-        service.extender.rooms.replace((name, found, None) for name, found in nodes)
+        service.extender.rooms.replace(
+            (name, found.get(DEVICES_ANNOTATION), NO_ALLOCATABLE) for name, found in nodes
+        )
         fed.set()
         stop.wait()
 
@@ -280,7 +284,14 @@ def test_service_refuses_bad_flags(tmp_path: Path) -> None:
 
 
 def test_main_exits_2_with_a_message_on_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
     from gpuk8s.services.extender.main import main
 
-    assert main(["--port", "-1", "--no-pod-watch"]) == 2
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    try:
+        assert main(["--port", "-1", "--no-pod-watch"]) == 2
+    finally:  # main() installs a handler on pytest's captured stderr: put logging back
+        root.handlers[:], root.level = saved[0], saved[1]
     assert "--port" in capsys.readouterr().err

@@ -87,7 +87,7 @@ def test_present_writes_spec_config_and_keeps_comments(root: Path) -> None:
     assert config["clientConnection"]["kubeconfig"] == "/etc/kubernetes/scheduler.conf"
     assert config["extenders"] == [{
         "urlPrefix": URL, "filterVerb": "filter", "prioritizeVerb": "prioritize",
-        "weight": 500, "enableHTTPS": False, "nodeCacheCapable": False, "ignorable": False,
+        "weight": 500, "enableHTTPS": False, "nodeCacheCapable": True, "ignorable": False,
         "managedResources": [{"name": "metax-tech.com/gpu", "ignoredByScheduler": False}],
     }]
     text = (root / MANIFEST).read_text()
@@ -112,6 +112,17 @@ def test_present_writes_spec_config_and_keeps_comments(root: Path) -> None:
     assert marker == {"configHash": sha256((root / CONFIG).read_text()), "urlPrefix": URL,
                       "configFlag": True}
     assert "creationTimestamp: null" in text
+
+
+def test_node_cache_capable_defaults_to_true_and_the_manuals_false_stays_possible(
+    root: Path,
+) -> None:
+    assert run(root)["changed"]
+    config = schedfiles.read(str(root / CONFIG)).data
+    assert config["extenders"][0]["nodeCacheCapable"] is True
+    result = run(root, node_cache_capable=False)  # SPEC §7's own setting
+    assert result["changed"]
+    assert schedfiles.read(str(root / CONFIG)).data["extenders"][0]["nodeCacheCapable"] is False
 
 
 def test_absent_gives_back_the_original_bytes(root: Path) -> None:

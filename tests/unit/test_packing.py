@@ -13,11 +13,10 @@ from gpuk8s.services.extender import packing
 from gpuk8s.services.extender.logic import Extender
 from gpuk8s.services.extender.packing import (
     MISSING,
+    NO_ALLOCATABLE,
     NodeRooms,
     Ranker,
     RunningPods,
-    cpu_milli,
-    memory_mib,
     node_room_fields,
     parse_prior,
     pod_resources,
@@ -25,10 +24,12 @@ from gpuk8s.services.extender.packing import (
     running_fields,
 )
 from gpuk8s.services.extender.weights import Weights, WeightSource
+from gpuk8s.services.extender.wire import cpu_milli, memory_mib
 
 from .test_extender import C500, node_annotations
 
 GPU = "metax-tech.com/gpu"
+DEVICES = "metax-tech.com/gpu.devices"
 
 
 def container(cpu: str | None = None, memory: str | None = None, gpus: int = 0,
@@ -67,7 +68,7 @@ def node_object(name: str, annotations: dict[str, str], cpu: str, memory: str) -
     ("100u", 1), ("-1", 0), ("lots", 0), (None, 0), (True, 0), ("9" * 80, 0),
 ])
 def test_cpu_quantities(text: Any, milli: int) -> None:
-    assert cpu_milli(text) == milli
+    assert cpu_milli(json.dumps(text).encode()) == milli
 
 
 @pytest.mark.parametrize(("text", "mib"), [
@@ -75,7 +76,7 @@ def test_cpu_quantities(text: Any, milli: int) -> None:
     ("12.5Gi", 12800), ("", 0),
 ])
 def test_memory_quantities(text: Any, mib: int) -> None:
-    assert memory_mib(text) == mib
+    assert memory_mib(json.dumps(text).encode()) == mib
 
 
 def test_pod_resources_follow_the_scheduler_rules() -> None:
@@ -156,13 +157,13 @@ def test_node_rooms_follow_the_device_list_and_allocatable() -> None:
     rooms.observe(*node_room_fields(busy))
     assert rooms.get("n1").free == (2, 3, 4, 5, 6, 7)  # type: ignore[union-attr]
     # the same layout is one topology, whatever the node
-    rooms.observe("n2", node_annotations(C500), None)
+    rooms.observe("n2", node_annotations(C500)[DEVICES])
     assert rooms.get("n2").layout is rooms.get("n1").layout  # type: ignore[union-attr]
     assert rooms.get("n2").cpu_milli is None  # type: ignore[union-attr]
-    rooms.observe("n2", {"metax-tech.com/gpu.devices": "[garbage"}, None)
+    rooms.observe("n2", "[garbage")
     assert rooms.get("n2") is None
     rooms.forget("n1")
-    rooms.replace([("n3", node_annotations(C500), None)])
+    rooms.replace([("n3", node_annotations(C500)[DEVICES], NO_ALLOCATABLE)])
     assert rooms.get("n1") is None and len(rooms) == 1 and changed[-1] is None
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from gpuk8s.core.devicelist import DeviceEntry
 from gpuk8s.core.scoring import (
+    LOSS_LIMIT,
     LOSS_POINTS_PER_GPU,
     LOSSES_ANNOTATION,
     ROOM_WEIGHT,
@@ -136,7 +137,7 @@ def test_topology_from_the_device_list_matches_discovery() -> None:
 def test_annotations_round_trip() -> None:
     ann = tables_as_annotations({1: 100, 2: 60}, {1: 45, 2: -12})
     assert json.loads(ann[SCORES_ANNOTATION]) == {"1": 100, "2": 60}
-    assert parse_table(ann[LOSSES_ANNOTATION]) == {1: 45, 2: -12}
+    assert parse_table(ann[LOSSES_ANNOTATION], *LOSS_LIMIT) == {1: 45, 2: -12}
 
 
 def test_parse_table_rejects_garbage() -> None:

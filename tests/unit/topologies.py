@@ -24,8 +24,14 @@ def build(
     product: str = "C500",
     vfs: int = 0,
     vendor: str = "metax",
+    links: list[tuple[int, int]] | None = None,
 ) -> NodeInventory:
-    group_of = {i: gid for gid, g in enumerate(link_groups) for i in g}
+    """``link_groups``: GPUs linked all-to-all; ``links``: more single links (partial
+    meshes); a GPU's ``link_group`` is its first group."""
+    group_of: dict[int, int] = {}
+    for gid, g in enumerate(link_groups):
+        for i in g:
+            group_of.setdefault(i, gid)
     gpus = []
     for i in range(n):
         bus = 0x10 + i
@@ -56,7 +62,7 @@ def build(
         backend=vendor,
         gpus=tuple(gpus),
         driver=DriverInfo(loaded=True, version="2.32.0.6"),
-        links=_links(link_groups),
+        links=_links(link_groups) | frozenset(frozenset(p) for p in links or ()),
     )
 
 
@@ -98,3 +104,74 @@ def pcie_only_8() -> NodeInventory:
         link_groups=[],
         product="N260",
     )
+
+
+# -- partial meshes: link groups overlap (not hierarchical) ------------------------------
+def dgx1_cube_mesh(vfs: int = 0) -> NodeInventory:
+    """DGX-1 hybrid cube mesh: two fully linked quads plus links 0-4, 1-5, 2-6, 3-7;
+    PCIe switches per pair, NUMA node per quad."""
+    return build(
+        8,
+        switch_of=[0, 0, 1, 1, 2, 2, 3, 3],
+        numa_of=[0, 0, 0, 0, 1, 1, 1, 1],
+        link_groups=[[0, 1, 2, 3], [4, 5, 6, 7]],
+        links=[(i, i + 4) for i in range(4)],
+        vfs=vfs,
+        vendor="nvidia",
+        product="V100",
+    )
+
+
+def nvlink_ring(n: int = 8, per_switch: int = 4, vfs: int = 0) -> NodeInventory:
+    """GPU i linked to i-1 and i+1 (mod n); switches of ``per_switch``, two NUMA nodes."""
+    return build(
+        n,
+        switch_of=[i // per_switch for i in range(n)],
+        numa_of=[0 if i < n // 2 else 1 for i in range(n)],
+        link_groups=[],
+        links=[(i, (i + 1) % n) for i in range(n)],
+        vfs=vfs,
+    )
+
+
+def straddling_groups() -> NodeInventory:
+    """MetaXLink groups {0,1}, {2,3,4,5}, {6,7} over PCIe switches {0-3}, {4-7}: the middle
+    group straddles the two switches."""
+    return build(
+        8,
+        switch_of=[0, 0, 0, 0, 1, 1, 1, 1],
+        numa_of=[0, 0, 0, 0, 1, 1, 1, 1],
+        link_groups=[[0, 1], [2, 3, 4, 5], [6, 7]],
+    )
+
+
+def c500_8_cross_link() -> NodeInventory:
+    """c500-8 with one extra MetaXLink between the groups (GPU 0 - GPU 4)."""
+    return build(
+        8,
+        switch_of=[0, 0, 0, 0, 1, 1, 1, 1],
+        numa_of=[0, 0, 0, 0, 1, 1, 1, 1],
+        link_groups=[[0, 1, 2, 3], [4, 5, 6, 7]],
+        links=[(0, 4)],
+    )
+
+
+def double_cube_mesh(vfs: int = 0) -> NodeInventory:
+    """Two DGX-1 cube meshes side by side (16 GPUs; with 4 VFs: 64 devices)."""
+    links = [(b + i, b + i + 4) for b in (0, 8) for i in range(4)]
+    return build(
+        16,
+        switch_of=[i // 2 for i in range(16)],
+        numa_of=[i // 8 for i in range(16)],
+        link_groups=[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]],
+        links=links,
+        vfs=vfs,
+    )
+
+
+PARTIAL_MESHES = {
+    "dgx1-cube-mesh": dgx1_cube_mesh,
+    "nvlink-ring-8": nvlink_ring,
+    "straddling-groups": straddling_groups,
+    "c500-8-cross-link": c500_8_cross_link,
+}

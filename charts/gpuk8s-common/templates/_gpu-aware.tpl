@@ -160,6 +160,9 @@ spec:
             - extender
             - --port=8080
             - --config-dir=/etc/gpu-aware
+            # nodeCacheCapable: true (the gpu_aware role's default) needs the node watch;
+            # requests with full Node objects are answered as well
+            - --node-cache
             {{- range $root.Values.gpuAware.extraArgs }}
             - {{ . | quote }}
             {{- end }}
@@ -170,6 +173,7 @@ spec:
             - name: http
               containerPort: 8080
               protocol: TCP
+          # ready once the node cache is synced (until then filter can only say "retry")
           readinessProbe:
             httpGet:
               path: /readyz

@@ -32,10 +32,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .boundedjson import BoundedJsonError, loads_bounded
 from .errors import InventoryError
 
 DEVICES_ANNOTATION = "metax-tech.com/gpu.devices"
 MAX_ID_LENGTH = 63
+# Kubernetes allows 256 KiB for all annotations of an object together; 64 devices take
+# about 13 KB. Nesting: the array, its objects, and room for future structured keys.
+MAX_DEVICE_LIST_CHARS = 256 * 1024
+MAX_DEVICE_LIST_DEPTH = 8
 
 
 @dataclass(frozen=True)
@@ -144,14 +149,18 @@ def parse_device_list(raw: str | None) -> list[DeviceEntry]:
     """Entries of an annotation value; ``None`` or ``""`` (not published) gives [].
 
     Raises ``InventoryError`` naming the entry and key for anything malformed
-    (unknown extra keys are ignored, so the format can grow).
+    (unknown extra keys are ignored, so the format can grow), and for values longer
+    than ``MAX_DEVICE_LIST_CHARS`` or nested deeper than ``MAX_DEVICE_LIST_DEPTH``
+    (bounded work, never ``RecursionError``).
     """
     if raw is None or raw == "":
         return []
     try:
-        data = json.loads(raw)
-    except ValueError as err:
-        raise InventoryError(f"{DEVICES_ANNOTATION}: not JSON: {err}") from err
+        data = loads_bounded(
+            raw, max_depth=MAX_DEVICE_LIST_DEPTH, max_chars=MAX_DEVICE_LIST_CHARS
+        )
+    except BoundedJsonError as err:
+        raise InventoryError(f"{DEVICES_ANNOTATION}: {err}") from None
     if not isinstance(data, list):
         raise InventoryError(f"{DEVICES_ANNOTATION}: must be a JSON array of objects")
     entries = [_entry(i, item) for i, item in enumerate(data)]

@@ -45,11 +45,13 @@ free CPU and memory.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Tuple  # runtime alias below: Python 3.8
 
 from .allocator import best_set
+from .boundedjson import BoundedJsonError, loads_bounded
 from .devicelist import DeviceEntry
 from .model import DriverInfo, Gpu, LinkKind, NodeInventory
 from .topology import LEVELS_BEST_FIRST, Topology, Unit
@@ -64,10 +66,14 @@ LEVEL_SCORE: Mapping[LinkKind, int] = {
 
 SCORES_ANNOTATION = "metax-tech.com/gpu.topology.scores"
 LOSSES_ANNOTATION = "metax-tech.com/gpu.topology.losses"
+MAX_TABLE_SIZE = 4096  # request sizes beyond any node's device count are ignored
+MAX_TABLE_CHARS = 64 * 1024
 
 # score points one GPU of expected fragmentation costs at equal weights: a whole GPU made
 # unusable weighs as much as the step from MetaXLink to links across NUMA nodes
 LOSS_POINTS_PER_GPU = 10
+# a published loss table holds at most this magnitude (every GPU of the largest table lost)
+LOSS_LIMIT = (-LOSS_POINTS_PER_GPU * MAX_TABLE_SIZE, LOSS_POINTS_PER_GPU * MAX_TABLE_SIZE)
 ROOM_WEIGHT = 0.02  # GPUs of loss per GPU-equivalent left free on the node
 SIZE_WEIGHT = 0.02  # GPUs of loss per GPU-equivalent of the node's capacity
 
@@ -330,23 +336,33 @@ def tables_as_annotations(scores: Mapping[int, int], losses: Mapping[int, int]) 
     }
 
 
-def parse_table(raw: str | None) -> dict[int, int]:
-    """Parse one annotation back; malformed input gives an empty table."""
+def parse_table(raw: str | None, low: int = 0, high: int = 100) -> dict[int, int]:
+    """Parse one annotation back; malformed input gives an empty table.
+
+    Read defensively (the extender reads every node's value): at most
+    ``MAX_TABLE_CHARS`` characters and shallow nesting (``core.boundedjson``); entries
+    whose size is not an integer in 1..``MAX_TABLE_SIZE`` or whose value is not a
+    finite number are skipped; values are clamped to ``low``..``high`` (scores: 0..100;
+    losses, which may be negative: ``LOSS_LIMIT``).
+    """
     if not raw:
         return {}
     try:
-        data = json.loads(raw)
-    except ValueError:
+        data = loads_bounded(raw, max_depth=2, max_chars=MAX_TABLE_CHARS)
+    except BoundedJsonError:
         return {}
     if not isinstance(data, dict):
         return {}
     table: dict[int, int] = {}
     for key, value in data.items():
-        try:
-            size = int(key)
-        except (TypeError, ValueError):
+        if not (0 < len(key) <= 6 and key.isascii() and key.isdigit()):
+            continue
+        size = int(key)
+        if not 1 <= size <= MAX_TABLE_SIZE:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        table[size] = int(value)
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        table[size] = int(min(high, max(low, value)))
     return table

@@ -2,10 +2,23 @@
 
 A *unit* is what the kubelet hands out: a whole GPU, or one virtual function of a
 GPU. Two units are related by the best link between their GPUs (see ``LinkKind``);
-two VFs of one GPU are ``SELF``. A *link group at level L* is a connected component
-of the graph whose edges are the pairs at level L or better; groups of successive
-levels are therefore nested (every MX group lies inside one PIX group, ...), which
-gives the tree the allocator searches.
+two VFs of one GPU are ``SELF``. A *link group at level L* is a maximal set of units
+whose pairs are all at level L or better (DESIGN "Topology model"): a maximal clique
+of the graph G_L whose edges are those pairs.
+
+On most real nodes (MetaXLink groups, NVSwitch, PCIe trees) every G_L is a disjoint
+union of cliques: the groups are its connected components, they do not overlap, and
+groups of successive levels nest into a tree (``hierarchical``). On a partial mesh
+(DGX-1 hybrid cube mesh, NVLink rings, MetaXLink groups straddling PCIe switches, an
+extra cross link) groups of one level overlap: a GPU of a cube mesh is in its quad and
+in a pair with its counterpart in the other quad.
+
+The *cover number* of a set of units at level L is the fewest level-L groups that
+together contain the set (``cover_number``): on a hierarchical level it is the number
+of groups the set touches.
+
+VFs of one GPU are *twins*: same relation to every other unit. Searches work on
+``classes`` (one per GPU) and counts, not on VFs one by one.
 """
 
 from __future__ import annotations
@@ -17,6 +30,8 @@ from .errors import InventoryError
 from .model import Gpu, LinkKind, NodeInventory
 
 LEVELS_BEST_FIRST: tuple[LinkKind, ...] = tuple(sorted(LinkKind, reverse=True))
+MAX_GROUPS = 10_000  # link groups per level; real topologies have a handful
+MAX_COVERS = 20_000  # memoised cover numbers per topology
 
 
 @dataclass(frozen=True)
@@ -61,13 +76,38 @@ class Topology:
         self.comp: dict[int, tuple[int, ...]] = {
             int(lv): self._components(int(lv)) for lv in LinkKind
         }
-        self.groups: dict[int, tuple[tuple[int, ...], ...]] = {}
+        components: dict[int, tuple[tuple[int, ...], ...]] = {}
         for lv, comp in self.comp.items():
             members: dict[int, list[int]] = {}
             for unit, group in enumerate(comp):
                 members.setdefault(group, []).append(unit)
-            self.groups[lv] = tuple(tuple(m) for _, m in sorted(members.items()))
-        self.hierarchical = self._check_cliques()
+            components[lv] = tuple(tuple(m) for _, m in sorted(members.items()))
+        # per level: True when every component is a clique (groups = components)
+        self.transitive: dict[int, bool] = {
+            lv: self._is_clique_union(lv, groups) for lv, groups in components.items()
+        }
+        self.hierarchical = all(self.transitive.values())
+        self._classes()
+        # link groups (maximal cliques) per level, as unit tuples, and per unit the
+        # indices of the groups that contain it
+        self.groups: dict[int, tuple[tuple[int, ...], ...]] = {}
+        self.group_masks: dict[int, tuple[int, ...]] = {}  # the same, as class bitmasks
+        self.groups_of: dict[int, tuple[tuple[int, ...], ...]] = {}
+        for lv in components:
+            if self.transitive[lv]:
+                groups = components[lv]
+                masks = tuple(self._class_mask(g) for g in groups)
+            else:
+                masks = tuple(sorted(self._maximal_cliques(lv), key=self._first_unit))
+                groups = tuple(self._units_of(mask) for mask in masks)
+            self.groups[lv] = groups
+            self.group_masks[lv] = masks
+            of: list[list[int]] = [[] for _ in range(n)]
+            for index, linked in enumerate(groups):
+                for unit in linked:
+                    of[unit].append(index)
+            self.groups_of[lv] = tuple(tuple(x) for x in of)
+        self._covers: dict[tuple[int, int], int] = {}
 
     # -- construction -------------------------------------------------------
     @classmethod
@@ -109,21 +149,127 @@ class Topology:
             next_id += 1
         return tuple(comp)
 
-    def _check_cliques(self) -> bool:
-        """True when every group at level L has all its pairs at L or better.
-
-        Real topologies (MetaXLink groups, NVSwitch, PCIe trees) are like this; a
-        partial mesh (e.g. NVLink hybrid cube) is not, and the allocator then falls
-        back to exhaustive search.
-        """
-        for lv, groups in self.groups.items():
-            for g in groups:
-                for i, a in enumerate(g):
-                    row = self.level[a]
-                    for b in g[i + 1 :]:
-                        if row[b] < lv:
-                            return False
+    def _is_clique_union(self, level: int, components: Sequence[Sequence[int]]) -> bool:
+        """True when every component at ``level`` has all its pairs at it or better."""
+        for group in components:
+            for i, a in enumerate(group):
+                row = self.level[a]
+                for b in group[i + 1 :]:
+                    if row[b] < level:
+                        return False
         return True
+
+    def _classes(self) -> None:
+        """Twins (the units of one GPU, with one relation to every other unit) form a
+        class; searches choose how many units of a class, not which ones."""
+        by_gpu: dict[int, list[int]] = {}
+        for position, unit in enumerate(self.units):
+            by_gpu.setdefault(unit.gpu, []).append(position)
+        classes: list[tuple[int, ...]] = []
+        for members in by_gpu.values():
+            first = members[0]
+            twins = all(
+                self.level[u][v] == int(LinkKind.SELF)
+                and all(
+                    self.level[u][w] == self.level[first][w]
+                    for w in range(len(self.units))
+                    if w not in members
+                )
+                for u in members
+                for v in members
+                if u != v
+            )
+            classes.extend([tuple(members)] if twins else [(m,) for m in members])
+        classes.sort()
+        self.classes: tuple[tuple[int, ...], ...] = tuple(classes)
+        self.class_of: tuple[int, ...] = tuple(
+            c for _, c in sorted((u, c) for c, members in enumerate(classes) for u in members)
+        )
+        # class-level pair levels, and per level the adjacency of each class as a bitmask
+        reps = [members[0] for members in classes]
+        self.class_level: tuple[tuple[int, ...], ...] = tuple(
+            tuple(self.level[a][b] for b in reps) for a in reps
+        )
+        self.class_adjacent: dict[int, tuple[int, ...]] = {
+            int(lv): tuple(
+                sum(1 << j for j, level in enumerate(row) if j != i and level >= int(lv))
+                for i, row in enumerate(self.class_level)
+            )
+            for lv in LinkKind
+        }
+
+    def _class_mask(self, units: Sequence[int]) -> int:
+        mask = 0
+        for unit in units:
+            mask |= 1 << self.class_of[unit]
+        return mask
+
+    def _units_of(self, mask: int) -> tuple[int, ...]:
+        return tuple(sorted(u for c, members in enumerate(self.classes) if mask >> c & 1
+                            for u in members))
+
+    def _first_unit(self, mask: int) -> int:
+        return min(self.classes[c][0] for c in range(len(self.classes)) if mask >> c & 1)
+
+    def _maximal_cliques(self, level: int) -> list[int]:
+        """Maximal cliques of G_level over classes, as bitmasks (Bron-Kerbosch with a
+        pivot). Topology graphs are unions of a few cliques and matchings: few cliques."""
+        adjacent = self.class_adjacent[level]
+        found: list[int] = []
+        stack = [(0, (1 << len(self.classes)) - 1, 0)]
+        while stack:
+            clique, candidates, excluded = stack.pop()
+            if not candidates and not excluded:
+                found.append(clique)
+                if len(found) > MAX_GROUPS:
+                    raise InventoryError(
+                        f"more than {MAX_GROUPS} link groups at level "
+                        f"{LinkKind(level).name}: not a GPU topology this allocator supports"
+                    )
+                continue
+            pivot_pool = candidates | excluded
+            pivot = max(
+                (c for c in range(len(self.classes)) if pivot_pool >> c & 1),
+                key=lambda c: bin(candidates & adjacent[c]).count("1"),
+            )
+            rest = candidates & ~adjacent[pivot]
+            while rest:
+                low = rest & -rest
+                c = low.bit_length() - 1
+                stack.append(
+                    (clique | low, candidates & adjacent[c], excluded & adjacent[c])
+                )
+                candidates &= ~low
+                excluded |= low
+                rest &= ~low
+        return found
+
+    def cover_number(self, level: int, members: Iterable[int]) -> int:
+        """The fewest level-``level`` link groups that together contain ``members``."""
+        mask = self._class_mask(list(members))
+        if self.transitive[level]:
+            comp = self.comp[level]
+            return len({comp[self.classes[c][0]] for c in range(len(self.classes))
+                        if mask >> c & 1})
+        return self.cover_classes(level, mask)
+
+    def cover_classes(self, level: int, mask: int) -> int:
+        """``cover_number`` of a set of classes given as a bitmask (memoised)."""
+        if mask == 0:
+            return 0
+        key = (level, mask)
+        known = self._covers.get(key)
+        if known is not None:
+            return known
+        low = (mask & -mask).bit_length() - 1
+        best = len(self.classes)
+        for group in self.group_masks[level]:
+            if group >> low & 1:
+                best = min(best, 1 + self.cover_classes(level, mask & ~group))
+        if len(self._covers) >= MAX_COVERS:
+            self._covers = {}  # bounded memo, small enough to drop in well under 1 ms
+        self._covers[key] = best
+        return best
 
     # -- queries ------------------------------------------------------------
     def __len__(self) -> int:

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ...core.allocator import allocate
+from ...core.allocator import Allocation, allocate
 from ...core.cdi import (
     CDI_ANNOTATION,
     DEFAULT_SDK_PATHS,
@@ -221,11 +221,18 @@ class DeviceSet:
     # -- allocation ---------------------------------------------------------
     def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int
-    ) -> list[str]:
-        """The allocator's choice of ``size`` ids out of the kubelet's available set."""
+    ) -> Allocation:
+        """The allocator's choice of ``size`` ids out of the kubelet's available set.
+
+        Devices that are Unhealthy now are never chosen, even when the kubelet (whose
+        view of health may lag) offers them; a must-include one is kept (required)."""
         for device_id in [*available, *must_include]:
             self.unit(device_id)
-        return list(allocate(self.topology, list(available), size, list(must_include)).devices)
+        with self._cond:
+            sick = [u.id for u in self.units if self._reasons[u.id] is not None]
+        return allocate(
+            self.topology, list(available), size, list(must_include), unhealthy=sick
+        )
 
     def container_spec(self, device_ids: Sequence[str]) -> ContainerSpec:
         """What the runtime must give a container holding ``device_ids``.

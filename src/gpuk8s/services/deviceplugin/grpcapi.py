@@ -195,11 +195,18 @@ class DevicePluginServicer:
         response = dp.PreferredAllocationResponse()
         for creq in request.container_requests:
             try:
-                chosen = self.devices.preferred(
+                preferred = self.devices.preferred(
                     list(creq.available_deviceIDs),
                     list(creq.must_include_deviceIDs),
                     int(creq.allocation_size),
                 )
+                chosen = list(preferred.devices)
+                if not preferred.complete:
+                    self.metrics.preferred_search_cut.inc()
+                    log.info(
+                        "preferred allocation: search budget ran out, best set found so far",
+                        extra={"devices": chosen},
+                    )
             except AllocationError as err:
                 log.warning("GetPreferredAllocation rejected", extra={"error": str(err)})
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))

@@ -73,7 +73,15 @@ class PluginMetrics:
             labels,
             registry=self.registry,
         )
+        self._search_cut = Counter(
+            f"{PREFIX}_preferred_allocation_search_cut",
+            "GetPreferredAllocation answers where the search budget (20 ms) ran out and the "
+            "best set found so far was returned",
+            labels,
+            registry=self.registry,
+        )
         r = resource_name
+        self.preferred_search_cut = self._search_cut.labels(r)
         self.allocated = self._allocated.labels(r)
         self.allocations = self._allocations.labels(r)
         self.allocate_errors = self._allocate_errors.labels(r)

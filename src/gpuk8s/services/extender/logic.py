@@ -8,10 +8,11 @@ fault is a 400 with ``{"Error": ...}``; anything else is a 500 with a short mess
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass
 from itertools import filterfalse, repeat
 from json.encoder import encode_basestring_ascii
@@ -30,13 +31,14 @@ from .nodes import (
     short_reason,
     unresolvable_reason,
 )
-from .packing import NodeRooms, Ranker, RunningPods, pod_resources, rank_scores
+from .packing import MISSING, NodeRooms, Ranker, RunningPods, item_room_fields, rank_scores
 from .weights import Weights, WeightSource
 from .wire import (
     MAX_EXTENDER_PRIORITY,
     BadRequest,
     ExtenderArgs,
     error_body,
+    node_raws,
     parse_args,
 )
 
@@ -44,6 +46,7 @@ log = logging.getLogger("gpuk8s.extender")
 
 NOT_CACHED = "gpu-aware: node not in the extender's node cache yet"
 CHANGED = "gpu-aware: node changed while the request was answered"
+DUPLICATE = "gpu-aware: node offered {count} times in one request; it must appear once"
 _SCORE_TAIL = [f"{s}}}" for s in range(MAX_EXTENDER_PRIORITY + 1)]
 MAX_ENCODED_NAMES = 100_000  # bound on the per-name encoding cache
 FILTER_VERBS = frozenset({"filter", "predicates"})
@@ -79,6 +82,18 @@ class ExtenderMetrics:
         )
         cached = Gauge("gpu_aware_cached_nodes", "Nodes in the node cache", registry=self.registry)
         cached.set_function(lambda: float(len(cache)) if cache is not None else 0.0)
+        unusable = Gauge(
+            "gpu_aware_unusable_nodes",
+            "Cached nodes whose GPU annotations are unusable (filter excludes them)",
+            registry=self.registry,
+        )
+        unusable.set_function(lambda: float(cache.broken) if cache is not None else 0.0)
+        unreadable = Gauge(
+            "gpu_aware_skipped_node_objects",
+            "Node objects the node watch could not read and skipped, since start",
+            registry=self.registry,
+        )
+        unreadable.set_function(lambda: float(cache.unreadable) if cache is not None else 0.0)
         tracked = Gauge(
             "gpu_aware_bound_gpu_pods",
             "Bound, unfinished GPU pods being tracked",
@@ -104,6 +119,7 @@ class Response:
     status: int
     body: bytes
     content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def _encoded(
@@ -162,10 +178,7 @@ class Extender:
     def _candidates(self, args: ExtenderArgs) -> tuple[list[str], Iterable[NodeState | None]]:
         """Names and states (None: not in the cache) of the candidates, request order."""
         if args.nodes is not None:
-            memo = self.memo
-            return [n.name for n in args.nodes], [
-                memo.get(n.name, n.annotations) for n in args.nodes
-            ]
+            return [n.name for n in args.nodes], list(map(self.memo.get_item, args.nodes))
         assert args.node_names is not None
         cache = self.cache
         if cache is None:
@@ -216,7 +229,11 @@ class Extender:
         requested = self.pods.per_node() if self.pods is not None else {}
         keep: list[str] = []
         names, states = self._candidates(args)
+        repeated = _repeated(names)
         for name, state in zip(names, states, strict=True):
+            if repeated and name in repeated:
+                unresolvable[name] = DUPLICATE.format(count=repeated[name])
+                continue
             if state is None:
                 failed[name] = NOT_CACHED
                 continue
@@ -237,7 +254,7 @@ class Extender:
         """``_filter_cached_parts`` with the rejections as dicts (the plain result)."""
         parts = self._filter_cached_parts(names, need)
         if parts is None:
-            return self._filter_states(ExtenderArgs({}, "", "", need, None, {}, names), need)
+            return self._filter_states(ExtenderArgs("", "", need, None, names), need)
         keep, failed, unresolvable = parts
         return keep, _members(failed), _members(unresolvable)
 
@@ -252,6 +269,8 @@ class Extender:
         NeedIndex (C-level); Python-level work runs only for offered nodes outside the
         "fits" set when some are not in the index, and for nodes with promised GPUs."""
         assert self.cache is not None
+        if len(set(names)) != len(names):
+            return None  # a name offered twice: the plain path explains it
         index = self.cache.need_index(need)
         fits = index.fits
         keep = list(filter(fits.__contains__, names))
@@ -296,7 +315,10 @@ class Extender:
 
     def filter_json(self, args: ExtenderArgs) -> bytes:
         """The filter answer, encoded. With the node cache it is assembled from the
-        index's pre-encoded members; otherwise ``json.dumps`` of ``filter``."""
+        index's pre-encoded members; with full nodes, the kept Node objects are the
+        request's own bytes; otherwise ``json.dumps`` of ``filter``."""
+        if args.nodes is not None:
+            return self._filter_nodes_json(args)
         cache = self.cache
         if args.nodes is None and cache is not None and cache.synced:
             names = args.node_names or []
@@ -321,6 +343,40 @@ class Extender:
                 ).encode()
         return _encode(self.filter(args)).encode()
 
+    def _filter_nodes_json(self, args: ExtenderArgs) -> bytes:
+        """nodeCacheCapable: false -- the scheduler reads the surviving Node objects; they
+        go back exactly as they came (slices of the request), never re-encoded."""
+        assert args.nodes is not None
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        if args.gpus == 0:
+            keep = [n.name for n in args.nodes]
+        else:
+            keep, failed, unresolvable = self._filter_states(args, args.gpus)
+            self._count(failed, unresolvable)
+        meta, raws = node_raws(args)
+        kept = set(keep)
+        items = [raw for node, raw in zip(args.nodes, raws, strict=True) if node.name in kept]
+        return b"".join(
+            (
+                b'{"Nodes":{"metadata":',
+                meta,
+                b',"items":[',
+                b",".join(items),
+                b']},"NodeNames":null,"FailedNodes":',
+                _encode(failed).encode(),
+                b',"FailedAndUnresolvableNodes":',
+                _encode(unresolvable).encode(),
+                b',"Error":""}',
+            )
+        )
+
+    def _count(self, failed: Sized, unresolvable: Sized) -> None:
+        if failed:
+            self.metrics.rejected.labels("failed").inc(len(failed))
+        if unresolvable:
+            self.metrics.rejected.labels("unresolvable").inc(len(unresolvable))
+
     @staticmethod
     def _filter_result(
         args: ExtenderArgs, keep: list[str], failed: dict[str, str], unresolvable: dict[str, str]
@@ -335,9 +391,14 @@ class Extender:
         if args.nodes is not None:
             # nodeCacheCapable: false -- the scheduler reads the surviving Node objects
             kept = set(keep)
+            meta, raws = node_raws(args)
             result["Nodes"] = {
-                "metadata": args.nodes_meta,
-                "items": [n.raw for n in args.nodes if n.name in kept],
+                "metadata": json.loads(meta),
+                "items": [
+                    json.loads(bytes(raw))
+                    for node, raw in zip(args.nodes, raws, strict=True)
+                    if node.name in kept
+                ],
             }
         else:
             result["NodeNames"] = keep
@@ -357,12 +418,16 @@ class Extender:
         if args.nodes is not None:
             rooms = self.rooms
             for item in args.nodes:  # nodeCacheCapable: false -- the request has them
-                rooms.observe(item.name, item.annotations, item.raw)
+                rooms.observe(*item_room_fields(item))
         else:
             self._candidates(args)  # the cache must be synced (else: not ready)
         weights: Weights = self.weights.current()
-        cpu, memory = pod_resources(args.pod)
-        return names, self.ranker.raw((weights.score, weights.loss), (need, cpu, memory), names)
+        shape = (need, args.cpu_milli, args.memory_mib)
+        raw = self.ranker.raw((weights.score, weights.loss), shape, names)
+        if len(set(names)) != len(names):  # offered twice: filter excluded it, score 0
+            repeated = _repeated(names)
+            raw = [MISSING if n in repeated else r for n, r in zip(names, raw, strict=True)]
+        return names, raw
 
     def priorities(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
         """(names, scores 0..10) in request order."""
@@ -430,6 +495,14 @@ class Extender:
         self.metrics.requests.labels(kind, str(response.status)).inc()
         self.metrics.latency.labels(kind).observe(self._clock() - started)
         return response
+
+
+def _repeated(names: list[str]) -> dict[str, int]:
+    """Names offered more than once -> how often (empty, at C speed, in the normal case)."""
+    if len(set(names)) == len(names):
+        return {}
+    counts = collections.Counter(names)
+    return {name: n for name, n in counts.items() if n > 1}
 
 
 class _NotReady(Exception):

@@ -2,7 +2,8 @@
 
     gpuk8s serve extender --port 8080 [--address 0.0.0.0] [--node-cache]
                           [--no-pod-watch] [--config-dir /etc/gpu-aware]
-                          [--score-weight 1] [--loss-weight 1] [--max-body-mib 64]
+                          [--score-weight 1] [--loss-weight 1] [--max-body-mib 16]
+                          [--request-timeout 10] [--max-connections 64]
                           [--pod-mix-prior 1=1,2=1,4=1,8=1] [--pod-mix-prior-gpus 64]
                           [--kubeconfig PATH] [log options]
 
@@ -29,7 +30,12 @@ from ..logging_setup import LogOptions, add_log_arguments, configure_logging
 from .logic import Extender
 from .nodes import BoundPods, NodeCache
 from .packing import NodeRooms, RunningPods, parse_prior
-from .server import ExtenderHTTPServer
+from .server import (
+    DEFAULT_MAX_BODY,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    ExtenderHTTPServer,
+)
 from .watch import WatchLoop, node_watch_loop, pod_watch_loop
 from .weights import Weights, WeightSource, parse_weight
 
@@ -81,8 +87,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-body-mib",
         type=float,
-        default=64.0,
-        help="largest request body accepted, MiB (default 64)",
+        default=DEFAULT_MAX_BODY / 2**20,
+        help="largest request body accepted, MiB (default 16: about 2,400 full Node "
+        "objects with nodeCacheCapable: false; bodies being handled at once hold at most "
+        "twice this)",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        help="seconds a request may take to arrive, from its first byte, and its answer "
+        "to be taken (default 10; kube-scheduler's own extender timeout is 5)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="connections served at once (default 64); at the cap a new one replaces the "
+        "one idle the longest, or gets 503 when all are busy",
     )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: in-cluster)")
     add_log_arguments(parser)
@@ -138,8 +160,12 @@ def build_service(
     """
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port: {args.port} must be 0..65535")
-    if not args.max_body_mib > 0:
-        raise ConfigError(f"--max-body-mib: {args.max_body_mib} must be > 0")
+    if not 0 < args.max_body_mib <= 1024:
+        raise ConfigError(f"--max-body-mib: {args.max_body_mib} must be > 0 and <= 1024")
+    if not 0 < args.request_timeout <= 3600:
+        raise ConfigError(f"--request-timeout: {args.request_timeout} must be > 0 and <= 3600")
+    if not 1 <= args.max_connections <= 10_000:
+        raise ConfigError(f"--max-connections: {args.max_connections} must be 1..10000")
     defaults = Weights(
         parse_weight(args.score_weight, "--score-weight"),
         parse_weight(args.loss_weight, "--loss-weight"),
@@ -163,7 +189,11 @@ def build_service(
         loops.append(("pod-watch", pod_watch or pod_watch_loop(client, pods, running)))
     try:
         server = ExtenderHTTPServer(
-            (args.address, args.port), extender, max_body=int(args.max_body_mib * 1024 * 1024)
+            (args.address, args.port),
+            extender,
+            max_body=int(args.max_body_mib * 1024 * 1024),
+            request_timeout=args.request_timeout,
+            max_connections=args.max_connections,
         )
     except OSError as err:
         raise ConfigError(f"--port: cannot listen on {args.address}:{args.port}: {err}") from err

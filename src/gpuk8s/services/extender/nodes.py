@@ -20,24 +20,19 @@ its GPUs, and the promise disappears once the device plugin publishes the alloca
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
+from typing import Any
 
 from ...core.devicelist import DEVICES_ANNOTATION, parse_device_list
 from ...core.errors import GpuK8sError
-from ...core.scoring import LOSSES_ANNOTATION, SCORES_ANNOTATION, parse_table
-from .wire import GPU_RESOURCE
+from ...core.scoring import LOSS_LIMIT, LOSSES_ANNOTATION, SCORES_ANNOTATION, parse_table
+from .wire import GPU_RESOURCE, NodeItem
 
-_FLOATS: dict[float, float] = {}  # one object per raw priority value (see raw_priorities)
-
-
-def _shared(value: float) -> float:
-    if len(_FLOATS) > 100_000:
-        _FLOATS.clear()  # bounded (weights changed many times)
-    return _FLOATS.setdefault(value, value)
-
+log = logging.getLogger("gpuk8s.extender")
 
 # eq=False: identity comparison, so ``None in states`` stays a C-level scan
 @dataclass(frozen=True, eq=False)
@@ -50,38 +45,35 @@ class NodeState:
     scores: Mapping[int, int]
     losses: Mapping[int, int]
     problem: str | None = None  # why the device list is unusable; None when fine
-    # (scoreWeight, lossWeight) -> {request size: weighted raw priority}; filled on first
-    # use per weights, so prioritize does one dict lookup per node and no arithmetic
-    raw_cache: dict[tuple[float, float], dict[int, float]] = field(
-        default_factory=dict, compare=False, repr=False
-    )
-
-    def raw_priorities(self, weights: tuple[float, float]) -> dict[int, float]:
-        """Request size -> scoreWeight·score − lossWeight·loss (sizes in both tables)."""
-        table = self.raw_cache.get(weights)
-        if table is None:
-            sw, lw = weights
-            losses = self.losses
-            # the same value on many nodes is one float object: prioritize's passes over
-            # the offered nodes' values then touch a few objects, not one per node
-            table = {
-                k: _shared(sw * v - lw * losses[k]) for k, v in self.scores.items() if k in losses
-            }
-            if len(self.raw_cache) >= 4:
-                self.raw_cache.clear()  # weights changed several times: keep it small
-            self.raw_cache[weights] = table
-        return table
+    broken: bool = False  # a GPU annotation is present but unusable (reported)
 
     @property
     def has_devices_annotation(self) -> bool:
         return self.problem is None
 
 
+def problem_state(name: str, problem: str) -> NodeState:
+    """A node whose GPU annotations are unusable: filter excludes it with ``problem``
+    as the reason, prioritize gives it 0, and the cache reports it."""
+    return NodeState(name, 0, 0, 0, 0, {}, {}, problem=problem, broken=True)
+
+
 def parse_node_state(name: str, annotations: Mapping[str, str]) -> NodeState:
-    """A node's annotations parsed; a missing or broken device list is a ``problem``."""
+    """A node's annotations parsed; a missing or broken device list is a ``problem``.
+
+    Never raises: whatever the annotations hold, the result is a state (possibly with a
+    ``problem``), so one node can never fail a request or a cache (re)list."""
+    try:
+        return _parse_node_state(name, annotations)
+    except Exception as err:  # a reader bug or input nobody anticipated: this node only
+        log.warning(
+            "node annotations unreadable", extra={"node": name, "error": repr(err)[:200]}
+        )
+        return problem_state(name, f"unreadable GPU annotations ({type(err).__name__})")
+
+
+def _parse_node_state(name: str, annotations: Mapping[str, str]) -> NodeState:
     raw = annotations.get(DEVICES_ANNOTATION)
-    scores = parse_table(annotations.get(SCORES_ANNOTATION))
-    losses = parse_table(annotations.get(LOSSES_ANNOTATION))
     if raw is None:
         return NodeState(
             name,
@@ -89,17 +81,19 @@ def parse_node_state(name: str, annotations: Mapping[str, str]) -> NodeState:
             0,
             0,
             0,
-            scores,
-            losses,
+            {},
+            {},
             problem=f"no {DEVICES_ANNOTATION} annotation (no gpu-device on this node)",
         )
     try:
         entries = parse_device_list(raw)
     except GpuK8sError as err:
-        return NodeState(name, 0, 0, 0, 0, scores, losses, problem=f"unusable device list: {err}")
+        return problem_state(name, f"unusable device list: {err}")
     healthy = sum(1 for e in entries if e.healthy)
     allocated = sum(1 for e in entries if e.allocated)
     free = sum(1 for e in entries if e.healthy and not e.allocated)
+    scores = parse_table(annotations.get(SCORES_ANNOTATION))
+    losses = parse_table(annotations.get(LOSSES_ANNOTATION), *LOSS_LIMIT)
     return NodeState(name, len(entries), healthy, allocated, free, scores, losses)
 
 
@@ -112,11 +106,24 @@ def _key(annotations: Mapping[str, str]) -> tuple[str | None, str | None, str | 
 
 
 class StateMemo:
-    """Parsed states by node name, reused while the three annotations are unchanged."""
+    """Parsed states by node name, reused while the three annotations are unchanged.
 
-    def __init__(self, limit: int = 50_000) -> None:
+    Keyed by the annotation strings (node watch) or by their JSON text as sent in a
+    request (``NodeItem.raws``: an unchanged node is then not even decoded). Bounded in
+    entries and in the bytes it keeps; over either bound it starts over."""
+
+    def __init__(self, limit: int = 50_000, max_bytes: int = 256 * 1024 * 1024) -> None:
         self._limit = limit
-        self._memo: dict[str, tuple[tuple[str | None, str | None, str | None], NodeState]] = {}
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._memo: dict[str, tuple[tuple[Any, ...], NodeState]] = {}
+
+    def _store(self, name: str, key: tuple[Any, ...], size: int, state: NodeState) -> None:
+        if len(self._memo) >= self._limit or self._bytes + size > self._max_bytes:
+            self._memo.clear()  # rare: start over, stay bounded
+            self._bytes = 0
+        self._memo[name] = (key, state)
+        self._bytes += size
 
     def get(self, name: str, annotations: Mapping[str, str]) -> NodeState:
         key = _key(annotations)
@@ -124,10 +131,34 @@ class StateMemo:
         if hit is not None and hit[0] == key:
             return hit[1]
         state = parse_node_state(name, annotations)
-        if len(self._memo) >= self._limit:
-            self._memo.clear()  # rare (more nodes than the limit): start over, stay bounded
-        self._memo[name] = (key, state)
+        self._store(name, key, sum(len(v) for v in key if v), state)
+        _report(state)
         return state
+
+    def get_item(self, item: NodeItem) -> NodeState:
+        """The state of a node as sent in a request (full-list mode)."""
+        hit = self._memo.get(item.name)
+        if hit is not None and hit[0] == item.raws:  # Raw compares its bytes
+            return hit[1]
+        annotations, problem = item.annotations()
+        if problem is not None:
+            state = problem_state(item.name, problem)
+        else:
+            state = parse_node_state(item.name, annotations)
+        # copies: a Raw points into the request body, which must not stay alive
+        key = tuple(raw.copy() for raw in item.raws)
+        self._store(item.name, key, sum(len(r) for r in key), state)
+        _report(state)
+        return state
+
+
+def _report(state: NodeState) -> None:
+    """Log a node whose annotations are unusable, once per change of them."""
+    if state.broken:
+        log.warning(
+            "node excluded: unusable GPU annotations",
+            extra={"node": state.name, "problem": (state.problem or "")[:300]},
+        )
 
 
 def unresolvable_reason(state: NodeState, need: int) -> str | None:
@@ -207,11 +238,22 @@ class NodeCache:
     def __init__(self) -> None:
         self._states: dict[str, NodeState] = {}
         self._needs: dict[int, NeedIndex] = {}
-        self._raws: dict[tuple[float, float, int], dict[str, float]] = {}
         self._synced = threading.Event()
         self._lock = threading.Lock()
         self._memo = StateMemo()
         self._listeners: list[Callable[[str | None], None]] = []
+        self._broken: set[str] = set()  # cached nodes with unusable GPU annotations
+        self.unreadable = 0  # node objects the watch could not read at all (skipped)
+
+    @property
+    def broken(self) -> int:
+        """Cached nodes whose GPU annotations are unusable (filter excludes them)."""
+        return len(self._broken)
+
+    def skip_unreadable(self, what: str, error: str) -> None:
+        """Count and log a node object the watch skipped (no usable name/metadata)."""
+        self.unreadable += 1
+        log.warning("node object skipped", extra={"object": what[:120], "error": error[:300]})
 
     def listen(self, callback: Callable[[str | None], None]) -> None:
         """Call ``callback(name)`` after each change to one node, ``callback(None)``
@@ -229,36 +271,50 @@ class NodeCache:
     def wait_synced(self, timeout: float) -> bool:
         return self._synced.wait(timeout)
 
-    def replace(self, nodes: Iterable[tuple[str, Mapping[str, str]]]) -> None:
-        """The full list (after a list call): drops nodes not in it."""
-        fresh = {name: self._memo.get(name, annotations) for name, annotations in nodes}
+    def _state(self, node: NodeItem | tuple[str, Mapping[str, str]]) -> NodeState:
+        if isinstance(node, NodeItem):
+            return self._memo.get_item(node)
+        return self._memo.get(node[0], node[1])
+
+    def replace(self, nodes: Iterable[NodeItem | tuple[str, Mapping[str, str]]]) -> None:
+        """The full list (after a list call): drops nodes not in it. Nodes are given as
+        the watch decodes them (``NodeItem``) or as (name, annotations)."""
+        fresh: dict[str, NodeState] = {}
+        for node in nodes:
+            state = self._state(node)
+            fresh[state.name] = state
         with self._lock:
+            self._broken = {name for name, state in fresh.items() if state.broken}
             self._states = fresh
             self._needs = {}
-            self._raws = {}
         self._notify(None)
         self._synced.set()
 
     def _update(self, name: str, state: NodeState | None) -> None:
         for need, index in self._needs.items():
             index.place(name, state, need)
-        for (sw, lw, need), raw in self._raws.items():
-            value = state.raw_priorities((sw, lw)).get(need) if state is not None else None
-            if value is None:
-                raw.pop(name, None)
-            else:
-                raw[name] = value
 
     def upsert(self, name: str, annotations: Mapping[str, str]) -> None:
-        state = self._memo.get(name, annotations)
+        self.upsert_state(self._state((name, annotations)))
+
+    def upsert_item(self, item: NodeItem) -> None:
+        self.upsert_state(self._state(item))
+
+    def upsert_state(self, state: NodeState) -> None:
+        name = state.name
         with self._lock:
             self._states[name] = state
+            if state.broken:
+                self._broken.add(name)
+            else:
+                self._broken.discard(name)
             self._update(name, state)
         self._notify(name)
 
     def delete(self, name: str) -> None:
         with self._lock:
             self._states.pop(name, None)
+            self._broken.discard(name)
             self._update(name, None)
         self._notify(name)
 
@@ -282,24 +338,6 @@ class NodeCache:
                         self._needs = {}
                     self._needs[need] = index
         return index
-
-    def raw_priorities(self, weights: tuple[float, float], need: int) -> dict[str, float]:
-        """Node -> scoreWeight·score[need] − lossWeight·loss[need], nodes with data only."""
-        key = (weights[0], weights[1], need)
-        raw = self._raws.get(key)
-        if raw is None:
-            with self._lock:
-                raw = self._raws.get(key)
-                if raw is None:
-                    raw = {}
-                    for name, state in self._states.items():
-                        value = state.raw_priorities(weights).get(need)
-                        if value is not None:
-                            raw[name] = value
-                    if len(self._raws) >= MAX_INDEXES:
-                        self._raws = {}
-                    self._raws[key] = raw
-        return raw
 
     def __len__(self) -> int:
         return len(self._states)

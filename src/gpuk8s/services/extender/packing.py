@@ -20,13 +20,14 @@ per distinct device layout, and at most ``MAX_TABLES`` cached rankings.
 
 from __future__ import annotations
 
-import re
+import json
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from itertools import filterfalse, repeat
 from typing import Any
+
+import msgspec
 
 from ...core.allocator import best_set
 from ...core.devicelist import DEVICES_ANNOTATION, parse_device_list
@@ -47,7 +48,16 @@ from ...core.scoring import (
     topology_from_devices,
 )
 from ...core.topology import Topology
-from .wire import BadRequest, pod_request
+from .wire import (
+    BadRequest,
+    NodeItem,
+    NodeView,
+    PodView,
+    decode_pod,
+    node_item,
+    pod_totals,
+    quantity_of,
+)
 
 MISSING = float("-inf")  # "no data for this node": scores 0
 MIX_DRIFT = 1.0  # re-take the mix after the pods moved this share of its weight
@@ -55,110 +65,28 @@ MAX_TABLES = 128  # cached rankings (weights x pod shape)
 MAX_LAYOUTS = 1024  # distinct device layouts (topologies) kept
 MAX_MEMO = 200_000  # (layout, free devices, k) placements remembered
 
-# -- quantities ----------------------------------------------------------------------
-_QUANTITY = re.compile(
-    r"^([+]?[0-9]*\.?[0-9]+)(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$"
-)
-_SCALE: dict[str | None, Decimal] = {
-    None: Decimal(1),
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    **{p: Decimal(10) ** (3 * i) for i, p in enumerate("kMGTPE", start=1)},
-    **{p + "i": Decimal(2) ** (10 * i) for i, p in enumerate("KMGTPE", start=1)},
-}
-
-
-def quantity(value: Any) -> Decimal | None:
-    """A Kubernetes resource quantity ("500m", "1.5", "64Gi", "1e9", 2); None when it
-    is not one (the apiserver validated it, so callers count it as nothing)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return Decimal(str(value)) if value >= 0 else None
-    if not isinstance(value, str) or len(value) > 64:
-        return None
-    match = _QUANTITY.match(value.strip())
-    if not match:
-        return None
-    number, exponent, suffix = match.groups()
-    try:
-        amount = Decimal(number)
-        if exponent:
-            return amount.scaleb(int(exponent[1:]))
-    except (InvalidOperation, ValueError):
-        return None
-    return amount * _SCALE[suffix]
-
-
-def _ceil(value: Decimal) -> int:
-    return int(value.to_integral_value(rounding=ROUND_CEILING))
-
-
-def cpu_milli(value: Any) -> int:
-    amount = quantity(value)
-    return _ceil(amount * 1000) if amount is not None else 0
-
-
-def memory_mib(value: Any) -> int:
-    amount = quantity(value)
-    return _ceil(amount / 2**20) if amount is not None else 0
-
-
-def _requests(container: Any) -> tuple[int, int]:
-    if not isinstance(container, Mapping):
-        return 0, 0
-    resources = container.get("resources")
-    block = resources.get("requests") if isinstance(resources, Mapping) else None
-    if not isinstance(block, Mapping):
-        return 0, 0
-    return cpu_milli(block.get("cpu")), memory_mib(block.get("memory"))
+# -- pods -----------------------------------------------------------------------------
+def view_shape(view: PodView) -> PodShape:
+    """(GPUs, CPU millicores, memory MiB) of a pod (``wire.pod_totals``, the one
+    implementation of the scheduler's request rules); a GPU request the extender cannot
+    read counts as none."""
+    return pod_totals(view, lenient=True)
 
 
 def pod_resources(pod: Mapping[str, Any]) -> tuple[int, int]:
-    """(CPU millicores, memory MiB) the scheduler reserves for the pod: containers and
-    sidecars add up, every other init container runs alone beside the sidecars started
-    before it; the largest moment counts, plus the pod overhead."""
-    spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
-        return 0, 0
-    containers = spec.get("containers")
-    running = [0, 0]
-    for container in containers if isinstance(containers, list) else []:
-        cpu, mem = _requests(container)
-        running[0] += cpu
-        running[1] += mem
-    sidecars = [0, 0]
-    peak = [0, 0]
-    inits = spec.get("initContainers")
-    for container in inits if isinstance(inits, list) else []:
-        cpu, mem = _requests(container)
-        if isinstance(container, Mapping) and container.get("restartPolicy") == "Always":
-            sidecars = [sidecars[0] + cpu, sidecars[1] + mem]
-            peak = [max(peak[0], sidecars[0]), max(peak[1], sidecars[1])]
-        else:
-            peak = [max(peak[0], sidecars[0] + cpu), max(peak[1], sidecars[1] + mem)]
-    overhead = spec.get("overhead")
-    extra = (
-        (cpu_milli(overhead.get("cpu")), memory_mib(overhead.get("memory")))
-        if isinstance(overhead, Mapping)
-        else (0, 0)
-    )
-    return (
-        max(running[0] + sidecars[0], peak[0]) + extra[0],
-        max(running[1] + sidecars[1], peak[1]) + extra[1],
-    )
+    """(CPU millicores, memory MiB) the scheduler reserves for a Pod given as a decoded
+    JSON object (tests, the packing benchmark)."""
+    _, cpu, mem = pod_shape(pod)
+    return cpu, mem
 
 
 def pod_shape(pod: Mapping[str, Any]) -> PodShape:
-    """(GPUs, CPU millicores, memory MiB) of a pod; a GPU request the extender cannot
-    read counts as none."""
+    """``view_shape`` of a Pod given as a decoded JSON object; (0, 0, 0) when it is not
+    a Pod at all."""
     try:
-        gpus = pod_request(dict(pod))
+        return view_shape(decode_pod(pod))
     except BadRequest:
-        gpus = 0
-    cpu, mem = pod_resources(pod)
-    return gpus, cpu, mem
+        return (0, 0, 0)
 
 
 def parse_prior(text: str) -> dict[int, float]:
@@ -290,18 +218,24 @@ class RunningPods(_Notifier):
         return len(self._pods)
 
 
-def running_fields(obj: Mapping[str, Any]) -> tuple[str, str | None, PodShape]:
-    """(uid, node or None, shape) of a pod object from the API; finished pods hold
+def view_running_fields(view: PodView) -> tuple[str, str | None, PodShape]:
+    """(uid, node or None, shape) of a pod from the API; unbound and finished pods hold
     nothing."""
-    meta = obj.get("metadata") or {}
-    uid = str(meta.get("uid", "")) if isinstance(meta, Mapping) else ""
-    spec = obj.get("spec")
-    status = obj.get("status")
-    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
-    phase = status.get("phase") if isinstance(status, Mapping) else None
-    if not isinstance(node, str) or not node or phase in ("Succeeded", "Failed"):
+    uid = (view.metadata.uid if view.metadata is not None else None) or ""
+    node = view.spec.nodeName if view.spec is not None else None
+    phase = view.status.phase if view.status is not None else None
+    if not node or phase in ("Succeeded", "Failed"):
         return uid, None, (0, 0, 0)
-    return uid, node, pod_shape(obj)
+    return uid, node, view_shape(view)
+
+
+def running_fields(obj: Mapping[str, Any]) -> tuple[str, str | None, PodShape]:
+    """``view_running_fields`` of a Pod given as a decoded JSON object."""
+    try:
+        view = decode_pod(obj)
+    except BadRequest:
+        return "", None, (0, 0, 0)
+    return view_running_fields(view)
 
 
 # -- nodes ----------------------------------------------------------------------------
@@ -329,17 +263,13 @@ class NodeRoomInfo:
         return len(self.layout.topology), self.cpu_milli, self.memory_mib
 
 
-def _allocatable_raw(obj: Mapping[str, Any] | None) -> tuple[Any, Any]:
-    """The node's ``status.allocatable`` CPU and memory as the API wrote them."""
-    status = obj.get("status") if isinstance(obj, Mapping) else None
-    alloc = status.get("allocatable") if isinstance(status, Mapping) else None
-    if not isinstance(alloc, Mapping):
-        return None, None
-    return alloc.get("cpu"), alloc.get("memory")
+# status.allocatable cpu and memory as JSON text (b"": not given)
+Allocatable = tuple[bytes, bytes]
+NO_ALLOCATABLE: Allocatable = (b"", b"")
 
 
-def _allocatable(raw: tuple[Any, Any]) -> tuple[int | None, int | None]:
-    cpu, mem = quantity(raw[0]), quantity(raw[1])
+def _allocatable(raw: Allocatable) -> tuple[int | None, int | None]:
+    cpu, mem = quantity_of(raw[0]), quantity_of(raw[1])
     return (
         int(cpu * 1000) if cpu is not None else None,
         int(mem / 2**20) if mem is not None else None,
@@ -347,7 +277,9 @@ def _allocatable(raw: tuple[Any, Any]) -> tuple[int | None, int | None]:
 
 
 # what a node's entry was built from: devices annotation, allocatable CPU and memory (raw)
-_Seen = tuple[Any, Any, Any]
+_Seen = tuple[str | None, bytes, bytes]
+# (name, device-list annotation or None, allocatable) of one node
+RoomFields = tuple[str, str | None, Allocatable]
 
 
 class NodeRooms(_Notifier):
@@ -389,24 +321,22 @@ class NodeRooms(_Notifier):
         return result
 
     def _entry(
-        self, found: Mapping[str, Any], node: Mapping[str, Any] | None
+        self, devices: str | None, allocatable: Allocatable
     ) -> tuple[_Seen, NodeRoomInfo | None]:
-        devices = found.get(DEVICES_ANNOTATION)
-        raw = _allocatable_raw(node)
-        seen: _Seen = (devices, *raw)
+        seen: _Seen = (devices, *allocatable)
         parsed = self._parse(devices) if isinstance(devices, str) else None
         if parsed is None:
             return seen, None
-        return seen, NodeRoomInfo(parsed[0], parsed[1], parsed[2], *_allocatable(raw))
+        return seen, NodeRoomInfo(parsed[0], parsed[1], parsed[2], *_allocatable(allocatable))
 
     def observe(
-        self, name: str, found: Mapping[str, Any], node: Mapping[str, Any] | None
+        self, name: str, devices: str | None, allocatable: Allocatable = NO_ALLOCATABLE
     ) -> None:
-        """Take the node's device list (from its annotations ``found``) and allocatable
-        resources (from the Node object ``node``); a no-op when neither changed."""
-        if self._seen.get(name) == (found.get(DEVICES_ANNOTATION), *_allocatable_raw(node)):
+        """Take the node's device list (its device-list annotation) and allocatable CPU
+        and memory (JSON text, as in the Node); a no-op when neither changed."""
+        if self._seen.get(name) == (devices, *allocatable):
             return
-        seen, info = self._entry(found, node)
+        seen, info = self._entry(devices, allocatable)
         with self._lock:
             self._seen[name] = seen
             if info is None:
@@ -421,12 +351,12 @@ class NodeRooms(_Notifier):
             self._nodes.pop(name, None)
         self._notify(name)
 
-    def replace(self, nodes: Iterable[tuple[str, Mapping[str, Any], Mapping[str, Any]]]) -> None:
+    def replace(self, nodes: Iterable[RoomFields]) -> None:
         """The full list (after a list call): drops nodes not in it."""
         fresh: dict[str, NodeRoomInfo] = {}
         seen: dict[str, _Seen] = {}
-        for name, found, node in nodes:
-            seen[name], info = self._entry(found, node)
+        for name, devices, allocatable in nodes:
+            seen[name], info = self._entry(devices, allocatable)
             if info is not None:
                 fresh[name] = info
         with self._lock:
@@ -455,16 +385,27 @@ class NodeRooms(_Notifier):
         return len(self._nodes)
 
 
-def node_room_fields(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, Any], Mapping[str, Any]]:
-    """(name, annotations, node) of a Node object from the API, for ``NodeRooms``."""
-    meta = obj.get("metadata")
-    meta = meta if isinstance(meta, Mapping) else {}
-    annotations = meta.get("annotations")
+def item_room_fields(item: NodeItem) -> RoomFields:
+    """(name, device list, allocatable) of a node as the extender decoded it (request
+    or node watch), for ``NodeRooms``."""
+    annotations, _ = item.annotations()
     return (
-        str(meta.get("name", "")),
-        annotations if isinstance(annotations, Mapping) else {},
-        obj,
+        item.name,
+        annotations.get(DEVICES_ANNOTATION),
+        (bytes(item.allocatable[0]), bytes(item.allocatable[1])),
     )
+
+
+def node_room_fields(obj: Mapping[str, Any]) -> RoomFields:
+    """``item_room_fields`` of a Node given as a decoded JSON object (tests, the packing
+    benchmark); a malformed object has no room."""
+    try:
+        view = msgspec.json.decode(json.dumps(obj).encode(), type=NodeView)
+    except (msgspec.DecodeError, TypeError, ValueError):
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        return (name if isinstance(name, str) else "", None, NO_ALLOCATABLE)
+    return item_room_fields(node_item(view))
 
 
 # -- ranking --------------------------------------------------------------------------

@@ -1,18 +1,36 @@
 """HTTP transport for gpu-aware: stdlib ``ThreadingHTTPServer``, HTTP/1.1 keep-alive.
 
 Routes: ``POST /<prefix>/filter`` (or ``/predicates``), ``POST /<prefix>/prioritize``,
-``GET /healthz``, ``GET /metrics``. The body must carry a Content-Length no larger
-than ``max_body``; a larger one is refused with 413 before it is read (and the
-connection closed), a missing one with 411. Every error body is ``{"Error": ...}``.
+``GET /healthz``, ``GET /readyz``, ``GET /metrics``; any other method is a 405 with an
+``Allow`` header. Every error body is ``{"Error": ...}``.
+
+Bounds, so that no client can take the service down:
+
+* the body must carry a Content-Length no larger than ``max_body`` (413 before reading,
+  411 without one);
+* bodies being read or answered together hold at most ``body_budget`` bytes (default
+  twice ``max_body``); a request that does not fit gets a 503 at once, so memory stays a
+  small multiple of the budget whatever the clients do;
+* each request must arrive completely within ``request_timeout`` seconds of its first
+  byte (a client sending one byte every few seconds is cut off: 408), and the answer
+  must be taken within that time too; an idle keep-alive connection is closed after
+  ``IDLE_TIMEOUT_S``;
+* at most ``max_connections`` connections are served at once; at the cap a new one
+  takes the place of the connection that has waited longest for its next request (so
+  idle connections cannot lock kube-scheduler out), and gets a 503 only when every
+  connection is in the middle of a request.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import socket
 import threading
+import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -23,9 +41,84 @@ from .wire import error_body
 
 log = logging.getLogger("gpuk8s.extender")
 
-DEFAULT_MAX_BODY = 64 * 1024 * 1024
+DEFAULT_MAX_BODY = 16 * 1024 * 1024
+DEFAULT_REQUEST_TIMEOUT_S = 10.0
+DEFAULT_MAX_CONNECTIONS = 64
+IDLE_TIMEOUT_S = 120.0  # longer than Go's idle keep-alive (90 s), so the client closes first
 ONE_WRITE_MAX = 1024 * 1024  # bodies up to this size go out with the headers in one send
-READ_TIMEOUT_S = 30.0
+GET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+class _RequestTimeout(OSError):
+    """The request did not arrive within its deadline."""
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket as a raw stream whose reads stop at the current request's deadline.
+
+    Waiting for the first byte of a request uses the idle timeout; from that byte on,
+    every read gets only the time left until ``started + request_timeout``, so a slow
+    client cannot stretch one request by sending a little at a time."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        timeout: float,
+        clock: Callable[[], float],
+        idle: Callable[[socket.socket, bool], None],
+    ):
+        self._sock = sock
+        self._timeout = timeout
+        self._clock = clock
+        self._idle = idle  # tells the server when the connection waits between requests
+        self.deadline: float | None = None  # None: between requests
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.deadline is None:
+            self._sock.settimeout(IDLE_TIMEOUT_S)
+            self._idle(self._sock, True)
+            try:
+                count = self._sock.recv_into(buffer)
+            finally:
+                self._idle(self._sock, False)
+            if count:
+                self.deadline = self._clock() + self._timeout
+            return count
+        else:
+            left = self.deadline - self._clock()
+            if left <= 0:
+                raise _RequestTimeout("request not received within the deadline")
+            self._sock.settimeout(left)
+        try:
+            return self._sock.recv_into(buffer)
+        except TimeoutError:
+            raise _RequestTimeout("request not received within the deadline") from None
+
+
+class _ByteBudget:
+    """Bytes of request bodies held at once. ``take`` does not wait: kube-scheduler sends
+    one request at a time, so a full budget means other clients are flooding us, and a
+    503 (the scheduler retries the pod) is better than queueing behind them."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._free = total
+        self._lock = threading.Lock()
+
+    def take(self, amount: int) -> bool:
+        amount = min(amount, self.total)
+        with self._lock:
+            if self._free < amount:
+                return False
+            self._free -= amount
+            return True
+
+    def give(self, amount: int) -> None:
+        with self._lock:
+            self._free += min(amount, self.total)
 
 
 class ExtenderHTTPServer(ThreadingHTTPServer):
@@ -34,10 +127,28 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(
-        self, address: tuple[str, int], extender: Extender, max_body: int = DEFAULT_MAX_BODY
+        self,
+        address: tuple[str, int],
+        extender: Extender,
+        max_body: int = DEFAULT_MAX_BODY,
+        *,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        body_budget: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.extender = extender
         self.max_body = max_body
+        self.request_timeout = request_timeout
+        self.max_connections = max_connections
+        self.budget = _ByteBudget(body_budget if body_budget is not None else 2 * max_body)
+        self.clock = clock
+        self._connections = threading.BoundedSemaphore(max_connections)
+        self._idle_lock = threading.Lock()
+        self._idle: dict[socket.socket, float] = {}  # connection -> waiting since
+        self.refused_connections = 0
+        self.evicted_connections = 0
+        self.timed_out_requests = 0
         super().__init__(address, ExtenderHandler)
 
     def server_bind(self) -> None:
@@ -49,23 +160,103 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
     def port(self) -> int:
         return int(self.server_address[1])
 
+    def connection_idle(self, sock: socket.socket, idle: bool) -> None:
+        """Handlers report when a connection waits for its next request (evictable)."""
+        with self._idle_lock:
+            if idle:
+                self._idle[sock] = self.clock()
+            else:
+                self._idle.pop(sock, None)
+
+    def _evict_idle(self) -> bool:
+        """At the cap, close the connection that has waited longest for a request, so
+        idle connections can never lock kube-scheduler out; False when none is idle."""
+        with self._idle_lock:
+            if not self._idle:
+                return False
+            oldest = min(self._idle, key=self._idle.__getitem__)
+            del self._idle[oldest]
+        with contextlib.suppress(OSError):
+            oldest.shutdown(socket.SHUT_RDWR)  # its handler's read returns: it ends
+        self.evicted_connections += 1
+        return True
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        admitted = self._connections.acquire(blocking=False)
+        if not admitted and self._evict_idle():
+            admitted = self._connections.acquire(timeout=1.0)
+        if not admitted:
+            self.refused_connections += 1
+            with contextlib.suppress(OSError):
+                request.settimeout(1.0)
+                body = error_body(
+                    f"gpu-aware: more than {self.max_connections} connections at once"
+                )
+                request.sendall(
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                    b"Connection: close\r\nContent-Length: "
+                    + str(len(body)).encode()
+                    + b"\r\n\r\n"
+                    + body
+                )
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._connections.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connection_idle(request, False)
+            self._connections.release()
+
 
 class ExtenderHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "gpu-aware"
     sys_version = ""
-    timeout = READ_TIMEOUT_S
     server: ExtenderHTTPServer
 
     def setup(self) -> None:
-        super().setup()
+        super().setup()  # connection, and wfile: unbuffered, every write a sendall
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._reader = _DeadlineReader(
+            self.connection,
+            self.server.request_timeout,
+            self.server.clock,
+            self.server.connection_idle,
+        )
+        self.rfile.close()  # the plain reader: ours keeps the request deadline
+        self.rfile = io.BufferedReader(self._reader, 64 * 1024)
+
+    def handle_one_request(self) -> None:
+        self._reader.deadline = None  # a new request: idle until its first byte
+        self.requestline, self.command, self.path = "", "", ""
+        try:
+            super().handle_one_request()
+        except _RequestTimeout:
+            self.server.timed_out_requests += 1
+            self.close_connection = True
+            self.request_version = self.protocol_version  # headers even before a request line
+            with contextlib.suppress(OSError):
+                self._error(408, "request not received within the request timeout", close=True)
+        except (TimeoutError, ConnectionError):
+            self.close_connection = True
 
     def _send(self, response: Response, close: bool = False) -> None:
         body = response.body
+        # the answer must be taken within the request deadline too (a client that reads
+        # slowly holds its connection no longer than one that writes slowly)
+        self.connection.settimeout(self.server.request_timeout)
         self.send_response(response.status)
         self.send_header("Content-Type", response.content_type)
         self.send_header("Content-Length", str(len(body)))
+        for name, value in response.headers:
+            self.send_header(name, value)
         if close:
             self.send_header("Connection", "close")
             self.close_connection = True
@@ -78,14 +269,25 @@ class ExtenderHandler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
 
-    def _error(self, status: int, message: str, close: bool = False) -> None:
-        self._send(Response(status, error_body(message)), close=close)
+    def _error(
+        self,
+        status: int,
+        message: str,
+        close: bool = False,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        self._send(Response(status, error_body(message), headers=headers), close=close)
+
+    def _path(self) -> str:
+        return self.path.split("?", 1)[0]
 
     def _verb(self) -> str:
-        path = self.path.split("?", 1)[0].rstrip("/")
-        return path.rsplit("/", 1)[-1]
+        return self._path().rstrip("/").rsplit("/", 1)[-1]
 
     def do_POST(self) -> None:
+        if self._path() in GET_PATHS:
+            self._not_allowed()
+            return
         if self.headers.get("Transfer-Encoding", "").lower() not in ("", "identity"):
             self._error(
                 411,
@@ -99,7 +301,7 @@ class ExtenderHandler(BaseHTTPRequestHandler):
             return
         try:
             length = int(length_text)
-            if length < 0:
+            if length < 0 or not length_text.strip().isdigit():
                 raise ValueError
         except ValueError:
             self._error(400, f"Content-Length {length_text[:20]!r} is not a byte count", close=True)
@@ -114,14 +316,20 @@ class ExtenderHandler(BaseHTTPRequestHandler):
                 close=True,
             )
             return
-        body = self.rfile.read(length)
-        if len(body) != length:
-            self.close_connection = True
-            return  # the client went away mid-body
-        self._send(self.server.extender.handle(self._verb(), body))
+        if not self.server.budget.take(length):
+            self._error(503, "gpu-aware: too many large requests at once; retry", close=True)
+            return
+        try:
+            body = self.rfile.read(length)
+            if len(body) != length:
+                self.close_connection = True
+                return  # the client went away mid-body
+            self._send(self.server.extender.handle(self._verb(), body))
+        finally:
+            self.server.budget.give(length)
 
     def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
+        path = self._path()
         if path == "/healthz":
             self._send(Response(200, b'{"status":"ok"}'))
         elif path == "/readyz":
@@ -141,9 +349,20 @@ class ExtenderHandler(BaseHTTPRequestHandler):
             )
 
     def _not_allowed(self) -> None:
-        self._error(405, f"method {self.command} not allowed", close=True)
+        allow = "GET" if self._path() in GET_PATHS else "POST"
+        self._error(
+            405,
+            f"method {self.command[:20]} not allowed on {self._path()[:60]!r}; use {allow}",
+            close=True,
+            headers=(("Allow", allow),),
+        )
 
-    do_PUT = do_DELETE = do_PATCH = _not_allowed
+    def __getattr__(self, name: str) -> Any:
+        # every method without a do_X (HEAD, OPTIONS, PUT, DELETE, PATCH, TRACE, BREW...)
+        # answers 405 with Allow, instead of http.server's 501
+        if name.startswith("do_"):
+            return self._not_allowed
+        raise AttributeError(name)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         # Malformed request lines/headers: answer in the protocol's JSON, not HTML.

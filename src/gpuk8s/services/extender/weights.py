@@ -22,6 +22,9 @@ from ...core.errors import ConfigError
 log = logging.getLogger("gpuk8s.extender")
 
 KEYS = ("scoreWeight", "lossWeight")
+# Only the ratio of the two weights matters; 1000 allows any useful ratio (1:1000) while
+# keeping scoreWeight·score (score <= 100) far from float overflow and precision loss.
+MAX_WEIGHT = 1000.0
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,8 @@ class Weights:
 
     def __post_init__(self) -> None:
         for key, value in (("scoreWeight", self.score), ("lossWeight", self.loss)):
-            if not math.isfinite(value) or value < 0:
-                raise ConfigError(f"{key}: {value!r} must be a finite number >= 0")
+            if not math.isfinite(value) or not 0 <= value <= MAX_WEIGHT:
+                raise ConfigError(f"{key}: {value!r} must be a number from 0 to {MAX_WEIGHT:g}")
         if self.score == 0 and self.loss == 0:
             raise ConfigError("scoreWeight, lossWeight: at least one must be > 0")
 
@@ -44,8 +47,11 @@ def parse_weight(text: str, key: str) -> float:
         raise ConfigError(
             f"{key}: {text.strip()[:40]!r} is not a number; write a number >= 0 such as 1 or 0.5"
         ) from None
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{key}: {text.strip()[:40]!r} must be a finite number >= 0")
+    if not math.isfinite(value) or not 0 <= value <= MAX_WEIGHT:
+        raise ConfigError(
+            f"{key}: {text.strip()[:40]!r} must be a number from 0 to {MAX_WEIGHT:g} "
+            "(only the ratio of scoreWeight to lossWeight matters)"
+        )
     return value
 
 

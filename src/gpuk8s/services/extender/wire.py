@@ -5,19 +5,37 @@ field names (``Pod``, ``Nodes``, ``NodeNames``; ``FailedNodes``, ``Host``, ``Sco
 Go's decoder matches keys case-insensitively; so do we. Objects inside (the Pod and
 the NodeList) are ordinary Kubernetes JSON with lower-camel keys.
 
-Everything here validates just what the extender reads and raises ``BadRequest``
-naming the field, so a malformed request gets an HTTP 400 with a useful message.
+Decoding reads only what the extender needs (msgspec typed views): the pod's name,
+uid and GPU, CPU and memory requests, each node's name, three annotations and
+allocatable CPU and memory. Everything else in a Node (images, conditions, managed
+fields: ~95 % of a full-list request) is skipped, not
+built into Python objects, and a filter answer echoes the kept Node objects as the
+very bytes of the request (``node_raws``). Memory per request is therefore a small
+multiple of the body (``docs/extender.md``, "Limits"), and hostile values cost no more
+than their size.
+
+A request that does not follow the protocol raises ``BadRequest`` naming the field (an
+HTTP 400). A *node* whose GPU annotations are unusable is not the request's fault: it
+is excluded from filter with a reason (``NodeItem.problem``), never a 400 or a 500.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
+
+import msgspec
+from msgspec import Raw, Struct, field
 
 from ...core.devicelist import DEVICES_ANNOTATION
 from ...core.errors import GpuK8sError
+from ...core.quantity import QuantityError, parse_json_text, whole_count
 from ...core.scoring import LOSSES_ANNOTATION, SCORES_ANNOTATION
 
 GPU_RESOURCE = "metax-tech.com/gpu"
@@ -25,242 +43,451 @@ MAX_EXTENDER_PRIORITY = 10
 MIN_EXTENDER_PRIORITY = 0
 # the node annotations the extender reads (published by gpu-device)
 READ_ANNOTATIONS = (DEVICES_ANNOTATION, SCORES_ANNOTATION, LOSSES_ANNOTATION)
+# Largest NodeNames / Nodes.items accepted: Kubernetes supports 5,000 nodes per cluster.
+# Checked before the names are built, so a body of tiny names cannot multiply memory.
+MAX_NODES = 50_000
+# Bodies up to this size may spell the top-level keys in any case (Go's rule); larger
+# ones must use Go's field names exactly, as kube-scheduler does (bounded fallback).
+CASE_FOLD_MAX_BODY = 1024 * 1024
 
-# ExtenderArgs fields, by lower-cased key (Go matches case-insensitively)
+PodTotals = tuple[int, int, int]  # GPUs, CPU millicores, memory MiB
+
 _ARGS_FIELDS = {"pod": "Pod", "nodes": "Nodes", "nodenames": "NodeNames"}
-
-_QUANTITY = re.compile(r"^\+?(\d+)(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-_SUFFIX = {
-    None: 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-}
+_EMPTY = Raw()
 
 
 class BadRequest(GpuK8sError):
     """The request body is not what the extender protocol allows (HTTP 400)."""
 
 
-@dataclass(frozen=True)
-class NodeItem:
-    """One node of ``Nodes.items`` as the extender needs it."""
+# -- typed views: the only parts of a request that become Python objects ----------------
+# (gc=False: plain data without reference cycles, 16 bytes less per object)
+class _RawArgs(Struct, gc=False):
+    """The fields as JSON text (the case-insensitive fallback)."""
+
+    Pod: Raw = _EMPTY
+    Nodes: Raw = _EMPTY
+    NodeNames: Raw = _EMPTY
+
+
+class _Quantities(Struct, gc=False):
+    """``resources.limits`` / ``.requests`` / ``overhead`` / ``allocatable``: the GPU,
+    CPU and memory entries, each as its JSON text."""
+
+    gpu: Raw = field(name=GPU_RESOURCE, default=_EMPTY)
+    cpu: Raw = _EMPTY
+    memory: Raw = _EMPTY
+
+
+class _Resources(Struct, gc=False):
+    limits: _Quantities | None = None
+    requests: _Quantities | None = None
+
+
+class _Container(Struct, gc=False):
+    name: str  # required by the API; also keeps a list of "{}" from costing memory
+    resources: _Resources | None = None
+    restartPolicy: str | None = None
+
+
+class _PodSpec(Struct, gc=False):
+    containers: list[_Container] | None = None
+    initContainers: list[_Container] | None = None
+    nodeName: str | None = None
+    overhead: _Quantities | None = None
+
+
+class ObjectMeta(Struct, gc=False):
+    name: str | None = None
+    namespace: str | None = None
+    uid: str | None = None
+    resourceVersion: str | None = None
+
+
+class _PodStatus(Struct, gc=False):
+    phase: str | None = None
+
+
+class PodView(Struct, gc=False):
+    """A Pod as far as the extender reads it (also used by the pod watch)."""
+
+    metadata: ObjectMeta | None = None
+    spec: _PodSpec | None = None
+    status: _PodStatus | None = None
+
+
+class _Annotations(Struct, gc=False):
+    devices: Raw = field(name=DEVICES_ANNOTATION, default=_EMPTY)
+    scores: Raw = field(name=SCORES_ANNOTATION, default=_EMPTY)
+    losses: Raw = field(name=LOSSES_ANNOTATION, default=_EMPTY)
+
+
+class _NodeStatus(Struct, gc=False):
+    allocatable: _Quantities | None = None
+
+
+class _NodeMeta(Struct, gc=False):
+    name: str
+    annotations: _Annotations | None = None
+    resourceVersion: str | None = None
+
+
+class NodeView(Struct, gc=False):
+    """A Node as far as the extender reads it (also used by the node watch)."""
+
+    metadata: _NodeMeta
+    status: _NodeStatus | None = None
+
+
+class _NodeList(Struct, gc=False):
+    metadata: Raw = _EMPTY
+    items: list[NodeView] | None = None
+
+
+class _NodeListRaw(Struct, gc=False):
+    metadata: Raw = _EMPTY
+    items: list[Raw] | None = None
+
+
+class _Args(Struct, forbid_unknown_fields=True, gc=False):
+    """ExtenderArgs as kube-scheduler spells it, decoded in one pass."""
+
+    Pod: PodView | None = None
+    Nodes: _NodeList | None = None
+    NodeNames: Raw = _EMPTY  # counted before the names are built
+
+
+class _EchoArgs(Struct, gc=False):
+    """Second pass for a filter answer: each node's JSON text, to echo kept ones."""
+
+    Nodes: _NodeListRaw | None = None
+
+
+_ARGS = msgspec.json.Decoder(_Args)
+_ECHO_ARGS = msgspec.json.Decoder(_EchoArgs)
+_POD = msgspec.json.Decoder(PodView)
+_NODE_LIST = msgspec.json.Decoder(_NodeList)
+_NODE_LIST_RAW = msgspec.json.Decoder(_NodeListRaw)
+_NAMES = msgspec.json.Decoder(list[str])
+_KEYS = msgspec.json.Decoder(dict[str, Raw])
+_STRING = msgspec.json.Decoder(str)
+
+
+class NodeItem(Struct, frozen=True, gc=False):
+    """One node of ``Nodes.items`` (or of a watch) as the extender needs it."""
 
     name: str
-    annotations: dict[str, str]
-    raw: dict[str, Any]  # the object as received, echoed back by filter
+    # the three annotations as sent (JSON text; empty when absent): the memo key, so
+    # unchanged nodes are neither decoded nor parsed again
+    raws: tuple[Raw, Raw, Raw]
+    # status.allocatable cpu and memory as sent (JSON text; empty when absent)
+    allocatable: tuple[Raw, Raw] = (_EMPTY, _EMPTY)
+
+    def annotations(self) -> tuple[dict[str, str], str | None]:
+        """(the annotations that are strings, why the others are unusable or None)."""
+        out: dict[str, str] = {}
+        for key, raw in zip(READ_ANNOTATIONS, self.raws, strict=True):
+            if not raw or bytes(raw) == b"null":
+                continue
+            try:
+                out[key] = _STRING.decode(raw)
+            except msgspec.DecodeError:
+                return out, f"annotation {key} must be a string (a JSON document as text)"
+        return out, None
+
+
+def node_item(view: NodeView) -> NodeItem:
+    ann = view.metadata.annotations
+    raws = (ann.devices, ann.scores, ann.losses) if ann is not None else (_EMPTY,) * 3
+    status = view.status
+    alloc = status.allocatable if status is not None else None
+    if alloc is None:
+        return NodeItem(view.metadata.name, raws)
+    return NodeItem(view.metadata.name, raws, (alloc.cpu, alloc.memory))
 
 
 @dataclass(frozen=True)
 class ExtenderArgs:
-    pod: dict[str, Any]
     pod_uid: str
     pod_ref: str  # namespace/name, for messages
     gpus: int  # the pod's effective metax-tech.com/gpu request
     nodes: list[NodeItem] | None  # nodeCacheCapable: false
-    nodes_meta: dict[str, Any]
     node_names: list[str] | None  # nodeCacheCapable: true
+    # where filter finds the Nodes as sent, to echo kept items: the whole body, or the
+    # Nodes value itself (after the case-insensitive fallback)
+    body: bytes = b""
+    nodes_raw: Raw = dataclasses.field(default_factory=Raw)
+    cpu_milli: int = 0  # the pod's effective CPU request (millicores, rounded up)
+    memory_mib: int = 0  # the pod's effective memory request (MiB, rounded up)
 
 
-def decode_json(body: bytes) -> Any:
-    """``json.loads`` whose every failure is a ``BadRequest``."""
+# -- errors -----------------------------------------------------------------------------
+_AT = r"(?: - at `\$(?P<at>.*)`)?$"
+_EXPECTED = re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`" + _AT)
+_MISSING = re.compile(r"Object missing required field `(?P<key>[^`]+)`" + _AT)
+_UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>[^`]+)`")
+_TYPE_WORDS = {
+    "object": "an object",
+    "array": "an array",
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean",
+    "null": "null",
+}
+_GOT_WORDS = {"str": "string", "int": "number", "float": "number", "bool": "boolean"}
+
+
+def _at(root: str, path: str | None) -> str:
+    path = (path or "").replace("[...]", "")
+    return root + path if root else path.lstrip(".") or "request body"
+
+
+def _decode_error(err: Exception, root: str) -> BadRequest:
+    """A msgspec/JSON error as a ``BadRequest`` naming the field in our words."""
+    if isinstance(err, RecursionError):
+        return BadRequest(f"{root or 'request body'}: JSON nested too deeply")
+    if isinstance(err, UnicodeDecodeError):
+        return BadRequest(f"request body: not UTF-8 ({err.reason} at byte {err.start})")
+    text = str(err)
+    match = _EXPECTED.match(text)
+    if match:
+        kinds = [w for w in match["want"].split(" | ") if w != "null"] or ["null"]
+        wants = " or ".join(_TYPE_WORDS.get(w, w) for w in kinds)
+        got = _GOT_WORDS.get(match["got"], match["got"])
+        return BadRequest(f"{_at(root, match['at'])}: must be {wants}, got {got}")
+    match = _MISSING.match(text)
+    if match:
+        return BadRequest(f"{_at(root, match['at'])}.{match['key']}: required")
+    if isinstance(err, msgspec.ValidationError):
+        return BadRequest(f"{root or 'request body'}: {text}")
+    return BadRequest(f"request body: not valid JSON: {text}")
+
+
+def _decode(decoder: Any, data: Any, root: str) -> Any:
     try:
-        return json.loads(body.decode("utf-8"))  # JSON on the wire is UTF-8 (RFC 8259)
-    except RecursionError as err:
-        raise BadRequest("request body: JSON nested too deeply") from err
-    except UnicodeDecodeError as err:
-        raise BadRequest(f"request body: not UTF-8 ({err.reason} at byte {err.start})") from err
-    except ValueError as err:
-        raise BadRequest(f"request body: not valid JSON: {err}") from err
+        return decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
+        raise _decode_error(err, root) from None
 
 
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {
-        dict: "object",
-        list: "array",
-        str: "string",
-        bool: "boolean",
-        int: "number",
-        float: "number",
-    }.get(type(value), type(value).__name__)
-
-
-def _expect_object(value: Any, field: str, nullable: bool = False) -> dict[str, Any] | None:
-    if value is None and nullable:
+# -- the pod ------------------------------------------------------------------------------
+def quantity_of(raw: Raw | bytes) -> Fraction | None:
+    """A quantity from its JSON text (``resource.Quantity`` grammar, ``core.quantity``);
+    None when absent, negative or not a quantity (the apiserver validated what it
+    stored: an unreadable value counts as nothing rather than failing a request)."""
+    if not raw:
         return None
-    if not isinstance(value, dict):
-        raise BadRequest(f"{field}: must be an object, got {_type_name(value)}")
-    return value
+    try:
+        amount = parse_json_text(bytes(raw).decode("utf-8"))
+    except (QuantityError, UnicodeDecodeError):
+        return None
+    return amount if amount >= 0 else None
 
 
-def parse_quantity(value: Any, field: str) -> int:
-    """A whole-number Kubernetes quantity (extended resources allow nothing else)."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise BadRequest(f"{field}: must be a whole-number quantity, got {_type_name(value)}")
-    if isinstance(value, int):
-        if value < 0:
-            raise BadRequest(f"{field}: must not be negative, got {value}")
-        return value
-    match = _QUANTITY.match(value.strip())
-    if not match:
-        raise BadRequest(
-            f'{field}: {value[:40]!r} is not a whole-number quantity (e.g. "2"); '
-            f"{GPU_RESOURCE} cannot be fractional"
-        )
-    return int(match.group(1)) * _SUFFIX[match.group(2)]
+def cpu_milli(raw: Raw | bytes) -> int:
+    """CPU millicores (rounded up) of a quantity given as JSON text; 0 when unreadable."""
+    amount = quantity_of(raw)
+    return math.ceil(amount * 1000) if amount is not None else 0
 
 
-def _container_request(container: Any, field: str, resource: str) -> int:
-    obj = _expect_object(container, field)
-    assert obj is not None
-    resources = _expect_object(obj.get("resources"), f"{field}.resources", nullable=True)
-    if not resources:
-        return 0
+def memory_mib(raw: Raw | bytes) -> int:
+    """Memory MiB (rounded up) of a quantity given as JSON text; 0 when unreadable."""
+    amount = quantity_of(raw)
+    return math.ceil(amount / 2**20) if amount is not None else 0
+
+
+def _container_amounts(container: _Container, where: str, lenient: bool) -> PodTotals:
+    """(GPUs, CPU millicores, memory MiB) one container asks for."""
+    resources = container.resources
+    if resources is None:
+        return (0, 0, 0)
     values = []
-    for kind in ("limits", "requests"):
-        block = _expect_object(resources.get(kind), f"{field}.resources.{kind}", nullable=True)
-        if block and resource in block:
-            values.append(
-                parse_quantity(block[resource], f"{field}.resources.{kind}[{resource!r}]")
-            )
+    for kind, block in (("limits", resources.limits), ("requests", resources.requests)):
+        if block is not None and block.gpu:
+            what = f"{where}.resources.{kind}[{GPU_RESOURCE!r}]"
+            try:
+                values.append(whole_count(bytes(block.gpu).decode("utf-8"), what, json_text=True))
+            except (QuantityError, UnicodeDecodeError) as err:
+                if lenient:
+                    continue  # the apiserver validated it: unreadable here counts as none
+                raise BadRequest(str(err) if isinstance(err, QuantityError) else what) from None
     # Extended resources: requests default to limits and must equal them when both set.
-    return max(values) if values else 0
+    gpus = max(values) if values else 0
+    requests = resources.requests
+    if requests is None:
+        return (gpus, 0, 0)
+    return (gpus, cpu_milli(requests.cpu), memory_mib(requests.memory))
 
 
-def _containers(spec: dict[str, Any], key: str) -> list[Any]:
-    value = spec.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise BadRequest(f"Pod.spec.{key}: must be an array, got {_type_name(value)}")
-    return value
-
-
-def pod_request(pod: dict[str, Any], resource: str = GPU_RESOURCE) -> int:
-    """The pod's effective request of ``resource`` (the scheduler's rule).
+def pod_totals(pod: PodView, root: str = "Pod", lenient: bool = False) -> PodTotals:
+    """(GPUs, CPU millicores, memory MiB) the scheduler reserves for the pod.
 
     Regular containers and sidecars (init containers with ``restartPolicy: Always``)
     run together and add up; every other init container runs alone, next to the
-    sidecars started before it. The pod needs the largest of these moments.
+    sidecars started before it. The pod needs the largest of these moments, plus its
+    ``overhead`` (CPU and memory). An unreadable GPU request is a ``BadRequest`` unless
+    ``lenient`` (then it counts as none).
     """
-    spec = _expect_object(pod.get("spec"), "Pod.spec", nullable=True) or {}
-    running = sum(
-        _container_request(c, f"Pod.spec.containers[{i}]", resource)
-        for i, c in enumerate(_containers(spec, "containers"))
-    )
-    sidecars = 0
-    peak_init = 0
-    for i, container in enumerate(_containers(spec, "initContainers")):
-        field = f"Pod.spec.initContainers[{i}]"
-        amount = _container_request(container, field, resource)
-        if isinstance(container, dict) and container.get("restartPolicy") == "Always":
-            sidecars += amount
-            peak_init = max(peak_init, sidecars)
+    spec = pod.spec
+    if spec is None:
+        return (0, 0, 0)
+    running = [0, 0, 0]
+    for i, container in enumerate(spec.containers or ()):
+        amounts = _container_amounts(container, f"{root}.spec.containers[{i}]", lenient)
+        running = [a + b for a, b in zip(running, amounts, strict=True)]
+    sidecars = [0, 0, 0]
+    peak = [0, 0, 0]
+    for i, container in enumerate(spec.initContainers or ()):
+        amounts = _container_amounts(container, f"{root}.spec.initContainers[{i}]", lenient)
+        if container.restartPolicy == "Always":
+            sidecars = [a + b for a, b in zip(sidecars, amounts, strict=True)]
+            peak = [max(a, b) for a, b in zip(peak, sidecars, strict=True)]
         else:
-            peak_init = max(peak_init, sidecars + amount)
-    return max(running + sidecars, peak_init)
+            peak = [max(a, b + c) for a, b, c in zip(peak, sidecars, amounts, strict=True)]
+    total = [max(r + s, p) for r, s, p in zip(running, sidecars, peak, strict=True)]
+    overhead = spec.overhead
+    if overhead is not None:
+        total[1] += cpu_milli(overhead.cpu)
+        total[2] += memory_mib(overhead.memory)
+    return (total[0], total[1], total[2])
 
 
-def _node_item(raw: Any, index: int) -> NodeItem:
-    field = f"Nodes.items[{index}]"
-    obj = _expect_object(raw, field)
-    assert obj is not None
-    meta = _expect_object(obj.get("metadata"), f"{field}.metadata")
-    assert meta is not None
-    name = meta.get("name")
-    if not isinstance(name, str) or not name:
+def view_request(pod: PodView, root: str = "Pod") -> int:
+    """The pod's effective ``metax-tech.com/gpu`` request (the scheduler's rule, see
+    ``pod_totals``); an unreadable request is a ``BadRequest`` naming the field."""
+    return pod_totals(pod, root)[0]
+
+
+def decode_pod(pod: Mapping[str, Any]) -> PodView:
+    """A Pod given as a decoded JSON object (tests, tools, the packing benchmark)."""
+    if not isinstance(pod, Mapping):
+        raise BadRequest(f"Pod: must be an object, got {type(pod).__name__}")
+    return _decode(_POD, json.dumps(pod).encode(), "Pod")  # type: ignore[no-any-return]
+
+
+def pod_request(pod: Mapping[str, Any]) -> int:
+    """``view_request`` of a Pod given as a decoded JSON object (tests, tools)."""
+    return view_request(decode_pod(pod))
+
+
+# -- the request --------------------------------------------------------------------------
+def _fold_case(body: bytes, unknown: str) -> _RawArgs:
+    """Top-level keys matched case-insensitively (Go's rule), for bodies up to
+    ``CASE_FOLD_MAX_BODY`` (a dict of every key would otherwise cost memory per key)."""
+    if len(body) > CASE_FOLD_MAX_BODY:
         raise BadRequest(
-            f"{field}.metadata.name: must be a non-empty string, got {_type_name(name)}"
+            f"request body: unknown field {unknown[:60]!r}; ExtenderArgs has Pod, Nodes, "
+            f"NodeNames (spelled exactly so in bodies over {CASE_FOLD_MAX_BODY >> 10} KiB)"
         )
-    annotations = (
-        _expect_object(meta.get("annotations"), f"{field}.metadata.annotations", nullable=True)
-        or {}
-    )
-    for key in READ_ANNOTATIONS:
-        value = annotations.get(key)
-        if value is not None and not isinstance(value, str):
-            raise BadRequest(
-                f"{field}.metadata.annotations[{key!r}]: must be a string, got {_type_name(value)}"
-            )
-    return NodeItem(name=name, annotations=annotations, raw=obj)
-
-
-def parse_args(body: bytes) -> ExtenderArgs:
-    """Decode and check an ``ExtenderArgs`` body (filter and prioritize share it)."""
-    data = decode_json(body)
-    if not isinstance(data, dict):
-        raise BadRequest(
-            f"request body: must be a JSON object (ExtenderArgs), got {_type_name(data)}"
-        )
-    fields: dict[str, Any] = {}
-    for key, value in data.items():
+    found: dict[str, Raw] = {}
+    for key, value in _decode(_KEYS, body, "").items():
         canonical = _ARGS_FIELDS.get(key.lower())
         if canonical is None:
             raise BadRequest(
                 f"request body: unknown field {key[:60]!r}; ExtenderArgs has Pod, Nodes, NodeNames"
             )
-        if canonical in fields:
+        if canonical in found:
             raise BadRequest(f"request body: field {canonical} given twice")
-        fields[canonical] = value
-    pod = _expect_object(fields.get("Pod"), "Pod")
-    assert pod is not None
-    meta = _expect_object(pod.get("metadata"), "Pod.metadata", nullable=True) or {}
-    uid = meta.get("uid") or ""
-    namespace = meta.get("namespace") or "default"
-    name = meta.get("name") or ""
-    for key, value in (("uid", uid), ("namespace", namespace), ("name", name)):
-        if not isinstance(value, str):
-            raise BadRequest(f"Pod.metadata.{key}: must be a string, got {_type_name(value)}")
-    gpus = pod_request(pod)
+        found[canonical] = value
+    return _RawArgs(**found)
+
+
+def _is_null(raw: Raw) -> bool:
+    return not raw or (len(raw) == 4 and bytes(raw) == b"null")
+
+
+def _top(body: bytes) -> tuple[_Args, Raw]:
+    """The request decoded in one pass; (fields, the Nodes JSON text when it had to be
+    found by the case-insensitive fallback, else empty)."""
+    try:
+        args: _Args = _ARGS.decode(body)
+        return args, _EMPTY
+    except msgspec.ValidationError as err:
+        unknown = _UNKNOWN.match(str(err))
+        if unknown is None:
+            expected = _EXPECTED.match(str(err))
+            if expected is not None and not expected["at"]:
+                kind = _GOT_WORDS.get(expected["got"], expected["got"])
+                raise BadRequest(
+                    f"request body: must be a JSON object (ExtenderArgs), got {kind}"
+                ) from None
+            raise _decode_error(err, "") from None
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
+        raise _decode_error(err, "") from None
+    raw = _fold_case(body, unknown["key"])
+    return (
+        _Args(
+            Pod=None if _is_null(raw.Pod) else _decode(_POD, raw.Pod, "Pod"),
+            Nodes=None if _is_null(raw.Nodes) else _decode(_NODE_LIST, raw.Nodes, "Nodes"),
+            NodeNames=raw.NodeNames,
+        ),
+        raw.Nodes,
+    )
+
+
+def _count_bound(raw: Raw, field_name: str) -> None:
+    """Refuse more than MAX_NODES elements before building them (commas bound it)."""
+    if bytes(raw).count(b",") >= MAX_NODES:
+        raise BadRequest(f"{field_name}: more than {MAX_NODES} nodes in one request")
+
+
+def parse_args(body: bytes) -> ExtenderArgs:
+    """Decode and check an ``ExtenderArgs`` body (filter and prioritize share it)."""
+    fields, nodes_raw = _top(body)
+    pod = fields.Pod
+    if pod is None:
+        raise BadRequest("Pod: required (an object)")
+    meta = pod.metadata or ObjectMeta()
+    gpus, cpu_milli, memory_mib = pod_totals(pod)
 
     nodes: list[NodeItem] | None = None
-    nodes_meta: dict[str, Any] = {}
-    node_list = _expect_object(fields.get("Nodes"), "Nodes", nullable=True)
-    if node_list is not None:
-        items = node_list.get("items")
-        if items is None:
-            items = []
-        if not isinstance(items, list):
-            raise BadRequest(f"Nodes.items: must be an array, got {_type_name(items)}")
-        nodes = [_node_item(raw, i) for i, raw in enumerate(items)]
-        nodes_meta = (
-            _expect_object(node_list.get("metadata"), "Nodes.metadata", nullable=True) or {}
-        )
+    if fields.Nodes is not None:
+        node_list = fields.Nodes
+        if node_list.metadata and bytes(node_list.metadata)[:1] not in (b"{", b"n"):
+            raise BadRequest("Nodes.metadata: must be an object")
+        views = node_list.items or []
+        if len(views) > MAX_NODES:  # before anything per node is built
+            raise BadRequest(f"Nodes.items: more than {MAX_NODES} nodes in one request")
+        nodes = [node_item(view) for view in views]
 
     node_names: list[str] | None = None
-    raw_names = fields.get("NodeNames")
-    if raw_names is not None:
-        if not isinstance(raw_names, list):
-            raise BadRequest(f"NodeNames: must be an array of strings, got {_type_name(raw_names)}")
-        if set(map(type, raw_names)) - {str}:  # one C-level pass; find the culprit after
-            i, item = next((i, x) for i, x in enumerate(raw_names) if not isinstance(x, str))
-            raise BadRequest(f"NodeNames[{i}]: must be a string, got {_type_name(item)}")
-        node_names = raw_names
+    if not _is_null(fields.NodeNames):
+        _count_bound(fields.NodeNames, "NodeNames")
+        node_names = _decode(_NAMES, fields.NodeNames, "NodeNames")
     if nodes is None and node_names is None:
         raise BadRequest(
             "request body: needs Nodes (nodeCacheCapable: false) or NodeNames "
             "(nodeCacheCapable: true)"
         )
+    namespace = meta.namespace or "default"
     return ExtenderArgs(
-        pod=pod,
-        pod_uid=uid,
-        pod_ref=f"{namespace}/{name}",
+        pod_uid=meta.uid or "",
+        pod_ref=f"{namespace}/{meta.name or ''}",
         gpus=gpus,
         nodes=nodes,
-        nodes_meta=nodes_meta,
         node_names=node_names,
+        body=body if nodes is not None and not nodes_raw else b"",
+        nodes_raw=nodes_raw if nodes is not None else _EMPTY,
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
     )
+
+
+def node_raws(args: ExtenderArgs) -> tuple[bytes, list[Raw]]:
+    """(``Nodes.metadata`` as sent or ``{}``, each ``Nodes.items`` element as sent), for
+    echoing kept nodes without re-encoding them (one more pass over the request, which
+    builds one small object per node: the count was bounded by ``parse_args``)."""
+    if args.nodes_raw:
+        node_list: _NodeListRaw | None = _decode(_NODE_LIST_RAW, args.nodes_raw, "Nodes")
+    elif args.body:
+        node_list = _decode(_ECHO_ARGS, args.body, "").Nodes
+    else:
+        node_list = None
+    if node_list is None:
+        return b"{}", []
+    meta = node_list.metadata
+    return (b"{}" if _is_null(meta) else bytes(meta)), node_list.items or []
 
 
 def error_body(message: str) -> bytes:
