@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-from importlib import resources
 
 from . import tree
 
@@ -30,7 +29,9 @@ def install(root: str) -> str | None:
     cc = compiler()
     if cc is None:
         return "no C compiler (cc/gcc): the simulated libnvidia-ml.so.1 was not built"
-    source = resources.files("gpuk8s.sim.fake").joinpath("nvml.c").read_text("utf-8")
+    # a plain path: importlib.resources.files() is 3.9+ and host-Python tests run on 3.8
+    with open(os.path.join(os.path.dirname(__file__), "fake", "nvml.c"), encoding="utf-8") as f:
+        source = f.read()
     target = os.path.join(root, tree.NVML_LIB_PATH)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpuk8s-nvml-") as work:
