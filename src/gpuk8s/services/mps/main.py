@@ -157,8 +157,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     log.info("starting", extra={"node": args.node_name, "mode": args.sharing_mode,
                                 "mpsDir": args.mps_dir})
-    # Stopping leaves the daemons running: clients keep working, and a restarted agent
-    # adopts them (the state file and the daemons' pid files say which are ours).
     run_passes(agent.one_pass, args.interval, stop, liveness)
+    # Stopped because the node left mode mps (the DaemonSet's pod goes away with the
+    # label): quit the daemons cleanly. Otherwise (an upgrade, a restart) leave them:
+    # clients keep working and the next agent adopts them.
+    try:
+        if agent.mode() != "mps":
+            result = agent.daemons.reconcile([])
+            log.info("not in mode mps any more: daemons quit", extra=result.summary())
+    except Exception as err:  # the API may be gone already: nothing else to do
+        log.warning("cannot check the mode at exit", extra={"error": str(err)})
     log.info("stopped")
     return 0
