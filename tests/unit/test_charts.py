@@ -233,7 +233,7 @@ COMBOS: list[tuple[str, Path, dict[str, Any]]] = [
             },
             "gpuLabel": {"interval": 15, "log": {"format": "json", "maxAge": "4w2d"}},
             "gpuAware": {"scoreWeight": 3, "lossWeight": "0.5", "log": {"dir": "/var/log/x"}},
-            "gpuMps": {"mpsDir": "/run/x/mps", "activeThreadPercentage": 30, "interval": 5,
+            "gpuMps": {"activeThreadPercentage": 30, "interval": 5,
                        "log": {"level": "debug"}, "extraArgs": ["--sharing-mode=auto"]},
             "resourceDescriptors": {"enabled": True},
         },
@@ -1302,8 +1302,7 @@ BAD_VALUES = [
     (EXT, {"gpuLabel": {"log": {"dir": "logs"}}}, ["/gpuLabel/log/dir"]),
     (EXT, {"gpuDevice": {"healthyIntervall": 5}}, ["healthyIntervall"]),  # typo
     (EXT, {"gpuMps": {"activeThreadPercentage": 101}}, ["/gpuMps/activeThreadPercentage"]),
-    (EXT, {"gpuMps": {"mpsDir": "/" + "m" * 60}}, ["/gpuMps/mpsDir"]),
-    (EXT, {"gpuMps": {"mpsDir": "run/mps"}}, ["/gpuMps/mpsDir"]),
+    (EXT, {"gpuMps": {"interval": 0}}, ["/gpuMps/interval"]),
     (EXT, {"resourceDescriptors": {"namespace": "Kube_Public"}},
      ["/resourceDescriptors/namespace"]),
     (EXT, {"resourceDescriptors": {"items": [{"customName": "x", "keyName": "y", "key": "a/b",

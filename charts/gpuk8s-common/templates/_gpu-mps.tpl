@@ -2,13 +2,15 @@
 gpu-mps: one NVIDIA MPS control daemon per GPU (`gpuk8s serve mps`), only on nodes the
 admin labelled gpuk8s.io/sharing-mode=mps: elsewhere the DaemonSet has no pod. When the
 label changes away, the pod is stopped and quits its daemons first (echo quit |
-nvidia-cuda-mps-control). The per-GPU pipe and log directories live in a host directory
-(gpuMps.mpsDir, at the same path in the pod), which MPS client containers mount.
+nvidia-cuda-mps-control). The per-GPU pipe and log directories live in the host directory
+/run/gpuk8s/mps (at the same path in the pod; the contract with gpu-device, which mounts
+a GPU's pipe directory into its MPS clients).
 Runs the gpu-device image at gpuDevice's tag (the same gpuk8s wheel, root). Context: root.
 */}}
 {{- define "gpuk8s.gpuMps" -}}
 {{- $root := .root -}}
 {{- $v := $root.Values.gpuMps -}}
+{{- $mpsDir := "/run/gpuk8s/mps" -}}
 {{- $ctx := dict "root" $root "component" "gpu-mps" "values" $v -}}
 {{- $image := dict "root" $root "component" "gpu-device" "values" $root.Values.gpuDevice -}}
 apiVersion: v1
@@ -85,7 +87,7 @@ spec:
             - serve
             - mps
             - --host-root=/host
-            - {{ printf "--mps-dir=%s" $v.mpsDir | quote }}
+            - {{ printf "--mps-dir=%s" $mpsDir | quote }}
             - {{ printf "--interval=%v" $v.interval | quote }}
             {{- if $v.activeThreadPercentage }}
             - {{ printf "--active-thread-percentage=%v" $v.activeThreadPercentage | quote }}
@@ -124,13 +126,13 @@ spec:
           volumeMounts:
             {{- include "gpuk8s.hostReadMounts" $root | trim | nindent 12 }}
             - name: mps-dir
-              mountPath: {{ $v.mpsDir | quote }}
+              mountPath: {{ $mpsDir | quote }}
             {{- with include "gpuk8s.logVolumeMount" $ctx | trim }}{{ . | nindent 12 }}{{ end }}
       volumes:
         {{- include "gpuk8s.hostReadVolumes" $root | trim | nindent 8 }}
         - name: mps-dir
           hostPath:
-            path: {{ $v.mpsDir | quote }}
+            path: {{ $mpsDir | quote }}
             type: DirectoryOrCreate
         {{- with include "gpuk8s.logVolume" $ctx | trim }}{{ . | nindent 8 }}{{ end }}
 {{- end -}}
