@@ -12,9 +12,8 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +41,6 @@ def nvidia_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield root
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def post(port: int, verb: str, payload: Any) -> tuple[int, Any]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     conn.request("POST", f"/{verb}", body=json.dumps(payload).encode(),
@@ -61,7 +51,8 @@ def post(port: int, verb: str, payload: Any) -> tuple[int, Any]:
     return resp.status, data
 
 
-def test_cuda_labels_and_the_runtime_check(apiserver: Any, nvidia_root: str) -> None:
+def test_cuda_labels_and_the_runtime_check(apiserver: Any, nvidia_root: str,
+                                           wait_until: Any) -> None:
     tag = uuid.uuid4().hex[:6]
     fresh, old = f"nv-{tag}-fresh", f"nv-{tag}-old"
     core = apiserver.core()
@@ -81,7 +72,7 @@ def test_cuda_labels_and_the_runtime_check(apiserver: Any, nvidia_root: str) -> 
     service.start()
     try:
         cuda = service.extender.cuda
-        wait_for(lambda: cuda.get(fresh) is not None and cuda.get(old) is not None, 30,
+        wait_until(lambda: cuda.get(fresh) is not None and cuda.get(old) is not None, 30,
                  "the node watch")
         pod = {"metadata": {"name": "train", "namespace": "default", "uid": "u1",
                             "annotations": {RUNTIME_ANNOTATION: "12.2"}},
@@ -93,7 +84,7 @@ def test_cuda_labels_and_the_runtime_check(apiserver: Any, nvidia_root: str) -> 
         assert "CUDA 11.8" in reason and "runtime 12.2" in reason
         # the old node's driver is upgraded and relabelled: the watch lets the pod in
         core.patch_node(old, {"metadata": {"labels": {MAJOR_LABEL: "12", MINOR_LABEL: "6"}}})
-        wait_for(lambda: str(cuda.get(old)) == "12.6", 30, "the relabelled node")
+        wait_until(lambda: str(cuda.get(old)) == "12.6", 30, "the relabelled node")
         status, result = post(service.port, "filter", {"Pod": pod, "NodeNames": [fresh, old]})
         assert result["NodeNames"] == [fresh, old]
     finally:

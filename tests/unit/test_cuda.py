@@ -35,36 +35,29 @@ from gpuk8s.sim import tree
 pytestmark = pytest.mark.usefixtures("fast_python3")
 
 
-@pytest.fixture(scope="module")
-def nvidia_root(tmp_path_factory: pytest.TempPathFactory) -> str:
-    root = str(tmp_path_factory.mktemp("cuda") / "node")
-    sim.create(root, "nvidia-8")
-    return root
-
-
 def set_driver_cuda(root: str, version: str | None) -> None:
     state = sim.state(root)
     state["driver"]["cuda"] = version
     tree.save_state(root, state)
 
 
-def test_nvidia_nodes_are_labelled_with_the_drivers_cuda_version(nvidia_root: str) -> None:
-    inventory = discover(nvidia_root)
+def test_nvidia_nodes_are_labelled_with_the_drivers_cuda_version(nvidia_sim_root: str) -> None:
+    inventory = discover(nvidia_sim_root)
     assert inventory.driver.cuda == CudaVersion(12, 4)
     labels = compute_labels(inventory)
     assert labels[MAJOR_LABEL] == "12" and labels[MINOR_LABEL] == "4"
     assert MAJOR_LABEL == "metax-tech.com/cuda-major-version"
     assert inventory.to_dict()["driver"]["cuda"] == "12.4"
     try:
-        set_driver_cuda(nvidia_root, "11.8")  # NVML answers from the node, read each time
-        assert compute_labels(discover(nvidia_root))[MINOR_LABEL] == "8"
-        set_driver_cuda(nvidia_root, None)  # an NVML that cannot say: no labels, a problem
-        unknown = discover(nvidia_root)
+        set_driver_cuda(nvidia_sim_root, "11.8")  # NVML answers from the node, read each time
+        assert compute_labels(discover(nvidia_sim_root))[MINOR_LABEL] == "8"
+        set_driver_cuda(nvidia_sim_root, None)  # an NVML that cannot say: no labels, a problem
+        unknown = discover(nvidia_sim_root)
         assert unknown.driver.cuda is None
         assert MAJOR_LABEL not in compute_labels(unknown)
         assert any("nvmlSystemGetCudaDriverVersion_v2 failed" in p for p in unknown.problems)
     finally:
-        set_driver_cuda(nvidia_root, "12.4")
+        set_driver_cuda(nvidia_sim_root, "12.4")
 
 
 def test_metax_nodes_and_roots_without_nvml_have_no_cuda_labels(tmp_path_factory:

@@ -34,13 +34,6 @@ from gpuk8s.services.mps.main import MpsAgent, main
 pytestmark = pytest.mark.usefixtures("fast_python3")
 
 
-@pytest.fixture(scope="module")
-def nvidia_root(tmp_path_factory: pytest.TempPathFactory) -> str:
-    root = str(tmp_path_factory.mktemp("mps") / "node")
-    sim.create(root, "nvidia-8")
-    return root
-
-
 @pytest.fixture()
 def mps_dir() -> Iterator[str]:
     # short: control socket paths are limited to 107 bytes (as on a node)
@@ -75,9 +68,10 @@ def gone(pid: int) -> bool:
     return False
 
 
-def test_one_daemon_per_gpu_with_the_contract_environment(nvidia_root: str, mps_dir: str) -> None:
-    daemons = MpsDaemons(MpsSettings(nvidia_root, mps_dir, active_thread_percentage=40))
-    wanted = uuids(nvidia_root)
+def test_one_daemon_per_gpu_with_the_contract_environment(nvidia_sim_root: str,
+                                                          mps_dir: str) -> None:
+    daemons = MpsDaemons(MpsSettings(nvidia_sim_root, mps_dir, active_thread_percentage=40))
+    wanted = uuids(nvidia_sim_root)
     result = daemons.reconcile(wanted)
     assert result.failed == {}
     assert result.started == wanted and sorted(result.running) == sorted(wanted)
@@ -99,14 +93,14 @@ def test_one_daemon_per_gpu_with_the_contract_environment(nvidia_root: str, mps_
 
 
 def test_a_restarted_agent_adopts_restarts_the_dead_and_stops_what_is_unwanted(
-        nvidia_root: str, mps_dir: str) -> None:
-    wanted = uuids(nvidia_root, 3)
-    first = MpsDaemons(MpsSettings(nvidia_root, mps_dir)).reconcile(wanted)
+        nvidia_sim_root: str, mps_dir: str) -> None:
+    wanted = uuids(nvidia_sim_root, 3)
+    first = MpsDaemons(MpsSettings(nvidia_sim_root, mps_dir)).reconcile(wanted)
     killed = wanted[1]
     os.kill(first.running[killed], signal.SIGKILL)
     assert gone(first.running[killed])
 
-    again = MpsDaemons(MpsSettings(nvidia_root, mps_dir))  # a new agent process
+    again = MpsDaemons(MpsSettings(nvidia_sim_root, mps_dir))  # a new agent process
     second = again.reconcile(wanted[:2])
     assert second.adopted == [wanted[0]]
     assert second.running[wanted[0]] == first.running[wanted[0]]  # not a second daemon
@@ -160,36 +154,36 @@ class FakeNode:
         raise AssertionError("no events")
 
 
-def test_the_agent_follows_the_node_label(nvidia_root: str, mps_dir: str) -> None:
+def test_the_agent_follows_the_node_label(nvidia_sim_root: str, mps_dir: str) -> None:
     node = FakeNode({"kubernetes.io/hostname": "gpu-1"})
-    agent = MpsAgent(MpsDaemons(MpsSettings(nvidia_root, mps_dir)), node, None)
+    agent = MpsAgent(MpsDaemons(MpsSettings(nvidia_sim_root, mps_dir)), node, None)
     assert agent.one_pass().running == {}  # no label: exclusive, no daemon
     assert agent.ready()[0] is True
     node.labels[SHARING_MODE_LABEL] = "mps"
     on = agent.one_pass()
-    assert sorted(on.running) == sorted(uuids(nvidia_root, 8)) and on.failed == {}
-    sim.fail(nvidia_root, 7, "remove")  # a GPU leaves the bus: its daemon stops
+    assert sorted(on.running) == sorted(uuids(nvidia_sim_root, 8)) and on.failed == {}
+    sim.fail(nvidia_sim_root, 7, "remove")  # a GPU leaves the bus: its daemon stops
     try:
         fewer = agent.one_pass()
-        assert fewer.stopped == [uuids(nvidia_root, 8)[7]] and len(fewer.running) == 7
+        assert fewer.stopped == [uuids(nvidia_sim_root, 8)[7]] and len(fewer.running) == 7
     finally:
-        sim.heal(nvidia_root, 7)
+        sim.heal(nvidia_sim_root, 7)
     node.labels[SHARING_MODE_LABEL] = "vcuda"  # the admin changed the mode away
     off = agent.one_pass()
     assert off.running == {} and len(off.stopped) == 7
     assert all(gone(pid) for pid in on.running.values())
 
 
-def test_serve_once_and_the_health_endpoints(nvidia_root: str, mps_dir: str,
+def test_serve_once_and_the_health_endpoints(nvidia_sim_root: str, mps_dir: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--host-root", nvidia_root, "--mps-dir", mps_dir, "--sharing-mode", "mps",
+    assert main(["--host-root", nvidia_sim_root, "--mps-dir", mps_dir, "--sharing-mode", "mps",
                  "--once", "--active-thread-percentage", "25", "--log-dir", ""]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["mode"] == "mps" and printed["running"] == 8
-    assert main(["--host-root", nvidia_root, "--mps-dir", mps_dir, "--sharing-mode",
+    assert main(["--host-root", nvidia_sim_root, "--mps-dir", mps_dir, "--sharing-mode",
                  "exclusive", "--once", "--log-dir", ""]) == 0
     assert json.loads(capsys.readouterr().out)["running"] == 0
-    assert main(["--host-root", nvidia_root, "--once", "--log-dir", ""]) == 2
+    assert main(["--host-root", nvidia_sim_root, "--once", "--log-dir", ""]) == 2
     assert "--node-name: required" in capsys.readouterr().err
 
 
@@ -207,10 +201,10 @@ def test_readiness_reports_failures(tmp_path: Path, mps_dir: str) -> None:
     assert not ok and "GPU-1" in body["failed"]
 
 
-def test_health_server_answers(nvidia_root: str, mps_dir: str) -> None:
+def test_health_server_answers(nvidia_sim_root: str, mps_dir: str) -> None:
     from gpuk8s.services.healthserver import serve_health
 
-    agent = MpsAgent(MpsDaemons(MpsSettings(nvidia_root, mps_dir)), None, "exclusive")
+    agent = MpsAgent(MpsDaemons(MpsSettings(nvidia_sim_root, mps_dir)), None, "exclusive")
     server = serve_health(0, {"/readyz": agent.ready})
     port = server.server_address[1]
     try:

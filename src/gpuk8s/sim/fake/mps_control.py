@@ -62,6 +62,17 @@ def log(message: str) -> None:
         pass
 
 
+def read_line(conn: socket.socket) -> str:
+    """One newline-terminated message (commands and answers are one line each)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode("utf-8", "replace")
+
+
 def percentage_text(value: float) -> str:
     return f"{value:.1f}"
 
@@ -78,13 +89,7 @@ def serve(server: socket.socket, directory: str) -> None:
     while True:
         conn, _ = server.accept()
         with conn:
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = conn.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-            words = data.decode("utf-8", "replace").split()
+            words = read_line(conn).split()
             reply = ""
             quit_now = False
             if not words:
@@ -181,16 +186,10 @@ def client() -> int:
                 conn.settimeout(5)
                 conn.connect(os.path.join(directory, "control"))
                 conn.sendall((line.strip() + "\n").encode())
-                answer = b""
-                while not answer.endswith(b"\n"):
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        break
-                    answer += chunk
+                text = read_line(conn).rstrip("\n")
         except OSError as err:
             print(f"Cannot connect to MPS control daemon: {err}", file=sys.stderr)
             return 1
-        text = answer.decode("utf-8", "replace").rstrip("\n")
         if text:
             print(text)
         if text.startswith("Unrecognized") or text.startswith("Invalid"):
