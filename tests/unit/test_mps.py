@@ -30,6 +30,7 @@ from gpuk8s.host.mps import (
     sharing_mode,
 )
 from gpuk8s.services.mps.main import MpsAgent, main
+from gpuk8s.sim import tree
 
 pytestmark = pytest.mark.usefixtures("fast_python3")
 
@@ -216,3 +217,40 @@ def test_health_server_answers(nvidia_sim_root: str, mps_dir: str) -> None:
             assert json.loads(resp.read())["mode"] == "exclusive"
     finally:
         server.shutdown()
+
+
+def test_stopping_quits_the_daemons_only_when_the_mode_changed_away(
+        nvidia_sim_root: str, mps_dir: str) -> None:
+    node = FakeNode({SHARING_MODE_LABEL: "mps"})
+    agent = MpsAgent(MpsDaemons(MpsSettings(nvidia_sim_root, mps_dir)), node, None)
+    running = agent.one_pass().running
+    assert len(running) == 8
+    assert agent.at_exit() is None  # an upgrade or restart: the daemons stay for the next pod
+    assert all(not gone_now(pid) for pid in running.values())
+    del node.labels[SHARING_MODE_LABEL]  # the label went away: the pod is being removed
+    result = agent.at_exit()
+    assert result is not None and sorted(result.stopped) == sorted(running)
+    assert all(gone(pid) for pid in running.values())
+
+
+def test_a_driver_too_old_for_mps_starts_nothing(nvidia_sim_root: str, mps_dir: str) -> None:
+    state = sim.state(nvidia_sim_root)
+    state["driver"]["cuda"] = "11.4"
+    tree.save_state(nvidia_sim_root, state)
+    try:
+        agent = MpsAgent(MpsDaemons(MpsSettings(nvidia_sim_root, mps_dir)), None, "mps")
+        result = agent.one_pass()
+        assert result.running == {} and len(result.failed) == 8
+        assert "CUDA >= 11.5; this one supports 11.4" in next(iter(result.failed.values()))
+        assert agent.ready()[0] is False
+    finally:
+        state["driver"]["cuda"] = "12.4"
+        tree.save_state(nvidia_sim_root, state)
+
+
+def gone_now(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")

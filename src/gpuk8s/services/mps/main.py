@@ -28,6 +28,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from ...core.cuda import CudaVersion
 from ...core.errors import ConfigError, GpuK8sError
 from ...discovery import discover
 from ...host.mps import (
@@ -44,6 +45,8 @@ from ..logging_setup import LogOptions, add_log_arguments, configure_logging
 from ..nodeagent import KubeNodeApi, Liveness, NodeApi, run_passes
 
 log = logging.getLogger("gpuk8s.mps")
+
+MIN_DRIVER_CUDA = CudaVersion(11, 5)  # SPEC §13: MPS needs a driver supporting CUDA >= 11.5
 
 
 class MpsAgent:
@@ -70,18 +73,35 @@ class MpsAgent:
     def one_pass(self) -> PassResult:
         mode = self.mode()  # an API error fails the pass: daemons stay as they are
         wanted: list[str] = []
+        refused: dict[str, str] = {}
         if mode == "mps":
             inventory = discover(self.daemons.settings.host_root)
             if inventory.backend != "nvidia":
                 log.warning("sharing mode mps needs NVIDIA GPUs; none found",
                             extra={"backend": inventory.backend})
             wanted = [g.uuid for g in inventory.gpus if g.uuid and not g.fault]
+            cuda = inventory.driver.cuda
+            if cuda is not None and cuda < MIN_DRIVER_CUDA:  # SPEC §13
+                why = (f"MPS needs a driver supporting CUDA >= {MIN_DRIVER_CUDA}; this one "
+                       f"supports {cuda}: no daemon started")
+                refused, wanted = dict.fromkeys(wanted, why), []
         result = self.daemons.reconcile(wanted)
+        result.failed.update(refused)
         changed = result.started or result.restarted or result.stopped or result.adopted
         if changed or result.failed or mode != self.last_mode:
             level = logging.WARNING if result.failed else logging.INFO
             log.log(level, "mps daemons reconciled", extra={"mode": mode, **result.summary()})
         self.last, self.last_mode = result, mode
+        return result
+
+    def at_exit(self) -> PassResult | None:
+        """Quit the daemons when the node is no longer in mode ``mps`` (the DaemonSet's
+        pod is being removed with the label); otherwise (an upgrade, a restart) leave
+        them: clients keep working and the next agent adopts them."""
+        if self.mode() == "mps":
+            return None
+        result = self.daemons.reconcile([])
+        log.info("not in mode mps any more: daemons quit", extra=result.summary())
         return result
 
     def ready(self) -> tuple[bool, dict[str, Any]]:
@@ -158,13 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("starting", extra={"node": args.node_name, "mode": args.sharing_mode,
                                 "mpsDir": args.mps_dir})
     run_passes(agent.one_pass, args.interval, stop, liveness)
-    # Stopped because the node left mode mps (the DaemonSet's pod goes away with the
-    # label): quit the daemons cleanly. Otherwise (an upgrade, a restart) leave them:
-    # clients keep working and the next agent adopts them.
     try:
-        if agent.mode() != "mps":
-            result = agent.daemons.reconcile([])
-            log.info("not in mode mps any more: daemons quit", extra=result.summary())
+        agent.at_exit()
     except Exception as err:  # the API may be gone already: nothing else to do
         log.warning("cannot check the mode at exit", extra={"error": str(err)})
     log.info("stopped")
