@@ -196,8 +196,7 @@ def test_readiness_reports_failures(tmp_path: Path, mps_dir: str) -> None:
     assert agent.ready() == (False, {"reason": "no pass yet"})
     agent.one_pass()  # no GPU under this root: nothing wanted, nothing failed
     assert agent.ready()[0] is True
-    daemons.reconcile(["GPU-1"])
-    agent.last = daemons.reconcile(["GPU-1"])
+    agent.last = daemons.reconcile(["GPU-1"])  # no nvidia-cuda-mps-control under this root
     ok, body = agent.ready()
     assert not ok and "GPU-1" in body["failed"]
 
