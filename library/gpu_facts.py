@@ -61,7 +61,10 @@ ansible_facts:
       sample:
         backend: metax
         gpu_count: 8
-        inventory: {backend: metax, gpus: [], driver: {loaded: true, version: 2.2.4, mode: native}}
+        inventory:
+          backend: metax
+          gpus: []
+          driver: {loaded: true, version: 2.2.4, mode: native, cuda: null}
         labels: {metax-tech.com/gpu.installed: "true"}
         topology: {matrix: "...", link_groups: {"0": [0, 1, 2, 3]}}
         problems: []

@@ -89,7 +89,9 @@ def describe_type(schema: dict[str, Any], node: dict[str, Any]) -> tuple[str, st
 def fmt_default(value: Any) -> str:
     if isinstance(value, str):
         return f'`"{value}"`' if value == "" else f"`{value}`"
-    return f"`{json.dumps(value)}`"
+    if isinstance(value, list) and len(value) > 2 and all(isinstance(v, dict) for v in value):
+        return f"{len(value)} entries (values.yaml)"  # a table of objects: too long for a cell
+    return f"`{json.dumps(value, ensure_ascii=False)}`"
 
 
 def rows(chart_dir: Path) -> list[tuple[str, str, str, str, str]]:

@@ -24,6 +24,7 @@ SERVICES: dict[str, str] = {
     "driver-manager": "gpuk8s.services.drivermanager.main",
     "container-runtime": "gpuk8s.services.runtime.main",
     "operator-controller": "gpuk8s.services.operator.main",
+    "mps": "gpuk8s.services.mps.main",
 }
 
 

@@ -157,6 +157,12 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 
 
 @pytest.fixture(scope="session")
+def wait_until() -> Any:
+    """``wait_until(predicate, timeout, what)``: poll until true, else fail naming ``what``."""
+    return _wait
+
+
+@pytest.fixture(scope="session")
 def apiserver() -> Iterator[ApiServer]:
     versions = _pinned_versions()
     kube_dir = f"kube-{versions['KUBE_VERSION']}" if "KUBE_VERSION" in versions else None

@@ -17,3 +17,14 @@ def fast_python3() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
         yield
+
+
+@pytest.fixture(scope="module")
+def nvidia_sim_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A simulated nvidia-8 node (8×H100, the simulated libnvidia-ml.so.1 and
+    nvidia-cuda-mps-control), one per test module."""
+    from gpuk8s import sim
+
+    root = str(tmp_path_factory.mktemp("nvidia") / "node")
+    sim.create(root, "nvidia-8")
+    return root

@@ -233,6 +233,9 @@ COMBOS: list[tuple[str, Path, dict[str, Any]]] = [
             },
             "gpuLabel": {"interval": 15, "log": {"format": "json", "maxAge": "4w2d"}},
             "gpuAware": {"scoreWeight": 3, "lossWeight": "0.5", "log": {"dir": "/var/log/x"}},
+            "gpuMps": {"activeThreadPercentage": 30, "interval": 5,
+                       "log": {"level": "debug"}, "extraArgs": ["--sharing-mode=auto"]},
+            "resourceDescriptors": {"enabled": True},
         },
     ),
     ("op-min", OP, OP_MIN),
@@ -266,6 +269,12 @@ COMBOS: list[tuple[str, Path, dict[str, Any]]] = [
             },
             "runtime": {"log": {"rotationTime": "12h"}},
             "operatorController": {"log": {"dir": ""}, "imageTag": "8.0.0"},
+            "gpuMps": {"enabled": False},
+            "resourceDescriptors": {"enabled": True, "namespace": "platform-public", "items": [
+                {"customName": "gpu-manager", "keyName": "vcuda-core",
+                 "key": "tencent.com/vcuda-core", "dataType": "integer", "defaultValue": "50",
+                 "descriptionZh": "GPU 虚拟核数", "descriptionEn": "GPU vcore count",
+                 "limits": "required", "requests": "fromLimits"}]},
         },
     ),
 ]
@@ -433,6 +442,9 @@ def test_namespaced_objects_live_in_the_release_namespace(combo: Any) -> None:
         elif doc["kind"] in cluster_scoped:
             assert "namespace" not in meta
             assert meta["name"].startswith(f"{REL}-")
+        elif meta["name"].startswith("cf-crl-"):  # SPEC §11: where the platform reads them
+            assert doc["kind"] == "ConfigMap"
+            assert meta["namespace"] == _v["resourceDescriptors"].get("namespace", "kube-public")
         else:
             assert meta["namespace"] == NS, f"{doc['kind']}/{meta['name']}"
         assert len(meta["name"]) <= 63
@@ -498,6 +510,7 @@ def test_least_privilege_security_contexts(combo: Any) -> None:
     and has a read-only root filesystem."""
     _n, _c, _v, rendered = combo
     privileged_ok = {("DaemonSet/metax-gpu-device", "gpu-device"),
+                     ("DaemonSet/gpu-mps", "gpu-mps"),  # the MPS daemons open the GPUs
                      ("DaemonSet/driver-manager", "driver"),
                      ("DaemonSet/gpu-exporter", "gpu-exporter")}
     for where, spec in rendered.pod_specs():
@@ -571,6 +584,7 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
                           ("", "events", "create", ANY)},
     "gpu-test": {("", "nodes", "get", ANY), ("", "nodes", "list", ANY)},
     "gpu-exporter": {("", "pods", "list", ANY)},
+    "gpu-mps": {("", "nodes", "get", ANY)},
 }
 
 
@@ -1234,14 +1248,16 @@ def test_every_value_is_commented_and_in_the_schema(chart: Path) -> None:
         node = _schema_node(schema, path)
         assert node.get("description"), f"{path}: no description in values.schema.json"
     # every key line in values.yaml is preceded by a comment line (the keys inside a
-    # free-form Kubernetes object such as resources are Kubernetes', not ours)
+    # free-form Kubernetes object such as resources are Kubernetes', not ours; the keys of
+    # a list's entries are documented in the list's own comment and the schema)
     inside: int | None = None
     for i, line in enumerate(text):
         stripped = line.strip()
         indent = len(line) - len(line.lstrip())
         if inside is not None and stripped and indent > inside:
             continue
-        inside = indent if stripped == "resources:" else None
+        entry = stripped.startswith("- ") and ":" in stripped
+        inside = indent if stripped == "resources:" or entry else None
         if not stripped or stripped.startswith(("#", "- ")) or stripped == "---":
             continue
         assert ":" in stripped, line
@@ -1285,6 +1301,20 @@ BAD_VALUES = [
      ["/driver/payload/registry"]),
     (EXT, {"gpuLabel": {"log": {"dir": "logs"}}}, ["/gpuLabel/log/dir"]),
     (EXT, {"gpuDevice": {"healthyIntervall": 5}}, ["healthyIntervall"]),  # typo
+    (EXT, {"gpuMps": {"activeThreadPercentage": 101}}, ["/gpuMps/activeThreadPercentage"]),
+    (EXT, {"gpuMps": {"interval": 0}}, ["/gpuMps/interval"]),
+    (EXT, {"resourceDescriptors": {"namespace": "Kube_Public"}},
+     ["/resourceDescriptors/namespace"]),
+    (EXT, {"resourceDescriptors": {"items": [{"customName": "x", "keyName": "y", "key": "a/b",
+                                              "dataType": "float", "defaultValue": "1",
+                                              "descriptionZh": "z", "descriptionEn": "e",
+                                              "limits": "optional", "requests": "disabled"}]}},
+     ["/resourceDescriptors/items/0/dataType", "integer", "decimal", "string"]),
+    (EXT, {"resourceDescriptors": {"items": [{"customName": "x", "keyName": "y", "key": "a/b",
+                                              "dataType": "integer", "defaultValue": "1",
+                                              "descriptionZh": "z", "descriptionEn": "e",
+                                              "limits": "maybe", "requests": "disabled"}]}},
+     ["/resourceDescriptors/items/0/limits", "disabled", "required", "optional"]),
     (EXT, {"driver": {"deployPolicy": "Never"}}, ["driver"]),  # operator-only option
     (
         EXT,
@@ -1475,3 +1505,75 @@ def test_extra_read_paths_are_mounted_read_only_under_host() -> None:
         assert volumes(ds)[mount["name"]]["hostPath"]["path"] == "/srv/sim/var/lib/x"
     assert "/hostPaths/extraReadPaths/0" in render_error(
         EXT, {"hostPaths": {"extraReadPaths": ["relative"]}})
+
+
+# -- GPU sharing (issue 14): gpu-mps and the cf-crl resource descriptors -------------------
+@pytest.mark.parametrize("chart,values", [(EXT, {}), (OP, OP_MIN)], ids=["ext", "op"])
+def test_gpu_mps_runs_only_on_nodes_labelled_mps(chart: Path, values: dict[str, Any]) -> None:
+    rendered = objs(chart, _deep_merge(values, {"gpuMps": {"activeThreadPercentage": 40}}))
+    ds = rendered.get("DaemonSet", "gpu-mps")
+    assert required_node_labels(ds)["gpuk8s.io/sharing-mode"] == ["mps"]
+    c = container(ds, "gpu-mps")
+    assert c["args"][:2] == ["serve", "mps"]
+    assert flags(c)["mps-dir"] == "/run/gpuk8s/mps"
+    assert flags(c)["active-thread-percentage"] == "40"
+    assert flags(c)["host-root"] == "/host"
+    assert c["image"].rsplit(":", 1)[0].endswith("/gpu-device")  # the same gpuk8s wheel
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    port = flags(c)["health-port"]
+    assert {p["containerPort"] for p in c["ports"]} == {int(port)}
+    # the pipe directories: a host directory, read-write, at the same path in the pod
+    # (the daemons' CUDA_MPS_PIPE_DIRECTORY is what client containers mount)
+    mount = mounts(ds, "gpu-mps")["/run/gpuk8s/mps"]
+    assert mount["name"] == "mps-dir" and not mount.get("readOnly")
+    assert volumes(ds)["mps-dir"]["hostPath"] == {"path": "/run/gpuk8s/mps",
+                                                  "type": "DirectoryOrCreate"}
+    assert mounts(ds, "gpu-mps")["/host/usr/bin"]["readOnly"] is True  # the MPS tool
+    # without a percentage the flag is left out (MPS's default, 100)
+    default = container(objs(chart, values).get("DaemonSet", "gpu-mps"), "gpu-mps")
+    assert "active-thread-percentage" not in flags(default)
+    off = objs(chart, _deep_merge(values, {"gpuMps": {"enabled": False}}))
+    assert not off.has("DaemonSet", "gpu-mps") and not off.has("ServiceAccount", "gpu-mps")
+
+
+# SPEC §13's example, key for key
+SPEC_VCUDA_CORE = {
+    "key": "tencent.com/vcuda-core", "dataType": "integer", "defaultValue": "20",
+    "descriptionEn": "GPU vcore count, 100 virtual cores equal 1 physical GPU core",
+    "group": "gpu-manager", "limits": "optional", "requests": "disabled",
+}
+DESCRIPTOR_KEYS = {"key", "dataType", "defaultValue", "descriptionZh", "descriptionEn", "group",
+                   "limits", "requests"}
+
+
+@pytest.mark.parametrize("chart,values", [(EXT, {}), (OP, OP_MIN)], ids=["ext", "op"])
+def test_resource_descriptor_configmaps(chart: Path, values: dict[str, Any]) -> None:
+    assert not [d for d in objs(chart, values).of("ConfigMap")
+                if d["metadata"]["name"].startswith("cf-crl-")]  # off by default
+    rendered = objs(chart, _deep_merge(values, {"resourceDescriptors": {"enabled": True}}))
+    maps = {d["metadata"]["name"]: d for d in rendered.of("ConfigMap")
+            if d["metadata"]["name"].startswith("cf-crl-")}
+    keys = {name: d["data"]["key"] for name, d in maps.items()}
+    assert keys == {
+        "cf-crl-metax-sgpu": "metax-tech.com/sgpu",
+        "cf-crl-metax-vcore": "metax-tech.com/vcore",
+        "cf-crl-metax-vmemory": "metax-tech.com/vmemory",
+        "cf-crl-gpu-manager-vcuda-core": "tencent.com/vcuda-core",
+        "cf-crl-gpu-manager-vcuda-memory": "tencent.com/vcuda-memory",
+        "cf-crl-mps-core": "nvidia.com/mps-core",
+        "cf-crl-mps-memory": "nvidia.com/mps-memory",
+    }
+    for name, cm in maps.items():
+        meta = cm["metadata"]
+        assert meta["namespace"] == "kube-public"
+        labels = meta["labels"]
+        assert labels["features.alauda.io/type"] == "CustomResourceLimitation"
+        assert labels["features.alauda.io/enabled"] == "true"
+        assert labels["features.alauda.io/group"] == cm["data"]["group"]
+        assert name.startswith(f"cf-crl-{cm['data']['group']}-")
+        assert set(cm["data"]) == DESCRIPTOR_KEYS
+        assert all(isinstance(v, str) and v for v in cm["data"].values()), name
+    core = maps["cf-crl-gpu-manager-vcuda-core"]["data"]
+    assert {k: core[k] for k in SPEC_VCUDA_CORE} == SPEC_VCUDA_CORE
+    assert core["descriptionZh"]

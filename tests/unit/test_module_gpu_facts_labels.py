@@ -33,7 +33,7 @@ def test_facts_of_an_eight_gpu_node(roots: dict[str, str]) -> None:
     facts = result["ansible_facts"]["gpuk8s"]
     assert facts["backend"] == "metax" and facts["gpu_count"] == 8
     assert facts["inventory"]["driver"] == {"loaded": True, "version": "2.32.0.6",
-                                            "mode": "native"}
+                                            "mode": "native", "cuda": None}
     assert facts["labels"]["metax-tech.com/gpu.product"] == "C500"
     assert facts["labels"]["metax-tech.com/gpu.installed"] == "true"
     assert sorted(facts["topology"]["link_groups"].values()) == [[0, 1, 2, 3], [4, 5, 6, 7]]

@@ -31,6 +31,8 @@ LABEL_NAMES: tuple[str, ...] = (
     "gpu.vfnum",
     "maca.ready",
     "runtime.ready",
+    "cuda-major-version",
+    "cuda-minor-version",
 )
 
 # Operator-scheme readiness labels, published from marker files the node agents write
@@ -100,6 +102,10 @@ def compute_labels(
         state = SriovState.FORBIDDEN
     labels["gpu.sriov"] = str(state)
     labels["gpu.vfnum"] = str(max(g.sriov.num_vfs for g in gpus))
+    cuda = inventory.driver.cuda if inventory.driver.loaded else None
+    if cuda is not None:  # NVIDIA: the CUDA version the driver supports (SPEC §11)
+        labels["cuda-major-version"] = str(cuda.major)
+        labels["cuda-minor-version"] = str(cuda.minor)
     for key, ready in (readiness or {}).items():
         if key not in READINESS_KEYS:
             raise ValueError(

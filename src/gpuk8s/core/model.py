@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .cuda import CudaVersion
 from .errors import InventoryError
 
 METAX_VENDOR_ID = 0x9999
@@ -105,6 +106,7 @@ class DriverInfo:
     loaded: bool = False
     version: str | None = None
     mode: DriverMode = DriverMode.NATIVE
+    cuda: CudaVersion | None = None  # NVIDIA: the newest CUDA the driver supports
 
     @property
     def version_parts(self) -> tuple[int, int, int] | None:
@@ -172,6 +174,7 @@ class NodeInventory:
                 "loaded": self.driver.loaded,
                 "version": self.driver.version,
                 "mode": str(self.driver.mode),
+                "cuda": None if self.driver.cuda is None else str(self.driver.cuda),
             },
             "sdk": {"version": self.sdk.version, "path": self.sdk.path},
             "control_devices": list(self.control_devices),

@@ -5,14 +5,19 @@ the PCI device-id table or else the first word of nvidia-smi's name after ``NVID
 ``family`` is ``NVIDIA-<architecture>`` (``NVIDIA-Hopper``), ``NVIDIA`` when unknown.
 NVLink pairs come from ``nvidia-smi topo -m`` (``NV<n>`` cells) and count as ``MX``
 links in the model. Device nodes are ``/dev/nvidia<minor>`` (minor from
-``/proc/driver/nvidia/gpus/<bdf>/information``).
+``/proc/driver/nvidia/gpus/<bdf>/information``). The CUDA version the driver supports
+comes from NVML (``nvmlSystemGetCudaDriverVersion_v2`` through ``ctypes``, the host's
+``libnvidia-ml.so.1`` loaded by its full path under the root).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import re
 
+from ..core.cuda import CudaVersion
 from ..core.model import NVIDIA_VENDOR_ID, DriverInfo, Gpu, NodeInventory, SdkInfo
 from ..core.telemetry import MIB, GpuProcess, GpuSample, NodeTelemetry, percent_to_ratio
 from . import sysfs
@@ -34,6 +39,14 @@ LOAD_FIELDS = ("pci.bus_id", "utilization.gpu", "memory.used", "memory.total",
                "temperature.gpu", "power.draw", "ecc.errors.corrected.volatile.total",
                "ecc.errors.uncorrected.volatile.total")
 APP_FIELDS = ("gpu_bus_id", "pid", "used_memory", "process_name")
+NVML_SONAME = "libnvidia-ml.so.1"
+NVML_LIB_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/local/nvidia/lib64",
+    "/usr/lib",
+)
 
 # PCI device id -> product (a few data-centre parts; others fall back to nvidia-smi)
 DEVICE_IDS: dict[int, str] = {
@@ -132,6 +145,57 @@ def query(root: str, runner: Runner | None) -> tuple[dict[str, dict[str, str]], 
     return rows, bad, None
 
 
+def nvml_library_path(root: str) -> str | None:
+    """``libnvidia-ml.so.1`` under ``root``; None when root is ``/`` (the loader's own
+    search finds it) or when there is none."""
+    if os.path.realpath(root) == "/":
+        return None
+    for directory in NVML_LIB_DIRS:
+        path = host_path(root, f"{directory}/{NVML_SONAME}")
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _unload(lib: ctypes.CDLL) -> None:
+    """dlclose the library again: a later ``CDLL("libnvidia-ml.so.1")`` by soname in this
+    process (pynvml, for another host root) must not be handed this root's copy."""
+    import _ctypes
+
+    close = getattr(_ctypes, "dlclose", None)
+    if close is not None:
+        with contextlib.suppress(OSError):
+            close(lib._handle)
+
+
+def cuda_driver_version(root: str) -> tuple[CudaVersion | None, str | None]:
+    """(the CUDA version the driver supports, why it is unknown) from NVML's
+    ``nvmlSystemGetCudaDriverVersion_v2`` (``1000 * major + 10 * minor``)."""
+    path = nvml_library_path(root)
+    if path is None and os.path.realpath(root) != "/":
+        return None, f"{NVML_SONAME} not found under {root}: no CUDA driver version"
+    try:
+        lib = ctypes.CDLL(path or NVML_SONAME)
+    except OSError as err:
+        return None, f"cannot load {NVML_SONAME}: {err}"
+    value = ctypes.c_int(0)
+    try:
+        rc = lib.nvmlInit_v2()
+        if rc != 0:
+            return None, f"nvmlInit_v2 failed (NVML error {rc}): no CUDA driver version"
+        try:
+            rc = lib.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(value))
+        finally:
+            lib.nvmlShutdown()
+    except AttributeError as err:  # an NVML too old for the call
+        return None, f"{NVML_SONAME} lacks {err}: no CUDA driver version"
+    finally:
+        _unload(lib)
+    if rc != 0 or value.value <= 0:
+        return None, f"nvmlSystemGetCudaDriverVersion_v2 failed (NVML error {rc})"
+    return CudaVersion(value.value // 1000, (value.value % 1000) // 10), None
+
+
 def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = None
              ) -> NodeInventory:
     problems: list[str] = []
@@ -188,10 +252,15 @@ def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = 
             )
         )
     controls = tuple(p for p in CONTROL_DEVICES if os.path.lexists(host_path(root, p)))
+    cuda: CudaVersion | None = None
+    if loaded and gpus_pci:
+        cuda, why = cuda_driver_version(root)
+        if why:
+            problems.append(why)
     return NodeInventory(
         backend=VENDOR,
         gpus=tuple(gpus),
-        driver=DriverInfo(loaded=loaded, version=version or None),
+        driver=DriverInfo(loaded=loaded, version=version or None, cuda=cuda),
         sdk=SdkInfo(),
         links=frozenset(links),
         control_devices=controls,

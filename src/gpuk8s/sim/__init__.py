@@ -2,7 +2,8 @@
 
 The tree has what discovery reads on a real node (sysfs PCI hierarchy, ``/sys/module``,
 DRM nodes, ``/dev`` nodes, ``/opt/maca/Version.txt``) and executable fake vendor tools
-(``mx-smi``, ``nvidia-smi``) answering from the simulator's state file
+(``mx-smi``, ``nvidia-smi``, ``nvidia-cuda-mps-control``) answering from the simulator's
+state file
 ``<root>/var/lib/gpuk8s-sim/state.json``. Faults are injected by changing that state
 and the tree, never by telling product code it is simulated.
 
@@ -96,9 +97,10 @@ def create(
 
 
 def tool_source(name: str) -> str:
-    """Text of a stand-in tool: ``mx-smi``, ``nvidia-smi`` or ``modprobe`` (for test
-    payloads that install their own copy)."""
-    module = {"mx-smi": "mx_smi.py", "nvidia-smi": "nvidia_smi.py", "modprobe": "modprobe.py"}
+    """Text of a stand-in tool: ``mx-smi``, ``nvidia-smi``, ``nvidia-cuda-mps-control`` or
+    ``modprobe`` (for test payloads that install their own copy)."""
+    module = {"mx-smi": "mx_smi.py", "nvidia-smi": "nvidia_smi.py", "modprobe": "modprobe.py",
+              "nvidia-cuda-mps-control": "mps_control.py"}
     if name not in module:
         raise ConfigError(f"no stand-in for {name!r}; choose one of {', '.join(module)}")
     # a plain path: importlib.resources.files() is 3.9+, and the host-Python tests run the
@@ -128,6 +130,8 @@ def _install_files(root: str, current: dict[str, Any]) -> None:
         os.makedirs(os.path.join(root, "opt/maca/lib"), exist_ok=True)
     if current["vendor"] == "nvidia" and driver["loaded"]:
         tree.write_file(os.path.join(root, tree.NVSMI_PATH), tool_source("nvidia-smi"), 0o755)
+        tree.write_file(os.path.join(root, tree.MPS_CONTROL_PATH),
+                        tool_source("nvidia-cuda-mps-control"), 0o755)
         nvml.install(root)
 
 

@@ -25,6 +25,7 @@ from .tree import assign_cards, make_vfs
 METAX_DRIVER_VERSION = "2.32.0.6"
 MACA_VERSION = "2.32.0.6"
 NVIDIA_DRIVER_VERSION = "550.54.15"
+NVIDIA_DRIVER_CUDA = "12.4"  # the CUDA version driver 550.54.15 supports (nvidia-smi's header)
 
 INTEL = 0x8086
 BROADCOM_PLX = 0x1000
@@ -232,6 +233,8 @@ def build_state(name: str, vfnum: int | None = None, device_nodes: str = "files"
         "gpus": gpus,
         "devices": devices,
     }
+    if vendor == "nvidia" and state["driver"]["loaded"]:
+        state["driver"]["cuda"] = NVIDIA_DRIVER_CUDA
     if state["driver"]["loaded"]:
         assign_cards(state)
     return state

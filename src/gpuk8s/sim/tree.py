@@ -25,6 +25,7 @@ LIB_NAME = "gpuk8s_sim_tree"
 METAX_DRIVER = "METAX"  # PCI driver name; sysfs shows /sys/module/metax/drivers/pci:METAX
 MXSMI_PATH = "opt/mxdriver/bin/mx-smi"
 NVSMI_PATH = "usr/bin/nvidia-smi"
+MPS_CONTROL_PATH = "usr/bin/nvidia-cuda-mps-control"
 MODPROBE_PATH = "usr/sbin/modprobe"
 NVML_LIB_PATH = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 NVML_TABLE = "var/lib/gpuk8s-sim/nvml.txt"
@@ -111,6 +112,7 @@ def nvml_table(state: dict[str, Any]) -> str:
     One record per line, space separated, names last (they contain spaces)::
 
         driver <version>
+        cuda <CUDA driver version as NVML encodes it: 1000 * major + 10 * minor>
         gpu <status> <bus id> <uuid> <total B> <used B> <util %> <mem util %> <temp C>
             <power mW> <ecc corrected> <ecc uncorrected> <name>
         proc <gpu position> <pid> <used B> <sm util %> <mps 0|1> <name>
@@ -119,6 +121,9 @@ def nvml_table(state: dict[str, Any]) -> str:
     its GPU by position in that list.
     """
     lines = [f"driver {state['driver']['version'] or ''}"]
+    cuda = cuda_version_code(state["driver"].get("cuda"))
+    if cuda is not None:
+        lines.append(f"cuda {cuda}")
     present = [g for g in state["gpus"] if g["status"] in ("ok", "fault")]
     position = {g["index"]: n for n, g in enumerate(present)}
     for gpu in present:
@@ -140,6 +145,14 @@ def nvml_table(state: dict[str, Any]) -> str:
                 f"{proc.get('name') or 'python3'}"
             )
     return "\n".join(lines) + "\n"
+
+
+def cuda_version_code(version: str | None) -> int | None:
+    """``"12.4"`` -> 12040, NVML's encoding of the driver's CUDA version; None when unset."""
+    if not version:
+        return None
+    major, _, minor = str(version).partition(".")
+    return int(major) * 1000 + int(minor or 0) * 10
 
 
 def _driver_name(state: dict[str, Any]) -> str:

@@ -21,29 +21,11 @@ import os
 from typing import Any
 
 from ...core.telemetry import GpuProcess, GpuSample, NodeTelemetry, percent_to_ratio
-from ...discovery.nvidia import normalise_bus_id
-from ...discovery.tools import host_path
+from ...discovery.nvidia import NVML_LIB_DIRS, NVML_SONAME, normalise_bus_id
+from ...discovery.nvidia import nvml_library_path as library_path
 
-SONAME = "libnvidia-ml.so.1"
-LIB_DIRS = (
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib64",
-    "/usr/lib/aarch64-linux-gnu",
-    "/usr/local/nvidia/lib64",
-    "/usr/lib",
-)
-
-
-def library_path(root: str) -> str | None:
-    """``libnvidia-ml.so.1`` under ``root``; None when root is ``/`` (the loader's own
-    search finds it) or when there is none."""
-    if os.path.realpath(root) == "/":
-        return None
-    for directory in LIB_DIRS:
-        path = host_path(root, f"{directory}/{SONAME}")
-        if os.path.isfile(path):
-            return path
-    return None
+SONAME = NVML_SONAME
+LIB_DIRS = NVML_LIB_DIRS
 
 
 class NvmlReader:

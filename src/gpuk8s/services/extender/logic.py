@@ -21,6 +21,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from .cuda import NodeCudaVersions, restrict
 from .nodes import (
     BoundPods,
     NodeCache,
@@ -158,8 +159,10 @@ class Extender:
         clock: Callable[[], float] = time.perf_counter,
         rooms: NodeRooms | None = None,
         running: RunningPods | None = None,
+        cuda: NodeCudaVersions | None = None,
     ) -> None:
         self.weights = weights
+        self.cuda = cuda if cuda is not None else NodeCudaVersions()  # labels (node watch)
         self.cache = cache
         self.pods = pods
         # prioritize: the nodes' rooms (node watch with the cache, else the request's
@@ -317,6 +320,8 @@ class Extender:
         """The filter answer, encoded. With the node cache it is assembled from the
         index's pre-encoded members; with full nodes, the kept Node objects are the
         request's own bytes; otherwise ``json.dumps`` of ``filter``."""
+        if args.cuda_runtime is not None:  # the pod states its CUDA runtime (cuda.py)
+            return _encode(restrict(self.filter(args), args, self.cuda)).encode()
         if args.nodes is not None:
             return self._filter_nodes_json(args)
         cache = self.cache

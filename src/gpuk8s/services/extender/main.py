@@ -27,6 +27,7 @@ from ...core.errors import ConfigError, GpuK8sError
 from ...core.scoring import DEFAULT_PRIOR, DEFAULT_PRIOR_GPUS
 from ..kube import api_client
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
+from .cuda import NodeCudaVersions
 from .logic import Extender
 from .nodes import BoundPods, NodeCache
 from .packing import NodeRooms, RunningPods, parse_prior
@@ -177,14 +178,16 @@ def build_service(
     pods = BoundPods() if args.pod_watch else None
     running = RunningPods(prior, prior_gpus) if args.pod_watch else None
     rooms = NodeRooms()
-    extender = Extender(weights, cache=cache, pods=pods, rooms=rooms, running=running)
+    cuda = NodeCudaVersions()
+    extender = Extender(weights, cache=cache, pods=pods, rooms=rooms, running=running,
+                        cuda=cuda)
     needs_api = (cache is not None and node_watch is None) or (
         pods is not None and pod_watch is None
     )
     client = api_client(args.kubeconfig) if needs_api else None
     loops: list[tuple[str, WatchLoop]] = []
     if cache is not None:
-        loops.append(("node-watch", node_watch or node_watch_loop(client, cache, rooms)))
+        loops.append(("node-watch", node_watch or node_watch_loop(client, cache, rooms, cuda)))
     if pods is not None:
         loops.append(("pod-watch", pod_watch or pod_watch_loop(client, pods, running)))
     try:

@@ -21,6 +21,7 @@ import msgspec
 
 from ...core.scoring import PodShape
 from ..kube import TemporaryApiError, classify
+from .cuda import NodeCudaVersions
 from .nodes import BoundPods, NodeCache
 from .packing import NodeRooms, RunningPods, item_room_fields, view_running_fields
 from .wire import NodeItem, NodeView, ObjectMeta, PodView, node_item
@@ -174,8 +175,10 @@ def _node(raw: msgspec.Raw, cache: NodeCache) -> NodeItem | None:
 Handlers = tuple[Callable[[list[msgspec.Raw]], None], Callable[[str, msgspec.Raw], None]]
 
 
-def node_handlers(cache: NodeCache, rooms: NodeRooms | None = None) -> Handlers:
-    """(on_list, on_event) feeding ``cache`` and, when given, ``rooms``: unreadable
+def node_handlers(cache: NodeCache, rooms: NodeRooms | None = None,
+                  cuda: NodeCudaVersions | None = None) -> Handlers:
+    """(on_list, on_event) feeding ``cache`` and, when given, ``rooms`` and ``cuda``
+    (the nodes' CUDA version labels): unreadable
     objects are skipped and counted, nodes with unusable annotations are cached as such
     (filter excludes them)."""
 
@@ -184,6 +187,8 @@ def node_handlers(cache: NodeCache, rooms: NodeRooms | None = None) -> Handlers:
         cache.replace(nodes)
         if rooms is not None:
             rooms.replace(map(item_room_fields, nodes))
+        if cuda is not None:
+            cuda.replace(nodes)
         log.info(
             "node cache synced",
             extra={"nodes": len(cache), "unusable": cache.broken, "skipped": cache.unreadable},
@@ -197,22 +202,28 @@ def node_handlers(cache: NodeCache, rooms: NodeRooms | None = None) -> Handlers:
             cache.delete(node.name)
             if rooms is not None:
                 rooms.forget(node.name)
+            if cuda is not None:
+                cuda.forget(node.name)
         else:
             cache.upsert_item(node)
             if rooms is not None:
                 rooms.observe(*item_room_fields(node))
+            if cuda is not None:
+                cuda.observe(node)
 
     return on_list, on_event
 
 
 def node_watch_loop(
-    api_client: Any, cache: NodeCache, rooms: NodeRooms | None = None
+    api_client: Any, cache: NodeCache, rooms: NodeRooms | None = None,
+    cuda: NodeCudaVersions | None = None,
 ) -> WatchLoop:
-    """Nodes into the cache (filter) and, when given, into ``rooms`` (prioritize)."""
+    """Nodes into the cache (filter) and, when given, into ``rooms`` (prioritize) and
+    ``cuda`` (the CUDA check)."""
     from kubernetes import client
 
     core = client.CoreV1Api(api_client)
-    on_list, on_event = node_handlers(cache, rooms)
+    on_list, on_event = node_handlers(cache, rooms, cuda)
 
     def run(stop: threading.Event) -> None:
         list_watch(core.list_node, on_list, on_event, stop, "nodes")

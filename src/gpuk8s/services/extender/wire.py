@@ -6,8 +6,9 @@ Go's decoder matches keys case-insensitively; so do we. Objects inside (the Pod 
 the NodeList) are ordinary Kubernetes JSON with lower-camel keys.
 
 Decoding reads only what the extender needs (msgspec typed views): the pod's name,
-uid and GPU, CPU and memory requests, each node's name, three annotations and
-allocatable CPU and memory. Everything else in a Node (images, conditions, managed
+uid, GPU, CPU and memory requests and ``gpuk8s.io/cuda-runtime`` annotation, each
+node's name, three annotations, two CUDA version labels and allocatable CPU and
+memory. Everything else in a Node (images, conditions, managed
 fields: ~95 % of a full-list request) is skipped, not
 built into Python objects, and a filter answer echoes the kept Node objects as the
 very bytes of the request (``node_raws``). Memory per request is therefore a small
@@ -33,6 +34,7 @@ from typing import Any
 import msgspec
 from msgspec import Raw, Struct, field
 
+from ...core.cuda import MAJOR_LABEL, MINOR_LABEL, RUNTIME_ANNOTATION
 from ...core.devicelist import DEVICES_ANNOTATION
 from ...core.errors import GpuK8sError
 from ...core.quantity import QuantityError, parse_json_text, whole_count
@@ -97,11 +99,18 @@ class _PodSpec(Struct, gc=False):
     overhead: _Quantities | None = None
 
 
+class _PodAnnotations(Struct, gc=False):
+    """The pod annotations the extender reads, each as its JSON text."""
+
+    cuda_runtime: Raw = field(name=RUNTIME_ANNOTATION, default=_EMPTY)
+
+
 class ObjectMeta(Struct, gc=False):
     name: str | None = None
     namespace: str | None = None
     uid: str | None = None
     resourceVersion: str | None = None
+    annotations: _PodAnnotations | None = None
 
 
 class _PodStatus(Struct, gc=False):
@@ -126,10 +135,18 @@ class _NodeStatus(Struct, gc=False):
     allocatable: _Quantities | None = None
 
 
+class _Labels(Struct, gc=False):
+    """The node labels the extender reads (gpu-label's CUDA version), as JSON text."""
+
+    cuda_major: Raw = field(name=MAJOR_LABEL, default=_EMPTY)
+    cuda_minor: Raw = field(name=MINOR_LABEL, default=_EMPTY)
+
+
 class _NodeMeta(Struct, gc=False):
     name: str
     annotations: _Annotations | None = None
     resourceVersion: str | None = None
+    labels: _Labels | None = None
 
 
 class NodeView(Struct, gc=False):
@@ -182,6 +199,8 @@ class NodeItem(Struct, frozen=True, gc=False):
     raws: tuple[Raw, Raw, Raw]
     # status.allocatable cpu and memory as sent (JSON text; empty when absent)
     allocatable: tuple[Raw, Raw] = (_EMPTY, _EMPTY)
+    # the CUDA major / minor version labels as sent (JSON text; empty when absent)
+    cuda: tuple[Raw, Raw] = (_EMPTY, _EMPTY)
 
     def annotations(self) -> tuple[dict[str, str], str | None]:
         """(the annotations that are strings, why the others are unusable or None)."""
@@ -201,9 +220,11 @@ def node_item(view: NodeView) -> NodeItem:
     raws = (ann.devices, ann.scores, ann.losses) if ann is not None else (_EMPTY,) * 3
     status = view.status
     alloc = status.allocatable if status is not None else None
+    labels = view.metadata.labels
+    cuda = (labels.cuda_major, labels.cuda_minor) if labels is not None else (_EMPTY, _EMPTY)
     if alloc is None:
-        return NodeItem(view.metadata.name, raws)
-    return NodeItem(view.metadata.name, raws, (alloc.cpu, alloc.memory))
+        return NodeItem(view.metadata.name, raws, cuda=cuda)
+    return NodeItem(view.metadata.name, raws, (alloc.cpu, alloc.memory), cuda)
 
 
 @dataclass(frozen=True)
@@ -219,6 +240,8 @@ class ExtenderArgs:
     nodes_raw: Raw = dataclasses.field(default_factory=Raw)
     cpu_milli: int = 0  # the pod's effective CPU request (millicores, rounded up)
     memory_mib: int = 0  # the pod's effective memory request (MiB, rounded up)
+    # the pod's gpuk8s.io/cuda-runtime annotation as sent (JSON text), None when absent
+    cuda_runtime: bytes | None = None
 
 
 # -- errors -----------------------------------------------------------------------------
@@ -461,6 +484,8 @@ def parse_args(body: bytes) -> ExtenderArgs:
             "(nodeCacheCapable: true)"
         )
     namespace = meta.namespace or "default"
+    annotations = meta.annotations
+    cuda_runtime = annotations.cuda_runtime if annotations is not None else _EMPTY
     return ExtenderArgs(
         pod_uid=meta.uid or "",
         pod_ref=f"{namespace}/{meta.name or ''}",
@@ -471,6 +496,7 @@ def parse_args(body: bytes) -> ExtenderArgs:
         nodes_raw=nodes_raw if nodes is not None else _EMPTY,
         cpu_milli=cpu_milli,
         memory_mib=memory_mib,
+        cuda_runtime=None if _is_null(cuda_runtime) else bytes(cuda_runtime),
     )
 
 

@@ -74,6 +74,7 @@ struct proc {
 
 struct table {
     char driver[80];
+    int cuda; /* 1000 * major + 10 * minor; 0: unknown */
     int ngpus, nprocs;
     struct gpu gpus[MAX_GPUS];
     struct proc procs[MAX_PROCS];
@@ -106,6 +107,8 @@ static nvmlReturn_t load(struct table *t) {
         line[strcspn(line, "\n")] = '\0';
         if (!strncmp(line, "driver ", 7)) {
             snprintf(t->driver, sizeof t->driver, "%s", line + 7);
+        } else if (!strncmp(line, "cuda ", 5)) {
+            t->cuda = atoi(line + 5);
         } else if (!strncmp(line, "gpu ", 4) && t->ngpus < MAX_GPUS) {
             struct gpu *g = &t->gpus[t->ngpus];
             int used = 0;
@@ -178,6 +181,21 @@ nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if ((rc = load(&t)) != NVML_SUCCESS) return rc;
     return copy(version, length, t.driver);
+}
+
+/* The CUDA version the driver supports (12040 for 12.4), as in nvml.h. */
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
+    static struct table t;
+    nvmlReturn_t rc;
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    if ((rc = load(&t)) != NVML_SUCCESS) return rc;
+    if (t.cuda <= 0) return NVML_ERROR_NOT_SUPPORTED;
+    *version = t.cuda;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
+    return nvmlSystemGetCudaDriverVersion_v2(version);
 }
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
