@@ -32,6 +32,7 @@ from .nodes import (
     unresolvable_reason,
 )
 from .packing import MISSING, NodeRooms, Ranker, RunningPods, item_room_fields, rank_scores
+from .share import Sharing, parse_bind
 from .weights import Weights, WeightSource
 from .wire import (
     MAX_EXTENDER_PRIORITY,
@@ -51,6 +52,7 @@ _SCORE_TAIL = [f"{s}}}" for s in range(MAX_EXTENDER_PRIORITY + 1)]
 MAX_ENCODED_NAMES = 100_000  # bound on the per-name encoding cache
 FILTER_VERBS = frozenset({"filter", "predicates"})
 PRIORITIZE_VERBS = frozenset({"prioritize", "priorities"})
+BIND_VERBS = frozenset({"bind"})
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # compact, ensure_ascii: as json.dumps
 
 
@@ -122,9 +124,7 @@ class Response:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-def _encoded(
-    cache: dict[str, Any], names: list[str], make: Callable[[str], Any]
-) -> list[Any]:
+def _encoded(cache: dict[str, Any], names: list[str], make: Callable[[str], Any]) -> list[Any]:
     """``[cache[n] for n in names]`` at C speed, filling misses with ``make(n)``."""
     try:
         return list(map(cache.__getitem__, names))
@@ -158,8 +158,11 @@ class Extender:
         clock: Callable[[], float] = time.perf_counter,
         rooms: NodeRooms | None = None,
         running: RunningPods | None = None,
+        sharing: Sharing | None = None,
     ) -> None:
         self.weights = weights
+        # GPU sharing (core.sharing): None when off (no pod watch, no API access)
+        self.sharing = sharing
         self.cache = cache
         self.pods = pods
         # prioritize: the nodes' rooms (node watch with the cache, else the request's
@@ -313,10 +316,49 @@ class Extender:
                     keep = list(filterfalse(dropped.__contains__, keep))
         return keep, failed, unresolvable
 
+    # -- GPU sharing ----------------------------------------------------------
+    def _sharing_names(self, args: ExtenderArgs) -> tuple[Sharing, list[str]]:
+        """The sharing decider and the candidates (full nodes are observed first)."""
+        if self.sharing is None:
+            raise _NotReady(
+                "GPU sharing is off in this extender (it needs the pod watch and API "
+                "access; start it without --no-pod-watch)"
+            )
+        if not self.sharing.ledger.synced:
+            raise _NotReady("GPU sharing accounting not synced with the API server yet")
+        if args.nodes is not None:
+            for item in args.nodes:
+                self.sharing.nodes.observe(item)
+            return self.sharing, [n.name for n in args.nodes]
+        self._candidates(args)  # the node cache must be there and synced
+        return self.sharing, list(args.node_names or [])
+
+    def _filter_shared_json(self, args: ExtenderArgs) -> bytes:
+        assert args.share is not None
+        sharing, names = self._sharing_names(args)
+        keep, failed, unresolvable = sharing.filter_parts(args.share, names, args.pod_uid)
+        repeated = _repeated(names)
+        for name in repeated:
+            unresolvable[name] = DUPLICATE.format(count=repeated[name])
+        keep = [n for n in keep if n not in repeated]
+        self._count(failed, unresolvable)
+        return _encode(self._filter_result(args, keep, failed, unresolvable)).encode()
+
+    def _prioritize_shared(self, args: ExtenderArgs) -> bytes:
+        assert args.share is not None
+        sharing, names = self._sharing_names(args)
+        values = sharing.raw(args.share, names, args.pod_uid)
+        raw = [MISSING if v is None else v for v in values]
+        heads = _encoded(self._host_heads, names, _host_head)
+        parts = map(add, heads, map(_SCORE_TAIL.__getitem__, rank_scores(raw)))
+        return "".join(("[", ",".join(parts), "]")).encode()
+
     def filter_json(self, args: ExtenderArgs) -> bytes:
         """The filter answer, encoded. With the node cache it is assembled from the
         index's pre-encoded members; with full nodes, the kept Node objects are the
         request's own bytes; otherwise ``json.dumps`` of ``filter``."""
+        if args.share is not None:
+            return self._filter_shared_json(args)
         if args.nodes is not None:
             return self._filter_nodes_json(args)
         cache = self.cache
@@ -436,6 +478,8 @@ class Extender:
 
     def prioritize(self, args: ExtenderArgs) -> bytes:
         """The HostPriorityList, encoded by hand from cached pieces (no json.dumps)."""
+        if args.share is not None:
+            return self._prioritize_shared(args)
         names, raw = self._raw(args)
         # (a dict of whole '{"Host":..,"Score":s}' strings per name and score was
         # slower: the per-request memory touched matters more than the concatenation)
@@ -455,6 +499,8 @@ class Extender:
             if verb in FILTER_VERBS
             else "prioritize"
             if verb in PRIORITIZE_VERBS
+            else "bind"
+            if verb in BIND_VERBS
             else "unknown"
         )
         try:
@@ -462,9 +508,17 @@ class Extender:
                 response = Response(
                     404,
                     error_body(
-                        f"unknown verb {verb[:40]!r}; use filter (or predicates) or prioritize"
+                        f"unknown verb {verb[:40]!r}; use filter (or predicates), prioritize "
+                        "or bind"
                     ),
                 )
+            elif kind == "bind":
+                parse_bind(body)  # a body that is not ExtenderBindingArgs: 400
+                if self.sharing is None:
+                    error = "gpu-aware: bind needs the pod watch and API access (GPU sharing off)"
+                else:
+                    error = self.sharing.bind(body)
+                response = Response(200, json.dumps({"Error": error}).encode())
             else:
                 args = parse_args(body)
                 try:

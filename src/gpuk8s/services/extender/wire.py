@@ -37,8 +37,23 @@ from ...core.devicelist import DEVICES_ANNOTATION
 from ...core.errors import GpuK8sError
 from ...core.quantity import QuantityError, parse_json_text, whole_count
 from ...core.scoring import LOSSES_ANNOTATION, SCORES_ANNOTATION
+from ...core.sharing import (
+    ASSIGNED_ANNOTATION,
+    MPS_CORE_RESOURCE,
+    MPS_MEMORY_RESOURCE,
+    SGPU_RESOURCE,
+    SHARING_MODE_LABEL,
+    VCORE_RESOURCE,
+    VCUDA_CORE_RESOURCE,
+    VCUDA_MEMORY_RESOURCE,
+    VMEMORY_RESOURCE,
+    ShareRequest,
+    SharingError,
+    pod_share,
+)
 
 GPU_RESOURCE = "metax-tech.com/gpu"
+GPU_MEMORY_LABEL = "metax-tech.com/gpu.memory"  # memory per GPU (gpu-label, SPEC §4)
 MAX_EXTENDER_PRIORITY = 10
 MIN_EXTENDER_PRIORITY = 0
 # the node annotations the extender reads (published by gpu-device)
@@ -77,6 +92,37 @@ class _Quantities(Struct, gc=False):
     gpu: Raw = field(name=GPU_RESOURCE, default=_EMPTY)
     cpu: Raw = _EMPTY
     memory: Raw = _EMPTY
+    # GPU sharing (core.sharing): read only to build the pod's ShareRequest
+    sgpu: Raw = field(name=SGPU_RESOURCE, default=_EMPTY)
+    vcore: Raw = field(name=VCORE_RESOURCE, default=_EMPTY)
+    vmemory: Raw = field(name=VMEMORY_RESOURCE, default=_EMPTY)
+    vcuda_core: Raw = field(name=VCUDA_CORE_RESOURCE, default=_EMPTY)
+    vcuda_memory: Raw = field(name=VCUDA_MEMORY_RESOURCE, default=_EMPTY)
+    mps_core: Raw = field(name=MPS_CORE_RESOURCE, default=_EMPTY)
+    mps_memory: Raw = field(name=MPS_MEMORY_RESOURCE, default=_EMPTY)
+
+    def sharing(self) -> dict[str, str]:
+        """The sharing resources given, as quantity text (JSON quotes removed)."""
+        out: dict[str, str] = {}
+        for name, raw in (
+            (SGPU_RESOURCE, self.sgpu),
+            (VCORE_RESOURCE, self.vcore),
+            (VMEMORY_RESOURCE, self.vmemory),
+            (VCUDA_CORE_RESOURCE, self.vcuda_core),
+            (VCUDA_MEMORY_RESOURCE, self.vcuda_memory),
+            (MPS_CORE_RESOURCE, self.mps_core),
+            (MPS_MEMORY_RESOURCE, self.mps_memory),
+        ):
+            if raw and bytes(raw) != b"null":
+                try:
+                    value = msgspec.json.decode(bytes(raw))
+                except msgspec.DecodeError:
+                    value = None
+                if isinstance(value, (str, int)) and not isinstance(value, bool):
+                    out[name] = str(value)
+                else:  # a JSON value no quantity has: the text, for the error message
+                    out[name] = bytes(raw).decode("utf-8", "replace")[:60]
+        return out
 
 
 class _Resources(Struct, gc=False):
@@ -97,11 +143,16 @@ class _PodSpec(Struct, gc=False):
     overhead: _Quantities | None = None
 
 
+class _PodAnnotations(Struct, gc=False):
+    assigned: Raw = field(name=ASSIGNED_ANNOTATION, default=_EMPTY)
+
+
 class ObjectMeta(Struct, gc=False):
     name: str | None = None
     namespace: str | None = None
     uid: str | None = None
     resourceVersion: str | None = None
+    annotations: _PodAnnotations | None = None
 
 
 class _PodStatus(Struct, gc=False):
@@ -126,9 +177,15 @@ class _NodeStatus(Struct, gc=False):
     allocatable: _Quantities | None = None
 
 
+class _NodeLabels(Struct, gc=False):
+    sharing_mode: Raw = field(name=SHARING_MODE_LABEL, default=_EMPTY)
+    gpu_memory: Raw = field(name=GPU_MEMORY_LABEL, default=_EMPTY)
+
+
 class _NodeMeta(Struct, gc=False):
     name: str
     annotations: _Annotations | None = None
+    labels: _NodeLabels | None = None
     resourceVersion: str | None = None
 
 
@@ -182,6 +239,19 @@ class NodeItem(Struct, frozen=True, gc=False):
     raws: tuple[Raw, Raw, Raw]
     # status.allocatable cpu and memory as sent (JSON text; empty when absent)
     allocatable: tuple[Raw, Raw] = (_EMPTY, _EMPTY)
+    # the sharing-mode and gpu.memory labels as sent (JSON text; empty when absent)
+    labels: tuple[Raw, Raw] = (_EMPTY, _EMPTY)
+
+    def label_values(self) -> tuple[str | None, str | None]:
+        """(sharing mode label, gpu.memory label); None when absent or not a string."""
+        out: list[str | None] = []
+        for raw in self.labels:
+            try:
+                value = _STRING.decode(raw) if raw and bytes(raw) != b"null" else None
+            except msgspec.DecodeError:
+                value = None
+            out.append(value)
+        return out[0], out[1]
 
     def annotations(self) -> tuple[dict[str, str], str | None]:
         """(the annotations that are strings, why the others are unusable or None)."""
@@ -201,9 +271,11 @@ def node_item(view: NodeView) -> NodeItem:
     raws = (ann.devices, ann.scores, ann.losses) if ann is not None else (_EMPTY,) * 3
     status = view.status
     alloc = status.allocatable if status is not None else None
+    labels = view.metadata.labels
+    label_raws = (labels.sharing_mode, labels.gpu_memory) if labels else (_EMPTY, _EMPTY)
     if alloc is None:
-        return NodeItem(view.metadata.name, raws)
-    return NodeItem(view.metadata.name, raws, (alloc.cpu, alloc.memory))
+        return NodeItem(view.metadata.name, raws, labels=label_raws)
+    return NodeItem(view.metadata.name, raws, (alloc.cpu, alloc.memory), label_raws)
 
 
 @dataclass(frozen=True)
@@ -219,6 +291,9 @@ class ExtenderArgs:
     nodes_raw: Raw = dataclasses.field(default_factory=Raw)
     cpu_milli: int = 0  # the pod's effective CPU request (millicores, rounded up)
     memory_mib: int = 0  # the pod's effective memory request (MiB, rounded up)
+    share: ShareRequest | None = None  # the pod asks for shared GPUs (core.sharing)
+    pod_name: str = ""
+    pod_namespace: str = ""
 
 
 # -- errors -----------------------------------------------------------------------------
@@ -359,6 +434,24 @@ def view_request(pod: PodView, root: str = "Pod") -> int:
     return pod_totals(pod, root)[0]
 
 
+def view_share(pod: PodView, root: str = "Pod") -> ShareRequest | None:
+    """The pod's GPU-sharing request (``core.sharing.pod_share``); ``BadRequest`` naming
+    the field when it is invalid."""
+    spec = pod.spec
+    if spec is None or not spec.containers:
+        return None
+    containers = []
+    for container in spec.containers:
+        res = container.resources
+        limits = res.limits.sharing() if res is not None and res.limits is not None else {}
+        requests = res.requests.sharing() if res is not None and res.requests is not None else {}
+        containers.append((container.name, limits, requests))
+    try:
+        return pod_share(containers, f"{root}.spec.containers")
+    except SharingError as err:
+        raise BadRequest(str(err)) from None
+
+
 def decode_pod(pod: Mapping[str, Any]) -> PodView:
     """A Pod given as a decoded JSON object (tests, tools, the packing benchmark)."""
     if not isinstance(pod, Mapping):
@@ -461,6 +554,11 @@ def parse_args(body: bytes) -> ExtenderArgs:
             "(nodeCacheCapable: true)"
         )
     namespace = meta.namespace or "default"
+    share = view_share(pod)
+    if share is not None and gpus:
+        raise BadRequest(
+            f"Pod: asks for {GPU_RESOURCE} and a shared-GPU resource; a pod asks for one"
+        )
     return ExtenderArgs(
         pod_uid=meta.uid or "",
         pod_ref=f"{namespace}/{meta.name or ''}",
@@ -471,6 +569,9 @@ def parse_args(body: bytes) -> ExtenderArgs:
         nodes_raw=nodes_raw if nodes is not None else _EMPTY,
         cpu_milli=cpu_milli,
         memory_mib=memory_mib,
+        share=share,
+        pod_name=meta.name or "",
+        pod_namespace=namespace,
     )
 
 
