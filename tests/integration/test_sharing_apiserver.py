@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from test_extender_apiserver import node_annotations, wait_for
 
 from gpuk8s import sim
 from gpuk8s.core.model import NodeInventory
@@ -24,8 +25,6 @@ from gpuk8s.core.sharing import (
 )
 from gpuk8s.discovery import discover
 from gpuk8s.services.extender.main import ExtenderService, build_parser, build_service
-
-from test_extender_apiserver import node_annotations, wait_for
 
 pytestmark = [
     pytest.mark.integration,
@@ -42,8 +41,17 @@ def n260(tmp_path_factory: pytest.TempPathFactory) -> NodeInventory:
 
 def _service(apiserver: Any) -> ExtenderService:
     args = build_parser().parse_args(
-        ["--port", "0", "--address", "127.0.0.1", "--node-cache",
-         "--kubeconfig", apiserver.kubeconfig("gpu-aware"), "--log-level", "warning"]
+        [
+            "--port",
+            "0",
+            "--address",
+            "127.0.0.1",
+            "--node-cache",
+            "--kubeconfig",
+            apiserver.kubeconfig("gpu-aware"),
+            "--log-level",
+            "warning",
+        ]
     )
     service = build_service(args)
     service.start()
@@ -55,8 +63,12 @@ def _service(apiserver: Any) -> ExtenderService:
 
 def _post(service: ExtenderService, verb: str, payload: Any) -> tuple[int, Any]:
     conn = http.client.HTTPConnection("127.0.0.1", service.port, timeout=30)
-    conn.request("POST", f"/{verb}", body=json.dumps(payload).encode(),
-                 headers={"Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        f"/{verb}",
+        body=json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     resp = conn.getresponse()
     data = json.loads(resp.read())
     conn.close()
@@ -79,10 +91,16 @@ def _shared_pod(name: str, vcore: int) -> dict[str, Any]:
 
 
 def _bind(service: ExtenderService, pod: Any, node: str) -> str:
-    status, result = _post(service, "bind", {
-        "PodName": pod.metadata.name, "PodNamespace": "default",
-        "PodUID": pod.metadata.uid, "Node": node,
-    })
+    status, result = _post(
+        service,
+        "bind",
+        {
+            "PodName": pod.metadata.name,
+            "PodNamespace": "default",
+            "PodUID": pod.metadata.uid,
+            "Node": node,
+        },
+    )
     assert status == 200
     return str(result["Error"])
 
@@ -111,20 +129,34 @@ def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
     node, other = f"share-{tag}", f"excl-{tag}"
     core = apiserver.core()
     labels = {SHARING_MODE_LABEL: "sgpu", "metax-tech.com/gpu.memory": "64GB"}
-    core.create_node({"metadata": {"name": node, "labels": labels,
-                                   "annotations": node_annotations(n260, allocated=[])}})
-    core.create_node({"metadata": {"name": other,
-                                   "annotations": node_annotations(n260, allocated=[])}})
+    core.create_node(
+        {
+            "metadata": {
+                "name": node,
+                "labels": labels,
+                "annotations": node_annotations(n260, allocated=[]),
+            }
+        }
+    )
+    core.create_node(
+        {"metadata": {"name": other, "annotations": node_annotations(n260, allocated=[])}}
+    )
     # 2 GPUs x 100 % = room for 4 pods of 50 %; 16 arrive at once
-    pods = [core.create_namespaced_pod("default", _shared_pod(f"{tag}-p{i:02d}", 50))
-            for i in range(16)]
+    pods = [
+        core.create_namespaced_pod("default", _shared_pod(f"{tag}-p{i:02d}", 50)) for i in range(16)
+    ]
     service = _service(apiserver)
     try:
         # filter: the exclusive node is unresolvable for a sharing pod
-        body = {"Pod": {"metadata": {"name": "x", "uid": "x"},
-                        "spec": {"containers": [{"name": "m", "resources": {
-                            "limits": {VCORE_RESOURCE: "50"}}}]}},
-                "NodeNames": [node, other]}
+        body = {
+            "Pod": {
+                "metadata": {"name": "x", "uid": "x"},
+                "spec": {
+                    "containers": [{"name": "m", "resources": {"limits": {VCORE_RESOURCE: "50"}}}]
+                },
+            },
+            "NodeNames": [node, other],
+        }
         status, result = _post(service, "filter", body)
         assert status == 200 and result["NodeNames"] == [node]
         assert "sharing mode is 'exclusive'" in result["FailedAndUnresolvableNodes"][other]
@@ -137,9 +169,10 @@ def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
         assert len(refused) == 12 and all("compute left" in e for e in refused), refused
         per = _per_gpu(core, node, f"{tag}-p")
         assert per == {0: 100, 1: 100}  # full, never over 100
-        bound_pod = next(p for p, e in zip(pods, errors) if e == "")
-        annotations = core.read_namespaced_pod(bound_pod.metadata.name, "default") \
-            .metadata.annotations
+        bound_pod = next(p for p, e in zip(pods, errors, strict=False) if e == "")
+        annotations = core.read_namespaced_pod(
+            bound_pod.metadata.name, "default"
+        ).metadata.annotations
         assert annotations[PHASE_ANNOTATION] == "allocating"
     finally:
         service.close()
@@ -151,13 +184,16 @@ def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
         assert sharing is not None
         usage = sharing.ledger.usage(node)
         assert {i: u.core for i, u in usage.items()} == {0: 100, 1: 100}
-        waiting = [p for p, e in zip(pods, errors) if e]
+        waiting = [p for p, e in zip(pods, errors, strict=False) if e]
         assert "compute left" in _bind(service, waiting[0], node)
         # one bound pod goes away: exactly one waiting pod can take its half GPU
-        gone = [p for p, e in zip(pods, errors) if e == ""][0]
+        gone = next(p for p, e in zip(pods, errors, strict=False) if e == "")
         core.delete_namespaced_pod(gone.metadata.name, "default", grace_period_seconds=0)
-        wait_for(lambda: sum(u.core for u in sharing.ledger.usage(node).values()) == 150,
-                 30, "the deleted pod's share to be freed")
+        wait_for(
+            lambda: sum(u.core for u in sharing.ledger.usage(node).values()) == 150,
+            30,
+            "the deleted pod's share to be freed",
+        )
         results = []
         lock = threading.Lock()
 
