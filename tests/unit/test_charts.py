@@ -564,7 +564,9 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
     "gpu-aware": {
         ("", res, verb, ANY) for res in ("nodes", "pods") for verb in ("get", "list", "watch")
     }
-    | {("", "configmaps", "get", "gpu-aware-plugin")},
+    | {("", "configmaps", "get", "gpu-aware-plugin")}
+    # GPU sharing: record the chosen GPUs on the pod, then bind it
+    | {("", "pods", "patch", ANY), ("", "pods/binding", "create", ANY)},
     "driver-manager": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),
                        ("", "events", "create", ANY), ("", "pods", "get", ANY)},  # events: default
     "container-runtime": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),
