@@ -24,7 +24,7 @@ def test_vcuda_family_fraction_and_whole_gpus() -> None:
     assert whole == s.ShareRequest(s.MODE_VCUDA, 4, 100, 0, whole=True)
     with pytest.raises(s.SharingError, match=r"vcuda-core.*1-99.*multiple of 100.*got 150"):
         s.parse_share({"tencent.com/vcuda-core": "150"})
-    with pytest.raises(s.SharingError, match="vcuda-core.*required"):
+    with pytest.raises(s.SharingError, match=r"vcuda-core.*required"):
         s.parse_share({"tencent.com/vcuda-memory": "4"})
 
 
@@ -115,7 +115,7 @@ def test_bad_assignment(raw: str, match: str) -> None:
 def test_mode_label_and_memory_label() -> None:
     assert s.check_mode(None) == s.MODE_EXCLUSIVE
     assert s.check_mode("mps") == s.MODE_MPS
-    with pytest.raises(s.SharingError, match="gpuk8s.io/sharing-mode.*exclusive, sgpu"):
+    with pytest.raises(s.SharingError, match=r"gpuk8s.io/sharing-mode.*exclusive, sgpu"):
         s.check_mode("half")
     assert s.memory_label_mib("64GB") == 65536
     assert s.memory_label_mib("80GiB") == 81920

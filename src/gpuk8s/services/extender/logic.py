@@ -124,7 +124,9 @@ class Response:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-def _encoded(cache: dict[str, Any], names: list[str], make: Callable[[str], Any]) -> list[Any]:
+def _encoded(
+    cache: dict[str, Any], names: list[str], make: Callable[[str], Any]
+) -> list[Any]:
     """``[cache[n] for n in names]`` at C speed, filling misses with ``make(n)``."""
     try:
         return list(map(cache.__getitem__, names))

@@ -34,7 +34,6 @@ from .wire import GPU_RESOURCE, NodeItem
 
 log = logging.getLogger("gpuk8s.extender")
 
-
 # eq=False: identity comparison, so ``None in states`` stays a C-level scan
 @dataclass(frozen=True, eq=False)
 class NodeState:
@@ -67,7 +66,9 @@ def parse_node_state(name: str, annotations: Mapping[str, str]) -> NodeState:
     try:
         return _parse_node_state(name, annotations)
     except Exception as err:  # a reader bug or input nobody anticipated: this node only
-        log.warning("node annotations unreadable", extra={"node": name, "error": repr(err)[:200]})
+        log.warning(
+            "node annotations unreadable", extra={"node": name, "error": repr(err)[:200]}
+        )
         return problem_state(name, f"unreadable GPU annotations ({type(err).__name__})")
 
 

@@ -65,7 +65,6 @@ MAX_TABLES = 128  # cached rankings (weights x pod shape)
 MAX_LAYOUTS = 1024  # distinct device layouts (topologies) kept
 MAX_MEMO = 200_000  # (layout, free devices, k) placements remembered
 
-
 # -- pods -----------------------------------------------------------------------------
 def view_shape(view: PodView) -> PodShape:
     """(GPUs, CPU millicores, memory MiB) of a pod (``wire.pod_totals``, the one
@@ -209,10 +208,8 @@ class RunningPods(_Notifier):
             if self._mix is None or self._drift > MIX_DRIFT * self._weight_at_mix:
                 self._versions += 1
                 observed = {s: float(g) for s, g in self._gpus.items()}
-                self._mix = (
-                    self._versions,
-                    mix_with_prior(observed, self.prior, self.prior_gpus, self.shapes),
-                )
+                self._mix = (self._versions, mix_with_prior(observed, self.prior,
+                                                            self.prior_gpus, self.shapes))
                 self._weight_at_mix = sum(observed.values()) + self.prior_gpus
                 self._drift = 0.0
             return self._mix
@@ -490,7 +487,9 @@ class Ranker:
                 assert pods is not None
                 used_cpu, used_mem = pods.requested(name)
                 cpu_free = None if info.cpu_milli is None else max(0, info.cpu_milli - used_cpu)
-                mem_free = None if info.memory_mib is None else max(0, info.memory_mib - used_mem)
+                mem_free = (
+                    None if info.memory_mib is None else max(0, info.memory_mib - used_mem)
+                )
             else:
                 cpu_free = mem_free = None  # nothing known about what runs there
             state = (info.layout, info.free, info.cpu_milli, info.memory_mib, cpu_free, mem_free)
