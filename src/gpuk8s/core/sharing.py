@@ -361,19 +361,54 @@ def leftover(cap: GpuCapacity, use: GpuUsage | None, share: ShareRequest) -> Fra
     return core_left
 
 
+# the request mix when nothing has been seen yet: percent of a GPU -> weight
+DEFAULT_SHARE_MIX: tuple[tuple[int, float], ...] = ((25, 1.0), (50, 1.0), (100, 1.0))
+
+
+def fragment(left: int, mix: Sequence[tuple[int, float]]) -> float:
+    """Compute (percent) of a GPU with ``left`` percent free that the next pod cannot
+    use, expected over the request mix ``(percent, weight)``: FGD's fragmentation
+    measure for one shared GPU (Weng et al., ATC '23)."""
+    total = sum(w for _, w in mix)
+    if left <= 0 or total <= 0:
+        return 0.0
+    return left * sum(w for r, w in mix if r > left) / total
+
+
+def share_loss(
+    use: GpuUsage | None, share: ShareRequest, mix: Sequence[tuple[int, float]]
+) -> float:
+    """How much ``share`` on a GPU with usage ``use`` raises its fragmentation."""
+    before = FULL_CORE - (use.core if use is not None else 0)
+    return fragment(before - share.core, mix) - fragment(before, mix)
+
+
 def choose_shared(
-    caps: Sequence[GpuCapacity], usage: Mapping[int, GpuUsage], share: ShareRequest
+    caps: Sequence[GpuCapacity],
+    usage: Mapping[int, GpuUsage],
+    share: ShareRequest,
+    prefer: Mapping[int, int] | None = None,
+    mix: Sequence[tuple[int, float]] | None = None,
 ) -> tuple[list[int] | None, str]:
-    """Best-fit GPU indexes for a fractional share (already-shared GPUs with the least
-    left over first; ties: lowest index), or (None, why not)."""
-    scored = []
+    """GPU indexes for a fractional share, or (None, why not). With the request ``mix``:
+    the GPUs whose fragmentation grows least (``share_loss``: a share that leaves a GPU
+    with a remainder nobody asks for costs what it strands); without: best fit
+    (already-shared GPUs with the least left over first). Ties: the lowest ``prefer``
+    value -- the caller's topology rank, e.g. how many unshared GPUs the GPU's link
+    group still has, so that opening a GPU breaks the fewest whole groups -- then the
+    lowest index."""
+    scored: list[tuple[float, float, int, int]] = []
     reasons: dict[str, int] = {}
     for cap in caps:
         why = fits(cap, usage.get(cap.index), share)
         if why is None:
             use = usage.get(cap.index)
             shared = 0 if use is not None and not use.empty else 1
-            scored.append((shared, leftover(cap, use, share), cap.index))
+            rank = prefer.get(cap.index, 0) if prefer else 0
+            if mix is not None:
+                scored.append((share_loss(use, share, mix), 0.0, rank, cap.index))
+            else:
+                scored.append((shared, float(leftover(cap, use, share)), rank, cap.index))
         else:
             reasons[why] = reasons.get(why, 0) + 1
     if len(scored) < share.gpus:
@@ -383,7 +418,7 @@ def choose_shared(
             f"{share.gpus}" + (f" ({detail})" if detail else "")
         )
     scored.sort()
-    return sorted(index for _, _, index in scored[: share.gpus]), ""
+    return sorted(item[-1] for item in scored[: share.gpus]), ""
 
 
 def usage_from_assignments(assignments: Sequence[Assignment]) -> dict[str, dict[int, GpuUsage]]:

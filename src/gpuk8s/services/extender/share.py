@@ -30,8 +30,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
@@ -43,6 +43,8 @@ from ...core.scoring import topology_from_devices
 from ...core.sharing import (
     ASSIGNED_ANNOTATION,
     BIND_TIME_ANNOTATION,
+    DEFAULT_SHARE_MIX,
+    FULL_CORE,
     MODE_EXCLUSIVE,
     PHASE_ALLOCATING,
     PHASE_ANNOTATION,
@@ -54,9 +56,9 @@ from ...core.sharing import (
     SharingError,
     check_mode,
     choose_shared,
-    leftover,
     memory_label_mib,
     parse_assignment,
+    share_loss,
 )
 from ...core.topology import Topology
 from .wire import BadRequest, NodeItem, PodView, view_share
@@ -65,7 +67,10 @@ log = logging.getLogger("gpuk8s.extender")
 
 # a reservation the watch has not confirmed yet survives a relist this long
 PENDING_TTL_S = 120.0
-MAX_BIND_BODY_FIELDS = 4
+MIX_DRIFT = 0.05  # re-take the request mix after this share of its weight changed
+MIX_PRIOR = 0.1  # weight of DEFAULT_SHARE_MIX next to the live pods' shares
+TIE = 1e-3  # weight of "unshared GPUs left on the node" in the best-fit value
+MAX_MEMO = 200_000  # placements remembered (per node state and share)
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,6 +82,8 @@ class SharedNode:
     gpus: tuple[GpuCapacity, ...]
     topology: Topology | None = None  # of the whole GPUs, in ``gpus`` order
     problem: str | None = None
+    # GPU index -> its link group (MetaXLink/NVLink group, else its PCIe switch)
+    groups: Mapping[int, object] = field(default_factory=dict)
 
 
 def shared_node(item: NodeItem) -> SharedNode:
@@ -99,7 +106,8 @@ def shared_node(item: NodeItem) -> SharedNode:
         return SharedNode(item.name, mode, (), problem=f"unusable device list: {err}")
     mib = memory_label_mib(memory)
     gpus = tuple(GpuCapacity(e.gpu, mib, e.healthy, not e.allocated) for e in entries)
-    return SharedNode(item.name, mode, gpus, topology)
+    groups = {e.gpu: e.group if e.group is not None else e.switch for e in entries}
+    return SharedNode(item.name, mode, gpus, topology, groups=groups)
 
 
 class SharedNodes:
@@ -137,14 +145,22 @@ class SharedNodes:
 
 
 class Ledger:
-    """Assignments of live pods (from their annotations) and our own reservations."""
+    """Assignments of live pods (from their annotations) and our own reservations,
+    indexed per node (usage of a node costs the pods on it, not all pods)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._watched: dict[str, Assignment] = {}
         self._pending: dict[str, tuple[Assignment, float]] = {}
+        self._effective: dict[str, Assignment] = {}
+        self._by_node: dict[str, dict[str, Assignment]] = {}
+        self._versions: dict[str, int] = {}
         self._lock = threading.RLock()
         self._synced = threading.Event()
+        # the request mix (percent -> GPUs asked), re-taken after MIX_DRIFT of change
+        self._counts: dict[int, float] = {}
+        self._drift = 0.0
+        self._mix: tuple[int, tuple[tuple[int, float], ...]] = (0, DEFAULT_SHARE_MIX)
 
     @property
     def synced(self) -> bool:
@@ -152,6 +168,59 @@ class Ledger:
 
     def wait_synced(self, timeout: float) -> bool:
         return self._synced.wait(timeout)
+
+    def _refresh(self, uid: str) -> None:
+        """Recompute what ``uid`` holds (a reservation wins over what the watch saw)."""
+        pending = self._pending.get(uid)
+        now = pending[0] if pending is not None else self._watched.get(uid)
+        before = self._effective.get(uid)
+        if now == before:
+            return
+        if before is not None:
+            self._count(before, -1)
+            on = self._by_node.get(before.node)
+            if on is not None:
+                on.pop(uid, None)
+                if not on:
+                    del self._by_node[before.node]
+            self._versions[before.node] = self._versions.get(before.node, 0) + 1
+        if now is None:
+            self._effective.pop(uid, None)
+        else:
+            self._count(now, +1)
+            self._effective[uid] = now
+            self._by_node.setdefault(now.node, {})[uid] = now
+            self._versions[now.node] = self._versions.get(now.node, 0) + 1
+
+    def _count(self, a: Assignment, sign: int) -> None:
+        size = a.share.core if not a.share.whole else FULL_CORE
+        if size <= 0:
+            return
+        weight = float(len(a.gpus))
+        left = self._counts.get(size, 0.0) + sign * weight
+        if left > 0:
+            self._counts[size] = left
+        else:
+            self._counts.pop(size, None)
+        self._drift += weight
+
+    def mix(self) -> tuple[int, tuple[tuple[int, float], ...]]:
+        """(version, request mix): the shares of the live pods (whole GPUs as 100 %)
+        blended with ``DEFAULT_SHARE_MIX``; re-taken when the pods drifted by
+        ``MIX_DRIFT`` of their weight, so placements memoised per version stay valid."""
+        version = self._mix[0]
+        total = sum(self._counts.values())
+        if version and self._drift <= MIX_DRIFT * max(total, 1.0):
+            return self._mix
+        with self._lock:
+            prior = sum(w for _, w in DEFAULT_SHARE_MIX)
+            blend = {r: w * MIX_PRIOR / prior for r, w in DEFAULT_SHARE_MIX}
+            total = sum(self._counts.values())
+            for size, weight in self._counts.items():
+                blend[size] = blend.get(size, 0.0) + weight / total * (1 - MIX_PRIOR)
+            self._mix = (version + 1, tuple(sorted(blend.items())))
+            self._drift = 0.0
+            return self._mix
 
     def set(self, uid: str, assignment: Assignment | None, deleted: bool = False) -> None:
         """What the watch saw for a pod (None: no assignment, or finished).
@@ -167,6 +236,7 @@ class Ledger:
                 self._watched.pop(uid, None)
             else:
                 self._watched[uid] = assignment
+            self._refresh(uid)
 
     def replace(self, pods: Iterable[tuple[str, Assignment]]) -> None:
         """The full list; reservations not in it yet stay until ``PENDING_TTL_S``."""
@@ -178,34 +248,45 @@ class Ledger:
                 for uid, entry in self._pending.items()
                 if uid not in self._watched and entry[1] > now
             }
+            for uid in set(self._effective) | set(self._watched) | set(self._pending):
+                self._refresh(uid)
         self._synced.set()
 
     def reserve(self, uid: str, assignment: Assignment) -> None:
         with self._lock:
             self._pending[uid] = (assignment, self._clock() + PENDING_TTL_S)
+            self._refresh(uid)
 
     def release(self, uid: str) -> None:
         with self._lock:
             self._pending.pop(uid, None)
             self._watched.pop(uid, None)
+            self._refresh(uid)
 
     def assignments(self) -> dict[str, Assignment]:
         with self._lock:
-            out = dict(self._watched)
-            out.update({uid: entry[0] for uid, entry in self._pending.items()})
-            return out
+            return dict(self._effective)
+
+    def get(self, uid: str) -> Assignment | None:
+        return self._effective.get(uid)
+
+    def version(self, node: str) -> int:
+        """Moves whenever what the pods hold on ``node`` changes."""
+        return self._versions.get(node, 0)
 
     def usage(self, node: str, without: str = "") -> dict[int, GpuUsage]:
         """GPU index -> usage on ``node`` (leaving out the pod ``without``)."""
         per: dict[int, GpuUsage] = {}
-        for uid, a in self.assignments().items():
-            if a.node == node and uid != without:
+        with self._lock:
+            pods = list(self._by_node.get(node, {}).items())
+        for uid, a in pods:
+            if uid != without:
                 for index in a.gpus:
                     per.setdefault(index, GpuUsage()).add(a.share)
         return per
 
     def __len__(self) -> int:
-        return len(self.assignments())
+        return len(self._effective)
 
 
 def view_assignment(view: PodView) -> tuple[str, Assignment | None]:
@@ -320,11 +401,32 @@ class Sharing:
         self.api = api
         self._clock = clock
         self._lock = threading.Lock()
+        # (node, share) -> ((node identity, ledger version), placement)
+        self._memo: dict[tuple[str, ShareRequest], tuple[tuple[int, int, int], Placement]] = {}
         self.binds = 0
         self.bind_failures = 0
 
     def place(self, name: str, share: ShareRequest, without: str = "") -> Placement:
+        """Where ``share`` goes on node ``name`` (memoised per node state and share;
+        ``without``: a pod whose own assignment does not count, e.g. on a re-bind)."""
         node = self.nodes.get(name)
+        own = self.ledger.get(without) if without else None
+        if node is None or (own is not None and own.node == name):
+            return self._place(node, name, share, without)
+        key = (name, share)
+        version = (id(node), self.ledger.version(name), self.ledger.mix()[0])
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        placed = self._place(node, name, share, without)
+        if len(self._memo) >= MAX_MEMO:
+            self._memo.clear()
+        self._memo[key] = (version, placed)
+        return placed
+
+    def _place(
+        self, node: SharedNode | None, name: str, share: ShareRequest, without: str
+    ) -> Placement:
         if node is None:
             return Placement(None, "gpu-aware: node not in the extender's node cache yet")
         if node.problem is not None:
@@ -344,19 +446,33 @@ class Sharing:
                 True,
             )
         usage = self.ledger.usage(name, without)
+        # unshared GPUs per link group: opening a GPU where few are left keeps whole
+        # groups (and nodes) for the multi-GPU pods
+        unshared = [
+            g.index
+            for g in node.gpus
+            if g.healthy and g.free_whole and (g.index not in usage or usage[g.index].empty)
+        ]
+        per_group: dict[object, int] = {}
+        for index in unshared:
+            key = node.groups.get(index)
+            per_group[key] = per_group.get(key, 0) + 1
         if share.whole:
-            return self._place_whole(node, usage, share)
-        chosen, why = choose_shared(node.gpus, usage, share)
+            return self._place_whole(node, usage, share, len(unshared))
+        prefer = {i: per_group.get(node.groups.get(i), 0) for i in unshared}
+        mix = self.ledger.mix()[1]
+        chosen, why = choose_shared(node.gpus, usage, share, prefer, mix)
         if chosen is None:
             return Placement(None, f"gpu-aware: {why}")
-        caps = {g.index: g for g in node.gpus}
-        fresh = sum(1 for i in chosen if usage.get(i) is None or usage[i].empty)
-        left = sum(float(leftover(caps[i], usage.get(i), share)) for i in chosen)
-        return Placement(tuple(chosen), raw=-(fresh + left))
+        fresh = sum(1 for i in chosen if i in prefer)
+        loss = sum(share_loss(usage.get(i), share, mix) for i in chosen)
+        # least fragmentation first; then, opening a GPU, the node with the fewest
+        # unshared GPUs after it (whole nodes stay whole for multi-GPU pods)
+        return Placement(tuple(chosen), raw=-loss - TIE * (len(unshared) - fresh))
 
     @staticmethod
     def _place_whole(
-        node: SharedNode, usage: dict[int, GpuUsage], share: ShareRequest
+        node: SharedNode, usage: dict[int, GpuUsage], share: ShareRequest, unshared: int
     ) -> Placement:
         free = [
             pos
@@ -371,7 +487,8 @@ class Sharing:
             )
         chosen, key = best_set(node.topology, free, share.gpus)
         gpus = tuple(sorted(node.gpus[p].index for p in chosen))
-        return Placement(gpus, raw=float(key[0]) if key else 0.0)
+        score = float(key[0]) if key else 0.0
+        return Placement(gpus, raw=score - TIE * (unshared - share.gpus))
 
     # -- filter / prioritize ----------------------------------------------------
     def filter_parts(
