@@ -4,15 +4,13 @@ a GPU; a restarted extender rebuilds its per-GPU accounting from the pod annotat
 
 from __future__ import annotations
 
-import http.client
-import json
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from test_extender_apiserver import node_annotations, wait_for
+from test_extender_apiserver import _post, node_annotations, wait_for
 
 from gpuk8s import sim
 from gpuk8s.core.model import NodeInventory
@@ -59,20 +57,6 @@ def _service(apiserver: Any) -> ExtenderService:
     assert sharing is not None and service.extender.cache is not None
     wait_for(lambda: sharing.ledger.synced and service.extender.cache.synced, 30, "sync")  # type: ignore[union-attr]
     return service
-
-
-def _post(service: ExtenderService, verb: str, payload: Any) -> tuple[int, Any]:
-    conn = http.client.HTTPConnection("127.0.0.1", service.port, timeout=30)
-    conn.request(
-        "POST",
-        f"/{verb}",
-        body=json.dumps(payload).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    resp = conn.getresponse()
-    data = json.loads(resp.read())
-    conn.close()
-    return resp.status, data
 
 
 def _shared_pod(name: str, vcore: int) -> dict[str, Any]:

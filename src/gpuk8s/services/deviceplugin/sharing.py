@@ -246,10 +246,5 @@ class SharedDevices:
         if env and value is not None:
             spec.envs[env] = value
         spec.envs["GPUK8S_DEVICE_IDS"] = ",".join(u.id for u in units)
-        for node in edits.device_nodes:
-            spec.devices.append((node.path, node.host_path, node.permissions))
-        for mount in edits.mounts:
-            spec.mounts.append((mount.container_path, mount.host_path, mount.read_only))
-        for name, val in edits.env_map().items():
-            spec.envs.setdefault(name, val)
+        spec.add_edits(edits)
         return spec
