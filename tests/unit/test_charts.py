@@ -1477,3 +1477,19 @@ def test_extra_read_paths_are_mounted_read_only_under_host() -> None:
         assert volumes(ds)[mount["name"]]["hostPath"]["path"] == "/srv/sim/var/lib/x"
     assert "/hostPaths/extraReadPaths/0" in render_error(
         EXT, {"hostPaths": {"extraReadPaths": ["relative"]}})
+
+
+@pytest.mark.parametrize(("chart", "base"), [(EXT, {}), (OP, OP_MIN)])
+def test_gpu_device_sharing_option(chart: Path, base: dict[str, Any]) -> None:
+    """GPU sharing (issue 14): off by default (no pod access); on, gpu-device reads its
+    node's sharing-mode label and may list and patch pods, nothing more."""
+    off = objs(chart, base)
+    c = container(off.get("DaemonSet", "metax-gpu-device"), "gpu-device")
+    assert "sharing-mode" not in flags(c)
+    assert ("", "pods", "list", ANY) not in _permissions(_rules_by_subject(off)["gpu-device"])
+    on = objs(chart, {**base, "gpuDevice": {"sharing": True}})
+    c = container(on.get("DaemonSet", "metax-gpu-device"), "gpu-device")
+    assert flags(c)["sharing-mode"] == "auto"
+    assert _permissions(_rules_by_subject(on)["gpu-device"]) == EXPECTED_PERMISSIONS[
+        "gpu-device"
+    ] | {("", "pods", "list", ANY), ("", "pods", "patch", ANY)}

@@ -132,3 +132,15 @@ def test_sharing_mode_config(inventories: dict[str, NodeInventory]) -> None:
         PluginConfig(sharing_mode="mps")
     config = PluginConfig(sharing_mode="vcuda", node_name="n")
     assert config.resource_for(inventories["nvidia-8"]) == "tencent.com/vcuda-core"
+
+
+def test_sharing_mode_auto_reads_the_node_label() -> None:
+    from gpuk8s.services.deviceplugin.main import build_parser, config_from_args, resolve_sharing
+
+    args = build_parser().parse_args(["--sharing-mode", "auto", "--node-name", "n1"])
+    config = config_from_args(args)
+    assert config.sharing_mode == "exclusive"  # until the label is read
+    assert resolve_sharing(config, {"gpuk8s.io/sharing-mode": "mps"}).sharing_mode == "mps"
+    assert resolve_sharing(config, {}).sharing_mode == "exclusive"
+    with pytest.raises(ConfigError, match=r"gpuk8s.io/sharing-mode.*'half'"):
+        resolve_sharing(config, {"gpuk8s.io/sharing-mode": "half"})

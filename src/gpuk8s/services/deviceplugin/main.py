@@ -25,7 +25,13 @@ from typing import Any
 from ...core.cdi import cdi_names_accepted
 from ...core.errors import ConfigError, GpuK8sError
 from ...core.model import NodeInventory
-from ...core.sharing import COUNTED_RESOURCE, MODE_EXCLUSIVE, SHARING_MODES
+from ...core.sharing import (
+    COUNTED_RESOURCE,
+    MODE_EXCLUSIVE,
+    SHARING_MODE_LABEL,
+    SHARING_MODES,
+    check_mode,
+)
 from ..healthserver import serve_health
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
 from .devices import (
@@ -261,9 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sharing-mode",
         default=env.get("SHARING_MODE", MODE_EXCLUSIVE),
-        help="GPU sharing mode of this node (its gpuk8s.io/sharing-mode label): exclusive "
-        "(whole GPUs, default), sgpu, vcuda or mps (serve that mode's counted resource as "
-        "replica ids; Allocate maps them to the GPUs gpu-aware wrote on the pod)",
+        help="GPU sharing mode of this node: exclusive (whole GPUs, default), sgpu, vcuda or "
+        "mps (serve that mode's counted resource as replica ids; Allocate maps them to the "
+        "GPUs gpu-aware wrote on the pod), or auto: read at start from the node's "
+        "gpuk8s.io/sharing-mode label (needs --node-name; a new mode needs a restart)",
     )
     add_log_arguments(p)
     return p
@@ -294,8 +301,29 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
         health_port=args.health_port,
-        sharing_mode=args.sharing_mode,
+        sharing_mode=MODE_EXCLUSIVE if args.sharing_mode == "auto" else args.sharing_mode,
     )
+
+
+def resolve_sharing(config: PluginConfig, labels: Mapping[str, str] | None = None) -> PluginConfig:
+    """``--sharing-mode auto``: the mode from the node's ``gpuk8s.io/sharing-mode`` label."""
+    if labels is None:
+        if not config.node_name:
+            raise ConfigError("needs --node-name (NODE_NAME) to read the node's sharing mode")
+        from kubernetes import client
+
+        from ..kube import api_client, classify
+
+        try:
+            node = client.CoreV1Api(api_client(config.kubeconfig or None)).read_node(
+                config.node_name
+            )
+        except Exception as err:
+            raise classify(err, f"read node {config.node_name}") from err
+        labels = (node.metadata.labels if node.metadata is not None else None) or {}
+    mode = check_mode(labels.get(SHARING_MODE_LABEL))
+    log.info("GPU sharing mode", extra={"mode": mode, "label": SHARING_MODE_LABEL})
+    return replace(config, sharing_mode=mode)
 
 
 def resolve_cdi(config: PluginConfig, node: Mapping[str, Any] | None = None) -> PluginConfig:
@@ -462,6 +490,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = resolve_cdi(config)
         except GpuK8sError as err:
             print(f"gpuk8s serve device-plugin: error: --cdi auto: {err}", file=sys.stderr)
+            return 2
+    if args.sharing_mode == "auto":
+        try:
+            config = resolve_sharing(config)
+        except GpuK8sError as err:
+            print(f"gpuk8s serve device-plugin: error: --sharing-mode auto: {err}",
+                  file=sys.stderr)
             return 2
     from ...discovery import discover
 
