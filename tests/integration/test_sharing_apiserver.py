@@ -201,3 +201,96 @@ def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
         for pod in core.list_namespaced_pod("default").items:
             if pod.metadata.name.startswith(tag):
                 core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
+
+
+def test_real_kube_scheduler_binds_shared_pods_through_the_extender(
+    apiserver: Any, n260: NodeInventory, tmp_path: Any
+) -> None:
+    """kube-scheduler (the lab's build) with filter, prioritize and bind: five pods of
+    ``sgpu: 1, vcore: 50`` onto a 2-GPU sGPU node: four are bound (two per GPU, the
+    choice recorded on each), the fifth stays pending; nothing bound by the scheduler
+    itself."""
+    from test_extender_apiserver import Scheduler
+
+    tag = uuid.uuid4().hex[:6]
+    node = f"sgpu-{tag}"
+    core = apiserver.core()
+    core.create_node(
+        {
+            "metadata": {
+                "name": node,
+                "labels": {SHARING_MODE_LABEL: "sgpu", "gpuk8s.test/pool": tag},
+                "annotations": node_annotations(n260, allocated=[]),
+            }
+        }
+    )
+    # what gpu-device --sharing-mode sgpu advertises: 16 replica ids per GPU
+    resources = {"cpu": "64", "memory": "256Gi", "pods": "110", "metax-tech.com/sgpu": "32"}
+    ready = [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "t"}]
+    core.patch_node_status(
+        node,
+        {"status": {"capacity": resources, "allocatable": resources, "conditions": ready}},
+        _content_type="application/merge-patch+json",
+    )
+    service = _service(apiserver)
+    scheduler = None
+    try:
+        scheduler = Scheduler(
+            apiserver,
+            tmp_path,
+            {
+                "apiVersion": "kubescheduler.config.k8s.io/v1",
+                "kind": "KubeSchedulerConfiguration",
+                "extenders": [
+                    {
+                        "urlPrefix": f"http://127.0.0.1:{service.port}",
+                        "filterVerb": "filter",
+                        "prioritizeVerb": "prioritize",
+                        "bindVerb": "bind",
+                        "weight": 500,
+                        "enableHTTPS": False,
+                        "nodeCacheCapable": True,
+                        "ignorable": False,
+                        "httpTimeout": "10s",
+                        "managedResources": [
+                            {"name": "metax-tech.com/sgpu", "ignoredByScheduler": False},
+                            {"name": VCORE_RESOURCE, "ignoredByScheduler": True},
+                        ],
+                    }
+                ],
+            },
+        )
+        cache = service.extender.cache
+        assert cache is not None
+        wait_for(lambda: cache.get(node) is not None, 30, "the node cache")
+        names = [f"{tag}-s{i}" for i in range(5)]
+        for name in names:
+            body = _shared_pod(name, 50)
+            body["spec"]["nodeSelector"] = {"gpuk8s.test/pool": tag}
+            # no controller-manager/kubelet here: the admission's not-ready taint stays
+            body["spec"]["tolerations"] = [
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                 "effect": "NoSchedule"}
+            ]
+            body["spec"]["containers"][0]["resources"]["limits"]["metax-tech.com/sgpu"] = "1"
+            core.create_namespaced_pod("default", body)
+
+        def bound() -> list[Any]:
+            pods = [core.read_namespaced_pod(n, "default") for n in names]
+            return [p for p in pods if p.spec.node_name]
+
+        wait_for(lambda: len(bound()) == 4, 60, "four pods bound")
+        per = _per_gpu(core, node, f"{tag}-s")
+        assert per == {0: 100, 1: 100}
+        for pod in bound():
+            assert (pod.metadata.annotations or {}).get(ASSIGNED_ANNOTATION)
+        waiting = [n for n in names if not core.read_namespaced_pod(n, "default").spec.node_name]
+        assert len(waiting) == 1
+    finally:
+        if scheduler is not None:
+            scheduler.stop()
+        service.close()
+        core.delete_node(node)
+        for pod in core.list_namespaced_pod("default").items:
+            if pod.metadata.name.startswith(tag):
+                core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
