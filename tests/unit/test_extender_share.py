@@ -185,3 +185,13 @@ def test_ledger_mix_follows_the_live_shares() -> None:
     weights = dict(mix)
     assert weights[30] > 0.8 and version >= 1
     assert ledger.mix()[0] == version  # unchanged pods: same version (memo stays valid)
+
+
+def test_sharing_metrics(annotations: dict[str, str]) -> None:
+    from prometheus_client import generate_latest
+
+    ext, api, _ = setup(annotations)
+    assert bind(ext, api, pod("m1", "30"), "a") == ""
+    text = generate_latest(ext.metrics.registry).decode()
+    assert "gpu_aware_shared_gpu_pods 1.0" in text
+    assert "gpu_aware_shared_binds 1.0" in text

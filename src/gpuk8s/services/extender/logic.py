@@ -60,7 +60,11 @@ class ExtenderMetrics:
     """Prometheus metrics on a private registry (served at /metrics)."""
 
     def __init__(
-        self, cache: NodeCache | None, pods: BoundPods | None, weights: WeightSource
+        self,
+        cache: NodeCache | None,
+        pods: BoundPods | None,
+        weights: WeightSource,
+        sharing: Sharing | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
@@ -114,6 +118,18 @@ class ExtenderMetrics:
         score.set_function(lambda: weights.current().score)
         loss = Gauge("gpu_aware_loss_weight", "Current lossWeight", registry=self.registry)
         loss.set_function(lambda: weights.current().loss)
+        shared = Gauge(
+            "gpu_aware_shared_gpu_pods",
+            "Pods holding shared GPUs (assignments in the sharing ledger)",
+            registry=self.registry,
+        )
+        shared.set_function(lambda: float(len(sharing.ledger)) if sharing is not None else 0.0)
+        binds = Gauge(
+            "gpu_aware_shared_binds",
+            "Shared-GPU pods bound by the bind verb since start",
+            registry=self.registry,
+        )
+        binds.set_function(lambda: float(sharing.binds) if sharing is not None else 0.0)
 
 
 @dataclass(frozen=True)
@@ -176,7 +192,7 @@ class Extender:
         self.memo = StateMemo()
         self.promises = Promises(cache, pods) if cache is not None and pods is not None else None
         self._host_heads: dict[str, str] = {}  # name -> '{"Host":"name","Score":'
-        self.metrics = ExtenderMetrics(cache, pods, weights)
+        self.metrics = ExtenderMetrics(cache, pods, weights, sharing)
         self._clock = clock
 
     # -- node states ----------------------------------------------------------
