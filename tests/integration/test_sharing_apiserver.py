@@ -158,6 +158,16 @@ def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
             bound_pod.metadata.name, "default"
         ).metadata.annotations
         assert annotations[PHASE_ANNOTATION] == "allocating"
+        # a pod without shared GPUs is bound as the default binder would
+        plain = core.create_namespaced_pod(
+            "default",
+            {"metadata": {"name": f"{tag}-nogpu"},
+             "spec": {"containers": [{"name": "m", "image": "registry.invalid/none:1"}]}},
+        )
+        assert _bind(service, plain, other) == ""
+        got = core.read_namespaced_pod(f"{tag}-nogpu", "default")
+        assert got.spec.node_name == other
+        assert ASSIGNED_ANNOTATION not in (got.metadata.annotations or {})
     finally:
         service.close()
 
