@@ -220,7 +220,7 @@ def test_real_kube_scheduler_binds_shared_pods_through_the_extender(
     ``sgpu: 1, vcore: 50`` onto a 2-GPU sGPU node: four are bound (two per GPU, the
     choice recorded on each), the fifth stays pending; nothing bound by the scheduler
     itself."""
-    from test_extender_apiserver import Scheduler
+    from test_extender_apiserver import Scheduler, scheduler_config
 
     tag = uuid.uuid4().hex[:6]
     node = f"sgpu-{tag}"
@@ -248,27 +248,11 @@ def test_real_kube_scheduler_binds_shared_pods_through_the_extender(
         scheduler = Scheduler(
             apiserver,
             tmp_path,
-            {
-                "apiVersion": "kubescheduler.config.k8s.io/v1",
-                "kind": "KubeSchedulerConfiguration",
-                "extenders": [
-                    {
-                        "urlPrefix": f"http://127.0.0.1:{service.port}",
-                        "filterVerb": "filter",
-                        "prioritizeVerb": "prioritize",
-                        "bindVerb": "bind",
-                        "weight": 500,
-                        "enableHTTPS": False,
-                        "nodeCacheCapable": True,
-                        "ignorable": False,
-                        "httpTimeout": "10s",
-                        "managedResources": [
-                            {"name": "metax-tech.com/sgpu", "ignoredByScheduler": False},
-                            {"name": VCORE_RESOURCE, "ignoredByScheduler": True},
-                        ],
-                    }
-                ],
-            },
+            scheduler_config(
+                service.port,
+                {"metax-tech.com/sgpu": False, VCORE_RESOURCE: True},
+                bind_verb="bind",
+            ),
         )
         cache = service.extender.cache
         assert cache is not None

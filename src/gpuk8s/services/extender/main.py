@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="pod_watch",
         action="store_false",
         help="do not track bound GPU pods (no API access needed without --node-cache; "
-        "GPUs promised to bound-but-unstarted pods are then not subtracted)",
+        "GPUs promised to bound-but-unstarted pods are then not subtracted; GPU sharing "
+        "and the bind verb are then off: bind answers an error)",
     )
     parser.add_argument(
         "--config-dir",
