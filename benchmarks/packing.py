@@ -8,11 +8,18 @@ GPU capacity, pods never leave, a pod that fits nowhere is skipped. CPU and memo
 honoured. Allocation = GPU requested by the placed pods ÷ capacity (milli-GPUs, as the
 paper counts), read when the *arrived* requests reach 100 % and 130 % of capacity.
 
-Whole-GPU mode: a pod asking for part of a GPU (``gpu_milli`` < 1000) takes a whole GPU
-(until GPU sharing exists) but counts its milli-GPUs, as in the paper's metric. A sharing
-mode belongs in ``Replay.place`` (book ``PodSpec.milli`` on the chosen GPUs instead of whole
-devices) and ``pod_object`` (the pod's fractional request); the metric, the protocol and
-the table stay as they are.
+Whole-GPU mode (``gpu-aware``, the baselines): a pod asking for part of a GPU
+(``gpu_milli`` < 1000) takes a whole GPU but counts its milli-GPUs, as in the paper's
+metric.
+
+Sharing mode (``gpu-aware-sharing``): every node is in the ``vcuda`` sharing mode
+(label ``gpuk8s.io/sharing-mode``); a fractional pod asks ``tencent.com/vcuda-core``
+= its milli-GPUs / 10 (percent, rounded up), a whole-GPU pod ``vcuda-core`` = 100 × its
+GPUs (whole GPUs, topology allocator). The product code path: kube-scheduler's fit on
+the counted resource, the extender's ``filter`` / ``prioritize`` (``Extender.handle``,
+best fit onto already-shared GPUs) and its ``bind`` verb (``Sharing.bind``: GPU choice,
+pod annotation, binding) against an in-memory pod store, the pod watch feeding the
+ledger from the annotations.
 
 Node shapes: 8-GPU nodes are the simulator's ``c500-8`` preset (two PCIe switches of
 four, MetaXLink inside each four), 4-GPU nodes one linked group of four, 2-GPU nodes a
@@ -66,11 +73,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from gpuk8s import sim
 from gpuk8s.core.allocator import allocate
 from gpuk8s.core.model import DriverInfo, Gpu, NodeInventory
 from gpuk8s.core.schedconf import packing_profile
 from gpuk8s.core.scoring import LinkGroups
+from gpuk8s.core.sharing import ASSIGNED_ANNOTATION, MODE_VCUDA, SHARING_MODE_LABEL
 from gpuk8s.discovery import discover
 from gpuk8s.services.deviceplugin.devices import DeviceSet
 from gpuk8s.services.deviceplugin.nodestate import published_annotations
@@ -82,8 +92,9 @@ from gpuk8s.services.extender.packing import (
     node_room_fields,
     running_fields,
 )
+from gpuk8s.services.extender.share import Ledger, SharedNodes, Sharing, view_assignment
 from gpuk8s.services.extender.weights import Weights, WeightSource
-from gpuk8s.services.extender.wire import READ_ANNOTATIONS
+from gpuk8s.services.extender.wire import READ_ANNOTATIONS, NodeView, PodView, node_item
 
 GPU = "metax-tech.com/gpu"
 # the trace lives next to the checkouts (../shared/data/openb), or where OPENB_DIR says
@@ -97,8 +108,12 @@ MAX_NODE_SCORE = 100
 MAX_SPEC_CPU = 128_000  # FGD's BestFit normalisation (milli-CPU)
 MAX_SPEC_GPU = 8
 TAINT_CORES_PER_GPU = 20  # GPU-dense nodes get the PreferNoSchedule taint below this
-POLICIES = ("gpu-aware", "bestfit", "firstfit")
+SHARING = "gpu-aware-sharing"
+FGD_PUBLISHED = 95.23  # FGD's allocation at arrived 100 % on the default trace (ATC '23)
+POLICIES = ("gpu-aware", SHARING, "bestfit", "firstfit")
+VCUDA_CORE = "tencent.com/vcuda-core"
 POOLED = "pooled (no fragmentation)"
+POOLED_SHARED = "pooled, shared GPUs (no fragmentation)"
 
 
 # ----------------------------------------------------------------------------- input
@@ -122,6 +137,15 @@ class PodSpec:
     def requested(self) -> int:
         """Milli-GPUs the pod asks for (what allocation counts)."""
         return self.gpus * self.milli
+
+    @property
+    def vcuda_core(self) -> int:
+        """The pod's ``tencent.com/vcuda-core`` in sharing mode (0: no GPU)."""
+        if not self.gpus:
+            return 0
+        if self.gpus == 1 and self.milli < MILLI:
+            return max(1, -(-self.milli // 10))
+        return 100 * self.gpus
 
 
 def load(data: Path) -> tuple[list[NodeSpec], list[PodSpec]]:
@@ -226,6 +250,7 @@ class SimNode:
     free_gpus: int
     allocated: frozenset[str] = frozenset()
     object: dict[str, Any] = field(default_factory=dict)
+    core_free: int = 0  # sharing mode: tencent.com/vcuda-core left (the scheduler's count)
 
 
 @dataclass
@@ -239,9 +264,12 @@ class Result:
     prioritize_ms: list[float] = field(default_factory=list)
 
 
-def node_object(node: SimNode, annotations: dict[str, str]) -> dict[str, Any]:
+def node_object(
+    node: SimNode, annotations: dict[str, str], labels: dict[str, str] | None = None
+) -> dict[str, Any]:
     return {
-        "metadata": {"name": node.spec.name, "annotations": annotations},
+        "metadata": {"name": node.spec.name, "annotations": annotations,
+                     "labels": labels or {}},
         "status": {
             "allocatable": {
                 "cpu": f"{node.spec.cpu}m",
@@ -252,9 +280,14 @@ def node_object(node: SimNode, annotations: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def pod_object(pod: PodSpec, uid: str, node: str | None = None) -> dict[str, Any]:
+def pod_object(
+    pod: PodSpec, uid: str, node: str | None = None, sharing: bool = False
+) -> dict[str, Any]:
     resources: dict[str, Any] = {"requests": {"cpu": f"{pod.cpu}m", "memory": f"{pod.memory}Mi"}}
-    if pod.gpus:
+    if pod.gpus and sharing:
+        resources["requests"][VCUDA_CORE] = str(pod.vcuda_core)
+        resources["limits"] = {VCUDA_CORE: str(pod.vcuda_core)}
+    elif pod.gpus:
         resources["requests"][GPU] = str(pod.gpus)
         resources["limits"] = {GPU: str(pod.gpus)}
     spec: dict[str, Any] = {"containers": [{"name": "main", "resources": resources}]}
@@ -318,13 +351,21 @@ class Scheduler:
         ]
         self.next_start = 0
 
-    def feasible(self, pod: PodSpec) -> list[int]:
+    def feasible(self, pod: PodSpec, sharing: bool = False) -> list[int]:
         nodes = self.nodes
-        fits = [
-            i
-            for i, n in enumerate(nodes)
-            if n.cpu >= pod.cpu and n.memory >= pod.memory and n.free_gpus >= pod.gpus
-        ]
+        if sharing:  # the counted resource: tencent.com/vcuda-core, 100 per GPU
+            core = pod.vcuda_core
+            fits = [
+                i
+                for i, n in enumerate(nodes)
+                if n.cpu >= pod.cpu and n.memory >= pod.memory and n.core_free >= core
+            ]
+        else:
+            fits = [
+                i
+                for i, n in enumerate(nodes)
+                if n.cpu >= pod.cpu and n.memory >= pod.memory and n.free_gpus >= pod.gpus
+            ]
         if self.shipped or not fits:
             return fits
         # the default profile: percentageOfNodesToScore adaptive, from a rotating start
@@ -362,6 +403,50 @@ class Scheduler:
 
 
 # ----------------------------------------------------------------------------- replay
+_NODE_VIEW = msgspec.json.Decoder(NodeView)
+_POD_VIEW = msgspec.json.Decoder(PodView)
+
+
+class PodStore:
+    """The API server's pods for the sharing replay (``share.PodApi``): the extender's
+    bind writes the annotation and the binding here; the pod watch (the ledger) sees
+    each change, as it would through the API."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.pods: dict[str, dict[str, Any]] = {}  # name -> pod (names are unique per uid)
+
+    def add(self, obj: dict[str, Any]) -> None:
+        obj["metadata"]["resourceVersion"] = "1"
+        self.pods[obj["metadata"]["name"]] = obj
+
+    def drop(self, uid: str) -> None:
+        for name, obj in list(self.pods.items()):
+            if obj["metadata"]["uid"] == uid:
+                del self.pods[name]
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.pods[name]
+
+    def annotate(
+        self, namespace: str, name: str, resource_version: str, annotations: dict[str, str | None]
+    ) -> None:
+        meta = self.pods[name]["metadata"]
+        if resource_version != meta["resourceVersion"]:
+            raise RuntimeError("409 Conflict")
+        ann = meta.setdefault("annotations", {})
+        for key, value in annotations.items():
+            if value is None:
+                ann.pop(key, None)
+            else:
+                ann[key] = value
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        if ASSIGNED_ANNOTATION in ann:  # the pod watch's MODIFIED event
+            uid, assignment = view_assignment(_POD_VIEW.decode(json.dumps(self.pods[name])))
+            self.ledger.set(uid, assignment)
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        self.pods[name]["spec"]["nodeName"] = node
 class Replay:
     """One policy over one seed's pod sequence."""
 
@@ -382,6 +467,8 @@ class Replay:
         profile = "default" if policy == "gpu-aware-default-profile" else "shipped"
         self.scheduler = Scheduler(self.nodes, self.rng, profile, taint)
         self.extender: Extender | None = None
+        self.sharing = policy == SHARING
+        self.store: PodStore | None = None
         if policy.startswith("gpu-aware"):
             self._start_extender()
         self.uid = 0
@@ -402,12 +489,25 @@ class Replay:
         self.rooms.replace(node_room_fields(n.object) for n in self.nodes)
         self.bound.replace([])
         self.running.replace([])
+        sharing = None
+        if self.sharing:
+            labels = {SHARING_MODE_LABEL: MODE_VCUDA}
+            for node in self.nodes:
+                node.object = node_object(node, node.shape.annotations(node.allocated), labels)
+                node.core_free = 100 * node.spec.gpus
+            shared = SharedNodes()
+            shared.replace(node_item(_NODE_VIEW.decode(json.dumps(n.object))) for n in self.nodes)
+            self.ledger = Ledger()
+            self.ledger.replace([])
+            self.store = PodStore(self.ledger)
+            sharing = Sharing(shared, self.ledger, self.store)
         self.extender = Extender(
             WeightSource(None, Weights(1, 1)),
             cache=self.cache,
             pods=self.bound,
             rooms=self.rooms,
             running=self.running,
+            sharing=sharing,
         )
 
     def _node_event(self, node: SimNode) -> None:
@@ -423,7 +523,7 @@ class Replay:
 
     # -- choosing ---------------------------------------------------------------------
     def choose(self, pod: PodSpec, uid: str) -> int | None:
-        candidates = self.scheduler.feasible(pod)
+        candidates = self.scheduler.feasible(pod, self.sharing and pod.gpus > 0)
         if not candidates:
             return None
         if self.policy == "firstfit":
@@ -439,12 +539,13 @@ class Replay:
             return self.scheduler.pick(pod, candidates, None)
         assert self.extender is not None
         names = [self.nodes[i].spec.name for i in candidates]
-        body = json.dumps({"Pod": pod_object(pod, uid), "NodeNames": names}).encode()
+        obj = pod_object(pod, uid, sharing=self.sharing)
+        body = json.dumps({"Pod": obj, "NodeNames": names}).encode()
         answer = self.extender.handle("filter", body)
         kept = json.loads(answer.body)["NodeNames"]
         if not kept:
             return None
-        body = json.dumps({"Pod": pod_object(pod, uid), "NodeNames": kept}).encode()
+        body = json.dumps({"Pod": obj, "NodeNames": kept}).encode()
         started = time.thread_time()
         answer = self.extender.handle("prioritize", body)
         self.result.prioritize_ms.append((time.thread_time() - started) * 1000)
@@ -453,6 +554,38 @@ class Replay:
         return self.scheduler.pick(
             pod, [i for i in candidates if self.nodes[i].spec.name in keep], scores
         )
+
+    def bind(self, pod: PodSpec, index: int, uid: str) -> bool:
+        """Sharing mode: the extender's bind verb chooses the GPUs and binds the pod."""
+        assert self.extender is not None and self.store is not None
+        node = self.nodes[index]
+        obj = pod_object(pod, uid, sharing=True)
+        obj["metadata"]["name"] = uid  # the trace resamples pods: names repeat, uids do not
+        self.store.add(obj)
+        body = json.dumps(
+            {"PodName": uid, "PodNamespace": "openb", "PodUID": uid, "Node": node.spec.name}
+        ).encode()
+        answer = json.loads(self.extender.handle("bind", body).body)
+        if answer["Error"]:
+            self.store.drop(uid)
+            return False
+        assignment = self.ledger.get(uid)
+        assert assignment is not None
+        if pod.gpus >= 2:
+            positions = [
+                i for i, u in enumerate(node.shape.topology.units) if u.gpu in assignment.gpus
+            ]
+            counts = self.result.inside.setdefault(pod.gpus, [0, 0])
+            counts[0] += node.shape.groups.inside(positions)
+            counts[1] += 1
+        used = {node.shape.topology.units[i].id for i in range(len(node.shape.ids))
+                if node.shape.topology.units[i].gpu in assignment.gpus}
+        node.allocated = node.allocated | frozenset(used)  # for "whole 8-GPU nodes left"
+        node.core_free -= pod.vcuda_core
+        node.cpu -= pod.cpu
+        node.memory -= pod.memory
+        self._pod_event(pod_object(pod, uid, node.spec.name, sharing=True))
+        return True
 
     def place(self, pod: PodSpec, index: int, uid: str) -> None:
         node = self.nodes[index]
@@ -483,8 +616,12 @@ class Replay:
             uid = f"pod-{self.uid}"
             arrived += pod.requested
             index = self.choose(pod, uid)
+            if index is not None and self.sharing and pod.gpus and not self.bind(pod, index, uid):
+                index = None
             if index is None:
                 failed[pod.gpus] = failed.get(pod.gpus, 0) + 1
+            elif self.sharing and pod.gpus:
+                allocated += pod.requested
             else:
                 self.place(pod, index, uid)
                 allocated += pod.requested
@@ -500,19 +637,25 @@ class Replay:
         return self.result
 
 
-def pooled(specs: list[NodeSpec], pods: Iterable[PodSpec], seed: int) -> Result:
-    """Every pod on one node as large as the cluster: no fragmentation at all."""
-    result = Result(POOLED, seed)
+def pooled(
+    specs: list[NodeSpec], pods: Iterable[PodSpec], seed: int, shared: bool = False
+) -> Result:
+    """Every pod on one node as large as the cluster: no fragmentation at all; with
+    ``shared``, GPUs are counted in milli-GPUs (the bound for the sharing mode)."""
+    result = Result(POOLED_SHARED if shared else POOLED, seed)
     capacity = sum(s.gpus for s in specs) * MILLI
     cpu, memory, gpus = (sum(s.cpu for s in specs), sum(s.memory for s in specs),
                          sum(s.gpus for s in specs))
+    if shared:
+        gpus *= MILLI
     arrived = allocated = 0
     failed: dict[int, int] = {}
     marks = [("100", 1.0), ("130", 1.3)]
     for pod in pods:
         arrived += pod.requested
-        if pod.cpu <= cpu and pod.memory <= memory and pod.gpus <= gpus:
-            cpu, memory, gpus = cpu - pod.cpu, memory - pod.memory, gpus - pod.gpus
+        need = pod.requested if shared else pod.gpus
+        if pod.cpu <= cpu and pod.memory <= memory and need <= gpus:
+            cpu, memory, gpus = cpu - pod.cpu, memory - pod.memory, gpus - need
             allocated += pod.requested
         else:
             failed[pod.gpus] = failed.get(pod.gpus, 0) + 1
@@ -544,6 +687,8 @@ def run_seed(
     capacity = sum(s.gpus for s in specs)
     order = workload(pods, capacity, seed)
     out = [pooled(specs, order, seed)]
+    if SHARING in policies:
+        out.append(pooled(specs, order, seed, shared=True))
     for policy in policies:
         out.append(Replay(policy, specs, _shapes(), seed, taint).run(order))
     return out
@@ -598,14 +743,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         a, b = row["inside"]
         inside = f"{100 * a / b:.1f} % ({a}/{b})" if b else "-"
-        if row["policy"] == POOLED:
+        if row["policy"] in (POOLED, POOLED_SHARED):
             inside = "-"
         timing = (
             f"{row['prioritize_ms_mean']:.2f} / {row['prioritize_ms_p99']:.2f} ms"
             if "prioritize_ms_mean" in row
             else "-"
         )
-        whole = "-" if row["policy"] == POOLED else f"{row['whole8_100']:.1f}"
+        whole = "-" if row["policy"] in (POOLED, POOLED_SHARED) else f"{row['whole8_100']:.1f}"
         lines.append(
             f"| {row['policy']} | {row['alloc100']:.2f} % | {row['alloc130']:.2f} % "
             f"| {failed(row['failed100'])} | {failed(row['failed130'])} | {inside} "
@@ -665,8 +810,9 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     specs, _ = load(Path(args.data))
     specs = specs[::every]
+    mode = "whole-GPU and sharing modes" if SHARING in policies else "whole-GPU mode"
     print(
-        f"openb whole-GPU mode: {len(specs)} nodes, {sum(s.gpus for s in specs)} GPUs, "
+        f"openb {mode}: {len(specs)} nodes, {sum(s.gpus for s in specs)} GPUs, "
         f"seeds {','.join(map(str, seeds))}, {elapsed:.0f} s ({args.jobs} process(es))"
     )
     print(table(rows))
@@ -679,6 +825,14 @@ def main(argv: list[str] | None = None) -> int:
             f"failed 8-GPU pods {aware['failed100'].get(8, 0)} vs "
             f"{best['failed100'].get(8, 0)} (@100 %), {aware['failed130'].get(8, 0)} vs "
             f"{best['failed130'].get(8, 0)} (@130 %)"
+        )
+    if SHARING in by and "bestfit" in by:
+        shared, best = by[SHARING], by["bestfit"]
+        gain = shared["alloc100"] - best["alloc100"]
+        print(
+            f"gpu-aware-sharing at arrived 100 %: {shared['alloc100']:.2f} % (FGD's "
+            f"published figure: {FGD_PUBLISHED:.2f} %); vs BestFit {gain:+.2f} points; "
+            f"no fragmentation with shared GPUs: {by[POOLED_SHARED]['alloc100']:.2f} %"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))

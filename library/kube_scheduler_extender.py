@@ -65,6 +65,13 @@ options:
     description: Path of the prioritize call; empty to not prioritize.
     type: str
     default: prioritize
+  bind_verb:
+    description:
+      - Path of the bind call; empty (the default) to leave binding to the scheduler.
+      - C(bind) lets gpu-aware choose the GPU of a shared-GPU pod, record it on the pod and
+        bind it (GPU sharing). Only one extender of a scheduler may bind.
+    type: str
+    default: ""
   weight:
     description: Multiplier of the extender's scores; must be positive with a prioritize verb.
     type: int
@@ -293,6 +300,7 @@ def argument_spec():
         url_prefix=dict(type="str"),
         filter_verb=dict(type="str", default="filter"),
         prioritize_verb=dict(type="str", default="prioritize"),
+        bind_verb=dict(type="str", default=""),
         weight=dict(type="int", default=500),
         enable_https=dict(type="bool", default=False),
         tls_config=dict(
@@ -340,6 +348,7 @@ def spec_from_params(params):
         url_prefix=params["url_prefix"],
         filter_verb=params["filter_verb"] or None,
         prioritize_verb=params["prioritize_verb"] or None,
+        bind_verb=params["bind_verb"] or None,
         weight=params["weight"],
         enable_https=params["enable_https"],
         tls_config=None if tls is None else schedconf.TlsConfig(**tls),

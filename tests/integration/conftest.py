@@ -10,7 +10,8 @@ user            groups             RBAC granted by the fixture
 ``admin``       system:masters     everything
 ``gpu-label``   gpuk8s-test        nodes: get, patch (the labeller's ClusterRole)
 ``gpu-device``  gpuk8s-test        nodes: get, patch (the device plugin's)
-``gpu-aware``   gpuk8s-test        nodes, pods: get, list, watch (the extender's)
+``gpu-aware``   gpuk8s-test        nodes, pods: get, list, watch; pods: patch;
+                                   pods/binding: create (the extender's)
 ``nobody``      gpuk8s-test        nothing
 ==============  =================  ==========================================
 
@@ -54,7 +55,10 @@ ROLES = {
     "gpu-label": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}],
     "gpu-device": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}],
     "gpu-aware": [
-        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]},
+        # GPU sharing: the bind verb records the GPU choice on the pod, then binds it
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
     ],
 }
 

@@ -287,6 +287,33 @@ def _gpu_node(
     )
 
 
+def scheduler_config(
+    port: int, managed: dict[str, bool], bind_verb: str | None = None
+) -> dict[str, Any]:
+    """A KubeSchedulerConfiguration with this extender (node cache, weight 500);
+    ``managed``: resource -> ignoredByScheduler."""
+    extender: dict[str, Any] = {
+        "urlPrefix": f"http://127.0.0.1:{port}",
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "weight": 500,
+        "enableHTTPS": False,
+        "nodeCacheCapable": True,
+        "ignorable": False,
+        "httpTimeout": "10s",
+        "managedResources": [
+            {"name": name, "ignoredByScheduler": ignored} for name, ignored in managed.items()
+        ],
+    }
+    if bind_verb:
+        extender["bindVerb"] = bind_verb
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "extenders": [extender],
+    }
+
+
 class Scheduler:
     """The lab's kube-scheduler build against the test apiserver, with ``config``
     (a KubeSchedulerConfiguration; clientConnection and leader election are set here)."""
@@ -395,25 +422,7 @@ def test_real_kube_scheduler_places_a_4_gpu_pod_inside_one_link_group(
     scheduler = None
     try:
         scheduler = Scheduler(
-            apiserver,
-            tmp_path,
-            {
-                "apiVersion": "kubescheduler.config.k8s.io/v1",
-                "kind": "KubeSchedulerConfiguration",
-                "extenders": [
-                    {
-                        "urlPrefix": f"http://127.0.0.1:{service.port}",
-                        "filterVerb": "filter",
-                        "prioritizeVerb": "prioritize",
-                        "weight": 500,
-                        "enableHTTPS": False,
-                        "nodeCacheCapable": True,
-                        "ignorable": False,
-                        "httpTimeout": "10s",
-                        "managedResources": [{"name": GPU, "ignoredByScheduler": False}],
-                    }
-                ],
-            },
+            apiserver, tmp_path, scheduler_config(service.port, {GPU: False})
         )
         cache = service.extender.cache
         assert cache is not None

@@ -21,7 +21,8 @@ import pytest
 
 from gpuk8s import sim
 from gpuk8s.core.cuda import MAJOR_LABEL, MINOR_LABEL, RUNTIME_ANNOTATION
-from gpuk8s.host.mps import PID_FILE, SHARING_MODE_LABEL
+from gpuk8s.core.sharing import SHARING_MODE_LABEL
+from gpuk8s.host.mps import PID_FILE
 from gpuk8s.services.extender.main import build_parser, build_service
 from gpuk8s.services.labeller.main import main as labeller_main
 from gpuk8s.services.mps.main import main as mps_main

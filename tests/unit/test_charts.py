@@ -577,7 +577,9 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
     "gpu-aware": {
         ("", res, verb, ANY) for res in ("nodes", "pods") for verb in ("get", "list", "watch")
     }
-    | {("", "configmaps", "get", "gpu-aware-plugin")},
+    | {("", "configmaps", "get", "gpu-aware-plugin")}
+    # GPU sharing: record the chosen GPUs on the pod, then bind it
+    | {("", "pods", "patch", ANY), ("", "pods/binding", "create", ANY)},
     "driver-manager": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),
                        ("", "events", "create", ANY), ("", "pods", "get", ANY)},  # events: default
     "container-runtime": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),
@@ -1577,3 +1579,19 @@ def test_resource_descriptor_configmaps(chart: Path, values: dict[str, Any]) -> 
     core = maps["cf-crl-gpu-manager-vcuda-core"]["data"]
     assert {k: core[k] for k in SPEC_VCUDA_CORE} == SPEC_VCUDA_CORE
     assert core["descriptionZh"]
+
+
+@pytest.mark.parametrize(("chart", "base"), [(EXT, {}), (OP, OP_MIN)])
+def test_gpu_device_sharing_option(chart: Path, base: dict[str, Any]) -> None:
+    """GPU sharing (issue 14): off by default (no pod access); on, gpu-device reads its
+    node's sharing-mode label and may list and patch pods, nothing more."""
+    off = objs(chart, base)
+    c = container(off.get("DaemonSet", "metax-gpu-device"), "gpu-device")
+    assert "sharing-mode" not in flags(c)
+    assert ("", "pods", "list", ANY) not in _permissions(_rules_by_subject(off)["gpu-device"])
+    on = objs(chart, {**base, "gpuDevice": {"sharing": True}})
+    c = container(on.get("DaemonSet", "metax-gpu-device"), "gpu-device")
+    assert flags(c)["sharing-mode"] == "auto"
+    assert _permissions(_rules_by_subject(on)["gpu-device"]) == EXPECTED_PERMISSIONS[
+        "gpu-device"
+    ] | {("", "pods", "list", ANY), ("", "pods", "patch", ANY)}

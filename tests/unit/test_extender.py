@@ -297,8 +297,11 @@ def test_node_names_without_a_cache_is_a_clear_error() -> None:
 
 
 def test_unknown_verb_is_404() -> None:
-    status, result = call(make_extender(), "bind", {"Pod": pod(1), "NodeNames": []})
+    status, result = call(make_extender(), "preempt", {"Pod": pod(1), "NodeNames": []})
     assert status == 404 and "unknown verb" in result["Error"]
+    # bind is a verb now (GPU sharing): a filter body is not ExtenderBindingArgs
+    status, result = call(make_extender(), "bind", {"Pod": pod(1), "NodeNames": []})
+    assert status == 400 and "ExtenderBindingArgs" in result["Error"]
 
 
 # -- prioritize -----------------------------------------------------------------------

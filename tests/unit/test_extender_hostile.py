@@ -412,7 +412,7 @@ def test_bodies_in_flight_are_bounded_and_a_stalled_one_is_released() -> None:
     # the stalled request holds the budget until its deadline: long enough for the polls
     # below to see it on a busy machine, short enough for a quick test
     srv = ExtenderHTTPServer(("127.0.0.1", 0), extender(), max_body=1000, body_budget=1000,
-                             request_timeout=3.0)
+                             request_timeout=8.0)
     serve_in_thread(srv)
     try:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as stalled:

@@ -87,7 +87,8 @@ def test_metrics_count_requests(server: ExtenderHTTPServer) -> None:
 @pytest.mark.parametrize(("method", "path", "payload", "headers", "code", "needle"), [
     ("POST", "/filter", b"{", None, 400, "not valid JSON"),
     ("POST", "/filter", b"[]", None, 400, "must be a JSON object"),
-    ("POST", "/bind", b"{}", None, 404, "unknown verb"),
+    ("POST", "/preempt", b"{}", None, 404, "unknown verb"),
+    ("POST", "/bind", b"{}", None, 400, "ExtenderBindingArgs"),
     ("GET", "/nope", None, None, 404, "no such path"),
     ("PUT", "/filter", b"{}", None, 405, "not allowed"),
     ("POST", "/filter", b"{}", {"Content-Length": "x"}, 400, "not a byte count"),

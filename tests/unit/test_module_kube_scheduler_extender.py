@@ -515,3 +515,13 @@ def test_kubernetes_version_is_checked_against_the_image(root: Path) -> None:
     assert snapshot(root) == before
     ok = run(root, kubernetes_version="v1.35.4")
     assert ok["api_version"] == "kubescheduler.config.k8s.io/v1"
+
+
+def test_bind_verb_is_written_and_validated(root: Path) -> None:
+    """GPU sharing: gpu-aware binds the pods it manages (bindVerb)."""
+    result = run(root, bind_verb="bind", managed_resources=[{"name": "metax-tech.com/sgpu"}])
+    assert not result.get("failed"), result
+    config = schedfiles.read(str(root / CONFIG)).data
+    assert config["extenders"][0]["bindVerb"] == "bind"
+    bad = run(root, bind_verb="bind/../x")
+    assert bad.get("failed") and "bind_verb" in bad["msg"]

@@ -9,6 +9,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -21,9 +23,9 @@ import pytest
 
 from gpuk8s import sim
 from gpuk8s.core.errors import ConfigError
+from gpuk8s.core.sharing import SHARING_MODE_LABEL
 from gpuk8s.host.mps import (
     PID_FILE,
-    SHARING_MODE_LABEL,
     MpsDaemons,
     MpsSettings,
     pipe_directory,
@@ -237,11 +239,20 @@ def test_a_driver_too_old_for_mps_starts_nothing(nvidia_sim_root: str, mps_dir: 
     state["driver"]["cuda"] = "11.4"
     tree.save_state(nvidia_sim_root, state)
     try:
-        agent = MpsAgent(MpsDaemons(MpsSettings(nvidia_sim_root, mps_dir)), None, "mps")
-        result = agent.one_pass()
-        assert result.running == {} and len(result.failed) == 8
-        assert "CUDA >= 11.5; this one supports 11.4" in next(iter(result.failed.values()))
-        assert agent.ready()[0] is False
+        # a fresh process, as on a node: NVML (soname libnvidia-ml.so.1) loaded by an
+        # earlier test of this process from another simulated root would answer instead
+        proc = subprocess.run(
+            [sys.executable, "-c", "import sys; from gpuk8s.cli import main; sys.exit(main())",
+             "serve", "mps", "--host-root", nvidia_sim_root,
+             "--mps-dir", mps_dir, "--sharing-mode", "mps", "--once", "--log-dir", ""],
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert proc.returncode == 1, proc.stderr  # --once with failures
+        summary = json.loads(proc.stdout.strip().splitlines()[0])
+        assert summary["running"] == 0 and len(summary["failed"]) == 8
+        assert all("CUDA >= 11.5; this one supports 11.4" in why
+                   for why in summary["failed"].values())
+        assert not list(Path(mps_dir).glob(f"*/pipe/{PID_FILE}"))  # no daemon started
     finally:
         state["driver"]["cuda"] = "12.4"
         tree.save_state(nvidia_sim_root, state)

@@ -114,3 +114,20 @@ def test_quick_replay_of_the_openb_trace() -> None:
         assert aware[f"alloc{mark}"] > best[f"alloc{mark}"], mark
     inside, placed = aware["inside"]
     assert placed > 0 and inside / placed >= 0.99
+
+
+def test_sharing_mode_packs_fractional_pods_onto_shared_gpus(multi_gpu_trace: Path) -> None:
+    """GPU sharing (issue 14): the same pods through the extender's sharing path (vcuda
+    mode, filter/prioritize/bind): fractional pods share GPUs, so more is allocated than
+    whole-GPU mode can (its own no-fragmentation bound included) and never more than the
+    shared-GPU bound; whole multi-GPU pods still land inside one link group."""
+    bench = load_benchmark()
+    rows = rows_by_policy(bench.run(range(42, 45), ("gpu-aware", bench.SHARING),
+                                    data=multi_gpu_trace))
+    shared, whole = rows[bench.SHARING], rows["gpu-aware"]
+    for mark in ("100", "130"):
+        assert shared[f"alloc{mark}"] > rows[bench.POOLED][f"alloc{mark}"], mark
+        assert shared[f"alloc{mark}"] > whole[f"alloc{mark}"], mark
+        assert shared[f"alloc{mark}"] <= rows[bench.POOLED_SHARED][f"alloc{mark}"] + 1e-9
+    inside, placed = shared["inside"]
+    assert placed > 50 and inside == placed

@@ -20,7 +20,8 @@ metadata:
 automountServiceAccountToken: true
 ---
 # The extender caches nodes (their GPU topology annotations) and pods (GPUs already
-# requested) by watching them; it writes nothing.
+# requested, shared-GPU assignments) by watching them. GPU sharing (the bind verb): it
+# records the chosen GPUs on the pod (patch) and binds it (pods/binding); nothing else.
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRole
 metadata:
@@ -31,6 +32,12 @@ rules:
   - apiGroups: [""]
     resources: ["nodes", "pods"]
     verbs: ["get", "list", "watch"]
+  - apiGroups: [""]
+    resources: ["pods"]
+    verbs: ["patch"]
+  - apiGroups: [""]
+    resources: ["pods/binding"]
+    verbs: ["create"]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding

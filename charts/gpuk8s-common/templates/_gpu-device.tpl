@@ -18,7 +18,8 @@ metadata:
 automountServiceAccountToken: true
 ---
 # The device plugin reads its node and writes the topology annotations
-# (metax-tech.com/gpu.topology.*) on it: nothing else.
+# (metax-tech.com/gpu.topology.*) on it; with GPU sharing it also reads the pods of its
+# node and marks them allocated (gpuk8s.io/sharing.phase): nothing else.
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRole
 metadata:
@@ -29,6 +30,11 @@ rules:
   - apiGroups: [""]
     resources: ["nodes"]
     verbs: ["get", "patch"]
+  {{- if $root.Values.gpuDevice.sharing }}
+  - apiGroups: [""]
+    resources: ["pods"]
+    verbs: ["list", "patch"]
+  {{- end }}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
@@ -94,6 +100,9 @@ spec:
             - {{ . | quote }}
             {{- end }}
             - --health-port=8082
+            {{- if $root.Values.gpuDevice.sharing }}
+            - --sharing-mode=auto
+            {{- end }}
             {{- range $root.Values.gpuDevice.extraArgs }}
             - {{ . | quote }}
             {{- end }}

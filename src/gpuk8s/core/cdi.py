@@ -24,8 +24,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Tuple
 
-from .errors import ConfigError
+from .errors import ConfigError, InventoryError
 from .model import NodeInventory
+from .sharing import ASSIGNED_ANNOTATION, MODE_MPS, Assignment, share_env, share_mounts
 from .topology import Unit, units_for_inventory
 
 CDI_VERSION = "0.6.0"  # the oldest version that allows every field we write (annotations)
@@ -215,6 +216,38 @@ def edits_for_units(
     return common_edits(inventory, host_prefix, sdk).merged(
         *(unit_edits(inventory, u, host_prefix) for u in units)
     )
+
+
+def shared_edits(
+    inventory: NodeInventory,
+    assignment: Assignment,
+    host_prefix: str = "",
+    sdk: SdkSource | None = None,
+) -> ContainerEdits:
+    """What a container of a shared-GPU pod gets (``core.sharing``): the device nodes of
+    the assigned GPUs (``edits_for_units``), the mode's environment (``share_env``) and,
+    for MPS, the GPU's MPS pipe directory mounted read-write (clients write to it)."""
+    units = []
+    for index in assignment.gpus:
+        try:
+            gpu = inventory.gpu(index)
+        except InventoryError:
+            raise CdiError(
+                f"{ASSIGNED_ANNOTATION}: GPU {index} is not on this node "
+                f"(GPUs: {', '.join(str(g.index) for g in inventory.gpus)})"
+            ) from None
+        units.append(Unit(gpu.pci_address, gpu.index))
+    uuids = [inventory.gpu(index).uuid or "" for index in assignment.gpus]
+    mps = assignment.share.mode == MODE_MPS
+    if mps and not all(uuids):
+        raise CdiError("mps: the assigned GPU has no UUID (the MPS pipe directory is per UUID)")
+    env = share_env(assignment, uuids if mps else ())
+    mounts = tuple(
+        Mount(_host(host_prefix, host), container, read_only=False)
+        for host, container in share_mounts(assignment, uuids if mps else ())
+    )
+    own = ContainerEdits(env=tuple(f"{k}={v}" for k, v in env.items()), mounts=mounts)
+    return edits_for_units(inventory, units, host_prefix, sdk).merged(own)
 
 
 # ---------------------------------------------------------------- CDI specs

@@ -149,6 +149,8 @@ class ExtenderSpec:
     node_cache_capable: bool = False
     ignorable: bool = False
     managed_resources: tuple[ManagedResource, ...] = field(default_factory=tuple)
+    # GPU sharing: the extender binds the pods it manages (chooses node and GPU)
+    bind_verb: str | None = None
 
     def validate(self) -> None:
         """Raise ConfigError naming the field, as kube-scheduler would refuse it."""
@@ -182,7 +184,8 @@ class ExtenderSpec:
                 f"{self.prioritize_verb!r} must have a positive weight"
             )
         for verb_name, verb in (("filter_verb", self.filter_verb),
-                                ("prioritize_verb", self.prioritize_verb)):
+                                ("prioritize_verb", self.prioritize_verb),
+                                ("bind_verb", self.bind_verb)):
             if verb is not None and not re.fullmatch(r"[A-Za-z0-9._~-]*", verb):
                 raise ConfigError(f"{verb_name} {verb!r} must be a plain URL path segment")
         if self.http_timeout is not None and not _DURATION_RE.match(self.http_timeout):
@@ -214,6 +217,8 @@ class ExtenderSpec:
             out["filterVerb"] = self.filter_verb
         if self.prioritize_verb:
             out["prioritizeVerb"] = self.prioritize_verb
+        if self.bind_verb:
+            out["bindVerb"] = self.bind_verb
         out["weight"] = self.weight
         out["enableHTTPS"] = self.enable_https
         if self.tls_config is not None:

@@ -34,18 +34,22 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Tuple  # runtime alias: Python 3.8
 
 from ..core.errors import ConfigError, GpuK8sError
+from ..core.sharing import (
+    DEFAULT_SHARING_MODE,
+    MPS_HOST_ROOT,
+    SHARING_MODE_LABEL,
+    SHARING_MODES,
+    SharingError,
+    check_mode,
+    mps_log_dir,
+    mps_pipe_dir,
+)
 from ..discovery.tools import find_tool
 from .files import read_json, write_json
 
 log = logging.getLogger("gpuk8s.mps")
 
-# The node label naming a node's GPU sharing mode (set by the admin), and its values.
-# The same names as ``core.sharing`` (issue 14, other half): the integrator keeps one.
-SHARING_MODE_LABEL = "gpuk8s.io/sharing-mode"
-SHARING_MODES = ("exclusive", "sgpu", "vcuda", "mps")
-DEFAULT_SHARING_MODE = "exclusive"
-
-MPS_DIR = "/run/gpuk8s/mps"
+MPS_DIR = MPS_HOST_ROOT
 CONTROL_TOOL = "nvidia-cuda-mps-control"
 CONTROL_CANDIDATES = (
     "/usr/bin/nvidia-cuda-mps-control",
@@ -70,22 +74,21 @@ def sharing_mode(labels: dict[str, str] | None) -> tuple[str, str | None]:
     """(the node's sharing mode, why its label was ignored) from the node's labels; an
     absent label is ``exclusive``, an unknown value counts as ``exclusive`` too."""
     value = (labels or {}).get(SHARING_MODE_LABEL)
-    if value is None:
-        return DEFAULT_SHARING_MODE, None
-    if value not in SHARING_MODES:
+    try:
+        return check_mode(value), None
+    except SharingError:
         return DEFAULT_SHARING_MODE, (
-            f"label {SHARING_MODE_LABEL}={value[:63]!r} is not one of "
+            f"label {SHARING_MODE_LABEL}={str(value)[:63]!r} is not one of "
             f"{', '.join(SHARING_MODES)}: treated as {DEFAULT_SHARING_MODE}"
         )
-    return value, None
 
 
 def pipe_directory(mps_dir: str, uuid: str) -> str:
-    return os.path.join(mps_dir, uuid, "pipe")
+    return mps_pipe_dir(uuid, mps_dir)
 
 
 def log_directory(mps_dir: str, uuid: str) -> str:
-    return os.path.join(mps_dir, uuid, "log")
+    return mps_log_dir(uuid, mps_dir)
 
 
 def run_command(argv: list[str], env: dict[str, str], stdin: str, timeout: float

@@ -86,6 +86,16 @@ class ContainerSpec:
     cdi_devices: list[str] = field(default_factory=list)
     annotations: dict[str, str] = field(default_factory=dict)
 
+    def add_edits(self, edits: ContainerEdits) -> None:
+        """Device nodes, mounts and environment of ``edits`` (``core.cdi``); env
+        already set here wins."""
+        for node in edits.device_nodes:
+            self.devices.append((node.path, node.host_path, node.permissions))
+        for mount in edits.mounts:
+            self.mounts.append((mount.container_path, mount.host_path, mount.read_only))
+        for name, val in edits.env_map().items():
+            self.envs.setdefault(name, val)
+
 
 @dataclass(frozen=True)
 class DeviceView:
@@ -273,10 +283,5 @@ class DeviceSet:
             if opts.cdi_annotation:
                 kind = opts.cdi_kind or self.resource_name
                 spec.annotations[CDI_ANNOTATION] = ",".join(qualified(kind, u.id) for u in units)
-        for node in edits.device_nodes:
-            spec.devices.append((node.path, node.host_path, node.permissions))
-        for mount in edits.mounts:
-            spec.mounts.append((mount.container_path, mount.host_path, mount.read_only))
-        for name, val in edits.env_map().items():
-            spec.envs.setdefault(name, val)
+        spec.add_edits(edits)
         return spec

@@ -20,6 +20,7 @@ from ...core.errors import AllocationError
 from . import protos
 from .devices import HEALTHY, UNHEALTHY, DeviceSet, DeviceView, UnknownDeviceError
 from .metrics import PluginMetrics
+from .sharing import SharedDevices
 
 dp, podres = protos.load()
 
@@ -159,7 +160,7 @@ class DevicePluginServicer:
 
     def __init__(
         self,
-        devices: DeviceSet,
+        devices: DeviceSet | SharedDevices,
         metrics: PluginMetrics,
         stopping: threading.Event,
         on_allocate: Callable[[list[str]], None] | None = None,

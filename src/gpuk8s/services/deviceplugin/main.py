@@ -25,6 +25,13 @@ from typing import Any
 from ...core.cdi import cdi_names_accepted
 from ...core.errors import ConfigError, GpuK8sError
 from ...core.model import NodeInventory
+from ...core.sharing import (
+    COUNTED_RESOURCE,
+    MODE_EXCLUSIVE,
+    SHARING_MODE_LABEL,
+    SHARING_MODES,
+    check_mode,
+)
 from ..healthserver import serve_health
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
 from .devices import (
@@ -44,6 +51,7 @@ from .nodestate import (
     PodResourcesClient,
 )
 from .server import DEFAULT_PLUGIN_DIR, PluginServer, ServerOptions
+from .sharing import KubePendingPods, PendingPods, SharedDevices
 
 log = logging.getLogger("gpuk8s.deviceplugin")
 
@@ -76,6 +84,7 @@ class PluginConfig:
     metrics_port: int = 0  # 0: no metrics endpoint
     metrics_address: str = "0.0.0.0"
     health_port: int = 0  # 0: no /healthz, /readyz
+    sharing_mode: str = MODE_EXCLUSIVE  # core.sharing: sgpu/vcuda/mps serve replica ids
 
     def __post_init__(self) -> None:
         if self.healthy_interval < 0:
@@ -106,8 +115,19 @@ class PluginConfig:
             raise ConfigError(f"metrics-port: {self.metrics_port} is not in 0..65535")
         if not 0 <= self.health_port <= 65535:
             raise ConfigError(f"health-port: {self.health_port} is not in 0..65535")
+        if self.sharing_mode not in SHARING_MODES:
+            raise ConfigError(
+                f"sharing-mode: {self.sharing_mode!r} is not one of {', '.join(SHARING_MODES)}"
+            )
+        if self.sharing_mode != MODE_EXCLUSIVE and not self.node_name:
+            raise ConfigError(
+                f"sharing-mode {self.sharing_mode}: needs --node-name (Allocate reads the "
+                "GPU assignment from the pod)"
+            )
 
     def resource_for(self, inventory: NodeInventory) -> str:
+        if self.sharing_mode != MODE_EXCLUSIVE:
+            return COUNTED_RESOURCE[self.sharing_mode]
         if self.resource_name:
             return self.resource_name
         return DEFAULT_RESOURCE.get(inventory.backend, DEFAULT_RESOURCE["metax"])
@@ -244,6 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve GET /healthz (liveness: the health loop and the gRPC server run) and "
         "/readyz (registered with the kubelet) on this port; 0 disables (default 0)",
     )
+    p.add_argument(
+        "--sharing-mode",
+        default=env.get("SHARING_MODE", MODE_EXCLUSIVE),
+        help="GPU sharing mode of this node: exclusive (whole GPUs, default), sgpu, vcuda or "
+        "mps (serve that mode's counted resource as replica ids; Allocate maps them to the "
+        "GPUs gpu-aware wrote on the pod), or auto: read at start from the node's "
+        "gpuk8s.io/sharing-mode label (needs --node-name; a new mode needs a restart)",
+    )
     add_log_arguments(p)
     return p
 
@@ -273,7 +301,29 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
         health_port=args.health_port,
+        sharing_mode=MODE_EXCLUSIVE if args.sharing_mode == "auto" else args.sharing_mode,
     )
+
+
+def resolve_sharing(config: PluginConfig, labels: Mapping[str, str] | None = None) -> PluginConfig:
+    """``--sharing-mode auto``: the mode from the node's ``gpuk8s.io/sharing-mode`` label."""
+    if labels is None:
+        if not config.node_name:
+            raise ConfigError("needs --node-name (NODE_NAME) to read the node's sharing mode")
+        from kubernetes import client
+
+        from ..kube import api_client, classify
+
+        try:
+            node = client.CoreV1Api(api_client(config.kubeconfig or None)).read_node(
+                config.node_name
+            )
+        except Exception as err:
+            raise classify(err, f"read node {config.node_name}") from err
+        labels = (node.metadata.labels if node.metadata is not None else None) or {}
+    mode = check_mode(labels.get(SHARING_MODE_LABEL))
+    log.info("GPU sharing mode", extra={"mode": mode, "label": SHARING_MODE_LABEL})
+    return replace(config, sharing_mode=mode)
 
 
 def resolve_cdi(config: PluginConfig, node: Mapping[str, Any] | None = None) -> PluginConfig:
@@ -308,12 +358,29 @@ class DevicePluginApp:
         *,
         patcher: NodePatcher | None = None,
         health_check: HealthCheck | None = None,
+        pending_pods: PendingPods | None = None,
     ) -> None:
         self.config = config
         self.inventory = inventory
         resource = config.resource_for(inventory)
         self.metrics = PluginMetrics(resource)
-        self.devices = DeviceSet(inventory, resource, config.allocate)
+        whole = DEFAULT_RESOURCE.get(inventory.backend, DEFAULT_RESOURCE["metax"])
+        self.devices = DeviceSet(
+            inventory,
+            resource if config.sharing_mode == MODE_EXCLUSIVE else whole,
+            config.allocate,
+        )
+        self.shared: SharedDevices | None = None
+        if config.sharing_mode != MODE_EXCLUSIVE:
+            if pending_pods is None:
+                from ..kube import api_client
+
+                pending_pods = KubePendingPods(
+                    config.node_name, api_client(config.kubeconfig or None)
+                )
+            self.shared = SharedDevices(
+                self.devices, config.sharing_mode, config.node_name, pending_pods
+            )
         self.publisher: NodeStatePublisher | None = None
         if config.node_name:
             if patcher is None:
@@ -371,7 +438,7 @@ class DevicePluginApp:
 
     def _make_servicer(self, serving_stop: threading.Event) -> DevicePluginServicer:
         return DevicePluginServicer(
-            self.devices, self.metrics, serving_stop, on_allocate=self._allocated
+            self.shared or self.devices, self.metrics, serving_stop, on_allocate=self._allocated
         )
 
     def _allocated(self, ids: list[str]) -> None:
@@ -423,6 +490,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = resolve_cdi(config)
         except GpuK8sError as err:
             print(f"gpuk8s serve device-plugin: error: --cdi auto: {err}", file=sys.stderr)
+            return 2
+    if args.sharing_mode == "auto":
+        try:
+            config = resolve_sharing(config)
+        except GpuK8sError as err:
+            print(f"gpuk8s serve device-plugin: error: --sharing-mode auto: {err}",
+                  file=sys.stderr)
             return 2
     from ...discovery import discover
 

@@ -33,6 +33,7 @@ from .nodes import (
     unresolvable_reason,
 )
 from .packing import MISSING, NodeRooms, Ranker, RunningPods, item_room_fields, rank_scores
+from .share import Sharing, parse_bind
 from .weights import Weights, WeightSource
 from .wire import (
     MAX_EXTENDER_PRIORITY,
@@ -52,6 +53,7 @@ _SCORE_TAIL = [f"{s}}}" for s in range(MAX_EXTENDER_PRIORITY + 1)]
 MAX_ENCODED_NAMES = 100_000  # bound on the per-name encoding cache
 FILTER_VERBS = frozenset({"filter", "predicates"})
 PRIORITIZE_VERBS = frozenset({"prioritize", "priorities"})
+BIND_VERBS = frozenset({"bind"})
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # compact, ensure_ascii: as json.dumps
 
 
@@ -59,7 +61,11 @@ class ExtenderMetrics:
     """Prometheus metrics on a private registry (served at /metrics)."""
 
     def __init__(
-        self, cache: NodeCache | None, pods: BoundPods | None, weights: WeightSource
+        self,
+        cache: NodeCache | None,
+        pods: BoundPods | None,
+        weights: WeightSource,
+        sharing: Sharing | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
@@ -113,6 +119,18 @@ class ExtenderMetrics:
         score.set_function(lambda: weights.current().score)
         loss = Gauge("gpu_aware_loss_weight", "Current lossWeight", registry=self.registry)
         loss.set_function(lambda: weights.current().loss)
+        shared = Gauge(
+            "gpu_aware_shared_gpu_pods",
+            "Pods holding shared GPUs (assignments in the sharing ledger)",
+            registry=self.registry,
+        )
+        shared.set_function(lambda: float(len(sharing.ledger)) if sharing is not None else 0.0)
+        binds = Gauge(
+            "gpu_aware_shared_binds",
+            "Shared-GPU pods bound by the bind verb since start",
+            registry=self.registry,
+        )
+        binds.set_function(lambda: float(sharing.binds) if sharing is not None else 0.0)
 
 
 @dataclass(frozen=True)
@@ -160,9 +178,12 @@ class Extender:
         rooms: NodeRooms | None = None,
         running: RunningPods | None = None,
         cuda: NodeCudaVersions | None = None,
+        sharing: Sharing | None = None,
     ) -> None:
         self.weights = weights
         self.cuda = cuda if cuda is not None else NodeCudaVersions()  # labels (node watch)
+        # GPU sharing (core.sharing): None when off (no pod watch, no API access)
+        self.sharing = sharing
         self.cache = cache
         self.pods = pods
         # prioritize: the nodes' rooms (node watch with the cache, else the request's
@@ -174,7 +195,7 @@ class Extender:
         self.memo = StateMemo()
         self.promises = Promises(cache, pods) if cache is not None and pods is not None else None
         self._host_heads: dict[str, str] = {}  # name -> '{"Host":"name","Score":'
-        self.metrics = ExtenderMetrics(cache, pods, weights)
+        self.metrics = ExtenderMetrics(cache, pods, weights, sharing)
         self._clock = clock
 
     # -- node states ----------------------------------------------------------
@@ -316,10 +337,52 @@ class Extender:
                     keep = list(filterfalse(dropped.__contains__, keep))
         return keep, failed, unresolvable
 
+    # -- GPU sharing ----------------------------------------------------------
+    def _sharing_names(self, args: ExtenderArgs) -> tuple[Sharing, list[str]]:
+        """The sharing decider and the candidates (full nodes are observed first)."""
+        if self.sharing is None:
+            raise _NotReady(
+                "GPU sharing is off in this extender (it needs the pod watch and API "
+                "access; start it without --no-pod-watch)"
+            )
+        if not self.sharing.ledger.synced:
+            raise _NotReady("GPU sharing accounting not synced with the API server yet")
+        if args.nodes is not None:
+            for item in args.nodes:
+                self.sharing.nodes.observe(item)
+            return self.sharing, [n.name for n in args.nodes]
+        self._candidates(args)  # the node cache must be there and synced
+        return self.sharing, list(args.node_names or [])
+
+    def _filter_shared(self, args: ExtenderArgs) -> dict[str, Any]:
+        assert args.share is not None
+        sharing, names = self._sharing_names(args)
+        keep, failed, unresolvable = sharing.filter_parts(args.share, names, args.pod_uid)
+        repeated = _repeated(names)
+        for name in repeated:
+            unresolvable[name] = DUPLICATE.format(count=repeated[name])
+        keep = [n for n in keep if n not in repeated]
+        self._count(failed, unresolvable)
+        return self._filter_result(args, keep, failed, unresolvable)
+
+    def _prioritize_shared(self, args: ExtenderArgs) -> bytes:
+        assert args.share is not None
+        sharing, names = self._sharing_names(args)
+        values = sharing.raw(args.share, names, args.pod_uid)
+        raw = [MISSING if v is None else v for v in values]
+        heads = _encoded(self._host_heads, names, _host_head)
+        parts = map(add, heads, map(_SCORE_TAIL.__getitem__, rank_scores(raw)))
+        return "".join(("[", ",".join(parts), "]")).encode()
+
     def filter_json(self, args: ExtenderArgs) -> bytes:
         """The filter answer, encoded. With the node cache it is assembled from the
         index's pre-encoded members; with full nodes, the kept Node objects are the
         request's own bytes; otherwise ``json.dumps`` of ``filter``."""
+        if args.share is not None:
+            result = self._filter_shared(args)
+            if args.cuda_runtime is not None:
+                result = restrict(result, args, self.cuda)
+            return _encode(result).encode()
         if args.cuda_runtime is not None:  # the pod states its CUDA runtime (cuda.py)
             return _encode(restrict(self.filter(args), args, self.cuda)).encode()
         if args.nodes is not None:
@@ -441,6 +504,8 @@ class Extender:
 
     def prioritize(self, args: ExtenderArgs) -> bytes:
         """The HostPriorityList, encoded by hand from cached pieces (no json.dumps)."""
+        if args.share is not None:
+            return self._prioritize_shared(args)
         names, raw = self._raw(args)
         # (a dict of whole '{"Host":..,"Score":s}' strings per name and score was
         # slower: the per-request memory touched matters more than the concatenation)
@@ -460,6 +525,8 @@ class Extender:
             if verb in FILTER_VERBS
             else "prioritize"
             if verb in PRIORITIZE_VERBS
+            else "bind"
+            if verb in BIND_VERBS
             else "unknown"
         )
         try:
@@ -467,9 +534,17 @@ class Extender:
                 response = Response(
                     404,
                     error_body(
-                        f"unknown verb {verb[:40]!r}; use filter (or predicates) or prioritize"
+                        f"unknown verb {verb[:40]!r}; use filter (or predicates), prioritize "
+                        "or bind"
                     ),
                 )
+            elif kind == "bind":
+                parse_bind(body)  # a body that is not ExtenderBindingArgs: 400
+                if self.sharing is None:
+                    error = "gpu-aware: bind needs the pod watch and API access (GPU sharing off)"
+                else:
+                    error = self.sharing.bind(body)
+                response = Response(200, json.dumps({"Error": error}).encode())
             else:
                 args = parse_args(body)
                 try:

@@ -37,7 +37,8 @@ from .server import (
     DEFAULT_REQUEST_TIMEOUT_S,
     ExtenderHTTPServer,
 )
-from .watch import WatchLoop, node_watch_loop, pod_watch_loop
+from .share import KubePodApi, Ledger, SharedNodes, Sharing
+from .watch import WatchLoop, ledger_watch_loop, node_watch_loop, pod_watch_loop
 from .weights import Weights, WeightSource, parse_weight
 
 log = logging.getLogger("gpuk8s.extender")
@@ -60,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="pod_watch",
         action="store_false",
         help="do not track bound GPU pods (no API access needed without --node-cache; "
-        "GPUs promised to bound-but-unstarted pods are then not subtracted)",
+        "GPUs promised to bound-but-unstarted pods are then not subtracted; GPU sharing "
+        "and the bind verb are then off: bind answers an error)",
     )
     parser.add_argument(
         "--config-dir",
@@ -153,6 +155,7 @@ def build_service(
     *,
     node_watch: WatchLoop | None = None,
     pod_watch: WatchLoop | None = None,
+    ledger_watch: WatchLoop | None = None,
 ) -> ExtenderService:
     """Validate flags and assemble the service; ``ConfigError`` on bad input.
 
@@ -179,17 +182,29 @@ def build_service(
     running = RunningPods(prior, prior_gpus) if args.pod_watch else None
     rooms = NodeRooms()
     cuda = NodeCudaVersions()
-    extender = Extender(weights, cache=cache, pods=pods, rooms=rooms, running=running,
-                        cuda=cuda)
     needs_api = (cache is not None and node_watch is None) or (
-        pods is not None and pod_watch is None
+        pods is not None and (pod_watch is None or ledger_watch is None)
     )
     client = api_client(args.kubeconfig) if needs_api else None
+    # GPU sharing (bind verb, per-GPU accounting) rides on the pod watch's API access
+    shared = SharedNodes()
+    ledger = Ledger() if pods is not None else None
+    sharing = (
+        Sharing(shared, ledger, KubePodApi(client) if client is not None else None)
+        if ledger is not None
+        else None
+    )
+    extender = Extender(
+        weights, cache=cache, pods=pods, rooms=rooms, running=running, cuda=cuda, sharing=sharing
+    )
     loops: list[tuple[str, WatchLoop]] = []
     if cache is not None:
-        loops.append(("node-watch", node_watch or node_watch_loop(client, cache, rooms, cuda)))
+        node_loop = node_watch or node_watch_loop(client, cache, rooms, shared, cuda)
+        loops.append(("node-watch", node_loop))
     if pods is not None:
         loops.append(("pod-watch", pod_watch or pod_watch_loop(client, pods, running)))
+    if ledger is not None:
+        loops.append(("sharing-watch", ledger_watch or ledger_watch_loop(client, ledger)))
     try:
         server = ExtenderHTTPServer(
             (args.address, args.port),

@@ -24,6 +24,7 @@ from ..kube import TemporaryApiError, classify
 from .cuda import NodeCudaVersions
 from .nodes import BoundPods, NodeCache
 from .packing import NodeRooms, RunningPods, item_room_fields, view_running_fields
+from .share import Ledger, SharedNodes, view_assignment
 from .wire import NodeItem, NodeView, ObjectMeta, PodView, node_item
 
 log = logging.getLogger("gpuk8s.extender")
@@ -175,18 +176,24 @@ def _node(raw: msgspec.Raw, cache: NodeCache) -> NodeItem | None:
 Handlers = tuple[Callable[[list[msgspec.Raw]], None], Callable[[str, msgspec.Raw], None]]
 
 
-def node_handlers(cache: NodeCache, rooms: NodeRooms | None = None,
-                  cuda: NodeCudaVersions | None = None) -> Handlers:
-    """(on_list, on_event) feeding ``cache`` and, when given, ``rooms`` and ``cuda``
-    (the nodes' CUDA version labels): unreadable
-    objects are skipped and counted, nodes with unusable annotations are cached as such
-    (filter excludes them)."""
+def node_handlers(
+    cache: NodeCache,
+    rooms: NodeRooms | None = None,
+    shared: SharedNodes | None = None,
+    cuda: NodeCudaVersions | None = None,
+) -> Handlers:
+    """(on_list, on_event) feeding ``cache`` and, when given, ``rooms``, ``shared`` (GPU
+    sharing) and ``cuda`` (the nodes' CUDA version labels): unreadable objects are
+    skipped and counted, nodes with unusable annotations are cached as such (filter
+    excludes them)."""
 
     def on_list(items: list[msgspec.Raw]) -> None:
         nodes = [node for node in (_node(raw, cache) for raw in items) if node]
         cache.replace(nodes)
         if rooms is not None:
             rooms.replace(map(item_room_fields, nodes))
+        if shared is not None:
+            shared.replace(nodes)
         if cuda is not None:
             cuda.replace(nodes)
         log.info(
@@ -202,12 +209,16 @@ def node_handlers(cache: NodeCache, rooms: NodeRooms | None = None,
             cache.delete(node.name)
             if rooms is not None:
                 rooms.forget(node.name)
+            if shared is not None:
+                shared.forget(node.name)
             if cuda is not None:
                 cuda.forget(node.name)
         else:
             cache.upsert_item(node)
             if rooms is not None:
                 rooms.observe(*item_room_fields(node))
+            if shared is not None:
+                shared.observe(node)
             if cuda is not None:
                 cuda.observe(node)
 
@@ -215,15 +226,18 @@ def node_handlers(cache: NodeCache, rooms: NodeRooms | None = None,
 
 
 def node_watch_loop(
-    api_client: Any, cache: NodeCache, rooms: NodeRooms | None = None,
+    api_client: Any,
+    cache: NodeCache,
+    rooms: NodeRooms | None = None,
+    shared: SharedNodes | None = None,
     cuda: NodeCudaVersions | None = None,
 ) -> WatchLoop:
-    """Nodes into the cache (filter) and, when given, into ``rooms`` (prioritize) and
-    ``cuda`` (the CUDA check)."""
+    """Nodes into the cache (filter) and, when given, into ``rooms`` (prioritize),
+    ``shared`` (GPU sharing) and ``cuda`` (the CUDA check)."""
     from kubernetes import client
 
     core = client.CoreV1Api(api_client)
-    on_list, on_event = node_handlers(cache, rooms, cuda)
+    on_list, on_event = node_handlers(cache, rooms, shared, cuda)
 
     def run(stop: threading.Event) -> None:
         list_watch(core.list_node, on_list, on_event, stop, "nodes")
@@ -286,5 +300,48 @@ def pod_watch_loop(
             "pods",
             field_selector="spec.nodeName!=",
         )
+
+    return run
+
+
+def _assignment(raw: msgspec.Raw) -> tuple[str, Any] | None:
+    try:
+        return view_assignment(_POD.decode(raw))
+    except DECODE_ERRORS as err:
+        log.warning("pod object skipped", extra={"error": str(err)[:300]})
+        return None
+
+
+def ledger_handlers(ledger: Ledger) -> Handlers:
+    """(on_list, on_event) feeding the GPU-sharing ledger from pod annotations."""
+
+    def on_list(items: list[msgspec.Raw]) -> None:
+        listed = [fields for fields in map(_assignment, items) if fields is not None]
+        ledger.replace((uid, a) for uid, a in listed if uid and a is not None)
+        log.info("GPU sharing assignments synced", extra={"pods": len(ledger)})
+
+    def on_event(kind: str, raw: msgspec.Raw) -> None:
+        fields = _assignment(raw)
+        if fields is None or not fields[0]:
+            return
+        uid, assignment = fields
+        if kind == "DELETED":
+            ledger.set(uid, None, deleted=True)
+        else:
+            ledger.set(uid, assignment)
+
+    return on_list, on_event
+
+
+def ledger_watch_loop(api_client: Any, ledger: Ledger) -> WatchLoop:
+    """Every pod's sharing assignment into ``ledger`` (bound or not: a pod holds its
+    GPUs from the moment the extender wrote its assignment)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    on_list, on_event = ledger_handlers(ledger)
+
+    def run(stop: threading.Event) -> None:
+        list_watch(core.list_pod_for_all_namespaces, on_list, on_event, stop, "sharing pods")
 
     return run

@@ -39,8 +39,23 @@ from ...core.devicelist import DEVICES_ANNOTATION
 from ...core.errors import GpuK8sError
 from ...core.quantity import QuantityError, parse_json_text, whole_count
 from ...core.scoring import LOSSES_ANNOTATION, SCORES_ANNOTATION
+from ...core.sharing import (
+    ASSIGNED_ANNOTATION,
+    MPS_CORE_RESOURCE,
+    MPS_MEMORY_RESOURCE,
+    SGPU_RESOURCE,
+    SHARING_MODE_LABEL,
+    VCORE_RESOURCE,
+    VCUDA_CORE_RESOURCE,
+    VCUDA_MEMORY_RESOURCE,
+    VMEMORY_RESOURCE,
+    ShareRequest,
+    SharingError,
+    pod_share,
+)
 
 GPU_RESOURCE = "metax-tech.com/gpu"
+GPU_MEMORY_LABEL = "metax-tech.com/gpu.memory"  # memory per GPU (gpu-label, SPEC §4)
 MAX_EXTENDER_PRIORITY = 10
 MIN_EXTENDER_PRIORITY = 0
 # the node annotations the extender reads (published by gpu-device)
@@ -79,6 +94,37 @@ class _Quantities(Struct, gc=False):
     gpu: Raw = field(name=GPU_RESOURCE, default=_EMPTY)
     cpu: Raw = _EMPTY
     memory: Raw = _EMPTY
+    # GPU sharing (core.sharing): read only to build the pod's ShareRequest
+    sgpu: Raw = field(name=SGPU_RESOURCE, default=_EMPTY)
+    vcore: Raw = field(name=VCORE_RESOURCE, default=_EMPTY)
+    vmemory: Raw = field(name=VMEMORY_RESOURCE, default=_EMPTY)
+    vcuda_core: Raw = field(name=VCUDA_CORE_RESOURCE, default=_EMPTY)
+    vcuda_memory: Raw = field(name=VCUDA_MEMORY_RESOURCE, default=_EMPTY)
+    mps_core: Raw = field(name=MPS_CORE_RESOURCE, default=_EMPTY)
+    mps_memory: Raw = field(name=MPS_MEMORY_RESOURCE, default=_EMPTY)
+
+    def sharing(self) -> dict[str, str]:
+        """The sharing resources given, as quantity text (JSON quotes removed)."""
+        out: dict[str, str] = {}
+        for name, raw in (
+            (SGPU_RESOURCE, self.sgpu),
+            (VCORE_RESOURCE, self.vcore),
+            (VMEMORY_RESOURCE, self.vmemory),
+            (VCUDA_CORE_RESOURCE, self.vcuda_core),
+            (VCUDA_MEMORY_RESOURCE, self.vcuda_memory),
+            (MPS_CORE_RESOURCE, self.mps_core),
+            (MPS_MEMORY_RESOURCE, self.mps_memory),
+        ):
+            if raw and bytes(raw) != b"null":
+                try:
+                    value = msgspec.json.decode(bytes(raw))
+                except msgspec.DecodeError:
+                    value = None
+                if isinstance(value, (str, int)) and not isinstance(value, bool):
+                    out[name] = str(value)
+                else:  # a JSON value no quantity has: the text, for the error message
+                    out[name] = bytes(raw).decode("utf-8", "replace")[:60]
+        return out
 
 
 class _Resources(Struct, gc=False):
@@ -103,6 +149,7 @@ class _PodAnnotations(Struct, gc=False):
     """The pod annotations the extender reads, each as its JSON text."""
 
     cuda_runtime: Raw = field(name=RUNTIME_ANNOTATION, default=_EMPTY)
+    assigned: Raw = field(name=ASSIGNED_ANNOTATION, default=_EMPTY)
 
 
 class ObjectMeta(Struct, gc=False):
@@ -135,9 +182,12 @@ class _NodeStatus(Struct, gc=False):
     allocatable: _Quantities | None = None
 
 
-class _Labels(Struct, gc=False):
-    """The node labels the extender reads (gpu-label's CUDA version), as JSON text."""
+class _NodeLabels(Struct, gc=False):
+    """The node labels the extender reads, as JSON text: GPU sharing's mode and GPU
+    memory, gpu-label's CUDA version."""
 
+    sharing_mode: Raw = field(name=SHARING_MODE_LABEL, default=_EMPTY)
+    gpu_memory: Raw = field(name=GPU_MEMORY_LABEL, default=_EMPTY)
     cuda_major: Raw = field(name=MAJOR_LABEL, default=_EMPTY)
     cuda_minor: Raw = field(name=MINOR_LABEL, default=_EMPTY)
 
@@ -145,8 +195,8 @@ class _Labels(Struct, gc=False):
 class _NodeMeta(Struct, gc=False):
     name: str
     annotations: _Annotations | None = None
+    labels: _NodeLabels | None = None
     resourceVersion: str | None = None
-    labels: _Labels | None = None
 
 
 class NodeView(Struct, gc=False):
@@ -199,8 +249,21 @@ class NodeItem(Struct, frozen=True, gc=False):
     raws: tuple[Raw, Raw, Raw]
     # status.allocatable cpu and memory as sent (JSON text; empty when absent)
     allocatable: tuple[Raw, Raw] = (_EMPTY, _EMPTY)
+    # the sharing-mode and gpu.memory labels as sent (JSON text; empty when absent)
+    labels: tuple[Raw, Raw] = (_EMPTY, _EMPTY)
     # the CUDA major / minor version labels as sent (JSON text; empty when absent)
     cuda: tuple[Raw, Raw] = (_EMPTY, _EMPTY)
+
+    def label_values(self) -> tuple[str | None, str | None]:
+        """(sharing mode label, gpu.memory label); None when absent or not a string."""
+        out: list[str | None] = []
+        for raw in self.labels:
+            try:
+                value = _STRING.decode(raw) if raw and bytes(raw) != b"null" else None
+            except msgspec.DecodeError:
+                value = None
+            out.append(value)
+        return out[0], out[1]
 
     def annotations(self) -> tuple[dict[str, str], str | None]:
         """(the annotations that are strings, why the others are unusable or None)."""
@@ -221,10 +284,11 @@ def node_item(view: NodeView) -> NodeItem:
     status = view.status
     alloc = status.allocatable if status is not None else None
     labels = view.metadata.labels
-    cuda = (labels.cuda_major, labels.cuda_minor) if labels is not None else (_EMPTY, _EMPTY)
+    label_raws = (labels.sharing_mode, labels.gpu_memory) if labels else (_EMPTY, _EMPTY)
+    cuda = (labels.cuda_major, labels.cuda_minor) if labels else (_EMPTY, _EMPTY)
     if alloc is None:
-        return NodeItem(view.metadata.name, raws, cuda=cuda)
-    return NodeItem(view.metadata.name, raws, (alloc.cpu, alloc.memory), cuda)
+        return NodeItem(view.metadata.name, raws, labels=label_raws, cuda=cuda)
+    return NodeItem(view.metadata.name, raws, (alloc.cpu, alloc.memory), label_raws, cuda)
 
 
 @dataclass(frozen=True)
@@ -242,6 +306,9 @@ class ExtenderArgs:
     memory_mib: int = 0  # the pod's effective memory request (MiB, rounded up)
     # the pod's gpuk8s.io/cuda-runtime annotation as sent (JSON text), None when absent
     cuda_runtime: bytes | None = None
+    share: ShareRequest | None = None  # the pod asks for shared GPUs (core.sharing)
+    pod_name: str = ""
+    pod_namespace: str = ""
 
 
 # -- errors -----------------------------------------------------------------------------
@@ -382,6 +449,24 @@ def view_request(pod: PodView, root: str = "Pod") -> int:
     return pod_totals(pod, root)[0]
 
 
+def view_share(pod: PodView, root: str = "Pod") -> ShareRequest | None:
+    """The pod's GPU-sharing request (``core.sharing.pod_share``); ``BadRequest`` naming
+    the field when it is invalid."""
+    spec = pod.spec
+    if spec is None or not spec.containers:
+        return None
+    containers = []
+    for container in spec.containers:
+        res = container.resources
+        limits = res.limits.sharing() if res is not None and res.limits is not None else {}
+        requests = res.requests.sharing() if res is not None and res.requests is not None else {}
+        containers.append((container.name, limits, requests))
+    try:
+        return pod_share(containers, f"{root}.spec.containers")
+    except SharingError as err:
+        raise BadRequest(str(err)) from None
+
+
 def decode_pod(pod: Mapping[str, Any]) -> PodView:
     """A Pod given as a decoded JSON object (tests, tools, the packing benchmark)."""
     if not isinstance(pod, Mapping):
@@ -486,6 +571,11 @@ def parse_args(body: bytes) -> ExtenderArgs:
     namespace = meta.namespace or "default"
     annotations = meta.annotations
     cuda_runtime = annotations.cuda_runtime if annotations is not None else _EMPTY
+    share = view_share(pod)
+    if share is not None and gpus:
+        raise BadRequest(
+            f"Pod: asks for {GPU_RESOURCE} and a shared-GPU resource; a pod asks for one"
+        )
     return ExtenderArgs(
         pod_uid=meta.uid or "",
         pod_ref=f"{namespace}/{meta.name or ''}",
@@ -497,6 +587,9 @@ def parse_args(body: bytes) -> ExtenderArgs:
         cpu_milli=cpu_milli,
         memory_mib=memory_mib,
         cuda_runtime=None if _is_null(cuda_runtime) else bytes(cuda_runtime),
+        share=share,
+        pod_name=meta.name or "",
+        pod_namespace=namespace,
     )
 
 

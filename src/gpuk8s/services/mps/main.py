@@ -30,10 +30,10 @@ from typing import Any
 
 from ...core.cuda import CudaVersion
 from ...core.errors import ConfigError, GpuK8sError
+from ...core.sharing import SHARING_MODES
 from ...discovery import discover
 from ...host.mps import (
     MPS_DIR,
-    SHARING_MODES,
     MpsDaemons,
     MpsSettings,
     PassResult,

@@ -1,0 +1,574 @@
+"""GPU sharing: resource families, per-GPU accounting, the pod annotation protocol.
+
+One module for everything the scheduler extender (``gpu-aware``), the device plugin
+(``gpu-device``), the node agent and the labeller agree on; stdlib only, Python 3.8+.
+
+Modes (node label ``gpuk8s.io/sharing-mode``; one mode per node, hence per GPU):
+
+=============  ==================================================================
+``exclusive``  the default (label absent): whole GPUs only (``metax-tech.com/gpu``,
+               ``nvidia.com/gpu``)
+``sgpu``       MetaX sGPU: ``metax-tech.com/sgpu`` / ``vcore`` / ``vmemory``
+``vcuda``      NVIDIA vGPU quotas: ``tencent.com/vcuda-core`` / ``vcuda-memory``
+``mps``        NVIDIA MPS: ``nvidia.com/mps-core`` / ``nvidia.com/mps-memory``
+=============  ==================================================================
+
+Resources (container ``resources.limits``; requests default to limits):
+
+``metax-tech.com/sgpu``
+    number of shared GPUs (1 to ``MAX_SHARED_GPUS``); default 1 when ``vcore`` or
+    ``vmemory`` is given. The share below applies to each of them.
+``metax-tech.com/vcore``
+    percent of one GPU's compute, 0 to 100 (default 0: best effort, nothing reserved);
+    100 = the GPU exclusively (nobody else may share it).
+``metax-tech.com/vmemory``
+    GPU memory per GPU: a bare number is GiB (``8`` = 8 GiB), a binary or decimal
+    suffix is bytes as in any quantity (``2048Mi``) -- HAMi's rule, so its users can
+    move over; default 0 (nothing reserved).
+``tencent.com/vcuda-core``
+    1 to 99: that percent of one GPU; a multiple of 100: that many whole GPUs (placed
+    by the topology allocator as in SPEC §3); anything else above 100 is refused.
+``tencent.com/vcuda-memory``
+    units of 256 MiB (GPU-Manager's unit), per GPU; ignored for whole GPUs.
+``nvidia.com/mps-core``
+    percent of one GPU's compute per process, 0 to 100 (0: no limit, nothing reserved).
+``nvidia.com/mps-memory``
+    pinned device memory limit, same grammar as ``vmemory`` (bare number = GiB).
+
+One container per pod may ask for a sharing family (the device plugin maps one
+Allocate call to the pod); a pod may not mix families or mix them with whole GPUs.
+
+Pod annotations (the protocol, HAMi-like):
+
+``gpuk8s.io/sharing.assigned``
+    written by the extender's ``bind`` verb *before* the binding; JSON
+    ``{"node": str, "mode": str, "gpus": [int, ...], "core": int, "memoryMiB": int,
+    "whole": bool, "container": str}``: GPU indexes (``gpu`` of the device-list
+    annotation), compute percent and memory MiB taken on *each* of them.
+``gpuk8s.io/sharing.bind-time``
+    nanoseconds since the epoch (decimal string) when the extender bound the pod.
+``gpuk8s.io/sharing.phase``
+    ``allocating`` (set with the assignment), then ``allocated`` once the device
+    plugin's ``Allocate`` has mapped the kubelet's device ids to it. The plugin serves
+    the ``allocating`` pod on its node whose mode matches, oldest bind-time first
+    (the kubelet admits one pod at a time per node, as HAMi relies on too).
+
+Accounting: a pod holds its share from the moment the assignment is written until it
+finishes (``Succeeded``/``Failed``) or is deleted; a restarted extender rebuilds the
+per-GPU usage from these annotations (``usage_from_assignments``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Mapping, Sequence
+
+from .errors import ConfigError
+from .quantity import QuantityError, parse_quantity
+
+# -- names --------------------------------------------------------------------------
+SHARING_MODE_LABEL = "gpuk8s.io/sharing-mode"
+MODE_EXCLUSIVE = "exclusive"
+MODE_SGPU = "sgpu"
+MODE_VCUDA = "vcuda"
+MODE_MPS = "mps"
+SHARING_MODES = (MODE_EXCLUSIVE, MODE_SGPU, MODE_VCUDA, MODE_MPS)
+DEFAULT_SHARING_MODE = MODE_EXCLUSIVE
+
+SGPU_RESOURCE = "metax-tech.com/sgpu"
+VCORE_RESOURCE = "metax-tech.com/vcore"
+VMEMORY_RESOURCE = "metax-tech.com/vmemory"
+VCUDA_CORE_RESOURCE = "tencent.com/vcuda-core"
+VCUDA_MEMORY_RESOURCE = "tencent.com/vcuda-memory"
+MPS_CORE_RESOURCE = "nvidia.com/mps-core"
+MPS_MEMORY_RESOURCE = "nvidia.com/mps-memory"
+
+ASSIGNED_ANNOTATION = "gpuk8s.io/sharing.assigned"
+BIND_TIME_ANNOTATION = "gpuk8s.io/sharing.bind-time"
+PHASE_ANNOTATION = "gpuk8s.io/sharing.phase"
+PHASE_ALLOCATING = "allocating"
+PHASE_ALLOCATED = "allocated"
+
+FULL_CORE = 100
+VCUDA_MEMORY_UNIT_MIB = 256
+MAX_SHARED_GPUS = 64
+# shares one GPU may hold at once (device ids advertised per GPU for the count resources)
+DEFAULT_SLOTS = 16
+MAX_ASSIGNMENT_CHARS = 4096
+
+# -- MPS paths (contract with the node agent's MPS control daemon) --------------------
+MPS_HOST_ROOT = "/run/gpuk8s/mps"
+MPS_CONTAINER_PIPE_DIR = "/run/gpuk8s/mps/pipe"
+_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
+
+
+def _checked_uuid(uuid: str) -> str:
+    if not isinstance(uuid, str) or not _UUID.match(uuid) or ".." in uuid:
+        raise SharingError(
+            f"GPU UUID: {uuid!r} must be 1-128 characters of letters, digits, '.', '_', ':', '-'"
+        )
+    return uuid
+
+
+def mps_pipe_dir(uuid: str, root: str = MPS_HOST_ROOT) -> str:
+    """Host directory of the MPS control daemon's pipes for the GPU ``uuid``."""
+    return f"{root.rstrip('/')}/{_checked_uuid(uuid)}/pipe"
+
+
+def mps_log_dir(uuid: str, root: str = MPS_HOST_ROOT) -> str:
+    """Host directory of the MPS control daemon's logs for the GPU ``uuid``."""
+    return f"{root.rstrip('/')}/{_checked_uuid(uuid)}/log"
+
+
+# -- families --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Family:
+    """One sharing mode's resources."""
+
+    mode: str
+    core: str  # compute percent resource
+    memory: str  # memory resource
+    count: str | None = None  # shared-GPU count resource (sGPU only)
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(MODE_SGPU, VCORE_RESOURCE, VMEMORY_RESOURCE, SGPU_RESOURCE),
+    Family(MODE_VCUDA, VCUDA_CORE_RESOURCE, VCUDA_MEMORY_RESOURCE),
+    Family(MODE_MPS, MPS_CORE_RESOURCE, MPS_MEMORY_RESOURCE),
+)
+FAMILY_BY_MODE: dict[str, Family] = {f.mode: f for f in FAMILIES}
+SHARING_RESOURCES: tuple[str, ...] = tuple(
+    name for f in FAMILIES for name in ((f.count,) if f.count else ()) + (f.core, f.memory)
+)
+_FAMILY_OF = {name: f for f in FAMILIES for name in (f.count, f.core, f.memory) if name}
+# the resources the device plugin advertises as device ids per GPU (kubelet Allocate)
+COUNTED_RESOURCE = {
+    MODE_SGPU: SGPU_RESOURCE,
+    MODE_VCUDA: VCUDA_CORE_RESOURCE,
+    MODE_MPS: MPS_CORE_RESOURCE,
+}
+
+
+class SharingError(ConfigError):
+    """A sharing request or annotation that is not valid (names the field)."""
+
+
+@dataclass(frozen=True)
+class ShareRequest:
+    """What a pod asks of each GPU it gets."""
+
+    mode: str
+    gpus: int  # how many GPUs
+    core: int  # compute percent on each, 0..100
+    memory_mib: int  # memory on each (0: nothing reserved)
+    whole: bool = False  # whole GPUs (vcuda-core multiples of 100): topology allocator
+    container: str = ""
+
+    @property
+    def exclusive(self) -> bool:
+        return self.whole or self.core >= FULL_CORE
+
+
+def _text(value: object, what: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise SharingError(f"{what}: must be a quantity string or integer, got {value!r}")
+    return str(value).strip()
+
+
+def _amount(value: object, what: str) -> Fraction:
+    text = _text(value, what)
+    try:
+        amount = parse_quantity(text)
+    except QuantityError as err:
+        raise SharingError(f"{what}: {err}") from None
+    if amount < 0:
+        raise SharingError(f"{what}: must not be negative, got {text!r}")
+    return amount
+
+
+def _percent(value: object, what: str, low: int = 0) -> int:
+    amount = _amount(value, what)
+    if amount.denominator != 1 or not low <= amount <= FULL_CORE:
+        raise SharingError(f"{what}: must be a whole percent {low} to 100, got {value!r}")
+    return int(amount)
+
+
+def memory_mib(value: object, what: str) -> int:
+    """A memory amount in MiB (rounded up): bare number = GiB, suffixed = bytes."""
+    text = _text(value, what)
+    amount = _amount(text, what)
+    if re.fullmatch(r"[+]?[0-9]+", text):
+        return int(amount) * 1024
+    return -(-amount.numerator // (amount.denominator * 2**20))
+
+
+def parse_share(
+    limits: Mapping[str, object], container: str = "", where: str = "resources.limits"
+) -> ShareRequest | None:
+    """The share one container asks for, from its limits (or requests); None when it
+    asks for no sharing resource. ``SharingError`` names the field and what is allowed."""
+    asked = {name: limits[name] for name in limits if name in _FAMILY_OF}
+    if not asked:
+        return None
+    families = {_FAMILY_OF[name].mode for name in asked}
+    if len(families) > 1:
+        raise SharingError(
+            f"{where}: mixes sharing families {', '.join(sorted(families))}; "
+            "a container asks for one of sgpu, vcuda, mps"
+        )
+    family = FAMILY_BY_MODE[families.pop()]
+
+    def field_of(name: str) -> str:
+        return f"{where}[{name!r}]"
+
+    memory = 0
+    if family.memory in asked:
+        memory = memory_mib(asked[family.memory], field_of(family.memory))
+        if family.mode == MODE_VCUDA:
+            memory = _whole(asked[family.memory], field_of(family.memory)) * VCUDA_MEMORY_UNIT_MIB
+    if family.mode == MODE_SGPU:
+        gpus = 1
+        if SGPU_RESOURCE in asked:
+            gpus = _whole(asked[SGPU_RESOURCE], field_of(SGPU_RESOURCE))
+            if not 1 <= gpus <= MAX_SHARED_GPUS:
+                raise SharingError(
+                    f"{field_of(SGPU_RESOURCE)}: must be 1 to {MAX_SHARED_GPUS}, got {gpus}"
+                )
+        core = (
+            _percent(asked[VCORE_RESOURCE], field_of(VCORE_RESOURCE))
+            if VCORE_RESOURCE in asked
+            else 0
+        )
+        return ShareRequest(MODE_SGPU, gpus, core, memory, False, container)
+    if family.mode == MODE_VCUDA:
+        if VCUDA_CORE_RESOURCE not in asked:
+            raise SharingError(
+                f"{field_of(VCUDA_CORE_RESOURCE)}: required with {VCUDA_MEMORY_RESOURCE} "
+                "(1-99 percent of a GPU, or a multiple of 100 for whole GPUs)"
+            )
+        core = _whole(asked[VCUDA_CORE_RESOURCE], field_of(VCUDA_CORE_RESOURCE))
+        if 1 <= core < FULL_CORE:
+            return ShareRequest(MODE_VCUDA, 1, core, memory, False, container)
+        if core >= FULL_CORE and core % FULL_CORE == 0 and core // FULL_CORE <= MAX_SHARED_GPUS:
+            return ShareRequest(MODE_VCUDA, core // FULL_CORE, FULL_CORE, 0, True, container)
+        raise SharingError(
+            f"{field_of(VCUDA_CORE_RESOURCE)}: must be 1-99 (percent of one GPU) or a "
+            f"multiple of 100 up to {MAX_SHARED_GPUS * 100} (whole GPUs), got {core}"
+        )
+    core = (
+        _percent(asked[MPS_CORE_RESOURCE], field_of(MPS_CORE_RESOURCE))
+        if MPS_CORE_RESOURCE in asked
+        else 0
+    )
+    return ShareRequest(MODE_MPS, 1, core, memory, False, container)
+
+
+def _whole(value: object, what: str) -> int:
+    amount = _amount(value, what)
+    if amount.denominator != 1:
+        raise SharingError(f"{what}: must be a whole number, got {value!r}")
+    return int(amount)
+
+
+def pod_share(
+    containers: Sequence[tuple[str, Mapping[str, object], Mapping[str, object]]],
+    where: str = "spec.containers",
+) -> ShareRequest | None:
+    """The share of a pod from its containers ``(name, limits, requests)``: limits win,
+    requests stand in where no limit is set (extended resources: they must be equal)."""
+    found: list[ShareRequest] = []
+    for i, (name, limits, requests) in enumerate(containers):
+        merged = dict(requests)
+        merged.update(limits)
+        share = parse_share(merged, name, f"{where}[{i}].resources.limits")
+        if share is not None:
+            found.append(share)
+    if len(found) > 1:
+        raise SharingError(
+            f"{where}: {len(found)} containers ask for shared GPUs; one container per pod may"
+        )
+    return found[0] if found else None
+
+
+# -- capacity and usage -------------------------------------------------------------------
+@dataclass(frozen=True)
+class GpuCapacity:
+    """One physical GPU as sharing sees it."""
+
+    index: int  # ``gpu`` in the device-list annotation
+    memory_mib: int | None  # None: not known (memory requests cannot be placed)
+    healthy: bool = True
+    free_whole: bool = True  # not held by a whole-GPU (exclusive-resource) container
+    slots: int = DEFAULT_SLOTS
+
+
+@dataclass
+class GpuUsage:
+    """What the pods placed on one GPU hold."""
+
+    core: int = 0
+    memory_mib: int = 0
+    shares: int = 0
+    exclusive: bool = False
+
+    def add(self, share: ShareRequest, sign: int = 1) -> None:
+        self.core += sign * share.core
+        self.memory_mib += sign * share.memory_mib
+        self.shares += sign
+        if share.exclusive:
+            self.exclusive = sign > 0
+
+    @property
+    def empty(self) -> bool:
+        return self.shares <= 0
+
+
+def fits(cap: GpuCapacity, use: GpuUsage | None, share: ShareRequest) -> str | None:
+    """Why ``share`` does not fit on the GPU, or None when it does."""
+    use = use or GpuUsage()
+    if not cap.healthy:
+        return "unhealthy"
+    if not cap.free_whole:
+        return "held whole by a container"
+    if use.exclusive:
+        return "held exclusively by a pod"
+    if share.exclusive and not use.empty:
+        return f"shared by {use.shares} pod(s); the pod needs it exclusively"
+    if use.shares >= cap.slots:
+        return f"all {cap.slots} share slots taken"
+    if use.core + share.core > FULL_CORE:
+        return f"{FULL_CORE - use.core}% compute left, the pod needs {share.core}%"
+    if share.memory_mib:
+        if cap.memory_mib is None:
+            return "GPU memory unknown (no gpu.memory label); memory requests cannot be placed"
+        left = cap.memory_mib - use.memory_mib
+        if share.memory_mib > left:
+            return f"{max(left, 0)} MiB memory left, the pod needs {share.memory_mib} MiB"
+    return None
+
+
+def leftover(cap: GpuCapacity, use: GpuUsage | None, share: ShareRequest) -> Fraction:
+    """What is left of the GPU after ``share``, as a fraction of a GPU (best fit: the
+    smaller the better): the compute left, or the memory left when that is tighter."""
+    use = use or GpuUsage()
+    core_left = Fraction(FULL_CORE - use.core - share.core, FULL_CORE)
+    if cap.memory_mib:
+        mem_left = Fraction(cap.memory_mib - use.memory_mib - share.memory_mib, cap.memory_mib)
+        return min(core_left, mem_left) if share.memory_mib or use.memory_mib else core_left
+    return core_left
+
+
+# the request mix when nothing has been seen yet: percent of a GPU -> weight
+DEFAULT_SHARE_MIX: tuple[tuple[int, float], ...] = ((25, 1.0), (50, 1.0), (100, 1.0))
+
+
+def fragment(left: int, mix: Sequence[tuple[int, float]]) -> float:
+    """Compute (percent) of a GPU with ``left`` percent free that the next pod cannot
+    use, expected over the request mix ``(percent, weight)``: FGD's fragmentation
+    measure for one shared GPU (Weng et al., ATC '23)."""
+    total = sum(w for _, w in mix)
+    if left <= 0 or total <= 0:
+        return 0.0
+    return left * sum(w for r, w in mix if r > left) / total
+
+
+def share_loss(
+    use: GpuUsage | None, share: ShareRequest, mix: Sequence[tuple[int, float]]
+) -> float:
+    """How much ``share`` on a GPU with usage ``use`` raises its fragmentation."""
+    before = FULL_CORE - (use.core if use is not None else 0)
+    return fragment(before - share.core, mix) - fragment(before, mix)
+
+
+def choose_shared(
+    caps: Sequence[GpuCapacity],
+    usage: Mapping[int, GpuUsage],
+    share: ShareRequest,
+    prefer: Mapping[int, int] | None = None,
+    mix: Sequence[tuple[int, float]] | None = None,
+) -> tuple[list[int] | None, str]:
+    """GPU indexes for a fractional share, or (None, why not). With the request ``mix``:
+    the GPUs whose fragmentation grows least (``share_loss``: a share that leaves a GPU
+    with a remainder nobody asks for costs what it strands); without: best fit
+    (already-shared GPUs with the least left over first). Ties: the lowest ``prefer``
+    value -- the caller's topology rank, e.g. how many unshared GPUs the GPU's link
+    group still has, so that opening a GPU breaks the fewest whole groups -- then the
+    lowest index."""
+    scored: list[tuple[float, float, int, int]] = []
+    reasons: dict[str, int] = {}
+    for cap in caps:
+        why = fits(cap, usage.get(cap.index), share)
+        if why is None:
+            use = usage.get(cap.index)
+            shared = 0 if use is not None and not use.empty else 1
+            rank = prefer.get(cap.index, 0) if prefer else 0
+            if mix is not None:
+                scored.append((share_loss(use, share, mix), 0.0, rank, cap.index))
+            else:
+                scored.append((shared, float(leftover(cap, use, share)), rank, cap.index))
+        else:
+            reasons[why] = reasons.get(why, 0) + 1
+    if len(scored) < share.gpus:
+        detail = "; ".join(f"{n} GPU(s): {why}" for why, n in sorted(reasons.items()))
+        return None, (
+            f"{len(scored)} of {len(caps)} GPU(s) can take the share, the pod needs "
+            f"{share.gpus}" + (f" ({detail})" if detail else "")
+        )
+    scored.sort()
+    return sorted(item[-1] for item in scored[: share.gpus]), ""
+
+
+def usage_from_assignments(assignments: Sequence[Assignment]) -> dict[str, dict[int, GpuUsage]]:
+    """node -> GPU index -> usage, from the assignments of live pods."""
+    out: dict[str, dict[int, GpuUsage]] = {}
+    for a in assignments:
+        per = out.setdefault(a.node, {})
+        for index in a.gpus:
+            per.setdefault(index, GpuUsage()).add(a.share)
+    return out
+
+
+# -- the pod annotation -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Assignment:
+    """The extender's choice for a pod: node, GPUs, and the share on each."""
+
+    node: str
+    gpus: tuple[int, ...]
+    share: ShareRequest
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "node": self.node,
+                "mode": self.share.mode,
+                "gpus": list(self.gpus),
+                "core": self.share.core,
+                "memoryMiB": self.share.memory_mib,
+                "whole": self.share.whole,
+                "container": self.share.container,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        )
+
+
+def parse_assignment(raw: str | None) -> Assignment | None:
+    """The ``gpuk8s.io/sharing.assigned`` annotation; None when absent; ``SharingError``
+    naming the key when malformed."""
+    if raw is None or raw == "":
+        return None
+    what = f"annotation {ASSIGNED_ANNOTATION}"
+    if len(raw) > MAX_ASSIGNMENT_CHARS:
+        raise SharingError(f"{what}: longer than {MAX_ASSIGNMENT_CHARS} characters")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        raise SharingError(f"{what}: not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise SharingError(f"{what}: must be a JSON object")
+
+    def get(key: str, kind: type, check: str = "") -> object:
+        value = data.get(key)
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise SharingError(f"{what}: {key!r} must be {check or kind.__name__}, got {value!r}")
+        return value
+
+    node = get("node", str, "a node name")
+    mode = get("mode", str)
+    if mode not in FAMILY_BY_MODE:
+        raise SharingError(f"{what}: 'mode' must be one of sgpu, vcuda, mps, got {mode!r}")
+    gpus = get("gpus", list, "a list of GPU indexes")
+    assert isinstance(gpus, list)
+    if (
+        not gpus
+        or len(gpus) > MAX_SHARED_GPUS
+        or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus)
+        or len(set(gpus)) != len(gpus)
+    ):
+        raise SharingError(f"{what}: 'gpus' must be 1-{MAX_SHARED_GPUS} distinct indexes >= 0")
+    core = get("core", int, "a percent 0-100")
+    memory = get("memoryMiB", int, "MiB >= 0")
+    whole = get("whole", bool, "true or false")
+    container = data.get("container", "")
+    assert isinstance(core, int) and isinstance(memory, int) and isinstance(whole, bool)
+    if not 0 <= core <= FULL_CORE or memory < 0 or not isinstance(container, str):
+        raise SharingError(f"{what}: 'core' must be 0-100 and 'memoryMiB' >= 0")
+    assert isinstance(node, str) and isinstance(mode, str)
+    share = ShareRequest(mode, len(gpus), core, memory, whole, container)
+    return Assignment(node, tuple(gpus), share)
+
+
+def check_mode(value: str | None, what: str = SHARING_MODE_LABEL) -> str:
+    """A node's sharing mode from its label value (absent: ``exclusive``)."""
+    if value is None or value == "":
+        return DEFAULT_SHARING_MODE
+    if value not in SHARING_MODES:
+        raise SharingError(f"{what}: {value!r} is not one of {', '.join(SHARING_MODES)}")
+    return value
+
+
+_MEMORY_LABEL = re.compile(r"([0-9]+(?:\.[0-9]+)?)(GB|GiB|G|MB|MiB|M)\Z")
+
+
+def memory_label_mib(value: str | None) -> int | None:
+    """MiB per GPU from the ``gpu.memory`` node label (``64GB`` = 64 GiB, as the
+    labeller writes it from MiB / 1024); None when absent or unreadable."""
+    if not value:
+        return None
+    match = _MEMORY_LABEL.match(value.strip())
+    if match is None:
+        return None
+    amount = Fraction(match.group(1))
+    unit = 1024 if match.group(2).startswith("G") else 1
+    return int(amount * unit)
+
+
+# -- what a container gets -----------------------------------------------------------------
+def share_env(assignment: Assignment, uuids: Sequence[str] = ()) -> dict[str, str]:
+    """Environment for a container of the assigned pod (per mode; see the README's
+    "GPU sharing" section for what enforces it).
+
+    * sgpu: ``METAX_SGPU_COMPUTE`` (percent) and ``METAX_SGPU_MEMORY_MIB``: assumed to be
+      what MetaX's sGPU runtime reads (the vendor does not document it publicly); the
+      GPUs themselves come as device nodes.
+    * vcuda: ``CUDA_DEVICE_SM_LIMIT`` (percent) and ``CUDA_DEVICE_MEMORY_LIMIT_<i>``
+      (``<MiB>m``) -- the variables HAMi-core's interception library reads; nothing
+      enforces them unless such a library is preloaded in the container.
+    * mps: ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
+      (``<i>=<MiB>M`` per visible device) and ``CUDA_MPS_PIPE_DIRECTORY`` (the pipe
+      directory of the GPU's MPS control daemon, mounted at ``MPS_CONTAINER_PIPE_DIR``).
+    """
+    share = assignment.share
+    env: dict[str, str] = {}
+    if share.mode == MODE_SGPU:
+        env["METAX_SGPU_COMPUTE"] = str(share.core)
+        if share.memory_mib:
+            env["METAX_SGPU_MEMORY_MIB"] = str(share.memory_mib)
+    elif share.mode == MODE_VCUDA and not share.whole:
+        env["CUDA_DEVICE_SM_LIMIT"] = str(share.core)
+        if share.memory_mib:
+            for i in range(len(assignment.gpus)):
+                env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{share.memory_mib}m"
+    elif share.mode == MODE_MPS:
+        if len(uuids) != 1:
+            raise SharingError(f"mps: one GPU UUID per pod, got {len(uuids)}")
+        _checked_uuid(uuids[0])
+        env["CUDA_MPS_PIPE_DIRECTORY"] = MPS_CONTAINER_PIPE_DIR
+        if share.core:
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(share.core)
+        if share.memory_mib:
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={share.memory_mib}M"
+    return env
+
+
+def share_mounts(assignment: Assignment, uuids: Sequence[str]) -> list[tuple[str, str]]:
+    """(host path, container path) bind mounts: the MPS pipe directory in mps mode."""
+    if assignment.share.mode != MODE_MPS:
+        return []
+    if len(uuids) != 1:
+        raise SharingError(f"mps: one GPU UUID per pod, got {len(uuids)}")
+    return [(mps_pipe_dir(uuids[0]), MPS_CONTAINER_PIPE_DIR)]

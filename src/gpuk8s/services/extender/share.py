@@ -1,0 +1,606 @@
+"""GPU sharing in the extender: per-GPU accounting, filter/prioritize, and ``bind``.
+
+Pods that ask for a sharing resource (``core.sharing``: sGPU, vcuda, MPS) are placed
+on a node **and** on GPUs by the extender, because kube-scheduler only counts whole
+devices:
+
+* ``SharedNodes``: per node, its sharing mode (label ``gpuk8s.io/sharing-mode``), its
+  physical GPUs (the whole-GPU entries of the device-list annotation: health, whether
+  a whole-GPU container holds one) and their memory (the ``gpu.memory`` label), plus
+  the topology of those GPUs for whole-GPU vcuda requests (``core.allocator``).
+* ``Ledger``: pod UID -> ``Assignment`` from the pods' ``gpuk8s.io/sharing.assigned``
+  annotations (a watch on all pods), plus the extender's own reservations not yet
+  seen by the watch. Usage per GPU is summed from it, so a restarted extender rebuilds
+  its accounting from the annotations (the watch's first list) before it binds again.
+* ``Sharing.bind``: under one lock, choose the GPUs against the ledger and reserve
+  them; then write the assignment on the pod (a patch carrying the pod's
+  ``resourceVersion``: the API refuses it if the pod changed since it was read) and
+  bind it (``pods/binding``). A failure releases the reservation and removes the
+  annotation. Concurrent binds therefore never over-commit a GPU within one extender
+  (the chart runs one replica).
+
+Fractional shares best-fit: the GPU that is already shared and has the least left
+after the pod wins (``core.sharing.choose_shared``); whole GPUs (``vcuda-core``
+multiples of 100) are chosen among the unshared ones by the topology allocator.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+
+from ...core.allocator import best_set
+from ...core.devicelist import DEVICES_ANNOTATION, parse_device_list
+from ...core.errors import GpuK8sError
+from ...core.scoring import topology_from_devices
+from ...core.sharing import (
+    ASSIGNED_ANNOTATION,
+    BIND_TIME_ANNOTATION,
+    DEFAULT_SHARE_MIX,
+    FULL_CORE,
+    MODE_EXCLUSIVE,
+    PHASE_ALLOCATING,
+    PHASE_ANNOTATION,
+    SHARING_MODE_LABEL,
+    Assignment,
+    GpuCapacity,
+    GpuUsage,
+    ShareRequest,
+    SharingError,
+    check_mode,
+    choose_shared,
+    memory_label_mib,
+    parse_assignment,
+    share_loss,
+)
+from ...core.topology import Topology
+from .wire import BadRequest, NodeItem, PodView, view_share
+
+log = logging.getLogger("gpuk8s.extender")
+
+# a reservation the watch has not confirmed yet survives a relist this long
+PENDING_TTL_S = 120.0
+MIX_DRIFT = 0.05  # re-take the request mix after this share of its weight changed
+MIX_PRIOR = 0.1  # weight of DEFAULT_SHARE_MIX next to the live pods' shares
+TIE = 1e-3  # weight of "unshared GPUs left on the node" in the best-fit value
+MAX_MEMO = 200_000  # placements remembered (per node state and share)
+
+
+@dataclass(frozen=True, eq=False)
+class SharedNode:
+    """A node as GPU sharing sees it."""
+
+    name: str
+    mode: str
+    gpus: tuple[GpuCapacity, ...]
+    topology: Topology | None = None  # of the whole GPUs, in ``gpus`` order
+    problem: str | None = None
+    # GPU index -> its link group (MetaXLink/NVLink group, else its PCIe switch)
+    groups: Mapping[int, object] = field(default_factory=dict)
+
+
+def shared_node(item: NodeItem) -> SharedNode:
+    """A node's sharing view from what the extender decoded (request or watch)."""
+    mode_label, memory = item.label_values()
+    try:
+        mode = check_mode(mode_label)
+    except SharingError as err:
+        return SharedNode(item.name, MODE_EXCLUSIVE, (), problem=str(err))
+    annotations, problem = item.annotations()
+    if problem is not None:
+        return SharedNode(item.name, mode, (), problem=problem)
+    raw = annotations.get(DEVICES_ANNOTATION)
+    if raw is None:
+        return SharedNode(item.name, mode, (), problem=f"no {DEVICES_ANNOTATION} annotation")
+    try:
+        entries = [e for e in parse_device_list(raw) if e.vf is None]
+        topology = topology_from_devices(entries) if entries else None
+    except GpuK8sError as err:
+        return SharedNode(item.name, mode, (), problem=f"unusable device list: {err}")
+    mib = memory_label_mib(memory)
+    gpus = tuple(GpuCapacity(e.gpu, mib, e.healthy, not e.allocated) for e in entries)
+    groups = {e.gpu: e.group if e.group is not None else e.switch for e in entries}
+    return SharedNode(item.name, mode, gpus, topology, groups=groups)
+
+
+class SharedNodes:
+    """Node name -> ``SharedNode``; re-parsed only when its inputs change."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[Any, SharedNode]] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, item: NodeItem) -> SharedNode:
+        key = (bytes(item.raws[0]), bytes(item.labels[0]), bytes(item.labels[1]))
+        hit = self._nodes.get(item.name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        node = shared_node(item)
+        with self._lock:
+            self._nodes[item.name] = (key, node)
+        return node
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._nodes.pop(name, None)
+
+    def replace(self, items: Iterable[NodeItem]) -> None:
+        fresh = {}
+        for item in items:
+            key = (bytes(item.raws[0]), bytes(item.labels[0]), bytes(item.labels[1]))
+            fresh[item.name] = (key, shared_node(item))
+        with self._lock:
+            self._nodes = fresh
+
+    def get(self, name: str) -> SharedNode | None:
+        hit = self._nodes.get(name)
+        return hit[1] if hit is not None else None
+
+
+class Ledger:
+    """Assignments of live pods (from their annotations) and our own reservations,
+    indexed per node (usage of a node costs the pods on it, not all pods)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._watched: dict[str, Assignment] = {}
+        self._pending: dict[str, tuple[Assignment, float]] = {}
+        self._effective: dict[str, Assignment] = {}
+        self._by_node: dict[str, dict[str, Assignment]] = {}
+        self._versions: dict[str, int] = {}
+        self._lock = threading.RLock()
+        self._synced = threading.Event()
+        # the request mix (percent -> GPUs asked), re-taken after MIX_DRIFT of change
+        self._counts: dict[int, float] = {}
+        self._drift = 0.0
+        self._mix: tuple[int, tuple[tuple[int, float], ...]] = (0, DEFAULT_SHARE_MIX)
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout: float) -> bool:
+        return self._synced.wait(timeout)
+
+    def _refresh(self, uid: str) -> None:
+        """Recompute what ``uid`` holds (a reservation wins over what the watch saw)."""
+        pending = self._pending.get(uid)
+        now = pending[0] if pending is not None else self._watched.get(uid)
+        before = self._effective.get(uid)
+        if now == before:
+            return
+        if before is not None:
+            self._count(before, -1)
+            on = self._by_node.get(before.node)
+            if on is not None:
+                on.pop(uid, None)
+                if not on:
+                    del self._by_node[before.node]
+            self._versions[before.node] = self._versions.get(before.node, 0) + 1
+        if now is None:
+            self._effective.pop(uid, None)
+        else:
+            self._count(now, +1)
+            self._effective[uid] = now
+            self._by_node.setdefault(now.node, {})[uid] = now
+            self._versions[now.node] = self._versions.get(now.node, 0) + 1
+
+    def _count(self, a: Assignment, sign: int) -> None:
+        size = a.share.core if not a.share.whole else FULL_CORE
+        if size <= 0:
+            return
+        weight = float(len(a.gpus))
+        left = self._counts.get(size, 0.0) + sign * weight
+        if left > 0:
+            self._counts[size] = left
+        else:
+            self._counts.pop(size, None)
+        self._drift += weight
+
+    def mix(self) -> tuple[int, tuple[tuple[int, float], ...]]:
+        """(version, request mix): the shares of the live pods (whole GPUs as 100 %)
+        blended with ``DEFAULT_SHARE_MIX``; re-taken when the pods drifted by
+        ``MIX_DRIFT`` of their weight, so placements memoised per version stay valid."""
+        version = self._mix[0]
+        total = sum(self._counts.values())
+        if version and self._drift <= MIX_DRIFT * max(total, 1.0):
+            return self._mix
+        with self._lock:
+            prior = sum(w for _, w in DEFAULT_SHARE_MIX)
+            blend = {r: w * MIX_PRIOR / prior for r, w in DEFAULT_SHARE_MIX}
+            total = sum(self._counts.values())
+            for size, weight in self._counts.items():
+                blend[size] = blend.get(size, 0.0) + weight / total * (1 - MIX_PRIOR)
+            self._mix = (version + 1, tuple(sorted(blend.items())))
+            self._drift = 0.0
+            return self._mix
+
+    def set(self, uid: str, assignment: Assignment | None, deleted: bool = False) -> None:
+        """What the watch saw for a pod (None: no assignment, or finished).
+
+        A reservation of ours stays until the watch shows that very assignment, or the
+        pod is deleted: an older event of the pod (seen after we reserved) must not
+        free GPUs we just promised."""
+        with self._lock:
+            pending = self._pending.get(uid)
+            if deleted or (pending is not None and pending[0] == assignment):
+                self._pending.pop(uid, None)
+            if assignment is None:
+                self._watched.pop(uid, None)
+            else:
+                self._watched[uid] = assignment
+            self._refresh(uid)
+
+    def replace(self, pods: Iterable[tuple[str, Assignment]]) -> None:
+        """The full list; reservations not in it yet stay until ``PENDING_TTL_S``."""
+        with self._lock:
+            self._watched = dict(pods)
+            now = self._clock()
+            self._pending = {
+                uid: entry
+                for uid, entry in self._pending.items()
+                if uid not in self._watched and entry[1] > now
+            }
+            for uid in set(self._effective) | set(self._watched) | set(self._pending):
+                self._refresh(uid)
+        self._synced.set()
+
+    def reserve(self, uid: str, assignment: Assignment) -> None:
+        with self._lock:
+            self._pending[uid] = (assignment, self._clock() + PENDING_TTL_S)
+            self._refresh(uid)
+
+    def release(self, uid: str) -> None:
+        with self._lock:
+            self._pending.pop(uid, None)
+            self._watched.pop(uid, None)
+            self._refresh(uid)
+
+    def assignments(self) -> dict[str, Assignment]:
+        with self._lock:
+            return dict(self._effective)
+
+    def get(self, uid: str) -> Assignment | None:
+        return self._effective.get(uid)
+
+    def version(self, node: str) -> int:
+        """Moves whenever what the pods hold on ``node`` changes."""
+        return self._versions.get(node, 0)
+
+    def usage(self, node: str, without: str = "") -> dict[int, GpuUsage]:
+        """GPU index -> usage on ``node`` (leaving out the pod ``without``)."""
+        per: dict[int, GpuUsage] = {}
+        with self._lock:
+            pods = list(self._by_node.get(node, {}).items())
+        for uid, a in pods:
+            if uid != without:
+                for index in a.gpus:
+                    per.setdefault(index, GpuUsage()).add(a.share)
+        return per
+
+    def __len__(self) -> int:
+        return len(self._effective)
+
+
+def view_assignment(view: PodView) -> tuple[str, Assignment | None]:
+    """(uid, the live assignment or None) of a pod from the API; finished pods and
+    unreadable annotations hold nothing (the latter is logged)."""
+    meta = view.metadata
+    uid = (meta.uid if meta is not None else None) or ""
+    phase = view.status.phase if view.status is not None else None
+    ann = meta.annotations if meta is not None else None
+    if ann is None or not ann.assigned or phase in ("Succeeded", "Failed"):
+        return uid, None
+    try:
+        raw = msgspec.json.decode(bytes(ann.assigned))
+        return uid, parse_assignment(raw if isinstance(raw, str) else None)
+    except (msgspec.DecodeError, SharingError) as err:
+        log.warning("pod sharing annotation unreadable", extra={"uid": uid, "error": str(err)})
+        return uid, None
+
+
+class PodApi(Protocol):
+    """The API calls ``bind`` makes (``KubePodApi``; tests may pass their own)."""
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def annotate(
+        self, namespace: str, name: str, resource_version: str, annotations: dict[str, str | None]
+    ) -> None: ...
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+
+class KubePodApi:
+    """``PodApi`` over the kubernetes client (pods get/patch, pods/binding create)."""
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self._core = client.CoreV1Api(api_client)
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        resp: Any = self._core.read_namespaced_pod(name, namespace, _preload_content=False)
+        data: dict[str, Any] = json.loads(resp.data)
+        return data
+
+    def annotate(
+        self, namespace: str, name: str, resource_version: str, annotations: dict[str, str | None]
+    ) -> None:
+        body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
+        self._core.patch_namespaced_pod(
+            name,
+            namespace,
+            body,
+            _content_type="application/merge-patch+json",
+            _preload_content=False,
+        )
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        body: Any = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        self._core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
+
+
+class _BindArgs(msgspec.Struct, forbid_unknown_fields=True):
+    """ExtenderBindingArgs as kube-scheduler spells it."""
+
+    PodName: str
+    PodNamespace: str
+    PodUID: str
+    Node: str
+
+
+_BIND_ARGS = msgspec.json.Decoder(_BindArgs)
+_POD = msgspec.json.Decoder(PodView)
+
+
+def parse_bind(body: bytes) -> _BindArgs:
+    try:
+        return _BIND_ARGS.decode(body)
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
+        raise BadRequest(
+            f"bind: body must be ExtenderBindingArgs {{PodName, PodNamespace, PodUID, Node}}: "
+            f"{str(err)[:200]}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a share goes on one node, or why it cannot."""
+
+    gpus: tuple[int, ...] | None
+    reason: str = ""
+    unresolvable: bool = False  # no preemption helps (mode, health, problem)
+    raw: float = 0.0  # best fit: higher is better
+
+
+class Sharing:
+    """The extender's GPU-sharing decisions."""
+
+    def __init__(
+        self,
+        nodes: SharedNodes,
+        ledger: Ledger,
+        api: PodApi | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.nodes = nodes
+        self.ledger = ledger
+        self.api = api
+        self._clock = clock
+        self._lock = threading.Lock()
+        # (node, share) -> ((node identity, ledger version), placement)
+        self._memo: dict[tuple[str, ShareRequest], tuple[tuple[int, int, int], Placement]] = {}
+        self.binds = 0
+        self.bind_failures = 0
+
+    def place(self, name: str, share: ShareRequest, without: str = "") -> Placement:
+        """Where ``share`` goes on node ``name`` (memoised per node state and share;
+        ``without``: a pod whose own assignment does not count, e.g. on a re-bind)."""
+        node = self.nodes.get(name)
+        own = self.ledger.get(without) if without else None
+        if node is None or (own is not None and own.node == name):
+            return self._place(node, name, share, without)
+        key = (name, share)
+        version = (id(node), self.ledger.version(name), self.ledger.mix()[0])
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        placed = self._place(node, name, share, without)
+        if len(self._memo) >= MAX_MEMO:
+            self._memo.clear()
+        self._memo[key] = (version, placed)
+        return placed
+
+    def _place(
+        self, node: SharedNode | None, name: str, share: ShareRequest, without: str
+    ) -> Placement:
+        if node is None:
+            return Placement(None, "gpu-aware: node not in the extender's node cache yet")
+        if node.problem is not None:
+            return Placement(None, f"gpu-aware: {node.problem}", True)
+        if node.mode != share.mode:
+            return Placement(
+                None,
+                f"gpu-aware: node sharing mode is {node.mode!r} ({SHARING_MODE_LABEL}); "
+                f"the pod asks for {share.mode!r}",
+                True,
+            )
+        healthy = sum(1 for g in node.gpus if g.healthy)
+        if healthy < share.gpus:
+            return Placement(
+                None,
+                f"gpu-aware: node has {healthy} healthy GPU(s); the pod needs {share.gpus}",
+                True,
+            )
+        usage = self.ledger.usage(name, without)
+        # unshared GPUs per link group: opening a GPU where few are left keeps whole
+        # groups (and nodes) for the multi-GPU pods
+        unshared = [
+            g.index
+            for g in node.gpus
+            if g.healthy and g.free_whole and (g.index not in usage or usage[g.index].empty)
+        ]
+        per_group: dict[object, int] = {}
+        for index in unshared:
+            key = node.groups.get(index)
+            per_group[key] = per_group.get(key, 0) + 1
+        if share.whole:
+            return self._place_whole(node, usage, share, len(unshared))
+        prefer = {i: per_group.get(node.groups.get(i), 0) for i in unshared}
+        mix = self.ledger.mix()[1]
+        chosen, why = choose_shared(node.gpus, usage, share, prefer, mix)
+        if chosen is None:
+            return Placement(None, f"gpu-aware: {why}")
+        fresh = sum(1 for i in chosen if i in prefer)
+        loss = sum(share_loss(usage.get(i), share, mix) for i in chosen)
+        # least fragmentation first; then, opening a GPU, the node with the fewest
+        # unshared GPUs after it (whole nodes stay whole for multi-GPU pods)
+        return Placement(tuple(chosen), raw=-loss - TIE * (len(unshared) - fresh))
+
+    @staticmethod
+    def _place_whole(
+        node: SharedNode, usage: dict[int, GpuUsage], share: ShareRequest, unshared: int
+    ) -> Placement:
+        free = [
+            pos
+            for pos, g in enumerate(node.gpus)
+            if g.healthy and g.free_whole and (usage.get(g.index) is None or usage[g.index].empty)
+        ]
+        if len(free) < share.gpus or node.topology is None:
+            return Placement(
+                None,
+                f"gpu-aware: {len(free)} whole GPU(s) unshared and free; "
+                f"the pod needs {share.gpus}",
+            )
+        chosen, key = best_set(node.topology, free, share.gpus)
+        gpus = tuple(sorted(node.gpus[p].index for p in chosen))
+        score = float(key[0]) if key else 0.0
+        return Placement(gpus, raw=score - TIE * (unshared - share.gpus))
+
+    # -- filter / prioritize ----------------------------------------------------
+    def filter_parts(
+        self, share: ShareRequest, names: list[str], uid: str = ""
+    ) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        keep: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for name in names:
+            placed = self.place(name, share, uid)
+            if placed.gpus is not None:
+                keep.append(name)
+            elif placed.unresolvable:
+                unresolvable[name] = placed.reason
+            else:
+                failed[name] = placed.reason
+        return keep, failed, unresolvable
+
+    def raw(self, share: ShareRequest, names: list[str], uid: str = "") -> list[float | None]:
+        """Best-fit value per node (None where the share does not fit)."""
+        out: list[float | None] = []
+        for name in names:
+            placed = self.place(name, share, uid)
+            out.append(placed.raw if placed.gpus is not None else None)
+        return out
+
+    # -- bind ---------------------------------------------------------------------
+    def bind(self, body: bytes) -> str:
+        """Bind one pod; returns the ExtenderBindingResult ``Error`` ("" on success)."""
+        args = parse_bind(body)
+        if self.api is None:
+            return "gpu-aware: bind needs API access (the pod watch is off)"
+        if not self.ledger.synced:
+            return "gpu-aware: GPU sharing accounting not synced with the API server yet"
+        ns, name, uid, node = args.PodNamespace, args.PodName, args.PodUID, args.Node
+        try:
+            pod = self.api.get_pod(ns, name)
+        except Exception as err:
+            return f"gpu-aware: cannot read pod {ns}/{name}: {_short(err)}"
+        try:
+            view = _POD.decode(json.dumps(pod).encode())
+            share = view_share(view)
+        except (msgspec.DecodeError, BadRequest) as err:
+            return f"gpu-aware: pod {ns}/{name}: {err}"
+        meta = view.metadata
+        if meta is None or (uid and meta.uid != uid):
+            return f"gpu-aware: pod {ns}/{name} is not the pod {uid} any more"
+        if share is None:  # not a sharing pod: bind as the default binder would
+            return self._bind_plain(ns, name, uid, node)
+        with self._lock:  # choose and reserve atomically: no two binds share a choice
+            placed = self.place(node, share, uid)
+            if placed.gpus is None:
+                return f"{placed.reason} (pod {ns}/{name} on {node})"
+            assignment = Assignment(node, placed.gpus, share)
+            self.ledger.reserve(uid, assignment)
+        annotations: dict[str, str | None] = {
+            ASSIGNED_ANNOTATION: assignment.to_json(),
+            BIND_TIME_ANNOTATION: str(int(self._clock() * 1e9)),
+            PHASE_ANNOTATION: PHASE_ALLOCATING,
+        }
+        try:
+            self.api.annotate(ns, name, meta.resourceVersion or "", annotations)
+        except Exception as err:
+            self.ledger.release(uid)
+            self.bind_failures += 1
+            return f"gpu-aware: cannot record the GPU choice on {ns}/{name}: {_short(err)}"
+        try:
+            self.api.bind(ns, name, uid, node)
+        except Exception as err:
+            self.bind_failures += 1
+            self._undo(ns, name, uid)
+            return f"gpu-aware: binding {ns}/{name} to {node} failed: {_short(err)}"
+        self.binds += 1
+        log.info(
+            "pod bound with shared GPUs",
+            extra={"pod": f"{ns}/{name}", "node": node, "gpus": list(placed.gpus)},
+        )
+        return ""
+
+    def _bind_plain(self, ns: str, name: str, uid: str, node: str) -> str:
+        assert self.api is not None
+        try:
+            self.api.bind(ns, name, uid, node)
+        except Exception as err:
+            return f"gpu-aware: binding {ns}/{name} to {node} failed: {_short(err)}"
+        return ""
+
+    def _undo(self, ns: str, name: str, uid: str) -> None:
+        """Forget a choice whose binding failed (the annotation too, best effort: a
+        pod left annotated keeps its GPUs reserved until it is deleted or rebound)."""
+        assert self.api is not None
+        try:
+            pod = self.api.get_pod(ns, name)
+            version = str(pod.get("metadata", {}).get("resourceVersion", ""))
+            if not pod.get("spec", {}).get("nodeName"):
+                self.api.annotate(
+                    ns,
+                    name,
+                    version,
+                    {ASSIGNED_ANNOTATION: None, BIND_TIME_ANNOTATION: None, PHASE_ANNOTATION: None},
+                )
+                self.ledger.release(uid)
+        except Exception as err:
+            log.warning(
+                "could not remove a failed GPU choice",
+                extra={"pod": f"{ns}/{name}", "error": _short(err)},
+            )
+
+
+def _short(err: Exception) -> str:
+    status = getattr(err, "status", None)
+    reason = getattr(err, "reason", None)
+    if status is not None:
+        return f"HTTP {status} {reason or ''}".strip()
+    return f"{type(err).__name__}: {str(err)[:200]}"

@@ -1,0 +1,197 @@
+"""gpu-aware's GPU sharing: the ledger, placement, filter/prioritize and bind (the API
+is an in-memory stand-in here; tests/integration/test_sharing_apiserver.py runs it
+against a real kube-apiserver)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+
+from gpuk8s import sim
+from gpuk8s.core.sharing import (
+    ASSIGNED_ANNOTATION,
+    MODE_SGPU,
+    SHARING_MODE_LABEL,
+    Assignment,
+    ShareRequest,
+    parse_assignment,
+)
+from gpuk8s.discovery import discover
+from gpuk8s.services.deviceplugin.devices import DeviceSet
+from gpuk8s.services.deviceplugin.nodestate import published_annotations
+from gpuk8s.services.extender.logic import Extender
+from gpuk8s.services.extender.share import PENDING_TTL_S, Ledger, SharedNodes, Sharing
+from gpuk8s.services.extender.weights import Weights, WeightSource
+from gpuk8s.services.extender.wire import NodeView, node_item
+
+HALF = ShareRequest(MODE_SGPU, 1, 50, 0)
+
+
+@pytest.fixture(scope="module")
+def annotations(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = str(tmp_path_factory.mktemp("sim") / "n260")
+    sim.create(root, "n260-2")
+    return published_annotations(DeviceSet(discover(root), "metax-tech.com/gpu"), set())
+
+
+def node(name: str, annotations: dict[str, str], mode: str | None = "sgpu") -> dict[str, Any]:
+    labels = {SHARING_MODE_LABEL: mode} if mode else {}
+    labels["metax-tech.com/gpu.memory"] = "64GB"
+    return {"metadata": {"name": name, "annotations": annotations, "labels": labels}}
+
+
+def pod(name: str, vcore: str = "50", vmemory: str | None = None) -> dict[str, Any]:
+    limits = {"metax-tech.com/vcore": vcore}
+    if vmemory:
+        limits["metax-tech.com/vmemory"] = vmemory
+    return {
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}",
+                     "resourceVersion": "1"},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]},
+    }
+
+
+class Api:
+    """An in-memory pod store with the API's optimistic check (resourceVersion)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.fail_bind = False
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return json.loads(json.dumps(self.pods[name]))
+
+    def annotate(self, namespace: str, name: str, rv: str, ann: dict[str, str | None]) -> None:
+        meta = self.pods[name]["metadata"]
+        if rv != meta["resourceVersion"]:
+            raise RuntimeError("409 Conflict")
+        target = meta.setdefault("annotations", {})
+        for key, value in ann.items():
+            if value is None:
+                target.pop(key, None)
+            else:
+                target[key] = value
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        if self.fail_bind:
+            raise RuntimeError("binding refused")
+        self.pods[name]["spec"]["nodeName"] = node
+
+
+def setup(annotations: dict[str, str]) -> tuple[Extender, Api, Ledger]:
+    shared, ledger = SharedNodes(), Ledger()
+    ledger.replace([])
+    items = [node("a", annotations), node("b", annotations), node("x", annotations, None)]
+    shared.replace(node_item(msgspec.json.decode(json.dumps(o), type=NodeView)) for o in items)
+    api = Api(ledger)
+    ext = Extender(WeightSource(None, Weights(1, 1)), sharing=Sharing(shared, ledger, api))
+    return ext, api, ledger
+
+
+def call(ext: Extender, verb: str, body: Any) -> tuple[int, Any]:
+    response = ext.handle(verb, json.dumps(body).encode())
+    return response.status, json.loads(response.body)
+
+
+def bind(ext: Extender, api: Api, p: dict[str, Any], node_name: str) -> str:
+    api.pods[p["metadata"]["name"]] = p
+    status, result = call(ext, "bind", {"PodName": p["metadata"]["name"],
+                                        "PodNamespace": "default",
+                                        "PodUID": p["metadata"]["uid"], "Node": node_name})
+    assert status == 200
+    return str(result["Error"])
+
+
+def test_filter_prioritize_bind_best_fit(annotations: dict[str, str]) -> None:
+    ext, api, ledger = setup(annotations)
+    assert bind(ext, api, pod("p1", "60"), "a") == ""
+    # a 40 % pod: node a's shared GPU fits it exactly; node b only has fresh GPUs
+    items = [node("a", annotations), node("b", annotations), node("x", annotations, None)]
+    status, result = call(ext, "filter", {"Pod": pod("p2", "40"), "Nodes": {"items": items}})
+    assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["a", "b"]
+    assert "sharing mode is 'exclusive'" in result["FailedAndUnresolvableNodes"]["x"]
+    status, result = call(ext, "prioritize", {"Pod": pod("p2", "40"),
+                                              "Nodes": {"items": items[:2]}})
+    assert status == 200
+    scores = {h["Host"]: h["Score"] for h in result}
+    assert scores["a"] > scores["b"]
+    assert bind(ext, api, pod("p2", "40"), "a") == ""
+    a1 = parse_assignment(api.pods["p1"]["metadata"]["annotations"][ASSIGNED_ANNOTATION])
+    a2 = parse_assignment(api.pods["p2"]["metadata"]["annotations"][ASSIGNED_ANNOTATION])
+    assert a1 is not None and a2 is not None and a1.gpus == a2.gpus  # the same GPU
+    assert api.pods["p2"]["spec"]["nodeName"] == "a"
+    assert {i: u.core for i, u in ledger.usage("a").items()} == {a1.gpus[0]: 100}
+
+
+def test_bad_requests_and_failures_release_the_gpus(annotations: dict[str, str]) -> None:
+    ext, api, ledger = setup(annotations)
+    status, result = call(ext, "filter", {"Pod": pod("bad", "150"), "Nodes": {"items": []}})
+    assert status == 400 and "vcore" in result["Error"] and "0 to 100" in result["Error"]
+    api.fail_bind = True
+    assert "binding default/p1 to a failed" in bind(ext, api, pod("p1", "100"), "a")
+    assert ledger.usage("a") == {} and ASSIGNED_ANNOTATION not in api.pods["p1"]["metadata"].get(
+        "annotations", {})
+    api.fail_bind = False
+    # the pod changed between read and patch: the API refuses (resourceVersion), the
+    # reservation goes
+    real = api.get_pod
+
+    def stale(namespace: str, name: str) -> dict[str, Any]:
+        got = real(namespace, name)
+        got["metadata"]["resourceVersion"] = "0"
+        return got
+
+    api.get_pod = stale  # type: ignore[method-assign]
+    assert "cannot record the GPU choice" in bind(ext, api, pod("p2", "100"), "a")
+    api.get_pod = real  # type: ignore[method-assign]
+    assert ledger.usage("a") == {}
+    assert bind(ext, api, pod("p3", "100"), "a") == ""
+    assert bind(ext, api, pod("p4", "100"), "a") == ""
+    assert "held exclusively" in bind(ext, api, pod("p5", "10"), "a")
+
+
+def test_ledger_keeps_reservations_against_stale_events() -> None:
+    now = [0.0]
+    ledger = Ledger(clock=lambda: now[0])
+    ledger.replace([])
+    mine = Assignment("n", (0,), HALF)
+    ledger.reserve("u1", mine)
+    ledger.set("u1", None)  # an event from before our annotation: must not free it
+    assert ledger.usage("n")[0].core == 50
+    ledger.replace([])  # a relist that does not show it yet: kept within the TTL
+    assert ledger.usage("n")[0].core == 50
+    ledger.set("u1", mine)  # the watch confirms it
+    ledger.set("u1", None)  # the pod finished
+    assert ledger.usage("n") == {}
+    ledger.reserve("u2", mine)
+    now[0] = PENDING_TTL_S + 1
+    ledger.replace([])  # never confirmed: forgotten after the TTL
+    assert ledger.usage("n") == {}
+    ledger.reserve("u3", mine)
+    ledger.set("u3", None, deleted=True)
+    assert ledger.usage("n") == {}
+
+
+def test_ledger_mix_follows_the_live_shares() -> None:
+    ledger = Ledger()
+    ledger.replace([(f"u{i}", Assignment("n", (i % 4,), ShareRequest(MODE_SGPU, 1, 30, 0)))
+                    for i in range(40)])
+    version, mix = ledger.mix()
+    weights = dict(mix)
+    assert weights[30] > 0.8 and version >= 1
+    assert ledger.mix()[0] == version  # unchanged pods: same version (memo stays valid)
+
+
+def test_sharing_metrics(annotations: dict[str, str]) -> None:
+    from prometheus_client import generate_latest
+
+    ext, api, _ = setup(annotations)
+    assert bind(ext, api, pod("m1", "30"), "a") == ""
+    text = generate_latest(ext.metrics.registry).decode()
+    assert "gpu_aware_shared_gpu_pods 1.0" in text
+    assert "gpu_aware_shared_binds 1.0" in text

@@ -1,0 +1,147 @@
+"""core/sharing: resource families, validation, per-GPU fit, the pod annotation."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuk8s.core import sharing as s
+
+
+def test_sgpu_family_defaults_and_units() -> None:
+    share = s.parse_share({"metax-tech.com/vcore": "50", "metax-tech.com/vmemory": "8"})
+    assert share == s.ShareRequest(s.MODE_SGPU, 1, 50, 8 * 1024)
+    # HAMi's rule: a suffix means bytes, a bare number GiB
+    share = s.parse_share({"metax-tech.com/sgpu": "2", "metax-tech.com/vmemory": "2048Mi"})
+    assert share == s.ShareRequest(s.MODE_SGPU, 2, 0, 2048)
+    assert s.parse_share({"metax-tech.com/vcore": 100}).exclusive  # type: ignore[union-attr]
+    assert s.parse_share({"metax-tech.com/gpu": "1", "cpu": "2"}) is None
+
+
+def test_vcuda_family_fraction_and_whole_gpus() -> None:
+    share = s.parse_share({"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": "4"})
+    assert share == s.ShareRequest(s.MODE_VCUDA, 1, 30, 4 * 256)
+    whole = s.parse_share({"tencent.com/vcuda-core": "400"})
+    assert whole == s.ShareRequest(s.MODE_VCUDA, 4, 100, 0, whole=True)
+    with pytest.raises(s.SharingError, match=r"vcuda-core.*1-99.*multiple of 100.*got 150"):
+        s.parse_share({"tencent.com/vcuda-core": "150"})
+    with pytest.raises(s.SharingError, match=r"vcuda-core.*required"):
+        s.parse_share({"tencent.com/vcuda-memory": "4"})
+
+
+def test_mps_family() -> None:
+    share = s.parse_share({"nvidia.com/mps-core": "25", "nvidia.com/mps-memory": "1Gi"})
+    assert share == s.ShareRequest(s.MODE_MPS, 1, 25, 1024)
+    with pytest.raises(s.SharingError, match=r"mps-core.*0 to 100, got '101'"):
+        s.parse_share({"nvidia.com/mps-core": "101"})
+
+
+@pytest.mark.parametrize(
+    ("limits", "match"),
+    [
+        ({"metax-tech.com/vcore": "abc"}, "vcore"),
+        ({"metax-tech.com/vcore": "-5"}, "vcore.*negative"),
+        ({"metax-tech.com/vcore": "12.5"}, "vcore.*whole percent"),
+        ({"metax-tech.com/sgpu": "0"}, "sgpu.*1 to 64"),
+        ({"metax-tech.com/vcore": "5", "nvidia.com/mps-core": "5"}, "mixes sharing families"),
+        ({"metax-tech.com/vcore": True}, "vcore.*quantity"),
+    ],
+)
+def test_bad_requests_name_the_field(limits: dict[str, object], match: str) -> None:
+    with pytest.raises(s.SharingError, match=match):
+        s.parse_share(limits)
+
+
+def test_pod_share_one_container() -> None:
+    a = ("a", {"metax-tech.com/vcore": "10"}, {})
+    b = ("b", {}, {"metax-tech.com/vcore": "20"})
+    assert s.pod_share([a, ("c", {}, {})]) == s.ShareRequest(s.MODE_SGPU, 1, 10, 0, container="a")
+    with pytest.raises(s.SharingError, match="2 containers"):
+        s.pod_share([a, b])
+
+
+def test_fit_and_best_fit() -> None:
+    caps = [s.GpuCapacity(0, 65536), s.GpuCapacity(1, 65536), s.GpuCapacity(2, 65536)]
+    half = s.ShareRequest(s.MODE_SGPU, 1, 50, 1024)
+    usage: dict[int, s.GpuUsage] = {}
+    # first pod: lowest index; second: onto the already-shared GPU
+    chosen, _ = s.choose_shared(caps, usage, half)
+    assert chosen == [0]
+    usage.setdefault(0, s.GpuUsage()).add(half)
+    usage.setdefault(1, s.GpuUsage()).add(s.ShareRequest(s.MODE_SGPU, 1, 70, 0))
+    chosen, _ = s.choose_shared(caps, usage, s.ShareRequest(s.MODE_SGPU, 1, 30, 0))
+    assert chosen == [1]  # best fit: 0 % left on GPU 1, 20 % on GPU 0
+    usage[0].add(half)
+    assert s.fits(caps[0], usage[0], half) == "0% compute left, the pod needs 50%"
+    excl = s.ShareRequest(s.MODE_SGPU, 1, 100, 0)
+    assert "exclusively" in (s.fits(caps[1], usage[1], excl) or "")
+    big = s.ShareRequest(s.MODE_SGPU, 1, 10, 70000)
+    assert "MiB memory left" in (s.fits(caps[2], None, big) or "")
+    chosen, why = s.choose_shared(caps, usage, s.ShareRequest(s.MODE_SGPU, 2, 90, 0))
+    assert chosen is None and "1 of 3 GPU(s)" in why
+    nomem = s.GpuCapacity(3, None)
+    assert "memory unknown" in (s.fits(nomem, None, half) or "")
+    slots = s.GpuCapacity(4, None, slots=1)
+    used = s.GpuUsage()
+    used.add(s.ShareRequest(s.MODE_SGPU, 1, 0, 0))
+    assert "slots" in (s.fits(slots, used, s.ShareRequest(s.MODE_SGPU, 1, 0, 0)) or "")
+
+
+def test_assignment_round_trip_and_rebuild() -> None:
+    a = s.Assignment("n1", (0,), s.ShareRequest(s.MODE_SGPU, 1, 50, 2048, container="c"))
+    b = s.Assignment("n1", (0, 1), s.ShareRequest(s.MODE_SGPU, 2, 25, 0))
+    assert s.parse_assignment(a.to_json()) == a
+    usage = s.usage_from_assignments([a, b])
+    assert usage["n1"][0].core == 75 and usage["n1"][0].shares == 2
+    assert usage["n1"][1].core == 25 and usage["n1"][0].memory_mib == 2048
+    assert s.parse_assignment(None) is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        ("{", "not JSON"),
+        ("[]", "JSON object"),
+        ('{"node":"n","mode":"x","gpus":[0],"core":1,"memoryMiB":0,"whole":false}', "mode"),
+        ('{"node":"n","mode":"mps","gpus":[0,0],"core":1,"memoryMiB":0,"whole":false}', "gpus"),
+        ('{"node":"n","mode":"mps","gpus":[0],"core":101,"memoryMiB":0,"whole":false}', "core"),
+        ('{"node":"n","mode":"mps","gpus":[0],"core":true,"memoryMiB":0,"whole":false}', "core"),
+    ],
+)
+def test_bad_assignment(raw: str, match: str) -> None:
+    with pytest.raises(s.SharingError, match=match):
+        s.parse_assignment(raw)
+
+
+def test_mode_label_and_memory_label() -> None:
+    assert s.check_mode(None) == s.MODE_EXCLUSIVE
+    assert s.check_mode("mps") == s.MODE_MPS
+    with pytest.raises(s.SharingError, match=r"gpuk8s.io/sharing-mode.*exclusive, sgpu"):
+        s.check_mode("half")
+    assert s.memory_label_mib("64GB") == 65536
+    assert s.memory_label_mib("80GiB") == 81920
+    assert s.memory_label_mib("bogus") is None
+
+
+def test_env_per_mode_and_mps_paths() -> None:
+    uuid = "GPU-1234-abcd"
+    assert s.mps_pipe_dir(uuid) == "/run/gpuk8s/mps/GPU-1234-abcd/pipe"
+    assert s.mps_log_dir(uuid) == "/run/gpuk8s/mps/GPU-1234-abcd/log"
+    with pytest.raises(s.SharingError):
+        s.mps_pipe_dir("../etc")
+    mps = s.Assignment("n", (0,), s.ShareRequest(s.MODE_MPS, 1, 30, 2048))
+    assert s.share_env(mps, [uuid]) == {
+        "CUDA_MPS_PIPE_DIRECTORY": "/run/gpuk8s/mps/pipe",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2048M",
+    }
+    assert s.share_mounts(mps, [uuid]) == [
+        ("/run/gpuk8s/mps/GPU-1234-abcd/pipe", "/run/gpuk8s/mps/pipe")
+    ]
+    vcuda = s.Assignment("n", (0,), s.ShareRequest(s.MODE_VCUDA, 1, 40, 1024))
+    assert s.share_env(vcuda) == {
+        "CUDA_DEVICE_SM_LIMIT": "40",
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "1024m",
+    }
+    sgpu = s.Assignment("n", (2,), s.ShareRequest(s.MODE_SGPU, 1, 50, 4096))
+    assert s.share_env(sgpu) == {"METAX_SGPU_COMPUTE": "50", "METAX_SGPU_MEMORY_MIB": "4096"}
+    assert s.share_mounts(sgpu, []) == []
