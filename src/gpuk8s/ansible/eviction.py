@@ -172,22 +172,10 @@ def evict_all(
     pending = list(pods)
     blocked: dict[PodRef, str] = {}
     while pending:
-        still: list[PodRef] = []
-        for pod in pending:
-            status, message = evict(pod)
-            if status in (200, 201):
-                log.append(f"evicted {pod}")
-            elif status == 404:
-                log.append(f"{pod} already gone")
-            elif status == 429:
-                blocked[pod] = message or "disruption budget"
-                still.append(pod)
-            else:
-                raise EvictionError(f"evicting {pod} failed with HTTP {status}: {message}")
-        pending = still
+        pending = evict_round(pending, evict, blocked, log)
         if pending:
             if clock() >= deadline:
-                raise EvictionError(_timeout_message(pending, blocked, timeout))
+                raise EvictionError(timeout_message(pending, blocked, timeout))
             sleep(retry_delay)
     waiting = list(pods)
     while waiting:
@@ -203,8 +191,31 @@ def evict_all(
     return log
 
 
-def _timeout_message(pods: Sequence[PodRef], blocked: Mapping[PodRef, str],
-                     timeout: float) -> str:
+def evict_round(pods: Sequence[PodRef], evict: Evict, blocked: dict[PodRef, str],
+                log: list[str]) -> list[PodRef]:
+    """Ask once for the eviction of each pod; returns those a PodDisruptionBudget refused
+    (HTTP 429, the reason kept in ``blocked``). ``evict_all`` loops over it; the
+    operator-controller calls it once per pass (it must not block) with its own deadline.
+    Raises EvictionError on any other refusal."""
+    still: list[PodRef] = []
+    for pod in pods:
+        status, message = evict(pod)
+        if status in (200, 201):
+            log.append(f"evicted {pod}")
+            blocked.pop(pod, None)
+        elif status == 404:
+            log.append(f"{pod} already gone")
+            blocked.pop(pod, None)
+        elif status == 429:
+            blocked[pod] = message or "disruption budget"
+            still.append(pod)
+        else:
+            raise EvictionError(f"evicting {pod} failed with HTTP {status}: {message}")
+    return still
+
+
+def timeout_message(pods: Sequence[PodRef], blocked: Mapping[PodRef, str],
+                    timeout: float) -> str:
     shown = "; ".join(f"{p}: {blocked.get(p, '?')}" for p in pods)
     return (
         f"eviction blocked for {timeout:g}s (PodDisruptionBudget, HTTP 429): {shown}. "
