@@ -613,6 +613,29 @@ def test_operator_controller_rbac() -> None:
                                                           "--namespace=$(POD_NAMESPACE)"]
 
 
+def test_operator_upgrade_policy_reaches_the_controller_and_is_validated() -> None:
+    rendered = objs(OP, {"driver": {"deployPolicy": "Always", "payload": {"version": "2.33.0.6"},
+                                    "upgradePolicy": {"maxParallel": 3, "maxUnavailable": "40%",
+                                                      "drainTimeoutSeconds": 90, "force": True,
+                                                      "podSelector": "app in (a,b)"}}})
+    f = flags(container(rendered.get("Deployment", "operator-controller")))
+    assert f["driver-version"] == "2.33.0.6" and f["driver-deploy-policy"] == "Always"
+    assert f["upgrade-max-parallel"] == "3" and f["upgrade-max-unavailable"] == "40%"
+    assert f["upgrade-drain-timeout"] == "90" and f["upgrade-timeout"] == "600"
+    args = container(rendered.get("Deployment", "operator-controller"))["args"]
+    assert f["upgrade-pod-selector"] == "app in (a,b)" and "--upgrade-force" in args
+    assert "--upgrade-delete-emptydir-data" not in args
+    cluster = _permissions(rendered.get("ClusterRole", f"{REL}-operator-controller")["rules"])
+    assert ("", "pods/eviction", "create", ANY) in cluster  # PDB-respecting only
+    default = flags(container(objs(OP, OP_MIN).get("Deployment", "operator-controller")))
+    assert default["upgrade-max-parallel"] == "1" and default["upgrade-max-unavailable"] == "25%"
+    for bad in ({"maxParallel": 0}, {"maxUnavailable": "0%"}, {"maxUnavailable": "101%"},
+                {"drainTimeoutSeconds": 0}, {"surprise": 1}, {"podSelector": "a;rm"}):
+        error = render_error(OP, {"driver": {"payload": {"version": "2.0.0"},
+                                             "upgradePolicy": bad}})
+        assert "upgradePolicy" in error, (bad, error)
+
+
 def test_node_agents_are_critical_and_tolerate_gpu_taints(combo: Any) -> None:
     _n, _c, values, rendered = combo
     for ds in rendered.of("DaemonSet"):

@@ -437,3 +437,15 @@ def test_a_new_controller_resumes_from_every_state(state: str) -> None:
         controller.one_pass()
         cluster.play()
     assert set(cluster.states().values()) == {up.DONE} and cluster.cordoned() == []
+
+
+@pytest.mark.parametrize(("flag", "field"), [
+    (["--upgrade-max-unavailable", "0%"], "maxUnavailable"),
+    (["--upgrade-max-parallel", "0"], "maxParallel"),
+    (["--driver-version", "2.33 bad"], "--driver-version")])
+def test_controller_cli_rejects_a_bad_policy_naming_the_field(
+        flag: list[str], field: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuk8s.services.operator.main import main
+
+    assert main(["--namespace", "ns", "--log-dir", "", *flag]) == 2
+    assert field in capsys.readouterr().err
