@@ -449,3 +449,22 @@ def test_controller_cli_rejects_a_bad_policy_naming_the_field(
 
     assert main(["--namespace", "ns", "--log-dir", "", *flag]) == 2
     assert field in capsys.readouterr().err
+
+
+def test_withdrawing_a_failed_target_validates_the_node_before_uncordoning() -> None:
+    bad = up.Record(version="2.34.0.1", started=0.0, since=0.0, message="failed")
+    failed = facts(up.FAILED, record=bad, unschedulable=True, agent_version=NEW,
+                   agent_wanted="2.34.0.1", agent_state="failed",
+                   version_labels=("2", "33", "0"))
+    s = up.step(failed, TARGET, POLICY, 10.0)  # the admin went back to NEW, which it runs
+    assert s.state == up.UPGRADING and s.restart_agent and s.clear_report and s.cordon is None
+    f = advance(failed, s)
+    assert up.step(replace(f, agent_state=None), TARGET, POLICY, 11.0).state == up.UPGRADING
+    f = replace(f, agent_state="ready", agent_wanted=NEW)
+    f = advance(f, up.step(f, TARGET, POLICY, 12.0))
+    s = up.step(f, TARGET, POLICY, 13.0)
+    assert s.state == up.DONE and s.cordon is False
+    # a drain failure left the node uncordoned: nothing to undo
+    drained = replace(failed, unschedulable=False, agent_state="ready", agent_wanted=NEW)
+    s = up.step(drained, TARGET, POLICY, 10.0)
+    assert s.state == up.DONE and s.cordon is None

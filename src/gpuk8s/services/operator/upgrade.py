@@ -266,6 +266,17 @@ def step(facts: NodeFacts, target: Target, policy: Policy, now: float,
                             message=_work_text(version, vfnum, facts),
                             admin_cordoned=rec.admin_cordoned, started=rec.started)
             return Step(REQUIRED, record, event=("DriverUpgradeRequired", record.message, False))
+        if version is None and vfnum is None and (rec.version or rec.vfnum is not None):
+            # the admin took the failed target back: the node runs what is wanted now
+            if not facts.unschedulable:  # a drain failure: nothing to undo
+                return Step(DONE, replace(rec, version=None, vfnum=None, since=now,
+                                          message="target withdrawn; node unchanged"))
+            # we hold the cordon: a fresh driver-manager (the withdrawn payload's pod
+            # failed) and validation decide whether the node is healthy again
+            record = replace(rec, version=target.version, vfnum=None, started=now, since=now,
+                             message="target withdrawn: validating the node as it is")
+            return Step(UPGRADING, record, restart_agent=target.version is not None,
+                        clear_report=True)
         return Step(FAILED, rec)
     since = rec.since if rec.since is not None else now
     if rec.since is None:
