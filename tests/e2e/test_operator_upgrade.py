@@ -31,7 +31,6 @@ from .conftest import (
     LAB,
     REPO,
     SIM_ROOT,
-    STATE,
     apply,
     kubectl,
     kubectl_json,
@@ -40,17 +39,13 @@ from .conftest import (
     wait_until,
 )
 from .test_gpu_stack import gpu
-from .test_operator import helm, labels, node_events, releases
+from .test_operator import CONTAINERD_CONFIG, NS, SDK, P, helm, labels, node_events, releases
 
 pytestmark = [pytest.mark.e2e, requires_paths("charts/metax-operator", "lab/supervise")]
 
-NS = "metax-operator"
 WORK = "e2e-upgrade"
-P = "metax-tech.com/"
 STATE_LABEL = P + "driver.upgrade-state"
 OLD, NEW, BAD = "2.32.0.6", "2.33.0.6", "2.34.0.1"
-SDK = "2.33.0.4"
-CONTAINERD_CONFIG = STATE / "containerd" / "config.toml"
 
 
 def loaded_version() -> str:
