@@ -468,3 +468,30 @@ def test_withdrawing_a_failed_target_validates_the_node_before_uncordoning() -> 
     drained = replace(failed, unschedulable=False, agent_state="ready", agent_wanted=NEW)
     s = up.step(drained, TARGET, POLICY, 10.0)
     assert s.state == up.DONE and s.cordon is None
+
+
+def test_metrics_page_on_the_health_port() -> None:
+    import urllib.error
+    import urllib.request
+
+    from gpuk8s.services.healthserver import serve_health
+
+    metrics = Controller(SimCluster(0)).metrics
+    metrics.set_states(up.counts([up.DONE, None]), False, {"maxParallel": 1})
+    metrics.observe("done", 42.0)
+    server = serve_health(0, {"/healthz": lambda: (True, {})}, address="127.0.0.1",
+                          pages={"/metrics": metrics.render})
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as answer:
+            body = answer.read().decode()
+            assert answer.headers["Content-Type"].startswith("text/plain")
+        assert 'operator_driver_upgrade_nodes{state="done"} 1.0' in body
+        assert 'operator_driver_upgrade_nodes{state="none"} 1.0' in body
+        assert 'operator_driver_upgrade_duration_seconds_bucket{le="60.0",result="done"} 1.0' \
+            in body
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(base + "/nope", timeout=5)
+        assert missing.value.code == 404 and b"/metrics" in missing.value.read()
+    finally:
+        server.shutdown()
