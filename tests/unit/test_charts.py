@@ -613,6 +613,22 @@ def test_operator_controller_rbac() -> None:
                                                           "--namespace=$(POD_NAMESPACE)"]
 
 
+def test_host_paths_are_plain_paths_under_the_root(combo: Any) -> None:
+    """Every hostPath is an absolute path without quote characters (a value quoted twice
+    in a template becomes a path with literal quotes: runc fails to mount it)."""
+    _n, _c, _v, rendered = combo
+    for where, spec in rendered.pod_specs():
+        for volume in spec.get("volumes") or []:
+            path = (volume.get("hostPath") or {}).get("path")
+            if path is not None:
+                assert path.startswith("/") and '"' not in path, (where, volume)
+    sim = objs(OP, {**OP_MIN, "hostPaths": {"root": "/srv/sim"}})
+    for name in ("driver-manager", "container-runtime"):
+        paths = [v["hostPath"]["path"] for v in volumes(sim.get("DaemonSet", name)).values()
+                 if "hostPath" in v]
+        assert "/srv/sim/run/metax" in paths, (name, paths)
+
+
 def test_operator_upgrade_policy_reaches_the_controller_and_is_validated() -> None:
     rendered = objs(OP, {"driver": {"deployPolicy": "Always", "payload": {"version": "2.33.0.6"},
                                     "upgradePolicy": {"maxParallel": 3, "maxUnavailable": "40%",
