@@ -4,7 +4,8 @@ Pods are plain dicts as the API serves them (``metadata``, ``spec``, ``status``)
 Eviction semantics follow ``kubectl drain`` (REFERENCE §E): a pod that declares no
 controller (nothing would recreate it) is evicted only with ``force``, a pod with
 emptyDir data only with ``delete_emptydir_data``; otherwise nothing is evicted and the
-refusal names every such pod, as drain does. Then the Eviction API, so
+refusal names every such pod, as drain does (a pod already being deleted is only waited
+for, never refused). Then the Eviction API, so
 PodDisruptionBudgets are respected; HTTP 429 means "not now" and is retried every few
 seconds until the timeout; 404 means the pod is already gone; then wait until the pod
 is gone or replaced (another UID).
@@ -124,6 +125,8 @@ def select(
     for pod in _gpu_pod_objects(pods, prefixes):
         ref = _ref(pod)
         chosen.append(ref)
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue  # already being deleted: nothing more is lost, it is only waited for
         if controller_of(pod) is None:
             unmanaged.append(str(ref))
         if has_emptydir(pod):
