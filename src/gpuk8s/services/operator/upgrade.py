@@ -46,12 +46,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...core.errors import ConfigError
-from ...core.labels import PREFIX
+from ...core.labels import PREFIX, UPGRADE_STATE_LABEL
 from ...core.model import DriverInfo
 from ...host.driver import same_version as _same_version
 from ..nodeagent import state_annotation
 
-STATE_LABEL = PREFIX + "driver.upgrade-state"
+STATE_LABEL = UPGRADE_STATE_LABEL  # gpu-label leaves it alone (core.labels.FOREIGN_LABELS)
 RECORD_ANNOTATION = PREFIX + "driver.upgrade"
 AGENT_REPORT = state_annotation("driver-manager.driver")  # driver-manager's report
 
