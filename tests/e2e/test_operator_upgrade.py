@@ -112,7 +112,7 @@ def operator_up(lab: dict[str, str], tmp_path_factory: pytest.TempPathFactory
         kubectl("delete", "namespace", WORK, "--wait=true", "--timeout=120s", check=False)
         for release in releases(NS):
             helm("uninstall", release, "-n", NS, "--wait", "--timeout", "5m", check=False)
-        kubectl("uncordon", node, check=False)
+        kubectl("uncordon", node, check=False)  # a failed test may leave it cordoned
         # the driver this test installed goes with the simulator root: recreate c500-8
         run(str(LAB / "up"), "--preset", "nodriver-8", "--skip-images", timeout=900)
         run(str(LAB / "up"), "--preset", "c500-8", "--skip-images", timeout=900)

@@ -643,6 +643,11 @@ def test_operator_upgrade_policy_reaches_the_controller_and_is_validated() -> No
     assert "--upgrade-delete-emptydir-data" not in args
     cluster = _permissions(rendered.get("ClusterRole", f"{REL}-operator-controller")["rules"])
     assert ("", "pods/eviction", "create", ANY) in cluster  # PDB-respecting only
+    # it (and its uninstall hook) must run on a single-node cluster whose node it cordoned
+    cordoned = {"key": "node.kubernetes.io/unschedulable", "operator": "Exists",
+                "effect": "NoSchedule"}
+    for kind, name in (("Deployment", "operator-controller"), ("Job", "operator-uninstall")):
+        assert cordoned in rendered.get(kind, name)["spec"]["template"]["spec"]["tolerations"]
     default = flags(container(objs(OP, OP_MIN).get("Deployment", "operator-controller")))
     assert default["upgrade-max-parallel"] == "1" and default["upgrade-max-unavailable"] == "25%"
     for bad in ({"maxParallel": 0}, {"maxUnavailable": "0%"}, {"maxUnavailable": "101%"},
