@@ -603,7 +603,14 @@ def test_operator_controller_rbac() -> None:
         assert ("", "configmaps", verb, "driver-config") in perms
     assert ("", "configmaps", "update", ANY) not in perms
     assert ("", "configmaps", "patch", ANY) not in perms
-    assert ("apps", "daemonsets", "delete", "gpu-device") in perms  # uninstall hook only
+    assert ("apps", "daemonsets", "delete", "metax-gpu-device") in perms  # uninstall hook
+    # every node agent DaemonSet the hook deletes is one the chart creates
+    from gpuk8s.services.operator.main import DAEMONSET_NAMES, NODE_AGENTS
+
+    for agent in NODE_AGENTS:
+        name = DAEMONSET_NAMES.get(agent, agent)
+        assert rendered.has("DaemonSet", name) and ("apps", "daemonsets", "delete", name) \
+            in perms, name
     hook = rendered.get("Job", "operator-uninstall")
     assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     # it waits for operator-controller's pods to be gone: it must not be one of them

@@ -32,6 +32,9 @@ from .controller import CONFIG_NAME, STATUS_NAME, Controller
 log = logging.getLogger("gpuk8s.operator-controller")
 
 NODE_AGENTS = ("container-runtime", "driver-manager", "gpu-device", "gpu-label")
+# DaemonSet names where they differ from the component (app.kubernetes.io/name) name: the
+# manual finds gpu-device's pods as metax-gpu-device-xxxxx
+DAEMONSET_NAMES = {"gpu-device": "metax-gpu-device"}
 GPU_NODES = PREFIX + "gpu.installed=true"
 
 
@@ -153,7 +156,8 @@ class KubeCluster:
                   else self.apps.delete_namespaced_daemon_set)
         for name in names:
             try:
-                delete(name, self.namespace, propagation_policy="Foreground")
+                delete(DAEMONSET_NAMES.get(name, name) if kind == "daemonset" else name,
+                       self.namespace, propagation_policy="Foreground")
             except Exception as err:
                 error = classify(err, f"delete {kind} {name}")
                 if error.status != 404:
