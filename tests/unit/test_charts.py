@@ -749,7 +749,7 @@ def test_log_override_single_key() -> None:
 # -- gpu-device / gpu-label ---------------------------------------------------------------
 # What the node agents see of the host, each read-only at /host<path>: never the whole /.
 HOST_READ_PATHS = ("/sys", "/dev", "/opt", "/usr/bin", "/usr/local/bin", "/proc/driver",
-                   "/run/metax")
+                   "/run/metax", "/var/lib/gpuk8s")  # the last: driver-owner.json (mode=cloud)
 HOST_READ_PATHS_IN_POD = tuple(f"/host{p}" for p in HOST_READ_PATHS)
 
 
