@@ -5,6 +5,7 @@ a small harness plays driver-manager, gpu-label and the kubelet on each node."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -350,7 +351,9 @@ class Clock:
         return self.now
 
 
-def test_controller_rollout_never_exceeds_the_limits_and_leaves_no_node_cordoned() -> None:
+def test_controller_rollout_never_exceeds_the_limits_and_leaves_no_node_cordoned(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)  # every log call really formats its record
     cluster = SimCluster(20)
     cluster.nodes["gpu-007"]["spec"]["unschedulable"] = True  # the admin's
     policy = up.Policy(max_parallel=3, max_unavailable="20%")  # 4 of 20
@@ -370,6 +373,7 @@ def test_controller_rollout_never_exceeds_the_limits_and_leaves_no_node_cordoned
     assert cluster.cordoned() == ["gpu-007"]  # only the admin's cordon is left
     assert seen_parallel == 3  # the limit was reached, not just respected
     assert not cluster.pod_list  # every GPU pod was evicted
+    assert sum(1 for e in cluster.events if e[1] == "DriverUpgradeDone") == 20
     metrics = controller.metrics.render()[1].decode()
     assert 'operator_driver_upgrade_nodes{state="done"} 20.0' in metrics
     assert 'operator_driver_upgrade_duration_seconds_count{result="done"} 20.0' in metrics

@@ -202,7 +202,7 @@ class Controller:
             return found
         if step.state != found.state:
             log.info("upgrade state", extra={"node": found.name, "from": found.state,
-                                             "to": step.state, "message": step.record.message})
+                                             "to": step.state, "note": step.record.message})
         if step.event is not None:
             reason, message, warning = step.event
             self.cluster.event("Node", found.name, reason, message, warning)
