@@ -95,8 +95,16 @@ start_daemon() {
     fi
     # The command line, NUL-separated, so lab/ctl can restart the daemon the same way.
     printf '%s\0' "$@" >"$RUN_DIR/$name.cmd"
-    # setsid: the daemon survives the shell that started it; its stdin is closed.
-    setsid "$@" </dev/null >>"$LOG_DIR/$name.log" 2>&1 &
+    # setsid: the daemon survives the shell that started it; its stdin is closed. Every
+    # other inherited descriptor is closed too: lab/up runs under `flock LOCK lab/up`, whose
+    # lock descriptor would otherwise live on in the daemon and hold the lab lock forever.
+    (
+        for fd in /proc/$BASHPID/fd/*; do
+            n="${fd##*/}"
+            if [ "$n" -gt 2 ] 2>/dev/null; then eval "exec $n>&-" 2>/dev/null || true; fi
+        done
+        exec setsid "$@" </dev/null >>"$LOG_DIR/$name.log" 2>&1
+    ) &
     echo $! >"$RUN_DIR/$name.pid"
     log "started $name (pid $!, log $LOG_DIR/$name.log)"
 }

@@ -17,7 +17,7 @@ description:
   - As C(kubectl drain) does, a pod that declares no controller (nothing would recreate
     it) is evicted only with O(force), and a pod with an C(emptyDir) volume only with
     O(delete_emptydir_data); without them the task fails naming every such pod and
-    nothing is evicted (in check mode too).
+    nothing is evicted (in check mode too). A pod already being deleted is only waited for.
   - An eviction refused with HTTP 429 (a PodDisruptionBudget) is retried every
     O(retry_delay) seconds; a pod already gone (404) counts as done. The module then waits
     until every evicted pod is gone or replaced, all within O(timeout) seconds, and fails

@@ -619,7 +619,14 @@ def test_operator_controller_rbac() -> None:
         assert ("", "configmaps", verb, "driver-config") in perms
     assert ("", "configmaps", "update", ANY) not in perms
     assert ("", "configmaps", "patch", ANY) not in perms
-    assert ("apps", "daemonsets", "delete", "gpu-device") in perms  # uninstall hook only
+    assert ("apps", "daemonsets", "delete", "metax-gpu-device") in perms  # uninstall hook
+    # every node agent DaemonSet the hook deletes is one the chart creates
+    from gpuk8s.services.operator.main import DAEMONSET_NAMES, NODE_AGENTS
+
+    for agent in NODE_AGENTS:
+        name = DAEMONSET_NAMES.get(agent, agent)
+        assert rendered.has("DaemonSet", name) and ("apps", "daemonsets", "delete", name) \
+            in perms, name
     hook = rendered.get("Job", "operator-uninstall")
     assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     # it waits for operator-controller's pods to be gone: it must not be one of them
@@ -627,6 +634,50 @@ def test_operator_controller_rbac() -> None:
     assert labels["app.kubernetes.io/name"] == "operator-uninstall"
     assert container(hook, "uninstall")["args"][:3] == ["serve", "operator-controller",
                                                           "--namespace=$(POD_NAMESPACE)"]
+
+
+def test_host_paths_are_plain_paths_under_the_root(combo: Any) -> None:
+    """Every hostPath is an absolute path without quote characters (a value quoted twice
+    in a template becomes a path with literal quotes: runc fails to mount it)."""
+    _n, _c, _v, rendered = combo
+    for where, spec in rendered.pod_specs():
+        for volume in spec.get("volumes") or []:
+            path = (volume.get("hostPath") or {}).get("path")
+            if path is not None:
+                assert path.startswith("/") and '"' not in path, (where, volume)
+    sim = objs(OP, {**OP_MIN, "hostPaths": {"root": "/srv/sim"}})
+    for name in ("driver-manager", "container-runtime"):
+        paths = [v["hostPath"]["path"] for v in volumes(sim.get("DaemonSet", name)).values()
+                 if "hostPath" in v]
+        assert "/srv/sim/run/metax" in paths, (name, paths)
+
+
+def test_operator_upgrade_policy_reaches_the_controller_and_is_validated() -> None:
+    rendered = objs(OP, {"driver": {"deployPolicy": "Always", "payload": {"version": "2.33.0.6"},
+                                    "upgradePolicy": {"maxParallel": 3, "maxUnavailable": "40%",
+                                                      "drainTimeoutSeconds": 90, "force": True,
+                                                      "podSelector": "app in (a,b)"}}})
+    f = flags(container(rendered.get("Deployment", "operator-controller")))
+    assert f["driver-version"] == "2.33.0.6" and f["driver-deploy-policy"] == "Always"
+    assert f["upgrade-max-parallel"] == "3" and f["upgrade-max-unavailable"] == "40%"
+    assert f["upgrade-drain-timeout"] == "90" and f["upgrade-timeout"] == "600"
+    args = container(rendered.get("Deployment", "operator-controller"))["args"]
+    assert f["upgrade-pod-selector"] == "app in (a,b)" and "--upgrade-force" in args
+    assert "--upgrade-delete-emptydir-data" not in args
+    cluster = _permissions(rendered.get("ClusterRole", f"{REL}-operator-controller")["rules"])
+    assert ("", "pods/eviction", "create", ANY) in cluster  # PDB-respecting only
+    # it (and its uninstall hook) must run on a single-node cluster whose node it cordoned
+    cordoned = {"key": "node.kubernetes.io/unschedulable", "operator": "Exists",
+                "effect": "NoSchedule"}
+    for kind, name in (("Deployment", "operator-controller"), ("Job", "operator-uninstall")):
+        assert cordoned in rendered.get(kind, name)["spec"]["template"]["spec"]["tolerations"]
+    default = flags(container(objs(OP, OP_MIN).get("Deployment", "operator-controller")))
+    assert default["upgrade-max-parallel"] == "1" and default["upgrade-max-unavailable"] == "25%"
+    for bad in ({"maxParallel": 0}, {"maxUnavailable": "0%"}, {"maxUnavailable": "101%"},
+                {"drainTimeoutSeconds": 0}, {"surprise": 1}, {"podSelector": "a;rm"}):
+        error = render_error(OP, {"driver": {"payload": {"version": "2.0.0"},
+                                             "upgradePolicy": bad}})
+        assert "upgradePolicy" in error, (bad, error)
 
 
 def test_node_agents_are_critical_and_tolerate_gpu_taints(combo: Any) -> None:
@@ -714,7 +765,7 @@ def test_log_override_single_key() -> None:
 # -- gpu-device / gpu-label ---------------------------------------------------------------
 # What the node agents see of the host, each read-only at /host<path>: never the whole /.
 HOST_READ_PATHS = ("/sys", "/dev", "/opt", "/usr/bin", "/usr/local/bin", "/proc/driver",
-                   "/run/metax")
+                   "/run/metax", "/var/lib/gpuk8s")  # the last: driver-owner.json (mode=cloud)
 HOST_READ_PATHS_IN_POD = tuple(f"/host{p}" for p in HOST_READ_PATHS)
 
 

@@ -91,3 +91,8 @@ def test_label_diff_touches_only_our_prefix() -> None:
     assert label_diff(current, wanted) == {f"{PREFIX}gpu.product": "C550", f"{PREFIX}stale": None}
     with pytest.raises(ValueError, match="outside the managed prefix"):
         label_diff(current, {"other/x": "1"})
+
+
+def test_label_diff_leaves_operator_controllers_upgrade_state_alone() -> None:
+    current = {f"{PREFIX}driver.upgrade-state": "upgrading", f"{PREFIX}gpu.vfnum": "0"}
+    assert label_diff(current, {f"{PREFIX}gpu.vfnum": "0"}) == {}

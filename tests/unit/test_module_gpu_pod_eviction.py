@@ -144,6 +144,14 @@ def test_force_and_delete_emptydir_data_allow_them_with_a_warning() -> None:
     )
 
 
+def test_a_pod_already_terminating_is_waited_for_not_refused() -> None:
+    leaving = pod("bare", GPU)
+    leaving["metadata"]["deletionTimestamp"] = "2026-11-24T01:00:00Z"
+    selection = ev.select([leaving, with_emptydir(pod("cache", GPU))])
+    assert [p.name for p in selection.pods] == ["bare", "cache"]
+    assert "ml/bare" not in " ".join(selection.refused) and "ml/cache" in selection.refused[0]
+
+
 def test_controller_needs_the_controller_flag() -> None:
     """An owner that is not the controller (e.g. a garbage-collection owner) recreates
     nothing: kubectl drain treats such a pod as unmanaged."""

@@ -81,10 +81,12 @@ class FakeNode:
 
     def __init__(self) -> None:
         self.annotations: dict[str, str] = {}
+        self.labels: dict[str, str] = {}
         self.events: list[tuple[str, str]] = []
 
     def node(self) -> Mapping[str, Any]:
-        return {"metadata": {"name": "gpu-1", "annotations": dict(self.annotations)}}
+        return {"metadata": {"name": "gpu-1", "annotations": dict(self.annotations),
+                             "labels": dict(self.labels)}}
 
     def annotate(self, changes: Mapping[str, str | None]) -> None:
         for key, value in changes.items():
@@ -280,6 +282,37 @@ def test_driver_manager_applies_the_desired_vfnum(tmp_path: Path) -> None:
     api.annotations[VFNUM_DESIRED] = "3"
     assert agent.one_pass().state == "failed"  # refused, nothing written
     assert all(g.sriov.num_vfs == 4 for g in discover(str(root)).gpus)
+
+
+def test_driver_manager_upgrades_a_loaded_driver_only_when_the_controller_says_upgrading(
+        tmp_path: Path) -> None:
+    agent, root, payload, api = driver_agent(tmp_path, "c500-8", policy="Always")
+    agent.gate = api.node
+    driver_payload(payload)
+    report = agent.one_pass()  # 2.32 loaded, 2.33 wanted, node not drained
+    assert report.state == "pending" and "driver.upgrade-state=none" in report.message
+    assert report.details["version"] == "2.32.0.6" and report.details["wanted"] == NEW
+    assert discover(str(root)).driver.version == "2.32.0.6"
+    api.labels["metax-tech.com/driver.upgrade-state"] = "cordoned"
+    assert agent.one_pass().state == "pending"
+    api.labels["metax-tech.com/driver.upgrade-state"] = "upgrading"
+    report = agent.one_pass()
+    assert report.state == "ready" and report.details["version"] == NEW, report.message
+    assert discover(str(root)).driver.version == NEW
+
+
+def test_driver_manager_vf_change_waits_for_upgrading(tmp_path: Path) -> None:
+    agent, root, _, api = driver_agent(tmp_path, "c500-8")
+    agent.gate = api.node
+    agent.vf_command = (str(root / "opt/mxdriver/bin/mx-smi"), "vm", "--enable-vf", "{vfnum}",
+                        "-i", "{index}")
+    api.annotations[VFNUM_DESIRED] = "2"
+    report = agent.one_pass()
+    assert report.state == "pending" and "waits for operator-controller" in report.message
+    assert all(g.sriov.num_vfs == 0 for g in discover(str(root)).gpus)
+    api.labels["metax-tech.com/driver.upgrade-state"] = "upgrading"
+    assert agent.one_pass().details["vfnum"] == 2
+    assert all(g.sriov.num_vfs == 2 for g in discover(str(root)).gpus)
 
 
 def test_driver_manager_once_without_api(tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -276,7 +276,8 @@ What the node agents read of the host, instead of the whole host /: each path is
 read-only at /host<path> (the agents run with --host-root=/host). Discovery needs sysfs
 (PCI devices, the driver module), /dev (device nodes), /opt (the driver's and SDK's
 Version.txt, mx-smi, vendor libraries), the usual places of mx-smi and nvidia-smi,
-/proc/driver (NVIDIA's per-GPU files) and /run/metax (the operator's readiness files).
+/proc/driver (NVIDIA's per-GPU files), /run/metax (the operator's readiness files) and
+/var/lib/gpuk8s (driver-owner.json: gpu.driver.mode=cloud while driver-manager's driver runs).
 Each line: volume name, path, hostPath type; /sys, /dev, /opt and /run/metax follow the
 host's later mounts (hot-plug, a driver installed by driver-manager). hostPaths.extraReadPaths
 adds more (a vendor tool's own files; the lab's simulated mx-smi keeps its state in
@@ -290,6 +291,7 @@ host-usr-bin /usr/bin DirectoryOrCreate
 host-usr-local-bin /usr/local/bin DirectoryOrCreate
 host-proc-driver /proc/driver DirectoryOrCreate
 host-run-metax /run/metax DirectoryOrCreate
+host-var-lib-gpuk8s /var/lib/gpuk8s DirectoryOrCreate
 {{- range $i, $path := .Values.hostPaths.extraReadPaths | default list }}
 host-extra-{{ $i }} {{ $path }} Directory
 {{- end }}

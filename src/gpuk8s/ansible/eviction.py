@@ -4,7 +4,8 @@ Pods are plain dicts as the API serves them (``metadata``, ``spec``, ``status``)
 Eviction semantics follow ``kubectl drain`` (REFERENCE §E): a pod that declares no
 controller (nothing would recreate it) is evicted only with ``force``, a pod with
 emptyDir data only with ``delete_emptydir_data``; otherwise nothing is evicted and the
-refusal names every such pod, as drain does. Then the Eviction API, so
+refusal names every such pod, as drain does (a pod already being deleted is only waited
+for, never refused). Then the Eviction API, so
 PodDisruptionBudgets are respected; HTTP 429 means "not now" and is retried every few
 seconds until the timeout; 404 means the pod is already gone; then wait until the pod
 is gone or replaced (another UID).
@@ -124,6 +125,8 @@ def select(
     for pod in _gpu_pod_objects(pods, prefixes):
         ref = _ref(pod)
         chosen.append(ref)
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue  # already being deleted: nothing more is lost, it is only waited for
         if controller_of(pod) is None:
             unmanaged.append(str(ref))
         if has_emptydir(pod):
@@ -172,22 +175,10 @@ def evict_all(
     pending = list(pods)
     blocked: dict[PodRef, str] = {}
     while pending:
-        still: list[PodRef] = []
-        for pod in pending:
-            status, message = evict(pod)
-            if status in (200, 201):
-                log.append(f"evicted {pod}")
-            elif status == 404:
-                log.append(f"{pod} already gone")
-            elif status == 429:
-                blocked[pod] = message or "disruption budget"
-                still.append(pod)
-            else:
-                raise EvictionError(f"evicting {pod} failed with HTTP {status}: {message}")
-        pending = still
+        pending = evict_round(pending, evict, blocked, log)
         if pending:
             if clock() >= deadline:
-                raise EvictionError(_timeout_message(pending, blocked, timeout))
+                raise EvictionError(timeout_message(pending, blocked, timeout))
             sleep(retry_delay)
     waiting = list(pods)
     while waiting:
@@ -203,8 +194,31 @@ def evict_all(
     return log
 
 
-def _timeout_message(pods: Sequence[PodRef], blocked: Mapping[PodRef, str],
-                     timeout: float) -> str:
+def evict_round(pods: Sequence[PodRef], evict: Evict, blocked: dict[PodRef, str],
+                log: list[str]) -> list[PodRef]:
+    """Ask once for the eviction of each pod; returns those a PodDisruptionBudget refused
+    (HTTP 429, the reason kept in ``blocked``). ``evict_all`` loops over it; the
+    operator-controller calls it once per pass (it must not block) with its own deadline.
+    Raises EvictionError on any other refusal."""
+    still: list[PodRef] = []
+    for pod in pods:
+        status, message = evict(pod)
+        if status in (200, 201):
+            log.append(f"evicted {pod}")
+            blocked.pop(pod, None)
+        elif status == 404:
+            log.append(f"{pod} already gone")
+            blocked.pop(pod, None)
+        elif status == 429:
+            blocked[pod] = message or "disruption budget"
+            still.append(pod)
+        else:
+            raise EvictionError(f"evicting {pod} failed with HTTP {status}: {message}")
+    return still
+
+
+def timeout_message(pods: Sequence[PodRef], blocked: Mapping[PodRef, str],
+                    timeout: float) -> str:
     shown = "; ".join(f"{p}: {blocked.get(p, '?')}" for p in pods)
     return (
         f"eviction blocked for {timeout:g}s (PodDisruptionBudget, HTTP 429): {shown}. "

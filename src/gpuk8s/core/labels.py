@@ -38,6 +38,10 @@ LABEL_NAMES: tuple[str, ...] = (
 # Operator-scheme readiness labels, published from marker files the node agents write
 # (gpuk8s.host.readiness); the one definition of their names.
 READINESS_KEYS: tuple[str, ...] = ("maca.ready", "runtime.ready")
+# Labels under the prefix that another component owns: gpu-label never adds, changes or
+# removes them (operator-controller's rolling upgrade state, SPEC/issue 11).
+UPGRADE_STATE_LABEL = PREFIX + "driver.upgrade-state"
+FOREIGN_LABELS: tuple[str, ...] = (UPGRADE_STATE_LABEL,)
 
 _VALUE_OK = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -120,8 +124,8 @@ def label_diff(
 ) -> dict[str, str | None]:
     """The patch that turns ``current`` into ``wanted`` for labels under ``prefix``.
 
-    Keys mapped to None are to be removed; labels outside the prefix are never
-    touched.
+    Keys mapped to None are to be removed; labels outside the prefix, and
+    ``FOREIGN_LABELS`` (owned by operator-controller), are never touched.
     """
     patch: dict[str, str | None] = {}
     for key, value in wanted.items():
@@ -130,6 +134,6 @@ def label_diff(
         if current.get(key) != value:
             patch[key] = value
     for key in current:
-        if key.startswith(prefix) and key not in wanted:
+        if key.startswith(prefix) and key not in wanted and key not in FOREIGN_LABELS:
             patch[key] = None
     return patch

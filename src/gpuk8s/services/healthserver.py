@@ -19,21 +19,38 @@ from typing import Any
 log = logging.getLogger("gpuk8s.health")
 
 Check = Callable[[], tuple[bool, dict[str, Any]]]
+Page = Callable[[], tuple[str, bytes]]  # () -> (content type, body), e.g. /metrics
 
 
 def serve_health(
-    port: int, checks: Mapping[str, Check], *, address: str = "", name: str = "health"
+    port: int, checks: Mapping[str, Check], *, address: str = "", name: str = "health",
+    pages: Mapping[str, Page] | None = None,
 ) -> ThreadingHTTPServer:
     """Start the endpoint on ``address:port`` (port 0 picks a free one: see
-    ``server.server_address``)."""
+    ``server.server_address``). ``pages`` adds plain pages (a Prometheus ``/metrics``)."""
     paths = dict(checks)
+    extra = dict(pages or {})
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
+            page = extra.get(path)
+            if page is not None:
+                try:
+                    kind, data = page()
+                except Exception as err:  # a broken page reports itself
+                    self._send(500, {"Error": f"{type(err).__name__}: {err}"})
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             check = paths.get(path)
             if check is None:
-                self._send(404, {"Error": f"no such path {path[:60]!r}; try {', '.join(paths)}"})
+                known = ", ".join([*paths, *extra])
+                self._send(404, {"Error": f"no such path {path[:60]!r}; try {known}"})
                 return
             try:
                 ok, details = check()

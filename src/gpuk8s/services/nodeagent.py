@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .healthserver import serve_health
+from .healthserver import Page, serve_health
 from .kube import classify
 
 log = logging.getLogger("gpuk8s.nodeagent")
@@ -201,13 +201,15 @@ class Liveness:
 
 
 def serve_until_stopped(one_pass: Callable[[], object], interval: float, health_port: int,
-                        name: str, stale_after: float) -> None:
+                        name: str, stale_after: float,
+                        pages: Mapping[str, Page] | None = None) -> None:
     """Run ``one_pass`` every ``interval`` seconds until SIGTERM/SIGINT, with the liveness
-    endpoint on ``health_port`` (0: none) failing once no pass finished for ``stale_after``."""
+    endpoint on ``health_port`` (0: none) failing once no pass finished for ``stale_after``
+    (and ``pages``, e.g. ``/metrics``, on the same port)."""
     liveness = Liveness(stale_after)
     if health_port:
         serve_health(health_port, {"/healthz": liveness.status, "/livez": liveness.status},
-                     name=f"{name}-health")
+                     name=f"{name}-health", pages=pages)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

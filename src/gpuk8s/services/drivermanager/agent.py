@@ -4,6 +4,11 @@
 ``DriverAgent`` (container ``driver``): the deploy policy for the kernel driver from the
 payload image, then the node's VF count (``metax-tech.com/vfnum.desired``, which
 operator-controller sets from ConfigMap ``driver-config`` after validating it).
+Day 2: a change to a *loaded* driver (upgrade, reload) and a VF change wait until
+operator-controller has drained the node and set its ``metax-tech.com/driver.upgrade-state``
+to ``upgrading`` (the rolling upgrade, ``services/operator/upgrade.py``); the result is the
+report the controller validates. A first install on a node without a driver needs no
+drain and goes ahead at once.
 
 ``MacaAgent`` (container ``maca``): picks the SDK image for the node's product and OS,
 asks the matching payload container for its ``/opt/maca`` (file ``maca.want`` in the
@@ -38,6 +43,7 @@ from ...host import sdk, vf
 from ...host.files import atomic_write
 from ...host.readiness import write_readiness
 from ..nodeagent import VFNUM_DESIRED, Report, Reporter
+from ..operator.upgrade import STATE_LABEL, UPGRADING
 
 log = logging.getLogger("gpuk8s.driver-manager")
 
@@ -112,6 +118,9 @@ class DriverAgent:
     payload: PayloadSource | None = None  # None with deployPolicy Never
     node: Any = None  # callable () -> Node dict (desired vfnum), None: no VF management
     vf_command: Sequence[str] | None = None
+    # callable () -> Node dict: changes to a loaded driver / VFs wait for the node's
+    # upgrade-state "upgrading" (operator-controller's drain); None: no gate (no API)
+    gate: Any = None
     payload_grace: float = 120.0  # seconds to wait for the payload before reporting failure
     started: float = field(default_factory=time.monotonic)
     _recovered: bool = False
@@ -142,6 +151,10 @@ class DriverAgent:
                 return Report("disabled" if self.request.policy == "Never" else "pending",
                               f"no driver loaded: {decision.reason}", details)
             return Report("ready", decision.reason, details)
+        if state.loaded:
+            held = self._held()
+            if held:
+                return Report("pending", f"{decision.reason}; {held}", details)
         request = self.request
         if decision.install:
             if self.payload is None:
@@ -191,6 +204,9 @@ class DriverAgent:
             return Report("failed", f"vfnum {wanted}: {err}", report.details)
         if not plan.changed:
             return report
+        held = self._held(node)
+        if held:
+            return Report("pending", f"vfnum {current} -> {wanted}: {held}", report.details)
         busy = drv.gpu_processes(self.root)
         if busy:
             return Report("pending", f"vfnum {current} -> {wanted} waits: "
@@ -205,6 +221,21 @@ class DriverAgent:
             log.warning(warning)
         return Report("ready", f"{report.message}; vfnum {current} -> {plan.vfnum}",
                       report.details)
+
+
+    def _held(self, node: Mapping[str, Any] | None = None) -> str | None:
+        """Why a change must wait for operator-controller (None: go ahead)."""
+        if self.gate is None:
+            return None
+        try:
+            current: Mapping[str, Any] = node if node is not None else self.gate()
+        except GpuK8sError as err:
+            return f"waiting: cannot read the node's upgrade state ({err})"
+        state = ((current.get("metadata") or {}).get("labels") or {}).get(STATE_LABEL)
+        if state == UPGRADING:
+            return None
+        return (f"waits for operator-controller to drain the node ({STATE_LABEL}="
+                f"{state or 'none'}; goes ahead at {UPGRADING})")
 
 
 def _with_payload(request: drv.InstallRequest, path: str) -> drv.InstallRequest:

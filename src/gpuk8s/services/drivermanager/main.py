@@ -135,6 +135,7 @@ def build_agent(args: argparse.Namespace, api: KubeNodeApi | None) -> DriverAgen
             root=args.host_root, request=request, reporter=reporter,
             runner=runner_for(args.host_root), payload=payload,
             node=None if (api is None or args.no_vfnum) else api.node,
+            gate=None if api is None else api.node,
             vf_command=tuple(args.vf_command.split()) or None,
             payload_grace=args.payload_grace,
         )

@@ -14,7 +14,12 @@ restarted controller simply carries on):
 2. **gpu-device restarts** — after driver-manager applied a new VF count on a node
    (``vfnumApplied`` in its state annotation), the node's gpu-device pod is deleted once
    so the DaemonSet recreates it with the new devices (SPEC §6: expected).
-3. **status** — per GPU node: the readiness labels (gating: gpu-label -> container-runtime
+3. **rolling upgrade** — driver version (``--driver-version`` with deployPolicy Always)
+   and VF count changes go node by node through the state machine of ``upgrade.py``
+   (cordon, evict the GPU pods honouring PodDisruptionBudgets, replace driver-manager's
+   pod so it runs the new payload, wait for its report, validate, uncordon), within
+   ``driver.upgradePolicy``'s maxParallel / maxUnavailable. All state is on the Nodes.
+4. **status** — per GPU node: the readiness labels (gating: gpu-label -> container-runtime
    (gpu.installed) -> driver-manager (runtime.ready) -> gpu-device (driver/maca/runtime
    ready); the DaemonSets' node affinity enforces the order, the controller shows where a
    node stands), each agent's state annotation, payload containers that cannot pull.
@@ -29,15 +34,19 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import yaml
 
+from ...ansible import eviction
+from ...core.errors import GpuK8sError
 from ...core.labels import PREFIX
 from ...core.vfconfig import VFNUMS_KEY, VfProblem, check_node, parse_node_vfnums
 from ..nodeagent import VFNUM_DESIRED, state_annotation
+from . import upgrade
+from .metrics import UpgradeMetrics
 
 log = logging.getLogger("gpuk8s.operator-controller")
 
@@ -61,6 +70,9 @@ class Cluster(Protocol):
     def pods(self, selector: str) -> list[Mapping[str, Any]]: ...
     def delete_pod(self, name: str) -> None: ...
     def event(self, kind: str, name: str, reason: str, message: str, warning: bool) -> None: ...
+    def patch_node(self, node: str, body: Mapping[str, Any]) -> None: ...
+    def node_pods(self, node: str, selector: str) -> list[Mapping[str, Any]]: ...
+    def evict(self, pod: eviction.PodRef) -> tuple[int, str]: ...
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -88,6 +100,10 @@ def agent_state(node: Mapping[str, Any], agent: str) -> dict[str, Any]:
 class Controller:
     cluster: Cluster
     labels: Mapping[str, str] = field(default_factory=dict)  # put on what we create
+    target: upgrade.Target = field(default_factory=upgrade.Target)
+    policy: upgrade.Policy = field(default_factory=upgrade.Policy)
+    metrics: UpgradeMetrics = field(default_factory=UpgradeMetrics)
+    clock: Callable[[], float] = time.time  # wall clock: the record outlives the process
     _node_states: dict[str, str] = field(default_factory=dict)
     _config_errors: str | None = None
 
@@ -95,13 +111,106 @@ class Controller:
         nodes = self.cluster.gpu_nodes()
         conditions = self.reconcile_vfnums(nodes)
         self.restart_gpu_device(nodes)
+        rollout = self.rollout(nodes)
         status = self.status(nodes, conditions)
+        status["rollout"] = rollout
         self.cluster.put_status(STATUS_NAME, {
             "nodes": yaml.safe_dump(status["nodes"], sort_keys=True),
             "conditions": yaml.safe_dump(status["conditions"], sort_keys=False),
             "summary": status["summary"],
+            "rollout": yaml.safe_dump(rollout, sort_keys=True),
         })
         return status
+
+    # ------------------------------------------------------------ rolling upgrade
+    def rollout(self, nodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """One step of every node's upgrade state machine (see upgrade.py): first the
+        nodes already under way (so a failure this pass pauses the rollout at once), then
+        the waiting ones that ``admit`` lets start."""
+        now = self.clock()
+        facts: dict[str, upgrade.NodeFacts] = {}
+        for node in nodes:
+            desired = _annotations(node).get(VFNUM_DESIRED)
+            found = upgrade.facts_from_node(
+                node, agent_state(node, "driver-manager.driver"),
+                int(desired) if desired and desired.isdigit() else None)
+            if found.state == upgrade.CORDONED and found.unschedulable:
+                found = self._drain(found)
+            facts[found.name] = found
+        waiting = [f for f in facts.values() if f.state == upgrade.REQUIRED]
+        for found in facts.values():
+            if found.state != upgrade.REQUIRED:
+                facts[found.name] = self._apply(found, upgrade.step(
+                    found, self.target, self.policy, now))
+        allowed = set(upgrade.admit(list(facts.values()), self.policy))
+        for found in waiting:
+            facts[found.name] = self._apply(found, upgrade.step(
+                found, self.target, self.policy, now, found.name in allowed))
+        room = upgrade.budget(list(facts.values()), self.policy)
+        counts = upgrade.counts(f.state for f in facts.values())
+        self.metrics.set_states(counts, room.reason.startswith("rollout paused"), room.limits)
+        out: dict[str, Any] = {"states": {k: v for k, v in counts.items() if v},
+                               "limits": room.limits}
+        if room.reason:
+            out["waiting"] = room.reason
+        failed = {f.name: f.record.message for f in facts.values() if f.state == upgrade.FAILED}
+        if failed:
+            out["failed"] = failed
+        return out
+
+    def _drain(self, found: upgrade.NodeFacts) -> upgrade.NodeFacts:
+        """One eviction round on a cordoned node (never blocks: PDB refusals are retried
+        next pass until drainTimeoutSeconds, decided by ``upgrade.step``)."""
+        try:
+            pods = self.cluster.node_pods(found.name, self.policy.pod_selector)
+        except GpuK8sError as err:
+            log.warning("cannot list the node's pods", extra={"node": found.name,
+                                                               "error": str(err)})
+            return found  # gpu_pods None: no transition on a guess
+        selection = eviction.select(pods, force=self.policy.force,
+                                    delete_emptydir_data=self.policy.delete_emptydir_data)
+        if selection.refused:
+            return replace(found, gpu_pods=len(selection.pods),
+                           evict_refused="; ".join(selection.refused))
+        if not selection.pods:
+            return replace(found, gpu_pods=0)
+        blocked: dict[eviction.PodRef, str] = {}
+        lines: list[str] = []
+        try:
+            still = eviction.evict_round(selection.pods, self.cluster.evict, blocked, lines)
+        except eviction.EvictionError as err:
+            return replace(found, gpu_pods=len(selection.pods), evict_blocked=str(err))
+        for line in lines:
+            log.info(line, extra={"node": found.name})
+        why = eviction.timeout_message(still, blocked, self.policy.drain_timeout) \
+            if still else ""
+        return replace(found, gpu_pods=len(selection.pods), evict_blocked=why)
+
+    def _apply(self, found: upgrade.NodeFacts, step: upgrade.Step) -> upgrade.NodeFacts:
+        """Carry out ``step`` on the cluster; the facts as they are afterwards."""
+        if not step.changed(found):
+            return found
+        try:
+            if step.restart_agent:
+                for pod in self.cluster.pods(DRIVER_MANAGER_SELECTOR):
+                    if (pod.get("spec") or {}).get("nodeName") == found.name:
+                        self.cluster.delete_pod(str(_meta(pod).get("name")))
+            self.cluster.patch_node(found.name, upgrade.node_patch(step))
+        except GpuK8sError as err:
+            log.warning("upgrade step not recorded; retried next pass",
+                        extra={"node": found.name, "state": step.state, "error": str(err)})
+            return found
+        if step.state != found.state:
+            log.info("upgrade state", extra={"node": found.name, "from": found.state,
+                                             "to": step.state, "note": step.record.message})
+        if step.event is not None:
+            reason, message, warning = step.event
+            self.cluster.event("Node", found.name, reason, message, warning)
+        if step.finished is not None:
+            self.metrics.observe("done" if step.state == upgrade.DONE else "failed",
+                                 step.finished)
+        unschedulable = found.unschedulable if step.cordon is None else step.cordon
+        return replace(found, state=step.state, record=step.record, unschedulable=unschedulable)
 
     # ----------------------------------------------------------------- vfnums
     def reconcile_vfnums(self, nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -196,6 +305,8 @@ class Controller:
             allocatable = ((node.get("status") or {}).get("allocatable") or {}).get(
                 "metax-tech.com/gpu", "0")
             entry["allocatable"] = str(allocatable)
+            if labels.get(upgrade.STATE_LABEL):
+                entry["upgrade"] = labels[upgrade.STATE_LABEL]
             messages = []
             state = "ready" if all(entry[k] == "true" for k in READY_LABELS) else "progressing"
             for agent in AGENTS:

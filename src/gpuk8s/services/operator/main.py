@@ -1,6 +1,7 @@
 """`gpuk8s serve operator-controller`: reconcile the operator scheme (see controller.py).
 
     gpuk8s serve operator-controller --namespace NS [--interval 5] [--health-port 8081]
+        [--driver-deploy-policy Always --driver-version V] [--upgrade-max-parallel 1 ...]
     gpuk8s serve operator-controller --namespace NS --uninstall     (helm pre-delete hook)
 
 Exit codes: 0 stopped by a signal / uninstall complete, 1 uninstall incomplete (what is
@@ -10,6 +11,7 @@ left is printed), 2 bad configuration.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -17,16 +19,22 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ...ansible.eviction import PodRef
 from ...core.errors import ConfigError, GpuK8sError
 from ...core.labels import PREFIX
+from ...host.driver import check_version
 from ..kube import api_client, classify
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
 from ..nodeagent import UNINSTALL, record_event, serve_until_stopped
+from . import upgrade
 from .controller import CONFIG_NAME, STATUS_NAME, Controller
 
 log = logging.getLogger("gpuk8s.operator-controller")
 
 NODE_AGENTS = ("container-runtime", "driver-manager", "gpu-device", "gpu-label")
+# DaemonSet names where they differ from the component (app.kubernetes.io/name) name: the
+# manual finds gpu-device's pods as metax-gpu-device-xxxxx
+DAEMONSET_NAMES = {"gpu-device": "metax-gpu-device"}
 GPU_NODES = PREFIX + "gpu.installed=true"
 
 
@@ -111,6 +119,31 @@ class KubeCluster:
             if error.status != 404:
                 raise error from err
 
+    def node_pods(self, node: str, selector: str) -> list[Mapping[str, Any]]:
+        """Every pod bound to ``node`` (all namespaces), optionally filtered by a label
+        selector (driver.upgradePolicy.podSelector)."""
+        try:
+            items = self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", label_selector=selector or None).items
+        except Exception as err:
+            raise classify(err, f"list pods on {node}") from err
+        return [self._plain(p) for p in items]
+
+    def evict(self, pod: PodRef) -> tuple[int, str]:
+        """The Eviction API (honours PodDisruptionBudgets): HTTP status and message."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod.name,
+                                                              namespace=pod.namespace))
+        try:
+            self.core.create_namespaced_pod_eviction(pod.name, pod.namespace, body)
+        except ApiException as err:
+            return int(err.status or 0), _api_message(err)
+        except Exception as err:
+            raise classify(err, f"evict pod {pod}") from err
+        return 201, ""
+
     def event(self, kind: str, name: str, reason: str, message: str, warning: bool) -> None:
         record_event(self.core, self.namespace, "operator-controller", kind, name, None, reason,
                      message, warning,
@@ -123,7 +156,8 @@ class KubeCluster:
                   else self.apps.delete_namespaced_daemon_set)
         for name in names:
             try:
-                delete(name, self.namespace, propagation_policy="Foreground")
+                delete(DAEMONSET_NAMES.get(name, name) if kind == "daemonset" else name,
+                       self.namespace, propagation_policy="Foreground")
             except Exception as err:
                 error = classify(err, f"delete {kind} {name}")
                 if error.status != 404:
@@ -182,6 +216,13 @@ class KubeCluster:
         return done, []
 
 
+def _api_message(err: Any) -> str:
+    try:
+        return str(json.loads(err.body).get("message") or err.reason)
+    except (TypeError, ValueError, AttributeError):
+        return str(err.reason)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpuk8s serve operator-controller",
@@ -195,6 +236,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--driver-deploy-policy", default="IfNotPresent",
                    choices=("IfNotPresent", "Always", "Never"),
                    help="the chart's driver.deployPolicy (reported in the status)")
+    p.add_argument("--driver-version", default="",
+                   help="the wanted driver version (driver.payload.version): with "
+                   "--driver-deploy-policy Always, nodes running another version are upgraded "
+                   "one by one (rolling upgrade)")
+    p.add_argument("--upgrade-max-parallel", type=int, default=1,
+                   help="driver.upgradePolicy.maxParallel: nodes upgraded at the same time")
+    p.add_argument("--upgrade-max-unavailable", default="25%",
+                   help="driver.upgradePolicy.maxUnavailable: GPU nodes that may be "
+                   "unavailable (cordoned or NotReady) at once, a count or a percentage")
+    p.add_argument("--upgrade-drain-timeout", type=float, default=300.0,
+                   help="driver.upgradePolicy.drainTimeoutSeconds")
+    p.add_argument("--upgrade-timeout", type=float, default=600.0,
+                   help="driver.upgradePolicy.upgradeTimeoutSeconds (install + validation)")
+    p.add_argument("--upgrade-force", action="store_true",
+                   help="driver.upgradePolicy.force: also evict GPU pods no controller "
+                   "recreates")
+    p.add_argument("--upgrade-delete-emptydir-data", action="store_true",
+                   help="driver.upgradePolicy.deleteEmptyDirData: also evict GPU pods with "
+                   "emptyDir volumes")
+    p.add_argument("--upgrade-pod-selector", default="",
+                   help="driver.upgradePolicy.podSelector: evict only the GPU pods with these "
+                   "labels (a label selector; empty: every GPU pod)")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between passes")
     p.add_argument("--health-port", type=int, default=0, help="GET /healthz port (0: off)")
     p.add_argument("--kubeconfig", default=None)
@@ -216,6 +279,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"--vfnum-configmap: must be {CONFIG_NAME} (SPEC §6)")
         if not args.interval > 0:
             raise ConfigError(f"--interval: {args.interval} must be positive")
+        policy = upgrade.Policy(
+            max_parallel=args.upgrade_max_parallel,
+            max_unavailable=args.upgrade_max_unavailable,
+            drain_timeout=args.upgrade_drain_timeout, upgrade_timeout=args.upgrade_timeout,
+            force=args.upgrade_force, delete_emptydir_data=args.upgrade_delete_emptydir_data,
+            pod_selector=args.upgrade_pod_selector)
+        policy.check()
+        check_version("--driver-version", args.driver_version or None)
+        target = upgrade.Target(version=args.driver_version or None
+                                if args.driver_deploy_policy == "Always" else None)
         cluster = KubeCluster(api_client(args.kubeconfig), args.namespace)
     except GpuK8sError as err:
         print(f"gpuk8s serve operator-controller: error: {err}", file=sys.stderr)
@@ -228,7 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"left: {line}", file=sys.stderr)
         return 1 if left else 0
     controller = Controller(cluster, {"app.kubernetes.io/managed-by": "operator-controller",
-                                      "app.kubernetes.io/part-of": "metax-operator"})
+                                      "app.kubernetes.io/part-of": "metax-operator"},
+                            target=target, policy=policy)
     if args.once:
         status = controller.one_pass()
         print(status["summary"])
@@ -236,6 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("starting", extra={"namespace": args.namespace, "policy": args.driver_deploy_policy})
 
     serve_until_stopped(controller.one_pass, args.interval, args.health_port, "operator-controller",
-                        max(120.0, 10 * args.interval))
+                        max(120.0, 10 * args.interval),
+                        pages={"/metrics": controller.metrics.render})
     log.info("stopped")
     return 0

@@ -1,0 +1,501 @@
+"""The rolling driver / VF upgrade (services/operator/upgrade.py): the pure state machine,
+the rollout limits, and operator-controller driving it over a fake cluster in which
+a small harness plays driver-manager, gpu-label and the kubelet on each node."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from gpuk8s.ansible.eviction import PodRef
+from gpuk8s.core.errors import ConfigError
+from gpuk8s.services.nodeagent import state_annotation
+from gpuk8s.services.operator import upgrade as up
+from gpuk8s.services.operator.controller import Controller
+
+OLD, NEW = "2.32.0.6", "2.33.0.6"
+TARGET = up.Target(version=NEW)
+POLICY = up.Policy(drain_timeout=60, upgrade_timeout=120)
+
+
+def facts(state: str | None = None, **kw: Any) -> up.NodeFacts:
+    base: dict[str, Any] = dict(
+        name="n1", state=state, record=up.Record(), unschedulable=False, ready=True,
+        agent_state="ready", agent_version=OLD, agent_wanted=OLD, agent_vfnum=0,
+        driver_ready=True, version_labels=("2", "32", "0"), capacity=8, allocatable=8)
+    base.update(kw)
+    return up.NodeFacts(**base)
+
+
+def advance(f: up.NodeFacts, s: up.Step) -> up.NodeFacts:
+    return replace(f, state=s.state, record=s.record,
+                   unschedulable=f.unschedulable if s.cordon is None else s.cordon)
+
+
+def upgraded(f: up.NodeFacts) -> up.NodeFacts:
+    return replace(f, agent_version=NEW, agent_wanted=NEW, version_labels=("2", "33", "0"))
+
+
+# ----------------------------------------------------------------- state machine
+def test_happy_path_walks_every_state_and_uncordons() -> None:
+    f = facts()
+    s = up.step(f, TARGET, POLICY, 100.0)
+    assert s.state == up.REQUIRED and s.cordon is None and s.record.version == NEW
+    f = advance(f, s)
+    assert up.step(f, TARGET, POLICY, 101.0, may_start=False).state == up.REQUIRED
+    s = up.step(f, TARGET, POLICY, 101.0, may_start=True)
+    assert s.state == up.CORDONED and s.cordon is True and s.record.started == 101.0
+    assert s.record.admin_cordoned is False and s.record.gpus == 8
+    f = advance(f, s)
+    assert up.step(replace(f, gpu_pods=2), TARGET, POLICY, 110.0).state == up.CORDONED
+    s = up.step(replace(f, gpu_pods=0), TARGET, POLICY, 110.0)
+    assert s.state == up.EVICTED
+    f = advance(f, s)
+    s = up.step(f, TARGET, POLICY, 111.0)
+    assert s.state == up.UPGRADING and s.restart_agent
+    f = advance(f, s)
+    # the old agent's report (wanted OLD) and the new one still waiting: no progress
+    assert up.step(f, TARGET, POLICY, 112.0).state == up.UPGRADING
+    waiting = replace(f, agent_state="pending", agent_wanted=NEW)
+    assert up.step(waiting, TARGET, POLICY, 113.0).state == up.UPGRADING
+    f = upgraded(replace(f, allocatable=0))  # driver reloaded, gpu-device not healthy yet
+    s = up.step(f, TARGET, POLICY, 120.0)
+    assert s.state == up.VALIDATING
+    f = advance(f, s)
+    s = up.step(f, TARGET, POLICY, 121.0)
+    assert s.state == up.VALIDATING and s.cordon is None  # never uncordon unhealthy GPUs
+    assert "allocatable metax-tech.com/gpu 0/8" in s.record.message
+    s = up.step(replace(f, allocatable=8), TARGET, POLICY, 130.0)
+    assert s.state == up.DONE and s.cordon is False and s.finished == pytest.approx(29.0)
+    assert s.event is not None and s.event[0] == "DriverUpgradeDone"
+    f = advance(replace(f, allocatable=8), s)
+    assert up.step(f, TARGET, POLICY, 131.0) == up.Step(up.DONE, f.record)  # at rest
+
+
+def test_admin_cordoned_node_stays_cordoned_after_the_upgrade() -> None:
+    f = advance(facts(unschedulable=True), up.step(facts(unschedulable=True), TARGET, POLICY, 0))
+    s = up.step(f, TARGET, POLICY, 1.0, may_start=True)
+    assert s.record.admin_cordoned is True
+    f = upgraded(advance(f, s))
+    for state in (up.CORDONED, up.EVICTED, up.UPGRADING, up.VALIDATING):
+        s = up.step(replace(f, state=state, gpu_pods=0), TARGET, POLICY, 2.0)
+        f = advance(f, s)
+    assert f.state == up.DONE and f.unschedulable is True
+    assert s.cordon is None and "stays cordoned" in s.record.message
+
+
+def test_bad_payload_fails_cordoned_with_an_event_naming_the_cause() -> None:
+    rec = up.Record(version=NEW, started=0.0, since=0.0)
+    f = facts(up.UPGRADING, record=rec, unschedulable=True, agent_state="failed",
+              agent_wanted=NEW, agent_message="driver 2.33.0.6 failed to load: modprobe: bad")
+    s = up.step(f, TARGET, POLICY, 5.0)
+    assert s.state == up.FAILED and s.cordon is None  # stays cordoned
+    assert s.event is not None and s.event[2] is True and "failed to load" in s.event[1]
+    assert "rollout paused" in s.event[1] and "stays cordoned" in s.event[1]
+    # a failure report of the *old* agent (another wanted version) is not this upgrade's
+    stale = replace(f, agent_wanted=OLD)
+    assert up.step(stale, TARGET, POLICY, 5.0).state == up.UPGRADING
+    # failed stays failed (rollout paused) until the target changes or the admin retries
+    failed = advance(f, s)
+    assert up.step(failed, TARGET, POLICY, 6.0).state == up.FAILED
+    assert up.step(failed, up.Target("2.34.0.1"), POLICY, 6.0).state == up.REQUIRED
+
+
+def test_drain_blocked_by_a_pdb_times_out_and_leaves_the_healthy_node_uncordoned() -> None:
+    rec = up.Record(version=NEW, started=0.0, since=0.0)
+    f = facts(up.CORDONED, record=rec, unschedulable=True, gpu_pods=1,
+              evict_blocked="eviction blocked for 60s (PodDisruptionBudget, HTTP 429): "
+                            "ml/train: Cannot evict pod")
+    assert up.step(f, TARGET, POLICY, 59.0).state == up.CORDONED
+    s = up.step(f, TARGET, POLICY, 61.0)
+    assert s.state == up.FAILED and s.cordon is False
+    assert s.event is not None and "PodDisruptionBudget" in s.event[1]
+    assert "nothing was changed on the host" in s.event[1]
+    admin = replace(f, record=replace(rec, admin_cordoned=True))
+    assert up.step(admin, TARGET, POLICY, 61.0).cordon is None
+
+
+def test_drain_refused_by_drain_rules_fails_at_once() -> None:
+    f = facts(up.CORDONED, record=up.Record(version=NEW, since=0.0), unschedulable=True,
+              gpu_pods=1, evict_refused="Pods that declare no controller: ml/bare")
+    s = up.step(f, TARGET, POLICY, 1.0)
+    assert s.state == up.FAILED and "ml/bare" in s.record.message and s.cordon is False
+
+
+def test_validation_timeout_fails_and_keeps_the_node_cordoned() -> None:
+    rec = up.Record(version=NEW, started=0.0, since=0.0)
+    f = upgraded(facts(up.VALIDATING, record=rec, unschedulable=True, allocatable=6))
+    s = up.step(f, TARGET, POLICY, 121.0)
+    assert s.state == up.FAILED and s.cordon is None and "6/8" in s.record.message
+    wrong_label = replace(f, allocatable=8, version_labels=("2", "32", "0"))
+    assert "version labels" in "".join(up.validation_problems(wrong_label, rec))
+
+
+def test_someone_uncordoning_a_node_under_way_gets_it_cordoned_again() -> None:
+    f = facts(up.UPGRADING, record=up.Record(version=NEW, since=0.0), unschedulable=False)
+    assert up.step(f, TARGET, POLICY, 1.0).cordon is True
+
+
+def test_vf_change_goes_through_the_same_states_and_checks_n_times_m() -> None:
+    f = facts(vfnum_desired=4, agent_vfnum=0, vfnum_label=0, agent_version=NEW,
+              agent_wanted=NEW, version_labels=("2", "33", "0"))
+    s = up.step(f, TARGET, POLICY, 0.0)
+    assert s.state == up.REQUIRED and s.record.vfnum == 4 and s.record.version is None
+    f = advance(f, s)
+    f = advance(f, up.step(f, TARGET, POLICY, 1.0, may_start=True))
+    f = advance(f, up.step(replace(f, gpu_pods=0), TARGET, POLICY, 2.0))
+    s = up.step(f, TARGET, POLICY, 3.0)
+    assert s.state == up.UPGRADING and not s.restart_agent  # the driver stays
+    f = advance(f, s)
+    f = replace(f, agent_vfnum=4, vfnum_label=4)
+    f = advance(f, up.step(f, TARGET, POLICY, 4.0))
+    assert f.state == up.VALIDATING
+    # capacity not yet 8 GPUs x 4 VFs (gpu-device not recreated): not done
+    assert up.step(f, TARGET, POLICY, 5.0).state == up.VALIDATING
+    s = up.step(replace(f, capacity=32, allocatable=32), TARGET, POLICY, 6.0)
+    assert s.state == up.DONE and s.cordon is False
+
+
+def test_nothing_to_do_and_unknown_labels() -> None:
+    assert up.step(facts(agent_version=NEW), TARGET, POLICY, 0.0).state is None
+    assert up.step(facts(agent_version=None), TARGET, POLICY, 0.0).state is None  # no driver
+    assert up.step(facts(), up.Target(), POLICY, 0.0).state is None  # not Always
+    assert up.step(facts("bogus", agent_version=NEW), TARGET, POLICY, 0.0).state is None
+    # target reverted while waiting: back to rest
+    req = facts(up.REQUIRED, agent_version=NEW, record=up.Record(version=NEW))
+    assert up.step(req, TARGET, POLICY, 0.0).state is None
+
+
+def test_record_round_trip_and_patch() -> None:
+    rec = up.Record(version=NEW, vfnum=2, admin_cordoned=True, started=1.5, since=2.0,
+                    message="m", gpus=8)
+    assert up.Record.from_json(rec.to_json()) == rec
+    assert up.Record.from_json("{not json").message.startswith("unreadable")
+    body = up.node_patch(up.Step(up.CORDONED, rec, cordon=True))
+    assert body["spec"] == {"unschedulable": True}
+    assert body["metadata"]["labels"] == {up.STATE_LABEL: up.CORDONED}
+    assert json.loads(body["metadata"]["annotations"][up.RECORD_ANNOTATION])["vfnum"] == 2
+    cleared = up.node_patch(up.Step(None, up.Record()))
+    assert cleared["metadata"] == {"labels": {up.STATE_LABEL: None},
+                                   "annotations": {up.RECORD_ANNOTATION: None}}
+
+
+# ------------------------------------------------------------------ rollout limits
+@pytest.mark.parametrize(("value", "nodes", "limit"), [
+    ("25%", 50, 13), ("25%", 1, 1), ("100%", 7, 7), ("1%", 10, 1), ("3", 50, 3)])
+def test_max_unavailable(value: str, nodes: int, limit: int) -> None:
+    assert up.unavailable_limit(value, nodes) == limit
+
+
+@pytest.mark.parametrize("value", ["0", "0%", "101%", "-1", "x", "2.5"])
+def test_bad_max_unavailable_names_the_field(value: str) -> None:
+    with pytest.raises(ConfigError, match="maxUnavailable"):
+        up.unavailable_limit(value, 10)
+
+
+def test_bad_policy_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="maxParallel"):
+        up.Policy(max_parallel=0).check()
+    with pytest.raises(ConfigError, match="drainTimeoutSeconds"):
+        up.Policy(drain_timeout=0).check()
+
+
+def test_admit_honours_max_parallel_and_max_unavailable() -> None:
+    waiting = [facts(up.REQUIRED, name=f"n{i:02}") for i in range(10)]
+    policy = up.Policy(max_parallel=4, max_unavailable="2")
+    assert up.admit(waiting, policy) == ["n00", "n01"]  # maxUnavailable binds
+    policy = up.Policy(max_parallel=3, max_unavailable="50%")
+    assert up.admit(waiting, policy) == ["n00", "n01", "n02"]  # maxParallel binds
+    busy = [facts(up.UPGRADING, name="a", unschedulable=True), *waiting]
+    assert up.admit(busy, policy) == ["n00", "n01"]
+    # an admin-cordoned / NotReady node is already unavailable: it costs no budget
+    down = [facts(up.REQUIRED, name="m0", unschedulable=True),
+            facts(up.REQUIRED, name="m1", ready=False), *waiting]
+    assert up.admit(down, up.Policy(max_parallel=5, max_unavailable="3")) == \
+        ["m0", "m1", "n00"]
+    # other unavailable nodes (not ours) use the budget up
+    others = [facts(None, name=f"x{i}", unschedulable=True) for i in range(3)] + waiting
+    assert up.admit(others, up.Policy(max_parallel=5, max_unavailable="3")) == []
+
+
+def test_a_failed_node_pauses_the_rollout() -> None:
+    nodes = [facts(up.FAILED, name="bad", unschedulable=True),
+             *(facts(up.REQUIRED, name=f"n{i}") for i in range(3))]
+    assert up.admit(nodes, up.Policy(max_parallel=3, max_unavailable="100%")) == []
+    assert "bad" in up.budget(nodes, up.Policy()).reason
+
+
+# ------------------------------------------------- the controller over a fake cluster
+class SimCluster:
+    """``controller.Cluster`` in memory with merge-patch semantics; ``play`` acts as
+    driver-manager (install on ``upgrading``), gpu-label (version labels) and the
+    kubelet (evicted pods go away) on every node."""
+
+    def __init__(self, count: int, pods_per_node: int = 1) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.pod_list: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str, bool]] = []
+        self.blocked: set[str] = set()  # pods a PDB protects
+        self.fail_install: set[str] = set()
+        self.configmaps: dict[str, Any] = {"driver-config": {"data": {
+            "node-vfnums": "nodes: {}\n"}}}
+        for i in range(count):
+            name = f"gpu-{i:03}"
+            self.nodes[name] = {
+                "metadata": {"name": name, "labels": {
+                    "metax-tech.com/gpu.installed": "true", "metax-tech.com/driver.ready":
+                    "true", "metax-tech.com/gpu.driver.major": "2",
+                    "metax-tech.com/gpu.driver.minor": "32", "metax-tech.com/gpu.driver.patch":
+                    "0", "metax-tech.com/gpu.vfnum": "0"},
+                    "annotations": {state_annotation("driver-manager.driver"): json.dumps(
+                        {"state": "ready", "version": OLD, "wanted": OLD, "vfnum": 0})}},
+                "spec": {},
+                "status": {"capacity": {"metax-tech.com/gpu": "8"},
+                           "allocatable": {"metax-tech.com/gpu": "8"},
+                           "conditions": [{"type": "Ready", "status": "True"}]}}
+            for j in range(pods_per_node):
+                self.pod_list.append(self._pod(f"job-{i}-{j}", name))
+
+    @staticmethod
+    def _pod(name: str, node: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "ml", "uid": name, "labels": {},
+                             "ownerReferences": [{"kind": "ReplicaSet", "controller": True}]},
+                "spec": {"nodeName": node, "containers": [{"resources": {"limits": {
+                    "metax-tech.com/gpu": "1"}}}]},
+                "status": {"phase": "Running"}}
+
+    # Cluster protocol
+    def get_configmap(self, name: str) -> Mapping[str, Any] | None:
+        return self.configmaps.get(name)
+
+    def create_configmap(self, name: str, data: Mapping[str, str],
+                         labels: Mapping[str, str]) -> None:
+        self.configmaps[name] = {"data": dict(data)}
+
+    def put_status(self, name: str, data: Mapping[str, str]) -> None:
+        self.configmaps[name] = {"data": dict(data)}
+
+    def gpu_nodes(self) -> list[Mapping[str, Any]]:
+        return json.loads(json.dumps(list(self.nodes.values())))
+
+    def annotate_node(self, node: str, changes: Mapping[str, str | None]) -> None:
+        self.patch_node(node, {"metadata": {"annotations": dict(changes)}})
+
+    def patch_node(self, node: str, body: Mapping[str, Any]) -> None:
+        _merge(self.nodes[node], body)
+
+    def pods(self, selector: str) -> list[Mapping[str, Any]]:
+        return []
+
+    def delete_pod(self, name: str) -> None:
+        return None
+
+    def node_pods(self, node: str, selector: str) -> list[Mapping[str, Any]]:
+        return [p for p in self.pod_list if p["spec"]["nodeName"] == node]
+
+    def evict(self, pod: PodRef) -> tuple[int, str]:
+        if pod.name in self.blocked:
+            return 429, "Cannot evict pod as it would violate the pod's disruption budget."
+        for p in self.pod_list:
+            if p["metadata"]["name"] == pod.name:
+                p["metadata"]["deletionTimestamp"] = "now"
+        return 201, ""
+
+    def event(self, kind: str, name: str, reason: str, message: str, warning: bool) -> None:
+        self.events.append((name, reason, warning))
+
+    # the node side
+    def play(self) -> None:
+        self.pod_list = [p for p in self.pod_list if "deletionTimestamp" not in p["metadata"]]
+        for name, node in self.nodes.items():
+            labels = node["metadata"]["labels"]
+            if labels.get(up.STATE_LABEL) != up.UPGRADING:
+                continue
+            key = state_annotation("driver-manager.driver")
+            if name in self.fail_install:
+                report = {"state": "failed", "version": OLD, "wanted": NEW,
+                          "message": "driver 2.33.0.6 did not load; 2.32.0.6 restored"}
+            else:
+                report = {"state": "ready", "version": NEW, "wanted": NEW, "vfnum": 0}
+                labels["metax-tech.com/gpu.driver.minor"] = "33"
+            node["metadata"]["annotations"][key] = json.dumps(report)
+
+    def states(self) -> dict[str, str | None]:
+        return {n: v["metadata"]["labels"].get(up.STATE_LABEL) for n, v in self.nodes.items()}
+
+    def cordoned(self) -> list[str]:
+        return [n for n, v in self.nodes.items() if v["spec"].get("unschedulable")]
+
+
+def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, Mapping):
+            _merge(target.setdefault(key, {}), value)
+        else:
+            target[key] = value
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_controller_rollout_never_exceeds_the_limits_and_leaves_no_node_cordoned(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)  # every log call really formats its record
+    cluster = SimCluster(20)
+    cluster.nodes["gpu-007"]["spec"]["unschedulable"] = True  # the admin's
+    policy = up.Policy(max_parallel=3, max_unavailable="20%")  # 4 of 20
+    controller = Controller(cluster, target=TARGET, policy=policy, clock=Clock())
+    seen_parallel = 0
+    for _ in range(200):
+        controller.one_pass()
+        states = cluster.states()
+        active = sum(1 for s in states.values() if s in up.ACTIVE)
+        assert active <= 3
+        assert len(cluster.cordoned()) <= 4
+        seen_parallel = max(seen_parallel, active)
+        if all(s == up.DONE for s in states.values()):
+            break
+        cluster.play()
+    assert all(s == up.DONE for s in cluster.states().values()), cluster.states()
+    assert cluster.cordoned() == ["gpu-007"]  # only the admin's cordon is left
+    assert seen_parallel == 3  # the limit was reached, not just respected
+    assert not cluster.pod_list  # every GPU pod was evicted
+    assert sum(1 for e in cluster.events if e[1] == "DriverUpgradeDone") == 20
+    metrics = controller.metrics.render()[1].decode()
+    assert 'operator_driver_upgrade_nodes{state="done"} 20.0' in metrics
+    assert 'operator_driver_upgrade_duration_seconds_count{result="done"} 20.0' in metrics
+
+
+def test_controller_failure_pauses_the_rollout_and_a_retry_resumes_it() -> None:
+    cluster = SimCluster(4)
+    cluster.fail_install.add("gpu-000")
+    controller = Controller(cluster, target=TARGET, policy=up.Policy(), clock=Clock())
+    for _ in range(20):
+        controller.one_pass()
+        cluster.play()
+    states = cluster.states()
+    assert states["gpu-000"] == up.FAILED and "gpu-000" in cluster.cordoned()
+    assert set(states.values()) == {up.FAILED, up.REQUIRED}  # nobody else started
+    assert ("gpu-000", "DriverUpgradeFailed", True) in cluster.events
+    status = cluster.configmaps["operator-status"]["data"]["rollout"]
+    assert "did not load" in status and "rollout paused" in status
+    assert 'operator_driver_upgrade_paused 1.0' in controller.metrics.render()[1].decode()
+    # the admin fixes the node and asks for a retry
+    cluster.fail_install.clear()
+    cluster.patch_node("gpu-000", {"metadata": {"labels": {up.STATE_LABEL: up.REQUIRED}}})
+    for _ in range(60):
+        controller.one_pass()
+        cluster.play()
+    assert set(cluster.states().values()) == {up.DONE} and cluster.cordoned() == []
+
+
+def test_controller_pdb_blocked_drain_fails_cleanly() -> None:
+    cluster = SimCluster(2)
+    cluster.blocked.add("job-0-0")
+    clock = Clock()
+    controller = Controller(cluster, target=TARGET,
+                            policy=up.Policy(drain_timeout=5), clock=clock)
+    for _ in range(15):
+        controller.one_pass()
+        cluster.play()
+    node = cluster.nodes["gpu-000"]
+    assert cluster.states()["gpu-000"] == up.FAILED
+    assert not node["spec"].get("unschedulable")  # healthy: uncordoned again
+    assert node["metadata"]["labels"]["metax-tech.com/gpu.driver.minor"] == "32"  # untouched
+    record = up.Record.from_json(node["metadata"]["annotations"][up.RECORD_ANNOTATION])
+    assert "PodDisruptionBudget" in record.message and "ml/job-0-0" in record.message
+    assert cluster.states()["gpu-001"] == up.REQUIRED  # paused
+
+
+@pytest.mark.parametrize("state", [up.REQUIRED, up.CORDONED, up.EVICTED, up.UPGRADING,
+                                   up.VALIDATING])
+def test_a_new_controller_resumes_from_every_state(state: str) -> None:
+    cluster = SimCluster(3)
+    clock = Clock()
+    controller = Controller(cluster, target=TARGET, policy=up.Policy(max_parallel=1),
+                            clock=clock)
+    for _ in range(40):
+        if state in cluster.states().values():
+            break
+        controller.one_pass()
+        cluster.play()
+    assert state in cluster.states().values()
+    before = json.loads(json.dumps(cluster.nodes))
+    controller = Controller(cluster, target=TARGET, policy=up.Policy(max_parallel=1),
+                            clock=clock)  # the old one is gone; nothing carried over
+    assert cluster.nodes == before
+    for _ in range(60):
+        controller.one_pass()
+        cluster.play()
+    assert set(cluster.states().values()) == {up.DONE} and cluster.cordoned() == []
+
+
+@pytest.mark.parametrize(("flag", "field"), [
+    (["--upgrade-max-unavailable", "0%"], "maxUnavailable"),
+    (["--upgrade-max-parallel", "0"], "maxParallel"),
+    (["--driver-version", "2.33 bad"], "--driver-version")])
+def test_controller_cli_rejects_a_bad_policy_naming_the_field(
+        flag: list[str], field: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuk8s.services.operator.main import main
+
+    assert main(["--namespace", "ns", "--log-dir", "", *flag]) == 2
+    assert field in capsys.readouterr().err
+
+
+def test_withdrawing_a_failed_target_validates_the_node_before_uncordoning() -> None:
+    bad = up.Record(version="2.34.0.1", started=0.0, since=0.0, message="failed")
+    failed = facts(up.FAILED, record=bad, unschedulable=True, agent_version=NEW,
+                   agent_wanted="2.34.0.1", agent_state="failed",
+                   version_labels=("2", "33", "0"))
+    s = up.step(failed, TARGET, POLICY, 10.0)  # the admin went back to NEW, which it runs
+    assert s.state == up.UPGRADING and s.restart_agent and s.clear_report and s.cordon is None
+    f = advance(failed, s)
+    assert up.step(replace(f, agent_state=None), TARGET, POLICY, 11.0).state == up.UPGRADING
+    f = replace(f, agent_state="ready", agent_wanted=NEW)
+    f = advance(f, up.step(f, TARGET, POLICY, 12.0))
+    s = up.step(f, TARGET, POLICY, 13.0)
+    assert s.state == up.DONE and s.cordon is False
+    # a drain failure left the node uncordoned: nothing to undo
+    drained = replace(failed, unschedulable=False, agent_state="ready", agent_wanted=NEW)
+    s = up.step(drained, TARGET, POLICY, 10.0)
+    assert s.state == up.DONE and s.cordon is None
+
+
+def test_metrics_page_on_the_health_port() -> None:
+    import urllib.error
+    import urllib.request
+
+    from gpuk8s.services.healthserver import serve_health
+
+    metrics = Controller(SimCluster(0)).metrics
+    metrics.set_states(up.counts([up.DONE, None]), False, {"maxParallel": 1})
+    metrics.observe("done", 42.0)
+    server = serve_health(0, {"/healthz": lambda: (True, {})}, address="127.0.0.1",
+                          pages={"/metrics": metrics.render})
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as answer:
+            body = answer.read().decode()
+            assert answer.headers["Content-Type"].startswith("text/plain")
+        assert 'operator_driver_upgrade_nodes{state="done"} 1.0' in body
+        assert 'operator_driver_upgrade_nodes{state="none"} 1.0' in body
+        assert 'operator_driver_upgrade_duration_seconds_bucket{le="60.0",result="done"} 1.0' \
+            in body
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(base + "/nope", timeout=5)
+        assert missing.value.code == 404 and b"/metrics" in missing.value.read()
+    finally:
+        server.shutdown()
