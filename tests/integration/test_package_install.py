@@ -182,18 +182,22 @@ def test_extensions_install_rbac_and_uninstall(
             [
                 "DaemonSet/metax-gpu-device",
                 "DaemonSet/gpu-label",
+                "DaemonSet/gpu-mps",  # scheduled only on nodes labelled sharing-mode=mps
                 "Deployment/gpu-aware",
                 "Service/gpu-aware",
                 "ConfigMap/gpu-aware-plugin",
                 "ServiceAccount/gpu-device",
                 "ServiceAccount/gpu-label",
                 "ServiceAccount/gpu-aware",
+                "ServiceAccount/gpu-mps",
                 f"ClusterRole/{rel}-gpu-device",
                 f"ClusterRole/{rel}-gpu-label",
                 f"ClusterRole/{rel}-gpu-aware",
+                f"ClusterRole/{rel}-gpu-mps",
                 f"ClusterRoleBinding/{rel}-gpu-device",
                 f"ClusterRoleBinding/{rel}-gpu-label",
                 f"ClusterRoleBinding/{rel}-gpu-aware",
+                f"ClusterRoleBinding/{rel}-gpu-mps",
                 "Role/gpu-aware",
                 # the apiserver (1.35) serves ValidatingAdmissionPolicy
                 f"ValidatingAdmissionPolicy/{rel}-own-node",
@@ -212,6 +216,8 @@ def test_extensions_install_rbac_and_uninstall(
         assert _can(authz, ns, "gpu-label", "patch", "nodes")
         assert _can(authz, ns, "gpu-device", "patch", "nodes")
         assert not _can(authz, ns, "gpu-label", "list", "nodes")
+        assert _can(authz, ns, "gpu-mps", "get", "nodes")  # its node's sharing-mode label
+        assert not _can(authz, ns, "gpu-mps", "patch", "nodes")
         assert not _can(authz, ns, "gpu-label", "get", "secrets", namespace=ns)
         assert _can(authz, ns, "gpu-aware", "watch", "pods")
         assert not _can(authz, ns, "gpu-aware", "patch", "nodes")
