@@ -237,7 +237,10 @@ def test_4_kubelet_restart_keeps_pods_and_reregisters(
 ALLOWED = {  # (resource, resource name, verb) per ServiceAccount; namespace scope: ns-only
     "gpu-device": {("nodes", "", "get"), ("nodes", "", "patch")},
     "gpu-label": {("nodes", "", "get"), ("nodes", "", "patch")},
-    "gpu-aware": {(r, "", v) for r in ("nodes", "pods") for v in ("get", "list", "watch")},
+    # GPU sharing's bind verb: the chosen GPUs recorded on the pod, then the binding
+    "gpu-aware": {(r, "", v) for r in ("nodes", "pods") for v in ("get", "list", "watch")}
+    | {("pods", "", "patch"), ("pods/binding", "", "create")},
+    "gpu-mps": {("nodes", "", "get")},  # its node's sharing-mode label
 }
 ALLOWED_IN_NS = {"gpu-aware": {("configmaps", "gpu-aware-plugin", "get")}}
 # what every authenticated user may do (discovery, self reviews): not the chart's doing

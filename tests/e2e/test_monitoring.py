@@ -66,7 +66,8 @@ def exporter(lab: dict[str, str]) -> Iterator[dict[str, str]]:
     """gpu-exporter running from the checkout's chart. A release already in the lab
     (lab/install's) is upgraded to enable it and rolled back afterwards; otherwise a
     release of our own is installed and removed."""
-    releases = json.loads(helm("list", "-n", NS, "-o", "json"))
+    # deployed only: the session may have set lab/install's release aside (history kept)
+    releases = json.loads(helm("list", "--deployed", "-n", NS, "-o", "json"))
     ours = [r for r in releases if r["chart"].startswith("metax-gpu-extensions-")]
     on = ["--set", "gpuExporter.enabled=true", "--set", f"gpuExporter.interval={EXPORTER_INTERVAL}"]
     if ours:

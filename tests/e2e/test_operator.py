@@ -67,7 +67,9 @@ def playbook(name: str, *extra: str) -> str:
 
 
 def releases(namespace: str) -> list[str]:
-    out = helm("list", "-q", "-n", namespace, check=False)
+    # deployed only: a release the session set aside (uninstalled, history kept) is not
+    # ours to remove (helm 4 lists it too); uninstalling it would lose its history
+    out = helm("list", "--deployed", "-q", "-n", namespace, check=False)
     return [line for line in out.split() if line]
 
 
@@ -195,8 +197,10 @@ def test_3_driver_config_vfnum_4_gives_32_and_a_bad_value_is_reported(
     kubectl("patch", "configmap", "driver-config", "-n", NS, "--type", "merge", "-p", bad)
     messages = wait_until("InvalidVfnum event", lambda: node_events(node, "InvalidVfnum"), 60)
     assert any(node in m and "vfnum 3" in m for m in messages), messages
-    conditions = operator_status()["conditions"]
-    assert any(c["type"] == "InvalidVfnum" and c["node"] == node for c in conditions)
+    # the status ConfigMap is written at the end of the controller's pass, after the Event
+    wait_until("InvalidVfnum condition", lambda: any(
+        c["type"] == "InvalidVfnum" and c["node"] == node
+        for c in operator_status()["conditions"]), 60)
     assert gpu(node, "capacity") == 32  # the previous setting stays in force
 
 
