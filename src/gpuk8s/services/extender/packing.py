@@ -459,9 +459,12 @@ class Ranker:
                     self._tables = {}
                 entry = self._tables[key] = ({}, {})
             table = entry[0]
+            try:  # the usual case: every node known for this shape (one C-level pass)
+                return list(map(table.__getitem__, names))
+            except KeyError:
+                pass
             todo = list(filterfalse(table.__contains__, names))
-            if todo:
-                self._fill(entry, todo, weights, shape, mix)
+            self._fill(entry, todo, weights, shape, mix)
             return list(map(table.get, names, repeat(MISSING)))
 
     def _fill(
@@ -517,8 +520,14 @@ def rank_scores(raw: list[float], top: int = 10) -> list[int]:
     """Extender scores by rank: the best distinct raw value gets ``top``, the next
     ``top − 1``, ... down to 1 for the rest; ``MISSING`` gets 0. Equal raw values share
     a score, near-equal ones do not collapse as a linear spread would make them."""
+    return list(map(rank_map(raw, top).__getitem__, raw))
+
+
+def rank_map(raw: Iterable[float], top: int = 10) -> dict[float, int]:
+    """Raw value -> its score by ``rank_scores``' rule (a dict, so that a caller can map
+    the values straight to pre-encoded answers)."""
     distinct = sorted(set(raw) - {MISSING}, reverse=True)
     score = {MISSING: 0}
     for position, value in enumerate(distinct):
         score[value] = max(top - position, 1)
-    return list(map(score.__getitem__, raw))
+    return score
