@@ -36,7 +36,6 @@ from .packing import (
     NodeRooms,
     Ranker,
     RunningPods,
-    item_room_fields,
     rank_map,
     rank_scores,
 )
@@ -526,7 +525,7 @@ class Extender:
         if args.nodes is not None:
             rooms = self.rooms
             for item in args.nodes:  # nodeCacheCapable: false -- the request has them
-                rooms.observe(*item_room_fields(item))
+                rooms.observe_item(item)
         else:
             self._candidates(args)  # the cache must be synced (else: not ready)
         weights: Weights = self.weights.current()

@@ -290,6 +290,8 @@ class NodeRooms(_Notifier):
         super().__init__()
         self._nodes: dict[str, NodeRoomInfo] = {}
         self._seen: dict[str, _Seen] = {}
+        # name -> the raw JSON text its entry was built from (``observe_item``)
+        self._raw: dict[str, tuple[bytes, bytes, bytes]] = {}
         self._layouts: dict[tuple[tuple[Any, ...], ...], Layout] = {}
         self._parsed: dict[str, tuple[Layout, tuple[int, ...], tuple[int, ...]] | None] = {}
         self._after: dict[tuple[int, tuple[int, ...], int], tuple[int, tuple[int, ...]]] = {}
@@ -338,6 +340,7 @@ class NodeRooms(_Notifier):
             return
         seen, info = self._entry(devices, allocatable)
         with self._lock:
+            self._raw.pop(name, None)
             self._seen[name] = seen
             if info is None:
                 self._nodes.pop(name, None)
@@ -345,8 +348,21 @@ class NodeRooms(_Notifier):
                 self._nodes[name] = info
         self._notify(name)
 
+    def observe_item(self, item: NodeItem) -> None:
+        """``observe`` of a node as the extender decoded it (the request's Node objects
+        or the node watch), keyed on the JSON text of its device-list annotation and
+        allocatable resources as sent: an unchanged node costs a bytes comparison, its
+        annotation is neither decoded nor parsed again."""
+        raw = (bytes(item.raws[0]), bytes(item.allocatable[0]), bytes(item.allocatable[1]))
+        if self._raw.get(item.name) == raw:
+            return
+        self.observe(*item_room_fields(item))
+        with self._lock:
+            self._raw[item.name] = raw
+
     def forget(self, name: str) -> None:
         with self._lock:
+            self._raw.pop(name, None)
             self._seen.pop(name, None)
             self._nodes.pop(name, None)
         self._notify(name)
@@ -360,7 +376,7 @@ class NodeRooms(_Notifier):
             if info is not None:
                 fresh[name] = info
         with self._lock:
-            self._nodes, self._seen = fresh, seen
+            self._nodes, self._seen, self._raw = fresh, seen, {}
         self._notify(None)
 
     def get(self, name: str) -> NodeRoomInfo | None:
