@@ -590,3 +590,82 @@ def test_rank_scores_order_the_values(values: list[int | None]) -> None:
             if a > b:
                 assert sa >= sb
     assert (10 in got) == bool(distinct)
+
+
+def test_need_index_keeps_encoded_names_in_step_with_node_events() -> None:
+    """The pre-encoded names a filter answer is joined from follow every node event,
+    and encode exactly as json.dumps does (escapes, non-ASCII)."""
+    cache = NodeCache()
+    odd = 'n"\u00e9'  # not a valid node name, but the answer must still be valid JSON
+    cache.replace([("n1", node_annotations(C500)), (odd, node_annotations(C500))])
+    ext = make_extender(cache=cache)
+    index = cache.need_index(4)
+    assert index.fits_json == {"n1": '"n1"', odd: json.dumps(odd)}
+    request = body(Pod=pod(4), NodeNames=["n1", odd])
+    response = ext.handle("filter", request)
+    assert json.loads(response.body)["NodeNames"] == ["n1", odd]
+    cache.upsert("n1", node_annotations(C500, allocated=range(6)))  # 2 free < 4
+    assert set(index.fits_json) == set(index.fits) == {odd}
+    result = json.loads(ext.handle("filter", request).body)
+    assert result["NodeNames"] == [odd] and "2 of 8 healthy" in result["FailedNodes"]["n1"]
+    cache.delete(odd)
+    assert index.fits_json == {} and index.fits == set()
+    result = json.loads(ext.handle("filter", request).body)
+    assert result["NodeNames"] == []
+    assert "not in the extender's node cache" in result["FailedNodes"][odd]
+    cache.upsert("n1", node_annotations(C500))
+    assert index.fits_json == {"n1": '"n1"'}
+
+
+def test_rooms_skip_unchanged_request_nodes_and_follow_changed_bytes() -> None:
+    """nodeCacheCapable: false -- every prioritize observes the request's Node objects:
+    a node whose device list and allocatable arrive unchanged (same bytes) is not
+    decoded again; any change of those bytes, or of the node by another path, is taken."""
+    rooms = NodeRooms()
+    events: list[str | None] = []
+    rooms.listen(events.append)
+
+    def item(annotations: dict[str, str], cpu: str = "64") -> Any:
+        obj = node("n1", annotations, status={"allocatable": {"cpu": cpu, "memory": "1Gi"}})
+        return parse_args(body(Pod=pod(1), Nodes={"items": [obj]})).nodes[0]  # type: ignore[index]
+
+    free, busy = node_annotations(C500), node_annotations(C500, allocated=range(6))
+    rooms.observe_item(item(free))
+    first = rooms.get("n1")
+    assert first is not None and len(first.free) == 8 and first.cpu_milli == 64_000
+    assert events == ["n1"]
+    rooms.observe_item(item(free))  # same bytes, a new request: nothing to do
+    assert events == ["n1"] and rooms.get("n1") is first
+    rooms.observe_item(item(busy))  # annotation changed
+    info = rooms.get("n1")
+    assert info is not None and len(info.free) == 2 and events == ["n1", "n1"]
+    rooms.observe_item(item(busy, cpu="32"))  # allocatable changed
+    info = rooms.get("n1")
+    assert info is not None and info.cpu_milli == 32_000 and len(events) == 3
+    # the node watch (decoded path) changes the node: the next request's bytes, equal
+    # to the last request's, must still be taken again
+    rooms.observe("n1", free[DEVICES_ANNOTATION])
+    assert len(rooms.get("n1").free) == 8  # type: ignore[union-attr]
+    rooms.observe_item(item(busy, cpu="32"))
+    assert len(rooms.get("n1").free) == 2  # type: ignore[union-attr]
+    rooms.forget("n1")
+    rooms.observe_item(item(busy, cpu="32"))
+    assert rooms.get("n1") is not None
+    rooms.replace([])
+    rooms.observe_item(item(busy, cpu="32"))
+    assert rooms.get("n1") is not None
+
+
+def test_full_node_prioritize_follows_the_request_nodes() -> None:
+    """The ranker's cached priorities are dropped when a request brings a node with a
+    changed device list (nodeCacheCapable: false)."""
+    ext = make_extender()
+    whole, split = node_annotations(C500, allocated=[0, 1]), node_annotations(C500, [0, 4])
+    request = {"Pod": pod(4), "Nodes": {"items": [node("n1", whole), node("n2", split)]}}
+    assert call(ext, "prioritize", request)[1] == [
+        {"Host": "n1", "Score": 10}, {"Host": "n2", "Score": 9}
+    ]
+    request["Nodes"]["items"] = [node("n1", split), node("n2", whole)]
+    assert call(ext, "prioritize", request)[1] == [
+        {"Host": "n1", "Score": 9}, {"Host": "n2", "Score": 10}
+    ]

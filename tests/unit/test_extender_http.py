@@ -296,3 +296,55 @@ def test_main_exits_2_with_a_message_on_bad_flags(capsys: pytest.CaptureFixture[
     finally:  # main() installs a handler on pytest's captured stderr: put logging back
         root.handlers[:], root.level = saved[0], saved[1]
     assert "--port" in capsys.readouterr().err
+
+
+def _raw_exchange(srv: ExtenderHTTPServer, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        return sock.makefile("rb").read()
+
+
+@pytest.mark.parametrize(("head", "status"), [
+    (b"POST /filter HTTP/2.0\r\n", b"505"),
+    (b"POST /filter HTTP/1.x\r\n", b"400"),
+    (b"POST /filter HTTP/\xb2.1\r\n", b"400"),
+    (b"POST /filter\r\n", b"400"),  # HTTP/0.9 is not spoken here
+    (b"POST /filter HTTP/1.1\r\n no-name: x\r\n", b"400"),
+    (b"POST /filter HTTP/1.1\r\nno colon\r\n", b"400"),
+    (b"POST /filter HTTP/1.1\r\nX: " + b"a" * 70_000 + b"\r\n", b"431"),
+    (b"POST /filter HTTP/1.1\r\n" + b"X: y\r\n" * 101, b"431"),
+])
+def test_malformed_request_heads_get_json_errors(
+    server: ExtenderHTTPServer, head: bytes, status: bytes
+) -> None:
+    answer = _raw_exchange(server, head + b"\r\n")
+    assert answer.startswith(b"HTTP/1.1 " + status), answer[:80]
+    assert "Error" in json.loads(answer.partition(b"\r\n\r\n")[2])
+    assert alive(server)
+
+
+def test_header_names_are_case_insensitive_and_connection_is_honoured(
+    server: ExtenderHTTPServer,
+) -> None:
+    payload = json.dumps({"Pod": pod(0), "Nodes": {"items": [node("n1")]}}).encode()
+    two = (
+        b"POST /filter HTTP/1.1\r\nhOST: x\r\ncontent-LENGTH: %d\r\n\r\n%s"
+        % (len(payload), payload)
+    ) * 2
+    answer = _raw_exchange(server, two)
+    assert answer.count(b"HTTP/1.1 200 OK") == 2  # keep-alive: both answered
+    close = (
+        b"POST /filter HTTP/1.1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(payload), payload)
+    ) * 2
+    assert _raw_exchange(server, close).count(b"HTTP/1.1 200 OK") == 1
+    # HTTP/1.0 closes unless it asks for keep-alive
+    old = b"POST /filter HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload)
+    assert _raw_exchange(server, old * 2).count(b" 200 OK") == 1
+    kept = old.replace(b"HTTP/1.0\r\n", b"HTTP/1.0\r\nConnection: keep-alive\r\n")
+    assert _raw_exchange(server, kept * 2).count(b" 200 OK") == 2  # as http.server
+    # a repeated header: the first counts (as email.message.Message.get)
+    dup = b"POST /filter HTTP/1.1\r\nContent-Length: %d\r\nContent-Length: 5\r\n\r\n%s" % (
+        len(payload), payload)
+    assert _raw_exchange(server, dup).startswith(b"HTTP/1.1 200")

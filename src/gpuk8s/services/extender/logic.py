@@ -14,9 +14,8 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass
-from itertools import filterfalse, repeat
+from itertools import filterfalse
 from json.encoder import encode_basestring_ascii
-from operator import add
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -32,7 +31,14 @@ from .nodes import (
     short_reason,
     unresolvable_reason,
 )
-from .packing import MISSING, NodeRooms, Ranker, RunningPods, item_room_fields, rank_scores
+from .packing import (
+    MISSING,
+    NodeRooms,
+    Ranker,
+    RunningPods,
+    rank_map,
+    rank_scores,
+)
 from .share import Sharing, parse_bind
 from .weights import Weights, WeightSource
 from .wire import (
@@ -157,7 +163,26 @@ def _encoded(
 
 
 def _host_head(name: str) -> str:
-    return '{"Host":' + encode_basestring_ascii(name) + ',"Score":'
+    return ',{"Host":' + encode_basestring_ascii(name) + ',"Score":'
+
+
+def _priority_list(heads: list[str], tails: list[str]) -> bytes:
+    """``[{"Host":..,"Score":s},...]`` from the per-name heads (``_host_head``, each
+    with its leading comma) and the per-name ``s}`` tails: one join, no per-entry
+    concatenation."""
+    if not heads:
+        return b"[]"
+    parts = [""] * (2 * len(heads))
+    parts[0::2] = heads
+    parts[1::2] = tails
+    parts[0] = parts[0][1:]  # no comma before the first entry
+    return ("[" + "".join(parts) + "]").encode()
+
+
+def _score_tails(raw: list[float]) -> list[str]:
+    """Per raw priority its encoded ``score}`` (scores by ``packing.rank_map``)."""
+    tail = {value: _SCORE_TAIL[score] for value, score in rank_map(raw).items()}
+    return list(map(tail.__getitem__, raw))
 
 
 def _members(members: list[str]) -> dict[str, str]:
@@ -280,29 +305,34 @@ class Extender:
         if parts is None:
             return self._filter_states(ExtenderArgs("", "", need, None, names), need)
         keep, failed, unresolvable = parts
-        return keep, _members(failed), _members(unresolvable)
+        kept: list[str] = json.loads("[" + ",".join(keep) + "]")
+        return kept, _members(failed), _members(unresolvable)
 
     def _filter_cached_parts(
         self, names: list[str], need: int
     ) -> tuple[list[str], list[str], list[str]] | None:
-        """(kept names, FailedNodes members, FailedAndUnresolvableNodes members), the
-        members pre-encoded ``"name":"reason"`` JSON; None when a node event moved a
-        node while we read (the caller does it slowly).
+        """(kept names, FailedNodes members, FailedAndUnresolvableNodes members), all
+        pre-encoded JSON (``"name"`` and ``"name":"reason"``); None when a node event
+        moved a node while we read (the caller does it slowly).
 
-        Set-membership and dict-lookup passes over the names against the cache's
-        NeedIndex (C-level); Python-level work runs only for offered nodes outside the
-        "fits" set when some are not in the index, and for nodes with promised GPUs."""
+        Dict-lookup passes over the names against the cache's NeedIndex (C-level), which
+        holds every node's answer for this request size already encoded; Python-level
+        work runs only for offered nodes outside the "fits" set when some are not in the
+        index, and for nodes with promised GPUs."""
         assert self.cache is not None
-        if len(set(names)) != len(names):
+        offered = set(names)
+        if len(offered) != len(names):
             return None  # a name offered twice: the plain path explains it
         index = self.cache.need_index(need)
-        fits = index.fits
-        keep = list(filter(fits.__contains__, names))
+        fits = index.fits_json
+        keep = list(filter(None, map(fits.get, names)))
         failed: list[str] = []
         unresolvable: list[str] = []
         if len(keep) != len(names):
             # usually few: the scheduler already dropped nodes short of GPUs by count
             rest = list(filterfalse(fits.__contains__, names))
+            if len(rest) + len(keep) != len(names):
+                return None  # a node moved in or out of "fits" between the passes
             unresolvable = list(filter(None, map(index.unresolvable_json.get, rest)))
             failed = list(filter(None, map(index.short_json.get, rest)))
             if len(unresolvable) + len(failed) != len(rest):
@@ -320,21 +350,27 @@ class Extender:
                         return None
         if self.promises is not None and self.pods is not None:
             promised = self.promises.current()
-            pending = list(filter(promised.__contains__, keep))
-            if pending:
-                states = self.cache.snapshot()
-                requested = self.pods.per_node()
-                dropped: dict[str, str] = {}
-                for name in pending:
-                    state = states.get(name)
-                    if state is None:  # deleted meanwhile
-                        return None
-                    why = self._promise_check(name, state, need, requested)
-                    if why is not None:
-                        dropped[name] = why
-                if dropped:
-                    failed += [json_member(name, why) for name, why in dropped.items()]
-                    keep = list(filterfalse(dropped.__contains__, keep))
+            if promised:
+                # the smaller side drives the pass (promises are usually few)
+                if len(promised) < len(keep):
+                    pending = [n for n in list(promised) if n in offered and n in fits]
+                else:
+                    pending = [n for n in names if n in promised and n in fits]
+                if pending:
+                    states = self.cache.snapshot()
+                    requested = self.pods.per_node()
+                    dropped: dict[str, str] = {}
+                    for name in pending:
+                        state = states.get(name)
+                        if state is None:  # deleted meanwhile
+                            return None
+                        why = self._promise_check(name, state, need, requested)
+                        if why is not None:
+                            dropped[name] = why
+                    if dropped:
+                        failed += [json_member(name, why) for name, why in dropped.items()]
+                        gone = {encode_basestring_ascii(name) for name in dropped}
+                        keep = list(filterfalse(gone.__contains__, keep))
         return keep, failed, unresolvable
 
     # -- GPU sharing ----------------------------------------------------------
@@ -371,8 +407,7 @@ class Extender:
         values = sharing.raw(args.share, names, args.pod_uid)
         raw = [MISSING if v is None else v for v in values]
         heads = _encoded(self._host_heads, names, _host_head)
-        parts = map(add, heads, map(_SCORE_TAIL.__getitem__, rank_scores(raw)))
-        return "".join(("[", ",".join(parts), "]")).encode()
+        return _priority_list(heads, _score_tails(raw))
 
     def filter_json(self, args: ExtenderArgs) -> bytes:
         """The filter answer, encoded. With the node cache it is assembled from the
@@ -391,7 +426,11 @@ class Extender:
         if args.nodes is None and cache is not None and cache.synced:
             names = args.node_names or []
             need = args.gpus
-            parts = ([*names], [], []) if need == 0 else self._filter_cached_parts(names, need)
+            parts = (
+                (list(map(encode_basestring_ascii, names)), [], [])
+                if need == 0
+                else self._filter_cached_parts(names, need)
+            )
             if parts is not None:
                 keep, failed, unresolvable = parts
                 if failed:
@@ -400,9 +439,9 @@ class Extender:
                     self.metrics.rejected.labels("unresolvable").inc(len(unresolvable))
                 return "".join(
                     (
-                        '{"Nodes":null,"NodeNames":',
-                        _encode(keep),
-                        ',"FailedNodes":{',
+                        '{"Nodes":null,"NodeNames":[',
+                        ",".join(keep),
+                        '],"FailedNodes":{',
                         ",".join(failed),
                         '},"FailedAndUnresolvableNodes":{',
                         ",".join(unresolvable),
@@ -486,7 +525,7 @@ class Extender:
         if args.nodes is not None:
             rooms = self.rooms
             for item in args.nodes:  # nodeCacheCapable: false -- the request has them
-                rooms.observe(*item_room_fields(item))
+                rooms.observe_item(item)
         else:
             self._candidates(args)  # the cache must be synced (else: not ready)
         weights: Weights = self.weights.current()
@@ -510,11 +549,8 @@ class Extender:
         # (a dict of whole '{"Host":..,"Score":s}' strings per name and score was
         # slower: the per-request memory touched matters more than the concatenation)
         heads = _encoded(self._host_heads, names, _host_head)
-        if raw is None:
-            parts = map(add, heads, repeat(_SCORE_TAIL[0]))
-        else:
-            parts = map(add, heads, map(_SCORE_TAIL.__getitem__, rank_scores(raw)))
-        return "".join(("[", ",".join(parts), "]")).encode()
+        tails = [_SCORE_TAIL[0]] * len(names) if raw is None else _score_tails(raw)
+        return _priority_list(heads, tails)
 
     # -- protocol -------------------------------------------------------------
     def handle(self, verb: str, body: bytes) -> Response:

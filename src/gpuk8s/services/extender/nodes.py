@@ -199,6 +199,9 @@ class NeedIndex:
     unresolvable: dict[str, str] = field(default_factory=dict)
     short: dict[str, str] = field(default_factory=dict)  # healthy enough, too few free
     fits: set[str] = field(default_factory=set)  # free >= need (before promises)
+    # the same nodes -> their name as a JSON string, so a filter answer's NodeNames is
+    # one lookup pass and one join (names are encoded once per node event, not per call)
+    fits_json: dict[str, str] = field(default_factory=dict)
     unresolvable_json: dict[str, str] = field(default_factory=dict)
     short_json: dict[str, str] = field(default_factory=dict)
 
@@ -209,6 +212,7 @@ class NeedIndex:
         self.short.pop(name, None)
         self.short_json.pop(name, None)
         self.fits.discard(name)
+        self.fits_json.pop(name, None)
         if state is None:
             return
         reason = unresolvable_reason(state, need)
@@ -220,6 +224,7 @@ class NeedIndex:
             self.short_json[name] = json_member(name, reason)
             self.short[name] = reason
         else:
+            self.fits_json[name] = encode_basestring_ascii(name)
             self.fits.add(name)
 
 

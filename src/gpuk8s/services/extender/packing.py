@@ -290,6 +290,8 @@ class NodeRooms(_Notifier):
         super().__init__()
         self._nodes: dict[str, NodeRoomInfo] = {}
         self._seen: dict[str, _Seen] = {}
+        # name -> the raw JSON text its entry was built from (``observe_item``)
+        self._raw: dict[str, tuple[bytes, bytes, bytes]] = {}
         self._layouts: dict[tuple[tuple[Any, ...], ...], Layout] = {}
         self._parsed: dict[str, tuple[Layout, tuple[int, ...], tuple[int, ...]] | None] = {}
         self._after: dict[tuple[int, tuple[int, ...], int], tuple[int, tuple[int, ...]]] = {}
@@ -338,6 +340,7 @@ class NodeRooms(_Notifier):
             return
         seen, info = self._entry(devices, allocatable)
         with self._lock:
+            self._raw.pop(name, None)
             self._seen[name] = seen
             if info is None:
                 self._nodes.pop(name, None)
@@ -345,8 +348,21 @@ class NodeRooms(_Notifier):
                 self._nodes[name] = info
         self._notify(name)
 
+    def observe_item(self, item: NodeItem) -> None:
+        """``observe`` of a node as the extender decoded it (the request's Node objects
+        or the node watch), keyed on the JSON text of its device-list annotation and
+        allocatable resources as sent: an unchanged node costs a bytes comparison, its
+        annotation is neither decoded nor parsed again."""
+        raw = (bytes(item.raws[0]), bytes(item.allocatable[0]), bytes(item.allocatable[1]))
+        if self._raw.get(item.name) == raw:
+            return
+        self.observe(*item_room_fields(item))
+        with self._lock:
+            self._raw[item.name] = raw
+
     def forget(self, name: str) -> None:
         with self._lock:
+            self._raw.pop(name, None)
             self._seen.pop(name, None)
             self._nodes.pop(name, None)
         self._notify(name)
@@ -360,7 +376,7 @@ class NodeRooms(_Notifier):
             if info is not None:
                 fresh[name] = info
         with self._lock:
-            self._nodes, self._seen = fresh, seen
+            self._nodes, self._seen, self._raw = fresh, seen, {}
         self._notify(None)
 
     def get(self, name: str) -> NodeRoomInfo | None:
@@ -459,9 +475,12 @@ class Ranker:
                     self._tables = {}
                 entry = self._tables[key] = ({}, {})
             table = entry[0]
+            try:  # the usual case: every node known for this shape (one C-level pass)
+                return list(map(table.__getitem__, names))
+            except KeyError:
+                pass
             todo = list(filterfalse(table.__contains__, names))
-            if todo:
-                self._fill(entry, todo, weights, shape, mix)
+            self._fill(entry, todo, weights, shape, mix)
             return list(map(table.get, names, repeat(MISSING)))
 
     def _fill(
@@ -517,8 +536,14 @@ def rank_scores(raw: list[float], top: int = 10) -> list[int]:
     """Extender scores by rank: the best distinct raw value gets ``top``, the next
     ``top − 1``, ... down to 1 for the rest; ``MISSING`` gets 0. Equal raw values share
     a score, near-equal ones do not collapse as a linear spread would make them."""
+    return list(map(rank_map(raw, top).__getitem__, raw))
+
+
+def rank_map(raw: Iterable[float], top: int = 10) -> dict[float, int]:
+    """Raw value -> its score by ``rank_scores``' rule (a dict, so that a caller can map
+    the values straight to pre-encoded answers)."""
     distinct = sorted(set(raw) - {MISSING}, reverse=True)
     score = {MISSING: 0}
     for position, value in enumerate(distinct):
         score[value] = max(top - position, 1)
-    return list(map(score.__getitem__, raw))
+    return score

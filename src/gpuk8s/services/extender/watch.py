@@ -216,7 +216,7 @@ def node_handlers(
         else:
             cache.upsert_item(node)
             if rooms is not None:
-                rooms.observe(*item_room_fields(node))
+                rooms.observe_item(node)
             if shared is not None:
                 shared.observe(node)
             if cuda is not None:
