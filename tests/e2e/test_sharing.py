@@ -11,8 +11,8 @@ Only ONE of the 8 simulated GPUs is left to the shared pods, and it is left by *
 seven holders ask ``sgpu: 1, vcore: 100`` (100 % = the GPU exclusively) and go through
 the same scheduler, extender and kubelet. That is chosen over failing seven GPUs in the
 simulator because it keeps the kubelet's device ids and the extender's choice apart: the
-kubelet hands out replica ids ``<GPU>::<n>`` from the sorted healthy list (the holders and
-the shared pods all get ids of the first GPU in that order), while the extender puts the
+kubelet picks replica ids ``<GPU>::<n>`` among all healthy ones of all 8 GPUs (on the lab:
+ids of GPUs 5, 3 and 1 for three pods placed on GPU 7), while the extender puts the
 shared pods on the one GPU nobody holds. So the test fails if Allocate handed the
 container the GPU of the kubelet's ids instead of the pod's ``gpuk8s.io/sharing.assigned``
 annotation (test 5 checks that the ids did name another GPU); with seven GPUs failed the
