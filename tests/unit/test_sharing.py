@@ -71,7 +71,7 @@ def test_fit_and_best_fit() -> None:
     chosen, _ = s.choose_shared(caps, usage, s.ShareRequest(s.MODE_SGPU, 1, 30, 0))
     assert chosen == [1]  # best fit: 0 % left on GPU 1, 20 % on GPU 0
     usage[0].add(half)
-    assert s.fits(caps[0], usage[0], half) == "0% compute left, the pod needs 50%"
+    assert s.fits(caps[0], usage[0], half) == "0 percent compute left, the pod needs 50 percent"
     excl = s.ShareRequest(s.MODE_SGPU, 1, 100, 0)
     assert "exclusively" in (s.fits(caps[1], usage[1], excl) or "")
     big = s.ShareRequest(s.MODE_SGPU, 1, 10, 70000)
@@ -84,6 +84,24 @@ def test_fit_and_best_fit() -> None:
     used = s.GpuUsage()
     used.add(s.ShareRequest(s.MODE_SGPU, 1, 0, 0))
     assert "slots" in (s.fits(slots, used, s.ShareRequest(s.MODE_SGPU, 1, 0, 0)) or "")
+
+
+def test_reasons_are_safe_as_a_go_format_string() -> None:
+    """kube-scheduler's event recorder formats the extender's reason (Eventf): a '%' in
+    it was garbled on the lab ('0%!c(MISSING)ompute left'). No reason carries one."""
+    full = s.GpuUsage()
+    full.add(s.ShareRequest(s.MODE_SGPU, 1, 60, 0))
+    reasons = [
+        s.fits(s.GpuCapacity(0, 65536), full, s.ShareRequest(s.MODE_SGPU, 1, 50, 0)),
+        s.fits(s.GpuCapacity(0, 65536, healthy=False), None, s.ShareRequest(s.MODE_SGPU, 1, 5, 0)),
+        s.fits(s.GpuCapacity(0, 1024), None, s.ShareRequest(s.MODE_SGPU, 1, 5, 4096)),
+        s.fits(s.GpuCapacity(0, 65536), full, s.ShareRequest(s.MODE_SGPU, 1, 100, 0)),
+        s.choose_shared([s.GpuCapacity(0, 65536)], {0: full},
+                        s.ShareRequest(s.MODE_SGPU, 1, 50, 0))[1],
+    ]
+    assert all(reasons), reasons
+    assert not [r for r in reasons if r and "%" in r], reasons
+    assert "40 percent compute left, the pod needs 50 percent" in str(reasons[0])
 
 
 def test_assignment_round_trip_and_rebuild() -> None:

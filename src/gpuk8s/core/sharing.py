@@ -327,7 +327,11 @@ class GpuUsage:
 
 
 def fits(cap: GpuCapacity, use: GpuUsage | None, share: ShareRequest) -> str | None:
-    """Why ``share`` does not fit on the GPU, or None when it does."""
+    """Why ``share`` does not fit on the GPU, or None when it does.
+
+    The reason reaches kube-scheduler (extender FailedNodes, bind errors), which passes
+    it to its event recorder as a *format string*: it never contains ``%`` (a ``50%``
+    became ``50%!,(MISSING)`` in the pod's FailedScheduling event)."""
     use = use or GpuUsage()
     if not cap.healthy:
         return "unhealthy"
@@ -340,7 +344,9 @@ def fits(cap: GpuCapacity, use: GpuUsage | None, share: ShareRequest) -> str | N
     if use.shares >= cap.slots:
         return f"all {cap.slots} share slots taken"
     if use.core + share.core > FULL_CORE:
-        return f"{FULL_CORE - use.core}% compute left, the pod needs {share.core}%"
+        return (
+            f"{FULL_CORE - use.core} percent compute left, the pod needs {share.core} percent"
+        )
     if share.memory_mib:
         if cap.memory_mib is None:
             return "GPU memory unknown (no gpu.memory label); memory requests cannot be placed"
