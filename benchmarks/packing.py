@@ -89,6 +89,7 @@ from gpuk8s.services.extender.nodes import BoundPods, NodeCache
 from gpuk8s.services.extender.packing import (
     NodeRooms,
     RunningPods,
+    free_cpu_of,
     node_room_fields,
     running_fields,
 )
@@ -500,7 +501,9 @@ class Replay:
             self.ledger = Ledger()
             self.ledger.replace([])
             self.store = PodStore(self.ledger)
-            sharing = Sharing(shared, self.ledger, self.store)
+            sharing = Sharing(
+                shared, self.ledger, self.store, free_cpu=free_cpu_of(self.rooms, self.running)
+            )
         self.extender = Extender(
             WeightSource(None, Weights(1, 1)),
             cache=self.cache,

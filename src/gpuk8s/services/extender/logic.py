@@ -357,7 +357,9 @@ class Extender:
     def _filter_shared(self, args: ExtenderArgs) -> dict[str, Any]:
         assert args.share is not None
         sharing, names = self._sharing_names(args)
-        keep, failed, unresolvable = sharing.filter_parts(args.share, names, args.pod_uid)
+        keep, failed, unresolvable = sharing.filter_parts(
+            args.share, names, args.pod_uid, args.cpu_milli
+        )
         repeated = _repeated(names)
         for name in repeated:
             unresolvable[name] = DUPLICATE.format(count=repeated[name])
@@ -368,7 +370,7 @@ class Extender:
     def _prioritize_shared(self, args: ExtenderArgs) -> bytes:
         assert args.share is not None
         sharing, names = self._sharing_names(args)
-        values = sharing.raw(args.share, names, args.pod_uid)
+        values = sharing.raw(args.share, names, args.pod_uid, args.cpu_milli)
         raw = [MISSING if v is None else v for v in values]
         heads = _encoded(self._host_heads, names, _host_head)
         parts = map(add, heads, map(_SCORE_TAIL.__getitem__, rank_scores(raw)))

@@ -385,6 +385,19 @@ class NodeRooms(_Notifier):
         return len(self._nodes)
 
 
+def free_cpu_of(rooms: NodeRooms, running: RunningPods | None) -> Callable[[str], int | None]:
+    """A node's free CPU millicores (allocatable minus the bound pods' requests), None
+    when its allocatable CPU is not known: what GPU sharing weighs a node's room by."""
+
+    def free_cpu(name: str) -> int | None:
+        info = rooms.get(name)
+        if info is None or info.cpu_milli is None:
+            return None
+        return info.cpu_milli - (running.requested(name)[0] if running is not None else 0)
+
+    return free_cpu
+
+
 def item_room_fields(item: NodeItem) -> RoomFields:
     """(name, device list, allocatable) of a node as the extender decoded it (request
     or node watch), for ``NodeRooms``."""
