@@ -89,7 +89,7 @@ from gpuk8s.services.extender.nodes import BoundPods, NodeCache
 from gpuk8s.services.extender.packing import (
     NodeRooms,
     RunningPods,
-    free_cpu_of,
+    free_room_of,
     node_room_fields,
     running_fields,
 )
@@ -502,7 +502,7 @@ class Replay:
             self.ledger.replace([])
             self.store = PodStore(self.ledger)
             sharing = Sharing(
-                shared, self.ledger, self.store, free_cpu=free_cpu_of(self.rooms, self.running)
+                shared, self.ledger, self.store, free_room=free_room_of(self.rooms, self.running)
             )
         self.extender = Extender(
             WeightSource(None, Weights(1, 1)),

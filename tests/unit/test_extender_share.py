@@ -190,13 +190,13 @@ def test_arrival_mix_counts_each_pod_once_failed_ones_too(annotations: dict[str,
         arrivals.observe(uid, ShareRequest(MODE_SGPU, 1, 30, 0), 2000)
     assert len(arrivals) == 2
     version, mix = arrivals.mix()
-    assert version > start and dict(mix.classes) == {(1, 30, 2000): 1.0}
+    assert version > start and dict(mix.classes) == {(1, 30, 2000, 0): 1.0}
     assert arrivals.mix()[0] == version  # nothing new: same version (memo stays valid)
     for uid in ("u3", "u4", "u5"):  # the window keeps the latest 3
         arrivals.observe(uid, ShareRequest(MODE_SGPU, 1, 0, 0, whole=True), 0)
     arrivals.observe("u6", ShareRequest(MODE_SGPU, 2, 100, 0, whole=True), 0)
     assert len(arrivals) == 3
-    assert dict(arrivals.mix()[1].classes) == {(1, 100, 0): 0.5, (2, 100, 0): 0.5}
+    assert dict(arrivals.mix()[1].classes) == {(1, 100, 0, 0): 0.5, (2, 100, 0, 0): 0.5}
     # a pod that fits nowhere is still part of the workload the mix describes
     ext, _, _ = setup(annotations)
     assert ext.sharing is not None
@@ -214,11 +214,11 @@ def test_prioritize_weighs_the_cpu_a_node_keeps(annotations: dict[str, str]) -> 
     ledger.replace([])
     items = [node("a", annotations), node("b", annotations)]
     shared.replace(node_item(msgspec.json.decode(json.dumps(o), type=NodeView)) for o in items)
-    free = {"a": 16_000, "b": 10_000}
+    free = {"a": (16_000, None), "b": (10_000, None)}
     arrivals = ArrivalMix(prior=())
     for i in range(20):
         arrivals.observe(f"seen-{i}", HALF, 8000)
-    sharing = Sharing(shared, ledger, Api(ledger), free_cpu=free.get, arrivals=arrivals)
+    sharing = Sharing(shared, ledger, Api(ledger), free_room=free.__getitem__, arrivals=arrivals)
     ext = Extender(WeightSource(None, Weights(1, 1)), sharing=sharing)
     p = pod("p", "50")
     p["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "4"}
@@ -226,7 +226,7 @@ def test_prioritize_weighs_the_cpu_a_node_keeps(annotations: dict[str, str]) -> 
     assert status == 200
     scores = {h["Host"]: h["Score"] for h in result}
     assert scores["a"] > scores["b"]  # b keeps 6 cores: no 8-core pod can use its GPUs
-    free["b"] = 40_000
+    free["b"] = (40_000, None)
     status, result = call(ext, "prioritize", {"Pod": p, "Nodes": {"items": items}})
     scores = {h["Host"]: h["Score"] for h in result}
     assert scores["b"] == scores["a"]  # enough CPU on both: the memo saw the CPU change

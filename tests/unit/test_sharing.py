@@ -148,18 +148,23 @@ def test_env_per_mode_and_mps_paths() -> None:
 
 
 def test_node_fragmentation_is_fgds_measure_with_cpu() -> None:
-    mix = s.ShareMix({(1, 50, 0): 1.0, (1, 100, 4000): 1.0})
+    mix = s.ShareMix({(1, 50, 0, 0): 1.0, (1, 100, 4000, 8192): 1.0})
     # the 30 % left on GPU 1 is too little for the 50 % class and, being partly taken,
     # useless to the whole-GPU class: 30 stranded for each, half the weight each
-    assert s.node_fragmentation([100, 30], None, mix) == pytest.approx(30.0)
+    assert s.node_fragmentation([100, 30], s.NO_ROOM, mix) == pytest.approx(30.0)
     # 2 cores free: the whole-GPU class (4 cores) can use nothing here
-    assert s.node_fragmentation([100, 30], 2000, mix) == pytest.approx(0.5 * 30 + 0.5 * 130)
+    assert s.node_fragmentation([100, 30], s.Room(2000), mix) == pytest.approx(0.5 * 30 + 0.5 * 130)
+    # ... and so it can with 4 GiB of memory free (it asks for 8)
+    assert s.node_fragmentation([100, 30], s.Room(None, 4096), mix) == pytest.approx(
+        0.5 * 30 + 0.5 * 130
+    )
+    assert s.node_fragmentation([100, 30], s.Room(8000, 8192), mix) == pytest.approx(30.0)
     # no GPU wholly free: the whole-GPU class strands everything
-    assert s.node_fragmentation([60, 30], None, mix) == pytest.approx(0.5 * 30 + 0.5 * 90)
-    assert s.node_fragmentation([0, 0], None, mix) == 0.0
-    two = s.ShareMix({(2, 100, 0): 1.0})
-    assert s.node_fragmentation([100, 100, 100], None, two) == 0.0
-    assert s.node_fragmentation([100, 40, 40], None, two) == pytest.approx(180.0)
+    assert s.node_fragmentation([60, 30], s.NO_ROOM, mix) == pytest.approx(0.5 * 30 + 0.5 * 90)
+    assert s.node_fragmentation([0, 0], s.NO_ROOM, mix) == 0.0
+    two = s.ShareMix({(2, 100, 0, 0): 1.0})
+    assert s.node_fragmentation([100, 100, 100], s.NO_ROOM, two) == 0.0
+    assert s.node_fragmentation([100, 40, 40], s.NO_ROOM, two) == pytest.approx(180.0)
 
 
 def test_choose_shared_keeps_room_the_mix_can_use() -> None:
@@ -171,10 +176,10 @@ def test_choose_shared_keeps_room_the_mix_can_use() -> None:
     usage[1].add(s.ShareRequest(s.MODE_SGPU, 1, 20, 0))
     small = s.ShareRequest(s.MODE_SGPU, 1, 30, 0)
     assert s.choose_shared(caps, usage, small)[0] == [0]  # best fit
-    mix = s.ShareMix({(1, 50, 0): 1.0})
+    mix = s.ShareMix({(1, 50, 0, 0): 1.0})
     chosen, _, rise = s.choose_shared(caps, usage, small, mix=mix)
     assert chosen == [1] and rise == pytest.approx(0.0)
     # the pod's own CPU counts: a node left with too little CPU strands its GPUs
-    cpu_mix = s.ShareMix({(1, 50, 3000): 1.0})
-    _, _, rise = s.choose_shared(caps, usage, small, mix=cpu_mix, cpu=(4000, 2000))
+    cpu_mix = s.ShareMix({(1, 50, 3000, 0): 1.0})
+    _, _, rise = s.choose_shared(caps, usage, small, mix=cpu_mix, room=s.Room(4000, None, 2000))
     assert rise == pytest.approx(50 + 50)  # both GPUs' 50 % left, useless without CPU

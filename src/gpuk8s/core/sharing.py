@@ -65,7 +65,7 @@ import re
 from bisect import bisect_right
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Mapping, Sequence, Tuple
+from typing import Mapping, NamedTuple, Sequence, Tuple
 
 from .errors import ConfigError
 from .quantity import QuantityError, parse_quantity
@@ -365,8 +365,29 @@ def leftover(cap: GpuCapacity, use: GpuUsage | None, share: ShareRequest) -> Fra
 # the request mix when nothing has been seen yet: percent of a GPU -> weight
 DEFAULT_SHARE_MIX: tuple[tuple[int, float], ...] = ((25, 1.0), (50, 1.0), (100, 1.0))
 MIX_CLASSES = 64  # request classes kept in a ShareMix (the heaviest)
-# a request class: (GPUs, percent of each GPU -- 100 for whole GPUs --, CPU millicores)
-ShareClass = Tuple[int, int, int]
+# a request class: (GPUs, percent of each GPU -- 100 for whole GPUs --, CPU millicores,
+# memory MiB)
+ShareClass = Tuple[int, int, int, int]
+
+
+class Room(NamedTuple):
+    """A node's free CPU millicores and memory MiB (None: not known, limits nothing)
+    and what the pod to place asks of both."""
+
+    cpu: int | None = None
+    memory: int | None = None
+    pod_cpu: int = 0
+    pod_memory: int = 0
+
+    def after(self) -> Room:
+        """The node's room once the pod runs there."""
+        return Room(
+            None if self.cpu is None else self.cpu - self.pod_cpu,
+            None if self.memory is None else self.memory - self.pod_memory,
+        )
+
+
+NO_ROOM = Room()  # nothing known about CPU or memory: they limit nothing
 
 
 class ShareMix:
@@ -376,7 +397,8 @@ class ShareMix:
     Precomputed per CPU threshold (the classes' distinct CPU requests), so that
     ``node_fragmentation`` costs one bisection plus one step per GPU: the weight of the
     classes a node's free CPU cannot feed, per free percent of a GPU the weight of the
-    fractional classes that ask for more, and per whole-GPU count its weight."""
+    fractional classes that ask for more, and per whole-GPU count its weight. Memory,
+    rarely short, is checked per class from the largest request down."""
 
     def __init__(self, weights: Mapping[ShareClass, float], limit: int = MIX_CLASSES) -> None:
         ranked = sorted(
@@ -402,7 +424,7 @@ class ShareMix:
         at = 0
         for cpu in self.cpus:
             while at < len(by_cpu) and by_cpu[at][0][2] <= cpu:
-                (k, pct, _), w = by_cpu[at]
+                (k, pct, _, _), w = by_cpu[at]
                 if pct < FULL_CORE:
                     for free in range(pct):
                         per[free] += w
@@ -414,6 +436,11 @@ class ShareMix:
             self.partial.append(list(per))
             self.whole.append(tuple(whole[k] for k in self.sizes))
 
+        # (memory, CPU, GPUs, percent, weight), the largest memory first
+        self.by_memory: tuple[tuple[int, int, int, int, float], ...] = tuple(
+            sorted(((c[3], c[2], c[0], c[1], w) for c, w in self.classes), reverse=True)
+        )
+
     @classmethod
     def of(cls, weights: Mapping[ShareClass, float], limit: int = MIX_CLASSES) -> ShareMix:
         return cls(weights, limit)
@@ -422,19 +449,21 @@ class ShareMix:
         return bool(self.classes)
 
 
-def node_fragmentation(free: Sequence[int], cpu: int | None, mix: ShareMix) -> float:
+def node_fragmentation(free: Sequence[int], room: Room, mix: ShareMix) -> float:
     """FGD's fragmentation of a node (Weng et al., ATC '23), in percent of a GPU: for
     each request class of the mix, the free GPU capacity on the node that the class
     cannot use, weighted by the class's share. ``free``: percent free per GPU that a
-    share may use (0..100); ``cpu``: free CPU millicores (None: unknown, limits nothing).
+    share may use (0..100); ``room``: the node's free CPU and memory (None: not known,
+    limits nothing).
 
-    A class the free CPU cannot feed can use nothing here (all free capacity is a
-    fragment); a fractional class cannot use a GPU with less free than it asks; a class
-    of ``k`` whole GPUs cannot use partly taken GPUs, nor any GPU when fewer than ``k``
-    are wholly free."""
+    A class the free CPU or memory cannot feed can use nothing here (all free capacity
+    is a fragment); a fractional class cannot use a GPU with less free than it asks; a
+    class of ``k`` whole GPUs cannot use partly taken GPUs, nor any GPU when fewer than
+    ``k`` are wholly free."""
     total = sum(free)
     if total <= 0 or not mix.classes:
         return 0.0
+    cpu, memory = room.cpu, room.memory
     if cpu is None:
         at = len(mix.cpus) - 1
     else:
@@ -454,6 +483,17 @@ def node_fragmentation(free: Sequence[int], cpu: int | None, mix: ShareMix) -> f
     for k, w in zip(mix.sizes, mix.whole[at]):
         if w:
             lost += w * (total if full < k else taken)
+    if memory is not None:  # classes counted as fed above that the memory cannot feed
+        for need, c, k, pct, w in mix.by_memory:
+            if need <= memory:
+                break
+            if cpu is not None and c > cpu:
+                continue  # already counted as starved
+            if pct < FULL_CORE:
+                used = sum(f for f in free if 0 < f < pct)
+            else:
+                used = total if full < k else taken
+            lost += w * (total - used)
     return lost
 
 
@@ -473,14 +513,14 @@ def choose_shared(
     share: ShareRequest,
     prefer: Mapping[int, int] | None = None,
     mix: ShareMix | None = None,
-    cpu: tuple[int | None, int] = (None, 0),
+    room: Room = NO_ROOM,
 ) -> tuple[list[int] | None, str, float]:
     """GPU indexes for a fractional share, or (None, why not), and the rise of the
     node's fragmentation (``node_fragmentation``, 0.0 without a mix).
 
     With the request ``mix``: the GPUs after which the node's fragmentation is the
-    least (``cpu``: the node's free CPU and the pod's CPU request, so that classes the
-    node can no longer feed count); ties, and without a mix: best fit (already-shared
+    least (``room``: the node's free CPU and memory and the pod's requests, so that
+    classes the node can no longer feed count); ties, and without a mix: best fit (already-shared
     GPUs with the least left over first). Then the lowest ``prefer`` value -- the
     caller's topology rank, e.g. how many unshared GPUs the GPU's link group still has,
     so that opening a GPU breaks the fewest whole groups -- then the lowest index."""
@@ -513,9 +553,8 @@ def choose_shared(
     if not mix:
         return sorted(c.index for c in ok[: share.gpus]), "", 0.0
     free = free_percent(caps, usage)
-    node_cpu, pod_cpu = cpu
-    after_cpu = None if node_cpu is None else node_cpu - pod_cpu
-    before = node_fragmentation(list(free.values()), node_cpu, mix)
+    after_room = room.after()
+    before = node_fragmentation(list(free.values()), room, mix)
     chosen: list[int] = []
     seen: dict[int, float] = {}  # free percent -> fragmentation after (same for equal GPUs)
     scored: list[tuple[float, int, int]] = []
@@ -525,7 +564,7 @@ def choose_shared(
         if value is None:
             after = dict(free)
             after[cap.index] = left - share.core
-            value = seen[left] = node_fragmentation(list(after.values()), after_cpu, mix)
+            value = seen[left] = node_fragmentation(list(after.values()), after_room, mix)
         scored.append((value, order, cap.index))
     scored.sort()
     chosen = [index for _, _, index in scored[: share.gpus]]
@@ -533,7 +572,7 @@ def choose_shared(
         after = dict(free)
         for index in chosen:
             after[index] -= share.core
-        rise = node_fragmentation(list(after.values()), after_cpu, mix) - before
+        rise = node_fragmentation(list(after.values()), after_room, mix) - before
     else:
         rise = scored[0][0] - before
     return sorted(chosen), "", rise
@@ -544,16 +583,14 @@ def whole_rise(
     usage: Mapping[int, GpuUsage],
     chosen: Sequence[int],
     mix: ShareMix,
-    cpu: tuple[int | None, int] = (None, 0),
+    room: Room = NO_ROOM,
 ) -> float:
     """How much taking the GPUs ``chosen`` whole raises the node's fragmentation."""
     free = free_percent(caps, usage)
-    node_cpu, pod_cpu = cpu
-    before = node_fragmentation(list(free.values()), node_cpu, mix)
+    before = node_fragmentation(list(free.values()), room, mix)
     for index in chosen:
         free[index] = 0
-    after_cpu = None if node_cpu is None else node_cpu - pod_cpu
-    return node_fragmentation(list(free.values()), after_cpu, mix) - before
+    return node_fragmentation(list(free.values()), room.after(), mix) - before
 
 
 def usage_from_assignments(assignments: Sequence[Assignment]) -> dict[str, dict[int, GpuUsage]]:

@@ -30,7 +30,7 @@ from ..logging_setup import LogOptions, add_log_arguments, configure_logging
 from .cuda import NodeCudaVersions
 from .logic import Extender
 from .nodes import BoundPods, NodeCache
-from .packing import NodeRooms, RunningPods, free_cpu_of, parse_prior
+from .packing import NodeRooms, RunningPods, free_room_of, parse_prior
 from .server import (
     DEFAULT_MAX_BODY,
     DEFAULT_MAX_CONNECTIONS,
@@ -194,7 +194,7 @@ def build_service(
             shared,
             ledger,
             KubePodApi(client) if client is not None else None,
-            free_cpu=free_cpu_of(rooms, running),
+            free_room=free_room_of(rooms, running),
         )
         if ledger is not None
         else None

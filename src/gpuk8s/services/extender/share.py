@@ -58,6 +58,7 @@ from ...core.sharing import (
     Assignment,
     GpuCapacity,
     GpuUsage,
+    Room,
     ShareClass,
     ShareMix,
     ShareRequest,
@@ -286,14 +287,14 @@ class ArrivalMix:
         self._lock = threading.Lock()
         self._mix: tuple[int, ShareMix] = (1, self._take())
 
-    def observe(self, uid: str, share: ShareRequest, cpu_milli: int) -> None:
+    def observe(self, uid: str, share: ShareRequest, cpu_milli: int, memory_mib: int = 0) -> None:
         """A pod the scheduler asks about (once per UID; the oldest leave the window)."""
         if not uid or uid in self._seen:
             return
         pct = FULL_CORE if share.whole else min(max(share.core, 0), FULL_CORE)
         if pct <= 0:
             return  # best effort: reserves nothing, strands nothing
-        klass = (share.gpus, pct, max(cpu_milli, 0))
+        klass = (share.gpus, pct, max(cpu_milli, 0), max(memory_mib, 0))
         weight = share.gpus * pct / FULL_CORE
         with self._lock:
             self._seen[uid] = (klass, weight)
@@ -316,7 +317,7 @@ class ArrivalMix:
         prior = sum(w for _, w in self._prior)
         scale = MIX_PRIOR * max(total, 1.0) / prior if prior > 0 else 0.0
         for pct, w in self._prior:
-            klass = (1, pct, 0)
+            klass = (1, pct, 0, 0)
             blend[klass] = blend.get(klass, 0.0) + w * scale
         return ShareMix(blend)
 
@@ -422,8 +423,8 @@ def parse_bind(body: bytes) -> _BindArgs:
 
 
 # what a memoised placement depends on: node identity, ledger version of the node,
-# mix version, the node's free CPU
-_Version = tuple[int, int, int, int | None]
+# mix version, the node's free CPU and memory
+_Version = tuple[int, int, int, int | None, int | None]
 
 
 @dataclass(frozen=True)
@@ -445,41 +446,47 @@ class Sharing:
         ledger: Ledger,
         api: PodApi | None = None,
         clock: Callable[[], float] = time.time,
-        free_cpu: Callable[[str], int | None] | None = None,
+        free_room: Callable[[str], tuple[int | None, int | None]] | None = None,
         arrivals: ArrivalMix | None = None,
     ) -> None:
         self.nodes = nodes
         self.ledger = ledger
         self.api = api
         self._clock = clock
-        # a node's free CPU millicores (None: not known); without it CPU limits nothing
-        self._free_cpu = free_cpu
+        # a node's free CPU millicores and memory MiB (None: not known, limits nothing)
+        self._free_room = free_room
         self.arrivals = arrivals if arrivals is not None else ArrivalMix()
         self._lock = threading.Lock()
-        # (node, share, pod CPU) -> ((node identity, ledger version, mix version,
-        # node's free CPU), placement)
-        self._memo: dict[tuple[str, ShareRequest, int], tuple[_Version, Placement]] = {}
+        # (node, share, pod CPU and memory) -> ((node identity, ledger version, mix
+        # version, node's free CPU and memory), placement)
+        self._memo: dict[tuple[str, ShareRequest, int, int], tuple[_Version, Placement]] = {}
         self.binds = 0
         self.bind_failures = 0
 
     def place(
-        self, name: str, share: ShareRequest, without: str = "", cpu_milli: int = 0
+        self,
+        name: str,
+        share: ShareRequest,
+        without: str = "",
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
     ) -> Placement:
-        """Where ``share`` goes on node ``name`` for a pod requesting ``cpu_milli``
-        (memoised per node state and request; ``without``: a pod whose own assignment
-        does not count, e.g. on a re-bind)."""
+        """Where ``share`` goes on node ``name`` for a pod requesting ``cpu_milli`` and
+        ``memory_mib`` (memoised per node state and request; ``without``: a pod whose
+        own assignment does not count, e.g. on a re-bind)."""
         node = self.nodes.get(name)
         own = self.ledger.get(without) if without else None
-        free_cpu = self._free_cpu(name) if self._free_cpu is not None else None
+        cpu, memory = self._free_room(name) if self._free_room is not None else (None, None)
+        room = Room(cpu, memory, cpu_milli, memory_mib)
         mix_version, mix = self.arrivals.mix()
         if node is None or (own is not None and own.node == name):
-            return self._place(node, name, share, without, (free_cpu, cpu_milli), mix)
-        key = (name, share, cpu_milli)
-        version = (id(node), self.ledger.version(name), mix_version, free_cpu)
+            return self._place(node, name, share, without, room, mix)
+        key = (name, share, cpu_milli, memory_mib)
+        version = (id(node), self.ledger.version(name), mix_version, cpu, memory)
         hit = self._memo.get(key)
         if hit is not None and hit[0] == version:
             return hit[1]
-        placed = self._place(node, name, share, without, (free_cpu, cpu_milli), mix)
+        placed = self._place(node, name, share, without, room, mix)
         if len(self._memo) >= MAX_MEMO:
             self._memo.clear()
         self._memo[key] = (version, placed)
@@ -491,7 +498,7 @@ class Sharing:
         name: str,
         share: ShareRequest,
         without: str,
-        cpu: tuple[int | None, int],
+        room: Room,
         mix: ShareMix,
     ) -> Placement:
         if node is None:
@@ -525,9 +532,9 @@ class Sharing:
             key = node.groups.get(index)
             per_group[key] = per_group.get(key, 0) + 1
         if share.whole:
-            return self._place_whole(node, usage, share, len(unshared), cpu, mix)
+            return self._place_whole(node, usage, share, len(unshared), room, mix)
         prefer = {i: per_group.get(node.groups.get(i), 0) for i in unshared}
-        chosen, why, rise = choose_shared(node.gpus, usage, share, prefer, mix, cpu)
+        chosen, why, rise = choose_shared(node.gpus, usage, share, prefer, mix, room)
         if chosen is None:
             return Placement(None, f"gpu-aware: {why}")
         fresh = sum(1 for i in chosen if i in prefer)
@@ -541,7 +548,7 @@ class Sharing:
         usage: dict[int, GpuUsage],
         share: ShareRequest,
         unshared: int,
-        cpu: tuple[int | None, int],
+        room: Room,
         mix: ShareMix,
     ) -> Placement:
         free = [
@@ -558,7 +565,7 @@ class Sharing:
         chosen, key = best_set(node.topology, free, share.gpus)
         gpus = tuple(sorted(node.gpus[p].index for p in chosen))
         score = float(key[0]) if key else 0.0
-        rise = whole_rise(node.gpus, usage, gpus, mix, cpu) if mix else 0.0
+        rise = whole_rise(node.gpus, usage, gpus, mix, room) if mix else 0.0
         # least rise of fragmentation; then the best-linked set; then the fewest
         # unshared GPUs left (best fit)
         return Placement(
@@ -567,14 +574,19 @@ class Sharing:
 
     # -- filter / prioritize ----------------------------------------------------
     def filter_parts(
-        self, share: ShareRequest, names: list[str], uid: str = "", cpu_milli: int = 0
+        self,
+        share: ShareRequest,
+        names: list[str],
+        uid: str = "",
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
     ) -> tuple[list[str], dict[str, str], dict[str, str]]:
-        self.arrivals.observe(uid, share, cpu_milli)
+        self.arrivals.observe(uid, share, cpu_milli, memory_mib)
         keep: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         for name in names:
-            placed = self.place(name, share, uid, cpu_milli)
+            placed = self.place(name, share, uid, cpu_milli, memory_mib)
             if placed.gpus is not None:
                 keep.append(name)
             elif placed.unresolvable:
@@ -584,12 +596,17 @@ class Sharing:
         return keep, failed, unresolvable
 
     def raw(
-        self, share: ShareRequest, names: list[str], uid: str = "", cpu_milli: int = 0
+        self,
+        share: ShareRequest,
+        names: list[str],
+        uid: str = "",
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
     ) -> list[float | None]:
         """Placement value per node, higher is better (None where the share does not fit)."""
         out: list[float | None] = []
         for name in names:
-            placed = self.place(name, share, uid, cpu_milli)
+            placed = self.place(name, share, uid, cpu_milli, memory_mib)
             out.append(placed.raw if placed.gpus is not None else None)
         return out
 
@@ -609,7 +626,7 @@ class Sharing:
         try:
             view = _POD.decode(json.dumps(pod).encode())
             share = view_share(view)
-            cpu_milli = pod_totals(view, lenient=True)[1]
+            _, cpu_milli, memory_mib = pod_totals(view, lenient=True)
         except (msgspec.DecodeError, BadRequest) as err:
             return f"gpu-aware: pod {ns}/{name}: {err}"
         meta = view.metadata
@@ -618,7 +635,7 @@ class Sharing:
         if share is None:  # not a sharing pod: bind as the default binder would
             return self._bind_plain(ns, name, uid, node)
         with self._lock:  # choose and reserve atomically: no two binds share a choice
-            placed = self.place(node, share, uid, cpu_milli)
+            placed = self.place(node, share, uid, cpu_milli, memory_mib)
             if placed.gpus is None:
                 return f"{placed.reason} (pod {ns}/{name} on {node})"
             assignment = Assignment(node, placed.gpus, share)
