@@ -358,7 +358,7 @@ class Extender:
         assert args.share is not None
         sharing, names = self._sharing_names(args)
         keep, failed, unresolvable = sharing.filter_parts(
-            args.share, names, args.pod_uid, args.cpu_milli, args.memory_mib
+            args.share, names, args.pod_uid, (args.cpu_milli, args.memory_mib)
         )
         repeated = _repeated(names)
         for name in repeated:
@@ -371,7 +371,7 @@ class Extender:
         assert args.share is not None
         sharing, names = self._sharing_names(args)
         values = sharing.raw(
-            args.share, names, args.pod_uid, args.cpu_milli, args.memory_mib
+            args.share, names, args.pod_uid, (args.cpu_milli, args.memory_mib)
         )
         raw = [MISSING if v is None else v for v in values]
         heads = _encoded(self._host_heads, names, _host_head)

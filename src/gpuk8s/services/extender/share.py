@@ -422,6 +422,8 @@ def parse_bind(body: bytes) -> _BindArgs:
         ) from None
 
 
+# what the pod asks besides its share: CPU millicores, memory MiB
+Need = tuple[int, int]
 # what a memoised placement depends on: node identity, ledger version of the node,
 # mix version, the node's free CPU and memory
 _Version = tuple[int, int, int, int | None, int | None]
@@ -574,19 +576,15 @@ class Sharing:
 
     # -- filter / prioritize ----------------------------------------------------
     def filter_parts(
-        self,
-        share: ShareRequest,
-        names: list[str],
-        uid: str = "",
-        cpu_milli: int = 0,
-        memory_mib: int = 0,
+        self, share: ShareRequest, names: list[str], uid: str = "", need: Need = (0, 0)
     ) -> tuple[list[str], dict[str, str], dict[str, str]]:
-        self.arrivals.observe(uid, share, cpu_milli, memory_mib)
+        """(nodes kept, failed, unresolvable); the pod counts as an arrival of the mix."""
+        self.arrivals.observe(uid, share, *need)
         keep: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         for name in names:
-            placed = self.place(name, share, uid, cpu_milli, memory_mib)
+            placed = self.place(name, share, uid, *need)
             if placed.gpus is not None:
                 keep.append(name)
             elif placed.unresolvable:
@@ -596,17 +594,12 @@ class Sharing:
         return keep, failed, unresolvable
 
     def raw(
-        self,
-        share: ShareRequest,
-        names: list[str],
-        uid: str = "",
-        cpu_milli: int = 0,
-        memory_mib: int = 0,
+        self, share: ShareRequest, names: list[str], uid: str = "", need: Need = (0, 0)
     ) -> list[float | None]:
         """Placement value per node, higher is better (None where the share does not fit)."""
         out: list[float | None] = []
         for name in names:
-            placed = self.place(name, share, uid, cpu_milli, memory_mib)
+            placed = self.place(name, share, uid, *need)
             out.append(placed.raw if placed.gpus is not None else None)
         return out
 
