@@ -69,7 +69,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,7 @@ from gpuk8s.services.extender.nodes import BoundPods, NodeCache
 from gpuk8s.services.extender.packing import (
     NodeRooms,
     RunningPods,
+    free_room_of,
     node_room_fields,
     running_fields,
 )
@@ -381,8 +382,17 @@ class Scheduler:
         self.next_start = (last + 1) % total
         return chosen
 
-    def pick(self, pod: PodSpec, candidates: list[int], extender: dict[str, int] | None) -> int:
-        """The winner of extender·weight·10 + plugin scores, random among equals."""
+    def pick(
+        self,
+        pod: PodSpec,
+        candidates: list[int],
+        extender: dict[str, int] | None,
+        sharing: bool = False,
+    ) -> int:
+        """The winner of extender·weight·10 + plugin scores, random among equals. A
+        sharing pod requests ``tencent.com/vcuda-core``, not the GPU resource the
+        profile's ``NodeResourcesFit`` weighs: that score leaves it out (no GPUs)."""
+        fit_pod = replace(pod, gpus=0) if sharing else pod
         if extender is not None:
             top = max(extender.values())
             candidates = [i for i in candidates if extender[self.nodes[i].spec.name] == top]
@@ -391,7 +401,7 @@ class Scheduler:
         for i in candidates:
             node = self.nodes[i]
             score = (
-                fit_score(node, pod, self.most, self.weights)
+                fit_score(node, fit_pod, self.most, self.weights)
                 + balanced_score(node, pod)
                 + (0 if self.tainted[i] else 3 * MAX_NODE_SCORE)
             )
@@ -500,7 +510,9 @@ class Replay:
             self.ledger = Ledger()
             self.ledger.replace([])
             self.store = PodStore(self.ledger)
-            sharing = Sharing(shared, self.ledger, self.store)
+            sharing = Sharing(
+                shared, self.ledger, self.store, free_room=free_room_of(self.rooms, self.running)
+            )
         self.extender = Extender(
             WeightSource(None, Weights(1, 1)),
             cache=self.cache,
@@ -552,7 +564,10 @@ class Replay:
         scores = {h["Host"]: h["Score"] for h in json.loads(answer.body)}
         keep = set(kept)
         return self.scheduler.pick(
-            pod, [i for i in candidates if self.nodes[i].spec.name in keep], scores
+            pod,
+            [i for i in candidates if self.nodes[i].spec.name in keep],
+            scores,
+            self.sharing,
         )
 
     def bind(self, pod: PodSpec, index: int, uid: str) -> bool:

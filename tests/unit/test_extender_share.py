@@ -23,7 +23,13 @@ from gpuk8s.discovery import discover
 from gpuk8s.services.deviceplugin.devices import DeviceSet
 from gpuk8s.services.deviceplugin.nodestate import published_annotations
 from gpuk8s.services.extender.logic import Extender
-from gpuk8s.services.extender.share import PENDING_TTL_S, Ledger, SharedNodes, Sharing
+from gpuk8s.services.extender.share import (
+    PENDING_TTL_S,
+    ArrivalMix,
+    Ledger,
+    SharedNodes,
+    Sharing,
+)
 from gpuk8s.services.extender.weights import Weights, WeightSource
 from gpuk8s.services.extender.wire import NodeView, node_item
 
@@ -177,14 +183,53 @@ def test_ledger_keeps_reservations_against_stale_events() -> None:
     assert ledger.usage("n") == {}
 
 
-def test_ledger_mix_follows_the_live_shares() -> None:
-    ledger = Ledger()
-    ledger.replace([(f"u{i}", Assignment("n", (i % 4,), ShareRequest(MODE_SGPU, 1, 30, 0)))
-                    for i in range(40)])
-    version, mix = ledger.mix()
-    weights = dict(mix)
-    assert weights[30] > 0.8 and version >= 1
-    assert ledger.mix()[0] == version  # unchanged pods: same version (memo stays valid)
+def test_arrival_mix_counts_each_pod_once_failed_ones_too(annotations: dict[str, str]) -> None:
+    arrivals = ArrivalMix(prior=(), window=3)
+    start = arrivals.mix()[0]
+    for uid in ("u1", "u1", "u2"):
+        arrivals.observe(uid, ShareRequest(MODE_SGPU, 1, 30, 0), 2000)
+    assert len(arrivals) == 2
+    version, mix = arrivals.mix()
+    assert version > start and dict(mix.classes) == {(1, 30, 2000, 0): 1.0}
+    assert arrivals.mix()[0] == version  # nothing new: same version (memo stays valid)
+    for uid in ("u3", "u4", "u5"):  # the window keeps the latest 3
+        arrivals.observe(uid, ShareRequest(MODE_SGPU, 1, 0, 0, whole=True), 0)
+    arrivals.observe("u6", ShareRequest(MODE_SGPU, 2, 100, 0, whole=True), 0)
+    assert len(arrivals) == 3
+    assert dict(arrivals.mix()[1].classes) == {(1, 100, 0, 0): 0.5, (2, 100, 0, 0): 0.5}
+    # a pod that fits nowhere is still part of the workload the mix describes
+    ext, _, _ = setup(annotations)
+    assert ext.sharing is not None
+    before = len(ext.sharing.arrivals)
+    status, result = call(ext, "filter", {"Pod": pod("big", "100"),
+                                          "Nodes": {"items": [node("x", annotations, None)]}})
+    assert status == 200 and not result["Nodes"]["items"]
+    assert len(ext.sharing.arrivals) == before + 1
+
+
+def test_prioritize_weighs_the_cpu_a_node_keeps(annotations: dict[str, str]) -> None:
+    """FGD with CPU as a hard constraint: a node whose CPU left after the pod cannot
+    feed the requests that arrive strands its free GPUs, so it ranks lower."""
+    shared, ledger = SharedNodes(), Ledger()
+    ledger.replace([])
+    items = [node("a", annotations), node("b", annotations)]
+    shared.replace(node_item(msgspec.json.decode(json.dumps(o), type=NodeView)) for o in items)
+    free = {"a": (16_000, None), "b": (10_000, None)}
+    arrivals = ArrivalMix(prior=())
+    for i in range(20):
+        arrivals.observe(f"seen-{i}", HALF, 8000)
+    sharing = Sharing(shared, ledger, Api(ledger), free_room=free.__getitem__, arrivals=arrivals)
+    ext = Extender(WeightSource(None, Weights(1, 1)), sharing=sharing)
+    p = pod("p", "50")
+    p["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "4"}
+    status, result = call(ext, "prioritize", {"Pod": p, "Nodes": {"items": items}})
+    assert status == 200
+    scores = {h["Host"]: h["Score"] for h in result}
+    assert scores["a"] > scores["b"]  # b keeps 6 cores: no 8-core pod can use its GPUs
+    free["b"] = (40_000, None)
+    status, result = call(ext, "prioritize", {"Pod": p, "Nodes": {"items": items}})
+    scores = {h["Host"]: h["Score"] for h in result}
+    assert scores["b"] == scores["a"]  # enough CPU on both: the memo saw the CPU change
 
 
 def test_sharing_metrics(annotations: dict[str, str]) -> None:

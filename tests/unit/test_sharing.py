@@ -64,11 +64,11 @@ def test_fit_and_best_fit() -> None:
     half = s.ShareRequest(s.MODE_SGPU, 1, 50, 1024)
     usage: dict[int, s.GpuUsage] = {}
     # first pod: lowest index; second: onto the already-shared GPU
-    chosen, _ = s.choose_shared(caps, usage, half)
+    chosen, _, _ = s.choose_shared(caps, usage, half)
     assert chosen == [0]
     usage.setdefault(0, s.GpuUsage()).add(half)
     usage.setdefault(1, s.GpuUsage()).add(s.ShareRequest(s.MODE_SGPU, 1, 70, 0))
-    chosen, _ = s.choose_shared(caps, usage, s.ShareRequest(s.MODE_SGPU, 1, 30, 0))
+    chosen, _, _ = s.choose_shared(caps, usage, s.ShareRequest(s.MODE_SGPU, 1, 30, 0))
     assert chosen == [1]  # best fit: 0 % left on GPU 1, 20 % on GPU 0
     usage[0].add(half)
     assert s.fits(caps[0], usage[0], half) == "0 percent compute left, the pod needs 50 percent"
@@ -76,7 +76,7 @@ def test_fit_and_best_fit() -> None:
     assert "exclusively" in (s.fits(caps[1], usage[1], excl) or "")
     big = s.ShareRequest(s.MODE_SGPU, 1, 10, 70000)
     assert "MiB memory left" in (s.fits(caps[2], None, big) or "")
-    chosen, why = s.choose_shared(caps, usage, s.ShareRequest(s.MODE_SGPU, 2, 90, 0))
+    chosen, why, _ = s.choose_shared(caps, usage, s.ShareRequest(s.MODE_SGPU, 2, 90, 0))
     assert chosen is None and "1 of 3 GPU(s)" in why
     nomem = s.GpuCapacity(3, None)
     assert "memory unknown" in (s.fits(nomem, None, half) or "")
@@ -163,3 +163,41 @@ def test_env_per_mode_and_mps_paths() -> None:
     sgpu = s.Assignment("n", (2,), s.ShareRequest(s.MODE_SGPU, 1, 50, 4096))
     assert s.share_env(sgpu) == {"METAX_SGPU_COMPUTE": "50", "METAX_SGPU_MEMORY_MIB": "4096"}
     assert s.share_mounts(sgpu, []) == []
+
+
+def test_node_fragmentation_is_fgds_measure_with_cpu() -> None:
+    mix = s.ShareMix({(1, 50, 0, 0): 1.0, (1, 100, 4000, 8192): 1.0})
+    # the 30 % left on GPU 1 is too little for the 50 % class and, being partly taken,
+    # useless to the whole-GPU class: 30 stranded for each, half the weight each
+    assert s.node_fragmentation([100, 30], s.NO_ROOM, mix) == pytest.approx(30.0)
+    # 2 cores free: the whole-GPU class (4 cores) can use nothing here
+    assert s.node_fragmentation([100, 30], s.Room(2000), mix) == pytest.approx(0.5 * 30 + 0.5 * 130)
+    # ... and so it can with 4 GiB of memory free (it asks for 8)
+    assert s.node_fragmentation([100, 30], s.Room(None, 4096), mix) == pytest.approx(
+        0.5 * 30 + 0.5 * 130
+    )
+    assert s.node_fragmentation([100, 30], s.Room(8000, 8192), mix) == pytest.approx(30.0)
+    # no GPU wholly free: the whole-GPU class strands everything
+    assert s.node_fragmentation([60, 30], s.NO_ROOM, mix) == pytest.approx(0.5 * 30 + 0.5 * 90)
+    assert s.node_fragmentation([0, 0], s.NO_ROOM, mix) == 0.0
+    two = s.ShareMix({(2, 100, 0, 0): 1.0})
+    assert s.node_fragmentation([100, 100, 100], s.NO_ROOM, two) == 0.0
+    assert s.node_fragmentation([100, 40, 40], s.NO_ROOM, two) == pytest.approx(180.0)
+
+
+def test_choose_shared_keeps_room_the_mix_can_use() -> None:
+    """Best fit would squeeze the 30 % pod next to a 50 % one (20 % left, too little
+    for the 50 % pods that arrive); FGD leaves that GPU for a 50 % pod."""
+    caps = [s.GpuCapacity(0, 65536), s.GpuCapacity(1, 65536)]
+    usage = {0: s.GpuUsage(), 1: s.GpuUsage()}
+    usage[0].add(s.ShareRequest(s.MODE_SGPU, 1, 50, 0))
+    usage[1].add(s.ShareRequest(s.MODE_SGPU, 1, 20, 0))
+    small = s.ShareRequest(s.MODE_SGPU, 1, 30, 0)
+    assert s.choose_shared(caps, usage, small)[0] == [0]  # best fit
+    mix = s.ShareMix({(1, 50, 0, 0): 1.0})
+    chosen, _, rise = s.choose_shared(caps, usage, small, mix=mix)
+    assert chosen == [1] and rise == pytest.approx(0.0)
+    # the pod's own CPU counts: a node left with too little CPU strands its GPUs
+    cpu_mix = s.ShareMix({(1, 50, 3000, 0): 1.0})
+    _, _, rise = s.choose_shared(caps, usage, small, mix=cpu_mix, room=s.Room(4000, None, 2000))
+    assert rise == pytest.approx(50 + 50)  # both GPUs' 50 % left, useless without CPU

@@ -62,9 +62,10 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_right
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence, Tuple
 
 from .errors import ConfigError
 from .quantity import QuantityError, parse_quantity
@@ -369,24 +370,147 @@ def leftover(cap: GpuCapacity, use: GpuUsage | None, share: ShareRequest) -> Fra
 
 # the request mix when nothing has been seen yet: percent of a GPU -> weight
 DEFAULT_SHARE_MIX: tuple[tuple[int, float], ...] = ((25, 1.0), (50, 1.0), (100, 1.0))
+MIX_CLASSES = 64  # request classes kept in a ShareMix (the heaviest)
+# a request class: (GPUs, percent of each GPU -- 100 for whole GPUs --, CPU millicores,
+# memory MiB)
+ShareClass = Tuple[int, int, int, int]
 
 
-def fragment(left: int, mix: Sequence[tuple[int, float]]) -> float:
-    """Compute (percent) of a GPU with ``left`` percent free that the next pod cannot
-    use, expected over the request mix ``(percent, weight)``: FGD's fragmentation
-    measure for one shared GPU (Weng et al., ATC '23)."""
-    total = sum(w for _, w in mix)
-    if left <= 0 or total <= 0:
+class Room(NamedTuple):
+    """A node's free CPU millicores and memory MiB (None: not known, limits nothing)
+    and what the pod to place asks of both."""
+
+    cpu: int | None = None
+    memory: int | None = None
+    pod_cpu: int = 0
+    pod_memory: int = 0
+
+    def after(self) -> Room:
+        """The node's room once the pod runs there."""
+        return Room(
+            None if self.cpu is None else self.cpu - self.pod_cpu,
+            None if self.memory is None else self.memory - self.pod_memory,
+        )
+
+
+NO_ROOM = Room()  # nothing known about CPU or memory: they limit nothing
+
+
+class ShareMix:
+    """The request mix that fragmentation is measured against: request classes
+    ``(GPUs, percent, CPU millicores)`` with weights (the ``MIX_CLASSES`` heaviest).
+
+    Precomputed per CPU threshold (the classes' distinct CPU requests), so that
+    ``node_fragmentation`` costs one bisection plus one step per GPU: the weight of the
+    classes a node's free CPU cannot feed, per free percent of a GPU the weight of the
+    fractional classes that ask for more, and per whole-GPU count its weight. Memory,
+    rarely short, is checked per class from the largest request down."""
+
+    def __init__(self, weights: Mapping[ShareClass, float], limit: int = MIX_CLASSES) -> None:
+        ranked = sorted(
+            ((w, c) for c, w in weights.items() if w > 0 and c[0] > 0 and 0 < c[1] <= FULL_CORE),
+            key=lambda item: (-item[0], item[1]),
+        )[:limit]
+        total = sum(w for w, _ in ranked)
+        self.classes: tuple[tuple[ShareClass, float], ...] = tuple(
+            (c, w / total) for w, c in ranked
+        )
+        self.sizes: tuple[int, ...] = tuple(
+            sorted({c[0] for c, _ in self.classes if c[1] >= FULL_CORE})
+        )
+        # thresholds: CPU values at which the set of classes a node can feed changes
+        self.cpus: tuple[int, ...] = tuple(sorted({max(c[2], 0) for c, _ in self.classes}))
+        self.starved: list[float] = []  # per threshold: weight of classes needing more CPU
+        self.partial: list[list[float]] = []  # per threshold, per free %: weight stranded
+        self.whole: list[tuple[float, ...]] = []  # per threshold, per size in ``sizes``
+        by_cpu = sorted(self.classes, key=lambda item: item[0][2])
+        per = [0.0] * (FULL_CORE + 1)
+        whole = dict.fromkeys(self.sizes, 0.0)
+        fed = 0.0
+        at = 0
+        for cpu in self.cpus:
+            while at < len(by_cpu) and by_cpu[at][0][2] <= cpu:
+                (k, pct, _, _), w = by_cpu[at]
+                if pct < FULL_CORE:
+                    for free in range(pct):
+                        per[free] += w
+                else:
+                    whole[k] += w
+                fed += w
+                at += 1
+            self.starved.append(max(0.0, 1.0 - fed))
+            self.partial.append(list(per))
+            self.whole.append(tuple(whole[k] for k in self.sizes))
+
+        # (memory, CPU, GPUs, percent, weight), the largest memory first
+        self.by_memory: tuple[tuple[int, int, int, int, float], ...] = tuple(
+            sorted(((c[3], c[2], c[0], c[1], w) for c, w in self.classes), reverse=True)
+        )
+
+    @classmethod
+    def of(cls, weights: Mapping[ShareClass, float], limit: int = MIX_CLASSES) -> ShareMix:
+        return cls(weights, limit)
+
+    def __bool__(self) -> bool:
+        return bool(self.classes)
+
+
+def node_fragmentation(free: Sequence[int], room: Room, mix: ShareMix) -> float:
+    """FGD's fragmentation of a node (Weng et al., ATC '23), in percent of a GPU: for
+    each request class of the mix, the free GPU capacity on the node that the class
+    cannot use, weighted by the class's share. ``free``: percent free per GPU that a
+    share may use (0..100); ``room``: the node's free CPU and memory (None: not known,
+    limits nothing).
+
+    A class the free CPU or memory cannot feed can use nothing here (all free capacity
+    is a fragment); a fractional class cannot use a GPU with less free than it asks; a
+    class of ``k`` whole GPUs cannot use partly taken GPUs, nor any GPU when fewer than
+    ``k`` are wholly free."""
+    total = sum(free)
+    if total <= 0 or not mix.classes:
         return 0.0
-    return left * sum(w for r, w in mix if r > left) / total
+    cpu, memory = room.cpu, room.memory
+    if cpu is None:
+        at = len(mix.cpus) - 1
+    else:
+        at = bisect_right(mix.cpus, cpu) - 1
+        if at < 0:
+            return float(total)  # no class can be fed
+    partial = mix.partial[at]
+    lost = mix.starved[at] * total
+    taken = 0
+    full = 0
+    for f in free:
+        if f >= FULL_CORE:
+            full += 1
+        elif f > 0:
+            lost += f * partial[f]
+            taken += f
+    for k, w in zip(mix.sizes, mix.whole[at]):
+        if w:
+            lost += w * (total if full < k else taken)
+    if memory is not None:  # classes counted as fed above that the memory cannot feed
+        for need, c, k, pct, w in mix.by_memory:
+            if need <= memory:
+                break
+            if cpu is not None and c > cpu:
+                continue  # already counted as starved
+            if pct < FULL_CORE:
+                used = sum(f for f in free if 0 < f < pct)
+            else:
+                used = total if full < k else taken
+            lost += w * (total - used)
+    return lost
 
 
-def share_loss(
-    use: GpuUsage | None, share: ShareRequest, mix: Sequence[tuple[int, float]]
-) -> float:
-    """How much ``share`` on a GPU with usage ``use`` raises its fragmentation."""
-    before = FULL_CORE - (use.core if use is not None else 0)
-    return fragment(before - share.core, mix) - fragment(before, mix)
+def free_percent(caps: Sequence[GpuCapacity], usage: Mapping[int, GpuUsage]) -> dict[int, int]:
+    """GPU index -> percent of it that shares may still take (usable GPUs only)."""
+    out: dict[int, int] = {}
+    for cap in caps:
+        use = usage.get(cap.index)
+        if cap.healthy and cap.free_whole and not (use is not None and use.exclusive):
+            out[cap.index] = FULL_CORE - (use.core if use is not None else 0)
+    return out
 
 
 def choose_shared(
@@ -394,37 +518,85 @@ def choose_shared(
     usage: Mapping[int, GpuUsage],
     share: ShareRequest,
     prefer: Mapping[int, int] | None = None,
-    mix: Sequence[tuple[int, float]] | None = None,
-) -> tuple[list[int] | None, str]:
-    """GPU indexes for a fractional share, or (None, why not). With the request ``mix``:
-    the GPUs whose fragmentation grows least (``share_loss``: a share that leaves a GPU
-    with a remainder nobody asks for costs what it strands); without: best fit
-    (already-shared GPUs with the least left over first). Ties: the lowest ``prefer``
-    value -- the caller's topology rank, e.g. how many unshared GPUs the GPU's link
-    group still has, so that opening a GPU breaks the fewest whole groups -- then the
-    lowest index."""
-    scored: list[tuple[float, float, int, int]] = []
+    mix: ShareMix | None = None,
+    room: Room = NO_ROOM,
+) -> tuple[list[int] | None, str, float]:
+    """GPU indexes for a fractional share, or (None, why not), and the rise of the
+    node's fragmentation (``node_fragmentation``, 0.0 without a mix).
+
+    With the request ``mix``: the GPUs after which the node's fragmentation is the
+    least (``room``: the node's free CPU and memory and the pod's requests, so that
+    classes the node can no longer feed count); ties, and without a mix: best fit (already-shared
+    GPUs with the least left over first). Then the lowest ``prefer`` value -- the
+    caller's topology rank, e.g. how many unshared GPUs the GPU's link group still has,
+    so that opening a GPU breaks the fewest whole groups -- then the lowest index."""
+    ok: list[GpuCapacity] = []
     reasons: dict[str, int] = {}
     for cap in caps:
         why = fits(cap, usage.get(cap.index), share)
         if why is None:
-            use = usage.get(cap.index)
-            shared = 0 if use is not None and not use.empty else 1
-            rank = prefer.get(cap.index, 0) if prefer else 0
-            if mix is not None:
-                scored.append((share_loss(use, share, mix), 0.0, rank, cap.index))
-            else:
-                scored.append((shared, float(leftover(cap, use, share)), rank, cap.index))
+            ok.append(cap)
         else:
             reasons[why] = reasons.get(why, 0) + 1
-    if len(scored) < share.gpus:
+    if len(ok) < share.gpus:
         detail = "; ".join(f"{n} GPU(s): {why}" for why, n in sorted(reasons.items()))
-        return None, (
-            f"{len(scored)} of {len(caps)} GPU(s) can take the share, the pod needs "
-            f"{share.gpus}" + (f" ({detail})" if detail else "")
+        return (
+            None,
+            (
+                f"{len(ok)} of {len(caps)} GPU(s) can take the share, the pod needs "
+                f"{share.gpus}" + (f" ({detail})" if detail else "")
+            ),
+            0.0,
         )
+
+    def best_fit(cap: GpuCapacity) -> tuple[int, Fraction, int, int]:
+        use = usage.get(cap.index)
+        shared = 0 if use is not None and not use.empty else 1
+        rank = prefer.get(cap.index, 0) if prefer else 0
+        return shared, leftover(cap, use, share), rank, cap.index
+
+    ok.sort(key=best_fit)
+    if not mix:
+        return sorted(c.index for c in ok[: share.gpus]), "", 0.0
+    free = free_percent(caps, usage)
+    after_room = room.after()
+    before = node_fragmentation(list(free.values()), room, mix)
+    chosen: list[int] = []
+    seen: dict[int, float] = {}  # free percent -> fragmentation after (same for equal GPUs)
+    scored: list[tuple[float, int, int]] = []
+    for order, cap in enumerate(ok):
+        left = free.get(cap.index, 0)
+        value = seen.get(left)
+        if value is None:
+            after = dict(free)
+            after[cap.index] = left - share.core
+            value = seen[left] = node_fragmentation(list(after.values()), after_room, mix)
+        scored.append((value, order, cap.index))
     scored.sort()
-    return sorted(item[-1] for item in scored[: share.gpus]), ""
+    chosen = [index for _, _, index in scored[: share.gpus]]
+    if share.gpus > 1:  # several GPUs: the state after all of them
+        after = dict(free)
+        for index in chosen:
+            after[index] -= share.core
+        rise = node_fragmentation(list(after.values()), after_room, mix) - before
+    else:
+        rise = scored[0][0] - before
+    return sorted(chosen), "", rise
+
+
+def whole_rise(
+    caps: Sequence[GpuCapacity],
+    usage: Mapping[int, GpuUsage],
+    chosen: Sequence[int],
+    mix: ShareMix,
+    room: Room = NO_ROOM,
+) -> float:
+    """How much taking the GPUs ``chosen`` whole raises the node's fragmentation."""
+    free = free_percent(caps, usage)
+    before = node_fragmentation(list(free.values()), room, mix)
+    for index in chosen:
+        free[index] = 0
+    return node_fragmentation(list(free.values()), room.after(), mix) - before
 
 
 def usage_from_assignments(assignments: Sequence[Assignment]) -> dict[str, dict[int, GpuUsage]]:

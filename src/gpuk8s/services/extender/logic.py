@@ -393,7 +393,9 @@ class Extender:
     def _filter_shared(self, args: ExtenderArgs) -> dict[str, Any]:
         assert args.share is not None
         sharing, names = self._sharing_names(args)
-        keep, failed, unresolvable = sharing.filter_parts(args.share, names, args.pod_uid)
+        keep, failed, unresolvable = sharing.filter_parts(
+            args.share, names, args.pod_uid, (args.cpu_milli, args.memory_mib)
+        )
         repeated = _repeated(names)
         for name in repeated:
             unresolvable[name] = DUPLICATE.format(count=repeated[name])
@@ -404,7 +406,9 @@ class Extender:
     def _prioritize_shared(self, args: ExtenderArgs) -> bytes:
         assert args.share is not None
         sharing, names = self._sharing_names(args)
-        values = sharing.raw(args.share, names, args.pod_uid)
+        values = sharing.raw(
+            args.share, names, args.pod_uid, (args.cpu_milli, args.memory_mib)
+        )
         raw = [MISSING if v is None else v for v in values]
         heads = _encoded(self._host_heads, names, _host_head)
         return _priority_list(heads, _score_tails(raw))

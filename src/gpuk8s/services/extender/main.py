@@ -30,7 +30,7 @@ from ..logging_setup import LogOptions, add_log_arguments, configure_logging
 from .cuda import NodeCudaVersions
 from .logic import Extender
 from .nodes import BoundPods, NodeCache
-from .packing import NodeRooms, RunningPods, parse_prior
+from .packing import NodeRooms, RunningPods, free_room_of, parse_prior
 from .server import (
     DEFAULT_MAX_BODY,
     DEFAULT_MAX_CONNECTIONS,
@@ -190,7 +190,12 @@ def build_service(
     shared = SharedNodes()
     ledger = Ledger() if pods is not None else None
     sharing = (
-        Sharing(shared, ledger, KubePodApi(client) if client is not None else None)
+        Sharing(
+            shared,
+            ledger,
+            KubePodApi(client) if client is not None else None,
+            free_room=free_room_of(rooms, running),
+        )
         if ledger is not None
         else None
     )

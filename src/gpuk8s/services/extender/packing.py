@@ -65,6 +65,7 @@ MAX_TABLES = 128  # cached rankings (weights x pod shape)
 MAX_LAYOUTS = 1024  # distinct device layouts (topologies) kept
 MAX_MEMO = 200_000  # (layout, free devices, k) placements remembered
 
+
 # -- pods -----------------------------------------------------------------------------
 def view_shape(view: PodView) -> PodShape:
     """(GPUs, CPU millicores, memory MiB) of a pod (``wire.pod_totals``, the one
@@ -208,8 +209,10 @@ class RunningPods(_Notifier):
             if self._mix is None or self._drift > MIX_DRIFT * self._weight_at_mix:
                 self._versions += 1
                 observed = {s: float(g) for s, g in self._gpus.items()}
-                self._mix = (self._versions, mix_with_prior(observed, self.prior,
-                                                            self.prior_gpus, self.shapes))
+                self._mix = (
+                    self._versions,
+                    mix_with_prior(observed, self.prior, self.prior_gpus, self.shapes),
+                )
                 self._weight_at_mix = sum(observed.values()) + self.prior_gpus
                 self._drift = 0.0
             return self._mix
@@ -401,6 +404,25 @@ class NodeRooms(_Notifier):
         return len(self._nodes)
 
 
+def free_room_of(
+    rooms: NodeRooms, running: RunningPods | None
+) -> Callable[[str], tuple[int | None, int | None]]:
+    """A node's free CPU millicores and memory MiB (allocatable minus the bound pods'
+    requests; None where allocatable is not known): the room GPU sharing weighs."""
+
+    def free_room(name: str) -> tuple[int | None, int | None]:
+        info = rooms.get(name)
+        if info is None:
+            return None, None
+        cpu, memory = running.requested(name) if running is not None else (0, 0)
+        return (
+            None if info.cpu_milli is None else info.cpu_milli - cpu,
+            None if info.memory_mib is None else info.memory_mib - memory,
+        )
+
+    return free_room
+
+
 def item_room_fields(item: NodeItem) -> RoomFields:
     """(name, device list, allocatable) of a node as the extender decoded it (request
     or node watch), for ``NodeRooms``."""
@@ -506,9 +528,7 @@ class Ranker:
                 assert pods is not None
                 used_cpu, used_mem = pods.requested(name)
                 cpu_free = None if info.cpu_milli is None else max(0, info.cpu_milli - used_cpu)
-                mem_free = (
-                    None if info.memory_mib is None else max(0, info.memory_mib - used_mem)
-                )
+                mem_free = None if info.memory_mib is None else max(0, info.memory_mib - used_mem)
             else:
                 cpu_free = mem_free = None  # nothing known about what runs there
             state = (info.layout, info.free, info.cpu_milli, info.memory_mib, cpu_free, mem_free)

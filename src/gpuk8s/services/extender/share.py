@@ -19,9 +19,14 @@ devices:
   annotation. Concurrent binds therefore never over-commit a GPU within one extender
   (the chart runs one replica).
 
-Fractional shares best-fit: the GPU that is already shared and has the least left
-after the pod wins (``core.sharing.choose_shared``); whole GPUs (``vcuda-core``
-multiples of 100) are chosen among the unshared ones by the topology allocator.
+Placement follows FGD (Weng et al., ATC '23): the node and GPU where the node's
+fragmentation rises least (``core.sharing.node_fragmentation``: the free GPU capacity
+that the request mix cannot use, a node's free CPU being a hard limit for each request
+class), measured against the mix of the sharing pods that *arrive* (``ArrivalMix``,
+the pods seen by ``filter``, placed or not), not only of those that run. Fractional
+shares pick their GPU by that measure (ties: best fit, then the link group with the
+fewest unshared GPUs); whole GPUs (``vcuda-core`` multiples of 100) are chosen among
+the unshared ones by the topology allocator, and the node by the same measure.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -52,23 +58,27 @@ from ...core.sharing import (
     Assignment,
     GpuCapacity,
     GpuUsage,
+    Room,
+    ShareClass,
+    ShareMix,
     ShareRequest,
     SharingError,
     check_mode,
     choose_shared,
     memory_label_mib,
     parse_assignment,
-    share_loss,
+    whole_rise,
 )
 from ...core.topology import Topology
-from .wire import BadRequest, NodeItem, PodView, view_share
+from .wire import BadRequest, NodeItem, PodView, pod_totals, view_share
 
 log = logging.getLogger("gpuk8s.extender")
 
 # a reservation the watch has not confirmed yet survives a relist this long
 PENDING_TTL_S = 120.0
 MIX_DRIFT = 0.05  # re-take the request mix after this share of its weight changed
-MIX_PRIOR = 0.1  # weight of DEFAULT_SHARE_MIX next to the live pods' shares
+MIX_PRIOR = 0.1  # weight of DEFAULT_SHARE_MIX next to the arrived pods' requests
+ARRIVALS = 20_000  # sharing pods remembered for the request mix (the latest)
 TIE = 1e-3  # weight of "unshared GPUs left on the node" in the best-fit value
 MAX_MEMO = 200_000  # placements remembered (per node state and share)
 
@@ -157,10 +167,6 @@ class Ledger:
         self._versions: dict[str, int] = {}
         self._lock = threading.RLock()
         self._synced = threading.Event()
-        # the request mix (percent -> GPUs asked), re-taken after MIX_DRIFT of change
-        self._counts: dict[int, float] = {}
-        self._drift = 0.0
-        self._mix: tuple[int, tuple[tuple[int, float], ...]] = (0, DEFAULT_SHARE_MIX)
 
     @property
     def synced(self) -> bool:
@@ -177,7 +183,6 @@ class Ledger:
         if now == before:
             return
         if before is not None:
-            self._count(before, -1)
             on = self._by_node.get(before.node)
             if on is not None:
                 on.pop(uid, None)
@@ -187,40 +192,9 @@ class Ledger:
         if now is None:
             self._effective.pop(uid, None)
         else:
-            self._count(now, +1)
             self._effective[uid] = now
             self._by_node.setdefault(now.node, {})[uid] = now
             self._versions[now.node] = self._versions.get(now.node, 0) + 1
-
-    def _count(self, a: Assignment, sign: int) -> None:
-        size = a.share.core if not a.share.whole else FULL_CORE
-        if size <= 0:
-            return
-        weight = float(len(a.gpus))
-        left = self._counts.get(size, 0.0) + sign * weight
-        if left > 0:
-            self._counts[size] = left
-        else:
-            self._counts.pop(size, None)
-        self._drift += weight
-
-    def mix(self) -> tuple[int, tuple[tuple[int, float], ...]]:
-        """(version, request mix): the shares of the live pods (whole GPUs as 100 %)
-        blended with ``DEFAULT_SHARE_MIX``; re-taken when the pods drifted by
-        ``MIX_DRIFT`` of their weight, so placements memoised per version stay valid."""
-        version = self._mix[0]
-        total = sum(self._counts.values())
-        if version and self._drift <= MIX_DRIFT * max(total, 1.0):
-            return self._mix
-        with self._lock:
-            prior = sum(w for _, w in DEFAULT_SHARE_MIX)
-            blend = {r: w * MIX_PRIOR / prior for r, w in DEFAULT_SHARE_MIX}
-            total = sum(self._counts.values())
-            for size, weight in self._counts.items():
-                blend[size] = blend.get(size, 0.0) + weight / total * (1 - MIX_PRIOR)
-            self._mix = (version + 1, tuple(sorted(blend.items())))
-            self._drift = 0.0
-            return self._mix
 
     def set(self, uid: str, assignment: Assignment | None, deleted: bool = False) -> None:
         """What the watch saw for a pod (None: no assignment, or finished).
@@ -287,6 +261,78 @@ class Ledger:
 
     def __len__(self) -> int:
         return len(self._effective)
+
+
+class ArrivalMix:
+    """The request mix that placements are measured against: the requests of the
+    sharing pods the extender was asked to place (``filter``), each pod once (by UID),
+    the latest ``ARRIVALS`` of them -- pods that found no room included: FGD measures
+    fragmentation against the workload that arrives, and a mix of the running pods
+    alone forgets exactly the requests that failed -- blended with ``prior`` (weight
+    ``MIX_PRIOR``; CPU 0). A class is (GPUs, percent of each, CPU millicores) and
+    weighs the GPUs it asks for. The mix is re-taken when ``MIX_DRIFT`` of its weight
+    changed, so placements memoised per mix version stay valid meanwhile."""
+
+    def __init__(
+        self,
+        prior: tuple[tuple[int, float], ...] = DEFAULT_SHARE_MIX,
+        window: int = ARRIVALS,
+    ) -> None:
+        self._prior = prior
+        self._window = window
+        self._seen: OrderedDict[str, tuple[ShareClass, float]] = OrderedDict()
+        self._weights: dict[ShareClass, float] = {}
+        self._total = 0.0
+        self._drift = 0.0
+        self._lock = threading.Lock()
+        self._mix: tuple[int, ShareMix] = (1, self._take())
+
+    def observe(self, uid: str, share: ShareRequest, cpu_milli: int, memory_mib: int = 0) -> None:
+        """A pod the scheduler asks about (once per UID; the oldest leave the window)."""
+        if not uid or uid in self._seen:
+            return
+        pct = FULL_CORE if share.whole else min(max(share.core, 0), FULL_CORE)
+        if pct <= 0:
+            return  # best effort: reserves nothing, strands nothing
+        klass = (share.gpus, pct, max(cpu_milli, 0), max(memory_mib, 0))
+        weight = share.gpus * pct / FULL_CORE
+        with self._lock:
+            self._seen[uid] = (klass, weight)
+            self._weights[klass] = self._weights.get(klass, 0.0) + weight
+            self._total += weight
+            self._drift += weight
+            while len(self._seen) > self._window:
+                _, (old, w) = self._seen.popitem(last=False)
+                left = self._weights.get(old, 0.0) - w
+                if left > 1e-9:
+                    self._weights[old] = left
+                else:
+                    self._weights.pop(old, None)
+                self._total -= w
+                self._drift += w
+
+    def _take(self) -> ShareMix:
+        total = self._total
+        blend = dict(self._weights)
+        prior = sum(w for _, w in self._prior)
+        scale = MIX_PRIOR * max(total, 1.0) / prior if prior > 0 else 0.0
+        for pct, w in self._prior:
+            klass = (1, pct, 0, 0)
+            blend[klass] = blend.get(klass, 0.0) + w * scale
+        return ShareMix(blend)
+
+    def mix(self) -> tuple[int, ShareMix]:
+        """(version, mix)."""
+        version = self._mix[0]
+        if self._drift <= MIX_DRIFT * max(self._total, 1.0):
+            return self._mix
+        with self._lock:
+            self._mix = (version + 1, self._take())
+            self._drift = 0.0
+            return self._mix
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
 
 def view_assignment(view: PodView) -> tuple[str, Assignment | None]:
@@ -376,6 +422,13 @@ def parse_bind(body: bytes) -> _BindArgs:
         ) from None
 
 
+# what the pod asks besides its share: CPU millicores, memory MiB
+Need = tuple[int, int]
+# what a memoised placement depends on: node identity, ledger version of the node,
+# mix version, the node's free CPU and memory
+_Version = tuple[int, int, int, int | None, int | None]
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where a share goes on one node, or why it cannot."""
@@ -395,37 +448,60 @@ class Sharing:
         ledger: Ledger,
         api: PodApi | None = None,
         clock: Callable[[], float] = time.time,
+        free_room: Callable[[str], tuple[int | None, int | None]] | None = None,
+        arrivals: ArrivalMix | None = None,
     ) -> None:
         self.nodes = nodes
         self.ledger = ledger
         self.api = api
         self._clock = clock
+        # a node's free CPU millicores and memory MiB (None: not known, limits nothing)
+        self._free_room = free_room
+        self.arrivals = arrivals if arrivals is not None else ArrivalMix()
         self._lock = threading.Lock()
-        # (node, share) -> ((node identity, ledger version), placement)
-        self._memo: dict[tuple[str, ShareRequest], tuple[tuple[int, int, int], Placement]] = {}
+        # (node, share, pod CPU and memory) -> ((node identity, ledger version, mix
+        # version, node's free CPU and memory), placement)
+        self._memo: dict[tuple[str, ShareRequest, int, int], tuple[_Version, Placement]] = {}
         self.binds = 0
         self.bind_failures = 0
 
-    def place(self, name: str, share: ShareRequest, without: str = "") -> Placement:
-        """Where ``share`` goes on node ``name`` (memoised per node state and share;
-        ``without``: a pod whose own assignment does not count, e.g. on a re-bind)."""
+    def place(
+        self,
+        name: str,
+        share: ShareRequest,
+        without: str = "",
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
+    ) -> Placement:
+        """Where ``share`` goes on node ``name`` for a pod requesting ``cpu_milli`` and
+        ``memory_mib`` (memoised per node state and request; ``without``: a pod whose
+        own assignment does not count, e.g. on a re-bind)."""
         node = self.nodes.get(name)
         own = self.ledger.get(without) if without else None
+        cpu, memory = self._free_room(name) if self._free_room is not None else (None, None)
+        room = Room(cpu, memory, cpu_milli, memory_mib)
+        mix_version, mix = self.arrivals.mix()
         if node is None or (own is not None and own.node == name):
-            return self._place(node, name, share, without)
-        key = (name, share)
-        version = (id(node), self.ledger.version(name), self.ledger.mix()[0])
+            return self._place(node, name, share, without, room, mix)
+        key = (name, share, cpu_milli, memory_mib)
+        version = (id(node), self.ledger.version(name), mix_version, cpu, memory)
         hit = self._memo.get(key)
         if hit is not None and hit[0] == version:
             return hit[1]
-        placed = self._place(node, name, share, without)
+        placed = self._place(node, name, share, without, room, mix)
         if len(self._memo) >= MAX_MEMO:
             self._memo.clear()
         self._memo[key] = (version, placed)
         return placed
 
     def _place(
-        self, node: SharedNode | None, name: str, share: ShareRequest, without: str
+        self,
+        node: SharedNode | None,
+        name: str,
+        share: ShareRequest,
+        without: str,
+        room: Room,
+        mix: ShareMix,
     ) -> Placement:
         if node is None:
             return Placement(None, "gpu-aware: node not in the extender's node cache yet")
@@ -458,21 +534,24 @@ class Sharing:
             key = node.groups.get(index)
             per_group[key] = per_group.get(key, 0) + 1
         if share.whole:
-            return self._place_whole(node, usage, share, len(unshared))
+            return self._place_whole(node, usage, share, len(unshared), room, mix)
         prefer = {i: per_group.get(node.groups.get(i), 0) for i in unshared}
-        mix = self.ledger.mix()[1]
-        chosen, why = choose_shared(node.gpus, usage, share, prefer, mix)
+        chosen, why, rise = choose_shared(node.gpus, usage, share, prefer, mix, room)
         if chosen is None:
             return Placement(None, f"gpu-aware: {why}")
         fresh = sum(1 for i in chosen if i in prefer)
-        loss = sum(share_loss(usage.get(i), share, mix) for i in chosen)
-        # least fragmentation first; then, opening a GPU, the node with the fewest
-        # unshared GPUs after it (whole nodes stay whole for multi-GPU pods)
-        return Placement(tuple(chosen), raw=-loss - TIE * (len(unshared) - fresh))
+        # least rise of the node's fragmentation first; then, opening a GPU, the node
+        # with the fewest unshared GPUs after it (whole nodes stay whole)
+        return Placement(tuple(chosen), raw=-round(rise, 9) - TIE * (len(unshared) - fresh))
 
     @staticmethod
     def _place_whole(
-        node: SharedNode, usage: dict[int, GpuUsage], share: ShareRequest, unshared: int
+        node: SharedNode,
+        usage: dict[int, GpuUsage],
+        share: ShareRequest,
+        unshared: int,
+        room: Room,
+        mix: ShareMix,
     ) -> Placement:
         free = [
             pos
@@ -488,17 +567,24 @@ class Sharing:
         chosen, key = best_set(node.topology, free, share.gpus)
         gpus = tuple(sorted(node.gpus[p].index for p in chosen))
         score = float(key[0]) if key else 0.0
-        return Placement(gpus, raw=score - TIE * (unshared - share.gpus))
+        rise = whole_rise(node.gpus, usage, gpus, mix, room) if mix else 0.0
+        # least rise of fragmentation; then the best-linked set; then the fewest
+        # unshared GPUs left (best fit)
+        return Placement(
+            gpus, raw=-round(rise, 9) + TIE * score / 100 - TIE**2 * (unshared - share.gpus)
+        )
 
     # -- filter / prioritize ----------------------------------------------------
     def filter_parts(
-        self, share: ShareRequest, names: list[str], uid: str = ""
+        self, share: ShareRequest, names: list[str], uid: str = "", need: Need = (0, 0)
     ) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """(nodes kept, failed, unresolvable); the pod counts as an arrival of the mix."""
+        self.arrivals.observe(uid, share, *need)
         keep: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         for name in names:
-            placed = self.place(name, share, uid)
+            placed = self.place(name, share, uid, *need)
             if placed.gpus is not None:
                 keep.append(name)
             elif placed.unresolvable:
@@ -507,11 +593,13 @@ class Sharing:
                 failed[name] = placed.reason
         return keep, failed, unresolvable
 
-    def raw(self, share: ShareRequest, names: list[str], uid: str = "") -> list[float | None]:
-        """Best-fit value per node (None where the share does not fit)."""
+    def raw(
+        self, share: ShareRequest, names: list[str], uid: str = "", need: Need = (0, 0)
+    ) -> list[float | None]:
+        """Placement value per node, higher is better (None where the share does not fit)."""
         out: list[float | None] = []
         for name in names:
-            placed = self.place(name, share, uid)
+            placed = self.place(name, share, uid, *need)
             out.append(placed.raw if placed.gpus is not None else None)
         return out
 
@@ -531,6 +619,7 @@ class Sharing:
         try:
             view = _POD.decode(json.dumps(pod).encode())
             share = view_share(view)
+            _, cpu_milli, memory_mib = pod_totals(view, lenient=True)
         except (msgspec.DecodeError, BadRequest) as err:
             return f"gpu-aware: pod {ns}/{name}: {err}"
         meta = view.metadata
@@ -539,7 +628,7 @@ class Sharing:
         if share is None:  # not a sharing pod: bind as the default binder would
             return self._bind_plain(ns, name, uid, node)
         with self._lock:  # choose and reserve atomically: no two binds share a choice
-            placed = self.place(node, share, uid)
+            placed = self.place(node, share, uid, cpu_milli, memory_mib)
             if placed.gpus is None:
                 return f"{placed.reason} (pod {ns}/{name} on {node})"
             assignment = Assignment(node, placed.gpus, share)
