@@ -90,6 +90,8 @@ MPS_MEMORY_RESOURCE = "nvidia.com/mps-memory"
 ASSIGNED_ANNOTATION = "gpuk8s.io/sharing.assigned"
 BIND_TIME_ANNOTATION = "gpuk8s.io/sharing.bind-time"
 PHASE_ANNOTATION = "gpuk8s.io/sharing.phase"
+# set by gpu-aware on a pod it turned away once a share is freed: kube-scheduler retries it
+REQUEUE_ANNOTATION = "gpuk8s.io/sharing.requeue"
 PHASE_ALLOCATING = "allocating"
 PHASE_ALLOCATED = "allocated"
 

@@ -393,9 +393,14 @@ class Extender:
     def _filter_shared(self, args: ExtenderArgs) -> dict[str, Any]:
         assert args.share is not None
         sharing, names = self._sharing_names(args)
+        since = sharing.requeue.generation
         keep, failed, unresolvable = sharing.filter_parts(
             args.share, names, args.pod_uid, (args.cpu_milli, args.memory_mib)
         )
+        if not keep and args.pod_uid:  # retried once a share is freed (requeue.py)
+            sharing.requeue.turned_away(
+                args.pod_uid, args.pod_namespace, args.pod_name, since
+            )
         repeated = _repeated(names)
         for name in repeated:
             unresolvable[name] = DUPLICATE.format(count=repeated[name])

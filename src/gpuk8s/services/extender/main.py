@@ -31,6 +31,7 @@ from .cuda import NodeCudaVersions
 from .logic import Extender
 from .nodes import BoundPods, NodeCache
 from .packing import NodeRooms, RunningPods, free_room_of, parse_prior
+from .requeue import Requeue
 from .server import (
     DEFAULT_MAX_BODY,
     DEFAULT_MAX_CONNECTIONS,
@@ -188,13 +189,16 @@ def build_service(
     client = api_client(args.kubeconfig) if needs_api else None
     # GPU sharing (bind verb, per-GPU accounting) rides on the pod watch's API access
     shared = SharedNodes()
-    ledger = Ledger() if pods is not None else None
+    pod_api = KubePodApi(client) if client is not None else None
+    requeue = Requeue(pod_api) if pods is not None else None
+    ledger = Ledger(on_free=requeue.freed) if requeue is not None else None
     sharing = (
         Sharing(
             shared,
             ledger,
-            KubePodApi(client) if client is not None else None,
+            pod_api,
             free_room=free_room_of(rooms, running),
+            requeue=requeue,
         )
         if ledger is not None
         else None
@@ -210,6 +214,8 @@ def build_service(
         loops.append(("pod-watch", pod_watch or pod_watch_loop(client, pods, running)))
     if ledger is not None:
         loops.append(("sharing-watch", ledger_watch or ledger_watch_loop(client, ledger)))
+    if requeue is not None:
+        loops.append(("sharing-requeue", requeue.run))
     try:
         server = ExtenderHTTPServer(
             (args.address, args.port),

@@ -70,6 +70,7 @@ from ...core.sharing import (
     whole_rise,
 )
 from ...core.topology import Topology
+from .requeue import Requeue
 from .wire import BadRequest, NodeItem, PodView, pod_totals, view_share
 
 log = logging.getLogger("gpuk8s.extender")
@@ -158,8 +159,14 @@ class Ledger:
     """Assignments of live pods (from their annotations) and our own reservations,
     indexed per node (usage of a node costs the pods on it, not all pods)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        on_free: Callable[[], None] | None = None,
+    ) -> None:
         self._clock = clock
+        # called (under the ledger's lock) when a pod's share goes away or changes
+        self._on_free = on_free
         self._watched: dict[str, Assignment] = {}
         self._pending: dict[str, tuple[Assignment, float]] = {}
         self._effective: dict[str, Assignment] = {}
@@ -189,6 +196,8 @@ class Ledger:
                 if not on:
                     del self._by_node[before.node]
             self._versions[before.node] = self._versions.get(before.node, 0) + 1
+            if self._on_free is not None:
+                self._on_free()
         if now is None:
             self._effective.pop(uid, None)
         else:
@@ -389,6 +398,16 @@ class KubePodApi:
             _preload_content=False,
         )
 
+    def touch(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Set annotations whatever the pod's version (``requeue.PodToucher``)."""
+        self._core.patch_namespaced_pod(
+            name,
+            namespace,
+            {"metadata": {"annotations": annotations}},
+            _content_type="application/merge-patch+json",
+            _preload_content=False,
+        )
+
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         body: Any = {
             "apiVersion": "v1",
@@ -450,8 +469,11 @@ class Sharing:
         clock: Callable[[], float] = time.time,
         free_room: Callable[[str], tuple[int | None, int | None]] | None = None,
         arrivals: ArrivalMix | None = None,
+        requeue: Requeue | None = None,
     ) -> None:
         self.nodes = nodes
+        # pods turned away, nudged when the ledger frees a share (requeue.py)
+        self.requeue = requeue if requeue is not None else Requeue(None)
         self.ledger = ledger
         self.api = api
         self._clock = clock
@@ -651,6 +673,7 @@ class Sharing:
             self._undo(ns, name, uid)
             return f"gpu-aware: binding {ns}/{name} to {node} failed: {_short(err)}"
         self.binds += 1
+        self.requeue.forget(uid)
         log.info(
             "pod bound with shared GPUs",
             extra={"pod": f"{ns}/{name}", "node": node, "gpus": list(placed.gpus)},
