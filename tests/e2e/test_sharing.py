@@ -290,9 +290,9 @@ def test_4_third_pod_waits_and_nothing_is_double_booked(sharing: dict[str, str])
 
 
 def test_5_deleting_a_pod_lets_the_third_in(sharing: dict[str, str]) -> None:
-    """Fails in about 2 of 7 lab runs: a product race, not the test's (README "On the
-    lab"), most likely: the scheduler retries 'third' on the deletion event before gpu-aware's pod
-    watch has released the share, and nothing requeues it again within a minute."""
+    """Failed in 2 of 7 lab runs before gpu-aware nudged the pods it turned away
+    (requeue.py): the scheduler retried 'third' on the deletion event before gpu-aware's
+    pod watch had released the share, and nothing requeued it again within a minute."""
     kubectl("-n", WORK, "delete", "pod", "first", "--wait=true", "--timeout=60s")
     check_on_shared_gpu("third", sharing["node"])
     per_gpu = core_per_gpu()
