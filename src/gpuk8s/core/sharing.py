@@ -449,10 +449,6 @@ class ShareMix:
             sorted(((c[3], c[2], c[0], c[1], w) for c, w in self.classes), reverse=True)
         )
 
-    @classmethod
-    def of(cls, weights: Mapping[ShareClass, float], limit: int = MIX_CLASSES) -> ShareMix:
-        return cls(weights, limit)
-
     def __bool__(self) -> bool:
         return bool(self.classes)
 
@@ -563,7 +559,6 @@ def choose_shared(
     free = free_percent(caps, usage)
     after_room = room.after()
     before = node_fragmentation(list(free.values()), room, mix)
-    chosen: list[int] = []
     seen: dict[int, float] = {}  # free percent -> fragmentation after (same for equal GPUs)
     scored: list[tuple[float, int, int]] = []
     for order, cap in enumerate(ok):

@@ -317,7 +317,7 @@ class Extender:
 
         Dict-lookup passes over the names against the cache's NeedIndex (C-level), which
         holds every node's answer for this request size already encoded; Python-level
-        work runs only for offered nodes outside the "fits" set when some are not in the
+        work runs only for offered nodes outside "fits" when some are not in the
         index, and for nodes with promised GPUs."""
         assert self.cache is not None
         offered = set(names)

@@ -191,41 +191,32 @@ def json_member(name: str, reason: str) -> str:
 @dataclass
 class NeedIndex:
     """The cache's nodes sorted by what they can do for one request size, kept up to
-    date on every node event, so filter tests set membership (C speed) per node.
+    date on every node event, so filter answers with dict lookups (C speed) per node.
 
-    ``short_json`` / ``unresolvable_json`` hold the same rejections pre-encoded as JSON
-    object members, so a filter answer joins strings instead of encoding reasons."""
+    Each node is in at most one of the three, pre-encoded as JSON: ``fits_json`` (free
+    >= need, before promises) maps it to its name as a JSON string, ``short_json``
+    (healthy enough, too few free) and ``unresolvable_json`` to a ``"name":"reason"``
+    object member; a filter answer joins strings instead of encoding names and
+    reasons (encoded once per node event, not per call)."""
 
-    unresolvable: dict[str, str] = field(default_factory=dict)
-    short: dict[str, str] = field(default_factory=dict)  # healthy enough, too few free
-    fits: set[str] = field(default_factory=set)  # free >= need (before promises)
-    # the same nodes -> their name as a JSON string, so a filter answer's NodeNames is
-    # one lookup pass and one join (names are encoded once per node event, not per call)
     fits_json: dict[str, str] = field(default_factory=dict)
     unresolvable_json: dict[str, str] = field(default_factory=dict)
     short_json: dict[str, str] = field(default_factory=dict)
 
     def place(self, name: str, state: NodeState | None, need: int) -> None:
-        # add before remove would leave a name in two sets; readers tolerate "in none"
-        self.unresolvable.pop(name, None)
+        # add before remove would leave a name in two maps; readers tolerate "in none"
         self.unresolvable_json.pop(name, None)
-        self.short.pop(name, None)
         self.short_json.pop(name, None)
-        self.fits.discard(name)
         self.fits_json.pop(name, None)
         if state is None:
             return
         reason = unresolvable_reason(state, need)
         if reason is not None:
             self.unresolvable_json[name] = json_member(name, reason)
-            self.unresolvable[name] = reason
         elif state.free < need:
-            reason = short_reason(state, need)
-            self.short_json[name] = json_member(name, reason)
-            self.short[name] = reason
+            self.short_json[name] = json_member(name, short_reason(state, need))
         else:
             self.fits_json[name] = encode_basestring_ascii(name)
-            self.fits.add(name)
 
 
 MAX_INDEXES = 64

@@ -389,21 +389,20 @@ class KubePodApi:
     def annotate(
         self, namespace: str, name: str, resource_version: str, annotations: dict[str, str | None]
     ) -> None:
-        body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
-        self._core.patch_namespaced_pod(
-            name,
-            namespace,
-            body,
-            _content_type="application/merge-patch+json",
-            _preload_content=False,
+        """Set annotations if the pod is still at ``resource_version`` (409 otherwise)."""
+        self._patch_metadata(
+            namespace, name, {"resourceVersion": resource_version, "annotations": annotations}
         )
 
     def touch(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         """Set annotations whatever the pod's version (``requeue.PodToucher``)."""
+        self._patch_metadata(namespace, name, {"annotations": annotations})
+
+    def _patch_metadata(self, namespace: str, name: str, metadata: dict[str, Any]) -> None:
         self._core.patch_namespaced_pod(
             name,
             namespace,
-            {"metadata": {"annotations": annotations}},
+            {"metadata": metadata},
             _content_type="application/merge-patch+json",
             _preload_content=False,
         )
