@@ -172,14 +172,19 @@ def fake_nodes_cmd(*args: str) -> list[str]:
 
 
 def start_extender(
-    args: argparse.Namespace, work: Path, port: int, source: Path | None = None
+    args: argparse.Namespace,
+    work: Path,
+    port: int,
+    source: Path | None = None,
+    extra: tuple[str, ...] = (),
 ) -> tuple[str, subprocess.Popen[bytes]]:
-    """This checkout's extender, or with ``source`` the one of an extracted revision."""
+    """This checkout's extender, or with ``source`` the one of an extracted revision;
+    ``extra``: more flags."""
     cmd = args.extender_cmd or (
         f"{sys.executable} -m gpuk8s.cli serve extender --port {{port}} "
         f"--address 127.0.0.1 --kubeconfig {KUBECONFIG} --node-cache --log-format text"
     )
-    cmd = cmd.replace("{port}", str(port))
+    cmd = cmd.replace("{port}", str(port)) + "".join(f" {flag}" for flag in extra)
     env = dict(os.environ, PYTHONPATH=str(source / "src")) if source else None
     log = open(work / f"extender-{port}.log", "wb")  # noqa: SIM115 (lives with the process)
     proc = subprocess.Popen(cmd.split(), stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -224,7 +229,11 @@ def run_setup(
 
     config = work / f"scheduler-{setup}.json"
     mode = setup.split("@")[0]
-    scheduler_config(config, extender_url if mode != "none" else None, mode == "cache")
+    scheduler_config(
+        config,
+        extender_url if mode != "none" else None,
+        mode in ("cache", "cache-top", "null", "null-scores"),
+    )
     sched_log = open(work / f"scheduler-{setup}.log", "wb")  # noqa: SIM115 (as above)
     t_start = time.monotonic()
     sched = subprocess.Popen(
@@ -290,7 +299,12 @@ SETUP_NAMES = {
     "none": "no extender (baseline)",
     "cache": "gpu-aware, nodeCacheCapable: true",
     "full": "gpu-aware, nodeCacheCapable: false (SPEC §7)",
+    "cache-top": "gpu-aware --prioritize-min-score 10, node cache",
+    "null": "null extender, nodeCacheCapable: true",
+    "null-full": "null extender, nodeCacheCapable: false",
+    "null-scores": "null extender listing every host, node cache",
 }
+NULL_SETUPS = ("null", "null-full", "null-scores")
 
 
 def setup_name(setup: str, baseline: str | None) -> str:
@@ -311,7 +325,10 @@ def main() -> int:
         default="none,cache,full",
         help="comma list of none (scheduler alone), cache, full, measured in this order; "
         "repeat none (e.g. none,cache,full,none) to average the baseline over the run; "
-        "cache@base / full@base use the extender of --baseline",
+        "cache@base / full@base use the extender of --baseline; cache-top this checkout's "
+        "with --prioritize-min-score 10; null / null-full / null-scores use "
+        "benchmarks/null_extender.py (every node passes, every score 0: what the extender "
+        "protocol itself costs)",
     )
     ap.add_argument("--extender-url", help="use a running extender (skip starting one)")
     ap.add_argument("--extender-port", type=int, default=18080)
@@ -331,7 +348,8 @@ def main() -> int:
     unknown = set(setups) - set(SETUP_NAMES) - {"cache@base", "full@base"}
     if unknown:
         raise SystemExit(
-            f"--setups: unknown {sorted(unknown)}; use none, cache, full, cache@base, full@base"
+            f"--setups: unknown {sorted(unknown)}; use none, cache, cache-top, full, null, "
+            "null-full, null-scores, cache@base, full@base"
         )
     if any(s.endswith("@base") for s in setups) and not args.baseline:
         raise SystemExit("--setups: the @base setups need --baseline REF")
@@ -355,12 +373,20 @@ def main() -> int:
 
         extender_url = args.extender_url
         extender_pid = None
-        if {s for s in setups if not s.endswith("@base")} - {"none"}:
+        if {s for s in setups if not s.endswith("@base")} - {"none", "cache-top", *NULL_SETUPS}:
             if not extender_url:
                 extender_url, proc = start_extender(args, work, args.extender_port)
                 procs.append(proc)
                 extender_pid = proc.pid
             wait_http(extender_url.rstrip("/") + "/readyz", 120)
+        top_url = top_pid = None
+        if "cache-top" in setups:  # this checkout, only the best-ranked nodes listed
+            top_url, proc = start_extender(
+                args, work, args.extender_port + 5, extra=("--prioritize-min-score", "10")
+            )
+            procs.append(proc)
+            top_pid = proc.pid
+            wait_http(top_url + "/readyz", 120)
         base_url = base_pid = None
         if any(s.endswith("@base") for s in setups):
             base_url, proc = start_extender(
@@ -369,10 +395,24 @@ def main() -> int:
             procs.append(proc)
             base_pid = proc.pid
             wait_http(base_url + "/readyz", 120)
+        nulls: dict[str, tuple[str, int]] = {}  # setup -> (url, pid)
+        for offset, setup in enumerate(sorted(set(setups) & set(NULL_SETUPS)), start=2):
+            port = args.extender_port + offset
+            log = open(work / f"extender-{port}.log", "wb")  # noqa: SIM115 (as above)
+            command = [sys.executable, str(REPO / "benchmarks" / "null_extender.py")]
+            command += ["--port", str(port)] + (["--scores"] if setup == "null-scores" else [])
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            procs.append(proc)
+            nulls[setup] = (f"http://127.0.0.1:{port}", proc.pid)
+            wait_http(nulls[setup][0] + "/readyz", 60)
         for setup in setups:
-            url, pid = (base_url, base_pid) if setup.endswith("@base") else (
-                extender_url, extender_pid
+            url, pid = (
+                (base_url, base_pid) if setup.endswith("@base") else (extender_url, extender_pid)
             )
+            if setup in nulls:
+                url, pid = nulls[setup]
+            elif setup == "cache-top":
+                url, pid = top_url, top_pid
             results.append((setup, run_setup(api, args, setup, url, work, pid)))
     finally:
         for p in reversed(procs):
