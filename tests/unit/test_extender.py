@@ -336,6 +336,32 @@ def test_prioritize_weights_trade_speed_against_damage() -> None:
     assert scores == {"fresh": 10, "leftover": 10}
 
 
+def test_prioritize_min_score_lists_only_the_nodes_scoring_at_least_that() -> None:
+    """--prioritize-min-score: the answer leaves out the lower-ranked nodes (the
+    scheduler counts them as 0); the nodes it keeps score as they would in the full list,
+    in request order; 0 lists every node."""
+    items = {"Nodes": {"items": [
+        node("split", node_annotations(C500, allocated=[0, 4])),
+        node("whole", node_annotations(C500, allocated=[0, 1])),
+        node("nodata"),
+        node("whole2", node_annotations(C500, allocated=[2, 3])),
+    ]}}
+    request = {"Pod": pod(4), **items}
+    full = call(make_extender(), "prioritize", request)[1]
+    assert {h["Host"]: h["Score"] for h in full} == {
+        "split": 9, "whole": 10, "nodata": 0, "whole2": 10}
+    for floor, expected in ((0, full), (1, [h for h in full if h["Score"] >= 1]),
+                            (10, [{"Host": "whole", "Score": 10},
+                                  {"Host": "whole2", "Score": 10}])):
+        ext = make_extender()
+        ext.min_score = floor
+        assert call(ext, "prioritize", request)[1] == expected
+    # a pod without GPUs scores every node 0: with a floor, nothing is listed
+    ext = make_extender()
+    ext.min_score = 10
+    assert call(ext, "prioritize", {"Pod": pod(0), **items})[1] == []
+
+
 def test_rank_scores_give_every_distinct_value_its_own_step() -> None:
     assert rank_scores([]) == []
     assert rank_scores([5.0]) == [10]

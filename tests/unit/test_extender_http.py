@@ -278,7 +278,9 @@ def test_service_refuses_bad_flags(tmp_path: Path) -> None:
 
     for argv, needle in ((["--port", "70000"], "--port"), (["--max-body-mib", "0"],
                          "--max-body-mib"), (["--score-weight", "x"], "--score-weight"),
-                         (["--config-dir", str(tmp_path / "none")], "--config-dir")):
+                         (["--config-dir", str(tmp_path / "none")], "--config-dir"),
+                         (["--prioritize-min-score", "11"], "--prioritize-min-score"),
+                         (["--prioritize-min-score", "-1"], "--prioritize-min-score")):
         args = build_parser().parse_args([*argv, "--no-pod-watch"])
         with pytest.raises(ConfigError, match=needle.replace("-", "\\-")):
             build_service(args)

@@ -126,6 +126,11 @@ def test_filter_prioritize_bind_best_fit(annotations: dict[str, str]) -> None:
     assert status == 200
     scores = {h["Host"]: h["Score"] for h in result}
     assert scores["a"] > scores["b"]
+    ext.min_score = 10  # --prioritize-min-score: only the best-ranked node is listed
+    status, result = call(ext, "prioritize", {"Pod": pod("p2", "40"),
+                                              "Nodes": {"items": items[:2]}})
+    assert status == 200 and result == [{"Host": "a", "Score": 10}]
+    ext.min_score = 0
     assert bind(ext, api, pod("p2", "40"), "a") == ""
     a1 = parse_assignment(api.pods["p1"]["metadata"]["annotations"][ASSIGNED_ANNOTATION])
     a2 = parse_assignment(api.pods["p2"]["metadata"]["annotations"][ASSIGNED_ANNOTATION])

@@ -147,9 +147,7 @@ class Response:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-def _encoded(
-    cache: dict[str, Any], names: list[str], make: Callable[[str], Any]
-) -> list[Any]:
+def _encoded(cache: dict[str, Any], names: list[str], make: Callable[[str], Any]) -> list[Any]:
     """``[cache[n] for n in names]`` at C speed, filling misses with ``make(n)``."""
     try:
         return list(map(cache.__getitem__, names))
@@ -179,10 +177,21 @@ def _priority_list(heads: list[str], tails: list[str]) -> bytes:
     return ("[" + "".join(parts) + "]").encode()
 
 
-def _score_tails(raw: list[float]) -> list[str]:
-    """Per raw priority its encoded ``score}`` (scores by ``packing.rank_map``)."""
-    tail = {value: _SCORE_TAIL[score] for value, score in rank_map(raw).items()}
-    return list(map(tail.__getitem__, raw))
+def _priority_answer(heads: list[str], raw: list[float], min_score: int = 0) -> bytes:
+    """The HostPriorityList for the names of ``heads`` (``_host_head``) and their raw
+    priorities, scored by ``packing.rank_map``; nodes scoring below ``min_score`` are
+    left out (the scheduler counts a node it is not given as 0)."""
+    ranks = rank_map(raw)
+    tail = {value: _SCORE_TAIL[score] for value, score in ranks.items()}
+    if min_score > 0:
+        low = {value for value, score in ranks.items() if score < min_score}
+        if low:
+            kept = [
+                (head, value) for head, value in zip(heads, raw, strict=True) if value not in low
+            ]
+            heads = [head for head, _ in kept]
+            raw = [value for _, value in kept]
+    return _priority_list(heads, list(map(tail.__getitem__, raw)))
 
 
 def _members(members: list[str]) -> dict[str, str]:
@@ -204,8 +213,11 @@ class Extender:
         running: RunningPods | None = None,
         cuda: NodeCudaVersions | None = None,
         sharing: Sharing | None = None,
+        min_score: int = 0,
     ) -> None:
         self.weights = weights
+        # prioritize leaves out the nodes scoring below this (--prioritize-min-score)
+        self.min_score = min_score
         self.cuda = cuda if cuda is not None else NodeCudaVersions()  # labels (node watch)
         # GPU sharing (core.sharing): None when off (no pod watch, no API access)
         self.sharing = sharing
@@ -398,9 +410,7 @@ class Extender:
             args.share, names, args.pod_uid, (args.cpu_milli, args.memory_mib)
         )
         if not keep and args.pod_uid:  # retried once a share is freed (requeue.py)
-            sharing.requeue.turned_away(
-                args.pod_uid, args.pod_namespace, args.pod_name, since
-            )
+            sharing.requeue.turned_away(args.pod_uid, args.pod_namespace, args.pod_name, since)
         repeated = _repeated(names)
         for name in repeated:
             unresolvable[name] = DUPLICATE.format(count=repeated[name])
@@ -411,12 +421,10 @@ class Extender:
     def _prioritize_shared(self, args: ExtenderArgs) -> bytes:
         assert args.share is not None
         sharing, names = self._sharing_names(args)
-        values = sharing.raw(
-            args.share, names, args.pod_uid, (args.cpu_milli, args.memory_mib)
-        )
+        values = sharing.raw(args.share, names, args.pod_uid, (args.cpu_milli, args.memory_mib))
         raw = [MISSING if v is None else v for v in values]
         heads = _encoded(self._host_heads, names, _host_head)
-        return _priority_list(heads, _score_tails(raw))
+        return _priority_answer(heads, raw, self.min_score)
 
     def filter_json(self, args: ExtenderArgs) -> bytes:
         """The filter answer, encoded. With the node cache it is assembled from the
@@ -558,8 +566,13 @@ class Extender:
         # (a dict of whole '{"Host":..,"Score":s}' strings per name and score was
         # slower: the per-request memory touched matters more than the concatenation)
         heads = _encoded(self._host_heads, names, _host_head)
-        tails = [_SCORE_TAIL[0]] * len(names) if raw is None else _score_tails(raw)
-        return _priority_list(heads, tails)
+        if raw is None:  # no GPUs asked: every node 0
+            return (
+                b"[]"
+                if self.min_score > 0
+                else _priority_list(heads, [_SCORE_TAIL[0]] * len(names))
+            )
+        return _priority_answer(heads, raw, self.min_score)
 
     # -- protocol -------------------------------------------------------------
     def handle(self, verb: str, body: bytes) -> Response:

@@ -4,6 +4,7 @@
                           [--no-pod-watch] [--config-dir /etc/gpu-aware]
                           [--score-weight 1] [--loss-weight 1] [--max-body-mib 16]
                           [--request-timeout 10] [--max-connections 64]
+                          [--prioritize-min-score 0]
                           [--pod-mix-prior 1=1,2=1,4=1,8=1] [--pod-mix-prior-gpus 64]
                           [--kubeconfig PATH] [log options]
 
@@ -41,6 +42,7 @@ from .server import (
 from .share import KubePodApi, Ledger, SharedNodes, Sharing
 from .watch import WatchLoop, ledger_watch_loop, node_watch_loop, pod_watch_loop
 from .weights import Weights, WeightSource, parse_weight
+from .wire import MAX_EXTENDER_PRIORITY
 
 log = logging.getLogger("gpuk8s.extender")
 
@@ -110,6 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="connections served at once (default 64); at the cap a new one replaces the "
         "one idle the longest, or gets 503 when all are busy",
     )
+    parser.add_argument(
+        "--prioritize-min-score",
+        type=int,
+        default=0,
+        help="leave the nodes scoring below this (0-10) out of prioritize's answer; the "
+        "scheduler counts a node it is not given as 0 (default 0: every node listed; 10: "
+        "only the best-ranked nodes, a much shorter answer for the scheduler to decode, "
+        "and the same choice whenever the extender's weight x 10 exceeds what the "
+        "profile's score plugins can add up to, as SPEC's weight 500 does)",
+    )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: in-cluster)")
     add_log_arguments(parser)
     return parser
@@ -171,6 +183,11 @@ def build_service(
         raise ConfigError(f"--request-timeout: {args.request_timeout} must be > 0 and <= 3600")
     if not 1 <= args.max_connections <= 10_000:
         raise ConfigError(f"--max-connections: {args.max_connections} must be 1..10000")
+    if not 0 <= args.prioritize_min_score <= MAX_EXTENDER_PRIORITY:
+        raise ConfigError(
+            f"--prioritize-min-score: {args.prioritize_min_score} must be "
+            f"0..{MAX_EXTENDER_PRIORITY}"
+        )
     defaults = Weights(
         parse_weight(args.score_weight, "--score-weight"),
         parse_weight(args.loss_weight, "--loss-weight"),
@@ -204,7 +221,14 @@ def build_service(
         else None
     )
     extender = Extender(
-        weights, cache=cache, pods=pods, rooms=rooms, running=running, cuda=cuda, sharing=sharing
+        weights,
+        cache=cache,
+        pods=pods,
+        rooms=rooms,
+        running=running,
+        cuda=cuda,
+        sharing=sharing,
+        min_score=args.prioritize_min_score,
     )
     loops: list[tuple[str, WatchLoop]] = []
     if cache is not None:
