@@ -212,29 +212,69 @@ def test_arrival_mix_counts_each_pod_once_failed_ones_too(annotations: dict[str,
     assert len(ext.sharing.arrivals) == before + 1
 
 
-def test_prioritize_weighs_the_cpu_a_node_keeps(annotations: dict[str, str]) -> None:
-    """FGD with CPU as a hard constraint: a node whose CPU left after the pod cannot
-    feed the requests that arrive strands its free GPUs, so it ranks lower."""
+Room = dict[str, tuple[int | None, int | None]]
+
+
+def cpu_fed(
+    annotations: dict[str, str], free: Room
+) -> tuple[Extender, list[dict[str, Any]], ArrivalMix]:
+    """An extender over the nodes of ``free`` (name -> free CPU and memory, read at
+    each call) whose arriving pods asked for half a GPU and 8 cores each."""
     shared, ledger = SharedNodes(), Ledger()
     ledger.replace([])
-    items = [node("a", annotations), node("b", annotations)]
+    items = [node(name, annotations) for name in free]
     shared.replace(node_item(msgspec.json.decode(json.dumps(o), type=NodeView)) for o in items)
-    free = {"a": (16_000, None), "b": (10_000, None)}
     arrivals = ArrivalMix(prior=())
     for i in range(20):
         arrivals.observe(f"seen-{i}", HALF, 8000)
     sharing = Sharing(shared, ledger, Api(ledger), free_room=free.__getitem__, arrivals=arrivals)
-    ext = Extender(WeightSource(None, Weights(1, 1)), sharing=sharing)
+    return Extender(WeightSource(None, Weights(1, 1)), sharing=sharing), items, arrivals
+
+
+def scores_of(ext: Extender, items: list[dict[str, Any]]) -> dict[str, int]:
+    """Prioritize scores for a half-GPU pod asking 4 cores."""
     p = pod("p", "50")
     p["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "4"}
     status, result = call(ext, "prioritize", {"Pod": p, "Nodes": {"items": items}})
     assert status == 200
-    scores = {h["Host"]: h["Score"] for h in result}
+    return {h["Host"]: h["Score"] for h in result}
+
+
+def test_prioritize_weighs_the_cpu_a_node_keeps(annotations: dict[str, str]) -> None:
+    """FGD with CPU as a hard constraint: a node whose CPU left after the pod cannot
+    feed the requests that arrive strands its free GPUs, so it ranks lower."""
+    # 150 % of GPU left on each needs 24 cores: both are 18 cores off, a over, b under
+    free: Room = {"a": (46_000, None), "b": (10_000, None)}
+    ext, items, _ = cpu_fed(annotations, free)
+    scores = scores_of(ext, items)
     assert scores["a"] > scores["b"]  # b keeps 6 cores: no 8-core pod can use its GPUs
-    free["b"] = (40_000, None)
-    status, result = call(ext, "prioritize", {"Pod": p, "Nodes": {"items": items}})
-    scores = {h["Host"]: h["Score"] for h in result}
-    assert scores["b"] == scores["a"]  # enough CPU on both: the memo saw the CPU change
+    free["b"] = (46_000, None)
+    scores = scores_of(ext, items)
+    assert scores["b"] == scores["a"]  # the same room on both: the memo saw the CPU change
+
+
+def test_prioritize_keeps_cpu_in_step_with_gpus(annotations: dict[str, str]) -> None:
+    """Equal fragmentation: the node whose free CPU after the pod stays closest to
+    what its free GPU capacity needs (the arriving pods' CPU per GPU) wins; a node too
+    CPU-rich for its GPUs ranks below one a little short (both feed the mix)."""
+    free: Room = {"a": (60_000, None), "b": (28_000, None), "c": (16_000, None)}
+    ext, items, arrivals = cpu_fed(annotations, free)
+    assert arrivals.mix()[1].cpu_per_gpu == pytest.approx(16_000)  # 8 cores per half GPU
+    scores = scores_of(ext, items)
+    # 150 % of GPU left on each needs 24 cores: b keeps 24, c 12, a 56
+    assert scores["b"] > scores["c"] > scores["a"]
+    free["a"] = free["b"] = free["c"] = (None, None)  # CPU not known: no preference
+    scores = scores_of(ext, items)
+    assert scores["a"] == scores["b"] == scores["c"]
+
+
+def test_arrival_mix_cpu_per_gpu_counts_pods_not_weight() -> None:
+    arrivals = ArrivalMix(prior=())
+    assert arrivals.mix()[1].cpu_per_gpu is None  # nothing arrived yet
+    arrivals.observe("half", HALF, 8000)  # 8 cores for half a GPU
+    arrivals.observe("two", ShareRequest(MODE_SGPU, 2, 100, 0, whole=True), 8000)
+    # 16 cores for 2.5 GPUs
+    assert arrivals.mix()[1].cpu_per_gpu == pytest.approx(16_000 / 2.5)
 
 
 def test_sharing_metrics(annotations: dict[str, str]) -> None:

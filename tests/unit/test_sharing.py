@@ -185,6 +185,19 @@ def test_node_fragmentation_is_fgds_measure_with_cpu() -> None:
     assert s.node_fragmentation([100, 40, 40], s.NO_ROOM, two) == pytest.approx(180.0)
 
 
+def test_cpu_balance_is_the_cpu_a_node_keeps_off_its_gpus_needs() -> None:
+    # 150 % of GPU free, 16 cores per GPU asked: 24 cores would be in step
+    assert s.cpu_balance(150, s.Room(24_000), 16_000) == pytest.approx(0.0)
+    assert s.cpu_balance(150, s.Room(12_000), 16_000) == pytest.approx(12.0)  # too little
+    assert s.cpu_balance(150, s.Room(56_000), 16_000) == pytest.approx(32.0)  # too much
+    # nothing known, or (almost) no GPU capacity left: no balance to keep
+    assert s.cpu_balance(150, s.NO_ROOM, 16_000) == 0.0
+    assert s.cpu_balance(150, s.Room(24_000), None) == 0.0
+    assert s.cpu_balance(s.BALANCE_MIN_FREE, s.Room(90_000), 16_000) == 0.0
+    assert s.ShareMix({(1, 50, 0, 0): 1.0}).cpu_per_gpu is None
+    assert s.ShareMix({(1, 50, 0, 0): 1.0}, cpu_per_gpu=8000.0).cpu_per_gpu == 8000.0
+
+
 def test_choose_shared_keeps_room_the_mix_can_use() -> None:
     """Best fit would squeeze the 30 % pod next to a 50 % one (20 % left, too little
     for the 50 % pods that arrive); FGD leaves that GPU for a 50 % pod."""

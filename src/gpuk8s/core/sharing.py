@@ -373,6 +373,7 @@ def leftover(cap: GpuCapacity, use: GpuUsage | None, share: ShareRequest) -> Fra
 # the request mix when nothing has been seen yet: percent of a GPU -> weight
 DEFAULT_SHARE_MIX: tuple[tuple[int, float], ...] = ((25, 1.0), (50, 1.0), (100, 1.0))
 MIX_CLASSES = 64  # request classes kept in a ShareMix (the heaviest)
+BALANCE_MIN_FREE = 5  # percent: a node keeping less GPU capacity has no CPU balance
 # a request class: (GPUs, percent of each GPU -- 100 for whole GPUs --, CPU millicores,
 # memory MiB)
 ShareClass = Tuple[int, int, int, int]
@@ -408,7 +409,15 @@ class ShareMix:
     fractional classes that ask for more, and per whole-GPU count its weight. Memory,
     rarely short, is checked per class from the largest request down."""
 
-    def __init__(self, weights: Mapping[ShareClass, float], limit: int = MIX_CLASSES) -> None:
+    def __init__(
+        self,
+        weights: Mapping[ShareClass, float],
+        limit: int = MIX_CLASSES,
+        cpu_per_gpu: float | None = None,
+    ) -> None:
+        # CPU millicores per GPU that the arriving GPU pods ask for (``cpu_balance``;
+        # None: not known, no balance term)
+        self.cpu_per_gpu = cpu_per_gpu
         ranked = sorted(
             ((w, c) for c, w in weights.items() if w > 0 and c[0] > 0 and 0 < c[1] <= FULL_CORE),
             key=lambda item: (-item[0], item[1]),
@@ -499,6 +508,19 @@ def node_fragmentation(free: Sequence[int], room: Room, mix: ShareMix) -> float:
                 used = total if full < k else taken
             lost += w * (total - used)
     return lost
+
+
+def cpu_balance(free: int, room: Room, cpu_per_gpu: float | None) -> float:
+    """How far a node's free CPU is from what its free GPU capacity will need, in
+    cores: ``|free cores - cpu_per_gpu x free GPUs|`` (``free``: percent free over its
+    GPUs, ``room``: its free CPU; both after the pod). A node left with GPUs but too
+    little CPU for them strands the GPUs (the pods that arrive ask about
+    ``cpu_per_gpu`` per GPU); one left with much more CPU than its GPUs need holds
+    CPU that GPU-dense nodes lack. 0 when the CPU or the ratio is not known, or the
+    node keeps (almost) no GPU capacity."""
+    if room.cpu is None or cpu_per_gpu is None or free <= BALANCE_MIN_FREE:
+        return 0.0
+    return abs(room.cpu - cpu_per_gpu * free / FULL_CORE) / 1000
 
 
 def free_percent(caps: Sequence[GpuCapacity], usage: Mapping[int, GpuUsage]) -> dict[int, int]:

@@ -26,7 +26,11 @@ class), measured against the mix of the sharing pods that *arrive* (``ArrivalMix
 the pods seen by ``filter``, placed or not), not only of those that run. Fractional
 shares pick their GPU by that measure (ties: best fit, then the link group with the
 fewest unshared GPUs); whole GPUs (``vcuda-core`` multiples of 100) are chosen among
-the unshared ones by the topology allocator, and the node by the same measure.
+the unshared ones by the topology allocator, and the node by the same measure. Nodes
+are ranked by that rise plus ``CPU_BALANCE`` x the node's CPU imbalance after the pod
+(``core.sharing.cpu_balance``: how far its free CPU is from what its free GPU capacity
+needs at the arriving pods' CPU per GPU): on the openb trace the pods that fail at the
+end are those that find free GPUs only on nodes whose CPU is spent.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import msgspec
@@ -65,6 +69,8 @@ from ...core.sharing import (
     SharingError,
     check_mode,
     choose_shared,
+    cpu_balance,
+    free_percent,
     memory_label_mib,
     parse_assignment,
     whole_rise,
@@ -81,6 +87,9 @@ MIX_DRIFT = 0.05  # re-take the request mix after this share of its weight chang
 MIX_PRIOR = 0.1  # weight of DEFAULT_SHARE_MIX next to the arrived pods' requests
 ARRIVALS = 20_000  # sharing pods remembered for the request mix (the latest)
 TIE = 1e-3  # weight of "unshared GPUs left on the node" in the best-fit value
+# weight of each core of CPU imbalance (``core.sharing.cpu_balance``) next to the rise
+# of fragmentation (percent of a GPU): one core off counts as 1 % of a GPU stranded
+CPU_BALANCE = 1.0
 MAX_MEMO = 200_000  # placements remembered (per node state and share)
 
 
@@ -328,7 +337,10 @@ class ArrivalMix:
         for pct, w in self._prior:
             klass = (1, pct, 0, 0)
             blend[klass] = blend.get(klass, 0.0) + w * scale
-        return ShareMix(blend)
+        # CPU per GPU of the arrived pods: a class (GPUs, percent, CPU) of weight w
+        # (GPUs asked) counts w / (GPUs x percent / 100) pods of CPU each
+        cpu = sum(w * c[2] * FULL_CORE / (c[0] * c[1]) for c, w in self._weights.items())
+        return ShareMix(blend, cpu_per_gpu=cpu / total if total > 0 else None)
 
     def mix(self) -> tuple[int, ShareMix]:
         """(version, mix)."""
@@ -555,15 +567,22 @@ class Sharing:
             key = node.groups.get(index)
             per_group[key] = per_group.get(key, 0) + 1
         if share.whole:
-            return self._place_whole(node, usage, share, len(unshared), room, mix)
-        prefer = {i: per_group.get(node.groups.get(i), 0) for i in unshared}
-        chosen, why, rise = choose_shared(node.gpus, usage, share, prefer, mix, room)
-        if chosen is None:
-            return Placement(None, f"gpu-aware: {why}")
-        fresh = sum(1 for i in chosen if i in prefer)
-        # least rise of the node's fragmentation first; then, opening a GPU, the node
-        # with the fewest unshared GPUs after it (whole nodes stay whole)
-        return Placement(tuple(chosen), raw=-round(rise, 9) - TIE * (len(unshared) - fresh))
+            placed = self._place_whole(node, usage, share, len(unshared), room, mix)
+        else:
+            prefer = {i: per_group.get(node.groups.get(i), 0) for i in unshared}
+            chosen, why, rise = choose_shared(node.gpus, usage, share, prefer, mix, room)
+            if chosen is None:
+                return Placement(None, f"gpu-aware: {why}")
+            fresh = sum(1 for i in chosen if i in prefer)
+            # least rise of the node's fragmentation first; then, opening a GPU, the
+            # node with the fewest unshared GPUs after it (whole nodes stay whole)
+            placed = Placement(tuple(chosen), raw=-round(rise, 9) - TIE * (len(unshared) - fresh))
+        if placed.gpus is None or mix.cpu_per_gpu is None or room.cpu is None:
+            return placed
+        # and the node whose free CPU stays in step with its free GPU capacity
+        free = sum(free_percent(node.gpus, usage).values()) - share.core * share.gpus
+        imbalance = cpu_balance(free, room.after(), mix.cpu_per_gpu)
+        return replace(placed, raw=round(placed.raw - CPU_BALANCE * imbalance, 9))
 
     @staticmethod
     def _place_whole(
