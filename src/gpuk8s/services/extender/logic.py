@@ -566,12 +566,8 @@ class Extender:
         # (a dict of whole '{"Host":..,"Score":s}' strings per name and score was
         # slower: the per-request memory touched matters more than the concatenation)
         heads = _encoded(self._host_heads, names, _host_head)
-        if raw is None:  # no GPUs asked: every node 0
-            return (
-                b"[]"
-                if self.min_score > 0
-                else _priority_list(heads, [_SCORE_TAIL[0]] * len(names))
-            )
+        if raw is None:  # no GPUs asked: every node scores 0
+            raw = [MISSING] * len(names)
         return _priority_answer(heads, raw, self.min_score)
 
     # -- protocol -------------------------------------------------------------
