@@ -418,12 +418,11 @@ def test_bodies_in_flight_are_bounded_and_a_stalled_one_is_released() -> None:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as stalled:
             stalled.sendall(b"POST /filter HTTP/1.1\r\nContent-Length: 1000\r\n\r\n{")
             # it now holds the whole budget, waiting for a body that never comes: the next
-            # request with a body gets a 503 at once, bodiless requests are served
-            for _ in range(200):
-                status, result = call_http(srv, {"Pod": pod(1), "NodeNames": []})
-                if status == 503:
-                    break
-                time.sleep(0.02)  # until the server has read the stalled request's headers
+            # request with a body gets a 503 at once, bodiless requests are served. Probe
+            # once the server has read its headers and taken the budget (probing in a loop
+            # instead raced the server's thread on a loaded machine: 400s until it gave up)
+            _wait(lambda: srv.budget._free == 0, "the stalled request holds the budget")
+            status, result = call_http(srv, {"Pod": pod(1), "NodeNames": []})
             assert status == 503 and "too many large requests" in result["Error"]
             conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
             conn.request("GET", "/healthz")
