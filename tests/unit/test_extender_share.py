@@ -255,14 +255,15 @@ def test_prioritize_weighs_the_cpu_a_node_keeps(annotations: dict[str, str]) -> 
 
 def test_prioritize_keeps_cpu_in_step_with_gpus(annotations: dict[str, str]) -> None:
     """Equal fragmentation: the node whose free CPU after the pod stays closest to
-    what its free GPU capacity needs (the arriving pods' CPU per GPU) wins; a node too
-    CPU-rich for its GPUs ranks below one a little short (both feed the mix)."""
-    free: Room = {"a": (60_000, None), "b": (28_000, None), "c": (16_000, None)}
+    what its free GPU capacity needs (the arriving pods' CPU per GPU) wins; a node
+    short of CPU for its GPUs ranks below one as far over (a core short strands GPU
+    capacity, a core over only CPU)."""
+    free: Room = {"a": (40_000, None), "b": (28_000, None), "c": (16_000, None)}
     ext, items, arrivals = cpu_fed(annotations, free)
     assert arrivals.mix()[1].cpu_per_gpu == pytest.approx(16_000)  # 8 cores per half GPU
     scores = scores_of(ext, items)
-    # 150 % of GPU left on each needs 24 cores: b keeps 24, c 12, a 56
-    assert scores["b"] > scores["c"] > scores["a"]
+    # 150 % of GPU left on each needs 24 cores: b keeps 24, a 36 (12 over), c 12 (12 short)
+    assert scores["b"] > scores["a"] > scores["c"]
     free["a"] = free["b"] = free["c"] = (None, None)  # CPU not known: no preference
     scores = scores_of(ext, items)
     assert scores["a"] == scores["b"] == scores["c"]

@@ -188,8 +188,12 @@ def test_node_fragmentation_is_fgds_measure_with_cpu() -> None:
 def test_cpu_balance_is_the_cpu_a_node_keeps_off_its_gpus_needs() -> None:
     # 150 % of GPU free, 16 cores per GPU asked: 24 cores would be in step
     assert s.cpu_balance(150, s.Room(24_000), 16_000) == pytest.approx(0.0)
-    assert s.cpu_balance(150, s.Room(12_000), 16_000) == pytest.approx(12.0)  # too little
+    # too little: 12 cores short, each counting BALANCE_SHORT cores
+    assert s.BALANCE_SHORT > 1
+    assert s.cpu_balance(150, s.Room(12_000), 16_000) == pytest.approx(12.0 * s.BALANCE_SHORT)
     assert s.cpu_balance(150, s.Room(56_000), 16_000) == pytest.approx(32.0)  # too much
+    # the same distance either way: short costs more than over
+    assert s.cpu_balance(150, s.Room(20_000), 16_000) > s.cpu_balance(150, s.Room(28_000), 16_000)
     # nothing known, or (almost) no GPU capacity left: no balance to keep
     assert s.cpu_balance(150, s.NO_ROOM, 16_000) == 0.0
     assert s.cpu_balance(150, s.Room(24_000), None) == 0.0

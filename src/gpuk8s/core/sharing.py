@@ -374,6 +374,9 @@ def leftover(cap: GpuCapacity, use: GpuUsage | None, share: ShareRequest) -> Fra
 DEFAULT_SHARE_MIX: tuple[tuple[int, float], ...] = ((25, 1.0), (50, 1.0), (100, 1.0))
 MIX_CLASSES = 64  # request classes kept in a ShareMix (the heaviest)
 BALANCE_MIN_FREE = 5  # percent: a node keeping less GPU capacity has no CPU balance
+# in ``cpu_balance``, a core short of what a node's free GPUs need counts this many
+# cores in excess: a core short strands GPU capacity, a core in excess only CPU
+BALANCE_SHORT = 4.0
 # a request class: (GPUs, percent of each GPU -- 100 for whole GPUs --, CPU millicores,
 # memory MiB)
 ShareClass = Tuple[int, int, int, int]
@@ -512,15 +515,18 @@ def node_fragmentation(free: Sequence[int], room: Room, mix: ShareMix) -> float:
 
 def cpu_balance(free: int, room: Room, cpu_per_gpu: float | None) -> float:
     """How far a node's free CPU is from what its free GPU capacity will need, in
-    cores: ``|free cores - cpu_per_gpu x free GPUs|`` (``free``: percent free over its
+    cores: ``need = cpu_per_gpu x free GPUs``; cores short of ``need`` count
+    ``BALANCE_SHORT`` each, cores over it one each (``free``: percent free over its
     GPUs, ``room``: its free CPU; both after the pod). A node left with GPUs but too
     little CPU for them strands the GPUs (the pods that arrive ask about
-    ``cpu_per_gpu`` per GPU); one left with much more CPU than its GPUs need holds
-    CPU that GPU-dense nodes lack. 0 when the CPU or the ratio is not known, or the
-    node keeps (almost) no GPU capacity."""
+    ``cpu_per_gpu`` per GPU, many more); one left with much more CPU than its GPUs
+    need holds CPU that GPU-dense nodes lack, which costs less: pods without GPUs can
+    still use it. 0 when the CPU or the ratio is not known, or the node keeps (almost)
+    no GPU capacity."""
     if room.cpu is None or cpu_per_gpu is None or free <= BALANCE_MIN_FREE:
         return 0.0
-    return abs(room.cpu - cpu_per_gpu * free / FULL_CORE) / 1000
+    over = (room.cpu - cpu_per_gpu * free / FULL_CORE) / 1000
+    return over if over >= 0 else -BALANCE_SHORT * over
 
 
 def free_percent(caps: Sequence[GpuCapacity], usage: Mapping[int, GpuUsage]) -> dict[int, int]:

@@ -29,8 +29,9 @@ fewest unshared GPUs); whole GPUs (``vcuda-core`` multiples of 100) are chosen a
 the unshared ones by the topology allocator, and the node by the same measure. Nodes
 are ranked by that rise plus ``CPU_BALANCE`` x the node's CPU imbalance after the pod
 (``core.sharing.cpu_balance``: how far its free CPU is from what its free GPU capacity
-needs at the arriving pods' CPU per GPU): on the openb trace the pods that fail at the
-end are those that find free GPUs only on nodes whose CPU is spent.
+needs at the arriving pods' CPU per GPU, a core short counting four in excess): on the
+openb trace the pods that fail at the end are those that find free GPUs only on nodes
+whose CPU is spent.
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ MIX_PRIOR = 0.1  # weight of DEFAULT_SHARE_MIX next to the arrived pods' request
 ARRIVALS = 20_000  # sharing pods remembered for the request mix (the latest)
 TIE = 1e-3  # weight of "unshared GPUs left on the node" in the best-fit value
 # weight of each core of CPU imbalance (``core.sharing.cpu_balance``) next to the rise
-# of fragmentation (percent of a GPU): one core off counts as 1 % of a GPU stranded
-CPU_BALANCE = 1.0
+# of fragmentation (percent of a GPU): a core in excess counts as 0.5 % of a GPU
+# stranded, a core short as 2 % (``BALANCE_SHORT``)
+CPU_BALANCE = 0.5
 MAX_MEMO = 200_000  # placements remembered (per node state and share)
 
 
