@@ -115,12 +115,18 @@ def lab() -> dict[str, str]:
 
 OUR_CHARTS = ("metax-gpu-extensions", "metax-operator")
 SCHEDULER_MANIFEST = Path("/etc/kubernetes/manifests/kube-scheduler.yaml")
+SHARING_MODE_LABEL = "gpuk8s.io/sharing-mode"
 
 
 def _helm_list() -> list[dict[str, Any]]:
     out = run(HELM, "--kubeconfig", KUBECONFIG, "list", "-A", "--deployed", "--failed",
               "--pending", "-o", "json").stdout
     return [r for r in json.loads(out or "[]") if r["chart"].rsplit("-", 1)[0] in OUR_CHARTS]
+
+
+def _ours(release: str) -> bool:
+    """A release name the e2e tier gives its own installs."""
+    return release == "e2e" or release.startswith("e2e-")
 
 
 def _gpu_aware_playbook(state: str, namespace: str) -> None:
@@ -139,32 +145,61 @@ def releases_set_aside() -> Iterator[list[dict[str, Any]]]:
     of our charts is set aside first (`helm uninstall --keep-history`, the scheduler
     extender disabled if it was on) and given back at the end exactly as it was (`helm
     rollback` to its revision: same chart, same values; the extender enabled again with
-    the new Service IP): an administrator finds the lab as lab/install left it."""
+    the new Service IP): an administrator finds the lab as lab/install left it.
+
+    A release that carries a name the e2e tier gives its own installs (``e2e``, ``e2e-*``)
+    is the leftover of an interrupted run (the machine restarted in the middle of the
+    tier), possibly adopted since by lab/install, whose playbook upgrades the release of
+    the chart it finds in the namespace. Its history cannot be kept (the test of that name
+    installs and removes the release again, history and all: CI saw `helm rollback` fail
+    with "release: not found"), so it is removed outright and given back by a fresh
+    `helm install` of the same name, chart (from this checkout) and user-supplied values.
+    The ``e2e-*`` namespaces and the sharing-mode label such a run leaves go too."""
     if os.environ.get("GPUK8S_E2E") != "1" or not Path(KUBECONFIG).exists():
         yield []
         return
-    releases = _helm_list()
+    found = _helm_list()
     extender = SCHEDULER_MANIFEST.exists() and (
         "metax-tech.com/scheduler-extender" in SCHEDULER_MANIFEST.read_text()
         or "--config=/etc/metax/extender.yaml" in SCHEDULER_MANIFEST.read_text()
     )
-    if releases:
+    if found:
         names = ", ".join(f"{r['namespace']}/{r['name']} (revision {r['revision']})"
-                          for r in releases)
+                          for r in found)
         print(f"\n[e2e] setting aside {names}; given back after the tests", file=sys.stderr)
-    if extender and releases:
-        _gpu_aware_playbook("absent", releases[0]["namespace"])
-    for r in releases:
+    if extender and found:
+        _gpu_aware_playbook("absent", found[0]["namespace"])
+    values: dict[str, str] = {}
+    for r in found:
+        keep = ["--keep-history"]
+        if _ours(r["name"]):
+            values[r["name"]] = run(HELM, "--kubeconfig", KUBECONFIG, "get", "values", r["name"],
+                                    "-n", r["namespace"], "-o", "json").stdout
+            keep = []
         run(HELM, "--kubeconfig", KUBECONFIG, "uninstall", r["name"], "-n", r["namespace"],
-            "--keep-history", "--wait", "--timeout", "5m", timeout=400)
+            *keep, "--wait", "--timeout", "5m", timeout=400)
+    stale = [ns.split("/", 1)[1] for ns in kubectl("get", "namespaces", "-o", "name").split()
+             if ns.split("/", 1)[1].startswith("e2e-")]
+    if stale:
+        print(f"\n[e2e] deleting namespaces {', '.join(stale)}, left by an interrupted e2e run",
+              file=sys.stderr)
+        kubectl("delete", "namespace", *stale, "--wait=true", "--timeout=120s", timeout=180)
+    if values or stale:
+        kubectl("label", "node", "--all", f"{SHARING_MODE_LABEL}-")
     try:
-        yield releases
+        yield found
     finally:
-        for r in releases:
-            run(HELM, "--kubeconfig", KUBECONFIG, "rollback", r["name"], str(r["revision"]),
-                "-n", r["namespace"], "--wait", "--timeout", "5m", timeout=400)
-        if extender and releases:
-            _gpu_aware_playbook("present", releases[0]["namespace"])
+        for r in found:
+            if r["name"] in values:
+                chart = REPO / "charts" / r["chart"].rsplit("-", 1)[0]
+                run(HELM, "--kubeconfig", KUBECONFIG, "install", r["name"], str(chart),
+                    "-n", r["namespace"], "-f", "-", "--wait", "--timeout", "5m",
+                    input=values[r["name"]], timeout=400)
+            else:
+                run(HELM, "--kubeconfig", KUBECONFIG, "rollback", r["name"], str(r["revision"]),
+                    "-n", r["namespace"], "--wait", "--timeout", "5m", timeout=400)
+        if extender and found:
+            _gpu_aware_playbook("present", found[0]["namespace"])
 
 
 @pytest.fixture()
