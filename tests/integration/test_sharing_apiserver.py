@@ -17,6 +17,7 @@ from gpuk8s.core.model import NodeInventory
 from gpuk8s.core.sharing import (
     ASSIGNED_ANNOTATION,
     PHASE_ANNOTATION,
+    SGPU_RESOURCE,
     SHARING_MODE_LABEL,
     VCORE_RESOURCE,
     parse_assignment,
@@ -67,7 +68,7 @@ def _shared_pod(name: str, vcore: int) -> dict[str, Any]:
                 {
                     "name": "main",
                     "image": "registry.invalid/none:1",
-                    "resources": {"limits": {VCORE_RESOURCE: str(vcore)}},
+                    "resources": {"limits": {SGPU_RESOURCE: "1", VCORE_RESOURCE: str(vcore)}},
                 }
             ]
         },
@@ -136,7 +137,10 @@ def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
             "Pod": {
                 "metadata": {"name": "x", "uid": "x"},
                 "spec": {
-                    "containers": [{"name": "m", "resources": {"limits": {VCORE_RESOURCE: "50"}}}]
+                    "containers": [
+                        {"name": "m",
+                         "resources": {"limits": {SGPU_RESOURCE: "1", VCORE_RESOURCE: "50"}}}
+                    ]
                 },
             },
             "NodeNames": [node, other],
@@ -266,7 +270,6 @@ def test_real_kube_scheduler_binds_shared_pods_through_the_extender(
                 {"key": "node.kubernetes.io/not-ready", "operator": "Exists",
                  "effect": "NoSchedule"}
             ]
-            body["spec"]["containers"][0]["resources"]["limits"]["metax-tech.com/sgpu"] = "1"
             core.create_namespaced_pod("default", body)
 
         def bound() -> list[Any]:

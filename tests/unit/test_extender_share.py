@@ -50,7 +50,7 @@ def node(name: str, annotations: dict[str, str], mode: str | None = "sgpu") -> d
 
 
 def pod(name: str, vcore: str = "50", vmemory: str | None = None) -> dict[str, Any]:
-    limits = {"metax-tech.com/vcore": vcore}
+    limits = {"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": vcore}
     if vmemory:
         limits["metax-tech.com/vmemory"] = vmemory
     return {
@@ -143,6 +143,12 @@ def test_bad_requests_and_failures_release_the_gpus(annotations: dict[str, str])
     ext, api, ledger = setup(annotations)
     status, result = call(ext, "filter", {"Pod": pod("bad", "150"), "Nodes": {"items": []}})
     assert status == 400 and "vcore" in result["Error"] and "0 to 100" in result["Error"]
+    # without the counted resource the kubelet would never call Allocate: refused
+    alone = pod("alone")
+    del alone["spec"]["containers"][0]["resources"]["limits"]["metax-tech.com/sgpu"]
+    status, result = call(ext, "filter", {"Pod": alone, "Nodes": {"items": []}})
+    assert status == 400 and "['metax-tech.com/sgpu']: required" in result["Error"], result
+    assert "required" in bind(ext, api, alone, "a") and ledger.usage("a") == {}
     api.fail_bind = True
     assert "binding default/p1 to a failed" in bind(ext, api, pod("p1", "100"), "a")
     assert ledger.usage("a") == {} and ASSIGNED_ANNOTATION not in api.pods["p1"]["metadata"].get(

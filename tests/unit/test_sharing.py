@@ -8,12 +8,19 @@ from gpuk8s.core import sharing as s
 
 
 def test_sgpu_family_defaults_and_units() -> None:
-    share = s.parse_share({"metax-tech.com/vcore": "50", "metax-tech.com/vmemory": "8"})
+    share = s.parse_share(
+        {"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "50", "metax-tech.com/vmemory": "8"}
+    )
     assert share == s.ShareRequest(s.MODE_SGPU, 1, 50, 8 * 1024)
     # HAMi's rule: a suffix means bytes, a bare number GiB
     share = s.parse_share({"metax-tech.com/sgpu": "2", "metax-tech.com/vmemory": "2048Mi"})
     assert share == s.ShareRequest(s.MODE_SGPU, 2, 0, 2048)
-    assert s.parse_share({"metax-tech.com/vcore": 100}).exclusive  # type: ignore[union-attr]
+    full = s.parse_share({"metax-tech.com/sgpu": 1, "metax-tech.com/vcore": 100})
+    assert full is not None and full.exclusive
+    # the counted resource is required: without it the kubelet never calls Allocate
+    with pytest.raises(s.SharingError, match=r"'metax-tech.com/sgpu'\]: required with "
+                       r"metax-tech.com/vcore: the number of shared GPUs, 1 to 64"):
+        s.parse_share({"metax-tech.com/vcore": "50"})
     assert s.parse_share({"metax-tech.com/gpu": "1", "cpu": "2"}) is None
 
 
@@ -24,26 +31,33 @@ def test_vcuda_family_fraction_and_whole_gpus() -> None:
     assert whole == s.ShareRequest(s.MODE_VCUDA, 4, 100, 0, whole=True)
     with pytest.raises(s.SharingError, match=r"vcuda-core.*1-99.*multiple of 100.*got 150"):
         s.parse_share({"tencent.com/vcuda-core": "150"})
-    with pytest.raises(s.SharingError, match=r"vcuda-core.*required"):
+    with pytest.raises(s.SharingError, match=r"vcuda-core.*required.*1-99.*multiple of 100"):
         s.parse_share({"tencent.com/vcuda-memory": "4"})
 
 
 def test_mps_family() -> None:
     share = s.parse_share({"nvidia.com/mps-core": "25", "nvidia.com/mps-memory": "1Gi"})
     assert share == s.ShareRequest(s.MODE_MPS, 1, 25, 1024)
-    with pytest.raises(s.SharingError, match=r"mps-core.*0 to 100, got '101'"):
+    with pytest.raises(s.SharingError, match=r"mps-core.*1 to 100, got '101'"):
         s.parse_share({"nvidia.com/mps-core": "101"})
+    # 0 ids: the kubelet would not call Allocate, and the container would get no GPU
+    with pytest.raises(s.SharingError, match=r"mps-core.*1 to 100, got '0'"):
+        s.parse_share({"nvidia.com/mps-core": "0"})
+    with pytest.raises(s.SharingError, match=r"mps-core'\]: required with nvidia.com/mps-memory"):
+        s.parse_share({"nvidia.com/mps-memory": "1Gi"})
 
 
 @pytest.mark.parametrize(
     ("limits", "match"),
     [
-        ({"metax-tech.com/vcore": "abc"}, "vcore"),
-        ({"metax-tech.com/vcore": "-5"}, "vcore.*negative"),
-        ({"metax-tech.com/vcore": "12.5"}, "vcore.*whole percent"),
+        ({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "abc"},
+         r"\['metax-tech.com/vcore'\]"),
+        ({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "-5"}, "vcore.*negative"),
+        ({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "12.5"}, "vcore.*whole percent"),
         ({"metax-tech.com/sgpu": "0"}, "sgpu.*1 to 64"),
         ({"metax-tech.com/vcore": "5", "nvidia.com/mps-core": "5"}, "mixes sharing families"),
-        ({"metax-tech.com/vcore": True}, "vcore.*quantity"),
+        ({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": True}, "vcore.*quantity"),
+        ({"tencent.com/vcuda-core": "0"}, "vcuda-core.*1-99.*got 0"),
     ],
 )
 def test_bad_requests_name_the_field(limits: dict[str, object], match: str) -> None:
@@ -52,8 +66,8 @@ def test_bad_requests_name_the_field(limits: dict[str, object], match: str) -> N
 
 
 def test_pod_share_one_container() -> None:
-    a = ("a", {"metax-tech.com/vcore": "10"}, {})
-    b = ("b", {}, {"metax-tech.com/vcore": "20"})
+    a = ("a", {"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "10"}, {})
+    b = ("b", {}, {"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "20"})
     assert s.pod_share([a, ("c", {}, {})]) == s.ShareRequest(s.MODE_SGPU, 1, 10, 0, container="a")
     with pytest.raises(s.SharingError, match="2 containers"):
         s.pod_share([a, b])

@@ -16,8 +16,9 @@ Modes (node label ``gpuk8s.io/sharing-mode``; one mode per node, hence per GPU):
 Resources (container ``resources.limits``; requests default to limits):
 
 ``metax-tech.com/sgpu``
-    number of shared GPUs (1 to ``MAX_SHARED_GPUS``); default 1 when ``vcore`` or
-    ``vmemory`` is given. The share below applies to each of them.
+    number of shared GPUs (1 to ``MAX_SHARED_GPUS``); required with ``vcore`` or
+    ``vmemory``: it is the resource the device plugin serves, and the kubelet calls
+    ``Allocate`` only for it. The share below applies to each of them.
 ``metax-tech.com/vcore``
     percent of one GPU's compute, 0 to 100 (default 0: best effort, nothing reserved);
     100 = the GPU exclusively (nobody else may share it).
@@ -31,7 +32,9 @@ Resources (container ``resources.limits``; requests default to limits):
 ``tencent.com/vcuda-memory``
     units of 256 MiB (GPU-Manager's unit), per GPU; ignored for whole GPUs.
 ``nvidia.com/mps-core``
-    percent of one GPU's compute per process, 0 to 100 (0: no limit, nothing reserved).
+    percent of one GPU's compute per process, 1 to 100; required (also with
+    ``mps-memory``): it is the resource the device plugin serves, and the kubelet calls
+    ``Allocate`` only for a positive count, so 0 would give the container no GPU.
 ``nvidia.com/mps-memory``
     pinned device memory limit, same grammar as ``vmemory`` (bare number = GiB).
 
@@ -154,6 +157,13 @@ COUNTED_RESOURCE = {
     MODE_MPS: MPS_CORE_RESOURCE,
 }
 
+# what the counted resource of each mode says, for the error when it is missing
+_COUNTED_MEANING = {
+    MODE_SGPU: f"the number of shared GPUs, 1 to {MAX_SHARED_GPUS}",
+    MODE_VCUDA: "1-99 percent of one GPU, or a multiple of 100 for whole GPUs",
+    MODE_MPS: "percent of one GPU's compute per process, 1 to 100",
+}
+
 
 class SharingError(ConfigError):
     """A sharing request or annotation that is not valid (names the field)."""
@@ -232,14 +242,19 @@ def parse_share(
         memory = memory_mib(asked[family.memory], field_of(family.memory))
         if family.mode == MODE_VCUDA:
             memory = _whole(asked[family.memory], field_of(family.memory)) * VCUDA_MEMORY_UNIT_MIB
+    counted = COUNTED_RESOURCE[family.mode]
+    if counted not in asked:
+        raise SharingError(
+            f"{field_of(counted)}: required with {', '.join(sorted(asked))}: "
+            f"{_COUNTED_MEANING[family.mode]} (the kubelet calls the device plugin for this "
+            "resource only)"
+        )
     if family.mode == MODE_SGPU:
-        gpus = 1
-        if SGPU_RESOURCE in asked:
-            gpus = _whole(asked[SGPU_RESOURCE], field_of(SGPU_RESOURCE))
-            if not 1 <= gpus <= MAX_SHARED_GPUS:
-                raise SharingError(
-                    f"{field_of(SGPU_RESOURCE)}: must be 1 to {MAX_SHARED_GPUS}, got {gpus}"
-                )
+        gpus = _whole(asked[SGPU_RESOURCE], field_of(SGPU_RESOURCE))
+        if not 1 <= gpus <= MAX_SHARED_GPUS:
+            raise SharingError(
+                f"{field_of(SGPU_RESOURCE)}: must be 1 to {MAX_SHARED_GPUS}, got {gpus}"
+            )
         core = (
             _percent(asked[VCORE_RESOURCE], field_of(VCORE_RESOURCE))
             if VCORE_RESOURCE in asked
@@ -247,11 +262,6 @@ def parse_share(
         )
         return ShareRequest(MODE_SGPU, gpus, core, memory, False, container)
     if family.mode == MODE_VCUDA:
-        if VCUDA_CORE_RESOURCE not in asked:
-            raise SharingError(
-                f"{field_of(VCUDA_CORE_RESOURCE)}: required with {VCUDA_MEMORY_RESOURCE} "
-                "(1-99 percent of a GPU, or a multiple of 100 for whole GPUs)"
-            )
         core = _whole(asked[VCUDA_CORE_RESOURCE], field_of(VCUDA_CORE_RESOURCE))
         if 1 <= core < FULL_CORE:
             return ShareRequest(MODE_VCUDA, 1, core, memory, False, container)
@@ -261,11 +271,7 @@ def parse_share(
             f"{field_of(VCUDA_CORE_RESOURCE)}: must be 1-99 (percent of one GPU) or a "
             f"multiple of 100 up to {MAX_SHARED_GPUS * 100} (whole GPUs), got {core}"
         )
-    core = (
-        _percent(asked[MPS_CORE_RESOURCE], field_of(MPS_CORE_RESOURCE))
-        if MPS_CORE_RESOURCE in asked
-        else 0
-    )
+    core = _percent(asked[MPS_CORE_RESOURCE], field_of(MPS_CORE_RESOURCE), low=1)
     return ShareRequest(MODE_MPS, 1, core, memory, False, container)
 
 
