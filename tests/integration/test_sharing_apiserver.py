@@ -4,9 +4,12 @@ a GPU; a restarted extender rebuilds its per-GPU accounting from the pod annotat
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -16,10 +19,15 @@ from gpuk8s import sim
 from gpuk8s.core.model import NodeInventory
 from gpuk8s.core.sharing import (
     ASSIGNED_ANNOTATION,
+    MPS_CORE_RESOURCE,
+    MPS_MEMORY_RESOURCE,
     PHASE_ANNOTATION,
     SGPU_RESOURCE,
     SHARING_MODE_LABEL,
     VCORE_RESOURCE,
+    VCUDA_CORE_RESOURCE,
+    VCUDA_MEMORY_RESOURCE,
+    memory_label_mib,
     parse_assignment,
 )
 from gpuk8s.discovery import discover
@@ -217,29 +225,74 @@ def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
                 core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
 
 
-def test_real_kube_scheduler_binds_shared_pods_through_the_extender(
-    apiserver: Any, n260: NodeInventory, tmp_path: Any
+@dataclass(frozen=True)
+class FamilyCase:
+    """One sharing family through the real kube-scheduler: ``holders`` are bound first
+    (their GPUs are taken), then ``pods`` arrive at once; ``bound`` of them fit."""
+
+    mode: str
+    preset: str
+    capacity: dict[str, str]  # what gpu-device --sharing-mode advertises
+    managed: dict[str, bool]  # managedResources: resource -> ignoredByScheduler
+    holders: tuple[dict[str, str], ...]
+    pods: tuple[dict[str, str], ...]
+    bound: int
+    memory_label: str = "64GB"
+
+
+FAMILY_CASES = [
+    # MetaX sGPU on 2 GPUs: four halves fit, the fifth waits
+    FamilyCase(
+        "sgpu", "n260-2", {SGPU_RESOURCE: "32"}, {SGPU_RESOURCE: False, VCORE_RESOURCE: True},
+        (), ({SGPU_RESOURCE: "1", VCORE_RESOURCE: "50"},) * 5, 4,
+    ),
+    # vGPU quotas on 8 H100s: six whole GPUs (topology allocator), then 40 GiB shares:
+    # two per GPU left by memory although compute and kube-scheduler's count allow more
+    FamilyCase(
+        "vcuda", "nvidia-8", {VCUDA_CORE_RESOURCE: "800"},
+        {VCUDA_CORE_RESOURCE: False, VCUDA_MEMORY_RESOURCE: True},
+        ({VCUDA_CORE_RESOURCE: "600"},),
+        ({VCUDA_CORE_RESOURCE: "40", VCUDA_MEMORY_RESOURCE: "160"},) * 5, 4, "80GB",
+    ),
+    # MPS on 8 H100s: six GPUs held by mps-core 100 (exclusive), then 40 GiB clients
+    FamilyCase(
+        "mps", "nvidia-8", {MPS_CORE_RESOURCE: "800"},
+        {MPS_CORE_RESOURCE: False, MPS_MEMORY_RESOURCE: True},
+        ({MPS_CORE_RESOURCE: "100"},) * 6,
+        ({MPS_CORE_RESOURCE: "30", MPS_MEMORY_RESOURCE: "40Gi"},) * 5, 4, "80GB",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES, ids=[c.mode for c in FAMILY_CASES])
+def test_real_kube_scheduler_binds_each_family_through_the_extender(
+    apiserver: Any, tmp_path: Any, case: FamilyCase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """kube-scheduler (the lab's build) with filter, prioritize and bind: five pods of
-    ``sgpu: 1, vcore: 50`` onto a 2-GPU sGPU node: four are bound (two per GPU, the
-    choice recorded on each), the fifth stays pending; nothing bound by the scheduler
-    itself."""
+    """kube-scheduler (the lab's build) with filter, prioritize and bind, per sharing
+    family: the holders are bound, then of the pods that arrive at once exactly
+    ``case.bound`` are bound and the rest stay pending with gpu-aware's reason; every
+    binding carries the GPU choice, no GPU is over 100 % compute or over its memory,
+    whole GPUs are shared with nobody."""
     from test_extender_apiserver import Scheduler, scheduler_config
 
+    monkeypatch.setenv("PATH", f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+    root = str(tmp_path / "node")
+    sim.create(root, case.preset)  # the NVIDIA stand-in tools run with this python
+    inventory = discover(root)
     tag = uuid.uuid4().hex[:6]
-    node = f"sgpu-{tag}"
+    node = f"{case.mode}-{tag}"
     core = apiserver.core()
     core.create_node(
         {
             "metadata": {
                 "name": node,
-                "labels": {SHARING_MODE_LABEL: "sgpu", "gpuk8s.test/pool": tag},
-                "annotations": node_annotations(n260, allocated=[]),
+                "labels": {SHARING_MODE_LABEL: case.mode, "gpuk8s.test/pool": tag,
+                           "metax-tech.com/gpu.memory": case.memory_label},
+                "annotations": node_annotations(inventory, allocated=[]),
             }
         }
     )
-    # what gpu-device --sharing-mode sgpu advertises: 16 replica ids per GPU
-    resources = {"cpu": "64", "memory": "256Gi", "pods": "110", "metax-tech.com/sgpu": "32"}
+    resources = {"cpu": "64", "memory": "256Gi", "pods": "110", **case.capacity}
     ready = [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "t"}]
     core.patch_node_status(
         node,
@@ -248,41 +301,70 @@ def test_real_kube_scheduler_binds_shared_pods_through_the_extender(
     )
     service = _service(apiserver)
     scheduler = None
+
+    def create(name: str, limits: dict[str, str]) -> None:
+        body = _shared_pod(name, 0)
+        body["spec"]["containers"][0]["resources"]["limits"] = dict(limits)
+        body["spec"]["nodeSelector"] = {"gpuk8s.test/pool": tag}
+        # no controller-manager/kubelet here: the admission's not-ready taint stays
+        body["spec"]["tolerations"] = [
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+        core.create_namespaced_pod("default", body)
+
+    def bound(names: list[str]) -> list[Any]:
+        pods = [core.read_namespaced_pod(n, "default") for n in names]
+        return [p for p in pods if p.spec.node_name]
+
     try:
         scheduler = Scheduler(
-            apiserver,
-            tmp_path,
-            scheduler_config(
-                service.port,
-                {"metax-tech.com/sgpu": False, VCORE_RESOURCE: True},
-                bind_verb="bind",
-            ),
+            apiserver, tmp_path, scheduler_config(service.port, case.managed, bind_verb="bind")
         )
         cache = service.extender.cache
         assert cache is not None
         wait_for(lambda: cache.get(node) is not None, 30, "the node cache")
-        names = [f"{tag}-s{i}" for i in range(5)]
-        for name in names:
-            body = _shared_pod(name, 50)
-            body["spec"]["nodeSelector"] = {"gpuk8s.test/pool": tag}
-            # no controller-manager/kubelet here: the admission's not-ready taint stays
-            body["spec"]["tolerations"] = [
-                {"key": "node.kubernetes.io/not-ready", "operator": "Exists",
-                 "effect": "NoSchedule"}
-            ]
-            core.create_namespaced_pod("default", body)
+        holders = [f"{tag}-h{i}" for i in range(len(case.holders))]
+        for name, limits in zip(holders, case.holders, strict=True):
+            create(name, limits)
+        wait_for(lambda: len(bound(holders)) == len(holders), 60, "the holders bound")
+        names = [f"{tag}-s{i}" for i in range(len(case.pods))]
+        for name, limits in zip(names, case.pods, strict=True):
+            create(name, limits)
+        wait_for(lambda: len(bound(names)) == case.bound, 60, f"{case.bound} pods bound")
 
-        def bound() -> list[Any]:
-            pods = [core.read_namespaced_pod(n, "default") for n in names]
-            return [p for p in pods if p.spec.node_name]
+        assignments = {}
+        for pod in bound(holders + names):
+            got = parse_assignment((pod.metadata.annotations or {}).get(ASSIGNED_ANNOTATION))
+            assert got is not None, f"{pod.metadata.name} bound without a GPU choice"
+            assert got.node == node and got.share.mode == case.mode
+            assignments[pod.metadata.name] = got
+        per_core: dict[int, int] = {}
+        per_memory: dict[int, int] = {}
+        holders_of: dict[int, list[str]] = {}
+        for name, got in assignments.items():
+            for index in got.gpus:
+                per_core[index] = per_core.get(index, 0) + got.share.core
+                per_memory[index] = per_memory.get(index, 0) + got.share.memory_mib
+                holders_of.setdefault(index, []).append(name)
+        assert max(per_core.values()) == 100, per_core  # full, never over
+        gpu_mib = memory_label_mib(case.memory_label)
+        assert gpu_mib is not None and max(per_memory.values()) <= gpu_mib, per_memory
+        for name, got in assignments.items():
+            if got.share.exclusive:
+                assert all(holders_of[i] == [name] for i in got.gpus), holders_of
+        if case.holders:  # the shares went to the GPUs the holders left
+            held = {i for n in holders for i in assignments[n].gpus}
+            assert len(held) == 6
+            assert not held & {i for n in names if n in assignments for i in assignments[n].gpus}
+        waiting = [n for n in names if n not in assignments]
+        assert len(waiting) == len(case.pods) - case.bound
 
-        wait_for(lambda: len(bound()) == 4, 60, "four pods bound")
-        per = _per_gpu(core, node, f"{tag}-s")
-        assert per == {0: 100, 1: 100}
-        for pod in bound():
-            assert (pod.metadata.annotations or {}).get(ASSIGNED_ANNOTATION)
-        waiting = [n for n in names if not core.read_namespaced_pod(n, "default").spec.node_name]
-        assert len(waiting) == 1
+        def told(name: str) -> bool:
+            conditions = core.read_namespaced_pod(name, "default").status.conditions or []
+            return any(c.type == "PodScheduled" and c.status == "False"
+                       and "gpu-aware" in (c.message or "") for c in conditions)
+
+        wait_for(lambda: all(told(n) for n in waiting), 30, "gpu-aware's reason on the pod")
     finally:
         if scheduler is not None:
             scheduler.stop()

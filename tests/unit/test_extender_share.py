@@ -292,3 +292,88 @@ def test_sharing_metrics(annotations: dict[str, str]) -> None:
     text = generate_latest(ext.metrics.registry).decode()
     assert "gpu_aware_shared_gpu_pods 1.0" in text
     assert "gpu_aware_shared_binds 1.0" in text
+
+
+def limits_pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
+    p = pod(name)
+    p["spec"]["containers"][0]["resources"]["limits"] = limits
+    return p
+
+
+def assigned(api: Api, name: str) -> Assignment:
+    got = parse_assignment(api.pods[name]["metadata"]["annotations"][ASSIGNED_ANNOTATION])
+    assert got is not None
+    return got
+
+
+def family_setup(
+    root_preset: str, mode: str, tmp_path: Any
+) -> tuple[Extender, Api, Ledger, dict[str, Any]]:
+    """An extender over one node ``n`` (returned too) of the simulator preset, in
+    sharing ``mode``."""
+    root = str(tmp_path / "node")
+    sim.create(root, root_preset)
+    ann = published_annotations(DeviceSet(discover(root), "metax-tech.com/gpu"), set())
+    shared, ledger = SharedNodes(), Ledger()
+    ledger.replace([])
+    item = node("n", ann, mode)
+    shared.replace([node_item(msgspec.json.decode(json.dumps(item), type=NodeView))])
+    api = Api(ledger)
+    ext = Extender(WeightSource(None, Weights(1, 1)), sharing=Sharing(shared, ledger, api))
+    return ext, api, ledger, item
+
+
+def test_vcuda_fractions_and_whole_gpus_by_topology(tmp_path: Any) -> None:
+    """tencent.com/vcuda-core: 1-99 share one GPU; multiples of 100 take whole, unshared
+    GPUs chosen by the topology allocator (c500-8: two MetaXLink groups of four)."""
+    ext, api, ledger, n = family_setup("c500-8", "vcuda", tmp_path)
+    core, memory = "tencent.com/vcuda-core", "tencent.com/vcuda-memory"
+    assert bind(ext, api, limits_pod("f1", {core: "30", memory: "64"}), "n") == ""
+    first = assigned(api, "f1")
+    assert (first.share.mode, first.share.core, first.share.memory_mib) == ("vcuda", 30, 64 * 256)
+    shared_gpu = first.gpus[0]
+    # four whole GPUs: one MetaXLink group, the one without the shared GPU
+    assert bind(ext, api, limits_pod("w4", {core: "400"}), "n") == ""
+    whole = assigned(api, "w4")
+    assert whole.share.whole and len(whole.gpus) == 4
+    groups = ({0, 1, 2, 3}, {4, 5, 6, 7})
+    assert set(whole.gpus) in groups and shared_gpu not in whole.gpus
+    # a fraction joins the already-shared GPU (best fit), never a whole-held one
+    assert bind(ext, api, limits_pod("f2", {core: "50"}), "n") == ""
+    assert assigned(api, "f2").gpus == (shared_gpu,)
+    # memory is a hard limit per GPU: 64 GiB label, 16 GiB taken, 56 GiB asked
+    assert bind(ext, api, limits_pod("f3", {core: "10", memory: "224"}), "n") == ""
+    assert assigned(api, "f3").gpus != (shared_gpu,)
+    usage = ledger.usage("n")
+    assert usage[shared_gpu].core == 80 and all(u.core <= 100 for u in usage.values())
+    for gpu in whole.gpus:
+        assert usage[gpu].exclusive and usage[gpu].shares == 1
+    # two GPUs are left unshared (8 - 4 whole - 2 shared): three do not fit, two do
+    status, result = call(ext, "filter", {"Pod": limits_pod("w3", {core: "300"}),
+                                          "Nodes": {"items": [n]}})
+    assert status == 200 and not result["Nodes"]["items"]
+    assert "2 whole GPU(s) unshared and free; the pod needs 3" in result["FailedNodes"]["n"]
+    assert bind(ext, api, limits_pod("w2", {core: "200"}), "n") == ""
+    assert not set(assigned(api, "w2").gpus) & (set(whole.gpus) | {shared_gpu})
+    assert "0 whole GPU(s)" in bind(ext, api, limits_pod("w1", {core: "100"}), "n")
+
+
+def test_mps_share_and_memory_limit(tmp_path: Any) -> None:
+    """nvidia.com/mps-core + mps-memory on an NVIDIA node in mps mode: per-GPU compute
+    and memory accounting; the MPS family on a vcuda node is unresolvable."""
+    ext, api, ledger, n = family_setup("nvidia-8", "mps", tmp_path)
+    core, memory = "nvidia.com/mps-core", "nvidia.com/mps-memory"
+    assert bind(ext, api, limits_pod("m1", {core: "40", memory: "60Gi"}), "n") == ""
+    one = assigned(api, "m1")
+    assert (one.share.mode, one.share.core, one.share.memory_mib, len(one.gpus)) == (
+        "mps", 40, 60 * 1024, 1)
+    # 40 % compute left on that GPU but only 4 GiB of its 64: the next one goes elsewhere
+    assert bind(ext, api, limits_pod("m2", {core: "40", memory: "8Gi"}), "n") == ""
+    assert assigned(api, "m2").gpus != one.gpus
+    assert bind(ext, api, limits_pod("m3", {core: "20", memory: "4Gi"}), "n") == ""
+    assert assigned(api, "m3").gpus == one.gpus  # fits exactly: best fit
+    assert ledger.usage("n")[one.gpus[0]].memory_mib == 64 * 1024
+    vcuda = limits_pod("v", {"tencent.com/vcuda-core": "10"})
+    status, result = call(ext, "filter", {"Pod": vcuda, "Nodes": {"items": [n]}})
+    assert status == 200 and not result["Nodes"]["items"]
+    assert "sharing mode is 'mps'" in result["FailedAndUnresolvableNodes"]["n"]
