@@ -80,7 +80,13 @@ from gpuk8s.core.allocator import allocate
 from gpuk8s.core.model import DriverInfo, Gpu, NodeInventory
 from gpuk8s.core.schedconf import packing_profile
 from gpuk8s.core.scoring import LinkGroups
-from gpuk8s.core.sharing import ASSIGNED_ANNOTATION, MODE_VCUDA, SHARING_MODE_LABEL
+from gpuk8s.core.sharing import (
+    ASSIGNED_ANNOTATION,
+    MODE_VCUDA,
+    PHASE_ALLOCATED,
+    PHASE_ANNOTATION,
+    SHARING_MODE_LABEL,
+)
 from gpuk8s.discovery import discover
 from gpuk8s.services.deviceplugin.devices import DeviceSet
 from gpuk8s.services.deviceplugin.nodestate import published_annotations
@@ -452,8 +458,15 @@ class PodStore:
                 ann[key] = value
         meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
         if ASSIGNED_ANNOTATION in ann:  # the pod watch's MODIFIED event
-            uid, assignment = view_assignment(_POD_VIEW.decode(json.dumps(self.pods[name])))
-            self.ledger.set(uid, assignment)
+            uid, assignment, since = view_assignment(
+                _POD_VIEW.decode(json.dumps(self.pods[name]))
+            )
+            self.ledger.set(uid, assignment, awaiting=since)
+
+    def allocated(self, name: str) -> None:
+        """The kubelet admitted the pod and gpu-device's Allocate marked it."""
+        meta = self.pods[name]["metadata"]
+        self.annotate("openb", name, meta["resourceVersion"], {PHASE_ANNOTATION: PHASE_ALLOCATED})
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         self.pods[name]["spec"]["nodeName"] = node
@@ -584,6 +597,7 @@ class Replay:
         if answer["Error"]:
             self.store.drop(uid)
             return False
+        self.store.allocated(uid)
         assignment = self.ledger.get(uid)
         assert assignment is not None
         if pod.gpus >= 2:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from test_extender_apiserver import _post, node_annotations, wait_for
+from test_extender_apiserver import GPU_RESOURCE, _post, node_annotations, wait_for
 
 from gpuk8s import sim
 from gpuk8s.core.model import NodeInventory
@@ -44,6 +44,72 @@ def n260(tmp_path_factory: pytest.TempPathFactory) -> NodeInventory:
     root = str(tmp_path_factory.mktemp("sim") / "c500")
     sim.create(root, "n260-2")
     return discover(root)
+
+
+class KubeletStandIn:
+    """The kubelet's part for shared GPUs on a node that has no kubelet here: admit
+    each pod bound to ``node`` (newest first, against the bind order) through
+    the real gpu-device path -- ``SharedDevices.container_spec`` with as many replica
+    ids as the pod's counted resource asks for, ``KubePendingPods`` over the API, which
+    picks the pod by that number and marks it ``allocated``. ``wrong`` lists the pods
+    whose Allocate served another pod's assignment (an ambiguous match)."""
+
+    def __init__(self, apiserver: Any, node: str, inventory: NodeInventory, mode: str) -> None:
+        from gpuk8s.services.deviceplugin.devices import DeviceSet
+        from gpuk8s.services.deviceplugin.sharing import (
+            REPLICAS,
+            KubePendingPods,
+            SharedDevices,
+            replica_id,
+        )
+
+        self.core = apiserver.core()
+        self.node = node
+        backend = "nvidia.com/gpu" if inventory.gpus[0].vendor == "nvidia" else GPU_RESOURCE
+        devices = DeviceSet(inventory, backend)
+        self.plugin = SharedDevices(
+            devices, mode, node, KubePendingPods(node, self.core.api_client)
+        )
+        self.ids = [replica_id(u.id, n) for u in self.plugin.units for n in range(REPLICAS[mode])]
+        self.admitted: dict[str, str] = {}  # pod name -> GPUK8S_DEVICE_IDS it was given
+        self.wrong: list[str] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                self._admit()
+            except Exception as err:  # the API going away at the end, say
+                self.errors.append(f"listing pods: {err}"[:300])
+
+    def _admit(self) -> None:
+        pods = self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self.node}"
+        ).items
+        # newest first: the protocol must hold for any admission order, and this one
+        # is the opposite of the order the pods were created and bound in
+        for pod in sorted(pods, key=lambda p: p.metadata.creation_timestamp, reverse=True):
+            name = pod.metadata.name
+            if name in self.admitted or pod.metadata.deletion_timestamp:
+                continue
+            limits = pod.spec.containers[0].resources.limits or {}
+            count = int(limits[self.plugin.resource_name])
+            try:
+                spec = self.plugin.container_spec(self.ids[:count])
+            except Exception as err:
+                self.errors.append(f"{name}: {err}")
+                continue
+            self.admitted[name] = spec.envs["GPUK8S_DEVICE_IDS"]
+            got = self.core.read_namespaced_pod(name, pod.metadata.namespace)
+            if (got.metadata.annotations or {}).get(PHASE_ANNOTATION) != "allocated":
+                self.wrong.append(name)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
 
 
 def _service(apiserver: Any) -> ExtenderService:
@@ -116,7 +182,7 @@ def _per_gpu(core: Any, node: str, prefix: str) -> dict[int, int]:
 
 
 def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
-    apiserver: Any, n260: NodeInventory
+    apiserver: Any, n260: NodeInventory, request: pytest.FixtureRequest
 ) -> None:
     tag = uuid.uuid4().hex[:6]
     node, other = f"share-{tag}", f"excl-{tag}"
@@ -138,7 +204,12 @@ def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
     pods = [
         core.create_namespaced_pod("default", _shared_pod(f"{tag}-p{i:02d}", 50)) for i in range(16)
     ]
+    kubelet = KubeletStandIn(apiserver, node, n260, "sgpu")
+    request.addfinalizer(kubelet.stop)
     service = _service(apiserver)
+    assert service.extender.sharing is not None
+    # same-size binds on one node take turns (one waits for Allocate at a time)
+    service.extender.sharing.bind_wait_s = 10.0
     try:
         # filter: the exclusive node is unresolvable for a sharing pod
         body = {
@@ -166,10 +237,13 @@ def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
         per = _per_gpu(core, node, f"{tag}-p")
         assert per == {0: 100, 1: 100}  # full, never over 100
         bound_pod = next(p for p, e in zip(pods, errors, strict=False) if e == "")
-        annotations = core.read_namespaced_pod(
-            bound_pod.metadata.name, "default"
-        ).metadata.annotations
-        assert annotations[PHASE_ANNOTATION] == "allocating"
+
+        def phase() -> str | None:
+            got = core.read_namespaced_pod(bound_pod.metadata.name, "default")
+            return (got.metadata.annotations or {}).get(PHASE_ANNOTATION)
+
+        # "allocating" as bind wrote it, until gpu-device's Allocate served the pod
+        wait_for(lambda: phase() == "allocated", 30, "the pod allocated")
         # a pod without shared GPUs is bound as the default binder would
         plain = core.create_namespaced_pod(
             "default",
@@ -188,6 +262,7 @@ def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
     try:
         sharing = service.extender.sharing
         assert sharing is not None
+        sharing.bind_wait_s = 10.0
         usage = sharing.ledger.usage(node)
         assert {i: u.core for i, u in usage.items()} == {0: 100, 1: 100}
         waiting = [p for p, e in zip(pods, errors, strict=False) if e]
@@ -216,6 +291,9 @@ def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
         assert sorted(results).count("") == 1, results
         assert max(_per_gpu(core, node, f"{tag}-p").values()) == 100
         assert sum(_per_gpu(core, node, f"{tag}-p").values()) == 200
+        # every bound pod went through gpu-device's Allocate, each with its own choice
+        wait_for(lambda: len(kubelet.admitted) == 5, 30, "the five bound pods allocated")
+        assert kubelet.wrong == [] and kubelet.errors == [], (kubelet.wrong, kubelet.errors)
     finally:
         service.close()
         for name in (node, other):
@@ -266,13 +344,19 @@ FAMILY_CASES = [
 
 @pytest.mark.parametrize("case", FAMILY_CASES, ids=[c.mode for c in FAMILY_CASES])
 def test_real_kube_scheduler_binds_each_family_through_the_extender(
-    apiserver: Any, tmp_path: Any, case: FamilyCase, monkeypatch: pytest.MonkeyPatch
+    apiserver: Any,
+    tmp_path: Any,
+    case: FamilyCase,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     """kube-scheduler (the lab's build) with filter, prioritize and bind, per sharing
     family: the holders are bound, then of the pods that arrive at once exactly
     ``case.bound`` are bound and the rest stay pending with gpu-aware's reason; every
     binding carries the GPU choice, no GPU is over 100 % compute or over its memory,
-    whole GPUs are shared with nobody."""
+    whole GPUs are shared with nobody; gpu-device's Allocate (driven by a kubelet
+    stand-in) serves each pod its own GPUs although holders and shares arrive at once
+    with equal numbers of device ids."""
     from test_extender_apiserver import Scheduler, scheduler_config
 
     monkeypatch.setenv("PATH", f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
@@ -299,6 +383,8 @@ def test_real_kube_scheduler_binds_each_family_through_the_extender(
         {"status": {"capacity": resources, "allocatable": resources, "conditions": ready}},
         _content_type="application/merge-patch+json",
     )
+    kubelet = KubeletStandIn(apiserver, node, inventory, case.mode)
+    request.addfinalizer(kubelet.stop)
     service = _service(apiserver)
     scheduler = None
 
@@ -365,6 +451,13 @@ def test_real_kube_scheduler_binds_each_family_through_the_extender(
                        and "gpu-aware" in (c.message or "") for c in conditions)
 
         wait_for(lambda: all(told(n) for n in waiting), 30, "gpu-aware's reason on the pod")
+        # gpu-device's Allocate served each bound pod its own GPUs
+        wait_for(lambda: len(kubelet.admitted) == len(assignments), 30, "every pod allocated")
+        assert kubelet.wrong == [] and kubelet.errors == [], (kubelet.wrong, kubelet.errors)
+        unit_of = {u.gpu: u.id for u in kubelet.plugin.units}
+        for name, got in assignments.items():
+            given = set(kubelet.admitted[name].split(","))
+            assert given == {unit_of[i] for i in got.gpus}, (name, given, got.gpus)
     finally:
         if scheduler is not None:
             scheduler.stop()

@@ -90,6 +90,10 @@ def test_allocate_maps_ids_to_the_assigned_gpu(inventories: dict[str, NodeInvent
     pods.add("late", Assignment("n1", (5,), ShareRequest(MODE_SGPU, 1, 50, 4096)), 200)
     pods.add("early", Assignment("n1", (2,), ShareRequest(MODE_SGPU, 1, 30, 0)), 100)
     pods.add("other-node", Assignment("n2", (1,), ShareRequest(MODE_SGPU, 1, 30, 0)), 50)
+    # refused by the kubelet at admission (a failed Allocate, say): still "allocating",
+    # but it holds nothing, and its assignment must not be handed to the next pod
+    pods.add("failed", Assignment("n1", (6,), ShareRequest(MODE_SGPU, 1, 90, 0)), 10)
+    pods.items[-1]["status"] = {"phase": "Failed"}
     any_id = [replica_id(devices.units[7].id, 3)]  # the kubelet's pick says nothing
     spec = shared.container_spec(any_id)
     gpu2 = inventory.gpu(2)
@@ -98,6 +102,7 @@ def test_allocate_maps_ids_to_the_assigned_gpu(inventories: dict[str, NodeInvent
     assert spec.envs["METAX_SGPU_COMPUTE"] == "30"
     assert spec.envs["GPUK8S_DEVICE_IDS"] == gpu2.pci_address
     assert pods.items[1]["metadata"]["annotations"][PHASE_ANNOTATION] == PHASE_ALLOCATED
+    assert pods.items[3]["metadata"]["annotations"][PHASE_ANNOTATION] == PHASE_ALLOCATING
     spec = shared.container_spec(any_id)  # next: the later pod
     assert spec.envs["METAX_SGPU_MEMORY_MIB"] == "4096"
     with pytest.raises(AllocationError, match=r"no pod on n1 waits for 1 metax-tech.com/sgpu"):

@@ -104,13 +104,24 @@ def call(ext: Extender, verb: str, body: Any) -> tuple[int, Any]:
     return response.status, json.loads(response.body)
 
 
-def bind(ext: Extender, api: Api, p: dict[str, Any], node_name: str) -> str:
+def bind(
+    ext: Extender, api: Api, p: dict[str, Any], node_name: str, allocate: bool = True
+) -> str:
+    """The bind verb for ``p``; then (``allocate``) the kubelet admits the pod and
+    gpu-device's Allocate marks it, as the pod watch reports to the ledger."""
     api.pods[p["metadata"]["name"]] = p
     status, result = call(ext, "bind", {"PodName": p["metadata"]["name"],
                                         "PodNamespace": "default",
                                         "PodUID": p["metadata"]["uid"], "Node": node_name})
     assert status == 200
+    if allocate and not result["Error"]:
+        allocated(api, p["metadata"]["name"])
     return str(result["Error"])
+
+
+def allocated(api: Api, name: str) -> None:
+    meta = api.pods[name]["metadata"]
+    api.ledger.set(meta["uid"], parse_assignment(meta["annotations"][ASSIGNED_ANNOTATION]))
 
 
 def test_filter_prioritize_bind_best_fit(annotations: dict[str, str]) -> None:
@@ -292,6 +303,7 @@ def test_sharing_metrics(annotations: dict[str, str]) -> None:
     text = generate_latest(ext.metrics.registry).decode()
     assert "gpu_aware_shared_gpu_pods 1.0" in text
     assert "gpu_aware_shared_binds 1.0" in text
+    assert "gpu_aware_shared_bind_waits 0.0" in text
 
 
 def limits_pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
@@ -377,3 +389,79 @@ def test_mps_share_and_memory_limit(tmp_path: Any) -> None:
     status, result = call(ext, "filter", {"Pod": vcuda, "Nodes": {"items": [n]}})
     assert status == 200 and not result["Nodes"]["items"]
     assert "sharing mode is 'mps'" in result["FailedAndUnresolvableNodes"]["n"]
+
+
+def test_bind_waits_while_a_pod_of_the_same_size_awaits_allocate(
+    annotations: dict[str, str],
+) -> None:
+    """gpu-device's Allocate learns only the number of device ids: while one pod on a
+    node waits for it, another of the same mode and number of ids is not bound there
+    (bind waits, then fails for kube-scheduler to retry); other sizes, other nodes and
+    pods bound longer than ALLOCATE_WAIT_S ago do not hold it back."""
+    import threading
+    import time
+
+    from gpuk8s.services.extender.share import ALLOCATE_WAIT_S
+
+    ext, api, ledger = setup(annotations)
+    assert ext.sharing is not None
+    ext.sharing.bind_wait_s = 0.05
+    assert bind(ext, api, pod("q1", "30"), "a", allocate=False) == ""
+    why = bind(ext, api, pod("q2", "20"), "a", allocate=False)  # also 1 sgpu id
+    assert "another pod on a asking for 1 metax-tech.com/sgpu still waits" in why, why
+    assert "%" not in why and "q2" in why and ext.sharing.bind_waits == 1
+    assert ASSIGNED_ANNOTATION not in api.pods["q2"]["metadata"].get("annotations", {})
+    assert sum(u.core for u in ledger.usage("a").values()) == 30  # nothing booked for q2
+    assert bind(ext, api, pod("q3", "20"), "b", allocate=False) == ""  # another node
+    two = pod("q4", "20")
+    two["spec"]["containers"][0]["resources"]["limits"]["metax-tech.com/sgpu"] = "2"
+    assert bind(ext, api, two, "a", allocate=False) == ""  # 2 ids: told apart
+    # the watch reports q1 allocated (gpu-device marked it): q2 may go
+    allocated(api, "q1")
+    assert bind(ext, api, pod("q2", "20"), "a", allocate=False) == ""
+    # a waiting bind is woken by the Allocate of the pod it waits for
+    ext.sharing.bind_wait_s = 10.0
+    answers: list[str] = []
+    waiter = threading.Thread(
+        target=lambda: answers.append(bind(ext, api, pod("q5", "10"), "a", allocate=False))
+    )
+    started = time.monotonic()
+    waiter.start()
+    time.sleep(0.2)
+    assert not answers  # still waiting for q2
+    allocated(api, "q2")
+    waiter.join(5)
+    assert answers == [""] and time.monotonic() - started < 5
+    # after an extender restart the watch reports q5 waiting since its bind time
+    meta = api.pods["q5"]["metadata"]
+    a5 = parse_assignment(meta["annotations"][ASSIGNED_ANNOTATION])
+    assert a5 is not None
+    fresh = Ledger()
+    fresh.replace([(meta["uid"], a5)], {meta["uid"]: time.time() - 1})
+    assert fresh.awaiting_allocate("a", HALF)
+    assert not fresh.awaiting_allocate("a", HALF, without=meta["uid"])
+    assert not fresh.awaiting_allocate("a", ShareRequest(MODE_SGPU, 2, 50, 0))
+    # one bound long ago and never allocated (its kubelet is away) holds nobody back
+    fresh.set(meta["uid"], a5, awaiting=time.time() - ALLOCATE_WAIT_S - 1)
+    assert not fresh.awaiting_allocate("a", HALF)
+
+
+def test_view_assignment_reads_the_allocate_phase() -> None:
+    from gpuk8s.core.sharing import BIND_TIME_ANNOTATION, PHASE_ANNOTATION
+    from gpuk8s.services.extender.share import view_assignment
+    from gpuk8s.services.extender.wire import PodView
+
+    def view(phase: str | None, bind_time: str | None) -> tuple[Any, ...]:
+        ann = {ASSIGNED_ANNOTATION: Assignment("a", (1,), HALF).to_json()}
+        if phase is not None:
+            ann[PHASE_ANNOTATION] = phase
+        if bind_time is not None:
+            ann[BIND_TIME_ANNOTATION] = bind_time
+        obj = {"metadata": {"uid": "u", "annotations": ann}, "status": {"phase": "Pending"}}
+        return view_assignment(msgspec.json.decode(json.dumps(obj), type=PodView))
+
+    uid, got, since = view("allocating", "1700000000500000000")
+    assert (uid, got, since) == ("u", Assignment("a", (1,), HALF), 1700000000.5)
+    assert view("allocated", "1700000000500000000")[2] is None
+    assert view(None, None)[2] is None
+    assert view("allocating", "yesterday")[2] == 0.0  # unreadable: holds nobody back

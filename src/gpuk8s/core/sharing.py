@@ -52,9 +52,12 @@ Pod annotations (the protocol, HAMi-like):
     nanoseconds since the epoch (decimal string) when the extender bound the pod.
 ``gpuk8s.io/sharing.phase``
     ``allocating`` (set with the assignment), then ``allocated`` once the device
-    plugin's ``Allocate`` has mapped the kubelet's device ids to it. The plugin serves
-    the ``allocating`` pod on its node whose mode matches, oldest bind-time first
-    (the kubelet admits one pod at a time per node, as HAMi relies on too).
+    plugin's ``Allocate`` has mapped the kubelet's device ids to it. The kubelet's
+    ``Allocate`` names only a number of ids (``allocate_ids``), not the pod; the plugin
+    serves the live ``allocating`` pod on its node whose mode and number of ids match,
+    oldest bind-time first. So that this match is never ambiguous, the extender binds
+    a pod only while no other pod on that node waits for ``Allocate`` with the same
+    mode and number of ids (HAMi locks the whole node for the same reason).
 
 Accounting: a pod holds its share from the moment the assignment is written until it
 finishes (``Succeeded``/``Failed``) or is deleted; a restarted extender rebuilds the
@@ -183,6 +186,17 @@ class ShareRequest:
     @property
     def exclusive(self) -> bool:
         return self.whole or self.core >= FULL_CORE
+
+
+def allocate_ids(share: ShareRequest) -> int:
+    """How many device ids of the mode's counted resource the kubelet hands the device
+    plugin's ``Allocate`` for ``share``: the shared GPUs for sGPU (one id each), else
+    the percent (``vcuda-core: 50`` is 50 ids; whole GPUs 100 each)."""
+    if share.mode == MODE_SGPU:
+        return share.gpus
+    if share.whole:
+        return share.gpus * FULL_CORE
+    return share.core
 
 
 def _text(value: object, what: str) -> str:

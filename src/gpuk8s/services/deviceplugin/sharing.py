@@ -9,10 +9,11 @@ of whole GPUs. Each GPU is advertised as ``REPLICAS[mode]`` device ids
 
 The kubelet picks replica ids at random: they say nothing about which GPU the pod
 gets. The GPU was chosen by gpu-aware's ``bind`` verb and written on the pod
-(``core.sharing`` annotations). ``Allocate`` therefore lists the pods bound to this
-node whose ``gpuk8s.io/sharing.phase`` is ``allocating`` in this mode, takes the
-oldest by bind time whose request matches the number of ids (the kubelet admits one
-pod at a time per node, the protocol HAMi relies on too), builds its container edits
+(``core.sharing`` annotations). ``Allocate`` therefore lists the live pods bound to
+this node whose ``gpuk8s.io/sharing.phase`` is ``allocating`` in this mode, takes the
+oldest by bind time whose request matches the number of ids (``allocate_ids``; the
+extender binds one such pod per node and number of ids at a time, so there is one
+candidate, the pod the kubelet is admitting), builds its container edits
 (``core.cdi.shared_edits``: the assigned GPUs' device nodes, the mode's environment,
 the MPS pipe directory) and marks the pod ``allocated``.
 """
@@ -42,6 +43,7 @@ from ...core.sharing import (
     PHASE_ANNOTATION,
     Assignment,
     SharingError,
+    allocate_ids,
     parse_assignment,
 )
 from ...core.topology import Unit
@@ -55,16 +57,6 @@ SEPARATOR = "::"
 
 def replica_id(unit_id: str, n: int) -> str:
     return f"{unit_id}{SEPARATOR}{n}"
-
-
-def expected_ids(assignment: Assignment) -> int:
-    """How many replica ids the kubelet hands out for the assigned pod's request."""
-    share = assignment.share
-    if share.mode == MODE_SGPU:
-        return share.gpus
-    if share.whole:
-        return share.gpus * FULL_CORE
-    return share.core
 
 
 class PendingPods(Protocol):
@@ -105,12 +97,16 @@ def pending_assignments(
     pods: Sequence[dict[str, Any]], node: str, mode: str
 ) -> list[tuple[str, str, Assignment]]:
     """(namespace, name, assignment) of the pods waiting for Allocate in ``mode`` on
-    ``node``, oldest bind time first; unreadable annotations are skipped (logged)."""
+    ``node``, oldest bind time first; unreadable annotations are skipped (logged), and
+    so are finished pods (one the kubelet refused at admission stays ``allocating``
+    and holds nothing: its assignment must not be handed to the next pod)."""
     found = []
     for pod in pods:
         meta = pod.get("metadata") or {}
         ann = meta.get("annotations") or {}
         if ann.get(PHASE_ANNOTATION) != PHASE_ALLOCATING:
+            continue
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
         try:
             assignment = parse_assignment(ann.get(ASSIGNED_ANNOTATION))
@@ -201,7 +197,7 @@ class SharedDevices:
             raise AllocationError(f"cannot list the pods of node {self.node}: {err}") from err
         count = len(set(device_ids))
         pending = pending_assignments(pods, self.node, self.mode)
-        match = next(((ns, n, a) for ns, n, a in pending if expected_ids(a) == count), None)
+        match = next(((ns, n, a) for ns, n, a in pending if allocate_ids(a.share) == count), None)
         if match is None:
             raise AllocationError(
                 f"no pod on {self.node} waits for {count} {self.resource_name} with a GPU "

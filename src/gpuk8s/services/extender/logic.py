@@ -137,6 +137,13 @@ class ExtenderMetrics:
             registry=self.registry,
         )
         binds.set_function(lambda: float(sharing.binds) if sharing is not None else 0.0)
+        waits = Gauge(
+            "gpu_aware_shared_bind_waits",
+            "Shared-GPU bindings refused after waiting for another pod of the same node, "
+            "mode and number of device ids to be allocated (kube-scheduler retries them)",
+            registry=self.registry,
+        )
+        waits.set_function(lambda: float(sharing.bind_waits) if sharing is not None else 0.0)
 
 
 @dataclass(frozen=True)

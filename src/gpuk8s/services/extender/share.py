@@ -17,7 +17,11 @@ devices:
   ``resourceVersion``: the API refuses it if the pod changed since it was read) and
   bind it (``pods/binding``). A failure releases the reservation and removes the
   annotation. Concurrent binds therefore never over-commit a GPU within one extender
-  (the chart runs one replica).
+  (the chart runs one replica). gpu-device's ``Allocate`` learns only a number of
+  device ids from the kubelet (``core.sharing.allocate_ids``), so bind waits (up to
+  ``BIND_WAIT_S``) while another pod of the same node, mode and number of ids waits
+  for ``Allocate`` (the ledger follows the ``phase`` annotation): the plugin then
+  always has exactly one pod to match.
 
 Placement follows FGD (Weng et al., ATC '23): the node and GPU where the node's
 fragmentation rises least (``core.sharing.node_fragmentation``: the free GPU capacity
@@ -54,6 +58,7 @@ from ...core.scoring import topology_from_devices
 from ...core.sharing import (
     ASSIGNED_ANNOTATION,
     BIND_TIME_ANNOTATION,
+    COUNTED_RESOURCE,
     DEFAULT_SHARE_MIX,
     FULL_CORE,
     MODE_EXCLUSIVE,
@@ -68,6 +73,7 @@ from ...core.sharing import (
     ShareMix,
     ShareRequest,
     SharingError,
+    allocate_ids,
     check_mode,
     choose_shared,
     cpu_balance,
@@ -84,6 +90,13 @@ log = logging.getLogger("gpuk8s.extender")
 
 # a reservation the watch has not confirmed yet survives a relist this long
 PENDING_TTL_S = 120.0
+# bind waits this long for another pod of the same node, mode and number of device ids
+# to be Allocated (well inside kube-scheduler's 5 s default extender timeout), then
+# fails the binding; kube-scheduler retries the pod after its back-off
+BIND_WAIT_S = 2.0
+# a pod bound this long ago that still waits for Allocate (its kubelet is away, say)
+# holds the others back no longer
+ALLOCATE_WAIT_S = 300.0
 MIX_DRIFT = 0.05  # re-take the request mix after this share of its weight changed
 MIX_PRIOR = 0.1  # weight of DEFAULT_SHARE_MIX next to the arrived pods' requests
 ARRIVALS = 20_000  # sharing pods remembered for the request mix (the latest)
@@ -174,16 +187,23 @@ class Ledger:
         self,
         clock: Callable[[], float] = time.monotonic,
         on_free: Callable[[], None] | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._clock = clock
+        self._wall = wall  # bind times are wall-clock (the pods' annotation)
         # called (under the ledger's lock) when a pod's share goes away or changes
         self._on_free = on_free
         self._watched: dict[str, Assignment] = {}
-        self._pending: dict[str, tuple[Assignment, float]] = {}
+        # our reservations: assignment, expiry (``clock``), when reserved (``wall``)
+        self._pending: dict[str, tuple[Assignment, float, float]] = {}
+        # uid -> bind time (``wall``) of watched pods still waiting for Allocate
+        self._awaiting: dict[str, float] = {}
         self._effective: dict[str, Assignment] = {}
         self._by_node: dict[str, dict[str, Assignment]] = {}
         self._versions: dict[str, int] = {}
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._change = 0  # moves at every update (``wait_for_change``)
         self._synced = threading.Event()
 
     @property
@@ -216,8 +236,19 @@ class Ledger:
             self._by_node.setdefault(now.node, {})[uid] = now
             self._versions[now.node] = self._versions.get(now.node, 0) + 1
 
-    def set(self, uid: str, assignment: Assignment | None, deleted: bool = False) -> None:
-        """What the watch saw for a pod (None: no assignment, or finished).
+    def _changed_all(self) -> None:
+        self._change += 1
+        self._changed.notify_all()
+
+    def set(
+        self,
+        uid: str,
+        assignment: Assignment | None,
+        deleted: bool = False,
+        awaiting: float | None = None,
+    ) -> None:
+        """What the watch saw for a pod (None: no assignment, or finished); ``awaiting``:
+        its bind time while it waits for Allocate (``view_assignment``).
 
         A reservation of ours stays until the watch shows that very assignment, or the
         pod is deleted: an older event of the pod (seen after we reserved) must not
@@ -230,12 +261,23 @@ class Ledger:
                 self._watched.pop(uid, None)
             else:
                 self._watched[uid] = assignment
+            if assignment is None or awaiting is None:
+                self._awaiting.pop(uid, None)
+            else:
+                self._awaiting[uid] = awaiting
             self._refresh(uid)
+            self._changed_all()
 
-    def replace(self, pods: Iterable[tuple[str, Assignment]]) -> None:
-        """The full list; reservations not in it yet stay until ``PENDING_TTL_S``."""
+    def replace(
+        self, pods: Iterable[tuple[str, Assignment]], awaiting: Mapping[str, float] | None = None
+    ) -> None:
+        """The full list (``awaiting``: uid -> bind time of those waiting for Allocate);
+        reservations not in it yet stay until ``PENDING_TTL_S``."""
         with self._lock:
             self._watched = dict(pods)
+            self._awaiting = {
+                uid: since for uid, since in (awaiting or {}).items() if uid in self._watched
+            }
             now = self._clock()
             self._pending = {
                 uid: entry
@@ -244,18 +286,47 @@ class Ledger:
             }
             for uid in set(self._effective) | set(self._watched) | set(self._pending):
                 self._refresh(uid)
+            self._changed_all()
         self._synced.set()
 
     def reserve(self, uid: str, assignment: Assignment) -> None:
+        """Our choice for a pod we are binding: it waits for Allocate from now on."""
         with self._lock:
-            self._pending[uid] = (assignment, self._clock() + PENDING_TTL_S)
+            self._pending[uid] = (assignment, self._clock() + PENDING_TTL_S, self._wall())
             self._refresh(uid)
+            self._changed_all()
 
     def release(self, uid: str) -> None:
         with self._lock:
             self._pending.pop(uid, None)
             self._watched.pop(uid, None)
+            self._awaiting.pop(uid, None)
             self._refresh(uid)
+            self._changed_all()
+
+    def awaiting_allocate(self, node: str, share: ShareRequest, without: str = "") -> bool:
+        """Whether a pod on ``node`` (other than ``without``) waits for Allocate with
+        ``share``'s mode and number of device ids, bound within ``ALLOCATE_WAIT_S``."""
+        ids = allocate_ids(share)
+        cutoff = self._wall() - ALLOCATE_WAIT_S
+        with self._lock:
+            for uid, held in self._by_node.get(node, {}).items():
+                if uid == without or held.share.mode != share.mode:
+                    continue
+                pending = self._pending.get(uid)
+                since = pending[2] if pending is not None else self._awaiting.get(uid)
+                if since is not None and since > cutoff and allocate_ids(held.share) == ids:
+                    return True
+        return False
+
+    @property
+    def change(self) -> int:
+        return self._change
+
+    def wait_for_change(self, change: int, timeout: float) -> bool:
+        """Wait until the ledger moved past ``change`` (True) or ``timeout`` passed."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._change != change, timeout)
 
     def assignments(self) -> dict[str, Assignment]:
         with self._lock:
@@ -358,21 +429,35 @@ class ArrivalMix:
         return len(self._seen)
 
 
-def view_assignment(view: PodView) -> tuple[str, Assignment | None]:
-    """(uid, the live assignment or None) of a pod from the API; finished pods and
+def view_assignment(view: PodView) -> tuple[str, Assignment | None, float | None]:
+    """(uid, the live assignment or None, its bind time in seconds since the epoch while
+    it waits for Allocate, else None) of a pod from the API; finished pods and
     unreadable annotations hold nothing (the latter is logged)."""
     meta = view.metadata
     uid = (meta.uid if meta is not None else None) or ""
     phase = view.status.phase if view.status is not None else None
     ann = meta.annotations if meta is not None else None
     if ann is None or not ann.assigned or phase in ("Succeeded", "Failed"):
-        return uid, None
+        return uid, None, None
     try:
         raw = msgspec.json.decode(bytes(ann.assigned))
-        return uid, parse_assignment(raw if isinstance(raw, str) else None)
+        assignment = parse_assignment(raw if isinstance(raw, str) else None)
     except (msgspec.DecodeError, SharingError) as err:
         log.warning("pod sharing annotation unreadable", extra={"uid": uid, "error": str(err)})
-        return uid, None
+        return uid, None, None
+    return uid, assignment, _awaiting_since(ann.phase, ann.bind_time)
+
+
+def _awaiting_since(phase: msgspec.Raw, bind_time: msgspec.Raw) -> float | None:
+    """The bind time (epoch seconds) of a pod whose phase annotation is ``allocating``;
+    0.0 when the bind time is unreadable (it then holds nobody back)."""
+    try:
+        if not phase or msgspec.json.decode(bytes(phase)) != PHASE_ALLOCATING:
+            return None
+        raw = msgspec.json.decode(bytes(bind_time)) if bind_time else ""
+        return int(raw) / 1e9 if isinstance(raw, str) and raw.isdigit() else 0.0
+    except (msgspec.DecodeError, ValueError):
+        return None
 
 
 class PodApi(Protocol):
@@ -483,6 +568,7 @@ class Sharing:
         free_room: Callable[[str], tuple[int | None, int | None]] | None = None,
         arrivals: ArrivalMix | None = None,
         requeue: Requeue | None = None,
+        bind_wait_s: float = BIND_WAIT_S,
     ) -> None:
         self.nodes = nodes
         # pods turned away, nudged when the ledger frees a share (requeue.py)
@@ -499,6 +585,9 @@ class Sharing:
         self._memo: dict[tuple[str, ShareRequest, int, int], tuple[_Version, Placement]] = {}
         self.binds = 0
         self.bind_failures = 0
+        # binds refused after waiting BIND_WAIT_S for another pod's Allocate
+        self.bind_waits = 0
+        self.bind_wait_s = bind_wait_s
 
     def place(
         self,
@@ -669,12 +758,27 @@ class Sharing:
             return f"gpu-aware: pod {ns}/{name} is not the pod {uid} any more"
         if share is None:  # not a sharing pod: bind as the default binder would
             return self._bind_plain(ns, name, uid, node)
-        with self._lock:  # choose and reserve atomically: no two binds share a choice
-            placed = self.place(node, share, uid, cpu_milli, memory_mib)
-            if placed.gpus is None:
-                return f"{placed.reason} (pod {ns}/{name} on {node})"
-            assignment = Assignment(node, placed.gpus, share)
-            self.ledger.reserve(uid, assignment)
+        deadline = time.monotonic() + self.bind_wait_s
+        while True:
+            change = self.ledger.change
+            with self._lock:  # choose and reserve atomically: no two binds share a choice
+                placed = self.place(node, share, uid, cpu_milli, memory_mib)
+                if placed.gpus is None:
+                    return f"{placed.reason} (pod {ns}/{name} on {node})"
+                if not self.ledger.awaiting_allocate(node, share, uid):
+                    assignment = Assignment(node, placed.gpus, share)
+                    self.ledger.reserve(uid, assignment)
+                    break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.bind_waits += 1
+                return (
+                    f"gpu-aware: another pod on {node} asking for {allocate_ids(share)} "
+                    f"{COUNTED_RESOURCE[share.mode]} still waits for gpu-device's Allocate, "
+                    "which tells such pods apart only by that number; retry "
+                    f"(pod {ns}/{name})"
+                )
+            self.ledger.wait_for_change(change, left)
         annotations: dict[str, str | None] = {
             ASSIGNED_ANNOTATION: assignment.to_json(),
             BIND_TIME_ANNOTATION: str(int(self._clock() * 1e9)),

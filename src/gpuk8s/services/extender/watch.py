@@ -304,7 +304,7 @@ def pod_watch_loop(
     return run
 
 
-def _assignment(raw: msgspec.Raw) -> tuple[str, Any] | None:
+def _assignment(raw: msgspec.Raw) -> tuple[str, Any, float | None] | None:
     try:
         return view_assignment(_POD.decode(raw))
     except DECODE_ERRORS as err:
@@ -317,18 +317,22 @@ def ledger_handlers(ledger: Ledger) -> Handlers:
 
     def on_list(items: list[msgspec.Raw]) -> None:
         listed = [fields for fields in map(_assignment, items) if fields is not None]
-        ledger.replace((uid, a) for uid, a in listed if uid and a is not None)
+        held = [(uid, a, since) for uid, a, since in listed if uid and a is not None]
+        ledger.replace(
+            ((uid, a) for uid, a, _ in held),
+            {uid: since for uid, _, since in held if since is not None},
+        )
         log.info("GPU sharing assignments synced", extra={"pods": len(ledger)})
 
     def on_event(kind: str, raw: msgspec.Raw) -> None:
         fields = _assignment(raw)
         if fields is None or not fields[0]:
             return
-        uid, assignment = fields
+        uid, assignment, since = fields
         if kind == "DELETED":
             ledger.set(uid, None, deleted=True)
         else:
-            ledger.set(uid, assignment)
+            ledger.set(uid, assignment, awaiting=since)
 
     return on_list, on_event
 

@@ -41,8 +41,10 @@ from ...core.quantity import QuantityError, parse_json_text, whole_count
 from ...core.scoring import LOSSES_ANNOTATION, SCORES_ANNOTATION
 from ...core.sharing import (
     ASSIGNED_ANNOTATION,
+    BIND_TIME_ANNOTATION,
     MPS_CORE_RESOURCE,
     MPS_MEMORY_RESOURCE,
+    PHASE_ANNOTATION,
     SGPU_RESOURCE,
     SHARING_MODE_LABEL,
     VCORE_RESOURCE,
@@ -150,6 +152,8 @@ class _PodAnnotations(Struct, gc=False):
 
     cuda_runtime: Raw = field(name=RUNTIME_ANNOTATION, default=_EMPTY)
     assigned: Raw = field(name=ASSIGNED_ANNOTATION, default=_EMPTY)
+    phase: Raw = field(name=PHASE_ANNOTATION, default=_EMPTY)
+    bind_time: Raw = field(name=BIND_TIME_ANNOTATION, default=_EMPTY)
 
 
 class ObjectMeta(Struct, gc=False):
