@@ -89,14 +89,19 @@ class Api:
         self.pods[name]["spec"]["nodeName"] = node
 
 
-def setup(annotations: dict[str, str]) -> tuple[Extender, Api, Ledger]:
+def over(items: list[dict[str, Any]], **options: Any) -> tuple[Extender, Api, Ledger]:
+    """An extender whose sharing sees the node objects ``items`` (``options``: more
+    ``Sharing`` arguments), with an empty, synced ledger."""
     shared, ledger = SharedNodes(), Ledger()
     ledger.replace([])
-    items = [node("a", annotations), node("b", annotations), node("x", annotations, None)]
     shared.replace(node_item(msgspec.json.decode(json.dumps(o), type=NodeView)) for o in items)
     api = Api(ledger)
-    ext = Extender(WeightSource(None, Weights(1, 1)), sharing=Sharing(shared, ledger, api))
-    return ext, api, ledger
+    sharing = Sharing(shared, ledger, api, **options)
+    return Extender(WeightSource(None, Weights(1, 1)), sharing=sharing), api, ledger
+
+
+def setup(annotations: dict[str, str]) -> tuple[Extender, Api, Ledger]:
+    return over([node("a", annotations), node("b", annotations), node("x", annotations, None)])
 
 
 def call(ext: Extender, verb: str, body: Any) -> tuple[int, Any]:
@@ -237,15 +242,12 @@ def cpu_fed(
 ) -> tuple[Extender, list[dict[str, Any]], ArrivalMix]:
     """An extender over the nodes of ``free`` (name -> free CPU and memory, read at
     each call) whose arriving pods asked for half a GPU and 8 cores each."""
-    shared, ledger = SharedNodes(), Ledger()
-    ledger.replace([])
     items = [node(name, annotations) for name in free]
-    shared.replace(node_item(msgspec.json.decode(json.dumps(o), type=NodeView)) for o in items)
     arrivals = ArrivalMix(prior=())
     for i in range(20):
         arrivals.observe(f"seen-{i}", HALF, 8000)
-    sharing = Sharing(shared, ledger, Api(ledger), free_room=free.__getitem__, arrivals=arrivals)
-    return Extender(WeightSource(None, Weights(1, 1)), sharing=sharing), items, arrivals
+    ext, _, _ = over(items, free_room=free.__getitem__, arrivals=arrivals)
+    return ext, items, arrivals
 
 
 def scores_of(ext: Extender, items: list[dict[str, Any]]) -> dict[str, int]:
@@ -326,13 +328,8 @@ def family_setup(
     root = str(tmp_path / "node")
     sim.create(root, root_preset)
     ann = published_annotations(DeviceSet(discover(root), "metax-tech.com/gpu"), set())
-    shared, ledger = SharedNodes(), Ledger()
-    ledger.replace([])
     item = node("n", ann, mode)
-    shared.replace([node_item(msgspec.json.decode(json.dumps(item), type=NodeView))])
-    api = Api(ledger)
-    ext = Extender(WeightSource(None, Weights(1, 1)), sharing=Sharing(shared, ledger, api))
-    return ext, api, ledger, item
+    return (*over([item]), item)
 
 
 def test_vcuda_fractions_and_whole_gpus_by_topology(tmp_path: Any) -> None:

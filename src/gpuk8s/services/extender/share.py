@@ -568,7 +568,6 @@ class Sharing:
         free_room: Callable[[str], tuple[int | None, int | None]] | None = None,
         arrivals: ArrivalMix | None = None,
         requeue: Requeue | None = None,
-        bind_wait_s: float = BIND_WAIT_S,
     ) -> None:
         self.nodes = nodes
         # pods turned away, nudged when the ledger frees a share (requeue.py)
@@ -585,9 +584,9 @@ class Sharing:
         self._memo: dict[tuple[str, ShareRequest, int, int], tuple[_Version, Placement]] = {}
         self.binds = 0
         self.bind_failures = 0
-        # binds refused after waiting BIND_WAIT_S for another pod's Allocate
+        # binds refused after waiting ``bind_wait_s`` for another pod's Allocate
         self.bind_waits = 0
-        self.bind_wait_s = bind_wait_s
+        self.bind_wait_s = BIND_WAIT_S
 
     def place(
         self,
