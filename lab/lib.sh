@@ -36,7 +36,8 @@ export KUBECONFIG="${KUBECONFIG_LAB:-$KUBE_ETC/admin.conf}"
 log() { printf '[lab %s] %s\n' "$(date -u +%T)" "$*" >&2; }
 die() { printf '[lab] ERROR: %s\n' "$*" >&2; exit 1; }
 
-need_root() { [ "$(id -u)" -eq 0 ] || die "run as root (the lab installs packages and runs kubelet/containerd)"; }
+# shellcheck source=scripts/as-root.sh
+. "$REPO_DIR/scripts/as-root.sh"
 
 # Timed phases: phase NAME FUNC...; a summary is printed by phase_summary.
 PHASES=()
