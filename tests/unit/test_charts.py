@@ -1487,9 +1487,15 @@ def test_helm_test_leaves_nothing_behind_even_when_it_fails() -> None:
 VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 
 
-@pytest.mark.parametrize(("chart", "values"), [(EXT, {}), (OP, OP_MIN)], ids=["ext", "op"])
-def test_node_agents_may_patch_only_their_own_node(chart: Path, values: dict[str, Any]) -> None:
-    """Rendered only where the cluster serves ValidatingAdmissionPolicy (>= 1.30)."""
+@pytest.mark.parametrize(("chart", "values", "agents"), [
+    (EXT, {}, ["gpu-device", "gpu-label"]),
+    # issue 28: driver-manager and container-runtime too (one policy, one template)
+    (OP, OP_MIN, ["gpu-device", "gpu-label", "driver-manager", "container-runtime"]),
+], ids=["ext", "op"])
+def test_node_agents_may_patch_only_their_own_node(chart: Path, values: dict[str, Any],
+                                                   agents: list[str]) -> None:
+    """Rendered only where the cluster serves ValidatingAdmissionPolicy (>= 1.30); every
+    ServiceAccount that may patch Nodes is in it except operator-controller's."""
     proc = run_helm(["template", REL, str(chart), "-n", NS, "--kube-version", KUBE_VERSION,
                      "--api-versions", VAP_API], values)
     assert proc.returncode == 0, proc.stderr
@@ -1504,12 +1510,15 @@ def test_node_agents_may_patch_only_their_own_node(chart: Path, values: dict[str
     assert set(rule["resources"]) == {"nodes", "nodes/status"}
     assert "UPDATE" in rule["operations"]
     [condition] = spec["matchConditions"]
-    users = [f"system:serviceaccount:{NS}:gpu-device", f"system:serviceaccount:{NS}:gpu-label"]
+    users = [f"system:serviceaccount:{NS}:{agent}" for agent in agents]
     assert condition["expression"] == f"request.userInfo.username in {json.dumps(users)}".replace(
         ", ", ","
     )
     [check] = spec["validations"]
     assert "authentication.kubernetes.io/node-name" in check["expression"]
+    patchers = {sa for sa, rules in _rules_by_subject(objs(chart, values)).items()
+                if ("", "nodes", "patch", ANY) in _permissions(rules)}
+    assert patchers - set(agents) <= {"operator-controller"}, patchers
     # without the API (older clusters, plain `helm template`) nothing is rendered
     assert not objs(chart, values).of("ValidatingAdmissionPolicy")
 
