@@ -8,10 +8,7 @@ administrator's edit of driver-config, a bad value fails before anything is crea
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,67 +16,7 @@ import yaml
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-VERSION = "1.2.3"
-
-
-@pytest.fixture(scope="module")
-def helm(apiserver: Any, helm_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """helm as the cluster admin, with its own config and cache dirs."""
-    home = tmp_path_factory.mktemp("helm")
-    env = {
-        **os.environ,
-        "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_CONFIG_HOME": str(home / "config"),
-        "HELM_DATA_HOME": str(home / "data"),
-        "KUBECONFIG": apiserver.kubeconfig("admin"),
-    }
-
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [helm_binary, *args], capture_output=True, text=True, check=False, env=env, timeout=300
-        )
-        if "privileged: Forbidden: disallowed by cluster policy" in proc.stderr:
-            # Both schemes need privileged pods (SPEC §1): a cluster without them is not
-            # one these charts support, so this is the fixture's setup, not a chart bug.
-            if args[0] == "install":  # leave the shared API server as we found it
-                ns = args[args.index("-n") + 1]
-                subprocess.run(
-                    [helm_binary, "uninstall", args[1], "-n", ns],
-                    env=env,
-                    capture_output=True,
-                    check=False,
-                    timeout=120,
-                )
-            pytest.skip(
-                "the apiserver fixture runs kube-apiserver without --allow-privileged=true, "
-                "which SPEC §1 requires (tests/integration/conftest.py)"
-            )
-        if check:
-            assert proc.returncode == 0, f"helm {args}\n{proc.stdout}\n{proc.stderr}"
-        return proc
-
-    return run
-
-
-@pytest.fixture(scope="module")
-def charts(helm: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Both charts packaged the way `make package` does (helm package, VERSION)."""
-    out = tmp_path_factory.mktemp("charts")
-    paths = {}
-    for chart in ("metax-gpu-extensions", "metax-operator"):
-        helm(
-            "package",
-            str(REPO / "charts" / chart),
-            "--version",
-            VERSION,
-            "--app-version",
-            VERSION,
-            "-d",
-            str(out),
-        )
-        paths[chart] = str(out / f"{chart}-{VERSION}.tgz")
-    return paths
+VERSION = "1.2.3"  # the version the `charts` fixture packages (conftest.py)
 
 
 def _clients(apiserver: Any) -> tuple[Any, Any, Any, Any]:
@@ -338,62 +275,75 @@ def _node(core: Any, name: str) -> None:
     core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
 
 
+@pytest.mark.parametrize(("chart", "agents", "values"), [
+    ("metax-gpu-extensions", ["gpu-label"], []),
+    # issue 28: the operator's driver-manager and container-runtime could label any node
+    ("metax-operator", ["driver-manager", "container-runtime"],
+     ["--set", "driver.payload.version=2.0.0"]),
+], ids=["extensions", "operator"])
 def test_node_agents_may_patch_only_their_own_node(
-    apiserver: Any, helm: Any, charts: dict[str, str], tmp_path: Path
+    apiserver: Any, helm: Any, charts: dict[str, str], chart: str, agents: list[str],
+    values: list[str],
 ) -> None:
-    """The ValidatingAdmissionPolicy on this real kube-apiserver (1.35): a gpu-label token
-    bound to a pod on node A patches A, and is denied on B (RBAC alone allows both)."""
+    """The ValidatingAdmissionPolicy on this real kube-apiserver (1.35): a node agent's
+    token bound to its pod on node A (the token carries the node, as the kubelet's does)
+    patches A, and is denied on B (RBAC alone allows both)."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
-    ns, rel = "metax-gpu-vap", "vap"
-    helm("install", rel, charts["metax-gpu-extensions"], "-n", ns, "--create-namespace")
+    from gpuk8s.services.kube import api_client
+
+    ns, rel = f"{chart}-vap", "vap"
+    helm("install", rel, charts[chart], "-n", ns, "--create-namespace", *values)
     core, _apps, _rbac, authz = _clients(apiserver)
     a, b = "vap-node-a", "vap-node-b"
+    patch = {"metadata": {"labels": {"metax-tech.com/gpu.installed": "true"}}}
     try:
         _node(core, a)
         _node(core, b)
-        # a gpu-label pod on node A (no kubelet here: it is only an API object)
-        pod = core.create_namespaced_pod(ns, {
-            "metadata": {"name": "gpu-label-a"},
-            "spec": {"nodeName": a, "serviceAccountName": "gpu-label",
-                     "containers": [{"name": "c", "image": "x"}]}})
-        token = core.create_namespaced_service_account_token("gpu-label", ns, {
-            "spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 600,
-                     "boundObjectRef": {"kind": "Pod", "apiVersion": "v1",
-                                        "name": pod.metadata.name, "uid": pod.metadata.uid}}})
-        from gpuk8s.services.kube import api_client
+        for agent in agents:
+            # the agent's pod on node A (no kubelet here: it is only an API object)
+            pod = core.create_namespaced_pod(ns, {
+                "metadata": {"name": f"{agent}-a"},
+                "spec": {"nodeName": a, "serviceAccountName": agent,
+                         "containers": [{"name": "c", "image": "x"}]}})
+            token = core.create_namespaced_service_account_token(agent, ns, {
+                "spec": {"audiences": ["https://kubernetes.default.svc"],
+                         "expirationSeconds": 600,
+                         "boundObjectRef": {"kind": "Pod", "apiVersion": "v1",
+                                            "name": pod.metadata.name,
+                                            "uid": pod.metadata.uid}}})
+            as_agent = client.CoreV1Api(api_client(apiserver.token_kubeconfig(
+                f"{ns}-{agent}", token.status.token)))
 
-        base = api_client(apiserver.kubeconfig("admin")).configuration
-        conf = client.Configuration()
-        conf.host, conf.verify_ssl = base.host, False
-        conf.api_key = {"authorization": "Bearer " + token.status.token}
-        as_label = client.CoreV1Api(client.ApiClient(conf))
-        patch = {"metadata": {"labels": {"metax-tech.com/gpu.installed": "true"}}}
+            def denied_on_b(api: Any = as_agent) -> bool:  # policies load within seconds
+                try:
+                    api.patch_node(b, patch, dry_run="All")
+                except ApiException as err:
+                    return err.status == 403
+                return False
 
-        def denied_on_b() -> bool:  # the apiserver loads new policies within seconds
-            try:
-                as_label.patch_node(b, patch, dry_run="All")
-            except ApiException as err:
-                return err.status == 403
-            return False
-
-        deadline = time.monotonic() + 30
-        while not denied_on_b():
-            assert time.monotonic() < deadline, "the own-node policy never took effect"
-            time.sleep(0.5)
-        as_label.patch_node(a, patch)  # its own node: allowed
-        with pytest.raises(ApiException) as denied:
-            as_label.patch_node(b, patch)
-        assert denied.value.status == 403
-        assert "may change only the Node its pod runs on" in denied.value.body
-        assert "metax-tech.com/gpu.installed" not in (core.read_node(b).metadata.labels or {})
-        # RBAC itself allows both: the policy is what denies
-        assert _can(authz, ns, "gpu-label", "patch", "nodes", name=b)
+            deadline = time.monotonic() + 30
+            while not denied_on_b():
+                assert time.monotonic() < deadline, "the own-node policy never took effect"
+                time.sleep(0.5)
+            as_agent.patch_node(a, patch)  # its own node: allowed
+            with pytest.raises(ApiException) as denied:
+                as_agent.patch_node(b, {"metadata": {"annotations": {
+                    f"metax-tech.com/{agent}.state": "{}"}}})
+            assert denied.value.status == 403, agent
+            assert f"{agent} may change only the Node its pod runs on, not {b}" in \
+                denied.value.body
+            assert not [k for k in core.read_node(b).metadata.labels or {}
+                        if k.startswith("metax-tech.com/")]
+            assert not (core.read_node(b).metadata.annotations or {})
+            # RBAC itself allows both: the policy is what denies
+            assert _can(authz, ns, agent, "patch", "nodes", name=b)
     finally:
         for name in (a, b):
             core.delete_node(name)
-        helm("uninstall", rel, "-n", ns, "--wait", "--timeout", "120s")
+        # --no-hooks: the operator's pre-delete cleanup hook is a Job, and no pod runs here
+        helm("uninstall", rel, "-n", ns, "--no-hooks", "--wait", "--timeout", "120s")
     assert _release_objects(apiserver, rel, ns) == []
 
 

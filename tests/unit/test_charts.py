@@ -620,6 +620,9 @@ def test_operator_controller_rbac() -> None:
     assert ("", "configmaps", "update", ANY) not in perms
     assert ("", "configmaps", "patch", ANY) not in perms
     assert ("apps", "daemonsets", "delete", "metax-gpu-device") in perms  # uninstall hook
+    # driver-manager's template hash (its out-of-date pods are replaced): that one only
+    assert {p for p in perms if p[:3] == ("apps", "daemonsets", "get")} == {
+        ("apps", "daemonsets", "get", "driver-manager")}
     # every node agent DaemonSet the hook deletes is one the chart creates
     from gpuk8s.services.operator.main import DAEMONSET_NAMES, NODE_AGENTS
 
@@ -1014,6 +1017,53 @@ def test_operator_components_and_gating() -> None:
         ("Job", "operator-uninstall"),
     ]:
         assert not ext.has(kind, name)
+
+
+def _template_hash(values: dict[str, Any]) -> str:
+    dm = objs(OP, _deep_merge(OP_MIN, values)).get("DaemonSet", "driver-manager")
+    return str(dm["spec"]["template"]["metadata"]["annotations"][P + "template-hash"])
+
+
+def test_driver_manager_template_hash_follows_what_its_pods_run() -> None:
+    """Issue 28: driver-manager's DaemonSet is OnDelete; operator-controller replaces a pod
+    whose metax-tech.com/template-hash differs from the template's. The hash must change
+    with every value its pods use, and only with those (a changed controller-only value
+    must not restart the node agents)."""
+    base = _template_hash({})
+    changes = {
+        "SDK images": {"maca": {"payload": {"images": ["maca-c500:2.33.0.4-ubuntu22.04-amd64"]}}},
+        "driver log level": {"driver": {"log": {"level": "debug"}}},
+        "maca log format": {"maca": {"log": {"format": "text"}}},
+        "global log dir": {"log": {"dir": "/var/log/gpu"}},
+        "deployPolicy": {"driver": {"deployPolicy": "Always"}},
+        "driver version": {"driver": {"payload": {"version": "2.1.0"}}},
+        "image tag": {"driver": {"imageTag": "9"}},
+        "pull policy": {"pullPolicy": "Always"},
+        "extra args": {"driver": {"extraArgs": ["--interval=3"]}},
+    }
+    hashes = {what: _template_hash(v) for what, v in changes.items()}
+    assert base not in hashes.values(), hashes
+    assert len(set(hashes.values())) == len(hashes), hashes
+    for unrelated in ({"driver": {"upgradePolicy": {"maxParallel": 4}}},
+                      {"gpuLabel": {"interval": 30}}, {"operatorController": {"imageTag": "9"}}):
+        assert _template_hash(unrelated) == base, unrelated
+    # the other node agents are rolled by their DaemonSet controller, one node at a time
+    for ds in objs(OP, OP_MIN).of("DaemonSet"):
+        if ds["metadata"]["name"] != "driver-manager":
+            assert ds["spec"]["updateStrategy"] == {
+                "type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}, ds
+
+
+def test_driver_manager_pods_stop_promptly_but_finish_an_install() -> None:
+    """A replaced driver-manager pod: the agents finish their pass (SIGTERM ends the loop,
+    not the pass), within terminationGracePeriodSeconds; the payload containers (sh as
+    pid 1, which ignores SIGTERM without a trap) exit at once."""
+    dm = objs(OP, _deep_merge(OP_MIN, {"maca": {"payload": {"images": ["maca-c500:1.0.0.1"]}}}
+                              )).get("DaemonSet", "driver-manager")
+    assert dm["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 300
+    for name in ("driver-payload", "maca-payload-0"):
+        script = container(dm, name)["args"][0]
+        assert "trap 'exit 0' TERM" in script and "& wait $!" in script, script
 
 
 def test_operator_runtime_options() -> None:
@@ -1487,9 +1537,15 @@ def test_helm_test_leaves_nothing_behind_even_when_it_fails() -> None:
 VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 
 
-@pytest.mark.parametrize(("chart", "values"), [(EXT, {}), (OP, OP_MIN)], ids=["ext", "op"])
-def test_node_agents_may_patch_only_their_own_node(chart: Path, values: dict[str, Any]) -> None:
-    """Rendered only where the cluster serves ValidatingAdmissionPolicy (>= 1.30)."""
+@pytest.mark.parametrize(("chart", "values", "agents"), [
+    (EXT, {}, ["gpu-device", "gpu-label"]),
+    # issue 28: driver-manager and container-runtime too (one policy, one template)
+    (OP, OP_MIN, ["gpu-device", "gpu-label", "driver-manager", "container-runtime"]),
+], ids=["ext", "op"])
+def test_node_agents_may_patch_only_their_own_node(chart: Path, values: dict[str, Any],
+                                                   agents: list[str]) -> None:
+    """Rendered only where the cluster serves ValidatingAdmissionPolicy (>= 1.30); every
+    ServiceAccount that may patch Nodes is in it except operator-controller's."""
     proc = run_helm(["template", REL, str(chart), "-n", NS, "--kube-version", KUBE_VERSION,
                      "--api-versions", VAP_API], values)
     assert proc.returncode == 0, proc.stderr
@@ -1504,12 +1560,15 @@ def test_node_agents_may_patch_only_their_own_node(chart: Path, values: dict[str
     assert set(rule["resources"]) == {"nodes", "nodes/status"}
     assert "UPDATE" in rule["operations"]
     [condition] = spec["matchConditions"]
-    users = [f"system:serviceaccount:{NS}:gpu-device", f"system:serviceaccount:{NS}:gpu-label"]
+    users = [f"system:serviceaccount:{NS}:{agent}" for agent in agents]
     assert condition["expression"] == f"request.userInfo.username in {json.dumps(users)}".replace(
         ", ", ","
     )
     [check] = spec["validations"]
     assert "authentication.kubernetes.io/node-name" in check["expression"]
+    patchers = {sa for sa, rules in _rules_by_subject(objs(chart, values)).items()
+                if ("", "nodes", "patch", ANY) in _permissions(rules)}
+    assert patchers - set(agents) <= {"operator-controller"}, patchers
     # without the API (older clusters, plain `helm template`) nothing is rendered
     assert not objs(chart, values).of("ValidatingAdmissionPolicy")
 

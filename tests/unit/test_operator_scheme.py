@@ -363,7 +363,11 @@ class FakeCluster:
     def delete_pod(self, name: str) -> None:
         self.deleted.append(name)
 
-    def event(self, kind: str, name: str, reason: str, message: str, warning: bool) -> None:
+    def daemonset(self, name: str) -> Mapping[str, Any] | None:
+        return None  # a template without a hash: driver-manager pods are not rolled
+
+    def event(self, kind: str, name: str, reason: str, message: str, warning: bool,
+              event_name: str | None = None) -> None:
         self.events.append((kind, name, reason))
 
 
@@ -517,3 +521,29 @@ def test_a_wrapper_still_in_use_at_uninstall_is_removed_by_its_last_container(
     shutil.rmtree(tasks / "c1")
     subprocess.run([wrapper, "delete", "--force", "c2"], check=True)
     assert not install.exists()
+
+
+def test_maca_agent_keeps_the_installed_sdk_ready_while_a_new_one_arrives(
+        tmp_path: Path) -> None:
+    """Issue 28 item 5: a helm upgrade of maca.payload.images replaces driver-manager's pod;
+    while the new image's SDK is copied, the SDK installed before stays in use and maca.ready
+    stays true (else gpu-device, which needs it, would leave the node meanwhile)."""
+    from gpuk8s.services.drivermanager.agent import MacaAgent
+
+    root, payload = tmp_path / "host", tmp_path / "payload"
+    sim.create(str(root), "nodriver-8")
+    payload.mkdir()
+    old = "reg/p/maca-c500:2.33.0.4-ubuntu22.04-amd64"
+    sim.write_payload("maca", "2.33.0.4", str(payload / "maca"))
+    (payload / "maca.complete").write_text(old + "\n")
+    agent = MacaAgent(str(root), [old], Reporter(FakeNode(), "driver-manager.maca", "Maca"),
+                      PayloadSource(str(payload), "", "", None), "/run/metax")
+    assert agent.one_pass().state == "ready"
+    new = "reg/p/maca-c500:2.33.0.5-ubuntu22.04-amd64"
+    newer = MacaAgent(str(root), [new], Reporter(FakeNode(), "driver-manager.maca", "Maca"),
+                      PayloadSource(str(tmp_path / "empty"), "", "", None), "/run/metax")
+    (tmp_path / "empty").mkdir()
+    report = newer.one_pass()
+    assert report.state == "pending" and new in report.message
+    assert read_readiness(str(root)) == {"maca.ready": True}  # 2.33.0.4 is still there
+    assert (root / "opt/maca/Version.txt").read_text() == "Version:2.33.0.4\n"

@@ -1,6 +1,8 @@
 """The rolling driver / VF upgrade (services/operator/upgrade.py): the pure state machine,
 the rollout limits, and operator-controller driving it over a fake cluster in which
-a small harness plays driver-manager, gpu-label and the kubelet on each node."""
+a small harness plays driver-manager, gpu-label and the kubelet on each node; with
+``agents=True`` it also plays driver-manager's OnDelete DaemonSet (its pods, their
+template hash), for the replacement of out-of-date pods (services/operator/agentroll.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuk8s.ansible.eviction import PodRef
 from gpuk8s.core.errors import ConfigError
 from gpuk8s.services.nodeagent import state_annotation
+from gpuk8s.services.operator import agentroll
 from gpuk8s.services.operator import upgrade as up
 from gpuk8s.services.operator.controller import Controller
 
@@ -236,10 +240,17 @@ class SimCluster:
     driver-manager (install on ``upgrading``), gpu-label (version labels) and the
     kubelet (evicted pods go away) on every node."""
 
-    def __init__(self, count: int, pods_per_node: int = 1) -> None:
+    def __init__(self, count: int, pods_per_node: int = 1, agents: bool = False) -> None:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pod_list: list[dict[str, Any]] = []
+        # driver-manager's DaemonSet (agents=True): its template hash, its pods
+        self.ds: dict[str, Any] | None = None
+        self.agents: list[dict[str, Any]] = []
+        self.never_ready: set[str] = set()  # template hashes whose pods never get Ready
+        self.installs: dict[str, str] = {}  # template hash -> driver version it installs
+        self.deleted: list[tuple[str, str | None]] = []  # (node, its upgrade state then)
         self.events: list[tuple[str, str, bool]] = []
+        self.event_names: set[str] = set()
         self.blocked: set[str] = set()  # pods a PDB protects
         self.fail_install: set[str] = set()
         self.configmaps: dict[str, Any] = {"driver-config": {"data": {
@@ -260,6 +271,46 @@ class SimCluster:
                            "conditions": [{"type": "Ready", "status": "True"}]}}
             for j in range(pods_per_node):
                 self.pod_list.append(self._pod(f"job-{i}-{j}", name))
+        if agents:
+            self.ds = {"spec": {"template": {"metadata": {"annotations": {
+                agentroll.TEMPLATE_HASH: "h1"}}}}, "status": {"desiredNumberScheduled": count}}
+            self.installs["h1"] = OLD
+            for name in self.nodes:
+                self._agent(name, "h1", ready=True)
+
+    def _agent(self, node: str, template: str, ready: bool) -> None:
+        self.agents.append({"metadata": {"name": f"driver-manager-{node}-{len(self.agents)}",
+                                         "annotations": {agentroll.TEMPLATE_HASH: template}},
+                            "spec": {"nodeName": node}, "status": {"conditions": [
+                                {"type": "Ready", "status": str(ready)}]}})
+
+    def helm_upgrade(self, template: str, installs: str = NEW) -> None:
+        """A new driver-manager template (what the chart renders after helm upgrade)."""
+        assert self.ds is not None
+        self.ds["spec"]["template"]["metadata"]["annotations"][agentroll.TEMPLATE_HASH] = \
+            template
+        self.installs[template] = installs
+
+    def template(self) -> str:
+        assert self.ds is not None
+        return str(self.ds["spec"]["template"]["metadata"]["annotations"][
+            agentroll.TEMPLATE_HASH])
+
+    def agent_on(self, node: str) -> dict[str, Any] | None:
+        return next((a for a in self.agents if a["spec"]["nodeName"] == node), None)
+
+    def agents_unavailable(self, owned: bool = False) -> int:
+        """driver-manager pods not Ready / terminating / missing, on nodes outside the
+        upgrade (owned=False) or on every node."""
+        count = 0
+        for name, node in self.nodes.items():
+            if not owned and node["metadata"]["labels"].get(up.STATE_LABEL) in \
+                    (up.REQUIRED, *up.ACTIVE, up.FAILED):
+                continue
+            pod = self.agent_on(name)
+            if pod is None or agentroll.agent_pod(pod).unavailable:  # type: ignore[union-attr]
+                count += 1
+        return count
 
     @staticmethod
     def _pod(name: str, node: str) -> dict[str, Any]:
@@ -290,10 +341,19 @@ class SimCluster:
         _merge(self.nodes[node], body)
 
     def pods(self, selector: str) -> list[Mapping[str, Any]]:
-        return []
+        return json.loads(json.dumps(self.agents)) if "driver-manager" in selector else []
 
     def delete_pod(self, name: str) -> None:
-        return None
+        for pod in self.agents:
+            if pod["metadata"]["name"] == name and \
+                    "deletionTimestamp" not in pod["metadata"]:
+                pod["metadata"]["deletionTimestamp"] = "now"
+                node = pod["spec"]["nodeName"]
+                self.deleted.append((node, self.nodes[node]["metadata"]["labels"].get(
+                    up.STATE_LABEL)))
+
+    def daemonset(self, name: str) -> Mapping[str, Any] | None:
+        return self.ds if name == "driver-manager" else None
 
     def node_pods(self, node: str, selector: str) -> list[Mapping[str, Any]]:
         return [p for p in self.pod_list if p["spec"]["nodeName"] == node]
@@ -306,12 +366,20 @@ class SimCluster:
                 p["metadata"]["deletionTimestamp"] = "now"
         return 201, ""
 
-    def event(self, kind: str, name: str, reason: str, message: str, warning: bool) -> None:
+    def event(self, kind: str, name: str, reason: str, message: str, warning: bool,
+              event_name: str | None = None) -> bool:
+        if event_name is not None:
+            if event_name in self.event_names:
+                return False  # the API's 409: an Event of that name exists
+            self.event_names.add(event_name)
         self.events.append((name, reason, warning))
+        return True
 
     # the node side
     def play(self) -> None:
         self.pod_list = [p for p in self.pod_list if "deletionTimestamp" not in p["metadata"]]
+        if self.ds is not None:
+            self._play_daemonset()
         for name, node in self.nodes.items():
             labels = node["metadata"]["labels"]
             if labels.get(up.STATE_LABEL) != up.UPGRADING:
@@ -324,6 +392,30 @@ class SimCluster:
                 report = {"state": "ready", "version": NEW, "wanted": NEW, "vfnum": 0}
                 labels["metax-tech.com/gpu.driver.minor"] = "33"
             node["metadata"]["annotations"][key] = json.dumps(report)
+
+    def _play_daemonset(self) -> None:
+        """The kubelet (a deleted pod goes), the DaemonSet controller (a node without a pod
+        gets one from the current template), the kubelet again (a new pod is Ready one
+        round later unless its template never gets Ready), and driver-manager on a node
+        without a driver (its pod installs the version of its template at once)."""
+        self.agents = [a for a in self.agents if "deletionTimestamp" not in a["metadata"]]
+        for pod in self.agents:
+            if pod["metadata"]["annotations"][agentroll.TEMPLATE_HASH] not in self.never_ready:
+                pod["status"]["conditions"][0]["status"] = "True"
+        for name, node in self.nodes.items():
+            pod = self.agent_on(name)
+            if pod is None:
+                self._agent(name, self.template(), ready=False)
+                continue
+            key = state_annotation("driver-manager.driver")
+            report = json.loads(node["metadata"]["annotations"].get(key) or "{}")
+            if report.get("version") is None and agentroll.agent_pod(pod).ready:  # type: ignore[union-attr]
+                version = self.installs[pod["metadata"]["annotations"][agentroll.TEMPLATE_HASH]]
+                node["metadata"]["annotations"][key] = json.dumps(
+                    {"state": "ready", "version": version, "wanted": version, "vfnum": 0})
+                node["metadata"]["labels"].update({
+                    "metax-tech.com/driver.ready": "true",
+                    "metax-tech.com/gpu.driver.minor": version.split(".")[1]})
 
     def states(self) -> dict[str, str | None]:
         return {n: v["metadata"]["labels"].get(up.STATE_LABEL) for n, v in self.nodes.items()}
@@ -499,3 +591,181 @@ def test_metrics_page_on_the_health_port() -> None:
         assert missing.value.code == 404 and b"/metrics" in missing.value.read()
     finally:
         server.shutdown()
+
+
+# ------------------------------------- driver-manager pods after a helm upgrade (issue 28)
+def _pod(node: str, template: str | None = "new", ready: bool = True,
+         terminating: bool = False) -> agentroll.AgentPod:
+    return agentroll.AgentPod(f"dm-{node}", node, template, ready, terminating)
+
+
+def test_roll_plan_replaces_out_of_date_pods_within_the_limit() -> None:
+    pods = [_pod("a", "old"), _pod("b", "old"), _pod("c", "old"), _pod("d")]
+    plan = agentroll.plan("new", pods, desired=4, owned=set(), limit=2)
+    assert [p.node for p in plan.replace] == ["a", "b"] and plan.outdated == 3
+    assert "1 out-of-date" in plan.waiting and "maxParallel 2" in plan.waiting
+    # one still being replaced (terminating): one slot left
+    pods = [_pod("a", "old", terminating=True), _pod("b", "old"), _pod("c", "old")]
+    assert [p.node for p in agentroll.plan("new", pods, 3, set(), 2).replace] == ["b"]
+    # one gone and not yet recreated (2 pods for 3 nodes): it counts as unavailable
+    assert agentroll.plan("new", pods[1:], 3, set(), 1).replace == ()
+    # a new pod not Ready yet counts; an out-of-date pod that is not Ready anyway is
+    # replaced without budget (the new template may be its fix)
+    pods = [_pod("a", ready=False), _pod("b", "old", ready=False), _pod("c", "old")]
+    plan = agentroll.plan("new", pods, 3, set(), 1)
+    assert [p.node for p in plan.replace] == ["b"] and plan.unavailable == 2
+
+
+def test_roll_plan_leaves_the_upgrade_its_nodes_and_needs_a_template_hash() -> None:
+    pods = [_pod("a", "old"), _pod("b", "old", ready=False), _pod("c", "old")]
+    plan = agentroll.plan("new", pods, 3, owned={"a", "b"}, limit=1)
+    assert [p.node for p in plan.replace] == ["c"]  # b's unready pod is the upgrade's
+    assert plan.outdated == 1 and plan.unavailable == 0
+    assert agentroll.plan(None, pods, 3, set(), 5).replace == ()  # no hash: no roll
+    # a pod from a chart without the annotation is out of date
+    assert agentroll.plan("new", [_pod("a", None)], 1, set(), 1).replace
+
+
+def _driverless(cluster: SimCluster, name: str) -> None:
+    node = cluster.nodes[name]["metadata"]
+    node["annotations"][state_annotation("driver-manager.driver")] = json.dumps(
+        {"state": "disabled", "message": "no driver loaded: deploy_policy Never"})
+    for key in ("driver.ready", "gpu.driver.major", "gpu.driver.minor", "gpu.driver.patch"):
+        node["labels"].pop(f"metax-tech.com/{key}")
+
+
+def _roll(cluster: SimCluster, controller: Controller, limit: int,
+          passes: int = 80) -> None:
+    """Passes until every driver-manager pod runs the current template and no node is in
+    the upgrade; the bound holds after every pass."""
+    for _ in range(passes):
+        controller.one_pass()
+        assert cluster.agents_unavailable() <= limit
+        assert sum(1 for s in cluster.states().values() if s in up.ACTIVE) <= limit
+        current = all(a["metadata"]["annotations"][agentroll.TEMPLATE_HASH] ==
+                      cluster.template() for a in cluster.agents)
+        if current and len(cluster.agents) == len(cluster.nodes) and \
+                cluster.agents_unavailable(owned=True) == 0 and \
+                not set(cluster.states().values()) & {up.REQUIRED, *up.ACTIVE}:
+            return
+        cluster.play()
+    raise AssertionError(f"no convergence: {cluster.states()} {cluster.agents}")
+
+
+def test_a_helm_upgrade_that_changes_no_driver_reaches_every_driver_manager_pod() -> None:
+    """maca.payload.images or a log option changed: driver-manager's template changes,
+    nothing about the driver. Every pod is replaced, at most maxParallel at a time, with
+    no cordon and no upgrade state (before: the OnDelete DaemonSet kept the old pods)."""
+    cluster = SimCluster(6, agents=True)
+    controller = Controller(cluster, target=up.Target(OLD), policy=up.Policy(max_parallel=2),
+                            clock=Clock())
+    controller.one_pass()
+    assert cluster.deleted == []  # every pod is current: nothing to do
+    cluster.helm_upgrade("h2", installs=OLD)
+    _roll(cluster, controller, limit=2)
+    assert sorted(n for n, _ in cluster.deleted) == sorted(cluster.nodes)  # each once
+    assert {state for _, state in cluster.deleted} == {None}
+    assert cluster.cordoned() == [] and set(cluster.states().values()) == {None}
+    replaced = [e for e in cluster.events if e[1] == "DriverManagerReplaced"]
+    assert len(replaced) == 6
+    rollout = yaml.safe_load(cluster.configmaps["operator-status"]["data"]["rollout"])
+    assert rollout["driverManagerPods"] == {"outdated": 0, "unavailable": 0}
+
+
+def test_a_driver_upgrade_drains_only_nodes_with_a_loaded_driver() -> None:
+    """A new driver version (deployPolicy Always): the nodes with a loaded driver go
+    through the rolling upgrade, which replaces their pod after the drain; a node without a
+    driver (deployPolicy Never before) gets its new pod directly and installs at once."""
+    cluster = SimCluster(4, agents=True)
+    _driverless(cluster, "gpu-002")
+    controller = Controller(cluster, target=TARGET, policy=up.Policy(max_parallel=1),
+                            clock=Clock())
+    cluster.helm_upgrade("h2", installs=NEW)
+    _roll(cluster, controller, limit=1)
+    deleted = dict(cluster.deleted)
+    assert deleted.pop("gpu-002") is None  # directly, no drain
+    assert set(deleted.values()) == {up.EVICTED}  # the others after their drain
+    assert len(cluster.deleted) == 4  # each pod once
+    assert cluster.states() == {"gpu-000": up.DONE, "gpu-001": up.DONE, "gpu-002": None,
+                                "gpu-003": up.DONE}
+    report = json.loads(cluster.nodes["gpu-002"]["metadata"]["annotations"][
+        state_annotation("driver-manager.driver")])
+    assert report["version"] == NEW and cluster.cordoned() == []
+
+
+def test_a_template_whose_pods_never_get_ready_stops_after_max_parallel_nodes() -> None:
+    cluster = SimCluster(5, agents=True)
+    controller = Controller(cluster, target=up.Target(OLD), policy=up.Policy(max_parallel=2),
+                            clock=Clock())
+    cluster.helm_upgrade("bad", installs=OLD)
+    cluster.never_ready.add("bad")  # e.g. a maca payload image that cannot be pulled
+    for _ in range(20):
+        controller.one_pass()
+        cluster.play()
+    assert len(cluster.deleted) == 2  # two nodes tried, three keep their working pods
+    rollout = yaml.safe_load(cluster.configmaps["operator-status"]["data"]["rollout"])
+    assert "3 out-of-date driver-manager pod(s) wait: 2 unavailable" in \
+        rollout["driverManagerPods"]["waiting"]
+    # the admin fixes the value: the unready new pods are replaced at once, then the rest
+    cluster.helm_upgrade("fixed", installs=OLD)
+    _roll(cluster, controller, limit=2)
+    assert len(cluster.deleted) == 7
+
+
+# ------------------------------------------- crash between a Node patch and its Event
+class Killed(Exception):
+    """The process died (SIGKILL) right after a step."""
+
+
+def test_an_event_lost_to_a_crash_is_recreated_once_by_the_next_controller() -> None:
+    """Issue 28 item 8 (found by the kill test): a controller killed between the Node patch
+    of a step and its Event lost the Event for good. The next controller's first pass
+    re-creates it, under the same name, so it is never recorded twice."""
+    cluster = SimCluster(2)
+    clock = Clock()
+
+    def die_after(wanted: str) -> Any:
+        def after_step(step: str, subject: str) -> None:
+            if step == wanted:
+                raise Killed(f"{step} {subject}")
+        return after_step
+
+    for wanted in (f"node-patched:{up.REQUIRED}", f"node-patched:{up.CORDONED}",
+                   f"node-patched:{up.DONE}", "event:DriverUpgradeDone"):
+        controller = Controller(cluster, target=TARGET, policy=up.Policy(max_parallel=2),
+                                clock=clock, after_step=die_after(wanted))
+        with pytest.raises(Killed):
+            for _ in range(30):
+                controller.one_pass()
+                cluster.play()
+    controller = Controller(cluster, target=TARGET, policy=up.Policy(max_parallel=2),
+                            clock=clock)
+    for _ in range(30):
+        controller.one_pass()
+        cluster.play()
+    for _ in range(2):  # restarted twice more: nothing is announced twice
+        Controller(cluster, target=TARGET, clock=clock).one_pass()
+    assert set(cluster.states().values()) == {up.DONE}
+    for node in cluster.nodes:
+        reasons = [r for n, r, _ in cluster.events if n == node]
+        assert sorted(reasons) == ["DriverUpgradeDone", "DriverUpgradeRequired",
+                                   "DriverUpgradeStarted"], (node, reasons)
+
+
+def test_no_access_to_the_daemonset_stops_only_the_pod_replacement() -> None:
+    """A controller whose Role lacks `get` on the DaemonSet (a half-applied upgrade) still
+    rolls the driver and writes its status, saying why no pod is replaced."""
+    from gpuk8s.core.errors import GpuK8sError
+
+    class Forbidden(SimCluster):
+        def daemonset(self, name: str) -> Mapping[str, Any] | None:
+            raise GpuK8sError("get daemonset driver-manager: HTTP 403 Forbidden")
+
+    cluster = Forbidden(2, agents=True)
+    controller = Controller(cluster, target=TARGET, clock=Clock())
+    for _ in range(30):
+        controller.one_pass()
+        cluster.play()
+    assert set(cluster.states().values()) == {up.DONE}
+    rollout = yaml.safe_load(cluster.configmaps["operator-status"]["data"]["rollout"])
+    assert "403" in rollout["driverManagerPods"]["error"]

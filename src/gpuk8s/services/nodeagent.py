@@ -101,8 +101,10 @@ NODE_EVENTS_NAMESPACE = "default"  # the API server puts Events of cluster-scope
 
 def record_event(core: Any, namespace: str, component: str, kind: str, name: str,
                  node: str | None, reason: str, message: str, warning: bool,
-                 object_namespace: str = "") -> None:
+                 object_namespace: str = "", event_name: str | None = None) -> bool:
     """Create a core/v1 Event; failures are logged, never raised (reporting is best effort).
+    Returns False only when an Event named ``event_name`` exists already (a caller that
+    names its Events records each once, however often it retries).
 
     Events about a Node (cluster-scoped) must live in ``default`` (API validation; the
     kubelet's are there too), so ``namespace`` is only used for namespaced objects."""
@@ -112,7 +114,8 @@ def record_event(core: Any, namespace: str, component: str, kind: str, name: str
         namespace = NODE_EVENTS_NAMESPACE
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     body = client.CoreV1Event(
-        metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),
+        metadata=client.V1ObjectMeta(name=event_name, namespace=namespace,
+                                     generate_name=None if event_name else f"{name}."),
         involved_object=client.V1ObjectReference(kind=kind, name=name, api_version="v1",
                                                  namespace=object_namespace or None),
         reason=reason, message=message[:1000], type="Warning" if warning else "Normal",
@@ -122,7 +125,10 @@ def record_event(core: Any, namespace: str, component: str, kind: str, name: str
     try:
         core.create_namespaced_event(namespace, body)
     except Exception as err:  # reporting must never stop the agent
+        if event_name and getattr(err, "status", None) == 409:
+            return False
         log.warning("cannot record event", extra={"reason": reason, "error": str(err)})
+    return True
 
 
 @dataclass

@@ -256,7 +256,13 @@ class MacaAgent:
 
     def one_pass(self) -> Report:
         report = self._pass()
+        # waiting for a new SDK's payload (a helm upgrade of maca.payload.images): the SDK
+        # installed before stays in use and ready, so gpu-device (which needs maca.ready)
+        # does not leave the node meanwhile
         ready = report.state == "ready"
+        if report.state == "pending":
+            installed = sdk.read_sdk(self.root)
+            ready = installed.managed and bool(installed.version)
         write_readiness(self.root, "maca.ready", ready, self.status_dir)
         self.reporter.publish(report)
         return report

@@ -6,6 +6,13 @@
 
 Exit codes: 0 stopped by a signal / uninstall complete, 1 uninstall incomplete (what is
 left is printed), 2 bad configuration.
+
+Test hook: with ``$GPUK8S_TEST_KILL_AFTER`` set to step names (comma-separated:
+``controller.STEPS``, ``node-patched:<state>``, ``event:<reason>``) and
+``$GPUK8S_TEST_KILL_LOG`` to a file, the process kills itself with SIGKILL right after each
+such step, once per step and subject (node, pod) over all its restarts, recording each kill
+in the file (the crash-resume test,
+tests/integration/test_operator_kill_apiserver.py). Unset in the chart.
 """
 
 from __future__ import annotations
@@ -14,9 +21,10 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...ansible.eviction import PodRef
@@ -52,16 +60,20 @@ class KubeCluster:
     def _plain(self, obj: Any) -> Any:
         return self.client.sanitize_for_serialization(obj)
 
-    def get_configmap(self, name: str) -> Mapping[str, Any] | None:
+    def _read(self, what: str, read: Callable[[], Any]) -> Mapping[str, Any] | None:
+        """``read()`` as plain data; None when the object does not exist."""
         try:
-            found: Mapping[str, Any] = self._plain(
-                self.core.read_namespaced_config_map(name, self.namespace))
+            found: Mapping[str, Any] = self._plain(read())
             return found
         except Exception as err:
-            error = classify(err, f"get configmap {name}")
+            error = classify(err, what)
             if error.status == 404:
                 return None
             raise error from err
+
+    def get_configmap(self, name: str) -> Mapping[str, Any] | None:
+        return self._read(f"get configmap {name}", lambda: self.core.read_namespaced_config_map(
+            name, self.namespace))
 
     def create_configmap(self, name: str, data: Mapping[str, str],
                          labels: Mapping[str, str]) -> None:
@@ -111,6 +123,10 @@ class KubeCluster:
             raise classify(err, "list pods") from err
         return [self._plain(p) for p in items]
 
+    def daemonset(self, name: str) -> Mapping[str, Any] | None:
+        return self._read(f"get daemonset {name}", lambda: self.apps.read_namespaced_daemon_set(
+            name, self.namespace))
+
     def delete_pod(self, name: str) -> None:
         try:
             self.core.delete_namespaced_pod(name, self.namespace)
@@ -144,10 +160,12 @@ class KubeCluster:
             raise classify(err, f"evict pod {pod}") from err
         return 201, ""
 
-    def event(self, kind: str, name: str, reason: str, message: str, warning: bool) -> None:
-        record_event(self.core, self.namespace, "operator-controller", kind, name, None, reason,
-                     message, warning,
-                     object_namespace=self.namespace if kind == "ConfigMap" else "")
+    def event(self, kind: str, name: str, reason: str, message: str, warning: bool,
+              event_name: str | None = None) -> bool:
+        return record_event(self.core, self.namespace, "operator-controller", kind, name, None,
+                            reason, message, warning,
+                            object_namespace=self.namespace if kind == "ConfigMap" else "",
+                            event_name=event_name)
 
     # ------------------------------------------------------------------ uninstall
     def _delete_and_wait(self, kind: str, names: Sequence[str], deadline: float) -> list[str]:
@@ -221,6 +239,39 @@ def _api_message(err: Any) -> str:
         return str(json.loads(err.body).get("message") or err.reason)
     except (TypeError, ValueError, AttributeError):
         return str(err.reason)
+
+
+KILL_AFTER_ENV = "GPUK8S_TEST_KILL_AFTER"
+KILL_LOG_ENV = "GPUK8S_TEST_KILL_LOG"
+
+
+def kill_after(steps: str | None, kill_log: str | None) -> Callable[[str, str], None]:
+    """``Controller.after_step`` for the test hook: SIGKILL this process right after each
+    step named in ``steps`` (comma-separated; None: never), once per subject: each kill is
+    first appended to the file ``kill_log`` as ``<step> <subject>``, and a (step, subject)
+    found there is not killed again (a restarted controller that repeats the step must get
+    past it)."""
+    names = {s.strip() for s in (steps or "").split(",") if s.strip()}
+
+    def after_step(step: str, subject: str) -> None:
+        if step not in names or not kill_log:
+            return
+        line = f"{step} {subject}"
+        try:
+            with open(kill_log, encoding="utf-8") as handle:
+                if line in handle.read().splitlines():
+                    return
+        except FileNotFoundError:
+            pass
+        with open(kill_log, "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        sys.stderr.write(f"gpuk8s-test: SIGKILL after {line}\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return after_step
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -302,7 +353,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if left else 0
     controller = Controller(cluster, {"app.kubernetes.io/managed-by": "operator-controller",
                                       "app.kubernetes.io/part-of": "metax-operator"},
-                            target=target, policy=policy)
+                            target=target, policy=policy,
+                            after_step=kill_after(os.environ.get(KILL_AFTER_ENV) or None,
+                                                  os.environ.get(KILL_LOG_ENV) or None))
     if args.once:
         status = controller.one_pass()
         print(status["summary"])

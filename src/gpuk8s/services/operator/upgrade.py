@@ -8,7 +8,8 @@ replaced) resumes exactly where the last one stopped; nothing lives only in memo
 * annotation ``metax-tech.com/driver.upgrade`` — a JSON ``Record``: the target (driver
   version and / or VF count), whether the node was already cordoned by the admin before
   the upgrade took it, when it started, when it entered its current state, the last
-  failure.
+  failure, and the reason of the Event that announced its current state (a controller
+  killed between the Node patch and the Event re-creates it: see controller.py).
 
 States (one node)::
 
@@ -128,11 +129,14 @@ class Record:
     since: float | None = None  # when it entered its current state
     message: str = ""  # last failure / progress note
     gpus: int | None = None  # physical GPUs (capacity / VFs per GPU) when it started
+    announce: str = ""  # reason of the Event of the transition into the current state
 
     def to_json(self) -> str:
         body = {"version": self.version, "vfnum": self.vfnum,
                 "adminCordoned": self.admin_cordoned, "started": self.started,
                 "since": self.since, "message": self.message, "gpus": self.gpus}
+        if self.announce:
+            body["event"] = self.announce
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -154,6 +158,7 @@ class Record:
             since=_float_or_none(data.get("since")),
             message=str(data.get("message") or ""),
             gpus=gpus if isinstance(gpus, int) else None,
+            announce=str(data.get("event") or ""),
         )
 
 
@@ -229,7 +234,17 @@ def wanted_work(facts: NodeFacts, target: Target) -> tuple[str | None, int | Non
 
 def step(facts: NodeFacts, target: Target, policy: Policy, now: float,
          may_start: bool = False) -> Step:
-    """The next step of one node (pure). ``may_start``: ``admit`` gave it a slot."""
+    """The next step of one node (pure). ``may_start``: ``admit`` gave it a slot. A step
+    into another state records in ``Record.announce`` the reason of its Event (none: "")."""
+    found = _step(facts, target, policy, now, may_start)
+    if found.state == facts.state or found.state is None:
+        return found
+    return replace(found, record=replace(found.record,
+                                         announce=found.event[0] if found.event else ""))
+
+
+def _step(facts: NodeFacts, target: Target, policy: Policy, now: float,
+          may_start: bool) -> Step:
     state, rec = facts.state, facts.record
     if state in (None, "", DONE) or state not in STATES:
         version, vfnum = wanted_work(facts, target)
