@@ -109,14 +109,17 @@ class Docker:
                               or f"docker image inspect {image} failed")
         return _parse_facts(proc.stdout, image)
 
-    def probe(self, image: str, path: str | None, create_options: Sequence[str] = (),
-              failed_rc: int | None = None) -> tuple[Image, bool | None]:
+    def probe(
+        self, image: str, path: str | None, create_options: Sequence[str] = (),
+        failed_rc: int | None = None, inspect: bool = True,
+    ) -> tuple[Image | None, bool | None]:
         """The image (pulled as ``run`` would, with ``create_options`` such as
-        ``--platform`` / ``--pull``) and, when ``path`` is given, whether it has that path
-        and, for a directory, something in it.
+        ``--platform`` / ``--pull``; None unless ``inspect``) and, when ``path`` is given,
+        whether it has that path and, for a directory, something in it.
 
         ``docker create`` of a container that is never started, ``docker container
-        inspect`` of it, then the first tar headers of ``docker cp -L CONTAINER:PATH -``
+        inspect`` of it (with ``inspect``), then the first tar headers of
+        ``docker cp -L CONTAINER:PATH -``
         (the daemon stats the path in the image's file system; nothing runs in it and the
         copy is cut after two headers), then ``docker rm``. When the image cannot be had,
         docker has said why on stderr: ``DockerError`` with ``failed_rc`` (125 for ``run``,
@@ -136,11 +139,13 @@ class Docker:
             raise DockerError(1, f"docker create printed no container id for {image}")
         cid = lines[-1]
         try:
-            proc = self._run(["container", "inspect", "--format", CONTAINER_FORMAT, cid])
-            if proc.returncode != 0:
-                raise DockerError(proc.returncode, _first_line(proc.stderr)
-                                  or f"docker container inspect {cid} failed")
-            facts = _parse_facts(proc.stdout, image)
+            facts = None
+            if inspect:
+                proc = self._run(["container", "inspect", "--format", CONTAINER_FORMAT, cid])
+                if proc.returncode != 0:
+                    raise DockerError(proc.returncode, _first_line(proc.stderr)
+                                      or f"docker container inspect {cid} failed")
+                facts = _parse_facts(proc.stdout, image)
             return facts, (self._has_path(cid, path) if path is not None else None)
         finally:
             subprocess.run([*self.base, "rm", "-f", "-v", cid], stdout=subprocess.DEVNULL,

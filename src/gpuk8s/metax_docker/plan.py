@@ -34,7 +34,7 @@ from ..core.cdi import (
 from ..core.model import Gpu, NodeInventory
 from ..discovery import check_health, discover
 from ..discovery.tools import host_path
-from .docker import Docker, Image
+from .docker import Docker, DockerError
 from .dockerargs import RunArgs, UsageError
 from .selection import GpuRequest, Selection, parse_request, select, units_of
 
@@ -241,10 +241,13 @@ class Background(Generic[T]):
 
 def choose_gpus(host: Host, request: GpuRequest) -> tuple[NodeInventory, Selection]:
     """Discovery (sysfs, and mx-smi's ``--show-hwinfo`` only when GPUs are named by serial
-    number or UUID), the health check, the selection."""
+    number or UUID, beside the health check), the health check, the selection."""
     by_name = any(not name.isdigit() for name in request.names)
-    inventory = discover(host.root, queries=("hwinfo",) if by_name else ())
+    named = Background(lambda: discover(host.root, queries=("hwinfo",))) if by_name else None
+    inventory = discover(host.root, queries=())
     health = check_health(host.root, inventory) if inventory.backend == "metax" else {}
+    if named is not None:
+        inventory = named.result()
     return inventory, select(inventory, request, host.where, health)
 
 
@@ -280,15 +283,19 @@ def wrapper_args(
     look = options.maca is None and not options.maca_force
     directory = cache_dir(env)
     has_sdk = cached_has_sdk(directory, local.id) if look and local is not None else None
-    image: Image | None = local
+    image = local
     if local is None or (look and has_sdk is None):
         failed_rc = RUN_FAILED if command[-1] == "run" else None
         target = run.image if local is None else local.id
-        image, found = docker.probe(target, SDK_PATH if look else None, probe_options, failed_rc)
-        if look and found is not None:
+        # the image by name when it is not here (pulled as run would), else by its id
+        pulled, found = docker.probe(target, SDK_PATH if look else None, probe_options,
+                                     failed_rc, inspect=local is None)
+        image = local or pulled
+        if look and found is not None and image is not None:
             has_sdk = found
             remember_has_sdk(directory, image.id, found)
-    assert image is not None
+    if image is None:  # pragma: no cover - the probe inspects whenever local is None
+        raise DockerError(1, f"docker gave no image id for {run.image}")
     edits = container_edits(inventory, selection.gpus, host, sdk.source, bool(has_sdk))
     mounted = [m.container_path for m in edits.mounts]
     edits = with_image_env(edits, image.env, sdk.bin_dirs(mounted))
