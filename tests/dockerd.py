@@ -182,3 +182,16 @@ def busybox_rootfs(files: Mapping[str, bytes] = {}, dirs: Sequence[str] = ()) ->
                 directory(parent)
             entry(path.strip("/"), tarfile.REGTYPE, data)
     return buf.getvalue()
+
+
+@contextlib.contextmanager
+def private_dockerd_for_test() -> Iterator[Dockerd]:
+    """``private_dockerd()`` in a test: skipped, naming what is missing, on a machine without
+    what it needs (``scripts/prereqs integration`` installs it)."""
+    import pytest
+
+    why = missing()
+    if why:
+        pytest.skip(why)
+    with private_dockerd() as daemon:
+        yield daemon

@@ -38,8 +38,7 @@ from tests.dockerd import (
     DOCKER,
     Dockerd,
     busybox_rootfs,
-    missing,
-    private_dockerd,
+    private_dockerd_for_test,
     wait_for,
 )
 
@@ -223,10 +222,7 @@ def test_installed_zipapp_needs_no_gpuk8s(metax_docker: str) -> None:
 # -- a private dockerd ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def dockerd() -> Iterator[Dockerd]:
-    why = missing()
-    if why:
-        pytest.skip(why)
-    with private_dockerd() as daemon:
+    with private_dockerd_for_test() as daemon:
         yield daemon
 
 
