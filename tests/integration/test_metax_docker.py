@@ -493,12 +493,13 @@ def test_missing_image_is_dockers_error(md: Wrapper) -> None:
     assert "No such image" in proc.stderr
 
 
-def test_bad_input_creates_nothing(md: Wrapper, dockerd: Dockerd) -> None:
+def test_bad_input_creates_nothing(md: Wrapper, dockerd: Dockerd, tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-sdk")  # not /nonexistent: a shared machine may have it
     before = dockerd.docker("ps", "-aq").stdout
     for args, needle in ((["--gpus", "9"], "--gpus 9: this host (root"),
                          (["--gpus", "[C500NOPE]"], "no GPU 'C500NOPE'"),
                          (["--gpus", "[]"], "the list is empty"),
-                         (["--gpus", "1", "--maca", "/nonexistent"], "--maca /nonexistent")):
+                         (["--gpus", "1", "--maca", missing], f"--maca {missing}")):
         proc = md("run", "--rm", "--network", "none", *args, PLAIN, "true")
         assert proc.returncode == 2, args
         assert proc.stderr.startswith("metax-docker: ") and needle in proc.stderr, proc.stderr

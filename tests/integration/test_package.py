@@ -571,6 +571,24 @@ def test_push_passes_credentials_to_skopeo(package: Path, tmp_path: Path) -> Non
         assert line.endswith(f"docker://r.local/p/{name}:{VERSION}")
 
 
+def test_push_with_docker_dry_run_and_refusals(package: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock"}  # no daemon asked
+    proc = ok([str(package / "x" / BASE / RUN), "push", "r.local/p/", "--engine", "docker",
+               "--dry-run"], env=env)
+    assert proc.stdout.splitlines() == ["+ docker load"] + [
+        line for n in EXT_IMAGES for line in (
+            f"+ docker tag cr.metax-tech.com/cloud/{n}:{VERSION} r.local/p/{n}:{VERSION}",
+            f"+ docker push --quiet r.local/p/{n}:{VERSION}")]
+    # skopeo's credentials options are refused with docker, which has its own login
+    proc = run([str(package / "x" / BASE / RUN), "push", "r.local/p", "--engine", "docker",
+                "--creds", "u:p"], env=env)
+    assert proc.returncode == 2 and "docker login r.local" in proc.stderr
+    proc = run([str(package / "x" / BASE / RUN), "push", "r.local/p", "--engine", "rkt"])
+    assert proc.returncode == 2 and "skopeo or docker" in proc.stderr
+    proc = run([str(package / "x" / BASE / RUN), "load", str(tmp_path / "missing.xz")])
+    assert proc.returncode == 1 and "missing.xz: no such file" in proc.stderr
+
+
 # -- the gpu_artifacts_images role, fed by the offline package's .run ----------------------------
 def _role(tmp_path: Path, variables: dict[str, Any],
           environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -299,8 +299,9 @@ def test_sdk_source(host: str, tmp_path: Path) -> None:
     other = mp.sdk_source(where, str(tmp_path / "sdk"))
     assert other.source.host_paths == (str(tmp_path / "sdk"), "/prefix/opt/mxdriver")
     assert other.bin_dirs(["/opt/maca"]) == ["/opt/maca/bin"]
-    with pytest.raises(da.UsageError, match="--maca /nonexistent: no such directory"):
-        mp.sdk_source(where, "/nonexistent")
+    missing = str(tmp_path / "no-such-sdk")  # not /nonexistent: a shared machine may have it
+    with pytest.raises(da.UsageError, match=f"--maca {missing}: no such directory"):
+        mp.sdk_source(where, missing)
     with pytest.raises(da.UsageError, match="no MXMACA SDK at /opt/maca"):
         mp.sdk_source(mp.Host(str(tmp_path)), None)
 
@@ -542,13 +543,16 @@ def test_unknown_flag_is_looked_up_in_docker_help(wrapper: Wrapper) -> None:
         (["run", "--gpus", "[C500NOPE]", "img"], "no GPU 'C500NOPE'", True),
         (["run", "--gpus", "[]", "img"], "--gpus []: the list is empty", False),
         (["run", "--gpus", "device=0", "img"], "NVIDIA syntax", False),
-        (["run", "--gpus", "1", "--maca", "/nonexistent", "img"], "--maca /nonexistent", False),
+        (["run", "--gpus", "1", "--maca", "{missing}", "img"], "--maca {missing}", False),
         (["create", "--gpus", "1", "--gpus", "2", "img"], "given twice", False),
     ],
 )
 def test_bad_input_exits_2_and_creates_nothing(
-    wrapper: Wrapper, args: list[str], needle: str, asks_docker: bool
+    wrapper: Wrapper, args: list[str], needle: str, asks_docker: bool, tmp_path: Path
 ) -> None:
+    missing = str(tmp_path / "no-such-sdk")
+    args = [a.replace("{missing}", missing) for a in args]
+    needle = needle.replace("{missing}", missing)
     proc = wrapper(*args)
     assert proc.returncode == 2
     assert proc.stderr.startswith("metax-docker: ") and needle in proc.stderr
