@@ -150,9 +150,11 @@ def private_dockerd(insecure_registries: Sequence[str] = ()) -> Iterator[Dockerd
                 path.unlink() if path.name == "key.json" else path.rmdir()
 
 
-def busybox_rootfs(files: Mapping[str, bytes] = {}, dirs: Sequence[str] = ()) -> bytes:
+def busybox_rootfs(files: Mapping[str, bytes] = {}, dirs: Sequence[str] = (),
+                   links: Mapping[str, str] = {}) -> bytes:
     """A tar of a root filesystem with a static busybox, its applets ``APPLETS`` in /bin,
-    and ``dirs`` (created) and ``files`` (path -> content, mode 0755, parents created)."""
+    and ``dirs`` (created), ``files`` (path -> content, mode 0755, parents created) and
+    ``links`` (path -> symbolic link target)."""
     buf = io.BytesIO()
     made: set[str] = set()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -181,6 +183,11 @@ def busybox_rootfs(files: Mapping[str, bytes] = {}, dirs: Sequence[str] = ()) ->
             if parent:
                 directory(parent)
             entry(path.strip("/"), tarfile.REGTYPE, data)
+        for path, target in sorted(links.items()):
+            parent = os.path.dirname(path.strip("/"))
+            if parent:
+                directory(parent)
+            entry(path.strip("/"), tarfile.SYMTYPE, link=target)
     return buf.getvalue()
 
 

@@ -525,3 +525,50 @@ def test_flag_tables_match_dockers_help(command: str) -> None:
             assert da.RUN_FLAGS(flag) == takes_value, (client, flag)
             checked += 1
     assert checked > 150
+
+
+def test_the_daemons_socket_answers_as_the_cli_does(dockerd: Dockerd, images: None) -> None:
+    """The read-only questions of every run go to dockerd's socket (no docker process):
+    the same answers as the CLI's, for an image by name, by a longer name, and a missing one."""
+    from gpuk8s.metax_docker.docker import Docker
+
+    api, cli = Docker(DOCKER, [], dockerd.env), Docker(DOCKER, [])
+    assert api.socket == dockerd.env["DOCKER_HOST"][len("unix://"):]
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("DOCKER_HOST", "DOCKER_CONFIG"):
+            patch.setenv(key, dockerd.env[key])
+        assert api.server_version() == cli.server_version()
+        for name in (WITH_PATHS, f"docker.io/{WITH_PATHS}", "metax-docker-test/none:1"):
+            assert api.local_image(name) == cli.local_image(name), name
+        assert api.local_image(WITH_PATHS) is not None
+    assert api.socket is not None  # never fell back
+
+
+@pytest.mark.parametrize("name,rootfs,has_sdk", [
+    ("plain", {}, False),
+    ("sdk", {"files": {"opt/maca/lib/marker": b"x"}}, True),
+    ("bare-mount-point", {"dirs": ["opt/maca"]}, False),
+    ("link", {"files": {"opt/maca-3/lib/marker": b"x"}, "links": {"opt/maca": "/opt/maca-3"}},
+     True),
+    ("relative-link", {"files": {"opt/maca-3/lib/marker": b"x"},
+                       "links": {"opt/maca": "maca-3"}}, True),
+    ("dangling-link", {"links": {"opt/maca": "/opt/none"}}, False),
+])
+def test_the_sdk_probe_on_the_socket_answers_as_docker_cp_does(
+    dockerd: Dockerd, name: str, rootfs: dict[str, Any], has_sdk: bool
+) -> None:
+    """Whether an image has its own /opt/maca, asked on dockerd's socket (the first run of
+    an image), is what the CLI's create / cp -L / rm probe says; no probe container stays."""
+    from gpuk8s.metax_docker.docker import Docker
+
+    ref = f"metax-docker-test/probe-{name}:1"
+    dockerd.import_image(ref, busybox_rootfs(**rootfs))
+    api = Docker(DOCKER, [], dockerd.env)
+    image = api.local_image(ref)
+    assert image is not None
+    assert api.probe_local(image.id, "/opt/maca") is has_sdk
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("DOCKER_HOST", "DOCKER_CONFIG"):
+            patch.setenv(key, dockerd.env[key])
+        assert Docker(DOCKER, []).probe(image.id, "/opt/maca", inspect=False)[1] is has_sdk
+    assert dockerd.docker("ps", "-aq", "--filter", f"label={PROBE_LABEL}").stdout == ""

@@ -690,3 +690,94 @@ def test_bytecode_is_what_zipimport_runs(tmp_path: Path) -> None:
         ran = subprocess.run([PY38, "-S", str(tmp_path / "app.zip")], capture_output=True,
                              text=True, check=True)
         assert ran.stdout == "2\n"
+
+
+# -- the daemon's socket for the read-only questions ------------------------------------------
+def _fake_client(tmp_path: Path) -> str:
+    """An executable that looks like a docker client binary (ELF magic)."""
+    client = tmp_path / "docker"
+    client.write_bytes(b"\x7fELF" + b"\0" * 60)
+    client.chmod(0o755)
+    return str(client)
+
+
+def test_daemon_socket_only_where_the_cli_would_plainly_use_it(tmp_path: Path) -> None:
+    from gpuk8s.metax_docker.docker import daemon_socket
+
+    sock = tmp_path / "d.sock"
+    sock.touch()
+    client = _fake_client(tmp_path)
+    env = {"DOCKER_HOST": f"unix://{sock}", "HOME": str(tmp_path)}
+    assert daemon_socket(client, [], env) == str(sock)
+    assert daemon_socket(client, ["-H", "unix:///x"], env) is None
+    assert daemon_socket(client, [], {**env, "DOCKER_CONTEXT": "remote"}) is None
+    assert daemon_socket(client, [], {**env, "DOCKER_TLS_VERIFY": "1"}) is None
+    assert daemon_socket(client, [], {**env, "DOCKER_HOST": "tcp://10.0.0.1:2375"}) is None
+    assert daemon_socket(client, [], {**env, "DOCKER_HOST": f"unix://{tmp_path}/no.sock"}
+                         ) is None
+    script = REPO / "tests/unit/fake_docker.py"  # a script in front of docker: the CLI
+    assert daemon_socket(str(script), [], env) is None
+    (tmp_path / ".docker").mkdir()
+    (tmp_path / ".docker/config.json").write_text('{"currentContext": "default"}')
+    assert daemon_socket(client, [], env) == str(sock)
+    (tmp_path / ".docker/config.json").write_text('{"currentContext": "remote"}')
+    assert daemon_socket(client, [], env) is None
+
+
+def _serve(path: Path, answers: dict[str, bytes]) -> None:
+    """A one-thread unix socket server answering 'GET <path>' with raw bytes."""
+    import socket
+    import threading
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+
+    def loop() -> None:
+        while True:
+            conn, _ = server.accept()
+            with conn:
+                request = conn.recv(65536).decode()
+                resource = request.split()[1]
+                conn.sendall(answers.get(resource, b"HTTP/1.0 404 Not Found\r\n\r\n{}"))
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
+def test_version_and_image_from_the_daemons_socket(tmp_path: Path) -> None:
+    from gpuk8s.metax_docker.docker import Docker, Image
+
+    sock = tmp_path / "d.sock"
+    body = json.dumps({"Id": "sha256:" + "d" * 64, "Config": {"Env": ["PATH=/a"]}}).encode()
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    _serve(sock, {
+        "/version": b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n'
+                    b'{"Version": "20.10.24"}',
+        "/images/reg.example/app:1/json": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                          + chunked,
+    })
+    # the program is never run: every answer comes from the socket
+    docker = Docker(_fake_client(tmp_path), [], {"DOCKER_HOST": f"unix://{sock}",
+                                                "HOME": str(tmp_path)})
+    assert docker.server_version() == "20.10.24"
+    docker.check_version()
+    assert docker.local_image("reg.example/app:1") == Image("sha256:" + "d" * 64, ("PATH=/a",))
+    assert docker.local_image("other:1") is None  # 404: not here, run would pull it
+
+
+def test_a_socket_that_is_no_daemon_falls_back_to_the_cli(wrapper: Wrapper, tmp_path: Path
+                                                          ) -> None:
+    from gpuk8s.metax_docker.docker import Docker
+
+    sock = tmp_path / "odd.sock"
+    _serve(sock, {"/version": b"SSH-2.0-OpenSSH\r\n"})
+    docker = Docker(str(wrapper.bin / "docker"), [])
+    docker.socket = str(sock)
+    env = {**os.environ, "FAKE_DOCKER_LOG": str(wrapper.log)}
+    with pytest.MonkeyPatch.context() as mp_:
+        for key, value in env.items():
+            mp_.setenv(key, value)
+        wrapper.log.write_text("")
+        assert docker.server_version() == "20.10.24"  # the fake docker's answer
+    assert docker.socket is None
+    assert wrapper.calls() == [["version", "--format", "{{.Server.Version}}"]]

@@ -52,7 +52,7 @@ def plan(argv: Sequence[str], env: Mapping[str, str], program: str) -> list[str]
     from .docker import Docker
     from .plan import wrapper_args
 
-    docker = Docker(program, invocation.global_args)
+    docker = Docker(program, invocation.global_args, env)
     try:
         run = parse_run(invocation.args)
     except UnknownFlagError:

@@ -284,6 +284,10 @@ def wrapper_args(
     directory = cache_dir(env)
     has_sdk = cached_has_sdk(directory, local.id) if look and local is not None else None
     image = local
+    if local is not None and look and has_sdk is None:
+        has_sdk = docker.probe_local(local.id, SDK_PATH)  # on the daemon's socket, if used
+        if has_sdk is not None:
+            remember_has_sdk(directory, local.id, has_sdk)
     if local is None or (look and has_sdk is None):
         failed_rc = RUN_FAILED if command[-1] == "run" else None
         target = run.image if local is None else local.id
