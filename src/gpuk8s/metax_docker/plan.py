@@ -4,8 +4,9 @@ finds it.
 
 What it costs (``benchmarks/metax_docker.py`` measures it against plain ``docker run``):
 one ``sysfs`` walk and one run of mx-smi (``--show-unavailable-reason``, the health check;
-a second, ``--show-hwinfo``, only when GPUs are named by serial number or UUID), while
-``docker version`` and ``docker image inspect`` run at the same time (read-only; nothing
+a second, ``--show-hwinfo``, only when GPUs are named by serial number or UUID, beside it),
+while the daemon's version and the local image are read at the same time (on dockerd's
+socket where the CLI would plainly use it: ``docker.daemon_socket``; read-only; nothing
 that creates anything is asked of docker before the host checks pass). Whether an image
 has its own ``/opt/maca`` is looked up once per image id (a probe container, created and
 removed, never started) and kept in a cache: an image id names one file system, so the
