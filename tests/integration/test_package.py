@@ -731,6 +731,22 @@ def test_run_load_with_docker_alone(
         assert len(listed) == 2 * len(EXT_IMAGES)
 
 
+def test_load_picks_docker_over_a_containerd_without_the_kubelets_namespace(
+    package: Path
+) -> None:
+    """On a docker host, containerd (docker's own, with its namespace moby) is no target for
+    the manual's bare `load`: docker is. A containerd with the kubelet's k8s.io is."""
+    with private_dockerd_for_test() as daemon:
+        address = str(daemon.base / "containerd/containerd.sock")
+        env = {**daemon.env, "CONTAINERD_ADDRESS": address}
+        assert "k8s.io" not in run(["ctr", "namespaces", "ls", "-q"], env=env).stdout.split()
+        proc = ok([str(package / "x" / BASE / RUN), "load", "--dry-run"], env=env)
+        assert proc.stdout == "+ docker load\n"
+        ok(["ctr", "namespaces", "create", "k8s.io"], env=env)
+        proc = ok([str(package / "x" / BASE / RUN), "load", "--dry-run"], env=env)
+        assert proc.stdout.startswith("+ tar ") and "+ ctr -n k8s.io images import" in proc.stdout
+
+
 @pytest.fixture(scope="module")
 def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
     """A docker-registry of our own with htpasswd authentication: (address, user, password)."""
