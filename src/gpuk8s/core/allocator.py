@@ -74,7 +74,7 @@ Key = Tuple[int, Tuple[int, ...], Tuple[Tuple[int, ...], ...], Tuple[int, ...]]
 # Tuned with benchmarks/allocator.py on the project's 2-core VM: at this budget every
 # topology of the benchmark up to 64 devices answers within 20 ms of CPU at p99 with
 # margin (docs/allocator.md has the figures).
-DEFAULT_STEPS = 4_000
+DEFAULT_STEPS = 3_000
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,11 @@ class Allocation:
 
 @dataclass(frozen=True)
 class SearchResult:
+    """The chosen positions and their objective key; ``complete``: no budget cut, the set
+    is optimal; ``steps``: what the partial-mesh search spent (0 for nested groups). Where
+    the budget did not even cover the first set's cover numbers, first-fit clique covers
+    (upper bounds) stand in for them in ``key``."""
+
     chosen: list[int]
     key: Key
     complete: bool
@@ -366,10 +371,11 @@ class _BranchAndBound:
     way, keeping the smallest key.
 
     Every piece of work is counted by one ``_Meter``, in steps sized by its cost (about
-    the same CPU time per step): a node of phase 1 (1), a seed (1 + 2 per GPU of its
-    clique), a leftover bound (1 + 1 per 8 link groups of the node), a spread's key
-    (1 + 1 per 4 link groups), and the work of the exact cover numbers (``Covers``: 1 +
-    1 per 4 GPUs of a set bounded, 2 per branching). Past the budget the search stops
+    the same CPU time per step): a node of phase 1 (1), a seed's growth (1 + 2 per GPU
+    of its clique), a key (1 + 1 per 16 link groups of the node + 1 per 4 GPUs of the
+    set), a leftover bound (1 + 1 per 16 link groups + 1 per 4 memberships of the set's
+    GPUs in groups), and the work of the exact cover numbers (``Covers``: 1 + 1 per 4
+    GPUs of a set bounded, 2 per branching). Past the budget the search stops
     and the best set found is returned: never worse than the floor, as the floor is
     where the search starts. Only the floor's growth runs outside the budget: it is
     polynomial (size x GPUs x groups bit operations); its exact cover numbers are the
@@ -409,9 +415,13 @@ class _BranchAndBound:
             lv: tuple(topo.groups_of[lv][members[0]] for members in topo.classes)
             for lv in _LEVELS_FINE_FIRST
         }
-        # steps of a leftover bound (one per 8 link groups) and of a key (one per 4)
-        groups = sum(len(topo.groups[lv]) for lv in _LEVELS_FINE_FIRST)
-        self.bound_steps, self.key_steps = 1 + groups // 8, 1 + groups // 4
+        # what keys and leftover bounds cost: the link groups of the node, and per class
+        # the groups that contain it (memberships)
+        self.groups = sum(len(topo.groups[lv]) for lv in _LEVELS_FINE_FIRST)
+        self.memberships = [
+            sum(len(self.class_groups_of[lv][c]) for lv in _LEVELS_FINE_FIRST)
+            for c in range(len(topo.classes))
+        ]
         self.best: tuple[Key, list[int]] | None = None
         self.targets: tuple[int, ...] = ()
         self._set_order(set())
@@ -460,6 +470,7 @@ class _BranchAndBound:
         return (-worst, spans, tuple(leftover), tuple(sorted(chosen)))
 
     def _offer(self, counts: dict[int, int], mask: int, worst: int) -> None:
+        self.meter.tick(1 + (self.groups + 4 * len(counts)) // 16)
         key = self._key_of(counts, self._spans(mask, worst), worst)
         if self.best is None or key < self.best[0]:
             self._set_best(key)
@@ -719,9 +730,11 @@ class _BranchAndBound:
     def _spread(self, mask: int, slack: int, worst: int, verdict: int) -> None:
         best = self.best
         assert best is not None
-        self.meter.tick(self.bound_steps)
-        if verdict == 0 and self._leftover_bound(mask) > best[0][2]:
-            return  # criteria 1-2 tie the best set, and no spread here beats its leftovers
+        if verdict == 0:
+            held = sum(self.memberships[c] for c in bits(mask))
+            self.meter.tick(1 + (self.groups + 4 * held) // 16)
+            if self._leftover_bound(mask) > best[0][2]:
+                return  # criteria 1-2 tie the best set; no spread here beats its leftovers
         classes = [c for c in self.order if mask >> c & 1]
         room = [self.cap[c] - max(self.need[c], 1) for c in classes]
         counts = {c: self.cap[c] for c in classes}
@@ -738,7 +751,6 @@ class _BranchAndBound:
         worst: int,
     ) -> None:
         if slack == 0:
-            self.meter.tick(self.key_steps)
             self._offer(counts, mask, worst)
             return
         if i == len(classes) or sum(room[i:]) < slack:
