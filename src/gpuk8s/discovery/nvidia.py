@@ -7,7 +7,10 @@ NVLink pairs come from ``nvidia-smi topo -m`` (``NV<n>`` cells) and count as ``M
 links in the model. Device nodes are ``/dev/nvidia<minor>`` (minor from
 ``/proc/driver/nvidia/gpus/<bdf>/information``). The CUDA version the driver supports
 comes from NVML (``nvmlSystemGetCudaDriverVersion_v2`` through ``ctypes``, the host's
-``libnvidia-ml.so.1`` loaded by its full path under the root).
+``libnvidia-ml.so.1`` loaded by its full path under the root), and so does each GPU's CUDA
+compute capability (``nvmlDeviceGetCudaComputeCapability``; where NVML cannot say, from
+``nvidia-smi --query-gpu=pci.bus_id,compute_cap``, a field nvidia-smi has since driver
+510, asked in a call of its own so that an older nvidia-smi still answers the main query).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import contextlib
 import ctypes
 import os
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from ..core.cuda import CudaVersion
 from ..core.model import NVIDIA_VENDOR_ID, DriverInfo, Gpu, NodeInventory, SdkInfo
@@ -65,6 +70,10 @@ DEVICE_IDS: dict[int, str] = {
     0x1DB4: "V100",
     0x1DB5: "V100",
     0x1DB6: "V100",
+    0x1EB8: "T4",
+    0x15F7: "P100",
+    0x15F8: "P100",
+    0x15F9: "P100",
 }
 ARCHITECTURES = (
     ("B", "Blackwell"),
@@ -73,6 +82,7 @@ ARCHITECTURES = (
     ("A", "Ampere"),
     ("T4", "Turing"),
     ("V", "Volta"),
+    ("P", "Pascal"),
 )
 
 
@@ -168,32 +178,87 @@ def _unload(lib: ctypes.CDLL) -> None:
             close(lib._handle)
 
 
-def cuda_driver_version(root: str) -> tuple[CudaVersion | None, str | None]:
-    """(the CUDA version the driver supports, why it is unknown) from NVML's
-    ``nvmlSystemGetCudaDriverVersion_v2`` (``1000 * major + 10 * minor``)."""
+@dataclass(frozen=True)
+class NvmlInfo:
+    """What NVML says about the node: the CUDA version the driver supports and each GPU's
+    compute capability by PCI address; ``problem`` says why something is missing."""
+
+    cuda: CudaVersion | None = None
+    compute: dict[str, tuple[int, int]] = field(default_factory=dict)
+    problem: str | None = None
+
+
+def nvml_info(root: str, addresses: Sequence[str] = ()) -> NvmlInfo:
+    """One NVML session: ``nvmlSystemGetCudaDriverVersion_v2`` (``1000 * major + 10 *
+    minor``) and, for each PCI address, ``nvmlDeviceGetCudaComputeCapability``."""
     path = nvml_library_path(root)
     if path is None and os.path.realpath(root) != "/":
-        return None, f"{NVML_SONAME} not found under {root}: no CUDA driver version"
+        return NvmlInfo(problem=f"{NVML_SONAME} not found under {root}: no CUDA driver version")
     try:
         lib = ctypes.CDLL(path or NVML_SONAME)
     except OSError as err:
-        return None, f"cannot load {NVML_SONAME}: {err}"
+        return NvmlInfo(problem=f"cannot load {NVML_SONAME}: {err}")
     value = ctypes.c_int(0)
+    compute: dict[str, tuple[int, int]] = {}
     try:
         rc = lib.nvmlInit_v2()
         if rc != 0:
-            return None, f"nvmlInit_v2 failed (NVML error {rc}): no CUDA driver version"
+            return NvmlInfo(problem=f"nvmlInit_v2 failed (NVML error {rc}): no CUDA driver "
+                                    "version")
         try:
             rc = lib.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(value))
+            for address in addresses:
+                found = _compute_capability(lib, address)
+                if found is not None:
+                    compute[address] = found
         finally:
             lib.nvmlShutdown()
     except AttributeError as err:  # an NVML too old for the call
-        return None, f"{NVML_SONAME} lacks {err}: no CUDA driver version"
+        return NvmlInfo(compute=compute, problem=f"{NVML_SONAME} lacks {err}: no CUDA driver "
+                                                 "version")
     finally:
         _unload(lib)
     if rc != 0 or value.value <= 0:
-        return None, f"nvmlSystemGetCudaDriverVersion_v2 failed (NVML error {rc})"
-    return CudaVersion(value.value // 1000, (value.value % 1000) // 10), None
+        return NvmlInfo(compute=compute,
+                        problem=f"nvmlSystemGetCudaDriverVersion_v2 failed (NVML error {rc})")
+    return NvmlInfo(CudaVersion(value.value // 1000, (value.value % 1000) // 10), compute)
+
+
+def _compute_capability(lib: ctypes.CDLL, address: str) -> tuple[int, int] | None:
+    handle = ctypes.c_void_p()
+    major, minor = ctypes.c_int(0), ctypes.c_int(0)
+    get_handle = getattr(lib, "nvmlDeviceGetHandleByPciBusId_v2", None)
+    get_cc = getattr(lib, "nvmlDeviceGetCudaComputeCapability", None)
+    if get_handle is None or get_cc is None:
+        return None
+    if get_handle(address.encode(), ctypes.byref(handle)) != 0:
+        return None
+    if get_cc(handle, ctypes.byref(major), ctypes.byref(minor)) != 0 or major.value <= 0:
+        return None
+    return major.value, minor.value
+
+
+def cuda_driver_version(root: str) -> tuple[CudaVersion | None, str | None]:
+    """(the CUDA version the driver supports, why it is unknown) from NVML."""
+    info = nvml_info(root)
+    return info.cuda, info.problem
+
+
+def parse_compute_caps(text: str) -> dict[str, tuple[int, int]]:
+    """``--query-gpu=pci.bus_id,compute_cap`` CSV -> address -> (major, minor)."""
+    found: dict[str, tuple[int, int]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 2:
+            continue
+        match = re.match(r"^(\d+)\.(\d+)$", cells[1])
+        if not match:
+            continue
+        try:
+            found[normalise_bus_id(cells[0])] = (int(match.group(1)), int(match.group(2)))
+        except ValueError:
+            continue
+    return found
 
 
 def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = None
@@ -222,6 +287,17 @@ def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = 
         else:
             problems.append(f"{result.problem}")
 
+    nvml = NvmlInfo()
+    if loaded and gpus_pci:
+        nvml = nvml_info(root, [d.address for d in gpus_pci])
+        if nvml.problem:
+            problems.append(nvml.problem)
+    compute = dict(nvml.compute)
+    if tool is not None and rows and any(d.address not in compute for d in gpus_pci):
+        result = run_tool(runner, [tool, "--query-gpu=pci.bus_id,compute_cap",
+                                   "--format=csv,noheader,nounits"])
+        compute = {**parse_compute_caps(result.stdout), **compute}
+
     gpus: list[Gpu] = []
     for index, dev in enumerate(gpus_pci):
         row = rows.get(dev.address, {})
@@ -249,18 +325,15 @@ def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = 
                 device_nodes=nodes,
                 driver_bound=bound,
                 fault=bad.get(dev.address),
+                name=_value(row.get("name")),
+                compute_capability=compute.get(dev.address),
             )
         )
     controls = tuple(p for p in CONTROL_DEVICES if os.path.lexists(host_path(root, p)))
-    cuda: CudaVersion | None = None
-    if loaded and gpus_pci:
-        cuda, why = cuda_driver_version(root)
-        if why:
-            problems.append(why)
     return NodeInventory(
         backend=VENDOR,
         gpus=tuple(gpus),
-        driver=DriverInfo(loaded=loaded, version=version or None, cuda=cuda),
+        driver=DriverInfo(loaded=loaded, version=version or None, cuda=nvml.cuda),
         sdk=SdkInfo(),
         links=frozenset(links),
         control_devices=controls,
