@@ -22,10 +22,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..core.cdi import DriverFiles
 from ..core.cuda import CudaVersion
 from ..core.model import NVIDIA_VENDOR_ID, DriverInfo, Gpu, NodeInventory, SdkInfo
 from ..core.telemetry import MIB, GpuProcess, GpuSample, NodeTelemetry, percent_to_ratio
-from . import sysfs
+from . import libraries, sysfs
 from .metax import parse_topo_matrix
 from .tools import Runner, find_tool, host_path, run_tool
 
@@ -446,3 +447,176 @@ def telemetry(root: str, runner: Runner | None = None) -> NodeTelemetry:
         processes = None
     return NodeTelemetry(VENDOR, "nvidia-smi", gpus=tuple(sorted(samples, key=lambda s: s.address)),
                          processes=processes, driver_version=version, problems=tuple(problems))
+
+
+# ------------------------------------------------------------------ driver files (CDI)
+
+# Where nvidia-container-toolkit looks (pkg/lookup/library.go, executable.go, ipc.go,
+# driver-nvml.go); the ld.so cache of the root adds any other library directory.
+DRIVER_LIB_SEARCH = (
+    "/usr/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu/nvidia/current",
+    "/usr/lib/aarch64-linux-gnu/nvidia/current",
+    "/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/lib/x86_64-linux-gnu/nvidia/current",
+    "/lib/aarch64-linux-gnu/nvidia/current",
+    "/usr/local/nvidia/lib64",
+)
+LDCACHE = "/etc/ld.so.cache"
+DRIVER_BINARIES = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+    "nvidia-imex",
+    "nvidia-imex-ctl",
+)
+BINARY_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin",
+               "/usr/local/nvidia/bin")
+IPC_SOCKETS = ("/nvidia-persistenced/socket", "/nvidia-fabricmanager/socket")
+IPC_SOCKET_DIRS = ("/run", "/var/run")
+MPS_PIPE_DIR = "/tmp/nvidia-mps"
+FIRMWARE_CLASS_PATH = "/sys/module/firmware_class/parameters/path"
+OSRELEASE = "/proc/sys/kernel/osrelease"
+CDI_HOOK = "nvidia-cdi-hook"  # nvidia-container-toolkit's hook program
+
+
+def kernel_release(root: str) -> str | None:
+    """``uname -r`` of the host under ``root`` (its ``/proc/sys/kernel/osrelease``)."""
+    if os.path.realpath(root) == "/":
+        return os.uname().release
+    return sysfs.read_text(host_path(root, OSRELEASE)) or None
+
+
+def _real(root: str, path: str) -> str | None:
+    """``path`` (absolute, inside the root) with its symlinks resolved inside the root;
+    None when it does not exist."""
+    base = os.path.realpath(root)
+    resolved = os.path.realpath(host_path(root, path))
+    if base != "/" and not (resolved == base or resolved.startswith(base + "/")):
+        # an absolute link (e.g. /lib/modules/x/build -> /usr/src/...) read inside the root
+        link = host_path(root, path)
+        if os.path.islink(link) and os.readlink(link).startswith("/"):
+            return _real(root, os.readlink(link))
+        return None
+    if not os.path.exists(resolved):
+        return None
+    return "/" + os.path.relpath(resolved, base) if base != "/" else resolved
+
+
+def _so_link(soname: str) -> str:
+    """``libcuda.so.1`` -> ``libcuda.so`` (the development link's name)."""
+    name = soname
+    while not name.endswith(".so") and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name if name.endswith(".so") else ""
+
+
+def driver_library_dirs(root: str, version: str) -> list[str]:
+    """Directories holding ``libcuda.so.<version>`` or ``libnvidia-ml.so.<version>`` (the
+    search paths first, then the ld.so cache's other directories)."""
+    candidates = list(DRIVER_LIB_SEARCH)
+    for name, path in libraries.ldcache_entries(host_path(root, LDCACHE)):
+        if name.startswith(("libcuda.so", "libnvidia-ml.so")):
+            candidates.append(os.path.dirname(path))
+    found: list[str] = []
+    for directory in candidates:
+        real = _real(root, directory)
+        if real is None or real in found:
+            continue
+        if any(os.path.isfile(host_path(root, f"{real}/{lib}.so.{version}"))
+               for lib in ("libcuda", "libnvidia-ml")):
+            found.append(real)
+    return found
+
+
+def driver_files(root: str, version: str) -> DriverFiles:
+    """The user space of driver ``version`` on the host, found as ``nvidia-ctk cdi generate``
+    finds it: every ``*.so.<version>`` in the driver's library directories (and their
+    ``vdpau/``), with the soname and ``.so`` links the host has for them; the driver's
+    programs; GSP firmware ``nvidia/<version>/gsp*.bin`` on the kernel's firmware search
+    path; the persistenced / fabric manager sockets and the MPS pipe directory when
+    present; the toolkit's ``nvidia-cdi-hook`` when installed."""
+    problems: list[str] = []
+    dirs = driver_library_dirs(root, version)
+    if not dirs:
+        problems.append(f"no libcuda.so.{version} / libnvidia-ml.so.{version} in "
+                        f"{', '.join(DRIVER_LIB_SEARCH)} or the ld.so cache: no driver "
+                        "libraries for containers")
+    libs: list[str] = []
+    links: list[tuple[str, str]] = []
+    for directory in dirs:
+        for sub in (directory, f"{directory}/vdpau"):
+            try:
+                names = sorted(os.listdir(host_path(root, sub)))
+            except OSError:
+                continue
+            for name in names:
+                path = f"{sub}/{name}"
+                if not name.endswith(f".so.{version}") or not os.path.isfile(
+                        host_path(root, path)) or os.path.islink(host_path(root, path)):
+                    continue
+                libs.append(path)
+                links += _library_links(root, sub, name)
+    bins = []
+    for name in DRIVER_BINARIES:
+        for directory in BINARY_DIRS:
+            path = host_path(root, f"{directory}/{name}")
+            if os.path.isfile(path) and os.access(path, os.X_OK):
+                real = _real(root, f"{directory}/{name}")
+                if real is not None and real not in bins:
+                    bins.append(real)
+                break
+    firmware = _firmware(root, version)
+    ipc = []
+    for socket_path in IPC_SOCKETS:
+        for directory in IPC_SOCKET_DIRS:
+            if os.path.exists(host_path(root, directory + socket_path)):
+                ipc.append(directory + socket_path)
+                break
+    if os.path.isdir(host_path(root, MPS_PIPE_DIR)):
+        ipc.append(MPS_PIPE_DIR)
+    hook = next((f"{d}/{CDI_HOOK}" for d in BINARY_DIRS
+                 if os.access(host_path(root, f"{d}/{CDI_HOOK}"), os.X_OK)), None)
+    return DriverFiles(version, tuple(libs), tuple(dict.fromkeys(links)), tuple(dirs),
+                       tuple(bins), tuple(firmware), tuple(ipc), hook, tuple(problems))
+
+
+def _library_links(root: str, directory: str, name: str) -> list[tuple[str, str]]:
+    """(target, link) pairs for one driver library: its soname link and the ``.so`` link
+    where the host has them as symlinks, and always ``libcuda.so`` -> ``libcuda.so.1``."""
+    links: list[tuple[str, str]] = []
+    soname = libraries.elf_soname(host_path(root, f"{directory}/{name}")) or name
+    if soname != name and os.path.islink(host_path(root, f"{directory}/{soname}")):
+        links.append((name, f"{directory}/{soname}"))
+    dev = _so_link(soname)
+    if dev and dev != soname and os.path.islink(host_path(root, f"{directory}/{dev}")):
+        links.append((soname, f"{directory}/{dev}"))
+    if name.startswith("libcuda.so.") and ("libcuda.so.1", f"{directory}/libcuda.so") not in links:
+        links.append(("libcuda.so.1", f"{directory}/libcuda.so"))
+    return links
+
+
+def _firmware(root: str, version: str) -> list[str]:
+    release = kernel_release(root)
+    custom = (sysfs.read_text(host_path(root, FIRMWARE_CLASS_PATH)) or "").strip()
+    dirs = [custom] if custom.startswith("/") else []
+    if release:
+        dirs += [f"/lib/firmware/updates/{release}", "/lib/firmware/updates",
+                 f"/lib/firmware/{release}"]
+    dirs.append("/lib/firmware")
+    for directory in dirs:
+        base = f"{directory.rstrip('/')}/nvidia/{version}"
+        try:
+            names = sorted(os.listdir(host_path(root, base)))
+        except OSError:
+            continue
+        found = [f"{base}/{n}" for n in names if n.startswith("gsp") and n.endswith(".bin")]
+        if found:
+            return found
+    return []

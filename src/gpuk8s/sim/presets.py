@@ -20,20 +20,15 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from .fake.nvidia_driver import DRIVER_CUDAS
 from .tree import assign_cards, make_vfs
 
 METAX_DRIVER_VERSION = "2.32.0.6"
 MACA_VERSION = "2.32.0.6"
 NVIDIA_DRIVER_VERSION = "550.54.15"
 NVIDIA_DRIVER_CUDA = "12.4"  # the CUDA version driver 550.54.15 supports (nvidia-smi's header)
-# The newest CUDA each simulated NVIDIA driver branch supports (nvidia-smi's "CUDA Version",
-# NVIDIA's CUDA toolkit release notes, table 3); the fake installer uses it too.
-NVIDIA_DRIVER_CUDAS = {
-    "550.54.15": NVIDIA_DRIVER_CUDA,
-    "535.183.01": "12.2",
-    "515.65.01": "11.7",
-    "470.256.02": "11.4",
-}
+# The newest CUDA each simulated NVIDIA driver supports (one table, with the fake installer)
+NVIDIA_DRIVER_CUDAS = DRIVER_CUDAS
 
 INTEL = 0x8086
 BROADCOM_PLX = 0x1000
@@ -50,6 +45,7 @@ class Product:
     vf_device_id: int = 0
     class_code: int = 0x038000
     compute_capability: str = ""  # NVIDIA: CUDA compute capability, as nvidia-smi's compute_cap
+    min_driver: int = 0  # NVIDIA: the first driver branch that supports the product
 
 
 PRODUCTS = {
@@ -60,15 +56,15 @@ PRODUCTS = {
     # NVIDIA: names and memory as nvidia-smi prints them; compute capability per NVIDIA's
     # CUDA GPUs table (H100 9.0, A100 8.0, T4 7.5, V100 7.0, P100 6.0)
     "H100": Product("nvidia", 0x10DE, 0x2330, "NVIDIA H100 80GB HBM3", 81559, 0,
-                    class_code=0x030200, compute_capability="9.0"),
+                    class_code=0x030200, compute_capability="9.0", min_driver=525),
     "A100": Product("nvidia", 0x10DE, 0x20B2, "NVIDIA A100-SXM4-80GB", 81920, 0,
-                    class_code=0x030200, compute_capability="8.0"),
+                    class_code=0x030200, compute_capability="8.0", min_driver=450),
     "T4": Product("nvidia", 0x10DE, 0x1EB8, "Tesla T4", 15360, 0,
-                  class_code=0x030200, compute_capability="7.5"),
+                  class_code=0x030200, compute_capability="7.5", min_driver=418),
     "V100": Product("nvidia", 0x10DE, 0x1DB5, "Tesla V100-SXM2-32GB", 32768, 0,
-                    class_code=0x030200, compute_capability="7.0"),
+                    class_code=0x030200, compute_capability="7.0", min_driver=384),
     "P100": Product("nvidia", 0x10DE, 0x15F8, "Tesla P100-PCIE-16GB", 16384, 0,
-                    class_code=0x030200, compute_capability="6.0"),
+                    class_code=0x030200, compute_capability="6.0", min_driver=375),
 }
 
 
@@ -248,6 +244,7 @@ def build_state(name: str, vfnum: int | None = None, device_nodes: str = "files"
             })
             if product.compute_capability:
                 gpus[-1]["compute_capability"] = product.compute_capability
+                gpus[-1]["min_driver"] = product.min_driver
     gpus.sort(key=lambda g: g["bdf"])
     for position, gpu in enumerate(gpus):  # indices follow PCI order, like the tools
         gpu["index"] = position

@@ -3,9 +3,13 @@
 Each pass:
 
 1. the node's CDI spec (``core.cdi.build_spec``: every device with its nodes, the control
-   devices, the host SDK mounted read-only and its environment) is written to
-   ``<cdi dir>/metax-tech.com-gpu.json`` when it changed, after our own strict check
-   (``core.cdi.parse_spec``); no GPU device yet (driver not loaded) -> no spec;
+   devices, the host SDK mounted read-only and its environment; on NVIDIA nodes the
+   driver's libraries, programs, firmware and IPC sockets with the hooks that make the
+   libraries found, ``core.cdi.driver_edits``) is written to ``<cdi dir>/<kind>.json``
+   (``metax-tech.com-gpu.json``, ``nvidia.com-gpu.json``) when it changed, after our own
+   strict check (``core.cdi.parse_spec``); no GPU device yet (driver not loaded) -> no
+   spec. The hooks run this agent's wrapper (``hook`` subcommand), installed for them in
+   either mode, or nvidia-container-toolkit's ``nvidia-cdi-hook`` where it is installed;
 2. where the runtime lacks CDI (containerd < 2.0 without ``enable_cdi``), the wrapper
    (``host.ociwrapper`` packed into one executable zip run by the host's python3) and its
    config are installed under ``--install-dir``, registered as containerd runtime handler
@@ -28,9 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...core.cdi import DEFAULT_KIND, DEFAULT_SDK_PATHS, SdkSource, build_spec, parse_spec
+from ...core.cdi import (
+    DEFAULT_KIND,
+    DEFAULT_SDK_PATHS,
+    ContainerEdits,
+    SdkSource,
+    build_spec,
+    driver_edits,
+    parse_spec,
+)
 from ...core.errors import GpuK8sError
-from ...discovery import discover
+from ...discovery import discover, nvidia
 from ...discovery.tools import host_path
 from ...host import files, ociwrapper
 from ...host.ociwrapper import CONFIG_NAME
@@ -150,23 +162,40 @@ class RuntimeAgent:
                       if os.path.exists(host_path(s.host_root, p)))
         sdk = SdkSource(paths=paths) if paths else None
         kind = s.cdi_kind or DEFAULT_KIND.get(inventory.backend, "")
+        extra = ContainerEdits()
+        if inventory.backend == "nvidia" and inventory.driver.version:
+            found = nvidia.driver_files(s.host_root, inventory.driver.version)
+            for problem in found.problems:
+                log.warning(problem)
+            extra = driver_edits(found, found.toolkit_hook or self.wrapper_path(),
+                                 s.device_path_prefix)
+            self.details["driverFiles"] = len(extra.mounts)
         spec = build_spec(inventory, kind, s.device_path_prefix, sdk,
-                          annotations={"gpuk8s.io/generated-by": "container-runtime"})
+                          annotations={"gpuk8s.io/generated-by": "container-runtime"},
+                          extra=extra)
         parse_spec(spec, "generated CDI spec")  # never write what we would not read
         return spec
 
-    def spec_path(self) -> str:
+    def spec_path(self, kind: str) -> str:
         s = self.settings
-        kind = s.cdi_kind or DEFAULT_KIND["metax"]
         return os.path.join(s.sys(s.cdi_dir), spec_filename(kind))
+
+    def spec_paths(self) -> list[str]:
+        """Every spec file this agent may have written (its kind, or each backend's)."""
+        kinds = [self.settings.cdi_kind] if self.settings.cdi_kind else list(DEFAULT_KIND.values())
+        return [self.spec_path(k) for k in kinds]
 
     def write_spec(self) -> str:
         spec = self.spec()
-        path = self.spec_path()
         if spec is None:
-            files.remove(path)
+            for path in self.spec_paths():
+                files.remove(path)
             self.details["devices"] = 0
             return "no GPU device on this node yet (driver not loaded): no CDI spec"
+        path = self.spec_path(spec["kind"])
+        if any(h.get("path") == self.wrapper_path()
+               for h in (spec.get("containerEdits") or {}).get("hooks") or []):
+            self.write_wrapper()  # the hooks run it, whatever the mode
         text = json.dumps(spec, indent=2, sort_keys=True) + "\n"
         if _read(path) != text:
             files.atomic_write(path, text)
@@ -182,6 +211,22 @@ class RuntimeAgent:
     def wrapper_path(self) -> str:
         return f"{self.settings.install_dir}/bin/{WRAPPER_NAME}"
 
+    def write_wrapper(self) -> str:
+        """The wrapper executable (also the CDI hooks' program) in ``<install dir>/bin``;
+        that directory."""
+        s = self.settings
+        bin_dir = os.path.join(s.sys(s.install_dir), "bin")
+        os.makedirs(bin_dir, exist_ok=True)
+        wrapper = os.path.join(bin_dir, WRAPPER_NAME)
+        payload = wrapper_zip(s.host_python)
+        if _read_bytes(wrapper) != payload:
+            tmp = wrapper + ".new"
+            with open(tmp, "wb") as handle:
+                handle.write(payload)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, wrapper)
+        return bin_dir
+
     def install_hook(self) -> None:
         s = self.settings
         if not os.path.exists(s.sys(s.host_python)):
@@ -196,16 +241,7 @@ class RuntimeAgent:
         result = containerd.configure(text, s.handler, self.wrapper_path(), s.set_default)
         runc = result.base_binary or next(
             (p for p in RUNC_CANDIDATES if os.path.exists(s.sys(p))), "runc")
-        bin_dir = os.path.join(s.sys(s.install_dir), "bin")
-        os.makedirs(bin_dir, exist_ok=True)
-        wrapper = os.path.join(bin_dir, WRAPPER_NAME)
-        payload = wrapper_zip(s.host_python)
-        if _read_bytes(wrapper) != payload:
-            tmp = wrapper + ".new"
-            with open(tmp, "wb") as handle:
-                handle.write(payload)
-            os.chmod(tmp, 0o755)
-            os.replace(tmp, wrapper)
+        bin_dir = self.write_wrapper()
         sdk_paths = list(DEFAULT_SDK_PATHS["metax"][:1])
         files.write_json(os.path.join(bin_dir, CONFIG_NAME), {
             "runtime": runc, "specDirs": [s.cdi_dir, "/var/run/cdi"], "sdkPaths": sdk_paths,
@@ -229,7 +265,7 @@ class RuntimeAgent:
         """Take back everything this agent put on the node; what was done."""
         s = self.settings
         done = []
-        if files.remove(self.spec_path()):
+        if any([files.remove(p) for p in self.spec_paths()]):
             done.append("CDI spec removed")
         state = files.read_json(self._state_path()) or {}
         config_path = s.sys(s.containerd_config)

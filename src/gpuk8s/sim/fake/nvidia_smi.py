@@ -11,8 +11,10 @@ fault is reported like a GPU that fell off the bus ("Unable to determine the dev
 ...", exit status 15).
 
 Like the real one, it is an NVML client: without ``libnvidia-ml.so.1`` (under the root; in
-a container, through the dynamic loader's cache) it exits 12, and while the driver is not
-loaded it exits 9 ("couldn't communicate with the NVIDIA driver").
+a container, through the dynamic loader's cache) it exits 12, while the driver is not
+loaded it exits 9 ("couldn't communicate with the NVIDIA driver"), it sees only the GPUs
+whose ``/dev/nvidia<minor>`` it can reach (in a container: the ones it was given), and
+with none it prints "No devices were found" (exit 6).
 """
 
 from __future__ import annotations
@@ -178,8 +180,13 @@ def main(argv: list[str]) -> int:
     if not state["driver"].get("loaded"):
         print(NO_DRIVER)
         return 9
-    present = [g for g in state["gpus"] if g["status"] in ("ok", "fault")]
+    root = root_dir()
+    present = [g for g in state["gpus"] if g["status"] in ("ok", "fault")
+               and os.path.lexists(os.path.join(root, f"dev/nvidia{g['index']}"))]
     gpus = [g for g in present if g["status"] == "ok"]
+    if not gpus and not present:
+        print("No devices were found")
+        return 6
     broken = [g for g in present if g["status"] == "fault"]
     for gpu in broken:
         print(f"Unable to determine the device handle for GPU{bus_id(gpu)}: "
