@@ -27,6 +27,7 @@ import io
 import json
 import logging
 import os
+import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,21 +66,45 @@ def spec_filename(kind: str) -> str:
     return kind.replace("/", "-") + ".json"
 
 
+def spec_text(spec: dict[str, Any]) -> str:
+    """The spec file's content as written (compared byte for byte before a write)."""
+    return json.dumps(spec, indent=2, sort_keys=True) + "\n"
+
+
 def wrapper_zip(python: str) -> bytes:
     """The wrapper as one executable zip: ``#!<python>``, gpuk8s' stdlib packages, and a
-    ``__main__`` calling ``gpuk8s.host.ociwrapper.main``."""
+    ``__main__`` calling ``gpuk8s.host.ociwrapper.main``. The same sources give the same
+    bytes (fixed timestamps), so an unchanged wrapper is not rewritten."""
+    sources = {"__main__.py": b"import sys\nfrom gpuk8s.host.ociwrapper import main\n"
+                              b"sys.exit(main())\n"}
+    for name, data in package_sources(Path(__file__).resolve().parents[2]).items():
+        sources[f"gpuk8s/{name}"] = data
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("__main__.py", "import sys\nfrom gpuk8s.host.ociwrapper import main\n"
-                                        "sys.exit(main())\n")
-        # read from the installed package's directory (importlib.resources would follow a
-        # module spec that aliasing importers, e.g. Ansible's module_utils, may replace)
-        package = Path(__file__).resolve().parents[2]
-        archive.writestr("gpuk8s/__init__.py", (package / "__init__.py").read_bytes())
-        for name in WRAPPER_PACKAGES:
-            for entry in sorted((package / name).glob("*.py")):
-                archive.writestr(f"gpuk8s/{name}/{entry.name}", entry.read_bytes())
+        for name, data in sources.items():
+            archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data,
+                             zipfile.ZIP_DEFLATED)
     return f"#!{python}\n".encode() + buffer.getvalue()
+
+
+def package_sources(package: Path) -> dict[str, bytes]:
+    """``__init__.py`` and the ``WRAPPER_PACKAGES``' modules (path under the package ->
+    bytes), read from the package's directory or, when it runs from a zip (an Ansible
+    module's AnsiballZ payload: the modules it imports), from that zip. (importlib.resources
+    would follow a module spec that aliasing importers, e.g. Ansible's module_utils, may
+    replace.)"""
+    wanted = re.compile(r"^(__init__\.py|(" + "|".join(WRAPPER_PACKAGES) + r")/[^/]+\.py)$")
+    if package.is_dir():
+        return {p.relative_to(package).as_posix(): p.read_bytes()
+                for p in sorted(package.rglob("*.py"))
+                if wanted.match(p.relative_to(package).as_posix())}
+    archive_path = package
+    while not archive_path.is_file() and archive_path != archive_path.parent:
+        archive_path = archive_path.parent
+    prefix = package.relative_to(archive_path).as_posix() + "/"
+    with zipfile.ZipFile(archive_path) as archive:
+        return {n[len(prefix):]: archive.read(n) for n in sorted(archive.namelist())
+                if n.startswith(prefix) and wanted.match(n[len(prefix):])}
 
 
 @dataclass
@@ -196,7 +221,7 @@ class RuntimeAgent:
         if any(h.get("path") == self.wrapper_path()
                for h in (spec.get("containerEdits") or {}).get("hooks") or []):
             self.write_wrapper()  # the hooks run it, whatever the mode
-        text = json.dumps(spec, indent=2, sort_keys=True) + "\n"
+        text = spec_text(spec)
         if _read(path) != text:
             files.atomic_write(path, text)
             log.info("CDI spec written", extra={"path": path, "devices": len(spec["devices"])})
