@@ -272,7 +272,7 @@ def test_an_interrupted_install_is_finished_by_the_next_run(
     assert driver.recover(root, runner) is None
 
 
-def test_nvidia_smi_in_a_container_output_is_read() -> None:
+def test_nvidia_smi_in_a_container_output_is_read(tmp_path: Path) -> None:
     text = ("| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4 |\n"
             "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: x)\n")
     result = containercheck.parse_output(0, text)
@@ -282,6 +282,13 @@ def test_nvidia_smi_in_a_container_output_is_read() -> None:
     assert config["annotations"] == {"cdi.k8s.io/gpuk8s": "nvidia.com/gpu=all"}
     assert config["mounts"] == [{"destination": "/b", "type": "bind", "source": "/a",
                                  "options": ["rbind", "ro"]}]
+    (tmp_path / "bin").mkdir()  # a directory is not the wrapper
     with pytest.raises(containercheck.ContainerCheckError, match="not installed"):
-        containercheck.run_check(wrapper="/nonexistent", rootfs="/", devices=[], runner=runner,
-                                 work_dir="/tmp")
+        containercheck.run_check(wrapper=str(tmp_path / "bin"), rootfs=str(tmp_path),
+                                 devices=[], runner=runner, work_dir=str(tmp_path / "work"))
+    tool(tmp_path, "bin/wrapper", "")
+    with pytest.raises(containercheck.ContainerCheckError, match="host's own root"):
+        containercheck.run_check(wrapper=str(tmp_path / "bin/wrapper"), rootfs="/", devices=[],
+                                 runner=runner, work_dir=str(tmp_path / "work"),
+                                 runc=str(tmp_path / "bin/wrapper"))
+    assert not (tmp_path / "work").exists()

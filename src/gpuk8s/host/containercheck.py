@@ -70,7 +70,7 @@ def run_check(*, wrapper: str, rootfs: str, devices: Sequence[str], runner: Runn
               ) -> ContainerResult:
     """Run ``script`` in a container holding ``devices`` (CDI names) and parse what
     nvidia-smi printed. Raises when the container cannot be set up."""
-    if not os.access(wrapper, os.X_OK):
+    if not (os.path.isfile(wrapper) and os.access(wrapper, os.X_OK)):
         raise ContainerCheckError(f"the runtime wrapper {wrapper} is not installed: set up the "
                                   "container runtime first")
     runc = runc or next((p for p in RUNC_CANDIDATES if os.access(p, os.X_OK)), None)
@@ -79,6 +79,9 @@ def run_check(*, wrapper: str, rootfs: str, devices: Sequence[str], runner: Runn
     if not os.path.exists(rootfs):
         raise ContainerCheckError(f"rootfs {rootfs}: no such directory or tar (an image's root "
                                   "filesystem, e.g. `docker export` of a CUDA base image)")
+    if os.path.realpath(rootfs) == "/":
+        raise ContainerCheckError("rootfs /: the host's own root is not an image's root "
+                                  "filesystem")
     os.makedirs(work_dir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="nvidia-check-", dir=work_dir)
     name = os.path.basename(work)
