@@ -145,7 +145,7 @@ class KnownGpus:
         self.path = path or ""
         self.clock = clock
         self.entries: list[KnownGpu] = []
-        self._unsaved = False  # the file lags behind the book (a write failed)
+        self._unsaved = False  # the file lags behind the book (not written, or moved aside)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
