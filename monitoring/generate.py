@@ -82,12 +82,11 @@ ALERT_RULES: list[dict[str, Any]] = [
      "annotations": {
          "summary": "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) of {{ $labels.node }} "
                     "left the PCI bus",
-         "description": "gpu-exporter reports the GPU lost until it is back on the bus, or "
-                        "an administrator removes it (card taken out for good): "
-                        f"`{FORGET}` (docs/exporter.md)."}},
+         "description": "Lost until it is back on the bus, or an administrator removes "
+                        f"it: `{FORGET}` (docs/exporter.md)."}},
     {"alert": "GpuUnhealthy",
      "expr": f"min by ({GPU_KEY}) (gpuk8s_gpu_healthy) == 0 "
-             f"unless on ({GPU_KEY}) max by ({GPU_KEY}) (gpuk8s_gpu_lost) == 1",
+             f"unless on ({GPU_KEY}) gpuk8s_gpu_lost == 1",
      "for": "5m",
      "labels": {"severity": "warning"},
      "annotations": {
@@ -114,7 +113,7 @@ class _IndentedDumper(yaml.SafeDumper):
 
 
 def _dump(data: Any) -> str:
-    return str(yaml.dump(data, Dumper=_IndentedDumper, sort_keys=False, width=200))
+    return str(yaml.dump(data, Dumper=_IndentedDumper, sort_keys=False, width=120))
 
 
 def rules_yaml() -> str:

@@ -34,14 +34,15 @@ groups:
           severity: critical
         annotations:
           summary: GPU {{`{{`}} $labels.gpu {{`}}`}} ({{`{{`}} $labels.uuid {{`}}`}}) of {{`{{`}} $labels.node {{`}}`}} left the PCI bus
-          description: 'gpu-exporter reports the GPU lost until it is back on the bus, or an administrator removes it (card taken out for good): `kubectl -n <namespace> exec <the node''s gpu-exporter pod>
-            -- gpuk8s exporter forget {{`{{`}} $labels.gpu {{`}}`}}` (docs/exporter.md).'
+          description: 'Lost until it is back on the bus, or an administrator removes it: `kubectl -n <namespace> exec <the
+            node''s gpu-exporter pod> -- gpuk8s exporter forget {{`{{`}} $labels.gpu {{`}}`}}` (docs/exporter.md).'
       - alert: GpuUnhealthy
-        expr: min by (node, gpu, uuid) (gpuk8s_gpu_healthy) == 0 unless on (node, gpu, uuid) max by (node, gpu, uuid) (gpuk8s_gpu_lost) == 1
+        expr: min by (node, gpu, uuid) (gpuk8s_gpu_healthy) == 0 unless on (node, gpu, uuid) gpuk8s_gpu_lost == 1
         for: 5m
         labels:
           severity: warning
         annotations:
           summary: GPU {{`{{`}} $labels.gpu {{`}}`}} ({{`{{`}} $labels.uuid {{`}}`}}) of {{`{{`}} $labels.node {{`}}`}} is unhealthy
-          description: 'On the bus but unhealthy for 5 minutes: no driver bound, or the vendor tool reports it unavailable; gpu-device no longer offers it.'
+          description: 'On the bus but unhealthy for 5 minutes: no driver bound, or the vendor tool reports it unavailable;
+            gpu-device no longer offers it.'
 {{- end -}}
