@@ -16,7 +16,7 @@ from .core.model import NodeInventory
 from .core.topology import Topology, Unit, units_for_inventory
 
 # `gpuk8s serve NAME ...` runs `main(argv)` of the module below; each service owns
-# its flags (see the README's service sections).
+# its flags (see each service's page under docs/).
 SERVICES: dict[str, str] = {
     "device-plugin": "gpuk8s.services.deviceplugin.main",
     "labeller": "gpuk8s.services.labeller.main",

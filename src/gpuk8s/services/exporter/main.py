@@ -4,7 +4,7 @@ Samples the node's GPUs every ``--interval`` seconds (mx-smi on MetaX nodes, NVM
 NVIDIA nodes, nvidia-smi when NVML cannot be loaded), attributes the load to the
 containers holding each GPU (kubelet PodResources API + each GPU process's cgroup +
 the node's pods from the API server) and serves the last sample on ``/metrics``;
-``/healthz`` is the liveness endpoint. Flags: ``--help`` and the README.
+``/healthz`` is the liveness endpoint. Flags: ``--help`` and docs/exporter.md.
 """
 
 from __future__ import annotations

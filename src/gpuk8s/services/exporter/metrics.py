@@ -30,7 +30,7 @@ from .sampler import Sampler
 GPU_LABELS = ["node", "gpu", "uuid", "kind"]
 CONTAINER_LABELS = ["node", "namespace", "pod", "container", "gpu", "uuid", "kind"]
 
-# name, type, help, labels: the table the README shows (tests check they agree)
+# name, type, help, labels: the table docs/exporter.md shows (tests check they agree)
 METRICS: list[tuple[str, str, str, list[str]]] = [
     ("gpuk8s_gpu_utilization_ratio", "gauge",
      "Share of time the GPU was busy, 0..1 (vendor utilisation %/100)", GPU_LABELS),
