@@ -1105,7 +1105,7 @@ def test_helm_test_pod(chart: Path, values: dict[str, Any], ready: str) -> None:
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["READY_LABELS"] == ready
     assert env["EXTENDER_URL"] == (
-        f"gpu-aware.{NS}.svc:8080" if values.get("deployExtenderGPUAware") else ""
+        f"gpu-aware.{NS}.svc:8081" if values.get("deployExtenderGPUAware") else ""
     )
     assert c["command"] == ["python3", "-c"]
     compile(c["args"][0], "gpu-test", "exec")  # the embedded check is valid Python
