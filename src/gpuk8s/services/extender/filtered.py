@@ -5,22 +5,22 @@ other (a 4xx, nothing booked), so a client that can reach gpu-aware cannot bind 
 where they were never placed. Per pod UID the latest filter answer is kept for
 ``FILTER_TTL_S`` (longer than a scheduling cycle with Permit waits); the memory is
 bounded by ``MAX_PODS`` pods and ``MAX_NAMES`` node names in all (oldest dropped
-first), 8 bytes a name: names are kept as their hashes (``hash()`` is salted per
-process, so nobody can pick a name that collides with a kept one).
+first). The list of kept names the answer was built from is kept as it is -- no copy,
+no hashing: recording costs a filter nothing, whatever the node count -- and ``bind``
+looks its node up in it once (a C-level scan of at most a few thousand names).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring_ascii
 
 FILTER_TTL_S = 600.0
 MAX_PODS = 20_000
-MAX_NAMES = 2_000_000  # 16 MB of hashes
+MAX_NAMES = 500_000  # 4 MB of references (the names themselves are mostly the index's)
 
 
 class FilterMemory:
@@ -37,24 +37,24 @@ class FilterMemory:
         self.max_pods = max_pods
         self.max_names = max_names
         self._clock = clock
-        # uid -> (when, names are JSON-encoded, hashes of the kept names)
-        self._kept: OrderedDict[str, tuple[float, bool, array[int]]] = OrderedDict()
+        # uid -> (when, names are JSON-encoded, the kept names)
+        self._kept: OrderedDict[str, tuple[float, bool, Sequence[str]]] = OrderedDict()
         self._names = 0
         self._lock = threading.Lock()
 
-    def record(self, uid: str, kept: Iterable[str], encoded: bool = False) -> None:
+    def record(self, uid: str, kept: Sequence[str], encoded: bool = False) -> None:
         """The nodes a filter answer kept for ``uid`` (``encoded``: as JSON strings,
-        quotes included, as the node cache's fast path has them)."""
+        quotes included, as the node cache's fast path has them); ``kept`` is kept as
+        it is: the caller does not change it afterwards."""
         if not uid:
             return  # no UID, no binding either (bind requires it)
-        hashes = array("q", map(hash, kept))
         now = self._clock()
         with self._lock:
             old = self._kept.pop(uid, None)
             if old is not None:
                 self._names -= len(old[2])
-            self._kept[uid] = (now, encoded, hashes)
-            self._names += len(hashes)
+            self._kept[uid] = (now, encoded, kept)
+            self._names += len(kept)
             while self._kept and (
                 len(self._kept) > self.max_pods
                 or self._names > self.max_names
@@ -69,8 +69,8 @@ class FilterMemory:
             entry = self._kept.get(uid)
         if entry is None or entry[0] < self._clock() - self.ttl:
             return False
-        _, encoded, hashes = entry
-        return hash(encode_basestring_ascii(node) if encoded else node) in hashes
+        _, encoded, names = entry
+        return (encode_basestring_ascii(node) if encoded else node) in names
 
     def __len__(self) -> int:
         return len(self._kept)
