@@ -1,8 +1,13 @@
 """HTTP transport for gpu-aware: stdlib ``ThreadingHTTPServer``, HTTP/1.1 keep-alive.
 
 Routes: ``POST /<prefix>/filter`` (or ``/predicates``), ``POST /<prefix>/prioritize``,
-``GET /healthz``, ``GET /readyz``, ``GET /metrics``; any other method is a 405 with an
-``Allow`` header. Every error body is ``{"Error": ...}``.
+``POST /<prefix>/bind``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``; any other
+method (GET of a verb included) is a 405 with an ``Allow`` header. Every error body is
+``{"Error": ...}``. With ``tls`` (``tls.py``) the port speaks HTTPS and admits only
+clients with a certificate of the client CA; the handshake runs in the connection's own
+thread, within the request timeout. A second instance with ``health_only`` serves the
+three GET paths alone (``--health-port``: the kubelet's probes, never behind the main
+port's clients).
 
 Bounds, so that no client can take the service down:
 
@@ -18,7 +23,11 @@ Bounds, so that no client can take the service down:
 * at most ``max_connections`` connections are served at once; at the cap a new one
   takes the place of the connection that has waited longest for its next request (so
   idle connections cannot lock kube-scheduler out), and gets a 503 only when every
-  connection is in the middle of a request.
+  connection is in the middle of a request;
+* at most ``max_per_client`` of them come from one client address: past it that
+  client's own idle connection gives way, or its new one gets a 503 (under TLS: is
+  closed), so one client's slow connections never take the others' places;
+* two different ``Content-Length`` headers are a 400 (which one frames the body?).
 """
 
 from __future__ import annotations
