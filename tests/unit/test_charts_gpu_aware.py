@@ -49,7 +49,13 @@ def test_tls_by_default_with_certificates_a_real_tls_stack_accepts(
     assert f["health-port"] == "8081"
     m = mounts(dep)["/etc/gpu-aware-tls"]
     assert m["readOnly"] is True
-    assert volumes(dep)[m["name"]]["secret"]["secretName"] == "gpu-aware-tls"
+    secret = volumes(dep)[m["name"]]["secret"]
+    assert secret["secretName"] == "gpu-aware-tls"
+    # the non-root user reads its key (the lab's first run: root-owned 0440 files, and
+    # gpu-aware exited at start): through the pod's fsGroup, and nobody else
+    uid = c["securityContext"]["runAsUser"]
+    assert uid == 65532 and dep["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == uid
+    assert secret["defaultMode"] & 0o040 and not secret["defaultMode"] & 0o007
     assert rendered.get("Service", "gpu-aware")["spec"]["ports"][0]["name"] == "https"
     client = rendered.get("Secret", "gpu-aware-scheduler-client")
     assert client["type"] == "kubernetes.io/tls"

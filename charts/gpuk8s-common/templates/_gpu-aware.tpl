@@ -227,6 +227,10 @@ spec:
         {{- include "gpuk8s.controlPlaneTolerations" $root | nindent 8 }}
       securityContext:
         {{- include "gpuk8s.podSecurityContext" $root | nindent 8 }}
+        {{- if $tls }}
+        # the TLS Secret's files (mode 0440) belong to this group: uid 65532 reads them
+        fsGroup: {{ $uid }}
+        {{- end }}
       {{- with include "gpuk8s.logDirInit" $ctx | trim }}
       initContainers:
         {{- . | nindent 8 }}
