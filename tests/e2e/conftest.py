@@ -130,12 +130,17 @@ def _ours(release: str) -> bool:
 
 
 def _gpu_aware_playbook(state: str, namespace: str) -> None:
+    """playbooks/gpu_aware.yml for the release in ``namespace``: over HTTPS when its chart
+    made kube-scheduler's certificate (gpuAware.tls), else plain HTTP (a release of a
+    chart from before issue 26, given back as it was)."""
     helm3 = os.environ.get("GPUK8S_HELM") or run(str(LAB / "tools.sh"), "helm3",
                                                  timeout=900).stdout.strip()
+    tls = kubectl("-n", namespace, "get", "secret", "gpu-aware-scheduler-client", "-o", "name",
+                  check=False).strip() != ""
     run(tool("ansible-playbook"), "-i", str(REPO / "inventories" / "lab"),
         str(REPO / "playbooks" / "gpu_aware.yml"), "-e", f"gpu_aware_state={state}",
-        "-e", f"gpu_aware_namespace={namespace}", timeout=900, cwd=str(REPO),
-        env={**os.environ, "GPUK8S_HELM": helm3})
+        "-e", f"gpu_aware_namespace={namespace}", "-e", f"gpu_aware_tls={str(tls).lower()}",
+        timeout=900, cwd=str(REPO), env={**os.environ, "GPUK8S_HELM": helm3})
 
 
 @pytest.fixture(scope="session", autouse=True)

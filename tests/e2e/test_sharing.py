@@ -263,7 +263,8 @@ def test_2_restarted_extender_rebuilds_its_ledger_from_the_annotations(
     pod = wait_until("a new gpu-aware pod ready", ready_new, 90, interval=0.5)
 
     def ledger() -> float:
-        url = f"http://{pod['status']['podIP']}:8080/metrics"
+        # the health port: plain HTTP (the extender port admits only kube-scheduler's TLS)
+        url = f"http://{pod['status']['podIP']}:8081/metrics"
         with urllib.request.urlopen(url, timeout=5) as resp:
             text = resp.read().decode()
         found = re.search(r"^gpu_aware_shared_gpu_pods (\S+)$", text, re.M)

@@ -149,7 +149,16 @@ def _shared_pod(name: str, vcore: int) -> dict[str, Any]:
     }
 
 
-def _bind(service: ExtenderService, pod: Any, node: str) -> str:
+def _bind(service: ExtenderService, pod: Any, node: str, status_: int = 200) -> str:
+    """filter then bind, as kube-scheduler calls them: a node the filter drops is
+    never bound (its reason is returned)."""
+    from kubernetes.client import ApiClient
+
+    body = {"Pod": ApiClient().sanitize_for_serialization(pod), "NodeNames": [node]}
+    status, result = _post(service, "filter", body)
+    assert status == 200, result
+    if node not in result["NodeNames"]:
+        return str({**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}[node])
     status, result = _post(
         service,
         "bind",
@@ -160,7 +169,7 @@ def _bind(service: ExtenderService, pod: Any, node: str) -> str:
             "Node": node,
         },
     )
-    assert status == 200
+    assert status == status_, result
     return str(result["Error"])
 
 
@@ -244,16 +253,26 @@ def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
 
         # "allocating" as bind wrote it, until gpu-device's Allocate served the pod
         wait_for(lambda: phase() == "allocated", 30, "the pod allocated")
-        # a pod without shared GPUs is bound as the default binder would
+        # a pod of whole GPUs is bound as the default binder would
+        whole = core.create_namespaced_pod(
+            "default",
+            {"metadata": {"name": f"{tag}-whole"},
+             "spec": {"containers": [{"name": "m", "image": "registry.invalid/none:1",
+                                      "resources": {"limits": {GPU_RESOURCE: "1"}}}]}},
+        )
+        assert _bind(service, whole, other) == ""
+        got = core.read_namespaced_pod(f"{tag}-whole", "default")
+        assert got.spec.node_name == other
+        assert ASSIGNED_ANNOTATION not in (got.metadata.annotations or {})
+        # one asking for no GPU is not gpu-aware's to bind (managedResources keep such
+        # pods away from it): refused, left unbound
         plain = core.create_namespaced_pod(
             "default",
             {"metadata": {"name": f"{tag}-nogpu"},
              "spec": {"containers": [{"name": "m", "image": "registry.invalid/none:1"}]}},
         )
-        assert _bind(service, plain, other) == ""
-        got = core.read_namespaced_pod(f"{tag}-nogpu", "default")
-        assert got.spec.node_name == other
-        assert ASSIGNED_ANNOTATION not in (got.metadata.annotations or {})
+        assert "asks for no GPUs" in _bind(service, plain, other, 400)
+        assert not core.read_namespaced_pod(f"{tag}-nogpu", "default").spec.node_name
     finally:
         service.close()
 

@@ -232,7 +232,8 @@ COMBOS: list[tuple[str, Path, dict[str, Any]]] = [
                 "extraArgs": ["--node-state-interval=5"],
             },
             "gpuLabel": {"interval": 15, "log": {"format": "json", "maxAge": "4w2d"}},
-            "gpuAware": {"scoreWeight": 3, "lossWeight": "0.5", "log": {"dir": "/var/log/x"}},
+            "gpuAware": {"scoreWeight": 3, "lossWeight": "0.5", "log": {"dir": "/var/log/x"},
+                         "networkPolicy": {"controlPlaneCIDRs": ["192.0.2.0/24"]}},
             "gpuMps": {"activeThreadPercentage": 30, "interval": 5,
                        "log": {"level": "debug"}, "extraArgs": ["--sharing-mode=auto"]},
             "resourceDescriptors": {"enabled": True},
@@ -382,6 +383,8 @@ def kubeconform_schemas(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "rolebinding-rbac-v1",
         "runtimeclass-node-v1",
         "job-batch-v1",
+        "secret-v1",
+        "networkpolicy-networking-v1",
     }
     for name in names:
         schema = json.loads((src / f"{name}.json").read_text())
@@ -888,7 +891,8 @@ def test_gpu_aware_deployment_service_and_weights(
     assert cm["metadata"]["annotations"]["metax-tech.com/chart-weights"] == "/".join(expected)
     svc = rendered.get("Service", "gpu-aware")
     assert svc["spec"]["type"] == "ClusterIP"
-    assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [(8080, "http")]
+    assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
+        (8080, "extender"), (8081, "health")]
     dep = rendered.get("Deployment", "gpu-aware")
     c = container(dep)
     assert c["args"][:2] == ["serve", "extender"]
@@ -898,12 +902,13 @@ def test_gpu_aware_deployment_service_and_weights(
     assert "--node-cache" in c["args"]
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8080}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"extender": 8080,
+                                                                    "health": 8081}
     m = mounts(dep)["/etc/gpu-aware"]
     assert m["readOnly"] is True
     assert volumes(dep)[m["name"]]["configMap"]["name"] == "gpu-aware-plugin"
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     spec = dep["spec"]["template"]["spec"]
     # control-plane preferred, not required: single-node labs must work
     aff = spec["affinity"]["nodeAffinity"]
@@ -1159,7 +1164,7 @@ def test_helm_test_pod(chart: Path, values: dict[str, Any], ready: str) -> None:
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["READY_LABELS"] == ready
     assert env["EXTENDER_URL"] == (
-        f"gpu-aware.{NS}.svc:8080" if values.get("deployExtenderGPUAware") else ""
+        f"gpu-aware.{NS}.svc:8081" if values.get("deployExtenderGPUAware") else ""
     )
     assert c["command"] == ["python3", "-c"]
     compile(c["args"][0], "gpu-test", "exec")  # the embedded check is valid Python

@@ -36,11 +36,16 @@ from gpuk8s.services.extender.wire import NodeView, node_item
 HALF = ShareRequest(MODE_SGPU, 1, 50, 0)
 
 
-@pytest.fixture(scope="module")
-def annotations(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = str(tmp_path_factory.mktemp("sim") / "n260")
+def n260_annotations(directory: Any) -> dict[str, str]:
+    """What gpu-device publishes for a simulated n260-2 node made in ``directory``."""
+    root = str(directory / "n260")
     sim.create(root, "n260-2")
     return published_annotations(DeviceSet(discover(root), "metax-tech.com/gpu"), set())
+
+
+@pytest.fixture(scope="module")
+def annotations(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return n260_annotations(tmp_path_factory.mktemp("sim"))
 
 
 def node(name: str, annotations: dict[str, str], mode: str | None = "sgpu") -> dict[str, Any]:
@@ -110,15 +115,19 @@ def call(ext: Extender, verb: str, body: Any) -> tuple[int, Any]:
 
 
 def bind(
-    ext: Extender, api: Api, p: dict[str, Any], node_name: str, allocate: bool = True
+    ext: Extender, api: Api, p: dict[str, Any], node_name: str, allocate: bool = True,
+    status: int = 200,
 ) -> str:
-    """The bind verb for ``p``; then (``allocate``) the kubelet admits the pod and
-    gpu-device's Allocate marks it, as the pod watch reports to the ledger."""
+    """The bind verb for ``p`` on a node its filter kept (recorded as a filter call
+    records it, without counting the pod in the request mix: these tests place by the
+    prior mix); then (``allocate``) the kubelet admits the pod and gpu-device's Allocate
+    marks it, as the pod watch reports to the ledger."""
     api.pods[p["metadata"]["name"]] = p
-    status, result = call(ext, "bind", {"PodName": p["metadata"]["name"],
-                                        "PodNamespace": "default",
-                                        "PodUID": p["metadata"]["uid"], "Node": node_name})
-    assert status == 200
+    ext.filtered.record(p["metadata"]["uid"], [node_name])
+    got, result = call(ext, "bind", {"PodName": p["metadata"]["name"],
+                                     "PodNamespace": "default",
+                                     "PodUID": p["metadata"]["uid"], "Node": node_name})
+    assert got == status, result
     if allocate and not result["Error"]:
         allocated(api, p["metadata"]["name"])
     return str(result["Error"])
@@ -164,7 +173,7 @@ def test_bad_requests_and_failures_release_the_gpus(annotations: dict[str, str])
     del alone["spec"]["containers"][0]["resources"]["limits"]["metax-tech.com/sgpu"]
     status, result = call(ext, "filter", {"Pod": alone, "Nodes": {"items": []}})
     assert status == 400 and "['metax-tech.com/sgpu']: required" in result["Error"], result
-    assert "required" in bind(ext, api, alone, "a") and ledger.usage("a") == {}
+    assert "required" in bind(ext, api, alone, "a", status=400) and ledger.usage("a") == {}
     api.fail_bind = True
     assert "binding default/p1 to a failed" in bind(ext, api, pod("p1", "100"), "a")
     assert ledger.usage("a") == {} and ASSIGNED_ANNOTATION not in api.pods["p1"]["metadata"].get(

@@ -192,6 +192,12 @@ class ExtenderSpec:
             raise ConfigError(
                 f"http_timeout {self.http_timeout!r} is not a duration (e.g. '5s', '1m30s')"
             )
+        if self.bind_verb and not self.managed_resources:
+            raise ConfigError(
+                f"bind_verb {self.bind_verb!r} needs managed_resources: without them "
+                "kube-scheduler sends every pod to the extender to bind, and gpu-aware binds "
+                "only the GPU pods it placed"
+            )
         names = [r.name for r in self.managed_resources]
         for name in names:
             if not name:
@@ -309,6 +315,7 @@ def check_config(config: Any, where: str) -> None:
     if not isinstance(extenders, MutableSequence):
         raise ManifestError(f"{where}: extenders is not a list")
     binders = 0
+    managed: dict[Any, int] = {}
     for position, entry in enumerate(extenders):
         if not isinstance(entry, MutableMapping):
             raise ManifestError(f"{where}: extenders[{position}] is not a mapping")
@@ -323,6 +330,13 @@ def check_config(config: Any, where: str) -> None:
                  if isinstance(r, MutableMapping)]
         if len(names) != len(set(names)):
             raise ManifestError(f"{where}: extenders[{position}] repeats a managed resource")
+        for name in names:  # kube-scheduler: unique across all extenders, too
+            if name in managed:
+                raise ManifestError(
+                    f"{where}: extenders[{managed[name]}] and extenders[{position}] both "
+                    f"manage {name}; kube-scheduler refuses a resource managed twice"
+                )
+            managed[name] = position
     if binders > 1:
         raise ManifestError(f"{where}: only one extender may have a bindVerb, found {binders}")
 
@@ -332,6 +346,34 @@ def _find_extender(extenders: Sequence[Any], url_prefix: str) -> int | None:
         if isinstance(entry, MutableMapping) and str(entry.get("urlPrefix", "")).rstrip(
             "/"
         ) == url_prefix.rstrip("/"):
+            return position
+    return None
+
+
+def entry_hash(entry: Mapping[str, Any]) -> str:
+    """The content of an extender entry as the marker records it (``Marker.entry_hash``)."""
+    text = json.dumps(entry, sort_keys=True, separators=(",", ":"), default=str)
+    return config_hash(text)
+
+
+def our_extender(config: Mapping[str, Any], marker: Marker | None) -> int | None:
+    """Position of the entry ``present`` wrote in a configuration file the administrator
+    owns: the one at the marker's URL whose content is the marker's entry hash (a
+    manifest marked before the hash was recorded: the one at its URL). None when the
+    marker claims none -- an entry written by hand, even at our URL, is not ours."""
+    extenders = config.get("extenders")
+    if marker is None or not marker.url_prefix or not isinstance(extenders, Sequence):
+        return None
+    at_url = [
+        position
+        for position, entry in enumerate(extenders)
+        if isinstance(entry, Mapping)
+        and str(entry.get("urlPrefix", "")).rstrip("/") == marker.url_prefix.rstrip("/")
+    ]
+    if not marker.entry_hash:
+        return at_url[0] if at_url else None
+    for position in at_url:
+        if entry_hash(extenders[position]) == marker.entry_hash:
             return position
     return None
 
@@ -349,8 +391,16 @@ def _update_mapping(target: MutableMapping[str, Any], wanted: dict[str, Any]) ->
     return changed
 
 
-def upsert_extender(config: MutableMapping[str, Any], spec: ExtenderSpec) -> bool:
-    """Add our extender to ``config['extenders']`` (appending) or update it in place."""
+BY_URL = -1  # upsert_extender / remove_extender: our entry is the one at the URL
+
+
+def upsert_extender(
+    config: MutableMapping[str, Any], spec: ExtenderSpec, position: int | None = BY_URL
+) -> bool:
+    """Add our extender to ``config['extenders']`` (appending) or update it in place:
+    the entry at ``position`` (``our_extender``; None: none is ours, append ours beside
+    the others -- the manual's "if the file already has extenders, append this one";
+    by default the one at our URL)."""
     wanted = spec.to_yaml()
     extenders = config.get("extenders")
     if extenders is None:
@@ -358,7 +408,8 @@ def upsert_extender(config: MutableMapping[str, Any], spec: ExtenderSpec) -> boo
         return True
     if not isinstance(extenders, MutableSequence):
         raise ManifestError("extenders is not a list")
-    position = _find_extender(extenders, spec.url_prefix)
+    if position == BY_URL:
+        position = _find_extender(extenders, spec.url_prefix)
     if position is None:
         extenders.append(wanted)
         return True
@@ -377,12 +428,16 @@ def find_by_resources(config: Mapping[str, Any], names: Collection[str]) -> str 
     return found[0] if len(found) == 1 else None
 
 
-def remove_extender(config: MutableMapping[str, Any], url_prefix: str) -> bool:
-    """Drop our extender from ``config['extenders']``; True when something was removed."""
+def remove_extender(
+    config: MutableMapping[str, Any], url_prefix: str, position: int | None = BY_URL
+) -> bool:
+    """Drop our extender from ``config['extenders']``: the entry at ``position``
+    (``our_extender``; by default the one at ``url_prefix``); True when one was removed."""
     extenders = config.get("extenders")
     if not isinstance(extenders, MutableSequence):
         return False
-    position = _find_extender(extenders, url_prefix)
+    if position == BY_URL:
+        position = _find_extender(extenders, url_prefix)
     if position is None:
         return False
     del extenders[position]
@@ -500,13 +555,21 @@ class Marker:
     config_hash: str
     url_prefix: str
     config_flag: bool  # the --config argument is ours
+    # our entry in a configuration file the administrator owns (``entry_hash``), so an
+    # entry they wrote at the same URL is told apart; "" in our own file
+    entry_hash: str = ""
+    # the tlsConfig files' content: kube-scheduler reads them only at start, so renewed
+    # certificates change the manifest (the kubelet restarts it); "" without TLS
+    tls_hash: str = ""
 
     def render(self) -> str:
-        return json.dumps(
-            {"configHash": self.config_hash, "urlPrefix": self.url_prefix,
-             "configFlag": self.config_flag},
-            sort_keys=True, separators=(",", ":"),
-        )
+        data: dict[str, Any] = {"configHash": self.config_hash, "urlPrefix": self.url_prefix,
+                                "configFlag": self.config_flag}
+        if self.entry_hash:
+            data["entryHash"] = self.entry_hash
+        if self.tls_hash:
+            data["tlsHash"] = self.tls_hash
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 def config_hash(text: str) -> str:
@@ -532,6 +595,8 @@ def read_marker(manifest: Mapping[str, Any]) -> Marker | None:
         config_hash=str(data.get("configHash", "")),
         url_prefix=str(data.get("urlPrefix", "")),
         config_flag=data.get("configFlag") is True,
+        entry_hash=str(data.get("entryHash", "")),
+        tls_hash=str(data.get("tlsHash", "")),
     )
 
 

@@ -21,8 +21,14 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
+from ...core.effective import pod_requests
 from ...core.errors import GpuK8sError
-from ...core.sharing import ASSIGNED_ANNOTATION, SharingError, parse_assignment
+from ...core.sharing import (
+    ASSIGNED_ANNOTATION,
+    GPU_RESOURCES,
+    SharingError,
+    parse_assignment,
+)
 from ...core.telemetry import ContainerRef
 from .. import kube
 
@@ -66,9 +72,13 @@ def index_pods(pods: list[dict[str, Any]]) -> PodIndex:
         refs = by_uid.setdefault(str(meta["uid"]).lower(), [])
         statuses = [*(status.get("containerStatuses") or []),
                     *(status.get("initContainerStatuses") or [])]
+        # a process known only by its pod goes to the one container asking for GPUs
+        # (app, init or sidecar), if the pod has one
+        holders = pod_requests(pod, GPU_RESOURCES).holders(GPU_RESOURCES)
         for cs in statuses:
             ref = ContainerRef(meta.get("namespace", ""), meta.get("name", ""), cs.get("name", ""))
-            refs.append(ref)
+            if not holders or ref.container in holders:
+                refs.append(ref)
             raw = cs.get("containerID") or ""
             if raw:
                 by_id[raw.split("://", 1)[-1].lower()] = ref

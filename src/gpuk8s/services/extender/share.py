@@ -445,6 +445,15 @@ def view_assignment(view: PodView) -> tuple[str, Assignment | None, float | None
     except (msgspec.DecodeError, SharingError) as err:
         log.warning("pod sharing annotation unreadable", extra={"uid": uid, "error": str(err)})
         return uid, None, None
+    bound = view.spec.nodeName if view.spec is not None else None
+    if assignment is not None and bound and bound != assignment.node:
+        # not an assignment bind wrote (bind annotates, then binds to that very node):
+        # it holds nothing anywhere
+        log.warning(
+            "pod sharing annotation names another node than the pod's; ignored",
+            extra={"uid": uid, "node": bound, "assigned": assignment.node},
+        )
+        return uid, None, None
     return uid, assignment, _awaiting_since(ann.phase, ann.bind_time)
 
 
@@ -516,7 +525,7 @@ class KubePodApi:
         self._core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
 
 
-class _BindArgs(msgspec.Struct, forbid_unknown_fields=True):
+class BindArgs(msgspec.Struct, forbid_unknown_fields=True):
     """ExtenderBindingArgs as kube-scheduler spells it."""
 
     PodName: str
@@ -525,18 +534,25 @@ class _BindArgs(msgspec.Struct, forbid_unknown_fields=True):
     Node: str
 
 
-_BIND_ARGS = msgspec.json.Decoder(_BindArgs)
+_BIND_ARGS = msgspec.json.Decoder(BindArgs)
 _POD = msgspec.json.Decoder(PodView)
 
 
-def parse_bind(body: bytes) -> _BindArgs:
+def parse_bind(body: bytes) -> BindArgs:
+    """ExtenderBindingArgs; ``BadRequest`` when malformed or without a pod UID (the UID
+    is what ties the binding to the pod kube-scheduler placed)."""
     try:
-        return _BIND_ARGS.decode(body)
+        args = _BIND_ARGS.decode(body)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
         raise BadRequest(
             f"bind: body must be ExtenderBindingArgs {{PodName, PodNamespace, PodUID, Node}}: "
             f"{str(err)[:200]}"
         ) from None
+    for key in ("PodName", "PodNamespace", "PodUID", "Node"):
+        if not getattr(args, key):
+            raise BadRequest(f"bind: {key} is empty; ExtenderBindingArgs names the pod (and "
+                             "its UID) and the node")
+    return args
 
 
 # what the pod asks besides its share: CPU millicores, memory MiB
@@ -734,36 +750,52 @@ class Sharing:
         return out
 
     # -- bind ---------------------------------------------------------------------
-    def bind(self, body: bytes) -> str:
-        """Bind one pod; returns the ExtenderBindingResult ``Error`` ("" on success)."""
-        args = parse_bind(body)
+    def bind(self, args: BindArgs) -> tuple[int, str]:
+        """Bind one pod: (HTTP status, the ExtenderBindingResult ``Error``, "" on
+        success). A binding kube-scheduler would never ask for is a 4xx and books
+        nothing: a pod that is not the one of that UID (404, 409), one already bound
+        (409), one asking for no GPUs (400); the caller (``Extender``) has checked that
+        the node passed this pod's filter. A failure of ours or of the API is a 200
+        with the Error (kube-scheduler retries the pod)."""
         if self.api is None:
-            return "gpu-aware: bind needs API access (the pod watch is off)"
+            return 200, "gpu-aware: bind needs API access (the pod watch is off)"
         if not self.ledger.synced:
-            return "gpu-aware: GPU sharing accounting not synced with the API server yet"
+            return 200, "gpu-aware: GPU sharing accounting not synced with the API server yet"
         ns, name, uid, node = args.PodNamespace, args.PodName, args.PodUID, args.Node
         try:
             pod = self.api.get_pod(ns, name)
         except Exception as err:
-            return f"gpu-aware: cannot read pod {ns}/{name}: {_short(err)}"
+            if getattr(err, "status", None) == 404:
+                return 404, f"gpu-aware: no pod {ns}/{name}"
+            return 200, f"gpu-aware: cannot read pod {ns}/{name}: {_short(err)}"
         try:
             view = _POD.decode(json.dumps(pod).encode())
             share = view_share(view)
-            _, cpu_milli, memory_mib = pod_totals(view, lenient=True)
+            gpus, cpu_milli, memory_mib = pod_totals(view, lenient=True)
         except (msgspec.DecodeError, BadRequest) as err:
-            return f"gpu-aware: pod {ns}/{name}: {err}"
+            return 400, f"gpu-aware: pod {ns}/{name}: {err}"
         meta = view.metadata
-        if meta is None or (uid and meta.uid != uid):
-            return f"gpu-aware: pod {ns}/{name} is not the pod {uid} any more"
-        if share is None:  # not a sharing pod: bind as the default binder would
-            return self._bind_plain(ns, name, uid, node)
+        if meta is None or meta.uid != uid:
+            found = meta.uid if meta is not None else None
+            return 409, f"gpu-aware: pod {ns}/{name} is not the pod {uid} (its UID: {found})"
+        bound = view.spec.nodeName if view.spec is not None else None
+        if bound:
+            return 409, f"gpu-aware: pod {ns}/{name} is already bound to {bound}"
+        if share is None and not gpus:
+            return 400, (
+                f"gpu-aware: pod {ns}/{name} asks for no GPUs: gpu-aware binds only the GPU "
+                "pods it places (list the GPU resources in the extender's managedResources, "
+                "so that kube-scheduler binds the other pods itself)"
+            )
+        if share is None:  # whole GPUs: bind as the default binder would
+            return 200, self._bind_plain(ns, name, uid, node)
         deadline = time.monotonic() + self.bind_wait_s
         while True:
             change = self.ledger.change
             with self._lock:  # choose and reserve atomically: no two binds share a choice
                 placed = self.place(node, share, uid, cpu_milli, memory_mib)
                 if placed.gpus is None:
-                    return f"{placed.reason} (pod {ns}/{name} on {node})"
+                    return 200, f"{placed.reason} (pod {ns}/{name} on {node})"
                 if not self.ledger.awaiting_allocate(node, share, uid):
                     assignment = Assignment(node, placed.gpus, share)
                     self.ledger.reserve(uid, assignment)
@@ -771,7 +803,7 @@ class Sharing:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.bind_waits += 1
-                return (
+                return 200, (
                     f"gpu-aware: another pod on {node} asking for {allocate_ids(share)} "
                     f"{COUNTED_RESOURCE[share.mode]} still waits for gpu-device's Allocate, "
                     "which tells such pods apart only by that number; retry "
@@ -788,20 +820,20 @@ class Sharing:
         except Exception as err:
             self.ledger.release(uid)
             self.bind_failures += 1
-            return f"gpu-aware: cannot record the GPU choice on {ns}/{name}: {_short(err)}"
+            return 200, f"gpu-aware: cannot record the GPU choice on {ns}/{name}: {_short(err)}"
         try:
             self.api.bind(ns, name, uid, node)
         except Exception as err:
             self.bind_failures += 1
             self._undo(ns, name, uid)
-            return f"gpu-aware: binding {ns}/{name} to {node} failed: {_short(err)}"
+            return 200, f"gpu-aware: binding {ns}/{name} to {node} failed: {_short(err)}"
         self.binds += 1
         self.requeue.forget(uid)
         log.info(
             "pod bound with shared GPUs",
             extra={"pod": f"{ns}/{name}", "node": node, "gpus": list(placed.gpus)},
         )
-        return ""
+        return 200, ""
 
     def _bind_plain(self, ns: str, name: str, uid: str, node: str) -> str:
         assert self.api is not None
