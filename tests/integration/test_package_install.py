@@ -8,7 +8,10 @@ administrator's edit of driver-config, a bad value fails before anything is crea
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +19,7 @@ import yaml
 
 pytestmark = pytest.mark.integration
 
+REPO = Path(__file__).resolve().parents[2]
 VERSION = "1.2.3"  # the version the `charts` fixture packages (conftest.py)
 
 
