@@ -234,7 +234,7 @@ def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
             "NodeNames": [node, other],
         }
         status, result = _post(service, "filter", body)
-        assert status == 200 and result["NodeNames"] == [node]
+        assert status == 200 and result["NodeNames"] == [node], result
         assert "sharing mode is 'exclusive'" in result["FailedAndUnresolvableNodes"][other]
 
         with ThreadPoolExecutor(max_workers=16) as pool:

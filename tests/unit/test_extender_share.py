@@ -65,6 +65,12 @@ def pod(name: str, vcore: str = "50", vmemory: str | None = None) -> dict[str, A
     }
 
 
+class Conflict(RuntimeError):
+    """What the kubernetes client raises for a stale resourceVersion."""
+
+    status = 409
+
+
 class Api:
     """An in-memory pod store with the API's optimistic check (resourceVersion)."""
 
@@ -72,14 +78,22 @@ class Api:
         self.ledger = ledger
         self.pods: dict[str, dict[str, Any]] = {}
         self.fail_bind = False
+        # changes someone else makes to a pod right after bind has read it, once each
+        self.after_read: dict[str, Any] = {}
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        return json.loads(json.dumps(self.pods[name]))
+        got = json.loads(json.dumps(self.pods[name]))
+        change = self.after_read.pop(name, None)
+        if change is not None:
+            change(self.pods[name])
+            meta = self.pods[name]["metadata"]
+            meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        return got
 
     def annotate(self, namespace: str, name: str, rv: str, ann: dict[str, str | None]) -> None:
         meta = self.pods[name]["metadata"]
         if rv != meta["resourceVersion"]:
-            raise RuntimeError("409 Conflict")
+            raise Conflict("409 Conflict")
         target = meta.setdefault("annotations", {})
         for key, value in ann.items():
             if value is None:
@@ -471,3 +485,55 @@ def test_view_assignment_reads_the_allocate_phase() -> None:
     assert view("allocated", "1700000000500000000")[2] is None
     assert view(None, None)[2] is None
     assert view("allocating", "yesterday")[2] == 0.0  # unreadable: holds nobody back
+
+
+def test_bind_records_the_choice_on_a_pod_nudged_meanwhile(annotations: dict[str, str]) -> None:
+    """The requeue nudge (or any change that is not a GPU choice) between bind's read and
+    its write is a 409 the choice survives: the write is retried on the new version."""
+    ext, api, _ledger = setup(annotations)
+    p = pod("p1", "50")
+    api.after_read["p1"] = lambda obj: obj["metadata"].setdefault("annotations", {}).update(
+        {"gpuk8s.io/sharing.requeue": "1"})
+    assert bind(ext, api, p, "a") == ""
+    meta = api.pods["p1"]["metadata"]
+    assert ASSIGNED_ANNOTATION in meta["annotations"]
+    assert meta["annotations"]["gpuk8s.io/sharing.requeue"] == "1"
+    assert api.pods["p1"]["spec"]["nodeName"] == "a"
+
+
+def test_bind_keeps_the_conflict_when_the_pod_was_placed_meanwhile(
+    annotations: dict[str, str],
+) -> None:
+    """A pod that another binder placed (or gave a GPU choice) between the read and the
+    write keeps its 409: nothing is booked for it here."""
+    ext, api, ledger = setup(annotations)
+    p = pod("p1", "50")
+    api.after_read["p1"] = lambda obj: obj["spec"].update({"nodeName": "b"})
+    error = bind(ext, api, p, "a")
+    assert "cannot record the GPU choice" in error and "409" in error
+    assert ASSIGNED_ANNOTATION not in (api.pods["p1"]["metadata"].get("annotations") or {})
+    assert ledger.usage("a") == {} or all(u.core == 0 for u in ledger.usage("a").values())
+
+
+def test_node_cache_is_synced_only_once_the_sharing_view_knows_every_node(
+    annotations: dict[str, str],
+) -> None:
+    """Readiness follows the node cache's sync: a node list fills the sharing view (and
+    the other derived views) before the cache says synced, so a bind asked the moment
+    gpu-aware is ready never finds its node missing."""
+    from gpuk8s.services.extender.nodes import NodeCache
+    from gpuk8s.services.extender.watch import node_handlers
+
+    cache = NodeCache()
+    seen_synced: list[bool] = []
+
+    class Watching(SharedNodes):
+        def replace(self, items: Any) -> None:
+            seen_synced.append(cache.synced)
+            super().replace(items)
+
+    shared = Watching()
+    on_list, _ = node_handlers(cache, shared=shared)
+    on_list([msgspec.Raw(json.dumps(node(n, annotations)).encode()) for n in ("a", "b")])
+    assert seen_synced == [False]
+    assert cache.synced and shared.get("a") is not None and shared.get("b") is not None

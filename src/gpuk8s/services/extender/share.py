@@ -469,6 +469,10 @@ def _awaiting_since(phase: msgspec.Raw, bind_time: msgspec.Raw) -> float | None:
         return None
 
 
+# tries of the choice's write when the pod changed meanwhile for another reason
+_RECORD_ATTEMPTS = 3
+
+
 class PodApi(Protocol):
     """The API calls ``bind`` makes (``KubePodApi``; tests may pass their own)."""
 
@@ -816,7 +820,7 @@ class Sharing:
             PHASE_ANNOTATION: PHASE_ALLOCATING,
         }
         try:
-            self.api.annotate(ns, name, meta.resourceVersion or "", annotations)
+            self._record(ns, name, uid, meta.resourceVersion or "", annotations)
         except Exception as err:
             self.ledger.release(uid)
             self.bind_failures += 1
@@ -834,6 +838,28 @@ class Sharing:
             extra={"pod": f"{ns}/{name}", "node": node, "gpus": list(placed.gpus)},
         )
         return 200, ""
+
+    def _record(
+        self, ns: str, name: str, uid: str, version: str, annotations: dict[str, str | None]
+    ) -> None:
+        """Write the choice onto the pod if it is still the pod ``bind`` read. A 409 from
+        a change that does not concern the choice (the requeue nudge of a pod this
+        extender turned away earlier, a label) is retried on the pod's new version; a
+        pod that meanwhile got another UID, a node or a choice keeps the 409."""
+        assert self.api is not None
+        for attempt in range(_RECORD_ATTEMPTS):
+            try:
+                self.api.annotate(ns, name, version, annotations)
+                return
+            except Exception as err:
+                if getattr(err, "status", None) != 409 or attempt + 1 == _RECORD_ATTEMPTS:
+                    raise
+                pod = self.api.get_pod(ns, name)
+                meta = pod.get("metadata") or {}
+                if (meta.get("uid") != uid or (pod.get("spec") or {}).get("nodeName")
+                        or ASSIGNED_ANNOTATION in (meta.get("annotations") or {})):
+                    raise
+                version = str(meta.get("resourceVersion") or "")
 
     def _bind_plain(self, ns: str, name: str, uid: str, node: str) -> str:
         assert self.api is not None
