@@ -55,12 +55,23 @@ RECORDING_RULES: list[tuple[str, str]] = [
 ]
 RULE_GROUP = "gpuk8s-gpu.rules"
 
+# The accelerator manual's alert (002-32, docs/troubleshooting.md), as printed: Paddle's GPU
+# allocator failing on a shared GPU. Its metric is the application's, not gpu-exporter's.
+APPLICATION_GROUP = "gpuk8s-applications.alerts"
+APPLICATION_ALERTS: list[dict[str, Any]] = [
+    {"alert": "GPUAllocConflict",
+     "expr": "rate(paddle_gpu_malloc_failed_total[5m]) > 0",
+     "labels": {"severity": "critical"},
+     "annotations": {"summary": "GPU Memory Allocation Conflict Alert"}},
+]
+
 
 def rules() -> dict[str, Any]:
-    return {"groups": [{
-        "name": RULE_GROUP,
-        "rules": [{"record": name, "expr": expr} for name, expr in RECORDING_RULES],
-    }]}
+    return {"groups": [
+        {"name": RULE_GROUP,
+         "rules": [{"record": name, "expr": expr} for name, expr in RECORDING_RULES]},
+        {"name": APPLICATION_GROUP, "rules": APPLICATION_ALERTS},
+    ]}
 
 
 class _IndentedDumper(yaml.SafeDumper):

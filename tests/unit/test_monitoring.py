@@ -55,8 +55,11 @@ def _metric_names(expr: str) -> set[str]:
 
 def test_rules_use_only_exported_metrics_and_label_node_and_pod_levels() -> None:
     rules = yaml.safe_load((REPO / "monitoring/prometheus/gpuk8s-rules.yml").read_text())
-    (group,) = rules["groups"]
+    group, applications = rules["groups"]
     assert [r["record"] for r in group["rules"]] == [n for n, _ in GEN.RECORDING_RULES]
+    # the accelerator manual's Paddle alert (002-32), on the application's own metric
+    assert applications["rules"] == GEN.APPLICATION_ALERTS
+    assert [r["alert"] for r in applications["rules"]] == ["GPUAllocConflict"]
     for rule in group["rules"]:
         names = _metric_names(rule["expr"])
         assert names and names <= EXPORTED, rule

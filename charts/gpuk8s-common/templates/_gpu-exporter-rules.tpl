@@ -17,4 +17,12 @@ groups:
         expr: sum by (node, namespace, pod, kind) (gpuk8s_container_gpu_memory_used_bytes)
       - record: node_namespace_pod_kind:gpuk8s_container_gpu_devices:sum
         expr: sum by (node, namespace, pod, kind) (gpuk8s_container_gpu_devices)
+  - name: gpuk8s-applications.alerts
+    rules:
+      - alert: GPUAllocConflict
+        expr: rate(paddle_gpu_malloc_failed_total[5m]) > 0
+        labels:
+          severity: critical
+        annotations:
+          summary: GPU Memory Allocation Conflict Alert
 {{- end -}}
