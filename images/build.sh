@@ -101,7 +101,7 @@ build_busybox() {
 }
 
 # ---------------------------------------------------------------- payload images (lab)
-# What driver-manager's payload containers run (README: payload images): the simulator's
+# What driver-manager's payload containers run (docs/operator.md: payload images): the simulator's
 # driver / SDK trees (gpuk8s sim payload) plus a static busybox for sh, cp and sleep.
 LAB_DRIVER_VERSION="${LAB_DRIVER_VERSION:-2.33.0.6}"
 LAB_SDK_VERSION="${LAB_SDK_VERSION:-2.33.0.4}"

@@ -2,7 +2,7 @@
 # Build (once) and print the path of the lab's Go-built tools.
 #
 #   lab/tools.sh helm          -> absolute path of a ready helm binary
-#   lab/tools.sh helm3         -> the same for helm 3 (for kubernetes.core.helm, see README)
+#   lab/tools.sh helm3         -> the same for helm 3 (for kubernetes.core.helm, see lab/README.md)
 #   lab/tools.sh kubeconform   -> absolute path of a ready kubeconform binary
 #   lab/tools.sh kube          -> absolute path of the directory holding kube-apiserver,
 #                                 kube-controller-manager, kube-scheduler, kubelet,
@@ -11,7 +11,7 @@
 #   lab/tools.sh cdi           -> absolute path of gpuk8s-cdi-check: the reference CDI library
 #                                 (tags.cncf.io/container-device-interface) validating specs
 #   lab/tools.sh schemas       -> absolute path of the kubeconform JSON schema directory
-#                                 (generated from the built kube-apiserver's OpenAPI; see README)
+#                                 (generated from the built kube-apiserver's OpenAPI; see lab/README.md)
 #   lab/tools.sh all           -> builds everything (helm first), prints a timing summary
 #   lab/tools.sh versions      -> prints the pinned versions
 #

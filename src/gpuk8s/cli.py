@@ -1,4 +1,5 @@
-"""`gpuk8s` command line: detect | labels | topo | allocate | top | sim | serve | metax-docker."""
+"""`gpuk8s` command line: detect | labels | topo | allocate | top | exporter | sim | serve |
+metax-docker."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from .core.model import NodeInventory
 from .core.topology import Topology, Unit, units_for_inventory
 
 # `gpuk8s serve NAME ...` runs `main(argv)` of the module below; each service owns
-# its flags (see the README's service sections).
+# its flags (see each service's page under docs/).
 SERVICES: dict[str, str] = {
     "device-plugin": "gpuk8s.services.deviceplugin.main",
     "labeller": "gpuk8s.services.labeller.main",
@@ -185,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_top)
 
+    sub.add_parser("exporter", help="gpu-exporter's book of GPUs: gpus|forget "
+                   "(`gpuk8s exporter -h`)")
     sub.add_parser("sim", help="GPU simulator: create|fail|heal|vfnum|sync|load|show "
                    "(`gpuk8s sim -h`)")
     p = sub.add_parser("serve", help="run a service: " + ", ".join(SERVICES))
@@ -199,6 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .sim.cli import main as sim_main
 
             return sim_main(args_list[1:])
+        if args_list and args_list[0] == "exporter":
+            from .services.exporter.knowngpus import cli_main as exporter_main
+
+            return exporter_main(args_list[1:])
         if args_list and args_list[0] == "metax-docker":
             from .metax_docker.main import main as metax_docker_main
 

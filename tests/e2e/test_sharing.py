@@ -23,6 +23,7 @@ would then look free and the second pod would not land beside the first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import urllib.request
@@ -78,37 +79,46 @@ def allocatable(node: str, resource: str) -> int:
                or 0)
 
 
-@pytest.fixture(scope="module")
-def sharing(lab: dict[str, str]) -> Iterator[dict[str, str]]:
-    node = lab["node"]
+@contextlib.contextmanager
+def sgpu_stack(node: str, release: str, work: str, *values: str) -> Iterator[None]:
+    """The node in sgpu mode with the chart (gpu-device sharing, gpu-aware as the
+    scheduler's extender; ``values``: more ``--set`` of the chart) and namespace ``work``;
+    all undone on the way out, pass or fail."""
     kubectl("label", "node", node, f"{MODE_LABEL}=sgpu", "--overwrite")
     try:
-        helm("upgrade", "--install", RELEASE, str(REPO / "charts" / "metax-gpu-extensions"),
+        helm("upgrade", "--install", release, str(REPO / "charts" / "metax-gpu-extensions"),
              "-n", NS, "--create-namespace", "--wait", "--timeout", "5m",
              "--set", f"registry={REGISTRY}/gpuk8s",
              "--set", f"hostPaths.root={SIM_ROOT}",
              "--set", "hostPaths.extraReadPaths={/var/lib/gpuk8s-sim}",
              "--set", f"gpuDevice.extraArgs={{--device-path-prefix={SIM_ROOT}}}",
              "--set", "gpuDevice.sharing=true",
-             "--set", "deployExtenderGPUAware=true")  # fmt: skip
+             "--set", "deployExtenderGPUAware=true",
+             *(a for v in values for a in ("--set", v)))  # fmt: skip
         playbook("gpu_aware.yml", "-e", f"gpu_aware_namespace={NS}")
         wait_until("kube-scheduler ready with the extender", lambda: run(
             "curl", "-fsSk", SCHEDULER_READY, check=False).returncode == 0, 180)
         wait_until(f"{SGPU} allocatable {GPUS * SLOTS}",
                    lambda: allocatable(node, SGPU) == GPUS * SLOTS, 120, interval=0.5)
-        kubectl("create", "namespace", WORK)
-        wait_until("default sa", lambda: kubectl("-n", WORK, "get", "sa", "default",
+        kubectl("create", "namespace", work)
+        wait_until("default sa", lambda: kubectl("-n", work, "get", "sa", "default",
                                                  check=False), 30, interval=0.5)
-        yield lab
+        yield
     finally:
-        kubectl("delete", "namespace", WORK, "--wait=true", "--timeout=120s", check=False)
+        kubectl("delete", "namespace", work, "--wait=true", "--timeout=120s", check=False)
         playbook("gpu_aware.yml", "-e", "gpu_aware_state=absent", "-e",
                  f"gpu_aware_namespace={NS}")
-        run(HELM, "--kubeconfig", KUBECONFIG, "uninstall", RELEASE, "-n", NS, "--wait",
+        run(HELM, "--kubeconfig", KUBECONFIG, "uninstall", release, "-n", NS, "--wait",
             "--timeout", "3m", check=False, timeout=300)
         kubectl("label", "node", node, f"{MODE_LABEL}-", check=False)
         wait_until("nothing left after helm uninstall", lambda: kubectl(
             "get", "all", "-n", NS, "-o", "name", check=False).strip() == "", 60)
+
+
+@pytest.fixture(scope="module")
+def sharing(lab: dict[str, str]) -> Iterator[dict[str, str]]:
+    with sgpu_stack(lab["node"], RELEASE, WORK):
+        yield lab
 
 
 def shared_pod(name: str, vcore: int) -> dict[str, Any]:

@@ -372,8 +372,8 @@ def test_rank_scores_give_every_distinct_value_its_own_step() -> None:
 
 
 def test_worked_example_of_the_docs() -> None:
-    """The README's worked example, through the extender: a 4-GPU pod, five nodes, the
-    prior mix (no pods running yet), CPU and memory not known."""
+    """The worked example of docs/extender.md ("Prioritize"), through the extender: a
+    4-GPU pod, five nodes, the prior mix (no pods running yet), CPU and memory not known."""
     four = topologies.build(4, switch_of=[0] * 4, numa_of=[0] * 4, link_groups=[[0, 1, 2, 3]])
     nodes = [
         node("S", node_annotations(four)),  # 4 linked GPUs, all free

@@ -766,8 +766,8 @@ def memory_label_mib(value: str | None) -> int | None:
 
 # -- what a container gets -----------------------------------------------------------------
 def share_env(assignment: Assignment, uuids: Sequence[str] = ()) -> dict[str, str]:
-    """Environment for a container of the assigned pod (per mode; see the README's
-    "GPU sharing" section for what enforces it).
+    """Environment for a container of the assigned pod (per mode; see docs/sharing.md,
+    "What is enforced, per mode").
 
     * sgpu: ``METAX_SGPU_COMPUTE`` (percent) and ``METAX_SGPU_MEMORY_MIB``: assumed to be
       what MetaX's sGPU runtime reads (the vendor does not document it publicly); the

@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         max(300.0, 10 * args.interval))
     if uninstalling(api):
         # helm uninstall: take back what this agent published (the driver and the SDK stay
-        # on the host: running workloads use them; see the README)
+        # on the host: running workloads use them; see docs/operator.md)
         if args.payload == "maca":
             clear_readiness(args.host_root, "maca.ready", args.status_dir)
         agent.reporter.clear()
