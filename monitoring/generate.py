@@ -96,12 +96,23 @@ ALERT_RULES: list[dict[str, Any]] = [
                         "vendor tool reports it unavailable; gpu-device no longer offers it."}},
 ]
 
+# The accelerator manual's alert (002-32, docs/troubleshooting.md), as printed: Paddle's GPU
+# allocator failing on a shared GPU. Its metric is the application's, not gpu-exporter's.
+APPLICATION_GROUP = "gpuk8s-applications.alerts"
+APPLICATION_ALERTS: list[dict[str, Any]] = [
+    {"alert": "GPUAllocConflict",
+     "expr": "rate(paddle_gpu_malloc_failed_total[5m]) > 0",
+     "labels": {"severity": "critical"},
+     "annotations": {"summary": "GPU Memory Allocation Conflict Alert"}},
+]
+
 
 def rules() -> dict[str, Any]:
     return {"groups": [
         {"name": RULE_GROUP,
          "rules": [{"record": name, "expr": expr} for name, expr in RECORDING_RULES]},
         {"name": ALERT_GROUP, "rules": ALERT_RULES},
+        {"name": APPLICATION_GROUP, "rules": APPLICATION_ALERTS},
     ]}
 
 

@@ -26,12 +26,12 @@ import yaml
 
 from gpuk8s import sim
 from gpuk8s.sim import tree
+from tests.manual import block
 
 from .conftest import (
     BUSYBOX,
     KUBECONFIG,
     LAB,
-    REPO,
     kubectl,
     kubectl_json,
     run,
@@ -42,7 +42,6 @@ from .conftest import (
 pytestmark = pytest.mark.e2e
 
 DATA = Path(__file__).parent / "data" / "manual-002-08-cuda-app.yaml"
-SHARED_MANUAL = REPO.parent / "shared" / "MANUAL_COMMANDS.md"
 PREFIX = "fake-cuda"
 H100, A100, C500 = f"{PREFIX}-0000", f"{PREFIX}-0001", f"{PREFIX}-0002"
 BARE = ("cuda-major-version", "cuda-minor-version")
@@ -65,15 +64,12 @@ def manual_deployment(namespace: str) -> dict[str, Any]:
 
 
 def test_the_data_file_is_the_manuals_block() -> None:
-    if not SHARED_MANUAL.exists():
-        pytest.skip(f"{SHARED_MANUAL} is not beside this checkout")
-    text = SHARED_MANUAL.read_text()
-    start = text.index("**002-08 ")
-    block = text[text.index("```yaml\n", start) + 8:text.index("```", text.index("```yaml\n",
-                                                                                      start) + 8)]
+    """The block as docs/manual/MANUAL_COMMANDS.md (the repository's copy of the manual's
+    commands) has it; tests/unit/test_manual_commands.py keeps that copy equal to
+    ../shared/MANUAL_COMMANDS.md where it exists."""
     ours = "".join(line + "\n" for line in DATA.read_text().splitlines()
                    if not line.startswith("#"))
-    assert ours == block
+    assert ours == block("002-08").code
 
 
 def labels(node: str) -> dict[str, str]:

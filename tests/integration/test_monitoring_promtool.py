@@ -274,3 +274,23 @@ def test_an_unbound_gpu_is_counted_and_alerted_as_unhealthy(tmp_path: Path) -> N
                               "value": 1}]},
         ],
     }])
+
+
+def test_the_manuals_paddle_alert_fires_while_allocations_fail(tmp_path: Path) -> None:
+    """GPUAllocConflict (the accelerator manual's 002-32, on the training job's own counter
+    paddle_gpu_malloc_failed_total): silent while the counter stands still, firing while
+    it grows (from minute 10 to 20), silent again five minutes after it stops."""
+    (rule,) = GEN.APPLICATION_ALERTS
+    job = {"job": "paddle-train", "pod": "train-0"}
+    series = series_name("paddle_gpu_malloc_failed_total", job)
+    promtool(tmp_path, [{
+        "interval": "1m",
+        "input_series": [{"series": series, "values": "0x10 1+1x10 11x20"}],
+        "alert_rule_test": [
+            {"eval_time": "9m", "alertname": "GPUAllocConflict", "exp_alerts": []},
+            {"eval_time": "15m", "alertname": "GPUAllocConflict", "exp_alerts": [
+                {"exp_labels": {**job, **rule["labels"]},
+                 "exp_annotations": rule["annotations"]}]},
+            {"eval_time": "30m", "alertname": "GPUAllocConflict", "exp_alerts": []},
+        ],
+    }])

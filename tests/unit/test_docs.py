@@ -22,17 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 PAGES = [README, REPO / "lab" / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 
-# Pages the README links to that another branch (wt-manual) is adding. A missing one is
-# allowed only while it is listed here; once it exists it is checked like any page, and
+# Pages the README links to that another branch is adding. A missing one is allowed only
+# while it is listed here; once it exists it is checked like any page, and
 # test_pending_pages_are_really_pending asks for its name to be taken off this list.
-PENDING = {
-    "docs/README.md",
-    "docs/applications.md",
-    "docs/limits.md",
-    "docs/compatibility.md",
-    "docs/troubleshooting.md",
-    "docs/manual-conformance.md",
-}
+PENDING: set[str] = set()
 
 _FENCE = re.compile(r"^(```|~~~)")
 _LINK = re.compile(r"\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")

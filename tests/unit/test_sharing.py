@@ -40,9 +40,13 @@ def test_mps_family() -> None:
     assert share == s.ShareRequest(s.MODE_MPS, 1, 25, 1024)
     with pytest.raises(s.SharingError, match=r"mps-core.*1 to 100, got '101'"):
         s.parse_share({"nvidia.com/mps-core": "101"})
-    # 0 ids: the kubelet would not call Allocate, and the container would get no GPU
-    with pytest.raises(s.SharingError, match=r"mps-core.*1 to 100, got '0'"):
+    # 0 ids: the kubelet would not call Allocate, and the container would get no GPU; the
+    # accelerator manual allows 0 %, so the refusal says why
+    with pytest.raises(s.SharingError, match=r"mps-core.*1 to 100, got '0': the kubelet calls "
+                       r"the device plugin's Allocate only for a positive count.*without any "
+                       r"GPU; for no compute limit ask for 100"):
         s.parse_share({"nvidia.com/mps-core": "0"})
+    assert "%" not in s.ZERO_COUNT_WHY  # kube-scheduler formats the extender's reasons
     with pytest.raises(s.SharingError, match=r"mps-core'\]: required with nvidia.com/mps-memory"):
         s.parse_share({"nvidia.com/mps-memory": "1Gi"})
 
@@ -54,10 +58,10 @@ def test_mps_family() -> None:
          r"\['metax-tech.com/vcore'\]"),
         ({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "-5"}, "vcore.*negative"),
         ({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "12.5"}, "vcore.*whole percent"),
-        ({"metax-tech.com/sgpu": "0"}, "sgpu.*1 to 64"),
+        ({"metax-tech.com/sgpu": "0"}, "sgpu.*1 to 64, got 0: the kubelet calls"),
         ({"metax-tech.com/vcore": "5", "nvidia.com/mps-core": "5"}, "mixes sharing families"),
         ({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": True}, "vcore.*quantity"),
-        ({"tencent.com/vcuda-core": "0"}, "vcuda-core.*1-99.*got 0"),
+        ({"tencent.com/vcuda-core": "0"}, "vcuda-core.*1-99.*got 0: the kubelet calls"),
     ],
 )
 def test_bad_requests_name_the_field(limits: dict[str, object], match: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import shutil
 import stat
 import subprocess
@@ -214,6 +215,24 @@ def test_fake_nvidia_smi(tmp_path: Path) -> None:
     topo = subprocess.run([tool, "topo", "-m"], capture_output=True, text=True,
                           check=True).stdout
     assert topo.splitlines()[1].split("\t")[1:3] == [" X ", "NV18"]
+
+
+def test_fake_nvidia_smi_loops_as_the_manual_watches_memory(tmp_path: Path) -> None:
+    """`nvidia-smi --query-gpu=memory.used --format=csv -l 1` (the accelerator manual's
+    002-30) repeats the rows until interrupted; the CSV heading comes once."""
+    root = tmp_path / "n"
+    sim.create(str(root), "t4-2")
+    proc = subprocess.Popen([str(root / "usr/bin/nvidia-smi"), "--query-gpu=memory.used",
+                             "--format=csv", "--loop=0.01"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline().rstrip("\n") for _ in range(1 + 2 * 3)]
+    proc.terminate()
+    proc.wait(timeout=30)
+    assert lines == ["memory.used [MiB]"] + ["0 MiB"] * 6
+    argv = ["--query-gpu=memory.used", "--format=csv", "-l", "1"]
+    smi = runpy.run_path(str(root / "usr/bin/nvidia-smi"))
+    assert smi["loop_seconds"](argv) == (1.0, argv[:2])
+    assert smi["loop_seconds"](["-l"]) == (5.0, [])  # nvidia-smi's default period
 
 
 def test_cli_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

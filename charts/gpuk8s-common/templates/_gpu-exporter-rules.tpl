@@ -45,4 +45,12 @@ groups:
           summary: GPU {{`{{`}} $labels.gpu {{`}}`}} ({{`{{`}} $labels.uuid {{`}}`}}) of {{`{{`}} $labels.node {{`}}`}} is unhealthy
           description: 'On the bus but unhealthy for 5 minutes: no driver bound, or the vendor tool reports it unavailable;
             gpu-device no longer offers it.'
+  - name: gpuk8s-applications.alerts
+    rules:
+      - alert: GPUAllocConflict
+        expr: rate(paddle_gpu_malloc_failed_total[5m]) > 0
+        labels:
+          severity: critical
+        annotations:
+          summary: GPU Memory Allocation Conflict Alert
 {{- end -}}

@@ -201,6 +201,14 @@ _COUNTED_MEANING = {
 }
 
 
+# why a zero count of a counted resource is refused (the accelerator manual allows an MPS
+# compute limit of 0 %): the kubelet never calls the device plugin for a count of 0
+ZERO_COUNT_WHY = (
+    "the kubelet calls the device plugin's Allocate only for a positive count of a "
+    "resource, so with 0 the container would start without any GPU"
+)
+
+
 class SharingError(ConfigError):
     """A sharing request or annotation that is not valid (names the field)."""
 
@@ -311,6 +319,7 @@ def parse_share(
         if not 1 <= gpus <= MAX_SHARED_GPUS:
             raise SharingError(
                 f"{field_of(SGPU_RESOURCE)}: must be 1 to {MAX_SHARED_GPUS}, got {gpus}"
+                + (f": {ZERO_COUNT_WHY}" if gpus == 0 else "")
             )
         core = (
             _percent(asked[VCORE_RESOURCE], field_of(VCORE_RESOURCE))
@@ -327,8 +336,13 @@ def parse_share(
         raise SharingError(
             f"{field_of(VCUDA_CORE_RESOURCE)}: must be 1-99 (percent of one GPU) or a "
             f"multiple of 100 up to {MAX_SHARED_GPUS * 100} (whole GPUs), got {core}"
+            + (f": {ZERO_COUNT_WHY}" if core == 0 else "")
         )
-    core = _percent(asked[MPS_CORE_RESOURCE], field_of(MPS_CORE_RESOURCE), low=1)
+    value, what = asked[MPS_CORE_RESOURCE], field_of(MPS_CORE_RESOURCE)
+    if _amount(value, what) == 0:  # the accelerator manual's "0-100 %" (manual-conformance.md)
+        raise SharingError(f"{what}: must be a whole percent 1 to 100, got {value!r}: "
+                           f"{ZERO_COUNT_WHY}; for no compute limit ask for 100, MPS's default")
+    core = _percent(value, what, low=1)
     return ShareRequest(MODE_MPS, 1, core, memory, False, container)
 
 

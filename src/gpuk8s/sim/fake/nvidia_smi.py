@@ -5,7 +5,8 @@ Standalone (stdlib only): finds the simulated root from its own location and rea
 ``<root>/var/lib/gpuk8s-sim/state.json``. Answers with no argument (the status table the
 accelerator manual shows: ``Driver Version: ...  CUDA Version: ...``), ``-L``,
 ``--query-gpu=... --format=csv[,noheader][,nounits]`` (``compute_cap``, ``driver_version``
-included), ``--query-compute-apps=...`` and ``topo -m``; load set with ``gpuk8s sim load``
+included; ``-l SEC`` repeats it every SEC seconds until interrupted, the heading once),
+``--query-compute-apps=...`` and ``topo -m``; load set with ``gpuk8s sim load``
 shows in the utilisation, memory, temperature, power, ECC and process fields. A GPU in
 fault is reported like a GPU that fell off the bus ("Unable to determine the device handle
 ...", exit status 15).
@@ -168,7 +169,35 @@ def table(state: dict[str, Any], gpus: list[dict[str, Any]]) -> None:
     print("+" + "-" * 89 + "+")
 
 
+def loop_seconds(argv: list[str]) -> tuple[float | None, list[str]]:
+    """``-l [SEC]`` / ``--loop=SEC`` (nvidia-smi's default 5 s): the period, and argv
+    without it."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--loop="):
+            return float(arg.split("=", 1)[1]), argv[:i] + argv[i + 1:]
+        if arg in ("-l", "--loop"):
+            given = argv[i + 1] if i + 1 < len(argv) else ""
+            if given.replace(".", "", 1).isdigit():
+                return float(given), argv[:i] + argv[i + 2:]
+            return 5.0, argv[:i] + argv[i + 1:]
+    return None, argv
+
+
 def main(argv: list[str]) -> int:
+    seconds, argv = loop_seconds(argv)
+    if seconds is None:
+        return once(argv)
+    # repeat until interrupted, as the real one does; the CSV heading only once
+    later = [a + ",noheader" if a.startswith("--format=") else a for a in argv]
+    rc = once(argv)
+    while rc == 0:
+        sys.stdout.flush()
+        time.sleep(seconds)
+        rc = once(later)
+    return rc
+
+
+def once(argv: list[str]) -> int:
     if not has_nvml(root_dir()):
         print(NO_NVML)
         return 12
