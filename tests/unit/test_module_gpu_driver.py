@@ -267,6 +267,12 @@ def test_the_kernel_release_is_the_nodes_own(tmp_path: Path) -> None:
     assert "runs kernel 5.15.0-100-generic" in result["msg"] and modprobe_log(root) == []
     check = run(root, check=True, version=NEW, payload=bundle, deploy_policy="Always")
     assert check["failed"] and "runs kernel 5.15.0-100-generic" in check["msg"]
+    # no osrelease under the root (no /proc mounted there): a container shares its host's
+    # kernel, so it is this process's own, and the message says where it came from
+    (root / "proc/sys/kernel/osrelease").unlink()
+    mine = run(root, version=NEW, payload=bundle, deploy_policy="Always")
+    assert mine["failed"] and f"runs kernel {os.uname().release} (uname -r here: no" in \
+        mine["msg"]
 
 
 def test_a_payload_without_version_txt_is_refused_before_the_unload(tmp_path: Path) -> None:

@@ -190,12 +190,16 @@ def check_payload(path: str, kind: str, wanted: str) -> None:
         )
 
 
-def check_tree(tree: str, wanted: str, module: str, release: str, source: str) -> str:
+def check_tree(tree: str, wanted: str, module: str, root: str, source: str) -> str:
     """Check a host-layout payload tree before anything is touched: its
     ``opt/mxdriver/Version.txt`` says ``wanted``; it holds kernel module ``module`` under
-    ``lib/modules/<release>/`` (``release``: the kernel the node runs) and every module
-    there was built for that release (``vermagic``). Returns the module's path in the
-    tree; PayloadError naming what is wrong otherwise (nothing was changed)."""
+    ``lib/modules/<release>/`` (``release``: the kernel the host under ``root`` runs) and
+    every module there was built for that release (``vermagic``). Returns the module's
+    path in the tree; PayloadError naming what is wrong otherwise (nothing was changed)."""
+    release = kmodule.kernel_release(root)
+    osrelease = host_path(root, kmodule.OSRELEASE)
+    runs = f"this node runs kernel {release}" + (
+        "" if os.path.isfile(osrelease) else f" (uname -r here: no {osrelease})")
     if payload_version(tree, "dir") is None:
         raise PayloadError(f"payload {source} has no opt/mxdriver/Version.txt: not a driver "
                            "payload (or a broken one); nothing was changed")
@@ -207,8 +211,8 @@ def check_tree(tree: str, wanted: str, module: str, release: str, source: str) -
         where = ", ".join(f"{rel} (kernel {r})" for r, rel in ours)
         held = f"holds {module} only for another kernel: {where}" if ours else \
             f"holds no {module} kernel module (lib/modules/{release}/.../{module}.ko)"
-        raise PayloadError(f"payload {source} {held}, and this node runs kernel {release}: "
-                           "use the payload built for this kernel; nothing was changed")
+        raise PayloadError(f"payload {source} {held}, and {runs}: use the payload built for "
+                           "this kernel; nothing was changed")
     for r, rel in found:
         if r != release:
             continue
@@ -220,8 +224,8 @@ def check_tree(tree: str, wanted: str, module: str, release: str, source: str) -
         if built != release:
             raise PayloadError(
                 f"payload {source}: {rel} was built for kernel {built} (its vermagic), but "
-                f"this node runs kernel {release}: the kernel would refuse it (Invalid module "
-                "format); use the payload built for this kernel; nothing was changed"
+                f"{runs}: the kernel would refuse it (Invalid module format); use the payload "
+                "built for this kernel; nothing was changed"
             )
     return next(rel for r, rel in ours if r == release)
 
@@ -364,8 +368,8 @@ def plan(root: str, request: InstallRequest, runner: Runner | None = None
                               f"(deploy_policy {request.policy})")
         kind = payload_kind(request.payload, request.payload_kind)
         if kind == "dir" and not request.install_command:
-            check_tree(request.payload, str(request.version), request.module,
-                       kmodule.kernel_release(root), request.payload)
+            check_tree(request.payload, str(request.version), request.module, root,
+                       request.payload)
         else:  # the install command's / package's own layout: the version when it says
             check_payload(request.payload, kind, str(request.version))
         _check_command(depmod_argv(root, request, "-"), "depmod",
@@ -428,7 +432,7 @@ def _stage(root: str, request: InstallRequest, kind: str, runner: Runner) -> str
     try:
         for argv in install_commands(kind, str(request.payload), staging, request.run_args):
             _run(runner, argv, "unpacking the payload")
-        check_tree(staging, str(request.version), request.module, kmodule.kernel_release(root),
+        check_tree(staging, str(request.version), request.module, root,
                    f"{request.payload} (unpacked)")
     except GpuK8sError:
         shutil.rmtree(staging, ignore_errors=True)
