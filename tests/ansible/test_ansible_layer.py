@@ -74,18 +74,14 @@ def host_vars(where: Path, host_python: str, yaml_python: str) -> dict[str, str]
     (cp_root / "etc/kubernetes/manifests").mkdir(parents=True)
     shutil.copy(SAMPLE_MANIFEST, cp_root / "etc/kubernetes/manifests/kube-scheduler.yaml")
     payload = where / "payload"
-    for rel, text in (("opt/mxdriver/Version.txt", "Version:2.33.0.6\n"),
-                      ("lib/modules/6.1.0-sim/updates/metax.ko", "version=2.33.0.6\n")):
-        (payload / rel).parent.mkdir(parents=True, exist_ok=True)
-        (payload / rel).write_text(text)
+    sim.write_payload("driver", "2.33.0.6", str(payload))
     return {
         "gpuk8s_sim_root": str(sim_root),
         "gpuk8s_cp_root": str(cp_root),
         "gpuk8s_payload": str(payload),
         "gpuk8s_host_python": host_python,
         "gpuk8s_yaml_python": yaml_python,
-        "gpuk8s_standin": str(REPO / "tests/ansible/bin/sim_modprobe.py"),
-        # the simulator's modprobe stand-in imports gpuk8s: the controller's Python
+        # runs the simulator's modprobe stand-in (any Python 3)
         "gpuk8s_standin_python": sys.executable,
     }
 

@@ -241,7 +241,8 @@ def test_5_bad_payload_is_reported_and_nothing_is_installed(
         "registry": "127.0.0.1:5000/gpuk8s", "hostPaths": {"root": str(SIM_ROOT)},
         "driver": {"payload": {"version": version}, "extraArgs": [
             "--load-command={host_root}/usr/sbin/modprobe {module}",
-            "--unload-command={host_root}/usr/sbin/modprobe -r {module}"]},
+            "--unload-command={host_root}/usr/sbin/modprobe -r {module}",
+            "--depmod-command={host_root}/usr/sbin/depmod -a -b {host_root} {kernel_release}"]},
         "maca": {"payload": {"images": [f"maca-c500:{SDK}-ubuntu22.04-amd64"]}},
         "runtime": {"containerd": {"config": str(CONTAINERD_CONFIG)}},
     }))

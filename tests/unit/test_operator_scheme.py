@@ -31,7 +31,8 @@ from gpuk8s.services.operator.controller import CONFIG_NAME, STATUS_NAME, Contro
 from gpuk8s.services.runtime import containerd
 from gpuk8s.services.runtime.agent import WRAPPER_NAME, RuntimeAgent, RuntimeSettings
 
-STANDIN = str(Path(__file__).resolve().parents[1] / "ansible" / "bin" / "sim_modprobe.py")
+from .simdriver import LOAD, UNLOAD
+
 NEW = "2.33.0.6"
 LAB_CONFIG = """version = 2
 # the admin's comment stays
@@ -204,12 +205,7 @@ def test_wrapper_applies_the_spec_to_a_bundle_and_respects_an_image_sdk(tmp_path
 
 def driver_payload(directory: Path, version: str = NEW, image: str = "reg/driver-image:x"
                    ) -> None:
-    tree = directory / "driver"
-    (tree / "opt/mxdriver/bin").mkdir(parents=True)
-    (tree / "opt/mxdriver/Version.txt").write_text(f"Version:{version}\n")
-    ko = tree / "lib/modules/6.1.0-sim/extra/metax.ko"
-    ko.parent.mkdir(parents=True)
-    ko.write_text(f"version={version}\n")
+    sim.write_payload("driver", version, str(directory / "driver"))
     (directory / "driver.complete").write_text(image + "\n")
 
 
@@ -221,8 +217,7 @@ def driver_agent(tmp_path: Path, preset: str, policy: str = "IfNotPresent",
     api = FakeNode()
     request = drv.InstallRequest(
         policy=policy, version=NEW, owner="driver-manager",
-        load_command=(sys.executable, STANDIN, "--root", "{host_root}", "{module}"),
-        unload_command=(sys.executable, STANDIN, "--root", "{host_root}", "-r", "{module}"),
+        load_command=LOAD, unload_command=UNLOAD,
     )
     agent = DriverAgent(str(root), request, Reporter(api, "driver-manager.driver", "Driver"),
                         default_runner, PayloadSource(str(payload), "reg/driver-image:x",
@@ -267,7 +262,7 @@ def test_bad_payload_is_reported_and_nothing_is_installed(tmp_path: Path, proble
         in report.message
     assert api.events[-1][0] == "DriverFailed"
     assert not discover(str(root)).driver.loaded
-    assert not (root / "opt/mxdriver").exists() and not (root / "lib/modules").exists()
+    assert not (root / "opt/mxdriver").exists() and not list(root.glob("lib/modules/*/*/*.ko"))
 
 
 def test_driver_manager_applies_the_desired_vfnum(tmp_path: Path) -> None:
@@ -460,6 +455,39 @@ def test_maca_agent_picks_the_image_asks_for_it_and_installs_it(tmp_path: Path) 
     assert (root / "opt/maca").is_symlink()
     assert (root / "opt/maca/Version.txt").read_text() == "Version:2.33.0.4\n"
     assert api.events[-1][0] == "MacaReady"
+
+
+def test_maca_agent_refuses_an_image_holding_another_sdk_than_its_tag(tmp_path: Path) -> None:
+    from gpuk8s.services.drivermanager.agent import MacaAgent
+
+    root, payload = tmp_path / "host", tmp_path / "payload"
+    sim.create(str(root), "nodriver-8")
+    payload.mkdir()
+    image = "reg/p/maca-c500:2.33.0.4-ubuntu22.04-amd64"
+    api = FakeNode()
+    agent = MacaAgent(str(root), [image], Reporter(api, "driver-manager.maca", "Maca"),
+                      PayloadSource(str(payload), "", "", None), "/run/metax",
+                      payload_grace=60.0)
+    sim.write_payload("maca", "2.99.0.1", str(payload / "maca"))
+    (payload / "maca.complete").write_text(image + "\n")
+    report = agent.one_pass()
+    assert report.state == "failed", report.message
+    assert "holds SDK 2.99.0.1" in report.message and "2.33.0.4-ubuntu22.04-amd64" in \
+        report.message
+    assert not (root / "opt/maca").exists() and not (root / "opt/.gpuk8s-maca").exists()
+    assert read_readiness(str(root)) == {"maca.ready": False}
+    assert api.events[-1][0] == "MacaFailed"
+
+
+def test_driver_manager_refuses_a_payload_without_version_txt_before_the_unload(
+        tmp_path: Path) -> None:
+    agent, root, payload, _ = driver_agent(tmp_path, "c500-8", policy="Always")
+    driver_payload(payload)
+    (payload / "driver/opt/mxdriver/Version.txt").unlink()
+    report = agent.one_pass()
+    assert report.state == "failed" and "has no opt/mxdriver/Version.txt" in report.message
+    assert not (root / "var/lib/gpuk8s-sim/modprobe.log").exists()  # never unloaded
+    assert discover(str(root)).driver.version == "2.32.0.6"
 
 
 def test_liveness_endpoint_of_the_node_agents() -> None:

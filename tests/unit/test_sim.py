@@ -16,6 +16,7 @@ import pytest
 from gpuk8s import sim
 from gpuk8s.core.errors import ConfigError
 from gpuk8s.discovery import discover
+from gpuk8s.sim import kobject
 from gpuk8s.sim.cli import main as sim_main
 
 PRESET_NAMES = ["c500-8", "c550-8", "mixed-16", "n260-2", "c500-8-vf4", "nodriver-8",
@@ -272,14 +273,17 @@ def test_modprobe_stand_in_loads_an_installed_driver(tmp_path: Path) -> None:
     modprobe = root / "usr/sbin/modprobe"
     proc = _run(modprobe, "metax")
     assert proc.returncode == 1 and "Module metax not found" in proc.stderr
-    # a payload installs the module file and the tools, then the module is loaded
+    # a payload installs the module file and the tools; depmod indexes the module; then it
+    # is loaded
     ko = root / "lib/modules/5.15.0-91-generic/updates/dkms/metax.ko"
-    ko.parent.mkdir(parents=True)
-    ko.write_bytes(b"\x7fELF\x00\x00version=2.33.1.2\x00license=GPL\x00")
+    kobject.write_module(str(ko), "metax", "2.33.1.2", "5.15.0-91-generic")
     tool = root / "opt/mxdriver/bin/mx-smi"
     tool.parent.mkdir(parents=True)
     tool.write_text(sim.tool_source("mx-smi"))
     tool.chmod(0o755)
+    proc = _run(modprobe, "metax")
+    assert proc.returncode == 1 and "Module metax not found" in proc.stderr  # no depmod yet
+    assert _run(root / "usr/sbin/depmod", "-a").returncode == 0
     assert _run(modprobe, "metax", "pri_mem_sz=36").returncode == 0
     inv = discover(str(root))
     assert inv.driver.loaded and inv.driver.version == "2.33.1.2"

@@ -21,6 +21,7 @@ from . import (
     set_vfnum,
     state,
     sync,
+    tree,
     write_payload,
 )
 
@@ -86,6 +87,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("kind", choices=PAYLOAD_KINDS)
     p.add_argument("--version", required=True)
     p.add_argument("--out", required=True, help="directory to write into")
+    p.add_argument("--kernel-release", default=tree.KERNEL_RELEASE,
+                   help="driver: the kernel its module is built for (default "
+                   f"{tree.KERNEL_RELEASE}, a new simulated root's)")
 
     p = sub.add_parser("show", help="print the simulated state")
     p.add_argument("--root", required=True)
@@ -172,7 +176,7 @@ def main(argv: list[str]) -> int:
         elif args.command == "load":
             run_load(args)
         elif args.command == "payload":
-            write_payload(args.kind, args.version, args.out)
+            write_payload(args.kind, args.version, args.out, args.kernel_release)
             print(f"{args.kind} payload {args.version} at {args.out}")
         elif args.command == "sync":
             print("changed" if sync(args.root) else "unchanged")

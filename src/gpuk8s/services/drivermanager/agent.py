@@ -296,8 +296,11 @@ class MacaAgent:
                 return Report("failed", f"SDK payload {image.ref} unavailable ({why})", details)
             return Report("pending", f"waiting for SDK payload {image.ref}: {why}", details)
         try:
-            changed, version = sdk.install_sdk(self.root,
-                                               os.path.join(self.payload.directory, "maca"))
+            # the tag says which SDK the image holds (2.33.0.4-ubuntu22.04-amd64): a tree
+            # holding another one is refused before /opt/maca changes
+            changed, version = sdk.install_sdk(
+                self.root, os.path.join(self.payload.directory, "maca"), image.version,
+                f"what its image tag {image.tag} says")
         except GpuK8sError as err:
             return Report("failed", f"SDK from {image.ref}: {err}", details)
         verb = "installed" if changed else "in place:"
