@@ -104,7 +104,8 @@ start_daemon() {
             n="${fd##*/}"
             if [ "$n" -gt 2 ] 2>/dev/null; then eval "exec $n>&-" 2>/dev/null || true; fi
         done
-        exec setsid "$@" </dev/null >>"$LOG_DIR/$name.log" 2>&1
+        # every signal at its default, as systemd starts a service (see lab/supervise)
+        exec setsid env --default-signal "$@" </dev/null >>"$LOG_DIR/$name.log" 2>&1
     ) &
     echo $! >"$RUN_DIR/$name.pid"
     log "started $name (pid $!, log $LOG_DIR/$name.log)"
