@@ -9,9 +9,17 @@ Each pass:
 2. where the runtime lacks CDI (containerd < 2.0 without ``enable_cdi``), the wrapper
    (``host.ociwrapper`` packed into one executable zip run by the host's python3) and its
    config are installed under ``--install-dir``, registered as containerd runtime handler
-   ``--handler`` (optionally the default runtime) and containerd is restarted once;
-3. ``runtime.ready`` is marked true once 2 is done (it does not wait for the driver:
-   SPEC §12 orders container-runtime before driver-manager).
+   ``--handler`` (optionally the default runtime) and containerd is restarted once; where
+   it has CDI (containerd >= 2.0), its CRI must say so (``enable_cdi``);
+3. ``runtime.ready`` is marked true once containerd's CRI shows it serves 2 (the handler
+   with the wrapper, or CDI), read back over its socket every pass, never assumed (it does
+   not wait for the driver: SPEC §12 orders container-runtime before driver-manager).
+
+A restart that fails (containerd ignores SIGHUP, does not come back, or comes back without
+the handler) puts the config back as it was and reports ``failed`` with the reason; the
+same edit is not tried again until containerd (its pid) or its config changes, so a
+broken node is never restarted in a loop. With ``--restart-mode none`` the edit stays and
+the state is ``pending`` until someone restarts containerd.
 
 ``uninstall`` undoes 1-3. The wrapper file itself is removed only when no running
 container's shim still refers to it (they call it again to stop the container).
@@ -19,6 +27,7 @@ container's shim still refers to it (they call it again to stop the container).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -37,6 +46,7 @@ from ...host.ociwrapper import CONFIG_NAME
 from ...host.readiness import clear_readiness, write_readiness
 from ..nodeagent import Report, Reporter
 from . import containerd
+from .containerd import RuntimeConfigError
 
 log = logging.getLogger("gpuk8s.container-runtime")
 
@@ -47,6 +57,11 @@ RUNC_CANDIDATES = ("/usr/sbin/runc", "/usr/bin/runc", "/usr/local/sbin/runc",
 TASKS_DIR = "/run/containerd/io.containerd.runtime.v2.task"
 # Packed into the wrapper: stdlib-only packages (Python 3.8+).
 WRAPPER_PACKAGES = ("core", "discovery", "host")
+RESTART_TIMEOUT = 60.0  # for containerd to come back serving the new config
+
+
+class RestartPending(GpuK8sError):
+    """The config is edited; containerd has not been restarted onto it (restart mode none)."""
 
 
 def spec_filename(kind: str) -> str:
@@ -131,15 +146,36 @@ class RuntimeAgent:
         self.details["mode"] = mode
         try:
             spec_state = self.write_spec()
-            if mode == "wrapper" and not self._hook_done:
-                self.install_hook()
-            self._hook_done = True
+            if mode == "wrapper":
+                self.ensure_hook()
+            else:
+                self.check_native()
+        except RestartPending as err:
+            return Report("pending", str(err), dict(self.details))
         except GpuK8sError as err:
             return Report("failed", str(err), dict(self.details))
         how = (f"runtime handler {s.handler!r} (wrapper {s.install_dir}/bin/{WRAPPER_NAME})"
                if mode == "wrapper" else "the runtime's own CDI support")
         return Report("ready", f"{spec_state}; containers get it through {how}",
                       dict(self.details))
+
+    def _checks_containerd(self) -> bool:
+        kind, _version = containerd.parse_runtime_version(self.settings.runtime_version)
+        return self.settings.runtime == "containerd" or (
+            self.settings.runtime == "auto" and kind == "containerd")
+
+    def socket(self) -> str:
+        return self.settings.sys(self.settings.containerd_socket)
+
+    def check_native(self) -> None:
+        """containerd with CDI of its own: its CRI must really have it on."""
+        if not self._checks_containerd():
+            return
+        if not containerd.cri_cdi_enabled(containerd.cri_config(self.socket())):
+            raise RuntimeConfigError(
+                "containerd's CRI has CDI off (enable_cdi = false): containers would not get "
+                f"their GPUs; set enable_cdi = true in {self.settings.containerd_config} and "
+                "restart containerd")
 
     def spec(self) -> dict[str, Any] | None:
         s = self.settings
@@ -182,6 +218,19 @@ class RuntimeAgent:
     def wrapper_path(self) -> str:
         return f"{self.settings.install_dir}/bin/{WRAPPER_NAME}"
 
+    def ensure_hook(self) -> None:
+        """The wrapper installed and served: installed once, served checked every pass."""
+        s = self.settings
+        if self._hook_done:
+            reason = containerd.not_served(containerd.cri_config(self.socket()), s.handler,
+                                           self.wrapper_path(), s.set_default)
+            if reason is None:
+                return
+            log.warning("runtime handler lost: installing it again", extra={"reason": reason})
+            self._hook_done = False
+        self.install_hook()
+        self._hook_done = True
+
     def install_hook(self) -> None:
         s = self.settings
         if not os.path.exists(s.sys(s.host_python)):
@@ -193,8 +242,54 @@ class RuntimeAgent:
         if text is None:
             raise GpuK8sError(f"containerd config {s.containerd_config} not found on the node "
                               "(chart option runtime.containerd.config)")
-        result = containerd.configure(text, s.handler, self.wrapper_path(), s.set_default)
-        runc = result.base_binary or next(
+        imported = containerd.resolve_imports(text, s.containerd_config, s.sys)
+        result = containerd.configure(text, s.handler, self.wrapper_path(), s.set_default,
+                                      imported)
+        serving = containerd.cri_config(self.socket())  # it must answer before any change
+        self.details.update(configVersion=result.version)
+        state = files.read_json(self._state_path()) or {}
+        digest = hashlib.sha256(result.text.encode()).hexdigest()
+        attempt = state.get("attempt") or {}
+        if attempt.get("digest") == digest and \
+                attempt.get("pid") == containerd.peer_pid_or_zero(self.socket()):
+            raise RuntimeConfigError(f"{attempt.get('reason')} (not tried again until "
+                                     "containerd or its config changes)")
+        self._install_wrapper(result.base_binary)
+        if "previousDefault" not in state:
+            state["previousDefault"] = result.previous_default
+        state.update(handler=s.handler, config=s.containerd_config)
+        files.write_json(self._state_path(), state)
+        self.details.update(handler=s.handler, default=s.set_default)
+        backup = config_path + ".gpuk8s-backup"
+        made_backup = result.changed and not os.path.exists(backup)
+        if result.changed:
+            if made_backup:
+                files.atomic_write(backup, text)
+            files.atomic_write(config_path, result.text)
+        reason = containerd.not_served(serving, s.handler, self.wrapper_path(), s.set_default)
+        if reason is None:
+            self._forget_attempt()
+            return
+        try:
+            done = self._restart_onto(self.wrapper_path(), reason)
+        except RestartPending:
+            raise
+        except RuntimeConfigError as err:
+            message = str(err)
+            if result.changed:
+                message += self._put_back(config_path, text)
+                if made_backup:
+                    files.remove(backup)
+            state["attempt"] = {"digest": digest, "reason": message,
+                                "pid": containerd.peer_pid_or_zero(self.socket())}
+            files.write_json(self._state_path(), state)
+            raise RuntimeConfigError(message) from err
+        self._forget_attempt()
+        log.info("containerd configured", extra={"handler": s.handler, "restart": done})
+
+    def _install_wrapper(self, base_binary: str | None) -> None:
+        s = self.settings
+        runc = base_binary or next(
             (p for p in RUNC_CANDIDATES if os.path.exists(s.sys(p))), "runc")
         bin_dir = os.path.join(s.sys(s.install_dir), "bin")
         os.makedirs(bin_dir, exist_ok=True)
@@ -210,19 +305,57 @@ class RuntimeAgent:
         files.write_json(os.path.join(bin_dir, CONFIG_NAME), {
             "runtime": runc, "specDirs": [s.cdi_dir, "/var/run/cdi"], "sdkPaths": sdk_paths,
         })
+        self.details.update(runc=runc)
+
+    def _forget_attempt(self) -> None:
         state = files.read_json(self._state_path()) or {}
-        if "previousDefault" not in state:
-            state["previousDefault"] = result.previous_default
-        state.update(handler=s.handler, config=s.containerd_config)
-        files.write_json(self._state_path(), state)
-        self.details.update(handler=s.handler, default=s.set_default, runc=runc)
-        if result.changed:
-            backup = config_path + ".gpuk8s-backup"
-            if not os.path.exists(backup):
-                files.atomic_write(backup, text)
-            files.atomic_write(config_path, result.text)
-            done = containerd.restart(s.restart_mode, s.sys(s.containerd_socket), s.system_root)
-            log.info("containerd configured", extra={"handler": s.handler, "restart": done})
+        if state.pop("attempt", None) is not None:
+            files.write_json(self._state_path(), state)
+
+    def _restart_onto(self, binary: str | None, reason: str) -> str:
+        """Restart containerd and wait until its CRI serves the handler (``binary`` None:
+        no longer serves it); what was done. ``reason``: why a restart is needed."""
+        s = self.settings
+        done, old = containerd.restart(s.restart_mode, self.socket(), s.system_root)
+        if s.restart_mode == "none":
+            raise RestartPending(f"{done} ({reason})")
+
+        def served() -> str | None:
+            pid = containerd.peer_pid_or_zero(self.socket())
+            if pid <= 0 or (old > 0 and pid == old):
+                return f"containerd (pid {old}) has not been replaced"
+            try:
+                config = containerd.cri_config(self.socket(), timeout=2.0)
+            except RuntimeConfigError as err:
+                return str(err)
+            why = containerd.not_served(config, s.handler, binary, s.set_default)
+            if why is None:
+                return None
+            return f"{why}: does it read {s.containerd_config}? (chart option " \
+                "runtime.containerd.config)"
+
+        containerd.wait_for(f"after {done}, containerd serving its new config", served,
+                            RESTART_TIMEOUT)
+        return f"{done}; now pid {containerd.peer_pid_or_zero(self.socket())}"
+
+    def _put_back(self, config_path: str, text: str) -> str:
+        """The config as it was before our edit; containerd back on it (its service manager
+        restarts it, if it exited refusing the edit). What happened, for the report."""
+        files.atomic_write(config_path, text)
+
+        def answers() -> str | None:
+            try:
+                containerd.cri_config(self.socket(), timeout=2.0)
+            except RuntimeConfigError as err:
+                return str(err)
+            return None
+
+        try:
+            containerd.wait_for("containerd back on the previous config", answers,
+                                RESTART_TIMEOUT)
+        except RuntimeConfigError as err:
+            return f"; {self.settings.containerd_config} is as it was, but {err}"
+        return f"; {self.settings.containerd_config} is as it was"
 
     # ------------------------------------------------------------------ uninstall
     def uninstall(self) -> list[str]:
@@ -235,16 +368,26 @@ class RuntimeAgent:
         config_path = s.sys(s.containerd_config)
         text = _read(config_path)
         backup = _read(config_path + ".gpuk8s-backup")
+        keep_wrapper = False
         if text is not None and state:
             after, changed = containerd.unconfigure(text, s.handler, state.get("previousDefault"))
-            if backup is not None and containerd.configure(
-                    backup, s.handler, self.wrapper_path(), s.set_default).text == text:
+            if backup is not None and self._untouched_since_install(backup, text):
                 after = backup  # untouched since we wrote it: back byte for byte
             if changed:
                 files.atomic_write(config_path, after)
-                done.append(containerd.restart(s.restart_mode, s.sys(s.containerd_socket),
-                                               s.system_root))
+                try:
+                    done.append(self._restart_onto(None, "handler removed"))
+                except RestartPending as err:
+                    done.append(str(err))
+                except RuntimeConfigError as err:
+                    # containerd may still run containers' creates through the wrapper
+                    keep_wrapper = True
+                    done.append(f"{err}: the wrapper stays in {s.install_dir}")
         files.remove(config_path + ".gpuk8s-backup")
+        if keep_wrapper:
+            if clear_readiness(s.host_root, "runtime.ready", s.status_dir):
+                done.append("runtime.ready marker removed")
+            return done
         users = ociwrapper.users(s.sys(TASKS_DIR), self.wrapper_path())
         install = s.sys(s.install_dir)
         if users:
@@ -266,6 +409,15 @@ class RuntimeAgent:
         if clear_readiness(s.host_root, "runtime.ready", s.status_dir):
             done.append("runtime.ready marker removed")
         return done
+
+    def _untouched_since_install(self, backup: str, text: str) -> bool:
+        s = self.settings
+        try:
+            return containerd.configure(backup, s.handler, self.wrapper_path(),
+                                        s.set_default).text == text
+        except RuntimeConfigError:
+            return False
+
 
 def _read(path: str) -> str | None:
     try:
