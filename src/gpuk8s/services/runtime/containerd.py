@@ -378,33 +378,50 @@ def ignores_sighup(pid: int, proc: str = "/proc") -> bool:
     return False
 
 
-def restart(mode: str, socket_path: str, system_root: str) -> tuple[str, int]:
-    """Make containerd read its config again: (what was done, the pid that served the socket
-    before). Raises ``RuntimeConfigError`` when it cannot be done; the caller waits for the
-    new process (``wait_for``)."""
+def check_mode(mode: str) -> None:
     if mode not in RESTART_MODES:
         raise ConfigError(f"restart mode {mode!r}: choose one of {', '.join(RESTART_MODES)}")
+
+
+def systemctl(system_root: str, verb: str, unit: str) -> None:
+    """``systemctl VERB UNIT`` on the host (chroot into its /)."""
+    argv = ["chroot", system_root, "systemctl", verb, unit]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise RuntimeConfigError(f"{' '.join(argv)} exited with {done.returncode}: "
+                                 f"{(done.stderr or done.stdout).strip()}")
+
+
+def signal_daemon(mode: str, socket_path: str, system_root: str, daemon: str, unit: str,
+                  verb: str) -> tuple[str, int]:
+    """Make ``daemon`` (the process serving ``socket_path``; systemd's ``unit``) read its
+    config again: ``verb`` is ``restart`` (containerd exits on SIGHUP and its service manager
+    starts it again) or ``reload`` (dockerd reloads on SIGHUP). (What was done, the pid that
+    served the socket before.) Raises ``RuntimeConfigError`` when it cannot be done; the
+    caller waits for the result (``wait_for``)."""
+    check_mode(mode)
     old = peer_pid_or_zero(socket_path)
     if mode == "none":
-        return "containerd not restarted (--restart-mode none): restart it to apply the config", old
+        return f"{daemon} not {verb}ed (--restart-mode none): {verb} it to apply the config", old
     if mode == "systemd":
-        argv = ["chroot", system_root, "systemctl", "restart", "containerd"]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-        if done.returncode != 0:
-            raise RuntimeConfigError(f"{' '.join(argv)} exited with {done.returncode}: "
-                                     f"{(done.stderr or done.stdout).strip()}")
-        return "containerd restarted with systemctl", old
+        systemctl(system_root, verb, unit)
+        return f"{daemon} {verb}ed with systemctl", old
     if old <= 0:
         raise RuntimeConfigError(
-            f"containerd's pid is not visible from here (socket {socket_path}): the signal "
+            f"{daemon}'s pid is not visible from here (socket {socket_path}): the signal "
             "restart mode needs hostPID (the chart sets it), or use --restart-mode systemd")
-    if ignores_sighup(old):
+    if verb == "restart" and ignores_sighup(old):
         raise RuntimeConfigError(
-            f"containerd (pid {old}) ignores SIGHUP: it was started with SIGHUP ignored (e.g. "
-            "under nohup), so the signal restart mode cannot restart it; restart containerd "
-            "from its service manager, or use --restart-mode systemd")
+            f"{daemon} (pid {old}) ignores SIGHUP: it was started with SIGHUP ignored (e.g. "
+            "under nohup), so the signal restart mode cannot restart it; restart "
+            f"{daemon} from its service manager, or use --restart-mode systemd")
     os.kill(old, signal.SIGHUP)
-    return f"containerd restarted (SIGHUP to pid {old})", old
+    return f"{daemon} {verb}ed (SIGHUP to pid {old})", old
+
+
+def restart(mode: str, socket_path: str, system_root: str) -> tuple[str, int]:
+    """containerd restarted onto its config (``signal_daemon``)."""
+    return signal_daemon(mode, socket_path, system_root, "containerd", "containerd", "restart")
 
 
 def wait_for(what: str, check: Callable[[], str | None], timeout: float) -> None:
