@@ -84,3 +84,30 @@ def test_start_daemon_resets_ignored_signals(tmp_path: Path) -> None:
         assert sig_ignored(pid) == 0
     finally:
         os.kill(pid, signal.SIGTERM)
+
+
+@pytest.mark.parametrize(("recorded", "generation"), [
+    (["/work/x/lab/supervise", "/usr/bin/containerd", "--config", "c.toml"], "1.6"),
+    (["env", "PATH=/var/cache/gpuk8s/bin/containerd-v2.4.2:/usr/bin",
+      "/work/x/lab/supervise", "/var/cache/gpuk8s/bin/containerd-v2.4.2/containerd",
+      "--config", "c.toml"], "2"),
+    (None, "1.6"),  # nothing recorded: a fresh lab gets Debian's
+])
+def test_the_running_containerd_generation_is_read_from_the_recorded_command(
+    tmp_path: Path, recorded: list[str] | None, generation: str
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    if recorded is not None:
+        (run / "containerd.cmd").write_bytes(b"".join(p.encode() + b"\0" for p in recorded))
+    script = (f'. "{REPO}/lab/lib.sh"; CACHE=/var/cache/gpuk8s; RUN_DIR="{run}"; '
+              "containerd_generation")
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == generation
+
+
+def test_lab_up_refuses_an_unknown_containerd_generation() -> None:
+    done = subprocess.run([str(REPO / "lab/up"), "--containerd", "3"], capture_output=True,
+                          text=True, check=False)
+    assert done.returncode != 0
+    assert "--containerd 3: choose 1.6" in done.stderr
