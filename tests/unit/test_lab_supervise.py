@@ -111,3 +111,23 @@ def test_lab_up_refuses_an_unknown_containerd_generation() -> None:
                           text=True, check=False)
     assert done.returncode != 0
     assert "--containerd 3: choose 1.6" in done.stderr
+
+
+def test_drop_chains_removes_matching_chains_and_their_jumps() -> None:
+    """lab/lib.sh's drop_chains (lab/down: CNI-* and KUBE-*; a containerd switch: CNI-*)."""
+    chain, other = f"GPUK8STEST-{os.getpid()}", f"GPUK8SKEEP-{os.getpid()}"
+    rules = [["-N", chain], ["-N", other], ["-A", other, "-j", chain]]
+    for rule in rules:
+        subprocess.run(["iptables", "-t", "filter", *rule], check=True)
+    try:
+        subprocess.run(["bash", "-c", f'. "{REPO}/lab/lib.sh"; drop_chains "^GPUK8STEST-"'],
+                       check=True)
+        listed = subprocess.run(["iptables", "-t", "filter", "-S"], capture_output=True,
+                                text=True, check=True).stdout
+        assert f"-N {chain}" not in listed and f"-j {chain}" not in listed
+        assert f"-N {other}" in listed  # only what matches
+    finally:
+        subprocess.run(["iptables", "-t", "filter", "-F", other], check=False)
+        subprocess.run(["iptables", "-t", "filter", "-X", other], check=False)
+        subprocess.run(["iptables", "-t", "filter", "-X", chain], check=False,
+                       capture_output=True)
