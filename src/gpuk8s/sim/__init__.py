@@ -17,20 +17,6 @@ GPU, and processes (pid, memory, utilisation) on it, as ``mx-smi``, ``nvidia-smi
 the simulated ``libnvidia-ml.so.1`` (NVIDIA presets, compiled from ``fake/nvml.c`` when a
 C compiler is present) report them. Tests set a load and check every metric against it.
 
-<<<<<<< HEAD
-Kernel-side stand-ins (the tree module is copied into the root so these work without
-gpuk8s installed): ``<root>/usr/sbin/modprobe [-r] metax`` loads/unloads the installed
-``lib/modules/*/**/metax.ko`` (refused while ``/sys/module/metax/refcnt`` > 0);
-``mx-smi vm --enable-vf N [-i 0,1] | --disable-vf | --show-vf`` and ``set_vfnum`` create
-or drop VFs; ``sync`` applies ``sriov_numvfs`` values written into sysfs.
-
-NVIDIA roots carry the driver as a ``.run --dkms`` install leaves it (``fake/nvidia_driver``:
-versioned ELF libraries with their soname links, programs, GSP firmware, DKMS modules, the
-persistenced socket), a build environment (``gcc``, ``dkms``, the running kernel's headers)
-and a package manager stand-in (``apt-get``). ``nvidia-8-nodriver`` starts without driver
-and build environment; ``write_payload("nvidia-driver", VERSION, OUT)`` writes the matching
-stand-in ``NVIDIA-Linux-x86_64-VERSION.run`` that installs into such a root.
-=======
 Kernel-side stand-ins (the tree module and ``gpuk8s.host.kmodule`` are copied into the
 root so these work without gpuk8s installed). The running kernel release is
 ``/proc/sys/kernel/osrelease``. ``<root>/usr/sbin/depmod`` and ``modprobe`` link to the
@@ -42,7 +28,13 @@ refused while ``/sys/module/metax/refcnt`` > 0). Modules are real-format ELF obj
 (``kobject``) that Debian's kmod reads. ``mx-smi vm --enable-vf N [-i 0,1] |
 --disable-vf | --show-vf`` and ``set_vfnum`` create or drop VFs; ``sync`` applies
 ``sriov_numvfs`` values written into sysfs.
->>>>>>> wt-kmod
+
+NVIDIA roots carry the driver as a ``.run --dkms`` install leaves it (``fake/nvidia_driver``:
+versioned ELF libraries with their soname links, programs, GSP firmware, DKMS modules, the
+persistenced socket), a build environment (``gcc``, ``dkms``, the running kernel's headers)
+and a package manager stand-in (``apt-get``). ``nvidia-8-nodriver`` starts without driver
+and build environment; ``write_payload("nvidia-driver", VERSION, OUT)`` writes the matching
+stand-in ``NVIDIA-Linux-x86_64-VERSION.run`` that installs into such a root.
 """
 
 from __future__ import annotations
@@ -56,13 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError
-<<<<<<< HEAD
-from . import nvml, tree
-from .fake import nvidia_driver
-=======
 from ..host import kmodule
 from . import kobject, nvml, tree
->>>>>>> wt-kmod
+from .fake import nvidia_driver
 from .presets import PRESET_TABLE, PRESETS, build_state
 
 __all__ = [
@@ -127,17 +115,12 @@ def create(
 
 
 def tool_source(name: str) -> str:
-    """Text of a stand-in tool: ``mx-smi``, ``nvidia-smi``, ``nvidia-cuda-mps-control`` or
-<<<<<<< HEAD
-    ``modprobe`` (for test payloads that install their own copy)."""
-    module = {"mx-smi": "mx_smi.py", "nvidia-smi": "nvidia_smi.py", "modprobe": "modprobe.py",
+    """Text of a stand-in tool: ``mx-smi``, ``nvidia-smi``, ``nvidia-cuda-mps-control``,
+    ``apt-get``, ``dkms`` or ``kmod`` (``modprobe`` and ``depmod``; for test payloads that
+    install their own copy)."""
+    module = {"mx-smi": "mx_smi.py", "nvidia-smi": "nvidia_smi.py", "kmod": "kmod.py",
               "nvidia-cuda-mps-control": "mps_control.py", "apt-get": "apt_get.py",
               "dkms": "dkms.py"}
-=======
-    ``kmod`` (``modprobe`` and ``depmod``; for test payloads that install their own copy)."""
-    module = {"mx-smi": "mx_smi.py", "nvidia-smi": "nvidia_smi.py", "kmod": "kmod.py",
-              "nvidia-cuda-mps-control": "mps_control.py"}
->>>>>>> wt-kmod
     if name not in module:
         raise ConfigError(f"no stand-in for {name!r}; choose one of {', '.join(module)}")
     # a plain path: importlib.resources.files() is 3.9+, and the host-Python tests run the
@@ -153,10 +136,6 @@ def _install_files(root: str, current: dict[str, Any]) -> None:
                         Path(str(module.__file__)).read_text(encoding="utf-8"))
     # the node's OS, as driver-manager reads it to pick an SDK image (SPEC §1: Ubuntu ...)
     tree.write_file(os.path.join(root, "etc/os-release"), OS_RELEASE)
-<<<<<<< HEAD
-    # uname -r, as the kernel shows it
-    tree.write_file(os.path.join(root, nvidia_driver.OSRELEASE), f"{tree.KERNEL_RELEASE}\n")
-=======
     # the running kernel (`uname -r`; kept: a test may have "upgraded" it) and what its
     # package installs beside its modules, which depmod reads
     osrelease = os.path.join(root, kmodule.OSRELEASE.lstrip("/"))
@@ -167,7 +146,6 @@ def _install_files(root: str, current: dict[str, Any]) -> None:
         path = os.path.join(root, f"lib/modules/{release}", name)
         if not os.path.exists(path):
             tree.write_file(path, "")
->>>>>>> wt-kmod
     driver = current["driver"]
     if current["vendor"] == "metax":
         tree.write_file(os.path.join(root, tree.KMOD_PATH), tool_source("kmod"), 0o755)
