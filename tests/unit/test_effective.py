@@ -83,8 +83,8 @@ def test_exporter_gives_a_pods_process_to_its_gpu_container() -> None:
         "status": {"initContainerStatuses": [{"name": "fetch"}],
                    "containerStatuses": [{"name": "main"}, {"name": "log"}]},
     }))
-    _, by_uid = index_pods([pod])
+    by_uid = index_pods([pod]).by_uid
     assert by_uid == {"u1": [ContainerRef("ns", "train", "main")]}
     pod["spec"]["containers"][0]["resources"] = {}  # no container asks for GPUs: all
-    _, by_uid = index_pods([pod])
+    by_uid = index_pods([pod]).by_uid
     assert len(by_uid["u1"]) == 3

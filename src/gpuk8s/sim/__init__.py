@@ -239,6 +239,7 @@ def write_nvidia_installer(version: str, out: str) -> str:
         archive.writestr("__main__.py", (fake / "nvidia_run.py").read_bytes())
         archive.writestr("gpuk8s_sim_nvidia.py", (fake / "nvidia_driver.py").read_bytes())
         archive.writestr("gpuk8s_sim_tree.py", Path(tree.__file__).read_bytes())
+        archive.writestr(f"{tree.KMODULE_NAME}.py", Path(str(kmodule.__file__)).read_bytes())
         archive.writestr("payload.json", json.dumps(
             {"version": version, "cuda": nvidia_driver.DRIVER_CUDAS[version]}))
         for name, text in _nvidia_tools().items():
