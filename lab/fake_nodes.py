@@ -122,8 +122,8 @@ def variant_view(variant: str) -> tuple[int, int, dict[str, str], dict[str, str]
     from gpuk8s import sim
     from gpuk8s.core.labels import compute_labels
     from gpuk8s.discovery import discover
-    from gpuk8s.services.deviceplugin.devices import DeviceSet
     from gpuk8s.services.deviceplugin.nodestate import published_annotations
+    from gpuk8s.services.node.devices import DeviceSet
 
     preset, _, rest = variant.partition(":")
     used_gpus: set[int] = set()

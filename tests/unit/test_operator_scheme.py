@@ -22,10 +22,10 @@ from gpuk8s.discovery import discover
 from gpuk8s.discovery.tools import default_runner
 from gpuk8s.host import driver as drv
 from gpuk8s.host.readiness import read_readiness
-from gpuk8s.services.deviceplugin.devices import AllocateOptions
 from gpuk8s.services.deviceplugin.main import PluginConfig, resolve_cdi
 from gpuk8s.services.drivermanager.agent import DriverAgent, PayloadSource
 from gpuk8s.services.drivermanager.main import main as driver_manager_main
+from gpuk8s.services.node.devices import AllocateOptions
 from gpuk8s.services.nodeagent import VFNUM_DESIRED, Reporter
 from gpuk8s.services.operator.controller import CONFIG_NAME, STATUS_NAME, Controller
 from gpuk8s.services.runtime import containerd

@@ -34,22 +34,18 @@ from ...core.sharing import (
 )
 from ..healthserver import serve_health
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
-from .devices import (
+from ..node.devices import (
     DEFAULT_RESOURCE,
     VISIBLE_DEVICES_MODES,
     AllocateOptions,
     DeviceSet,
 )
+from ..node.health import HealthCheck, HealthMonitor
+from ..node.nodeclient import KubernetesNodePatcher, NodePatcher
+from ..node.podresources import DEFAULT_POD_RESOURCES_SOCKET, PodResourcesClient
 from .grpcapi import DevicePluginServicer
-from .health import HealthCheck, HealthMonitor
 from .metrics import PluginMetrics
-from .nodestate import (
-    DEFAULT_POD_RESOURCES_SOCKET,
-    KubernetesNodePatcher,
-    NodePatcher,
-    NodeStatePublisher,
-    PodResourcesClient,
-)
+from .nodestate import NodeStatePublisher
 from .server import DEFAULT_PLUGIN_DIR, PluginServer, ServerOptions
 from .sharing import KubePendingPods, PendingPods, SharedDevices
 

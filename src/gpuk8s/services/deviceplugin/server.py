@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import grpc
 
 from ...core.errors import GpuK8sError
+from ..node.grpcapi import unix_target
 from .grpcapi import (
     API_VERSION,
     DevicePluginServicer,
@@ -31,7 +32,6 @@ from .grpcapi import (
     RegistrationStub,
     device_plugin_handler,
     dp,
-    unix_target,
 )
 from .metrics import PluginMetrics
 

@@ -47,7 +47,7 @@ from ...core.sharing import (
     parse_assignment,
 )
 from ...core.topology import Unit
-from .devices import ContainerSpec, DeviceSet, DeviceView, UnknownDeviceError
+from ..node.devices import ContainerSpec, DeviceSet, DeviceView, UnknownDeviceError
 
 log = logging.getLogger("gpuk8s.deviceplugin")
 

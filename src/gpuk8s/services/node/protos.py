@@ -8,7 +8,8 @@ Generated code is never committed. It is produced
   older than the ``.proto`` files and grpcio-tools is importable (the dev extra).
 
 Only message modules (``*_pb2``) are generated: the services are wired with gRPC's
-generic handlers (``grpcapi.py``), so the generated code never pins a grpcio version.
+generic handlers (``node/grpcapi.py``, ``deviceplugin/grpcapi.py``), so the generated code
+never pins a grpcio version.
 
 This module imports only the stdlib at module level: ``setup.py`` loads it by path.
 """
@@ -25,7 +26,7 @@ from types import ModuleType
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO_DIR = os.path.join(HERE, "proto")
 API_DIR = os.path.join(HERE, "api")
-API_PACKAGE = "gpuk8s.services.deviceplugin.api"
+API_PACKAGE = "gpuk8s.services.node.api"
 PROTOS: tuple[str, ...] = ("deviceplugin_v1beta1.proto", "podresources_v1.proto")
 STAMP = "_source.sha256"
 

@@ -21,15 +21,24 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from ...core.model import NodeInventory
 from ...discovery import check_health, sysfs
 from .devices import DeviceSet
-from .metrics import PluginMetrics
 
 log = logging.getLogger("gpuk8s.deviceplugin.health")
 
 HealthCheck = Callable[[str, NodeInventory], Mapping[int, str | None]]
+
+
+class HealthMetrics(Protocol):
+    """What the loop reports (gpu-device's ``PluginMetrics`` has these)."""
+
+    last_health_check: Any
+    health_changes: Any
+
+    def set_devices(self, healthy: int, unhealthy: int) -> None: ...
 
 
 def _default_check(root: str, inventory: NodeInventory) -> Mapping[int, str | None]:
@@ -42,7 +51,7 @@ class HealthMonitor:
         devices: DeviceSet,
         root: str,
         interval: float,
-        metrics: PluginMetrics,
+        metrics: HealthMetrics,
         *,
         removal_poll: float = 0.5,
         check: HealthCheck = _default_check,
