@@ -40,7 +40,7 @@ from ..node.devices import (
     AllocateOptions,
     DeviceSet,
 )
-from ..node.health import HealthCheck, HealthMonitor
+from ..node.health import HealthCheck, HealthMonitor, liveness
 from ..node.nodeclient import KubernetesNodePatcher, NodePatcher
 from ..node.podresources import DEFAULT_POD_RESOURCES_SOCKET, PodResourcesClient
 from .grpcapi import DevicePluginServicer
@@ -418,13 +418,8 @@ class DevicePluginApp:
 
     def liveness(self) -> tuple[bool, dict[str, Any]]:
         """/healthz: the gRPC server loop and the health loop are running."""
-        problems = []
-        if self._server_thread is None or not self._server_thread.is_alive():
-            problems.append("plugin server loop not running")
-        ok, reason = self.health.alive()
-        if not ok and reason:
-            problems.append(reason)
-        return not problems, {"problems": problems, "healthChecks": self.health.checks_done}
+        running = self._server_thread is not None and self._server_thread.is_alive()
+        return liveness(self.health, {"plugin server loop not running": running})
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """/readyz: registered with the kubelet (serving the resource)."""

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from ...core.devicelist import DEVICES_ANNOTATION, format_device_list
 from ...core.errors import GpuK8sError
 from ...core.scoring import tables_as_annotations, topology_tables
 from ..node.devices import DeviceSet
+from ..node.loop import NudgedLoop
 from ..node.nodeclient import NodePatcher
 from .metrics import PluginMetrics
 
@@ -70,11 +70,7 @@ class NodeStatePublisher:
         self.published: dict[str, str] | None = None
         self.patches = 0
         self._lock = threading.Lock()  # one sync at a time
-        self._due_lock = threading.Lock()
-        self._due = 0.0
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._loop = NudgedLoop(self.sync_once, interval, "nodestate")
         self._pod_resources_failing = False
 
     def desired(self, allocated: set[str]) -> dict[str, str]:
@@ -128,36 +124,13 @@ class NodeStatePublisher:
 
     def nudge(self, delay: float = 0.0) -> None:
         """Ask for a sync in ``delay`` seconds (earlier requests win)."""
-        due = time.monotonic() + delay
-        with self._due_lock:
-            self._due = min(self._due, due)
-        self._wake.set()
+        self._loop.nudge(delay)
 
     def run(self, stop: threading.Event) -> None:
-        self._due = time.monotonic()
-        while not stop.is_set():
-            now = time.monotonic()
-            with self._due_lock:
-                due = now >= self._due
-                if due:
-                    self._due = now + self.interval
-            if due:
-                try:
-                    self.sync_once()
-                except Exception:  # never let a bug stop the loop; log and retry
-                    log.exception("node state sync failed")
-                continue
-            self._wake.wait(self._due - now)
-            self._wake.clear()
+        self._loop.run(stop)
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self.run, args=(self._stop,), name="nodestate", daemon=True
-        )
-        self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._loop.stop(timeout)

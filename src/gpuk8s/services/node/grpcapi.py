@@ -8,6 +8,7 @@ harness (the fake kubelet) uses the same handlers and stubs from the other side.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -56,3 +57,16 @@ class PodResourcesStub:
 
 def unix_target(path: str) -> str:
     return f"unix://{path}"
+
+
+FileId = tuple[int, int, int]  # (st_dev, st_ino, st_ctime_ns)
+
+
+def file_id(path: str) -> FileId | None:
+    """Identity of a socket file: a kubelet (or a cleaner) that removes and recreates it
+    changes it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)

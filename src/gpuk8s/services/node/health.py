@@ -165,3 +165,13 @@ class HealthMonitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+def liveness(health: HealthMonitor, loops: Mapping[str, bool]) -> tuple[bool, dict[str, Any]]:
+    """A node plugin's /healthz: every loop runs (``loops``: what to say when one does not
+    -> whether it runs) and the health loop is alive."""
+    problems = [problem for problem, running in loops.items() if not running]
+    ok, reason = health.alive()
+    if not ok and reason:
+        problems.append(reason)
+    return not problems, {"problems": problems, "healthChecks": health.checks_done}
