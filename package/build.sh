@@ -13,7 +13,8 @@
 #   metax-k8s-images.VERSION.run       self-contained: push DOMAIN/PROJECT | load | list
 #   metax-gpu-extensions-VERSION.tgz   helm chart (version and appVersion = VERSION)
 #   metax-operator-VERSION.tgz         helm chart (full package only)
-#   metax-docker_VERSION.tar           metax-docker installers (package/metax_docker.py)
+#   metax-docker_VERSION.tar           metax-docker installers (package/metax_docker.py;
+#                                      gzip-compressed, as the manual's `tar -xvzf` wants)
 #   SHA256SUMS, README.txt
 #
 # Images: LIST is a file of "ARCHIVE REFERENCE" lines (the images.txt that images/build.sh
@@ -25,11 +26,12 @@ set -euo pipefail
 PKG_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$PKG_DIR/.." && pwd)"
 EXT_IMAGES=(gpu-device gpu-label gpu-aware gpu-exporter)
+DEFAULT_REGISTRY="cr.metax-tech.com/cloud"  # the charts' default `registry`
 OP_IMAGES=(driver-manager container-runtime operator-controller)
 
 log() { printf '[package] %s\n' "$*" >&2; }
 die() { printf '[package] ERROR: %s\n' "$*" >&2; exit 1; }
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 VERSION="" IMAGES_LIST="" OUT_DIR="$REPO_DIR/dist"
 while [ $# -gt 0 ]; do
@@ -108,12 +110,15 @@ make_run() {
             || die "skopeo could not read ${ARCHIVE[$name]} as an OCI archive"
         echo "$name $VERSION" >>"$payload/images.txt"
     done
-    tar -C "$payload" "${TAR_FLAGS[@]}" -cf "$STAGE/payload.tar" images.txt oci
+    # manifest.json: the same tar is also a docker archive (docker/podman load read it as is)
+    "${PYTHON:-python3}" "$PKG_DIR/docker_manifest.py" "$payload" "$DEFAULT_REGISTRY"
+    tar -C "$payload" "${TAR_FLAGS[@]}" -cf "$STAGE/payload.tar" images.txt manifest.json oci
     local lines sha
     lines="$(wc -l <"$PKG_DIR/images.run.in")"
     sha="$(sha256sum "$STAGE/payload.tar" | cut -d' ' -f1)"
     sed -e "s/@VERSION@/$VERSION/g" -e "s/@PAYLOAD_LINE@/$((lines + 1))/g" \
-        -e "s/@PAYLOAD_SHA256@/$sha/g" "$PKG_DIR/images.run.in" >"$out"
+        -e "s/@PAYLOAD_SHA256@/$sha/g" -e "s|@DEFAULT_REGISTRY@|$DEFAULT_REGISTRY|g" \
+        "$PKG_DIR/images.run.in" >"$out"
     [ "$(wc -l <"$out")" -eq "$lines" ] || die "images.run.in: substitution changed the line count"
     cat "$STAGE/payload.tar" >>"$out"
     chmod 0755 "$out"
@@ -142,6 +147,7 @@ $top: gpuk8s $VERSION, offline package (see docs/package.md in the source).
 
 Unpack:  mkdir k8s; tar -C k8s -xvzf $top.tar.gz   (the files are at the top level)
 Images:  ./k8s/metax-k8s-images.$VERSION.run list | push DOMAIN/PROJECT | load [REGISTRY]
+         (docker alone will do: docker login DOMAIN first; skopeo is used when installed)
 Charts:  helm registry login DOMAIN; helm push CHART-$VERSION.tgz oci://DOMAIN/PROJECT
 Install: helm install oci://DOMAIN/PROJECT/metax-gpu-extensions --create-namespace \\
            -n metax-gpu-extensions --generate-name --wait --set registry=DOMAIN/PROJECT

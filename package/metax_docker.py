@@ -4,18 +4,21 @@ package/build.sh (the offline package) call this.
 
     package/metax_docker.py VERSION [--out DIR] [--arch x86_64 --arch aarch64]
 
-Writes DIR/metax-docker_VERSION.tar (default DIR <repo>/dist) holding one installer per
-architecture, metax-docker_VERSION.ARCH.run: package/metax-docker.run.in (install /
+Writes DIR/metax-docker_VERSION.tar (default DIR <repo>/dist; gzip-compressed despite the
+name, as the manual unpacks it with `tar -xvzf`) holding one installer per architecture,
+metax-docker_VERSION.ARCH.run: package/metax-docker.run.in (install, the default /
 uninstall / verify / version) followed by one zipapp of src/gpuk8s/metax_docker with
-gpuk8s.core and gpuk8s.discovery (stdlib only, run by the host's Python >= 3.8; the
-import-linter contracts keep metax_docker on core and discovery). Reproducible: sorted
-entries, fixed owner and times (SOURCE_DATE_EPOCH, else the last commit's time).
+gpuk8s.core and gpuk8s.discovery (stdlib only, run by the host's Python >= 3.8, which the
+installer has compile it first: gpuk8s.metax_docker.bytecode; the import-linter contracts
+keep metax_docker on core and discovery). Reproducible: sorted entries, fixed owner and
+times (SOURCE_DATE_EPOCH, else the last commit's time), no name or time in the gzip header.
 Prints the tar's path.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import io
 import os
@@ -82,7 +85,11 @@ def build(version: str, arches: list[str], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"metax-docker_{version}.tar"
     partial = target.with_name(target.name + ".tmp")
-    with tarfile.open(partial, "w", format=tarfile.GNU_FORMAT) as tar:
+    # gzip-compressed under the manual's name `.tar`: its `tar -xvzf` and a plain `tar -xvf`
+    # (GNU tar detects the compression) both unpack it; no name or time in the gzip header
+    with partial.open("wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for arch in sorted(arches):
             data = installer(version, arch, payload)
             info = tarfile.TarInfo(f"metax-docker_{version}.{arch}.run")

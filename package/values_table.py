@@ -121,7 +121,8 @@ def rows(chart_dir: Path) -> list[tuple[str, str, str, str, str]]:
                         )
                     )
                 continue
-            if isinstance(value, dict) and value and "properties" in child:
+            # resources is a Kubernetes object: documented as one option
+            if isinstance(value, dict) and value and "properties" in child and key != "resources":
                 walk(value, child, path + ".")
                 continue
             typ, allowed = describe_type(schema, child)

@@ -1,28 +1,27 @@
 """metax-docker against a real dockerd (Debian's docker.io 20.10), as installed from its
 ``.run`` installer (built by package/metax_docker.py) and run by Python 3.8 when it is there.
 
-The dockerd is private to this module: its own containerd (config, root, state and socket
-in a temp dir; the lab's /run/containerd/containerd.sock is never used — dockerd would pick
-it up by itself, hence ``--containerd``), its own data root, exec root, pid file and socket,
-``--bridge=none --iptables=false``; stopped and removed afterwards. Images are imported
-from busybox-static root filesystems (nothing is pulled): one without ``/opt/maca``, one
-with its own. The host is a simulator root with real char device nodes and a fake SDK
-tree. Needs root, dockerd/containerd/docker (``apt-get install docker.io``) and busybox.
+The dockerd is private to this module (tests/dockerd.py): its own containerd (config,
+root, state and socket in a temp dir; the lab's /run/containerd/containerd.sock is never
+used), its own data root, exec root, pid file and socket, ``--bridge=none
+--iptables=false``; stopped and removed afterwards. Images are imported from
+busybox-static root filesystems (nothing is pulled): one without ``/opt/maca``, one with
+its own, one with its own PATH and LD_LIBRARY_PATH. The host is a simulator root with real
+char device nodes and a fake SDK tree whose ``/opt/maca/bin/mx-smi`` is a busybox shell
+stand-in (the simulator's own mx-smi, in ``/opt/mxdriver/bin``, is a Python script the
+busybox images cannot run; discovery on the host uses that one). Needs root,
+dockerd/containerd/docker (``apt-get install docker.io``) and busybox.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tarfile
-import tempfile
-import time
-from collections.abc import Callable, Iterator
+import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,18 +32,27 @@ from gpuk8s import sim
 from gpuk8s.core.model import NodeInventory
 from gpuk8s.discovery import discover
 from gpuk8s.metax_docker import dockerargs as da
-from gpuk8s.metax_docker.main import PROBE_LABEL
+from gpuk8s.metax_docker.docker import PROBE_LABEL
+from gpuk8s.metax_docker.plan import ENV_CACHE
+from tests.dockerd import (
+    DOCKER,
+    Dockerd,
+    busybox_rootfs,
+    private_dockerd_for_test,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "package/metax_docker.py"
 VERSION = "1.2.3"
-DOCKER = "/usr/bin/docker"  # Debian's client (the one of docker.io), not another on PATH
-BUSYBOX = "/bin/busybox"
 PY38 = "/root/.pyenv/versions/3.8.18/bin/python"
-APPLETS = ("sh", "cat", "ls", "env", "test", "sleep", "stat", "echo", "touch", "true")
 PLAIN, WITH_SDK = "metax-docker-test/plain:1", "metax-docker-test/sdk:1"
+WITH_PATHS = "metax-docker-test/paths:1"  # ENV PATH=/app/bin:/bin, LD_LIBRARY_PATH=/app/lib
+# the SDK's mx-smi in the test host: a shell stand-in a busybox image can run
+MX_SMI = (b'#!/bin/sh\necho "mx-smi stand-in at $0"; echo "args $*"; '
+          b'echo "ld $LD_LIBRARY_PATH"; ls /dev/dri | sed "s/^/dri /"\n')
 # facts a container prints about itself, one per line
 PROBE = (
     'for f in /dev/mxcd /dev/dri/*; do [ -e "$f" ] && stat -c "dev %n %t:%T" "$f"; done; '
@@ -73,10 +81,10 @@ def installers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("metax-docker-dist")
     tar = ok([sys.executable, str(BUILD), VERSION, "--out", str(out)]).stdout.strip()
     assert tar == str(out / f"metax-docker_{VERSION}.tar")
-    with tarfile.open(tar) as archive:
-        names = archive.getnames()
-        archive.extractall(out / "x", filter="data")
-    assert names == [f"metax-docker_{VERSION}.aarch64.run", f"metax-docker_{VERSION}.x86_64.run"]
+    # the manual's way: mkdir metax-docker; tar -C metax-docker -xvzf metax-docker_<V>.tar
+    (out / "x").mkdir()
+    listed = ok(["tar", "-C", str(out / "x"), "-xvzf", tar]).stdout.split()
+    assert listed == [f"metax-docker_{VERSION}.aarch64.run", f"metax-docker_{VERSION}.x86_64.run"]
     return out / "x"
 
 
@@ -123,10 +131,60 @@ def test_installer_install_and_uninstall_are_idempotent(installers: Path, tmp_pa
         assert target.exists() == present, args
     ok([run_file, "install", f"--prefix={prefix}", "--python", host_python()])
     assert os.access(target, os.X_OK)
-    assert target.read_bytes().startswith(f"#!{host_python()}\n".encode())
+    # -S -E: no site-packages to load, no PYTHONPATH of the caller's
+    assert target.read_bytes().startswith(f"#!{host_python()} -SE\n".encode())
     # a different interpreter is a change
     proc = ok([run_file, "install", "--prefix", prefix, "--python", sys.executable])
     assert proc.stdout.startswith("changed: installed")
+
+
+def test_plain_tar_unpacks_it_too(installers: Path, tmp_path: Path) -> None:
+    tar = installers.parent / f"metax-docker_{VERSION}.tar"
+    assert tar.read_bytes()[:2] == b"\x1f\x8b"  # gzip, under the manual's name
+    listed = ok(["tar", "-C", str(tmp_path), "-xvf", str(tar)]).stdout.split()
+    assert listed == [f"metax-docker_{VERSION}.aarch64.run", f"metax-docker_{VERSION}.x86_64.run"]
+
+
+def test_installer_with_no_argument_installs(installers: Path, tmp_path: Path) -> None:
+    """The manual's `cd metax-docker; sudo ./metax-docker_<V>.<ARCH>.run`: it installs to
+    /usr/local/bin (here in a mount namespace of its own, over an empty tmpfs)."""
+    out = tmp_path / "installed"
+    script = (f'mount -t tmpfs tmpfs /usr/local/bin && cd {installers} && '
+              f'./metax-docker_{VERSION}.{os.uname().machine}.run && '
+              f'./metax-docker_{VERSION}.{os.uname().machine}.run && '
+              f'cp /usr/local/bin/metax-docker {out}')
+    proc = ok(["unshare", "--mount", "--propagation", "private", "sh", "-c", script])
+    assert proc.stdout.splitlines()[0].startswith(
+        f"changed: installed metax-docker {VERSION} at /usr/local/bin/metax-docker (python /")
+    assert proc.stdout.splitlines()[1].startswith(f"ok: metax-docker {VERSION} is installed")
+    shebang = out.read_bytes().split(b"\n", 1)[0].decode()
+    # the interpreter itself, found on PATH (python3 first), not a launcher in front of it
+    python = shebang[2:].split()[0]
+    assert shebang.endswith(" -SE") and os.access(python, os.X_OK)
+    assert Path(python).resolve().read_bytes()[:4] == b"\x7fELF"
+    assert not Path("/usr/local/bin/metax-docker").exists() or \
+        Path("/usr/local/bin/metax-docker").read_bytes() != out.read_bytes()
+
+
+def test_installed_file_carries_bytecode_of_its_python(metax_docker: str) -> None:
+    with zipfile.ZipFile(metax_docker) as app:
+        names = set(app.namelist())
+    sources = {n for n in names if n.endswith(".py") and n != "__main__.py"}
+    assert sources and {n + "c" for n in sources} <= names
+    assert "gpuk8s/metax_docker/plan.pyc" in names
+
+
+def test_installer_refuses_a_damaged_payload(installers: Path, tmp_path: Path) -> None:
+    data = bytearray(Path(installer(installers)).read_bytes())
+    data[-3000] ^= 0xFF
+    damaged = tmp_path / "damaged.run"
+    damaged.write_bytes(bytes(data))
+    damaged.chmod(0o755)
+    for args in ([], ["install"], ["verify"], ["install", "--check"]):
+        proc = run([str(damaged), *args, *(["--prefix", str(tmp_path)] if args[:1] != ["verify"]
+                                           else [])])
+        assert proc.returncode == 1 and "payload checksum mismatch" in proc.stderr, args
+    assert not (tmp_path / "bin").exists()
 
 
 def test_installer_refusals(installers: Path, tmp_path: Path) -> None:
@@ -162,126 +220,18 @@ def test_installed_zipapp_needs_no_gpuk8s(metax_docker: str) -> None:
 
 
 # -- a private dockerd ------------------------------------------------------------------------
-@dataclass
-class Dockerd:
-    base: Path
-    env: dict[str, str]
-
-    def docker(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-        return run([DOCKER, *args], env=self.env, **kw)
-
-
-def _wait(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what} did not come up"
-        time.sleep(0.1)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def dockerd() -> Iterator[Dockerd]:
-    for program in ("dockerd", "containerd", DOCKER, BUSYBOX):
-        if not shutil.which(program):
-            pytest.skip(f"{program} not installed (scripts/prereqs integration installs it)")
-    if os.geteuid() != 0:
-        pytest.skip("dockerd needs root")
-    base = Path(tempfile.mkdtemp(prefix="mdk", dir="/tmp"))  # short: unix socket paths
-    ctd = base / "containerd"
-    ctd.mkdir()
-    (ctd / "config.toml").write_text(
-        "version = 2\n"
-        f'root = "{ctd}/root"\nstate = "{ctd}/state"\n'
-        'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
-        f'[grpc]\n  address = "{ctd}/containerd.sock"\n'
-        f'[ttrpc]\n  address = "{ctd}/containerd.sock.ttrpc"\n'
-        '[debug]\n  address = ""\n[metrics]\n  address = ""\n'
-        f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{ctd}/opt"\n'
-    )
-    (base / "daemon.json").write_text("{}\n")
-    # dockerd leaves these behind on a host without docker; removed again if it made them
-    made_by_us = [p for p in (Path("/etc/docker/key.json"), Path("/var/run/docker/plugins"),
-                              Path("/var/run/docker"), Path("/etc/docker")) if not p.exists()]
-    env = {**os.environ, "DOCKER_HOST": f"unix://{base}/docker.sock",
-           "DOCKER_CONFIG": str(base / "client")}
-    env.pop("DOCKER_CONTEXT", None)
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        with (base / "containerd.log").open("wb") as log:
-            procs.append(subprocess.Popen(["containerd", "--config", str(ctd / "config.toml")],
-                                          stdout=log, stderr=log))
-        _wait("containerd", lambda: (ctd / "containerd.sock").exists())
-        with (base / "dockerd.log").open("wb") as log:
-            procs.append(subprocess.Popen(
-                ["dockerd", "--data-root", str(base / "data"), "--exec-root", str(base / "exec"),
-                 "--pidfile", str(base / "docker.pid"), "-H", env["DOCKER_HOST"],
-                 "--containerd", str(ctd / "containerd.sock"),
-                 "--config-file", str(base / "daemon.json"), "--bridge=none",
-                 "--iptables=false", "--ip-forward=false", "--ip-masq=false",
-                 "--userland-proxy=false", "--log-level=warn"],
-                stdout=log, stderr=log))
-        daemon = Dockerd(base, env)
-
-        def answers() -> bool:
-            assert procs[-1].poll() is None, (base / "dockerd.log").read_text()[-3000:]
-            return daemon.docker("version", timeout=10).returncode == 0
-
-        _wait("dockerd", answers)
+    with private_dockerd_for_test() as daemon:
         yield daemon
-    finally:
-        if procs[1:]:
-            ids = run([DOCKER, "ps", "-aq"], env=env, timeout=30).stdout.split()
-            if ids:
-                run([DOCKER, "rm", "-f", "-v", *ids], env=env, timeout=60)
-        for proc in reversed(procs):
-            _stop(proc)
-        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
-        for mount in reversed(mounts):
-            if mount.startswith(f"{base}/"):
-                subprocess.run(["umount", "-l", mount], check=False)
-        shutil.rmtree(base, ignore_errors=True)
-        for path in made_by_us:
-            with contextlib.suppress(OSError):
-                path.unlink() if path.name == "key.json" else path.rmdir()
-
-
-def _rootfs(sdk: bool) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-
-        def entry(name: str, kind: bytes = tarfile.DIRTYPE, data: bytes = b"",
-                  link: str = "") -> None:
-            info = tarfile.TarInfo(name)
-            info.type, info.mode, info.linkname, info.size = kind, 0o755, link, len(data)
-            tar.addfile(info, io.BytesIO(data) if data else None)
-
-        for name in ("bin", "dev", "proc", "sys", "etc", "tmp"):
-            entry(name)
-        entry("bin/busybox", tarfile.REGTYPE, Path(BUSYBOX).read_bytes())
-        for applet in APPLETS:
-            entry(f"bin/{applet}", tarfile.SYMTYPE, link="busybox")
-        if sdk:
-            for name in ("opt", "opt/maca", "opt/maca/lib"):
-                entry(name)
-            entry("opt/maca/lib/marker", tarfile.REGTYPE, b"image-sdk\n")
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
 def images(dockerd: Dockerd) -> None:
-    for ref, sdk in ((PLAIN, False), (WITH_SDK, True)):
-        proc = subprocess.run([DOCKER, "import", "-", ref], input=_rootfs(sdk),
-                              capture_output=True, env=dockerd.env, timeout=120, check=False)
-        assert proc.returncode == 0, proc.stderr
+    dockerd.import_image(PLAIN, busybox_rootfs())
+    dockerd.import_image(WITH_SDK, busybox_rootfs({"opt/maca/lib/marker": b"image-sdk\n"}))
+    dockerd.import_image(WITH_PATHS, busybox_rootfs(dirs=["app/bin", "app/lib"]),
+                         ["ENV PATH=/app/bin:/bin", "ENV LD_LIBRARY_PATH=/app/lib"])
 
 
 @pytest.fixture(scope="module")
@@ -290,6 +240,9 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("mdhost") / "node"
     sim.create(str(root), "c500-8", device_nodes="char")
     (root / "opt/maca/lib/marker").write_text("host-sdk\n")
+    (root / "opt/maca/bin").mkdir()
+    (root / "opt/maca/bin/mx-smi").write_bytes(MX_SMI)
+    (root / "opt/maca/bin/mx-smi").chmod(0o755)
     other = root.parent / "maca-other/lib"
     other.mkdir(parents=True)
     (other / "marker").write_text("other-sdk\n")
@@ -313,6 +266,7 @@ class Wrapper:
 @pytest.fixture(scope="module")
 def md(metax_docker: str, dockerd: Dockerd, images: None, host: Path) -> Wrapper:
     env = {**dockerd.env, "METAX_DOCKER_DOCKER": DOCKER, "METAX_DOCKER_HOST_ROOT": str(host),
+           ENV_CACHE: str(host.parent / "cache"),
            # the simulator's mx-smi is `#!/usr/bin/env python3`: this interpreter, quickly
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     return Wrapper(metax_docker, env)
@@ -387,10 +341,82 @@ def test_maca_path(md: Wrapper, host: Path) -> None:
     other = str(host.parent / "maca-other")
     got = in_container(md, "--gpus", "[7]", "--maca", other)
     assert got["sdk"] == "other-sdk" and got.get("sdk-read-only")
-    # an image's own SDK still wins over --maca, unless forced
-    assert in_container(md, "--maca", other, image=WITH_SDK)["sdk"] == "image-sdk"
+    # an explicit --maca is a request: it wins over the image's own SDK, as --maca-force
+    got = in_container(md, "--maca", other, image=WITH_SDK)
+    assert got["sdk"] == "other-sdk" and got["maca_path"] == "/opt/maca"
     got = in_container(md, "--maca", other, "--maca-force", image=WITH_SDK)
     assert got["sdk"] == "other-sdk" and got["dev"] == {}  # no --gpus: the SDK only
+
+
+def test_the_manuals_mx_smi_runs(md: Wrapper, inventory: NodeInventory) -> None:
+    """`metax-docker run --gpus 2 IMAGE mx-smi`, as docs/metax-docker.md shows it: docker
+    finds mx-smi on the container's PATH, which the SDK's bin directory extends."""
+    proc = md("run", "--rm", "--network", "none", "--gpus", "2", PLAIN, "mx-smi")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "mx-smi stand-in at /opt/maca/bin/mx-smi"
+    assert "ld /opt/maca/lib:/opt/mxdriver/lib" in lines
+    assert sorted(line for line in lines if line.startswith("dri ")) == sorted(
+        f"dri {os.path.basename(n)}" for i in (0, 1) for n in inventory.gpu(i).device_nodes)
+
+
+def test_the_images_search_paths_are_extended(md: Wrapper) -> None:
+    show = 'echo "path $PATH"; echo "ld $LD_LIBRARY_PATH"'
+    proc = md("run", "--rm", "--network", "none", "--gpus", "1", WITH_PATHS, "sh", "-c", show)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "path /app/bin:/bin:/opt/maca/bin:/opt/mxdriver/bin",
+        "ld /opt/maca/lib:/opt/mxdriver/lib:/app/lib"]
+    # an image without PATH: docker's default, then the SDK's
+    proc = md("run", "--rm", "--network", "none", "--gpus", "1", PLAIN, "sh", "-c", show)
+    assert proc.stdout.splitlines()[0] == (
+        "path /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/maca/bin:"
+        "/opt/mxdriver/bin")
+
+
+@pytest.fixture(scope="module")
+def faulty_host(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A simulated C500 x8 host whose GPU 3 mx-smi reports unavailable."""
+    root = tmp_path_factory.mktemp("mdfault") / "node"
+    sim.create(str(root), "c500-8", device_nodes="char")
+    sim.fail(str(root), 3, "fault", reason="GPU hang detected")
+    return root
+
+
+def test_an_unhealthy_gpu_is_never_handed_out(
+    md: Wrapper, faulty_host: Path, dockerd: Dockerd
+) -> None:
+    on_it = Wrapper(md.program, {**md.env, "METAX_DOCKER_HOST_ROOT": str(faulty_host)})
+    inventory = discover(str(faulty_host))
+    bdf = inventory.gpu(3).pci_address
+    warning = f"metax-docker: warning: GPU 3 ({bdf}) is unhealthy, skipped: GPU hang detected\n"
+    for value, indices in (("all", [0, 1, 2, 4, 5, 6, 7]), ("4", [0, 1, 2, 4])):
+        proc = on_it("run", "--rm", "--network", "none", "--gpus", value, PLAIN, "sh", "-c",
+                     PROBE)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr == warning
+        got = facts(proc.stdout)
+        assert got["dev"] == expected_devices(faulty_host, inventory, indices)
+        assert got["visible"] == ",".join(str(i) for i in range(len(indices)))
+    before = dockerd.docker("ps", "-aq").stdout
+    proc = on_it("run", "--rm", "--network", "none", "--gpus", "[3]", PLAIN, "true")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"metax-docker: GPU 3 ({bdf}) is unhealthy: GPU hang detected")
+    assert dockerd.docker("ps", "-aq").stdout == before
+
+
+def test_the_image_probe_is_kept_per_image_id(md: Wrapper, dockerd: Dockerd) -> None:
+    in_container(md, "--gpus", "1", image=WITH_SDK)
+    image_id = dockerd.docker("image", "inspect", "--format", "{{.Id}}", WITH_SDK).stdout.strip()
+    kept = Path(md.env[ENV_CACHE]) / f"sdk-{image_id.replace(':', '-')}"
+    assert kept.read_text() == "yes\n"
+    # the answer is used: a wrong one would show (the host's SDK instead of the image's)
+    kept.write_text("no\n")
+    try:
+        assert in_container(md, "--gpus", "1", image=WITH_SDK)["sdk"] == "host-sdk"
+    finally:
+        kept.write_text("yes\n")
+    assert in_container(md, "--gpus", "1", image=WITH_SDK)["sdk"] == "image-sdk"
 
 
 def test_create_then_start(md: Wrapper, dockerd: Dockerd) -> None:
@@ -426,7 +452,7 @@ def test_wrapper_becomes_docker_and_signals_reach_the_container(
             state = dockerd.docker("inspect", "-f", "{{.State.Running}}", name, timeout=10)
             return state.stdout.strip() == "true"
 
-        _wait("the container", running, timeout=120)
+        wait_for("the container", running, timeout=120)
         # exec'd, not proxied: the wrapper's process is docker itself
         assert os.readlink(f"/proc/{proc.pid}/exe") == os.path.realpath(DOCKER)
         proc.send_signal(signal.SIGTERM)  # docker run's sig-proxy hands it to the container
@@ -467,12 +493,13 @@ def test_missing_image_is_dockers_error(md: Wrapper) -> None:
     assert "No such image" in proc.stderr
 
 
-def test_bad_input_creates_nothing(md: Wrapper, dockerd: Dockerd) -> None:
+def test_bad_input_creates_nothing(md: Wrapper, dockerd: Dockerd, tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-sdk")  # not /nonexistent: a shared machine may have it
     before = dockerd.docker("ps", "-aq").stdout
     for args, needle in ((["--gpus", "9"], "--gpus 9: this host (root"),
                          (["--gpus", "[C500NOPE]"], "no GPU 'C500NOPE'"),
                          (["--gpus", "[]"], "the list is empty"),
-                         (["--gpus", "1", "--maca", "/nonexistent"], "--maca /nonexistent")):
+                         (["--gpus", "1", "--maca", missing], f"--maca {missing}")):
         proc = md("run", "--rm", "--network", "none", *args, PLAIN, "true")
         assert proc.returncode == 2, args
         assert proc.stderr.startswith("metax-docker: ") and needle in proc.stderr, proc.stderr
@@ -498,3 +525,50 @@ def test_flag_tables_match_dockers_help(command: str) -> None:
             assert da.RUN_FLAGS(flag) == takes_value, (client, flag)
             checked += 1
     assert checked > 150
+
+
+def test_the_daemons_socket_answers_as_the_cli_does(dockerd: Dockerd, images: None) -> None:
+    """The read-only questions of every run go to dockerd's socket (no docker process):
+    the same answers as the CLI's, for an image by name, by a longer name, and a missing one."""
+    from gpuk8s.metax_docker.docker import Docker
+
+    api, cli = Docker(DOCKER, [], dockerd.env), Docker(DOCKER, [])
+    assert api.socket == dockerd.env["DOCKER_HOST"][len("unix://"):]
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("DOCKER_HOST", "DOCKER_CONFIG"):
+            patch.setenv(key, dockerd.env[key])
+        assert api.server_version() == cli.server_version()
+        for name in (WITH_PATHS, f"docker.io/{WITH_PATHS}", "metax-docker-test/none:1"):
+            assert api.local_image(name) == cli.local_image(name), name
+        assert api.local_image(WITH_PATHS) is not None
+    assert api.socket is not None  # never fell back
+
+
+@pytest.mark.parametrize("name,rootfs,has_sdk", [
+    ("plain", {}, False),
+    ("sdk", {"files": {"opt/maca/lib/marker": b"x"}}, True),
+    ("bare-mount-point", {"dirs": ["opt/maca"]}, False),
+    ("link", {"files": {"opt/maca-3/lib/marker": b"x"}, "links": {"opt/maca": "/opt/maca-3"}},
+     True),
+    ("relative-link", {"files": {"opt/maca-3/lib/marker": b"x"},
+                       "links": {"opt/maca": "maca-3"}}, True),
+    ("dangling-link", {"links": {"opt/maca": "/opt/none"}}, False),
+])
+def test_the_sdk_probe_on_the_socket_answers_as_docker_cp_does(
+    dockerd: Dockerd, name: str, rootfs: dict[str, Any], has_sdk: bool
+) -> None:
+    """Whether an image has its own /opt/maca, asked on dockerd's socket (the first run of
+    an image), is what the CLI's create / cp -L / rm probe says; no probe container stays."""
+    from gpuk8s.metax_docker.docker import Docker
+
+    ref = f"metax-docker-test/probe-{name}:1"
+    dockerd.import_image(ref, busybox_rootfs(**rootfs))
+    api = Docker(DOCKER, [], dockerd.env)
+    image = api.local_image(ref)
+    assert image is not None
+    assert api.probe_local(image.id, "/opt/maca") is has_sdk
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("DOCKER_HOST", "DOCKER_CONFIG"):
+            patch.setenv(key, dockerd.env[key])
+        assert Docker(DOCKER, []).probe(image.id, "/opt/maca", inspect=False)[1] is has_sdk
+    assert dockerd.docker("ps", "-aq", "--filter", f"label={PROBE_LABEL}").stdout == ""

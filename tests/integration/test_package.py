@@ -14,14 +14,17 @@ containerd for the load test.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import lzma
 import os
 import shutil
 import socket
 import subprocess
 import tarfile
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -30,6 +33,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.dockerd import DOCKER, busybox_rootfs, private_dockerd_for_test
 
 pytestmark = pytest.mark.integration
 
@@ -70,13 +75,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A docker-registry of our own on 127.0.0.1:<free port>, storage in a temp dir."""
-    binary = need("docker-registry", "apt-get install docker-registry")
-    root = tmp_path_factory.mktemp("registry")
+@contextlib.contextmanager
+def _registry(binary: str, root: Path, auth: dict[str, Any] | None = None) -> Iterator[str]:
+    """A docker-registry of our own on 127.0.0.1:<free port>, storage under ``root``."""
     port = _free_port()
-    config = {
+    config: dict[str, Any] = {
         "version": 0.1,
         "log": {"level": "warn"},
         "storage": {
@@ -85,6 +88,8 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         },
         "http": {"addr": f"127.0.0.1:{port}"},
     }
+    if auth:
+        config["auth"] = auth
     (root / "config.yml").write_text(yaml.safe_dump(config))
     log = (root / "registry.log").open("w")
     proc = subprocess.Popen([binary, "serve", str(root / "config.yml")], stdout=log, stderr=log)
@@ -95,6 +100,9 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1) as resp:
                     if resp.status == 200:
                         break
+            except urllib.error.HTTPError as err:
+                if err.code == 401 and auth:  # up, and asking for credentials
+                    break
             except OSError:
                 pass
             assert proc.poll() is None, (root / "registry.log").read_text()
@@ -105,6 +113,14 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.terminate()
         proc.wait(timeout=10)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A docker-registry of our own on 127.0.0.1:<free port>, storage in a temp dir."""
+    binary = need("docker-registry", "apt-get install docker-registry")
+    with _registry(binary, tmp_path_factory.mktemp("registry")) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
@@ -251,10 +267,18 @@ def test_run_detects_a_damaged_payload(package: Path, tmp_path: Path) -> None:
     data[-2000] ^= 0xFF
     damaged.write_bytes(bytes(data))
     damaged.chmod(0o755)
-    proc = run([str(damaged), "verify"])
-    assert proc.returncode != 0 and "checksum mismatch" in proc.stderr
-    proc = run([str(damaged), "push", "127.0.0.1:1/x", "--dest-tls-verify=false"])
-    assert proc.returncode != 0 and "checksum mismatch" in proc.stderr
+    # every command that reads the payload refuses it, list included (it used to print the
+    # list and exit 0), whatever engine it would use; nothing is pushed, loaded or written
+    for args in (["verify"], ["list"], ["push", "127.0.0.1:1/x", "--dest-tls-verify=false"],
+                 ["push", "127.0.0.1:1/x", "--engine", "docker"],
+                 ["load", "--engine", "docker", "--dry-run"],
+                 ["load", "--engine", "containerd", "--dry-run"],
+                 ["extract", str(tmp_path / "out")]):
+        proc = run([str(damaged), *args])
+        assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+        assert "payload checksum mismatch" in proc.stderr, args
+        assert proc.stdout == "", args
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
 @pytest.mark.parametrize(
@@ -441,12 +465,16 @@ def test_run_load_into_containerd(package: Path) -> None:
 
 
 def test_load_dry_run_for_docker_and_podman(package: Path) -> None:
+    """docker and podman load the payload itself (a docker archive too): one load, then a
+    tag per image when the registry is not the charts' default; no skopeo."""
     for engine in ("docker", "podman"):
         proc = ok([str(package / "x" / BASE / RUN), "load", "--engine", engine, "--dry-run"])
-        for name in EXT_IMAGES:
-            ref = f"cr.metax-tech.com/cloud/{name}:{VERSION}"
-            assert "docker-archive:" in proc.stdout and ref in proc.stdout
-        assert proc.stdout.count(f"+ {engine} load -i") == len(EXT_IMAGES)
+        assert proc.stdout == f"+ {engine} load\n"
+        proc = ok([str(package / "x" / BASE / RUN), "load", "reg.local/p", "--engine", engine,
+                   "--dry-run"])
+        assert proc.stdout.splitlines() == [f"+ {engine} load"] + [
+            f"+ {engine} tag cr.metax-tech.com/cloud/{n}:{VERSION} reg.local/p/{n}:{VERSION}"
+            for n in EXT_IMAGES]
 
 
 # -- package/build.sh refuses bad input ------------------------------------------------------
@@ -543,6 +571,24 @@ def test_push_passes_credentials_to_skopeo(package: Path, tmp_path: Path) -> Non
         assert line.endswith(f"docker://r.local/p/{name}:{VERSION}")
 
 
+def test_push_with_docker_dry_run_and_refusals(package: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/none.sock"}  # no daemon asked
+    proc = ok([str(package / "x" / BASE / RUN), "push", "r.local/p/", "--engine", "docker",
+               "--dry-run"], env=env)
+    assert proc.stdout.splitlines() == ["+ docker load"] + [
+        line for n in EXT_IMAGES for line in (
+            f"+ docker tag cr.metax-tech.com/cloud/{n}:{VERSION} r.local/p/{n}:{VERSION}",
+            f"+ docker push --quiet r.local/p/{n}:{VERSION}")]
+    # skopeo's credentials options are refused with docker, which has its own login
+    proc = run([str(package / "x" / BASE / RUN), "push", "r.local/p", "--engine", "docker",
+                "--creds", "u:p"], env=env)
+    assert proc.returncode == 2 and "docker login r.local" in proc.stderr
+    proc = run([str(package / "x" / BASE / RUN), "push", "r.local/p", "--engine", "rkt"])
+    assert proc.returncode == 2 and "skopeo or docker" in proc.stderr
+    proc = run([str(package / "x" / BASE / RUN), "load", str(tmp_path / "missing.xz")])
+    assert proc.returncode == 1 and "missing.xz: no such file" in proc.stderr
+
+
 # -- the gpu_artifacts_images role, fed by the offline package's .run ----------------------------
 def _role(tmp_path: Path, variables: dict[str, Any],
           environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -609,39 +655,11 @@ def test_role_loads_the_run_into_containerd_under_the_charts_reference(
 
 
 @pytest.fixture
-def dockerd(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """A private Debian dockerd (20.10: cannot `docker load` an OCI archive), on the lab's
-    containerd in a namespace of its own, no bridge, no iptables."""
-    reason = _containerd_ready()
-    if reason:
-        pytest.skip(reason)
-    binary = need("dockerd", "apt-get install docker.io")
-    need("docker", "apt-get install docker.io")
-    ns = f"gpuk8s-dockertest-{uuid.uuid4().hex[:8]}"
-    sock = tmp_path / "docker.sock"
-    log = (tmp_path / "dockerd.log").open("w")
-    proc = subprocess.Popen(
-        [binary, "--data-root", str(tmp_path / "data"), "--exec-root", str(tmp_path / "exec"),
-         "--host", f"unix://{sock}", "--pidfile", str(tmp_path / "dockerd.pid"),
-         "--bridge=none", "--iptables=false", "--ip-masq=false",
-         "--containerd", "/run/containerd/containerd.sock", "--containerd-namespace", ns,
-         "--containerd-plugins-namespace", ns + "-plugins"],
-        stdout=log, stderr=log,
-    )
-    env = {"DOCKER_HOST": f"unix://{sock}"}
-    try:
-        deadline = time.monotonic() + 60
-        while run(["docker", "info"], env={**os.environ, **env}).returncode != 0:
-            assert proc.poll() is None, (tmp_path / "dockerd.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "dockerd did not start"
-            time.sleep(0.5)
-        yield env
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
-        _drop_namespace(ns)
-        _drop_namespace(ns + "-plugins")
+def dockerd() -> Iterator[dict[str, str]]:
+    """A private Debian dockerd (20.10: cannot `docker load` an OCI archive) on a private
+    containerd, no bridge, no iptables (tests/dockerd.py): DOCKER_HOST and DOCKER_CONFIG."""
+    with private_dockerd_for_test() as daemon:
+        yield {k: daemon.env[k] for k in ("DOCKER_HOST", "DOCKER_CONFIG")}
 
 
 def test_role_loads_into_docker_through_a_docker_archive(
@@ -650,15 +668,189 @@ def test_role_loads_into_docker_through_a_docker_archive(
     env = {**os.environ, **dockerd}
     # what the role did before: `docker load` of an OCI archive, refused by this docker
     archive = _archives(images_list)["gpu-device"]
-    assert run(["docker", "load", "-i", str(archive)], env=env).returncode != 0
+    assert run([DOCKER, "load", "-i", str(archive)], env=env).returncode != 0
     variables = {"gpu_artifacts_images_mode": "load",
                  "gpu_artifacts_images_run": str(package / "x" / BASE / RUN),
                  "gpu_artifacts_images_engine": "docker",
                  "gpu_artifacts_images_remote_dir": str(tmp_path / "staging")}
     _recap(_role(tmp_path, variables, environment=dockerd))
-    listed = run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], env=env).stdout
+    listed = run([DOCKER, "images", "--format", "{{.Repository}}:{{.Tag}}"], env=env).stdout
     # no registry given: the charts' default one
     assert sorted(listed.split()) == sorted(
         f"cr.metax-tech.com/cloud/{n}:{VERSION}" for n in EXT_IMAGES
     )
     assert "changed=0" in _recap(_role(tmp_path, variables, environment=dockerd))
+
+
+# -- docker alone: the manual's `docker login` + `.run push`, `.run load`, MXMACA .xz images -----
+@pytest.fixture(scope="module")
+def docker_only_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A PATH with every program of this machine's PATH but skopeo and ctr, and with
+    Debian's docker client: what the manual assumes a node has."""
+    bin_dir = tmp_path_factory.mktemp("docker-only-bin")
+    for directory in os.environ["PATH"].split(":"):
+        if not os.path.isdir(directory):
+            continue
+        for name in sorted(os.listdir(directory)):
+            target = os.path.join(directory, name)
+            link = bin_dir / name
+            if name in ("skopeo", "ctr") or link.exists() or not os.access(target, os.X_OK):
+                continue
+            link.symlink_to(target)
+    (bin_dir / "docker").unlink(missing_ok=True)
+    (bin_dir / "docker").symlink_to(DOCKER)
+    return str(bin_dir)
+
+
+def _config_digests(images_list: Path) -> dict[str, str]:
+    return {n: _archive_manifest(a)["config"]["digest"] for n, a in _archives(images_list).items()}
+
+
+def test_run_load_with_docker_alone(
+    package: Path, images_list: Path, docker_only_path: str
+) -> None:
+    """The manual's `./k8s/metax-k8s-images.<V>.run load` on a node with docker and no
+    skopeo (nor ctr): the payload is loaded as it is, under the charts' references."""
+    with private_dockerd_for_test() as daemon:
+        env = {**daemon.env, "PATH": docker_only_path}
+        proc = ok([str(package / "x" / BASE / RUN), "load"], env=env)
+        assert f"loaded {len(EXT_IMAGES)} images into docker" in proc.stderr
+        listed = daemon.docker("images", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}").stdout
+        refs = dict(line.split() for line in listed.splitlines())
+        configs = _config_digests(images_list)
+        # exactly the references the charts use by default, the packaged images themselves
+        assert sorted(refs) == sorted(f"cr.metax-tech.com/cloud/{n}:{VERSION}" for n in EXT_IMAGES)
+        for name in EXT_IMAGES:
+            image_id = daemon.docker("image", "inspect", "--format", "{{.Id}}",
+                                     f"cr.metax-tech.com/cloud/{name}:{VERSION}").stdout.strip()
+            assert image_id == configs[name], name
+        # another registry: those references, the default ones already there stay
+        ok([str(package / "x" / BASE / RUN), "load", "reg.local/p/"], env=env)
+        listed = daemon.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
+        assert {f"reg.local/p/{n}:{VERSION}" for n in EXT_IMAGES} <= set(listed)
+        assert len(listed) == 2 * len(EXT_IMAGES)
+
+
+def test_load_picks_docker_over_a_containerd_without_the_kubelets_namespace(
+    package: Path
+) -> None:
+    """On a docker host, containerd (docker's own, with its namespace moby) is no target for
+    the manual's bare `load`: docker is. A containerd with the kubelet's k8s.io is."""
+    with private_dockerd_for_test() as daemon:
+        address = str(daemon.base / "containerd/containerd.sock")
+        env = {**daemon.env, "CONTAINERD_ADDRESS": address}
+        assert "k8s.io" not in run(["ctr", "namespaces", "ls", "-q"], env=env).stdout.split()
+        proc = ok([str(package / "x" / BASE / RUN), "load", "--dry-run"], env=env)
+        assert proc.stdout == "+ docker load\n"
+        ok(["ctr", "namespaces", "create", "k8s.io"], env=env)
+        proc = ok([str(package / "x" / BASE / RUN), "load", "--dry-run"], env=env)
+        assert proc.stdout.startswith("+ tar ") and "+ ctr -n k8s.io images import" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+    """A docker-registry of our own with htpasswd authentication: (address, user, password)."""
+    binary = need("docker-registry", "apt-get install docker-registry")
+    root = tmp_path_factory.mktemp("auth-registry")
+    ok(["htpasswd", "-Bbc", str(root / "htpasswd"), "pusher", "s3cret"])
+    with _registry(binary, root, {"htpasswd": {"realm": "gpuk8s-test",
+                                               "path": str(root / "htpasswd")}}) as address:
+        yield address, "pusher", "s3cret"
+
+
+def test_run_push_with_docker_alone_after_docker_login(
+    package: Path, images_list: Path, docker_only_path: str, auth_registry: tuple[str, str, str]
+) -> None:
+    """The manual's `docker login DOMAIN -u $USER` then `.run push DOMAIN/PROJECT`, with
+    docker and no skopeo: docker load, tag, push with docker's stored credentials."""
+    address, user, password = auth_registry
+    dest = f"{address}/metax"
+    with private_dockerd_for_test() as daemon:
+        env = {**daemon.env, "PATH": docker_only_path}
+        proc = run([str(package / "x" / BASE / RUN), "push", dest], env=env)
+        assert proc.returncode == 1 and f"docker login {address}" in proc.stderr, proc.stderr
+        ok([DOCKER, "login", address, "-u", user, "--password-stdin"], env=env,
+           input=password)
+        proc = ok([str(package / "x" / BASE / RUN), "push", dest], env=env)
+        assert f"pushed {len(EXT_IMAGES)} images to {dest}" in proc.stderr
+        # what was loaded and tagged for the push is gone again
+        assert daemon.docker("images", "-q").stdout.split() == []
+    configs = _config_digests(images_list)
+    for name in EXT_IMAGES:
+        raw = ok(["skopeo", "inspect", "--raw", "--tls-verify=false", "--creds",
+                  f"{user}:{password}", f"docker://{dest}/{name}:{VERSION}"]).stdout
+        # the image pushed is the packaged one (same config, so the same image id)
+        assert json.loads(raw)["config"]["digest"] == configs[name], name
+
+
+MACA_IMAGES = {  # archive name as the SDK release ships it -> the reference inside it
+    "maca-c500-container-2.23.0.4-ubuntu18.04-amd64.xz":
+        "cr.metax-tech.com/library/maca-c500:2.23.0.4-ubuntu18.04-amd64",
+    "mxc500-maca-2.23.0.4-ubuntu20.04-amd64.container.xz":
+        "mxc500-maca:2.23.0.4-ubuntu20.04-amd64",
+}
+
+
+@pytest.fixture(scope="module")
+def maca_archives(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """MXMACA-like images (a busybox root file system) saved by docker and xz-compressed,
+    as `docker load < ARCHIVE.xz` takes them."""
+    out = tmp_path_factory.mktemp("maca")
+    archives = {}
+    with private_dockerd_for_test() as daemon:
+        for i, (name, ref) in enumerate(MACA_IMAGES.items()):
+            version = f"maca:{i}\n".encode()
+            daemon.import_image(ref, busybox_rootfs({"opt/maca/Version.txt": version}))
+            saved = subprocess.run([DOCKER, "save", ref], env=daemon.env, capture_output=True,
+                                   check=True).stdout
+            (out / name).write_bytes(lzma.compress(saved))
+            archives[name] = out / name
+    return archives
+
+
+def test_run_loads_mxmaca_archives_as_docker_load_would(
+    package: Path, docker_only_path: str, maca_archives: dict[str, Path]
+) -> None:
+    with private_dockerd_for_test() as daemon:
+        env = {**daemon.env, "PATH": docker_only_path}
+        ok([str(package / "x" / BASE / RUN), "load", *map(str, maca_archives.values())], env=env)
+        listed = set(daemon.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split())
+        for i, ref in enumerate(MACA_IMAGES.values()):
+            # the archive's own name, as `docker load <` gives it, and the charts' one
+            short = ref.rsplit("/", 1)[-1]
+            assert {ref, f"cr.metax-tech.com/cloud/{short}"} <= listed
+            got = daemon.docker("run", "--rm", "--network", "none", ref, "cat",
+                                "/opt/maca/Version.txt")
+            assert got.stdout == f"maca:{i}\n", got.stderr
+        assert {f"cr.metax-tech.com/cloud/{n}:{VERSION}" for n in EXT_IMAGES} <= listed
+
+
+def test_run_loads_mxmaca_archives_into_containerd(
+    package: Path, maca_archives: dict[str, Path]
+) -> None:
+    with private_dockerd_for_test() as daemon:  # its containerd, never the lab's
+        env = {**os.environ, "CONTAINERD_ADDRESS": str(daemon.base / "containerd/containerd.sock")}
+        archive = maca_archives["maca-c500-container-2.23.0.4-ubuntu18.04-amd64.xz"]
+        ok([str(package / "x" / BASE / RUN), "load", "reg.local/p", str(archive),
+            "--namespace", "md-test"], env=env)
+        names = set(run(["ctr", "-n", "md-test", "images", "ls", "-q"], env=env).stdout.split())
+        assert {"cr.metax-tech.com/library/maca-c500:2.23.0.4-ubuntu18.04-amd64",
+                "reg.local/p/maca-c500:2.23.0.4-ubuntu18.04-amd64"} <= names
+        assert {f"reg.local/p/{n}:{VERSION}" for n in EXT_IMAGES} <= names
+
+
+@pytest.mark.parametrize("engine", ["docker", "skopeo"])
+def test_run_pushes_mxmaca_archives(
+    package: Path, docker_only_path: str, maca_archives: dict[str, Path], registry: str,
+    engine: str,
+) -> None:
+    dest = f"{registry}/{engine}"
+    with private_dockerd_for_test() as daemon:
+        env = {**daemon.env, "PATH": docker_only_path if engine == "docker"
+               else os.environ["PATH"]}
+        proc = ok([str(package / "x" / BASE / RUN), "push", dest, "--engine", engine,
+                   "--dest-tls-verify=false", *map(str, maca_archives.values())], env=env)
+        assert f"pushed {len(EXT_IMAGES) + len(MACA_IMAGES)} images to {dest}" in proc.stderr
+    for ref in MACA_IMAGES.values():
+        short = ref.rsplit("/", 1)[-1]
+        ok(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{dest}/{short}"])

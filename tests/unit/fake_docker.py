@@ -6,7 +6,10 @@ Environment: ``FAKE_DOCKER_LOG`` (JSON lines: argv), ``FAKE_DOCKER_VERSION`` (se
 version, default 20.10.24), ``FAKE_DOCKER_IMAGE_SDK`` (``dir`` / ``empty``: what
 ``/opt/maca`` is in the image; unset: absent), ``FAKE_DOCKER_HELP`` (set: ``--help``
 prints a help text with these extra lines), ``FAKE_DOCKER_RC`` (exit status of any
-other command, which echoes stdin).
+other command, which echoes stdin), ``FAKE_DOCKER_IMAGE_ID`` (the image's id, default
+``sha256:`` + 64 × ``a``), ``FAKE_DOCKER_IMAGE_ENV`` (its environment as a JSON list, default
+``null``: none), ``FAKE_DOCKER_NO_LOCAL_IMAGE`` (set: ``image inspect`` finds no such image, as
+for an image that ``run`` would pull).
 """
 
 import io
@@ -23,7 +26,17 @@ with open(os.environ["FAKE_DOCKER_LOG"], "a", encoding="utf-8") as log:
 while argv and argv[0].startswith("-"):
     argv = argv[2:] if argv[0] == "-H" else argv[1:]
 
-if argv[:1] == ["version"]:
+IMAGE_ID = os.environ.get("FAKE_DOCKER_IMAGE_ID", "sha256:" + "a" * 64)
+FACTS = f'"{IMAGE_ID}" {os.environ.get("FAKE_DOCKER_IMAGE_ENV", "null")}'
+
+if argv[:2] == ["image", "inspect"]:
+    if "FAKE_DOCKER_NO_LOCAL_IMAGE" in os.environ:
+        print(f"Error: No such image: {argv[-1]}", file=sys.stderr)
+        sys.exit(1)
+    print(FACTS)
+elif argv[:2] == ["container", "inspect"]:
+    print(FACTS)
+elif argv[:1] == ["version"]:
     print(os.environ.get("FAKE_DOCKER_VERSION", "20.10.24"))
 elif argv[:1] == ["create"] and argv[-1] != "--help":
     print("f00dcafe" * 8)

@@ -316,6 +316,36 @@ def test_mx_smi_exits_non_zero(tmp_path: Path) -> None:
     assert any("exited with 1: mxsml init failed: -5" in p for p in inv.problems)
 
 
+def test_queries_choose_the_mx_smi_runs(tmp_path: Path) -> None:
+    """A caller asks only for what it needs (metax-docker: sysfs alone, or serial numbers);
+    what it did not ask for stays unknown, the rest of the inventory is the same."""
+    root = make(tmp_path, "c500-8")
+    sim.fail(root, 2, "fault", reason="hang")
+    seen: list[list[str]] = []
+
+    def runner(argv: list[str]) -> tuple[int, str, str]:
+        seen.append(argv[1:])
+        return default_runner(argv)
+
+    full = discover(root, runner=runner)
+    assert seen == [["--show-hwinfo"], ["--show-memory"], ["--show-unavailable-reason"],
+                    ["topo", "-m"]]
+    seen.clear()
+    bare = discover(root, runner=runner, queries=())
+    assert seen == [] and bare.problems == full.problems
+    assert [g.device_nodes for g in bare.gpus] == [g.device_nodes for g in full.gpus]
+    assert all(g.serial is None and g.memory_mib is None and g.fault is None for g in bare.gpus)
+    assert bare.links == frozenset() and full.links
+    serials = discover(root, runner=runner, queries=("hwinfo",))
+    assert seen == [["--show-hwinfo"]]
+    assert [g.serial for g in serials.gpus] == [g.serial for g in full.gpus]
+    seen.clear()
+    assert discover(root, runner=runner, queries=("health",)).gpu(2).fault == "hang"
+    assert seen == [["--show-unavailable-reason"]]
+    with pytest.raises(ValueError, match="unknown mx-smi queries"):
+        discover(root, queries=("everything",))
+
+
 @pytest.mark.parametrize("exc", [subprocess.TimeoutExpired(["mx-smi"], 1), OSError("boom")])
 def test_runner_raising(tmp_path: Path, exc: Exception) -> None:
     root = make(tmp_path, "c500-8")

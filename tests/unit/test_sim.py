@@ -18,7 +18,7 @@ from gpuk8s.discovery import discover
 from gpuk8s.sim.cli import main as sim_main
 
 PRESET_NAMES = ["c500-8", "c550-8", "mixed-16", "n260-2", "c500-8-vf4", "nodriver-8",
-                "nogpu", "nvidia-8"]
+                "nogpu", "nvidia-8", "nvidia-8-nodriver", "a100-8", "v100-8", "t4-2", "p100-4"]
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +37,8 @@ def test_every_preset_creates_a_discoverable_tree(tmp_path: Path, preset: str) -
     sim.create(root, preset)
     inv = discover(root)
     expected = {"c500-8": 8, "c550-8": 8, "mixed-16": 16, "n260-2": 2, "c500-8-vf4": 8,
-                "nodriver-8": 8, "nogpu": 0, "nvidia-8": 8}[preset]
+                "nodriver-8": 8, "nogpu": 0, "nvidia-8": 8, "nvidia-8-nodriver": 8,
+                "a100-8": 8, "v100-8": 8, "t4-2": 2, "p100-4": 4}[preset]
     assert len(inv.gpus) == expected
     assert sim.state(root)["preset"] == preset
 

@@ -92,6 +92,9 @@ class Gpu:
     device_nodes: tuple[str, ...] = ()  # e.g. /dev/dri/card1, /dev/dri/renderD129
     driver_bound: bool = False
     fault: str | None = None  # reason reported by the vendor tool, None when fine
+    name: str | None = None  # the vendor tool's full name ("NVIDIA H100 80GB HBM3")
+    # NVIDIA: CUDA compute capability (major, minor), e.g. (9, 0) for an H100
+    compute_capability: tuple[int, int] | None = None
 
     @property
     def memory_label(self) -> str | None:
@@ -211,4 +214,7 @@ def gpu_to_dict(gpu: Gpu) -> dict[str, Any]:
         "device_nodes": list(gpu.device_nodes),
         "driver_bound": gpu.driver_bound,
         "fault": gpu.fault,
+        "name": gpu.name,
+        "compute_capability": None if gpu.compute_capability is None
+        else "{}.{}".format(*gpu.compute_capability),
     }

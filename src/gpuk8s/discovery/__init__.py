@@ -8,6 +8,7 @@ not be read is described in ``NodeInventory.problems``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 
 from ..core.model import Gpu, NodeInventory
@@ -18,14 +19,20 @@ from .tools import Runner, default_runner, find_tool, run_tool, runner_for
 __all__ = ["Runner", "check_health", "default_runner", "discover", "link_groups", "telemetry"]
 
 
-def discover(root: str = "/", *, runner: Runner | None = None) -> NodeInventory:
-    """Inventory of the node's GPUs: MetaX if any, else NVIDIA, else backend ``none``."""
+def discover(
+    root: str = "/", *, runner: Runner | None = None, queries: Collection[str] = metax.QUERIES
+) -> NodeInventory:
+    """Inventory of the node's GPUs: MetaX if any, else NVIDIA, else backend ``none``.
+
+    ``queries``: the mx-smi runs to make on a MetaX node (``metax.QUERIES``, all by
+    default); a caller that needs less asks for less (metax-docker: none, or ``hwinfo``
+    for serial numbers), as each run costs a start of the tool."""
     runner = runner or runner_for(root)
     pci = sysfs.scan(root)
     metax_gpus = [d for d in pci.devices if metax.is_gpu(d)]
     nvidia_gpus = [d for d in pci.devices if nvidia.is_gpu(d)]
     if metax_gpus:
-        inventory = metax.discover(root, pci.devices, runner)
+        inventory = metax.discover(root, pci.devices, runner, queries)
         if nvidia_gpus:
             inventory = inventory.with_problem(
                 f"{len(nvidia_gpus)} NVIDIA GPU(s) also present, ignored (MetaX backend chosen)"

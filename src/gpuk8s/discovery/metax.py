@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 from ..core.model import (
@@ -49,6 +50,8 @@ DEVICE_IDS: dict[int, tuple[str, str]] = {
     0x4083: ("N260", "MXN"),
 }
 
+# what discover() asks mx-smi, one run each (in this order); callers may ask for fewer
+QUERIES = ("hwinfo", "memory", "health", "links")
 MXSMI_CANDIDATES = (
     "/opt/mxdriver/bin/mx-smi",
     "/opt/maca/bin/mx-smi",
@@ -277,9 +280,21 @@ def control_devices(root: str) -> tuple[str, ...]:
 
 
 def discover(
-    root: str, devices: list[sysfs.PciDevice], runner: Runner | None = None
+    root: str,
+    devices: list[sysfs.PciDevice],
+    runner: Runner | None = None,
+    queries: Collection[str] = QUERIES,
 ) -> NodeInventory:
-    """Inventory of the MetaX GPUs in ``devices`` (link groups are set by the caller)."""
+    """Inventory of the MetaX GPUs in ``devices`` (link groups are set by the caller).
+
+    ``queries``: which mx-smi runs to make (``QUERIES``; each costs one run of the
+    tool): ``hwinfo`` serial numbers and UUIDs, ``memory`` memory sizes, ``health``
+    ``Gpu.fault``, ``links`` MetaXLink pairs. What is not queried stays unknown (None /
+    empty); the rest (sysfs, device nodes, driver, SDK) is always read.
+    """
+    unknown = set(queries) - set(QUERIES)
+    if unknown:
+        raise ValueError(f"unknown mx-smi queries {sorted(unknown)}; allowed: {', '.join(QUERIES)}")
     problems: list[str] = []
     driver, driver_problems = driver_info(root)
     problems += driver_problems
@@ -291,28 +306,33 @@ def discover(
     hwinfo: dict[str, Section] = {}
     reasons: dict[str, str | None] = {}
     links: set[frozenset[int]] = set()
-    tool = find_tool(root, "mx-smi", MXSMI_CANDIDATES)
-    if tool is None:
+    tool = find_tool(root, "mx-smi", MXSMI_CANDIDATES) if queries else None
+    if tool is None and queries:
         problems.append("mx-smi not found under /opt/mxdriver/bin, /opt/maca/bin, /usr/bin, "
                         "/usr/local/bin: no memory, serial, uuid or MetaXLink data")
-    else:
+    elif tool is not None:
         # once a run fails (wrong tool, hung, broken install) the others are skipped:
         # a hung tool would otherwise cost one timeout per query
-        text = _query(tool, runner, problems, "--show-hwinfo")
-        if text is not None:
-            hwinfo = parse_sections(text)
-            if gpus_pci and not hwinfo:
-                problems.append("`mx-smi --show-hwinfo` listed no GPU")
+        text: str | None = ""
+        if "hwinfo" in queries:
+            text = _query(tool, runner, problems, "--show-hwinfo")
+            if text is not None:
+                hwinfo = parse_sections(text)
+                if gpus_pci and not hwinfo:
+                    problems.append("`mx-smi --show-hwinfo` listed no GPU")
+        if text is not None and "memory" in queries:
             text = _query(tool, runner, problems, "--show-memory")
-        if text is not None:
-            memory = parse_sections(text)
+            if text is not None:
+                memory = parse_sections(text)
+        if text is not None and "health" in queries:
             reasons, problem = unavailable_reasons(root, runner)
             if problem:
                 problems.append(problem)
+        if text is not None and "links" in queries:
             text = _query(tool, runner, problems, "topo", "-m")
-        if text is not None:
-            links = _links_by_address(parse_topo_matrix(text), hwinfo or memory, gpus_pci,
-                                      problems)
+            if text is not None:
+                links = _links_by_address(parse_topo_matrix(text), hwinfo or memory, gpus_pci,
+                                          problems)
 
     gpus: list[Gpu] = []
     for index, dev in enumerate(gpus_pci):

@@ -35,13 +35,19 @@ class SdkState:
     previous: str | None = None  # a version kept for rollback
 
 
-def node_platform(root: str, product: str) -> NodePlatform:
-    """The node's product, OS (``/etc/os-release`` ID, VERSION_ID) and architecture."""
+def os_release(root: str) -> dict[str, str]:
+    """The fields of the node's ``/etc/os-release`` (``ID``, ``VERSION_ID``, ``ID_LIKE`` ...)."""
     fields: dict[str, str] = {}
     for line in (read_text(host_path(root, "/etc/os-release")) or "").splitlines():
         key, sep, value = line.partition("=")
         if sep:
             fields[key.strip()] = value.strip().strip('"')
+    return fields
+
+
+def node_platform(root: str, product: str) -> NodePlatform:
+    """The node's product, OS (``/etc/os-release`` ID, VERSION_ID) and architecture."""
+    fields = os_release(root)
     return NodePlatform(product=product, os=fields.get("ID", "unknown"),
                         os_version=fields.get("VERSION_ID", ""), arch=platform.machine())
 

@@ -2,15 +2,18 @@
 
 Forms (SPEC §10): ``all`` every GPU; ``N`` the first N (by index); a bracketed list names
 GPUs by id — the index mx-smi shows (``GPU#3``) or the GPU's UUID — or by serial number
-(``mx-smi --show-sn``), mixed freely. Only GPUs with device nodes count (a GPU whose driver
-is not bound has none: ``all`` and ``N`` skip it, naming it is an error). docker's own
+(``mx-smi --show-sn``), mixed freely. Only healthy GPUs with device nodes count: a GPU whose
+driver is not bound has none, and a GPU the health check (``gpuk8s.discovery.check_health``,
+the device plugin's: mx-smi's unavailable reason, the PCI device and its driver binding)
+finds unhealthy is never handed out. ``all`` and ``N`` skip such GPUs (an unhealthy one
+with a warning), naming one is an error. docker's own
 NVIDIA syntax (``device=0,1``, ``count=2``, ``"device=0,1"``) is refused with a hint, and so
 is a bare comma list (``0,1``: brackets say "ids", a bare number says "count").
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..core.model import Gpu, NodeInventory
@@ -59,28 +62,44 @@ def parse_request(value: str) -> GpuRequest:
     raise UsageError(f"{shown}: use {FORMS}")
 
 
-def select(inventory: NodeInventory, request: GpuRequest, where: str = "this host") -> list[Gpu]:
-    """The requested GPUs in host (index) order; ``UsageError`` names what is wrong."""
+@dataclass(frozen=True)
+class Selection:
+    gpus: tuple[Gpu, ...]  # host (index) order
+    warnings: tuple[str, ...] = ()  # unhealthy GPUs that all / N skipped
+
+
+def select(
+    inventory: NodeInventory,
+    request: GpuRequest,
+    where: str = "this host",
+    health: Mapping[int, str | None] | None = None,
+) -> Selection:
+    """The requested GPUs; ``UsageError`` names what is wrong. ``health``: GPU index ->
+    None when healthy, else why not (``check_health``); a GPU it does not list counts as
+    healthy."""
     if inventory.backend != "metax" or not inventory.gpus:
         detail = f" (host has {inventory.backend} GPUs)" if inventory.backend == "nvidia" else ""
         why = f": {inventory.problems[0]}" if inventory.problems else ""
         raise UsageError(f"no MetaX GPU on {where}{detail}{why}")
+    health = health or {}
     gpus = sorted(inventory.gpus, key=lambda g: g.index)
-    usable = [g for g in gpus if g.device_nodes]
+    with_nodes = [g for g in gpus if g.device_nodes]
+    sick = [g for g in with_nodes if health.get(g.index)]
+    usable = [g for g in with_nodes if not health.get(g.index)]
     if request.every or request.count:
         if not usable:
-            raise UsageError(
-                f"no MetaX GPU on {where} has device nodes (is the metax driver loaded?)"
-            )
-        if request.every:
-            return usable
+            raise UsageError(f"no usable MetaX GPU on {where} ({_unusable(gpus, sick)})")
         if request.count > len(usable):
             have = f"{len(usable)} usable MetaX GPU" + ("s" if len(usable) != 1 else "")
-            extra = f" ({len(gpus) - len(usable)} without device nodes)" if len(
-                usable) < len(gpus) else ""
-            raise UsageError(f"--gpus {request.count}: {where} has {have}{extra}")
-        return usable[: request.count]
-    chosen: dict[int, Gpu] = {}
+            raise UsageError(f"--gpus {request.count}: {where} has {have} "
+                             f"({_unusable(gpus, sick)})")
+        chosen = usable if request.every else usable[: request.count]
+        last = chosen[-1].index
+        skipped = [g for g in sick if g.index < last or request.every]
+        warnings = tuple(f"GPU {g.index} ({g.pci_address}) is unhealthy, skipped: "
+                         f"{health[g.index]}" for g in skipped)
+        return Selection(tuple(chosen), warnings)
+    picked: dict[int, Gpu] = {}
     for name in request.names:
         gpu = _find(gpus, name)
         if gpu is None:
@@ -88,15 +107,31 @@ def select(inventory: NodeInventory, request: GpuRequest, where: str = "this hos
                 f"--gpus [{','.join(request.names)}]: no GPU {name!r} on {where} "
                 f"(ids {_ids(gpus)}; serial numbers {', '.join(_serials(gpus)) or 'unknown'})"
             )
-        if gpu.index in chosen:
+        if gpu.index in picked:
             raise UsageError(f"--gpus [{','.join(request.names)}]: GPU {gpu.index} is named twice")
         if not gpu.device_nodes:
             raise UsageError(
                 f"GPU {gpu.index} ({gpu.pci_address}) has no device nodes "
                 "(is the metax driver bound to it?)"
             )
-        chosen[gpu.index] = gpu
-    return [chosen[i] for i in sorted(chosen)]
+        reason = health.get(gpu.index)
+        if reason:
+            raise UsageError(
+                f"GPU {gpu.index} ({gpu.pci_address}) is unhealthy: {reason}; name another "
+                f"GPU (healthy: {', '.join(str(g.index) for g in usable) or 'none'})"
+            )
+        picked[gpu.index] = gpu
+    return Selection(tuple(picked[i] for i in sorted(picked)))
+
+
+def _unusable(gpus: Sequence[Gpu], sick: Sequence[Gpu]) -> str:
+    """Which GPUs are left out and why: 'left out: 1 unhealthy: GPU 3; 1 without device
+    nodes: GPU 2 (is the metax driver bound?)'."""
+    bare = [g for g in gpus if not g.device_nodes]
+    parts = [f"{len(left)} {what}: GPU {_ids(left)}"
+             for what, left in (("unhealthy", sick), ("without device nodes", bare)) if left]
+    hint = " (is the metax driver bound?)" if bare else ""
+    return "left out: " + "; ".join(parts) + hint if parts else "none left out"
 
 
 def units_of(gpus: Sequence[Gpu]) -> list[Unit]:

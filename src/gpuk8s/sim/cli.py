@@ -10,6 +10,7 @@ from typing import Any
 from ..core.errors import ConfigError, GpuK8sError
 from . import (
     FAIL_MODES,
+    PAYLOAD_KINDS,
     PRESETS,
     clear_load,
     create,
@@ -80,8 +81,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-processes", action="store_true", help="remove the GPU's processes")
 
     p = sub.add_parser("payload", help="write a simulated driver or SDK payload tree "
-                       "(what the operator's payload images carry)")
-    p.add_argument("kind", choices=("driver", "maca"))
+                       "(what the operator's payload images carry), or the stand-in "
+                       "NVIDIA-Linux-x86_64-<version>.run (nvidia-driver)")
+    p.add_argument("kind", choices=PAYLOAD_KINDS)
     p.add_argument("--version", required=True)
     p.add_argument("--out", required=True, help="directory to write into")
 

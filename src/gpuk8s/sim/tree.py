@@ -114,7 +114,8 @@ def nvml_table(state: dict[str, Any]) -> str:
         driver <version>
         cuda <CUDA driver version as NVML encodes it: 1000 * major + 10 * minor>
         gpu <status> <bus id> <uuid> <total B> <used B> <util %> <mem util %> <temp C>
-            <power mW> <ecc corrected> <ecc uncorrected> <name>
+            <power mW> <ecc corrected> <ecc uncorrected> <compute capability major> <minor>
+            <PCI device id, NVML's pciDeviceId> <name>
         proc <gpu position> <pid> <used B> <sm util %> <mps 0|1> <name>
 
     Only GPUs on the bus appear (``ok`` or ``fault``), in PCI order; a ``proc`` names
@@ -134,7 +135,8 @@ def nvml_table(state: dict[str, Any]) -> str:
             f"{gpu['memory_mib'] * mib} {int(load['memory_used_mib']) * mib} "
             f"{int(load['utilization'])} 0 {int(load['temperature'])} "
             f"{round(float(load['power']) * 1000)} {int(load['ecc_corrected'])} "
-            f"{int(load['ecc_uncorrected'])} {gpu['name']}"
+            f"{int(load['ecc_uncorrected'])} {compute_capability(gpu)[0]} "
+            f"{compute_capability(gpu)[1]} 0x{gpu['device']:04x}{gpu['vendor']:04x} {gpu['name']}"
         )
     for proc in state.get("processes", []):
         if proc["gpu"] in position:
@@ -145,6 +147,13 @@ def nvml_table(state: dict[str, Any]) -> str:
                 f"{proc.get('name') or 'python3'}"
             )
     return "\n".join(lines) + "\n"
+
+
+def compute_capability(gpu: dict[str, Any]) -> tuple[int, int]:
+    """The GPU's CUDA compute capability (``"9.0"`` -> (9, 0)); (0, 0) when the state has
+    none (states written before it existed)."""
+    major, _, minor = str(gpu.get("compute_capability") or "0.0").partition(".")
+    return int(major), int(minor or 0)
 
 
 def cuda_version_code(version: str | None) -> int | None:

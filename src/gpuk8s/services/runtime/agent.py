@@ -3,9 +3,13 @@
 Each pass:
 
 1. the node's CDI spec (``core.cdi.build_spec``: every device with its nodes, the control
-   devices, the host SDK mounted read-only and its environment) is written to
-   ``<cdi dir>/metax-tech.com-gpu.json`` when it changed, after our own strict check
-   (``core.cdi.parse_spec``); no GPU device yet (driver not loaded) -> no spec;
+   devices, the host SDK mounted read-only and its environment; on NVIDIA nodes the
+   driver's libraries, programs, firmware and IPC sockets with the hooks that make the
+   libraries found, ``core.cdi.driver_edits``) is written to ``<cdi dir>/<kind>.json``
+   (``metax-tech.com-gpu.json``, ``nvidia.com-gpu.json``) when it changed, after our own
+   strict check (``core.cdi.parse_spec``); no GPU device yet (driver not loaded) -> no
+   spec. The hooks run this agent's wrapper (``hook`` subcommand), installed for them in
+   either mode, or nvidia-container-toolkit's ``nvidia-cdi-hook`` where it is installed;
 2. where the runtime lacks CDI (containerd < 2.0 without ``enable_cdi``), the wrapper
    (``host.ociwrapper`` packed into one executable zip run by the host's python3) and its
    config are installed under ``--install-dir``, registered as containerd runtime handler
@@ -23,14 +27,23 @@ import io
 import json
 import logging
 import os
+import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...core.cdi import DEFAULT_KIND, DEFAULT_SDK_PATHS, SdkSource, build_spec, parse_spec
+from ...core.cdi import (
+    DEFAULT_KIND,
+    DEFAULT_SDK_PATHS,
+    ContainerEdits,
+    SdkSource,
+    build_spec,
+    driver_edits,
+    parse_spec,
+)
 from ...core.errors import GpuK8sError
-from ...discovery import discover
+from ...discovery import discover, nvidia
 from ...discovery.tools import host_path
 from ...host import files, ociwrapper
 from ...host.ociwrapper import CONFIG_NAME
@@ -53,21 +66,45 @@ def spec_filename(kind: str) -> str:
     return kind.replace("/", "-") + ".json"
 
 
+def spec_text(spec: dict[str, Any]) -> str:
+    """The spec file's content as written (compared byte for byte before a write)."""
+    return json.dumps(spec, indent=2, sort_keys=True) + "\n"
+
+
 def wrapper_zip(python: str) -> bytes:
     """The wrapper as one executable zip: ``#!<python>``, gpuk8s' stdlib packages, and a
-    ``__main__`` calling ``gpuk8s.host.ociwrapper.main``."""
+    ``__main__`` calling ``gpuk8s.host.ociwrapper.main``. The same sources give the same
+    bytes (fixed timestamps), so an unchanged wrapper is not rewritten."""
+    sources = {"__main__.py": b"import sys\nfrom gpuk8s.host.ociwrapper import main\n"
+                              b"sys.exit(main())\n"}
+    for name, data in package_sources(Path(__file__).resolve().parents[2]).items():
+        sources[f"gpuk8s/{name}"] = data
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("__main__.py", "import sys\nfrom gpuk8s.host.ociwrapper import main\n"
-                                        "sys.exit(main())\n")
-        # read from the installed package's directory (importlib.resources would follow a
-        # module spec that aliasing importers, e.g. Ansible's module_utils, may replace)
-        package = Path(__file__).resolve().parents[2]
-        archive.writestr("gpuk8s/__init__.py", (package / "__init__.py").read_bytes())
-        for name in WRAPPER_PACKAGES:
-            for entry in sorted((package / name).glob("*.py")):
-                archive.writestr(f"gpuk8s/{name}/{entry.name}", entry.read_bytes())
+        for name, data in sources.items():
+            archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data,
+                             zipfile.ZIP_DEFLATED)
     return f"#!{python}\n".encode() + buffer.getvalue()
+
+
+def package_sources(package: Path) -> dict[str, bytes]:
+    """``__init__.py`` and the ``WRAPPER_PACKAGES``' modules (path under the package ->
+    bytes), read from the package's directory or, when it runs from a zip (an Ansible
+    module's AnsiballZ payload: the modules it imports), from that zip. (importlib.resources
+    would follow a module spec that aliasing importers, e.g. Ansible's module_utils, may
+    replace.)"""
+    wanted = re.compile(r"^(__init__\.py|(" + "|".join(WRAPPER_PACKAGES) + r")/[^/]+\.py)$")
+    if package.is_dir():
+        return {p.relative_to(package).as_posix(): p.read_bytes()
+                for p in sorted(package.rglob("*.py"))
+                if wanted.match(p.relative_to(package).as_posix())}
+    archive_path = package
+    while not archive_path.is_file() and archive_path != archive_path.parent:
+        archive_path = archive_path.parent
+    prefix = package.relative_to(archive_path).as_posix() + "/"
+    with zipfile.ZipFile(archive_path) as archive:
+        return {n[len(prefix):]: archive.read(n) for n in sorted(archive.namelist())
+                if n.startswith(prefix) and wanted.match(n[len(prefix):])}
 
 
 @dataclass
@@ -150,24 +187,41 @@ class RuntimeAgent:
                       if os.path.exists(host_path(s.host_root, p)))
         sdk = SdkSource(paths=paths) if paths else None
         kind = s.cdi_kind or DEFAULT_KIND.get(inventory.backend, "")
+        extra = ContainerEdits()
+        if inventory.backend == "nvidia" and inventory.driver.version:
+            found = nvidia.driver_files(s.host_root, inventory.driver.version)
+            for problem in found.problems:
+                log.warning(problem)
+            extra = driver_edits(found, found.toolkit_hook or self.wrapper_path(),
+                                 s.device_path_prefix)
+            self.details["driverFiles"] = len(extra.mounts)
         spec = build_spec(inventory, kind, s.device_path_prefix, sdk,
-                          annotations={"gpuk8s.io/generated-by": "container-runtime"})
+                          annotations={"gpuk8s.io/generated-by": "container-runtime"},
+                          extra=extra)
         parse_spec(spec, "generated CDI spec")  # never write what we would not read
         return spec
 
-    def spec_path(self) -> str:
+    def spec_path(self, kind: str) -> str:
         s = self.settings
-        kind = s.cdi_kind or DEFAULT_KIND["metax"]
         return os.path.join(s.sys(s.cdi_dir), spec_filename(kind))
+
+    def spec_paths(self) -> list[str]:
+        """Every spec file this agent may have written (its kind, or each backend's)."""
+        kinds = [self.settings.cdi_kind] if self.settings.cdi_kind else list(DEFAULT_KIND.values())
+        return [self.spec_path(k) for k in kinds]
 
     def write_spec(self) -> str:
         spec = self.spec()
-        path = self.spec_path()
         if spec is None:
-            files.remove(path)
+            for path in self.spec_paths():
+                files.remove(path)
             self.details["devices"] = 0
             return "no GPU device on this node yet (driver not loaded): no CDI spec"
-        text = json.dumps(spec, indent=2, sort_keys=True) + "\n"
+        path = self.spec_path(spec["kind"])
+        if any(h.get("path") == self.wrapper_path()
+               for h in (spec.get("containerEdits") or {}).get("hooks") or []):
+            self.write_wrapper()  # the hooks run it, whatever the mode
+        text = spec_text(spec)
         if _read(path) != text:
             files.atomic_write(path, text)
             log.info("CDI spec written", extra={"path": path, "devices": len(spec["devices"])})
@@ -181,6 +235,22 @@ class RuntimeAgent:
 
     def wrapper_path(self) -> str:
         return f"{self.settings.install_dir}/bin/{WRAPPER_NAME}"
+
+    def write_wrapper(self) -> str:
+        """The wrapper executable (also the CDI hooks' program) in ``<install dir>/bin``;
+        that directory."""
+        s = self.settings
+        bin_dir = os.path.join(s.sys(s.install_dir), "bin")
+        os.makedirs(bin_dir, exist_ok=True)
+        wrapper = os.path.join(bin_dir, WRAPPER_NAME)
+        payload = wrapper_zip(s.host_python)
+        if _read_bytes(wrapper) != payload:
+            tmp = wrapper + ".new"
+            with open(tmp, "wb") as handle:
+                handle.write(payload)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, wrapper)
+        return bin_dir
 
     def install_hook(self) -> None:
         s = self.settings
@@ -196,16 +266,7 @@ class RuntimeAgent:
         result = containerd.configure(text, s.handler, self.wrapper_path(), s.set_default)
         runc = result.base_binary or next(
             (p for p in RUNC_CANDIDATES if os.path.exists(s.sys(p))), "runc")
-        bin_dir = os.path.join(s.sys(s.install_dir), "bin")
-        os.makedirs(bin_dir, exist_ok=True)
-        wrapper = os.path.join(bin_dir, WRAPPER_NAME)
-        payload = wrapper_zip(s.host_python)
-        if _read_bytes(wrapper) != payload:
-            tmp = wrapper + ".new"
-            with open(tmp, "wb") as handle:
-                handle.write(payload)
-            os.chmod(tmp, 0o755)
-            os.replace(tmp, wrapper)
+        bin_dir = self.write_wrapper()
         sdk_paths = list(DEFAULT_SDK_PATHS["metax"][:1])
         files.write_json(os.path.join(bin_dir, CONFIG_NAME), {
             "runtime": runc, "specDirs": [s.cdi_dir, "/var/run/cdi"], "sdkPaths": sdk_paths,
@@ -229,7 +290,7 @@ class RuntimeAgent:
         """Take back everything this agent put on the node; what was done."""
         s = self.settings
         done = []
-        if files.remove(self.spec_path()):
+        if any([files.remove(p) for p in self.spec_paths()]):
             done.append("CDI spec removed")
         state = files.read_json(self._state_path()) or {}
         config_path = s.sys(s.containerd_config)
