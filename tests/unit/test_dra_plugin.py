@@ -394,5 +394,5 @@ def test_sgpu_pool_publishes_consumable_capacity(
     assert gpu["allowMultipleAllocations"] is True
     assert gpu["capacity"]["vcore"]["requestPolicy"]["validRange"] == {
         "min": "1", "max": "100", "step": "1"}
-    assert gpu["capacity"]["vmemory"]["value"] == "65536Mi"
+    assert gpu["capacity"]["vmemory"]["value"] == "64Gi"
     assert "consumesCounters" not in gpu

@@ -54,7 +54,7 @@ def test_gpu_devices_carry_every_attribute_and_memory(roots: dict[str, str]) -> 
         "resource.kubernetes.io/pcieRoot": {"string": "pci0000:80"},
         "resource.kubernetes.io/pciBusID": {"string": gpu5.pci_address},
     }  # fmt: skip
-    assert devices[5].capacity == {"memory": {"value": "65536Mi"}}
+    assert devices[5].capacity == {"memory": {"value": "64Gi"}}
     assert devices[5].counters == ("gpu-5",)
 
 
@@ -68,7 +68,7 @@ def test_vfs_are_the_devices_when_configured(roots: dict[str, str]) -> None:
     assert vf.attributes["index"] == {"int": 6}
     assert vf.attributes["resource.kubernetes.io/pciBusID"]["string"] == \
         inv.gpu(1).sriov.vf_addresses[2]
-    assert vf.capacity == {"memory": {"value": f"{65536 // 4}Mi"}}
+    assert vf.capacity == {"memory": {"value": "16Gi"}}
     assert not vf.counters
     with pytest.raises(dra.DraError, match="VFs cannot be shared"):
         dra.pool_devices(inv, dra.PoolOptions(sharing="sgpu"))

@@ -170,8 +170,17 @@ def _common(inventory: NodeInventory, gpu: Gpu) -> dict[str, dict[str, Any]]:
     return attrs
 
 
+def mib_quantity(mib: int) -> str:
+    """MiB as the API server writes the quantity back (canonical binary SI: the largest
+    suffix that keeps an integer), so a published slice compares equal to what is read."""
+    for suffix, factor in (("Pi", 1024**3), ("Ti", 1024**2), ("Gi", 1024)):
+        if mib and mib % factor == 0:
+            return f"{mib // factor}{suffix}"
+    return f"{mib}Mi"
+
+
 def _memory(mib: int | None) -> dict[str, dict[str, Any]]:
-    return {} if mib is None else {CAPACITY_MEMORY: {"value": f"{mib}Mi"}}
+    return {} if mib is None else {CAPACITY_MEMORY: {"value": mib_quantity(mib)}}
 
 
 def _sgpu_capacity(mib: int | None) -> dict[str, dict[str, Any]]:
@@ -184,8 +193,8 @@ def _sgpu_capacity(mib: int | None) -> dict[str, dict[str, Any]]:
             "default": "1", "validValues": ["1"]}},
     }
     if mib is not None:
-        cap[CAPACITY_VMEMORY] = {"value": f"{mib}Mi", "requestPolicy": {
-            "default": f"{mib}Mi", "validRange": {"min": "1Mi", "step": "1Mi"}}}
+        cap[CAPACITY_VMEMORY] = {"value": mib_quantity(mib), "requestPolicy": {
+            "default": mib_quantity(mib), "validRange": {"min": "1Mi", "step": "1Mi"}}}
     return cap
 
 

@@ -91,8 +91,15 @@ def _canonical(spec: Mapping[str, Any], with_order: bool) -> str:
     unless ``with_order``."""
     body = dict(spec)
     body["pool"] = {k: v for k, v in (spec.get("pool") or {}).items() if k != "generation"}
-    if not with_order and body.get("devices"):
-        body["devices"] = sorted(body["devices"], key=lambda d: str(d.get("name")))
+    devices = [dict(d) for d in body.get("devices") or []]
+    for device in devices:  # the API server stamps taints with the time it saw them
+        if device.get("taints"):
+            device["taints"] = [{k: v for k, v in t.items() if k != "timeAdded"}
+                                for t in device["taints"]]
+    if not with_order:
+        devices.sort(key=lambda d: str(d.get("name")))
+    if devices:
+        body["devices"] = devices
     return json.dumps(body, sort_keys=True)
 
 
