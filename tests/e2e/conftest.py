@@ -104,6 +104,12 @@ def wait_until(
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
+def containerd_generation() -> str:
+    """The lab node's containerd: "2" (2.x, lab/up --containerd 2) or "1.6" (Debian's)."""
+    cmd = (STATE / "run" / "containerd.cmd").read_bytes().split(b"\0")
+    return "2" if any(b"/containerd-v2" in part for part in cmd) else "1.6"
+
+
 @pytest.fixture(scope="session")
 def lab() -> dict[str, str]:
     """The lab must be up; a missing lab is a failure here, never a skip."""
