@@ -138,6 +138,16 @@ def test_publisher_syncs_and_keeps_the_generation_when_nothing_changed(
         assert tainted == {"gpu-2", "group-2-3", "group-0-1-2-3"}
         assert publisher.sync_once() is False, "timeAdded stamped by the server is not a change"
         assert publisher.problems == []
+        publisher.start()  # a starting kubelet deletes the node's slices: they come back
+        admin = _slices_api(apiserver)
+        time.sleep(1)  # the watch is established
+        for body in admin.list(node):
+            admin.delete(body["metadata"]["name"])
+        deadline = time.monotonic() + 5
+        while len(admin.list(node)) != 2:
+            assert time.monotonic() < deadline, "the deleted slices were not published again"
+            time.sleep(0.1)
+        publisher.stop()
     finally:
         _delete_node_slices(apiserver, node)
 

@@ -307,6 +307,25 @@ class FakeResourceApi:
             self.slices.pop(name, None)
             self.changed.notify_all()
 
+    def watch_deleted(self, node: str, on_deleted: Callable[[], None],
+                      stop: threading.Event) -> None:
+        with self._lock:
+            seen = {n for n, s in self.slices.items() if s["spec"].get("nodeName") == node}
+        while not stop.is_set():
+            with self._lock:
+                self.changed.wait(0.05)
+                now = {n for n, s in self.slices.items() if s["spec"].get("nodeName") == node}
+            gone, seen = seen - now, now
+            if gone:
+                on_deleted()
+
+    def wipe(self, node: str) -> None:
+        """What a starting kubelet does: delete every slice of its node."""
+        with self._lock:
+            for name in [n for n, s in self.slices.items() if s["spec"].get("nodeName") == node]:
+                del self.slices[name]
+            self.changed.notify_all()
+
     def devices(self) -> dict[str, dict[str, Any]]:
         """Device name -> device of the highest generation's slices."""
         with self._lock:

@@ -208,6 +208,18 @@ def test_prepare_is_idempotent_and_survives_a_plugin_restart(
     assert twice.claims["uid-1"].error == "", "unpreparing an unknown claim is not an error"
 
 
+def test_slices_wiped_by_a_starting_kubelet_come_back_at_once(
+    c500: tuple[str, NodeInventory], dirs: dict[str, str], nodes: list[Node]
+) -> None:
+    root, inv = c500
+    node = start(nodes, root, inv, dirs)  # resync every 30 s: the watch must do it
+    node.api.wait(lambda: len(node.api.devices()) == 14, 5, "slices")
+    node.api.wipe(NODE)
+    wiped = time.monotonic()
+    when = node.api.wait(lambda: len(node.api.devices()) == 14, 5, "slices back")
+    assert when - wiped < 2.0
+
+
 def test_a_kubelet_restart_keeps_prepared_claims(
     c500: tuple[str, NodeInventory], dirs: dict[str, str], nodes: list[Node]
 ) -> None:

@@ -7,6 +7,10 @@ checked by the API server) and deletes until they match. The pool generation goe
 whenever anything but the device order changes (the scheduler then ignores the older
 slices); a reorder alone keeps it.
 
+A watch on the node's slices brings back deleted ones at once (a kubelet that starts
+deletes every slice of its node until the drivers register again), and a full sync every
+``interval`` repairs anything else.
+
 After each write the driver reads back what the API server kept: a server without
 ``DRAPartitionableDevices`` drops ``sharedCounters``/``consumesCounters`` (a group device
 would then overlap its members: the driver publishes again without group devices), one
@@ -42,6 +46,14 @@ class SliceApi(Protocol):
     def update(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
     def delete(self, name: str) -> None: ...
+
+
+class SliceWatch(Protocol):
+    """Optional: calls ``on_deleted`` whenever one of the node's slices of this driver is
+    deleted (the kubelet wipes them when it starts), until ``stop`` is set."""
+
+    def watch_deleted(self, node: str, on_deleted: Callable[[], None],
+                      stop: threading.Event) -> None: ...
 
 
 class KubeSlices:
@@ -80,6 +92,25 @@ class KubeSlices:
 
     def delete(self, name: str) -> None:
         self._call(f"delete resourceslice {name}", self._api.delete_resource_slice, name)
+
+    def watch_deleted(self, node: str, on_deleted: Callable[[], None],
+                      stop: threading.Event) -> None:
+        from kubernetes import watch
+
+        while not stop.is_set():
+            try:
+                stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
+                    self._api.list_resource_slice, timeout_seconds=60,
+                    field_selector=f"spec.nodeName={node},spec.driver={DRIVER}",
+                    deserialize=False)
+                for event in stream:
+                    if stop.is_set():
+                        return
+                    if event.get("type") == "DELETED":
+                        on_deleted()
+            except Exception as err:  # the API server restarts: watch again shortly
+                log.debug("slice watch ended", extra={"error": str(err)})
+                stop.wait(2.0)
 
 
 class PublishMetrics(Protocol):
@@ -131,6 +162,7 @@ class SlicePublisher:
         self.problems: list[str] = []  # features the API server did not keep
         self._lock = threading.Lock()
         self._loop = NudgedLoop(self.sync_once, interval, "slices")
+        self._watch_stop = threading.Event()
 
     def wanted(self, generation: int) -> list[dict[str, Any]]:
         sick = dict(self.unhealthy())
@@ -236,8 +268,17 @@ class SlicePublisher:
 
     def start(self) -> None:
         self._loop.start()
+        watch = getattr(self.api, "watch_deleted", None)
+        if watch is not None:  # a kubelet that starts wipes the node's slices: put them back
+            threading.Thread(target=watch, args=(self.node, self._deleted, self._watch_stop),
+                             name="slices-watch", daemon=True).start()
+
+    def _deleted(self) -> None:
+        log.info("a ResourceSlice of this node was deleted: publishing again")
+        self.nudge(0.2)
 
     def stop(self, timeout: float = 5.0) -> None:
+        self._watch_stop.set()
         self._loop.stop(timeout)
 
     def alive(self) -> bool:
