@@ -4,8 +4,9 @@ The lab node is put in DRA mode (label gpuk8s.io/allocation-mode=dra: gpu-device
 gpu-dra arrives), the chart is installed from the checkout with gpuDra.enabled, and every
 test checks what the container really sees: its /dev/dri and its environment. The kubelet
 hands the claims' CDI device ids to the runtime in the CRI field CDIDevices, which only a
-CDI-capable runtime applies (containerd >= 2.0): on containerd 1.6 the containers start
-without their GPUs and these tests fail, as they should (docs/dra.md, "Runtimes").
+CDI-capable runtime applies (containerd >= 2.0; on 1.6 the containers start without their
+GPUs: docs/dra.md, "Runtimes"), so the module runs the lab node on containerd 2.x
+(`lab/up --containerd 2`) and gives the lab back on the generation it found.
 
 Order matters inside this module (one install shared by the tests, torn down at the end).
 """
@@ -28,6 +29,7 @@ from .conftest import (
     REPO,
     SIM_ROOT,
     apply,
+    containerd_generation,
     kubectl,
     kubectl_json,
     pod_phase,
@@ -36,6 +38,7 @@ from .conftest import (
     wait_until,
 )
 from .test_gpu_stack import cards_in, gpuk8s, helm, sim_state
+from .test_operator import lab_up
 
 pytestmark = [pytest.mark.e2e, requires_paths("charts/metax-gpu-extensions")]
 
@@ -89,6 +92,17 @@ def dra_ready() -> bool:
 @pytest.fixture(scope="module")
 def dra(lab: dict[str, str]) -> Iterator[dict[str, str]]:
     node = lab["node"]
+    generation = containerd_generation()
+    if generation != "2":
+        lab_up("c500-8", "2")
+    try:
+        yield from installed(node, lab)
+    finally:
+        if generation != "2":
+            lab_up("c500-8", generation)
+
+
+def installed(node: str, lab: dict[str, str]) -> Iterator[dict[str, str]]:
     kubectl("label", "node", node, f"{MODE_LABEL}=dra", "--overwrite")
     helm("upgrade", "--install", RELEASE, str(REPO / "charts" / "metax-gpu-extensions"),
          "-n", NS, "--create-namespace", "--wait", "--timeout", "5m",
