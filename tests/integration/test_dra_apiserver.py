@@ -123,8 +123,12 @@ def test_publisher_syncs_and_keeps_the_generation_when_nothing_changed(
 ) -> None:
     node = "publisher-node"
     sick: dict[int, str] = {}
+    core = apiserver.core()
+    uid = core.create_node({"apiVersion": "v1", "kind": "Node",
+                            "metadata": {"name": node}}).metadata.uid
     publisher = SlicePublisher(node, inventories["c500-8"], PoolOptions(),
-                               _slices_api(apiserver, "gpu-dra"), unhealthy=lambda: sick)
+                               _slices_api(apiserver, "gpu-dra"), unhealthy=lambda: sick,
+                               node_uid=uid)
     try:
         assert publisher.sync_once() is True
         assert publisher.generation == 1
@@ -133,6 +137,8 @@ def test_publisher_syncs_and_keeps_the_generation_when_nothing_changed(
         assert publisher.sync_once() is True and publisher.generation == 2
         slices = _slices_api(apiserver).list(node)
         assert {s["spec"]["pool"]["generation"] for s in slices} == {2}
+        assert all(s["metadata"]["ownerReferences"][0]["uid"] == uid for s in slices), \
+            "owned by the Node: the garbage collector deletes them with it"
         tainted = {d["name"] for s in slices for d in s["spec"].get("devices") or []
                    if d.get("taints")}
         assert tainted == {"gpu-2", "group-2-3", "group-0-1-2-3"}
@@ -150,6 +156,7 @@ def test_publisher_syncs_and_keeps_the_generation_when_nothing_changed(
         publisher.stop()
     finally:
         _delete_node_slices(apiserver, node)
+        core.delete_node(node)
 
 
 def test_gpu_dra_may_write_only_its_own_nodes_slices(

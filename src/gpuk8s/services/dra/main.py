@@ -169,7 +169,8 @@ class DraApp:
     """The assembled driver: devices, health loop, claims, slices, sockets, metrics."""
 
     def __init__(self, config: DraConfig, inventory: NodeInventory, *, claims: ClaimSource,
-                 slices: SliceApi, health_check: HealthCheck | None = None) -> None:
+                 slices: SliceApi, health_check: HealthCheck | None = None,
+                 node_uid: str = "") -> None:
         self.config = config
         self.inventory = inventory
         self.metrics = DraMetrics()
@@ -178,7 +179,7 @@ class DraApp:
         self.publisher = SlicePublisher(
             config.node_name, inventory, config.pool, slices,
             unhealthy=self.unhealthy_gpus, metrics=self.metrics,
-            interval=config.resync_interval)
+            interval=config.resync_interval, node_uid=node_uid)
         self.driver = Driver(self.devices, config.pool, config.node_name, claims,
                              self.checkpoint, config.cdi_dir, metrics=self.metrics,
                              on_change=self.publisher.nudge)
@@ -278,24 +279,28 @@ class DraApp:
             http.server_close()
 
 
-def _node_labels(config_kubeconfig: str, node: str) -> dict[str, str]:
+def _read_node(kubeconfig: str, node: str) -> tuple[dict[str, str], str]:
+    """(labels, uid) of this node."""
     from kubernetes import client
 
     from ..kube import api_client, classify
 
     try:
-        obj = client.CoreV1Api(api_client(config_kubeconfig or None)).read_node(node)
+        obj = client.CoreV1Api(api_client(kubeconfig or None)).read_node(node)
     except Exception as err:
         raise classify(err, f"read node {node}") from err
-    return dict((obj.metadata.labels if obj.metadata is not None else None) or {})
+    meta = obj.metadata
+    if meta is None:
+        return {}, ""
+    return dict(meta.labels or {}), str(meta.uid or "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         configure_logging(LogOptions.from_args(args), component="gpu-dra")
-        labels = _node_labels(args.kubeconfig, args.node_name) \
-            if args.sharing_mode == "auto" and args.node_name else None
+        labels, node_uid = _read_node(args.kubeconfig, args.node_name) \
+            if args.node_name else ({}, "")
         config = config_from_args(args, resolve_sharing(args.sharing_mode, labels)
                                   if args.node_name else MODE_EXCLUSIVE)
     except GpuK8sError as err:
@@ -309,7 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("discovery problem", extra={"problem": problem})
     try:
         client = api_client(config.kubeconfig or None)
-        app = DraApp(config, inventory, claims=KubeClaims(client), slices=KubeSlices(client))
+        app = DraApp(config, inventory, claims=KubeClaims(client), slices=KubeSlices(client),
+                     node_uid=node_uid)
     except GpuK8sError as err:
         log.error("cannot start", extra={"error": str(err)})
         return 2

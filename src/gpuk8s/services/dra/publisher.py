@@ -146,6 +146,7 @@ class SlicePublisher:
         busy: Callable[[], set[int]] = set,
         metrics: PublishMetrics | None = None,
         interval: float = 60.0,
+        node_uid: str = "",
     ) -> None:
         self.node = node
         self.inventory = inventory
@@ -155,6 +156,7 @@ class SlicePublisher:
         self.busy = busy
         self.metrics = metrics
         self.interval = interval
+        self.node_uid = node_uid  # the slices belong to the Node: deleting it deletes them
         self.topology = Topology.from_inventory(inventory, units_for_inventory(inventory))
         self.generation = 0
         self.published_at: float | None = None  # monotonic time of the first full publish
@@ -168,8 +170,14 @@ class SlicePublisher:
         sick = dict(self.unhealthy())
         devices = pool_devices(self.inventory, self.options)
         order = steering_order(self.topology, devices, sorted(self.busy() | set(sick)))
-        return build_slices(self.node, self.inventory, self.options, generation=generation,
-                            unhealthy=sick, order=[d.name for d in order])
+        slices = build_slices(self.node, self.inventory, self.options, generation=generation,
+                              unhealthy=sick, order=[d.name for d in order])
+        if self.node_uid:
+            for body in slices:
+                body["metadata"]["ownerReferences"] = [{
+                    "apiVersion": "v1", "kind": "Node", "name": self.node,
+                    "uid": self.node_uid, "controller": True}]
+        return slices
 
     def sync_once(self) -> bool:
         """Make the API server's slices match; True when something was written."""
