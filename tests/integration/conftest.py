@@ -179,6 +179,15 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+@pytest.fixture(scope="module")
+def cdi_check() -> str:
+    """The reference CDI library's checker (gpuk8s-cdi-check: validate, inject), built by
+    lab/tools.sh cdi."""
+    out = subprocess.run([str(REPO / "lab" / "tools.sh"), "cdi"], capture_output=True,
+                         text=True, timeout=900, check=True)
+    return out.stdout.strip()
+
+
 @pytest.fixture(scope="session")
 def lab_versions() -> dict[str, str]:
     """lab/versions.env: pinned versions and the lab's feature gates."""

@@ -23,15 +23,7 @@ from gpuk8s.services.dra.grpcapi import ClaimRef
 from gpuk8s.services.dra.state import Checkpoint
 from gpuk8s.services.node.devices import AllocateOptions, DeviceSet
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def cdi_check() -> str:
-    out = subprocess.run([str(REPO / "lab" / "tools.sh"), "cdi"], capture_output=True,
-                         text=True, timeout=900, check=True)
-    return out.stdout.strip()
 
 
 class Claims:
