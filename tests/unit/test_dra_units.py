@@ -13,6 +13,7 @@ import yaml
 
 from gpuk8s import sim
 from gpuk8s.core import cdi, dra
+from gpuk8s.core.errors import ConfigError
 from gpuk8s.core.model import NodeInventory
 from gpuk8s.core.topology import Topology, units_for_inventory
 from gpuk8s.discovery import discover
@@ -243,3 +244,26 @@ def test_cli_prints_the_slices_as_yaml_and_json(roots: dict[str, str]) -> None:
     bad = subprocess.run([sys.executable, "-m", "gpuk8s.cli", "dra", "slices", "--root",
                           roots["c500-8"]], capture_output=True, text=True)
     assert bad.returncode == 2 and "--node-name" in bad.stderr
+
+
+def test_bad_flags_are_refused_before_anything_is_read(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "KUBECONFIG": str(tmp_path / "none")}
+    for args, message in (
+        (["--node-name", "n1", "--sharing-mode", "mps"],
+         "sharing-mode: 'mps' is not one of exclusive, sgpu, auto"),
+        (["--sharing-mode", "sgpu"], "node-name: required"),
+        (["--node-name", "n1", "--resync-interval", "0"],
+         "resync-interval: must be a positive number of seconds"),
+    ):
+        done = subprocess.run([sys.executable, "-m", "gpuk8s.cli", "serve", "dra-plugin",
+                               *args], capture_output=True, text=True, env=env)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_the_nodes_sharing_label_picks_the_pool_shape() -> None:
+    from gpuk8s.services.dra.main import resolve_sharing
+
+    assert resolve_sharing("auto", {}) == "exclusive"
+    assert resolve_sharing("auto", {"gpuk8s.io/sharing-mode": "sgpu"}) == "sgpu"
+    with pytest.raises(ConfigError, match="vcuda and mps need gpu-device"):
+        resolve_sharing("auto", {"gpuk8s.io/sharing-mode": "mps"})

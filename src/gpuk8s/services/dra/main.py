@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import ThreadingHTTPServer
 from types import FrameType
 from typing import Any
@@ -299,10 +299,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         configure_logging(LogOptions.from_args(args), component="gpu-dra")
-        labels, node_uid = _read_node(args.kubeconfig, args.node_name) \
-            if args.node_name else ({}, "")
-        config = config_from_args(args, resolve_sharing(args.sharing_mode, labels)
-                                  if args.node_name else MODE_EXCLUSIVE)
+        auto = args.sharing_mode == "auto"
+        # the flags first (nothing is read before they are valid), then the node
+        config = config_from_args(args, MODE_EXCLUSIVE if auto else
+                                  resolve_sharing(args.sharing_mode, None))
+        labels, node_uid = _read_node(args.kubeconfig, args.node_name)
+        if auto:
+            config = replace(config, pool=replace(config.pool,
+                                                  sharing=resolve_sharing("auto", labels)))
     except GpuK8sError as err:
         print(f"gpuk8s serve dra-plugin: error: {err}", file=sys.stderr)
         return 2
