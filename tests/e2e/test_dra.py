@@ -164,7 +164,20 @@ def run_claim(name: str, requests: list[dict[str, Any]],
     apply(claim_template(name, requests, constraints))
     apply(claim_pod(name, name))
     if wait:
-        wait_until(f"{name} Running", lambda: pod_phase(PODS, name) == "Running", 120)
+        wait_running(name)
+
+
+def wait_running(name: str, timeout: float = 120) -> None:
+    """Until the pod runs; else fail with what the pod, its claims and gpu-dra say."""
+    try:
+        wait_until(f"{name} Running", lambda: pod_phase(PODS, name) == "Running", timeout)
+    except AssertionError as err:
+        pod = kubectl("-n", PODS, "describe", "pod", name, check=False)
+        pod += kubectl("-n", PODS, "get", "events", "--sort-by=.lastTimestamp", check=False)
+        claims = kubectl("-n", PODS, "get", "resourceclaims", "-o", "yaml", check=False)
+        logs = kubectl("-n", NS, "logs", dra_pod(), "--tail=40", check=False)
+        raise AssertionError(f"{err}\n--- pod\n{pod}\n--- claims\n{claims[-6000:]}\n"
+                             f"--- gpu-dra\n{logs}") from None
 
 
 def gpus_seen(pod: str) -> set[int]:
@@ -215,7 +228,7 @@ def test_2_four_gpus_with_matchattribute_wait_for_a_whole_link_group(
                      "involvedObject.name=quad", "-o", "jsonpath={.items[*].reason}")
     assert "FailedScheduling" in events
     delete_pods("busy-0")
-    wait_until("quad Running", lambda: pod_phase(PODS, "quad") == "Running", 120)
+    wait_running("quad", 240)
     assert gpus_seen("quad") == {0, 1, 2, 3}
     env = env_of("quad")
     assert env["MACA_VISIBLE_DEVICES"] == "0,1,2,3"
@@ -233,7 +246,7 @@ def test_3_a_group_device_claim_gets_a_whole_link_group(dra: dict[str, str]) -> 
 
 def test_4_legacy_extended_resource_pod_is_served_by_dra(dra: dict[str, str]) -> None:
     apply(claim_pod("legacy", limits={"metax-tech.com/gpu": "2"}))
-    wait_until("legacy Running", lambda: pod_phase(PODS, "legacy") == "Running", 120)
+    wait_running("legacy")
     status = kubectl_json("-n", PODS, "get", "pod", "legacy")["status"]
     assert status["extendedResourceClaimStatus"]["resourceClaimName"]
     assert len(gpus_seen("legacy")) == 2
@@ -296,7 +309,7 @@ def test_6_a_failing_gpu_is_tainted_and_comes_back(dra: dict[str, str]) -> None:
         gpuk8s("sim", "heal", "--root", str(SIM_ROOT), "--gpu", "7")
     wait_until("gpu-7 untainted", lambda: not tainted("gpu-7"), HEALTHY_INTERVAL + 2,
                interval=0.2)
-    wait_until("seven Running", lambda: pod_phase(PODS, "seven") == "Running", 120)
+    wait_running("seven")
     assert gpus_seen("seven") == {7}
     delete_pods("seven")
 
