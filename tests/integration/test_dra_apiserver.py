@@ -249,7 +249,7 @@ class Cluster:
             "leaderElection": {"leaderElect": False},
         }))
         for name, args in (
-            ("kube-scheduler", [f"--config={config}", "--secure-port=0"]),
+            ("kube-scheduler", [f"--config={config}", "--secure-port=0", "--v=5"]),
             ("kube-controller-manager", [
                 f"--kubeconfig={kubeconfig}", "--controllers=resourceclaim-controller",
                 "--leader-elect=false", "--secure-port=0",
@@ -259,7 +259,8 @@ class Cluster:
             assert binary, f"{name} of the lab's build (lab/tools.sh kube)"
             log = open(self.work / f"{name}.log", "wb")  # noqa: SIM115 (lives with the process)
             self.procs.append(subprocess.Popen([binary, *args, f"--feature-gates={gates}",
-                                                "--v=2"], stdout=log, stderr=subprocess.STDOUT))
+                                                *(["--v=2"] if name != "kube-scheduler" else [])],
+                                               stdout=log, stderr=subprocess.STDOUT))
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -291,13 +292,36 @@ class Cluster:
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaim",
             "metadata": {"name": name}, "spec": spec})
 
+    def template(self, name: str, requests: list[dict[str, Any]],
+                 constraints: list[dict[str, Any]] | None = None) -> None:
+        spec: dict[str, Any] = {"devices": {"requests": requests}}
+        if constraints:
+            spec["devices"]["constraints"] = constraints
+        self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, NS, "resourceclaimtemplates",
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaimTemplate",
+             "metadata": {"name": name}, "spec": {"spec": spec}})
+
+    def claim_of(self, pod: str, timeout: float = 30.0) -> str:
+        """The claim the resource-claim controller made from the pod's template."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.core.read_namespaced_pod(pod, NS).status
+            for found in (status.resource_claim_statuses or []) if status else []:
+                if found.resource_claim_name:
+                    return str(found.resource_claim_name)
+            time.sleep(0.2)
+        raise AssertionError(f"no claim made for pod {pod}")
+
     def pod(self, name: str, node: str, claim: str | None = None,
-            limits: dict[str, str] | None = None) -> None:
+            limits: dict[str, str] | None = None, template: str | None = None) -> None:
         container: dict[str, Any] = {"name": "c", "image": "x"}
         spec: dict[str, Any] = {"nodeSelector": {"kubernetes.io/hostname": node},
                                 "containers": [container]}
-        if claim:
-            spec["resourceClaims"] = [{"name": "gpus", "resourceClaimName": claim}]
+        if claim or template:
+            source = {"resourceClaimTemplateName": template} if template else {
+                "resourceClaimName": claim}
+            spec["resourceClaims"] = [{"name": "gpus", **source}]
             container["resources"] = {"claims": [{"name": "gpus"}]}
         if limits:
             container["resources"] = {"limits": limits}
@@ -346,13 +370,14 @@ def cluster(apiserver: Any, helm_binary: str, inventories: dict[str, Any],
     cluster.node("dra-sgpu", inventories["c500-8"], PoolOptions(sharing="sgpu"))
     cluster.node("dra-vf", inventories["c500-8-vf4"], PoolOptions())
     cluster.node("dra-legacy", inventories["c500-8"], PoolOptions())
+    cluster.node("dra-tmpl", inventories["c500-8"], PoolOptions())
     cluster.start(lab_versions["KUBE_FEATURE_GATES"])
     try:
         yield cluster
     finally:
         cluster.stop()
         cluster.core.delete_namespace(NS)
-        for node in ("dra-excl", "dra-sgpu", "dra-vf", "dra-legacy"):
+        for node in ("dra-excl", "dra-sgpu", "dra-vf", "dra-legacy", "dra-tmpl"):
             _delete_node_slices(apiserver, node)
             cluster.core.delete_node(node)
         for name in classes:
@@ -386,6 +411,22 @@ def test_scheduler_keeps_a_matchattribute_claim_in_one_link_group(cluster: Clust
     assert cluster.allocated("quad") == [] and cluster.bound("quad") is None
     cluster.core.delete_namespaced_pod("busy-0", NS, grace_period_seconds=0)
     assert cluster.devices("quad", 60) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+
+
+def test_claims_from_templates_free_their_gpus_when_the_pod_goes(cluster: Cluster) -> None:
+    """As the e2e test on the lab does it: claims made from templates by the resource-claim
+    controller; deleting the pod holding GPU 0 lets the waiting 4-GPU claim land on 0-3."""
+    for i in (0, 4):
+        cluster.template(f"t-busy-{i}", [gpu_request(cel=index_is(i))])
+        cluster.pod(f"t-busy-{i}", "dra-tmpl", template=f"t-busy-{i}")
+        assert cluster.devices(cluster.claim_of(f"t-busy-{i}")) == [f"gpu-{i}"]
+    cluster.template("t-quad", [gpu_request(count=4)], [{"matchAttribute": f"{DRIVER}/linkGroup"}])
+    cluster.pod("t-quad", "dra-tmpl", template="t-quad")
+    quad = cluster.claim_of("t-quad")
+    time.sleep(5)
+    assert cluster.allocated(quad) == []
+    cluster.core.delete_namespaced_pod("t-busy-0", NS, grace_period_seconds=0)
+    assert cluster.devices(quad, 60) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
 
 
 def test_group_devices_consume_their_members(cluster: Cluster) -> None:
