@@ -67,8 +67,8 @@ def percentile(values: list[float], q: float) -> float:
 def annotation_pool(seed: int) -> list[dict[str, str]]:
     from gpuk8s import sim
     from gpuk8s.discovery import discover
-    from gpuk8s.services.deviceplugin.devices import DeviceSet
     from gpuk8s.services.deviceplugin.nodestate import published_annotations
+    from gpuk8s.services.node.devices import DeviceSet
 
     rng = random.Random(seed)
     pool: list[dict[str, str]] = []

@@ -90,15 +90,28 @@ daemon_pid() {
 }
 daemon_running() { daemon_pid "$1" >/dev/null; }
 
+# start_daemon NAME CMD...: run CMD detached. A NAME already running with the same command
+# line (and the same contents of the files listed in $DAEMON_INPUTS, e.g. its config file)
+# is left alone; one whose command line or inputs changed (new flags or feature gates, an
+# edited config) is stopped and started again, so lab/up applies what it changed.
 start_daemon() {
     local name="$1"; shift
     mkdir -p "$RUN_DIR" "$LOG_DIR"
+    local inputs=""
+    # shellcheck disable=SC2086  # DAEMON_INPUTS is a list of paths
+    [ -z "${DAEMON_INPUTS:-}" ] || inputs="$(cat $DAEMON_INPUTS | sha256sum | cut -c1-32)"
     if daemon_running "$name"; then
-        log "$name already running (pid $(daemon_pid "$name"))"
-        return 0
+        if cmp -s "$RUN_DIR/$name.cmd" <(printf '%s\0' "$@") &&
+            [ "$(cat "$RUN_DIR/$name.inputs" 2>/dev/null)" = "$inputs" ]; then
+            log "$name already running (pid $(daemon_pid "$name"))"
+            return 0
+        fi
+        log "$name: command line or configuration changed, restarting it"
+        stop_daemon "$name"
     fi
     # The command line, NUL-separated, so lab/ctl can restart the daemon the same way.
     printf '%s\0' "$@" >"$RUN_DIR/$name.cmd"
+    printf '%s' "$inputs" >"$RUN_DIR/$name.inputs"
     # setsid: the daemon survives the shell that started it; its stdin is closed. Every
     # other inherited descriptor is closed too: lab/up runs under `flock LOCK lab/up`, whose
     # lock descriptor would otherwise live on in the daemon and hold the lab lock forever.

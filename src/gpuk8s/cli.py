@@ -1,4 +1,4 @@
-"""`gpuk8s` command line: detect | labels | topo | allocate | top | exporter | sim | serve |
+"""`gpuk8s` command line: detect | labels | dra | topo | allocate | top | exporter | sim | serve |
 metax-docker."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ SERVICES: dict[str, str] = {
     "container-runtime": "gpuk8s.services.runtime.main",
     "operator-controller": "gpuk8s.services.operator.main",
     "mps": "gpuk8s.services.mps.main",
+    "dra-plugin": "gpuk8s.services.dra.main",
 }
 
 
@@ -94,6 +95,23 @@ def cmd_labels(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dra_slices(args: argparse.Namespace) -> int:
+    from .core.dra import PoolOptions, build_slices
+    from .discovery import check_health
+
+    inv = _discover(args.root)
+    health = check_health(args.root, inv) if inv.gpus else {}
+    sick = {index: reason for index, reason in health.items() if reason is not None}
+    options = PoolOptions(sharing=args.sharing_mode, groups=args.group_devices == "on",
+                          unhealthy=args.unhealthy_devices)
+    slices = build_slices(args.node_name, inv, options, unhealthy=sick)
+    if args.json:
+        print(json.dumps(slices, indent=2))
+    else:
+        print(_dump({"apiVersion": "v1", "kind": "List", "items": slices}, "yaml"), end="")
+    return 0
+
+
 def cmd_topo(args: argparse.Namespace) -> int:
     inv = _discover(args.root)
     if not inv.gpus:
@@ -159,6 +177,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default="/")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_labels)
+
+    p = sub.add_parser("dra", help="DRA driver gpu.metax-tech.com: `gpuk8s dra slices`")
+    dra = p.add_subparsers(dest="dra_command", required=True)
+    p = dra.add_parser("slices", help="the ResourceSlices gpu-dra would publish for a host root")
+    p.add_argument("--root", default="/", help="host root (default /)")
+    p.add_argument("--node-name", required=True, help="the node (names the pool and slices)")
+    p.add_argument("--json", action="store_true", help="JSON instead of YAML")
+    p.add_argument("--sharing-mode", choices=("exclusive", "sgpu"), default="exclusive",
+                   help="exclusive (default) or sgpu (consumable vcore/vmemory)")
+    p.add_argument("--group-devices", choices=("on", "off"), default="on")
+    p.add_argument("--unhealthy-devices", choices=("taint", "remove"), default="taint")
+    p.set_defaults(func=cmd_dra_slices)
 
     p = sub.add_parser("topo", help="topology matrix (MX/PIX/NODE/SYS)")
     p.add_argument("--root", default="/")

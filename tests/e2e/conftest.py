@@ -122,6 +122,7 @@ def lab() -> dict[str, str]:
 OUR_CHARTS = ("metax-gpu-extensions", "metax-operator")
 SCHEDULER_MANIFEST = Path("/etc/kubernetes/manifests/kube-scheduler.yaml")
 SHARING_MODE_LABEL = "gpuk8s.io/sharing-mode"
+ALLOCATION_MODE_LABEL = "gpuk8s.io/allocation-mode"  # gpu-dra's nodes (tests/e2e/test_dra.py)
 
 
 def _helm_list() -> list[dict[str, Any]]:
@@ -165,7 +166,8 @@ def releases_set_aside() -> Iterator[list[dict[str, Any]]]:
     installs and removes the release again, history and all: CI saw `helm rollback` fail
     with "release: not found"), so it is removed outright and given back by a fresh
     `helm install` of the same name, chart (from this checkout) and user-supplied values.
-    The ``e2e-*`` namespaces and the sharing-mode label such a run leaves go too."""
+    The ``e2e-*`` namespaces and the sharing-mode and allocation-mode labels such a run
+    leaves go too."""
     if os.environ.get("GPUK8S_E2E") != "1" or not Path(KUBECONFIG).exists():
         yield []
         return
@@ -196,7 +198,7 @@ def releases_set_aside() -> Iterator[list[dict[str, Any]]]:
               file=sys.stderr)
         kubectl("delete", "namespace", *stale, "--wait=true", "--timeout=120s", timeout=180)
     if values or stale:
-        kubectl("label", "node", "--all", f"{SHARING_MODE_LABEL}-")
+        kubectl("label", "node", "--all", f"{SHARING_MODE_LABEL}-", f"{ALLOCATION_MODE_LABEL}-")
     try:
         yield found
     finally:

@@ -25,15 +25,7 @@ from gpuk8s.discovery import discover
 from gpuk8s.discovery.nvidia import driver_files
 from gpuk8s.host.ociwrapper import stat_device
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def cdi_check() -> str:
-    out = subprocess.run([str(REPO / "lab" / "tools.sh"), "cdi"], capture_output=True,
-                         text=True, timeout=900, check=True)
-    return out.stdout.strip()
 
 
 def node_spec(root: Path, preset: str) -> dict:

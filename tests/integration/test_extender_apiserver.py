@@ -17,12 +17,12 @@ from gpuk8s import sim
 from gpuk8s.core.devicelist import DEVICES_ANNOTATION
 from gpuk8s.core.model import NodeInventory
 from gpuk8s.discovery import discover
-from gpuk8s.services.deviceplugin.devices import DeviceSet
 from gpuk8s.services.deviceplugin.nodestate import published_annotations
 from gpuk8s.services.extender.main import ExtenderService, build_parser, build_service
 from gpuk8s.services.extender.nodes import BoundPods, NodeCache
 from gpuk8s.services.extender.watch import node_watch_loop, pod_watch_loop
 from gpuk8s.services.kube import api_client
+from gpuk8s.services.node.devices import DeviceSet
 
 pytestmark = [
     pytest.mark.integration,

@@ -55,13 +55,13 @@ class KubeletStandIn:
     whose Allocate served another pod's assignment (an ambiguous match)."""
 
     def __init__(self, apiserver: Any, node: str, inventory: NodeInventory, mode: str) -> None:
-        from gpuk8s.services.deviceplugin.devices import DeviceSet
         from gpuk8s.services.deviceplugin.sharing import (
             REPLICAS,
             KubePendingPods,
             SharedDevices,
             replica_id,
         )
+        from gpuk8s.services.node.devices import DeviceSet
 
         self.core = apiserver.core()
         self.node = node

@@ -484,7 +484,7 @@ def test_unhealthy_devices_are_never_chosen(data: st.DataObject) -> None:
 
 
 def test_device_plugin_never_prefers_a_device_it_marked_unhealthy() -> None:
-    from gpuk8s.services.deviceplugin.devices import DeviceSet
+    from gpuk8s.services.node.devices import DeviceSet
 
     devices = DeviceSet(topologies.c500_8(), "metax-tech.com/gpu")
     ids_ = [u.id for u in devices.units]

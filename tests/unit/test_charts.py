@@ -188,7 +188,8 @@ def volumes(workload: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}
 
 
-def required_node_labels(workload: dict[str, Any]) -> dict[str, list[str]]:
+def required_node_labels(workload: dict[str, Any], operator: str = "In") -> dict[str, list[str]]:
+    """The node labels a workload requires (``In``), or those it stays off (``NotIn``)."""
     affinity = workload["spec"]["template"]["spec"].get("affinity", {})
     terms = (
         affinity.get("nodeAffinity", {})
@@ -199,8 +200,9 @@ def required_node_labels(workload: dict[str, Any]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for term in terms:
         for expr in term["matchExpressions"]:
-            assert expr["operator"] == "In"
-            out[expr["key"]] = expr["values"]
+            assert expr["operator"] in ("In", "NotIn")
+            if expr["operator"] == operator:
+                out[expr["key"]] = expr["values"]
     return out
 
 
@@ -1719,3 +1721,79 @@ def test_gpu_device_sharing_option(chart: Path, base: dict[str, Any]) -> None:
     assert _permissions(_rules_by_subject(on)["gpu-device"]) == EXPECTED_PERMISSIONS[
         "gpu-device"
     ] | {("", "pods", "list", ANY), ("", "pods", "patch", ANY)}
+
+
+# -- gpu-dra ---------------------------------------------------------------------------------
+DRA_MODE = "gpuk8s.io/allocation-mode"
+DRA_CLASSES = ["gpu.metax-tech.com", "vf.gpu.metax-tech.com", "sgpu.gpu.metax-tech.com",
+               "group-2.gpu.metax-tech.com", "group-4.gpu.metax-tech.com",
+               "group-8.gpu.metax-tech.com"]
+
+
+@pytest.mark.parametrize("chart", [EXT, OP], ids=["ext", "op"])
+def test_gpu_device_stays_off_dra_nodes(chart: Path) -> None:
+    values = {} if chart == EXT else OP_MIN
+    device = objs(chart, values).get("DaemonSet", "metax-gpu-device")
+    assert required_node_labels(device, "NotIn") == {DRA_MODE: ["dra"]}
+    assert DRA_MODE not in required_node_labels(device)
+
+
+def test_gpu_dra_is_off_by_default() -> None:
+    o = objs(EXT)
+    assert not o.has("DaemonSet", "metax-gpu-dra") and not o.of("DeviceClass")
+    assert not o.has("ServiceAccount", "gpu-dra")
+
+
+def test_gpu_dra_daemonset_runs_only_on_dra_nodes_with_its_paths() -> None:
+    o = objs(EXT, {"gpuDra": {"enabled": True, "healthyInterval": 3},
+                   "hostPaths": {"root": "/srv/sim", "kubeletPlugins": "/data/kubelet/plugins/"}})
+    ds = o.get("DaemonSet", "metax-gpu-dra")
+    assert required_node_labels(ds) == {
+        "kubernetes.io/os": ["linux"], DRA_MODE: ["dra"],
+        P + "gpu.installed": ["true"], P + "driver.ready": ["true"]}
+    c = container(ds)
+    assert c["image"].endswith("/gpu-dra:0.1.0")
+    assert c["args"][:2] == ["serve", "dra-plugin"]
+    f = flags(c)
+    assert f["plugin-dir"] == "/data/kubelet/plugins/gpu.metax-tech.com"
+    assert f["registry-dir"] == "/var/lib/kubelet/plugins_registry"
+    assert f["cdi-dir"] == "/var/run/cdi"
+    assert f["healthy-interval"] == "3" and f["device-path-prefix"] == "/srv/sim"
+    assert (f["group-devices"], f["unhealthy-devices"], f["sharing-mode"]) == (
+        "on", "taint", "auto")
+    m = mounts(ds)
+    # the kubelet dials the socket path gpu-dra registers: the same inside and outside
+    assert volumes(ds)[m["/data/kubelet/plugins/gpu.metax-tech.com"]["name"]]["hostPath"][
+        "path"] == "/data/kubelet/plugins/gpu.metax-tech.com"
+    assert "/var/lib/kubelet/plugins_registry" in m and "/var/run/cdi" in m
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    rules = o.get("ClusterRole", f"{REL}-gpu-dra")["rules"]
+    assert rules == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+
+
+def test_gpu_dra_device_classes() -> None:
+    o = objs(EXT, {"gpuDra": {"enabled": True}})
+    classes = {d["metadata"]["name"]: d["spec"] for d in o.of("DeviceClass")}
+    assert sorted(classes) == sorted(DRA_CLASSES)
+    assert classes["gpu.metax-tech.com"]["extendedResourceName"] == "metax-tech.com/gpu"
+    assert [n for n, spec in classes.items() if "extendedResourceName" in spec] == [
+        "gpu.metax-tech.com"]
+    assert "groupSize == 4" in classes["group-4.gpu.metax-tech.com"]["selectors"][0]["cel"][
+        "expression"]
+    plain = objs(EXT, {"gpuDra": {"enabled": True, "extendedResource": False}})
+    assert all("extendedResourceName" not in d["spec"] for d in plain.of("DeviceClass"))
+    assert not objs(EXT, {"gpuDra": {"enabled": True, "deviceClasses": False}}).of(
+        "DeviceClass")
+
+
+def test_gpu_dra_values_are_checked() -> None:
+    err = render_error(EXT, {"gpuDra": {"enabled": True, "unhealthyDevices": "hide"}})
+    assert "unhealthyDevices" in err
+    err = render_error(EXT, {"gpuDra": {"enabled": True, "log": {"dir": "var/log"}}})
+    assert "/gpuDra/log/dir" in err
+

@@ -23,9 +23,9 @@ from gpuk8s.core.sharing import (
     mps_pipe_dir,
 )
 from gpuk8s.discovery import discover
-from gpuk8s.services.deviceplugin.devices import DeviceSet, UnknownDeviceError
 from gpuk8s.services.deviceplugin.main import PluginConfig
 from gpuk8s.services.deviceplugin.sharing import SharedDevices, replica_id
+from gpuk8s.services.node.devices import DeviceSet, UnknownDeviceError
 
 pytestmark = pytest.mark.usefixtures("fast_python3")
 

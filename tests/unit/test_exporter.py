@@ -38,14 +38,14 @@ from gpuk8s.core.telemetry import (
     NodeTelemetry,
 )
 from gpuk8s.discovery import discover, telemetry
-from gpuk8s.services.deviceplugin.grpcapi import pod_resources_handler, podres, unix_target
-from gpuk8s.services.deviceplugin.nodestate import PodResourcesClient
 from gpuk8s.services.exporter import main as exporter_main
 from gpuk8s.services.exporter.cgroups import container_of, parse_cgroup
 from gpuk8s.services.exporter.metrics import METRICS, registry_for
 from gpuk8s.services.exporter.nvml import NvmlReader
 from gpuk8s.services.exporter.pods import PodDirectory, PodIndex
 from gpuk8s.services.exporter.server import ExporterHTTPServer, serve_in_thread
+from gpuk8s.services.node.grpcapi import pod_resources_handler, podres, unix_target
+from gpuk8s.services.node.podresources import PodResourcesClient
 
 pytestmark = pytest.mark.usefixtures("fast_python3")
 

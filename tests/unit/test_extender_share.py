@@ -20,7 +20,6 @@ from gpuk8s.core.sharing import (
     parse_assignment,
 )
 from gpuk8s.discovery import discover
-from gpuk8s.services.deviceplugin.devices import DeviceSet
 from gpuk8s.services.deviceplugin.nodestate import published_annotations
 from gpuk8s.services.extender.logic import Extender
 from gpuk8s.services.extender.share import (
@@ -32,6 +31,7 @@ from gpuk8s.services.extender.share import (
 )
 from gpuk8s.services.extender.weights import Weights, WeightSource
 from gpuk8s.services.extender.wire import NodeView, node_item
+from gpuk8s.services.node.devices import DeviceSet
 
 HALF = ShareRequest(MODE_SGPU, 1, 50, 0)
 

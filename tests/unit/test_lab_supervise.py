@@ -9,6 +9,7 @@ nothing: containerd was never restarted and kept serving its old config.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -84,6 +85,35 @@ def test_start_daemon_resets_ignored_signals(tmp_path: Path) -> None:
         assert sig_ignored(pid) == 0
     finally:
         os.kill(pid, signal.SIGTERM)
+
+
+def test_start_daemon_restarts_a_daemon_whose_command_or_inputs_changed(tmp_path: Path) -> None:
+    """lab/up run again on a running lab applies what it changed (new feature gates, an edited
+    kubelet config) and leaves everything else running."""
+    env = {**os.environ, "GPUK8S_LAB_STATE": str(tmp_path / "state")}
+    config = tmp_path / "config.yaml"
+    config.write_text("a: 1\n")
+
+    def start(*argv: str) -> int:
+        script = (f'. "{REPO}/lab/lib.sh"; RUN_DIR="{tmp_path}/run"; LOG_DIR="{tmp_path}/log"; '
+                  f'DAEMON_INPUTS="{config}" start_daemon probe ' + " ".join(argv))
+        subprocess.run(["bash", "-c", script], env=env, check=True, capture_output=True)
+        return int((tmp_path / "run/probe.pid").read_text())
+
+    pids: list[int] = []
+    try:
+        pids.append(start("sleep", "300"))
+        assert start("sleep", "300") == pids[0], "same command and inputs: left alone"
+        pids.append(start("sleep", "301"))
+        assert pids[1] != pids[0] and not Path(f"/proc/{pids[0]}").exists()
+        config.write_text("a: 2\n")
+        pids.append(start("sleep", "301"))
+        assert pids[2] != pids[1] and not Path(f"/proc/{pids[1]}").exists()
+        assert start("sleep", "301") == pids[2]
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
 
 
 @pytest.mark.parametrize(("recorded", "generation"), [

@@ -25,10 +25,10 @@ from gpuk8s.discovery import discover
 from gpuk8s.discovery.tools import default_runner
 from gpuk8s.host import driver as drv
 from gpuk8s.host.readiness import read_readiness
-from gpuk8s.services.deviceplugin.devices import AllocateOptions
 from gpuk8s.services.deviceplugin.main import PluginConfig, resolve_cdi
 from gpuk8s.services.drivermanager.agent import DriverAgent, PayloadSource
 from gpuk8s.services.drivermanager.main import main as driver_manager_main
+from gpuk8s.services.node.devices import AllocateOptions
 from gpuk8s.services.nodeagent import VFNUM_DESIRED, Reporter
 from gpuk8s.services.operator.controller import CONFIG_NAME, STATUS_NAME, Controller
 from gpuk8s.services.runtime import containerd
@@ -611,6 +611,7 @@ def test_maca_agent_keeps_the_installed_sdk_ready_while_a_new_one_arrives(
     assert report.state == "pending" and new in report.message
     assert read_readiness(str(root)) == {"maca.ready": True}  # 2.33.0.4 is still there
     assert (root / "opt/maca/Version.txt").read_text() == "Version:2.33.0.4\n"
+
 
 def _ignore_sighup() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup does

@@ -187,6 +187,11 @@ nodeAffinity:
             operator: In
             values: [{{ $value | quote }}]
 {{- end }}
+{{- range $key, $value := .excludedLabels }}
+          - key: {{ $key }}
+            operator: NotIn
+            values: [{{ $value | quote }}]
+{{- end }}
 {{- end -}}
 
 {{/* Pod-level security context shared by every pod. */}}

@@ -15,7 +15,7 @@ Context: root.
 directory (whose files the components could then overwrite). */ -}}
 {{- $system := list "/" "/bin" "/boot" "/dev" "/etc" "/lib" "/lib64" "/proc" "/root" "/run" "/sbin" "/sys" "/usr" "/var" -}}
 {{- $dirs := dict "log" (($v.log | default dict).dir | default "" | toString) -}}
-{{- range $component := list "gpuDevice" "gpuLabel" "gpuAware" "gpuExporter" "driver" "maca" "runtime" "operatorController" -}}
+{{- range $component := list "gpuDevice" "gpuDra" "gpuLabel" "gpuAware" "gpuExporter" "driver" "maca" "runtime" "operatorController" -}}
 {{- $log := (get $v $component | default dict).log | default dict -}}
 {{- if and (hasKey $log "dir") (get $log "dir") (not (hasPrefix "/" (toString (get $log "dir")))) -}}
 {{- fail (printf "%s.log.dir: %q must be an absolute path on the node (or \"\" to log to stderr only)" $component (get $log "dir")) -}}
@@ -84,7 +84,7 @@ Context: root, files (the chart's templates with pods, relative to templates/).
 */}}
 {{- define "gpuk8s.checkMounts" -}}
 {{- $root := .root -}}
-{{- $keys := dict "gpu-device" "gpuDevice" "gpu-label" "gpuLabel" "gpu-aware" "gpuAware" "gpu-exporter" "gpuExporter" "gpu-mps" "gpuMps" "container-runtime" "runtime" "operator-controller" "operatorController" -}}
+{{- $keys := dict "gpu-device" "gpuDevice" "gpu-dra" "gpuDra" "gpu-label" "gpuLabel" "gpu-aware" "gpuAware" "gpu-exporter" "gpuExporter" "gpu-mps" "gpuMps" "container-runtime" "runtime" "operator-controller" "operatorController" -}}
 {{- range $file := .files -}}
 {{- range $doc := regexSplit "(?m)^---\\s*$" (include (printf "%s/%s" $root.Template.BasePath $file) $root) -1 -}}
 {{- $obj := fromYaml $doc | default dict -}}

@@ -447,6 +447,37 @@ def build_spec(
     return spec
 
 
+def build_claim_spec(
+    inventory: NodeInventory,
+    kind: str,
+    devices: Sequence[tuple[str, Sequence[Unit]]],
+    env: Mapping[str, str],
+    host_prefix: str = "",
+    sdk: SdkSource | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A CDI spec for one DRA claim (gpu-dra writes one per prepared claim): a device per
+    ``(name, units)`` with the units' device nodes, and spec-level edits (applied once
+    when any of them is requested) holding the common edits and the claim's ``env``
+    (visible devices, sharing limits)."""
+    check_kind(kind)
+    out: list[dict[str, Any]] = []
+    for name, units in devices:
+        edits = ContainerEdits().merged(*(unit_edits(inventory, u, host_prefix) for u in units))
+        out.append({"name": check_device_name(name), "containerEdits": _edits_to_cdi(edits)})
+    if not out:
+        raise CdiError("a claim's CDI spec needs at least one device")
+    spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": kind}
+    if annotations:
+        spec["annotations"] = dict(annotations)
+    spec["devices"] = out
+    own = ContainerEdits(env=tuple(f"{k}={v}" for k, v in env.items()))
+    common = _edits_to_cdi(common_edits(inventory, host_prefix, sdk).merged(own))
+    if common:
+        spec["containerEdits"] = common
+    return spec
+
+
 @dataclass(frozen=True)
 class CdiSpec:
     kind: str
@@ -568,31 +599,29 @@ def parse_spec(raw: Any, where: str = "CDI spec") -> CdiSpec:
 
 
 def resolve(specs: Iterable[CdiSpec], names: Iterable[str]) -> ContainerEdits:
-    """Merged edits for fully qualified device names: each spec's common edits once
-    (when any of its devices is requested), then every device's own edits."""
-    by_kind: dict[str, CdiSpec] = {}
-    for spec in specs:
-        if spec.kind in by_kind:
-            # two specs of one kind: devices must not clash (as the CDI cache requires)
-            clash = set(spec.devices) & set(by_kind[spec.kind].devices)
-            if clash:
-                raise CdiError(f"CDI kind {spec.kind}: device(s) {sorted(clash)} defined twice")
-            merged = dict(by_kind[spec.kind].devices)
-            merged.update(spec.devices)
-            spec = CdiSpec(spec.kind, merged, by_kind[spec.kind].edits.merged(spec.edits))
-        by_kind[spec.kind] = spec
+    """Merged edits for fully qualified device names, as the CDI library injects them: the
+    spec-level edits of each spec (file) once when any of its devices is requested, then
+    every device's own edits. Specs may share a kind (gpu-dra writes one per claim) but not
+    a device name within it (the CDI cache refuses such a conflict)."""
+    specs = list(specs)
+    owner: dict[tuple[str, str], int] = {}
+    for i, spec in enumerate(specs):
+        for name in spec.devices:
+            if (spec.kind, name) in owner:
+                raise CdiError(f"CDI kind {spec.kind}: device {name!r} defined twice")
+            owner[(spec.kind, name)] = i
     common: list[ContainerEdits] = []
     own: list[ContainerEdits] = []
-    seen_kinds: list[str] = []
+    seen: list[int] = []
     for device in names:
         kind, name = split_qualified(device.strip())
-        found = by_kind.get(kind)
-        if found is None or name not in found.devices:
+        found = owner.get((kind, name))
+        if found is None:
             raise CdiError(f"unresolvable CDI device {device}: no spec on this node defines it")
-        if kind not in seen_kinds:
-            seen_kinds.append(kind)
-            common.append(found.edits)
-        own.append(found.devices[name])
+        if found not in seen:
+            seen.append(found)
+            common.append(specs[found].edits)
+        own.append(specs[found].devices[name])
     return ContainerEdits().merged(*common, *own)
 
 

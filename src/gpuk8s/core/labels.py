@@ -54,6 +54,17 @@ READINESS_KEYS: tuple[str, ...] = ("maca.ready", "runtime.ready")
 # Labels under the prefix that another component owns: gpu-label never adds, changes or
 # removes them (operator-controller's rolling upgrade state, SPEC/issue 11).
 UPGRADE_STATE_LABEL = PREFIX + "driver.upgrade-state"
+# Its values, in the order operator-controller walks a node through an upgrade
+# (driver-manager reads it too: it upgrades only at UPGRADE_UPGRADING).
+UPGRADE_REQUIRED = "upgrade-required"
+UPGRADE_CORDONED = "cordoned"
+UPGRADE_EVICTED = "pods-evicted"
+UPGRADE_UPGRADING = "upgrading"
+UPGRADE_VALIDATING = "validating"
+UPGRADE_DONE = "done"
+UPGRADE_FAILED = "failed"
+UPGRADE_STATES = (UPGRADE_REQUIRED, UPGRADE_CORDONED, UPGRADE_EVICTED, UPGRADE_UPGRADING,
+                  UPGRADE_VALIDATING, UPGRADE_DONE, UPGRADE_FAILED)
 FOREIGN_LABELS: tuple[str, ...] = (UPGRADE_STATE_LABEL,)
 
 # NVIDIA GPU Feature Discovery's labels (k8s-device-plugin internal/lm: resource.go

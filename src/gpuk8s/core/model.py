@@ -86,6 +86,7 @@ class Gpu:
     uuid: str | None = None
     numa_node: int | None = None
     pcie_switch: str | None = None  # PCI address of the upstream switch port
+    pcie_root: str | None = None  # PCIe root complex, sysfs name (pci0000:00)
     link_group: int | None = None  # MetaXLink / NVLink group id (None: no links)
     sriov: Sriov = field(default_factory=Sriov)
     device_nodes: tuple[str, ...] = ()  # e.g. /dev/dri/card1, /dev/dri/renderD129
@@ -201,6 +202,7 @@ def gpu_to_dict(gpu: Gpu) -> dict[str, Any]:
         "uuid": gpu.uuid,
         "numa_node": gpu.numa_node,
         "pcie_switch": gpu.pcie_switch,
+        "pcie_root": gpu.pcie_root,
         "link_group": gpu.link_group,
         "sriov": {
             "state": str(gpu.sriov.state),

@@ -322,6 +322,7 @@ def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = 
                 uuid=_value(row.get("uuid")),
                 numa_node=dev.numa_node,
                 pcie_switch=dev.pcie_switch,
+                pcie_root=dev.pcie_root,
                 sriov=dev.sriov,
                 device_nodes=nodes,
                 driver_bound=bound,

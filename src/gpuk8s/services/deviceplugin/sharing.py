@@ -51,7 +51,7 @@ from ...core.sharing import (
     pod_share_json,
 )
 from ...core.topology import Unit
-from .devices import ContainerSpec, DeviceSet, DeviceView, UnknownDeviceError
+from ..node.devices import ContainerSpec, DeviceSet, DeviceView, UnknownDeviceError
 
 log = logging.getLogger("gpuk8s.deviceplugin")
 

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.errors import ConfigError, GpuK8sError
+from ...core.labels import UPGRADE_STATE_LABEL as STATE_LABEL
+from ...core.labels import UPGRADE_UPGRADING as UPGRADING
 from ...core.labels import compute_labels
 from ...core.payloads import select_sdk_image
 from ...discovery import discover
@@ -43,7 +45,6 @@ from ...host import sdk, vf
 from ...host.files import atomic_write
 from ...host.readiness import write_readiness
 from ..nodeagent import VFNUM_DESIRED, Report, Reporter
-from ..operator.upgrade import STATE_LABEL, UPGRADING
 
 log = logging.getLogger("gpuk8s.driver-manager")
 

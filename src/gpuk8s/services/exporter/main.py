@@ -22,8 +22,8 @@ from ...core.errors import ConfigError, GpuK8sError
 from ...core.gpuusage import DEFAULT_RESOURCE_KINDS, KINDS
 from ...core.model import NodeInventory
 from ...core.telemetry import NodeTelemetry
-from ..deviceplugin.nodestate import DEFAULT_POD_RESOURCES_SOCKET, PodResourcesClient
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
+from ..node.podresources import DEFAULT_POD_RESOURCES_SOCKET, PodResourcesClient
 from .knowngpus import STATE_DIR, STATE_NAME, KnownGpus
 from .metrics import registry_for
 from .nvml import NvmlReader

@@ -1,0 +1,1 @@
+"""Generated from ../proto/*.proto; do not edit, do not commit."""
