@@ -1,1 +1,0 @@
-"""Generated from ../proto/*.proto; do not edit, do not commit."""
