@@ -1,7 +1,8 @@
 """HTTP transport for gpu-aware: stdlib ``ThreadingHTTPServer``, HTTP/1.1 keep-alive.
 
 Routes: ``POST /<prefix>/filter`` (or ``/predicates``), ``POST /<prefix>/prioritize``,
-``GET /healthz``, ``GET /readyz``, ``GET /metrics``; any other method is a 405 with an
+``GET /healthz``, ``GET /readyz``, ``GET /metrics``, ``GET /debug/ledger``
+(read-only, ``debug.py``); any other method is a 405 with an
 ``Allow`` header. Every error body is ``{"Error": ...}``.
 
 Bounds, so that no client can take the service down:
@@ -37,6 +38,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from .debug import ledger_document
 from .logic import Extender, Response
 from .wire import error_body
 
@@ -47,7 +49,7 @@ DEFAULT_REQUEST_TIMEOUT_S = 10.0
 DEFAULT_MAX_CONNECTIONS = 64
 IDLE_TIMEOUT_S = 120.0  # longer than Go's idle keep-alive (90 s), so the client closes first
 ONE_WRITE_MAX = 1024 * 1024  # bodies up to this size go out with the headers in one send
-GET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+GET_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/debug/ledger"})
 
 
 class _RequestTimeout(OSError):
@@ -420,10 +422,12 @@ class ExtenderHandler(BaseHTTPRequestHandler):
         elif path == "/metrics":
             data = generate_latest(self.server.extender.metrics.registry)
             self._send(Response(200, data, CONTENT_TYPE_LATEST))
+        elif path == "/debug/ledger":  # read-only (debug.py)
+            self._send(Response(200, ledger_document(self.server.extender.sharing)))
         else:
             self._error(
                 404,
-                f"no such path {path[:60]!r}; GET /healthz, /readyz, /metrics; "
+                f"no such path {path[:60]!r}; GET /healthz, /readyz, /metrics, /debug/ledger; "
                 "POST .../filter, .../prioritize",
             )
 
