@@ -588,7 +588,10 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
     }
     | {("", "configmaps", "get", "gpu-aware-plugin")}
     # GPU sharing: record the chosen GPUs on the pod, then bind it
-    | {("", "pods", "patch", ANY), ("", "pods/binding", "create", ANY)},
+    | {("", "pods", "patch", ANY), ("", "pods/binding", "create", ANY)}
+    # replicas (2 by default) elect the one that books shared GPUs on the Lease gpu-aware
+    | {("coordination.k8s.io", "leases", "create", ANY)}
+    | {("coordination.k8s.io", "leases", verb, "gpu-aware") for verb in ("get", "update")},
     "driver-manager": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),
                        ("", "events", "create", ANY), ("", "pods", "get", ANY)},  # events: default
     "container-runtime": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),
