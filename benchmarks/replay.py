@@ -264,6 +264,7 @@ class Cluster:
         self.api = api
         self.cond = threading.Condition()
         self.pods: dict[str, dict[str, Any]] = {}
+        self.on_node: dict[str, dict[str, dict[str, Any]]] = {}  # node -> name -> pod
         self.bound_at: dict[str, float] = {}
         self.unschedulable_at: dict[str, float] = {}
         self.gone_at: dict[str, float] = {}
@@ -321,13 +322,16 @@ class Cluster:
         """One event (under ``cond``)."""
         name = pod["metadata"]["name"]
         t = now()
+        node = pod["spec"].get("nodeName")
         if kind == "DELETED":
             self.pods.pop(name, None)
+            self.on_node.get(node or "", {}).pop(name, None)
             self.gone_at.setdefault(name, t)
         else:
             old = self.pods.get(name)
             self.pods[name] = pod
-            if pod["spec"].get("nodeName"):
+            if node:
+                self.on_node.setdefault(node, {})[name] = pod
                 self.bound_at.setdefault(name, t)
             else:
                 status, reason = scheduled_condition(pod)
@@ -473,11 +477,7 @@ class _NodePods:
 
     def pods(self) -> list[dict[str, Any]]:
         with self.kubelet.cluster.cond:
-            return [
-                p
-                for p in self.kubelet.cluster.pods.values()
-                if p["spec"].get("nodeName") == self.node
-            ]
+            return list(self.kubelet.cluster.on_node.get(self.node, {}).values())
 
     def mark_allocated(self, namespace: str, name: str) -> None:
         status, body = self.kubelet.api.request(
