@@ -92,7 +92,7 @@ sys.path.insert(0, str(LAB))
 sys.path.insert(0, str(REPO / "benchmarks"))
 import fake_nodes  # noqa: E402  (lab/fake_nodes.py: the API client, node objects, heartbeat)
 import packing  # noqa: E402  (benchmarks/packing.py: trace, workload, node shapes, figure)
-from scheduling import cache_bin, versions  # noqa: E402
+from scheduling import cache_bin, cpu_seconds, versions  # noqa: E402
 
 from gpuk8s.core.schedconf import (  # noqa: E402
     ExtenderSpec,
@@ -127,6 +127,7 @@ GPU_TAINT = {"key": "metax-tech.com/gpu", "value": "present", "effect": "PreferN
 BUSYBOX = "127.0.0.1:5000/gpuk8s/lab-busybox:1.0"
 ROLE_DEFAULTS = REPO / "roles" / "gpu_aware" / "defaults" / "main.yml"
 LOCK = "/tmp/gpuk8s-lab.lock"
+LAB_RUN = Path(os.environ.get("GPUK8S_LAB_STATE", "/var/lib/gpuk8s-lab")) / "run"  # pid files
 LEASE = "gpu-aware"  # with --replicas 2: the replicas' Lease in the replay namespace
 RESERVED = Path("/tmp/gpuk8s-lab.reserved")
 MILLI = packing.MILLI
@@ -264,7 +265,6 @@ class Cluster:
         self.api = api
         self.cond = threading.Condition()
         self.pods: dict[str, dict[str, Any]] = {}
-        self.on_node: dict[str, dict[str, dict[str, Any]]] = {}  # node -> name -> pod
         self.bound_at: dict[str, float] = {}
         self.unschedulable_at: dict[str, float] = {}
         self.gone_at: dict[str, float] = {}
@@ -322,16 +322,13 @@ class Cluster:
         """One event (under ``cond``)."""
         name = pod["metadata"]["name"]
         t = now()
-        node = pod["spec"].get("nodeName")
         if kind == "DELETED":
             self.pods.pop(name, None)
-            self.on_node.get(node or "", {}).pop(name, None)
             self.gone_at.setdefault(name, t)
         else:
             old = self.pods.get(name)
             self.pods[name] = pod
-            if node:
-                self.on_node.setdefault(node, {})[name] = pod
+            if pod["spec"].get("nodeName"):
                 self.bound_at.setdefault(name, t)
             else:
                 status, reason = scheduled_condition(pod)
@@ -468,16 +465,22 @@ class FakeKubelet:
 
 
 class _NodePods:
-    """``deviceplugin.sharing.PendingPods`` for one fake node: the pods bound to it as
-    the watch has them; the phase update goes to the API."""
+    """``deviceplugin.sharing.PendingPods`` for one fake node, as ``KubePendingPods``
+    does it: the pods bound to the node, listed from the API at each Allocate (a cache
+    could still show a pod deleted meanwhile); the phase update goes to the API."""
 
     def __init__(self, kubelet: FakeKubelet, node: str) -> None:
         self.kubelet = kubelet
         self.node = node
 
     def pods(self) -> list[dict[str, Any]]:
-        with self.kubelet.cluster.cond:
-            return list(self.kubelet.cluster.on_node.get(self.node, {}).values())
+        status, body = self.kubelet.api.request(
+            "GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{self.node}"
+        )
+        if status != 200:
+            raise OSError(f"listing the pods of {self.node}: HTTP {status}")
+        items: list[dict[str, Any]] = body.get("items") or []
+        return items
 
     def mark_allocated(self, namespace: str, name: str) -> None:
         status, body = self.kubelet.api.request(
@@ -875,6 +878,7 @@ class FillResult:
     scheduler_errors: int = 0
     retried_before_delete: int = 0
     latency: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    cpu_s: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds spent
 
     @property
     def allocation(self) -> float:
@@ -1085,6 +1089,7 @@ class Replay:
     def fill(self) -> FillResult:
         result = FillResult(capacity_milli=self.capacity * MILLI)
         before = self.metrics()
+        cpu_before = self.cpu()
         cluster = self.cluster
         names: list[str] = []
         deleted: set[str] = set()
@@ -1132,6 +1137,8 @@ class Replay:
         result.seconds = last - t0
         result.pods = len(names)
         result.latency = latency_figures(before, self.metrics())
+        cpu_after = self.cpu()
+        result.cpu_s = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
         for name in names:
             spec = self.specs_by_pod[name]
             if name in cluster.bound_at and (
@@ -1262,6 +1269,18 @@ class Replay:
                 spec = self.specs_by_pod[name]
                 if pod is not None and spec.gpus:
                     self.placed[name] = (pod["spec"]["nodeName"], spec)
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of the processes the replay drives (where the time goes)."""
+        pids: dict[str, list[int]] = {
+            "gpu-aware": [e.proc.pid for e in self.extenders if e.proc is not None],
+            "kube-scheduler": [self.scheduler.pid] if self.scheduler is not None else [],
+            "harness": [os.getpid()],
+        }
+        for daemon in ("kube-apiserver", "etcd"):
+            with contextlib.suppress(OSError, ValueError):
+                pids[daemon] = [int((LAB_RUN / f"{daemon}.pid").read_text().split()[0])]
+        return {name: sum(map(cpu_seconds, found)) for name, found in pids.items()}
 
     def leader(self) -> Extender:
         """The replica kube-scheduler reaches (the only one, or the Lease holder)."""
@@ -1456,25 +1475,26 @@ class Replay:
         return fault
 
     def faults(self, names: Sequence[str]) -> list[FaultResult]:
+        """Each fault under load; the check after it once the load stopped."""
         out = []
-        with self.load() as counts:
-            for name in names:
-                fn = {
-                    "extender-kill": self.fault_extender_kill,
-                    "kubelet-restart": self.fault_kubelet_restart,
-                    "node-delete": self.fault_node_delete,
-                    "delete-before-allocate": self.fault_delete_before_allocate,
-                    "leader-loss": self.fault_leader_loss,
-                }[name]
+        for name in names:
+            fn = {
+                "extender-kill": self.fault_extender_kill,
+                "kubelet-restart": self.fault_kubelet_restart,
+                "node-delete": self.fault_node_delete,
+                "delete-before-allocate": self.fault_delete_before_allocate,
+                "leader-loss": self.fault_leader_loss,
+            }[name]
+            with self.load() as counts:
                 result = fn()
-                result.details["background_load"] = dict(counts)
-                out.append(result)
-                print(
-                    f"  fault: {result.name}: recovery {_s(result.recovery_s)}, "
-                    f"{'ok' if result.ok else 'FAILED'} {result.details}",
-                    flush=True,
-                )
-                self.report.checks.append(self.check(f"after {name}"))
+            result.details["background_load"] = dict(counts)
+            out.append(result)
+            print(
+                f"  fault: {result.name}: recovery {_s(result.recovery_s)}, "
+                f"{'ok' if result.ok else 'FAILED'} {result.details}",
+                flush=True,
+            )
+            self.report.checks.append(self.check(f"after {name}"))
         return out
 
     # -- checks and the whole run -------------------------------------------------------
@@ -1624,6 +1644,9 @@ def render(report: Report) -> str:
             f"| multi-GPU pods inside one link group | {inside} | {p_inside} |",
             f"| pods / s | {f.rate:.1f} ({f.pods} pods in {f.seconds:.0f} s) | {in_process} |",
         ]
+        if f.cpu_s and f.pods:
+            cpu = ", ".join(f"{k} {1e3 * v / f.pods:.1f}" for k, v in f.cpu_s.items())
+            lines.append(f"| CPU ms per pod (this machine: 2 cores, shared) | {cpu} | - |")
         for verb in ("filter", "prioritize", "bind"):
             lat = f.latency.get(verb, {})
             p50, p99 = lat.get("p50_ms"), lat.get("p99_ms")

@@ -113,10 +113,16 @@ def test_over_booked_gpus() -> None:
 
 
 class FakeApi:
+    """Pods by name (what a node's pod list answers); patches recorded."""
+
     def __init__(self) -> None:
         self.patches: list[tuple[str, Any]] = []
+        self.pods: dict[str, dict[str, Any]] = {}
 
     def request(self, method: str, path: str, body: Any = None, kind: str = "") -> Any:
+        if method == "GET":
+            node = path.rsplit("spec.nodeName%3D", 1)[1]
+            return 200, {"items": [p for p in self.pods.values() if p["spec"]["nodeName"] == node]}
         self.patches.append((path, body))
         return 200, {}
 
@@ -139,9 +145,10 @@ def test_fake_kubelet_runs_allocate_and_gives_ids_back(shapes: dict[int, Any]) -
     kubelet = replay.FakeKubelet(api, cluster, {"n1": shapes[8]})  # type: ignore[arg-type]
     a = Assignment("n1", (2,), share(46))
     b = Assignment("n1", (4, 5), share(100, True, 2))
+    api.pods = {"p1": bound_pod("p1", "u1", a, 1), "p2": bound_pod("p2", "u2", b, 2)}
     with cluster.cond:
-        cluster._apply("ADDED", bound_pod("p1", "u1", a, 1))
-        cluster._apply("ADDED", bound_pod("p2", "u2", b, 2))
+        for pod in api.pods.values():
+            cluster._apply("ADDED", pod)
     deadline = time.monotonic() + 10
     while len(kubelet.view()) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -151,7 +158,7 @@ def test_fake_kubelet_runs_allocate_and_gives_ids_back(shapes: dict[int, Any]) -
     assert marked == {"p1", "p2"}
     assert len(kubelet.free["n1"]) == 800 - 46 - 200
     with cluster.cond:
-        cluster._apply("DELETED", bound_pod("p1", "u1", a, 1))
+        cluster._apply("DELETED", api.pods.pop("p1"))
     assert set(kubelet.view()) == {"u2"} and len(kubelet.free["n1"]) == 800 - 200
     assert not kubelet.errors
     kubelet.close()
