@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlparse
@@ -112,6 +113,25 @@ class Api:
                 time.sleep(0.2 * (attempt + 1))
         raise AssertionError("unreachable")
 
+    def watch(self, path: str, timeout: float = 300) -> Iterator[dict[str, Any]]:
+        """The events of a watch (``path`` with ``watch=1``), each a decoded
+        ``{"type", "object"}``, on a connection of its own; ends when the server closes
+        the stream (an ``ERROR`` event, e.g. 410 Gone, is yielded like any other)."""
+        conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=timeout)
+        try:
+            conn.request("GET", path, headers={"Accept": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise OSError(f"watch {path}: HTTP {resp.status}: {resp.read()[:200]!r}")
+            while True:
+                line = resp.readline()
+                if not line:
+                    return
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            conn.close()
+
 
 def now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -171,32 +191,54 @@ def variant_view(variant: str) -> tuple[int, int, dict[str, str], dict[str, str]
 def node_object(name: str, variant: str, taint: bool) -> dict[str, Any]:
     capacity, allocatable, gpu_labels, annotations = variant_view(variant)
     labels = {
-        "kubernetes.io/hostname": name,
-        "kubernetes.io/os": "linux",
-        "kubernetes.io/arch": "amd64",
-        FAKE_LABEL: "true",
         VARIANT_LABEL: variant.replace(":", ".").replace("=", "-").replace("+", "_")[:63],
         **gpu_labels,
     }
-    resources = {
-        "cpu": "64",
-        "memory": "512Gi",
-        "pods": "110",
-        "ephemeral-storage": "1Ti",
-        RESOURCE: str(capacity),
-    }
+    return build_node(
+        name,
+        labels,
+        annotations,
+        {RESOURCE: str(capacity)},
+        {RESOURCE: str(allocatable)},
+        [FAKE_TAINT] if taint else [],
+    )
+
+
+FAKE_TAINT = {"key": FAKE_LABEL, "value": "true", "effect": "NoSchedule"}
+
+
+def build_node(
+    name: str,
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    capacity: dict[str, str],
+    allocatable: dict[str, str] | None = None,
+    taints: list[dict[str, str]] | None = None,
+    cpu: str = "64",
+    memory: str = "512Gi",
+    pods: str = "110",
+) -> dict[str, Any]:
+    """A fake Node object: ``capacity`` (and ``allocatable``, default the same) add to
+    the CPU, memory and pod counts; the fake-node label is always set."""
+    resources = {"cpu": cpu, "memory": memory, "pods": pods, "ephemeral-storage": "1Ti"}
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": labels, "annotations": annotations},
-        "spec": {
-            "taints": [{"key": FAKE_LABEL, "value": "true", "effect": "NoSchedule"}]
-            if taint
-            else []
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                FAKE_LABEL: "true",
+                **labels,
+            },
+            "annotations": annotations,
         },
+        "spec": {"taints": list(taints or [])},
         "status": {
-            "capacity": resources,
-            "allocatable": {**resources, RESOURCE: str(allocatable)},
+            "capacity": {**resources, **capacity},
+            "allocatable": {**resources, **(capacity if allocatable is None else allocatable)},
             "conditions": ready_conditions(),
             "addresses": [{"type": "Hostname", "address": name}],
             "nodeInfo": {
@@ -286,7 +328,12 @@ def list_fake(api: Api) -> list[str]:
 
 
 def ensure_node(api: Api, name: str, variant: str, taint: bool) -> None:
-    node = node_object(name, variant, taint)
+    register(api, node_object(name, variant, taint))
+
+
+def register(api: Api, node: dict[str, Any]) -> None:
+    """Create (or make match) one fake Node, set its status, renew its Lease."""
+    name = node["metadata"]["name"]
     status, body = api.request("POST", "/api/v1/nodes", node)
     if status == 409:  # exists: make it match (labels/annotations/taints, then status)
         status, body = api.request(

@@ -246,23 +246,28 @@ def test_1_first_shared_pod_runs_on_the_one_gpu_left(sharing: dict[str, str]) ->
 def test_2_restarted_extender_rebuilds_its_ledger_from_the_annotations(
     sharing: dict[str, str],
 ) -> None:
+    """Both replicas (the chart's default: 2, electing a leader) are replaced; each new
+    one rebuilds its ledger from the annotations, and one of them leads (its pod carries
+    the label the Service selects)."""
     selector = "app.kubernetes.io/name=gpu-aware"
     old = kubectl("-n", NS, "get", "pods", "-l", selector, "-o",
-                  "jsonpath={.items[*].metadata.name}")
-    assert len(old.split()) == 1, old
-    kubectl("-n", NS, "delete", "pod", old, "--wait=true", "--timeout=60s")
+                  "jsonpath={.items[*].metadata.name}").split()
+    assert len(old) == 2, old
+    kubectl("-n", NS, "delete", "pod", *old, "--wait=true", "--timeout=60s")
 
-    def ready_new() -> dict[str, Any] | None:
+    def ready_new() -> list[dict[str, Any]] | None:
+        found = []
         for pod in kubectl_json("-n", NS, "get", "pods", "-l", selector)["items"]:
             statuses = pod["status"].get("containerStatuses") or []
-            if (pod["metadata"]["name"] != old and pod["metadata"].get("deletionTimestamp") is None
+            if (pod["metadata"]["name"] not in old
+                    and pod["metadata"].get("deletionTimestamp") is None
                     and statuses and all(s["ready"] for s in statuses)):
-                return dict(pod)
-        return None
+                found.append(dict(pod))
+        return found if len(found) == 2 else None
 
-    pod = wait_until("a new gpu-aware pod ready", ready_new, 90, interval=0.5)
+    pods = wait_until("two new gpu-aware pods ready", ready_new, 90, interval=0.5)
 
-    def ledger() -> float:
+    def ledger(pod: dict[str, Any]) -> float:
         # the health port: plain HTTP (the extender port admits only kube-scheduler's TLS)
         url = f"http://{pod['status']['podIP']}:8081/metrics"
         with urllib.request.urlopen(url, timeout=5) as resp:
@@ -272,7 +277,13 @@ def test_2_restarted_extender_rebuilds_its_ledger_from_the_annotations(
         return float(found.group(1))
 
     # the 7 holders and the first shared pod, read back from their annotations
-    wait_until("ledger of 8 pods", lambda: ledger() == GPUS, 30, interval=0.5)
+    for pod in pods:
+        wait_until(f"ledger of 8 pods in {pod['metadata']['name']}",
+                   lambda pod=pod: ledger(pod) == GPUS, 30, interval=0.5)
+    wait_until("a leader among the new pods", lambda: kubectl(
+        "-n", NS, "get", "pods", "-l", f"{selector},gpuk8s.io/gpu-aware-leader=true", "-o",
+        "jsonpath={.items[*].metadata.name}").split() in ([p["metadata"]["name"]] for p in pods),
+        30, interval=0.5)
 
 
 def test_3_second_pod_lands_on_the_same_gpu(sharing: dict[str, str]) -> None:

@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuk8s.services.extender.leader import LEADER_LABEL
+
 REPO = Path(__file__).resolve().parents[2]
 CHARTS = REPO / "charts"
 EXT = CHARTS / "metax-gpu-extensions"
@@ -475,11 +477,16 @@ def test_workload_selectors_match_pod_labels(combo: Any) -> None:
         assert selector.items() <= pod_labels.items()
         assert "app.kubernetes.io/version" not in selector  # selectors are immutable
     for svc in rendered.of("Service"):
+        selector = dict(svc["spec"]["selector"])
+        # gpu-aware with replicas: the elected one labels its own pod at run time
+        # (leader.py), and the Service sends kube-scheduler to it alone
+        if selector.pop(LEADER_LABEL, None) is not None:
+            assert svc["metadata"]["name"] == "gpu-aware"
+            assert selector  # still the component's own labels
         target = [
             w
             for w in rendered.workloads()
-            if svc["spec"]["selector"].items()
-            <= w["spec"]["template"]["metadata"]["labels"].items()
+            if selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()
         ]
         assert len(target) == 1, (
             f"Service {svc['metadata']['name']} selects {len(target)} workloads"
@@ -593,7 +600,10 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
     }
     | {("", "configmaps", "get", "gpu-aware-plugin")}
     # GPU sharing: record the chosen GPUs on the pod, then bind it
-    | {("", "pods", "patch", ANY), ("", "pods/binding", "create", ANY)},
+    | {("", "pods", "patch", ANY), ("", "pods/binding", "create", ANY)}
+    # replicas (2 by default) elect the one that books shared GPUs on the Lease gpu-aware
+    | {("coordination.k8s.io", "leases", "create", ANY)}
+    | {("coordination.k8s.io", "leases", verb, "gpu-aware") for verb in ("get", "update")},
     "driver-manager": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),
                        ("", "events", "create", ANY), ("", "pods", "get", ANY)},  # events: default
     "container-runtime": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),

@@ -15,6 +15,9 @@ Context: root.
 {{- $ctx := dict "root" $root "component" "gpu-aware" "values" $root.Values.gpuAware -}}
 {{- $uid := include "gpuk8s.deploymentUid" $ctx | int -}}
 {{- $weights := include "gpuk8s.gpuAwareWeights" $root | fromYaml -}}
+{{- /* more than one replica: only the holder of the Lease books shared GPUs, and the
+Service sends kube-scheduler to it (the pod it labels); see docs/extender.md */ -}}
+{{- $elect := gt (int $root.Values.gpuAware.replicas) 1 -}}
 {{- $tls := $root.Values.gpuAware.tls.enabled -}}
 {{- $health := int $root.Values.gpuAware.healthPort -}}
 {{- if $tls }}
@@ -138,6 +141,16 @@ rules:
     resources: ["configmaps"]
     resourceNames: ["gpu-aware-plugin"]
     verbs: ["get"]
+  {{- if $elect }}
+  # leader election: the Lease gpu-aware (create cannot be limited to a name)
+  - apiGroups: ["coordination.k8s.io"]
+    resources: ["leases"]
+    verbs: ["create"]
+  - apiGroups: ["coordination.k8s.io"]
+    resources: ["leases"]
+    resourceNames: ["gpu-aware"]
+    verbs: ["get", "update"]
+  {{- end }}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
@@ -183,6 +196,9 @@ spec:
   type: ClusterIP
   selector:
     {{- include "gpuk8s.selectorLabels" $ctx | nindent 4 }}
+    {{- if $elect }}
+    gpuk8s.io/gpu-aware-leader: "true"
+    {{- end }}
   ports:
     - name: {{ ternary "https" "http" $tls }}
       port: 8080
@@ -201,7 +217,7 @@ metadata:
   labels:
     {{- include "gpuk8s.labels" $ctx | nindent 4 }}
 spec:
-  replicas: 1
+  replicas: {{ int $root.Values.gpuAware.replicas }}
   selector:
     matchLabels:
       {{- include "gpuk8s.selectorLabels" $ctx | nindent 6 }}
@@ -223,6 +239,17 @@ spec:
         kubernetes.io/os: linux
       affinity:
         {{- include "gpuk8s.preferControlPlane" $root | nindent 8 }}
+        {{- if $elect }}
+        # one replica per control-plane node where there are several (SPEC §1)
+        podAntiAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+            - weight: 100
+              podAffinityTerm:
+                topologyKey: kubernetes.io/hostname
+                labelSelector:
+                  matchLabels:
+                    {{- include "gpuk8s.selectorLabels" $ctx | nindent 20 }}
+        {{- end }}
       tolerations:
         {{- include "gpuk8s.controlPlaneTolerations" $root | nindent 8 }}
       securityContext:
@@ -254,12 +281,19 @@ spec:
             # nodeCacheCapable: true (the gpu_aware role's default) needs the node watch;
             # requests with full Node objects are answered as well
             - --node-cache
+            {{- if $elect }}
+            - --leader-elect
+            {{- end }}
             {{- range $root.Values.gpuAware.extraArgs }}
             - {{ . | quote }}
             {{- end }}
             {{- include "gpuk8s.logArgs" $ctx | nindent 12 }}
           env:
             {{- include "gpuk8s.nodeNameEnv" $root | nindent 12 }}
+            - name: POD_NAME  # the identity in the Lease, the pod the leader labels
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.name
           ports:
             - name: extender
               containerPort: 8080

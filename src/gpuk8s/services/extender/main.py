@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -39,6 +41,16 @@ from ...core.scoring import DEFAULT_PRIOR, DEFAULT_PRIOR_GPUS
 from ..kube import api_client
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
 from .cuda import NodeCudaVersions
+from .leader import (
+    DEFAULT_LEASE,
+    LEASE_DURATION_S,
+    RENEW_DEADLINE_S,
+    RETRY_PERIOD_S,
+    Elector,
+    KubeLeaseApi,
+    KubePodLabeler,
+    gate,
+)
 from .logic import Extender
 from .nodes import BoundPods, NodeCache
 from .packing import NodeRooms, RunningPods, free_room_of, parse_prior
@@ -166,6 +178,31 @@ def build_parser() -> argparse.ArgumentParser:
         "and the same choice whenever the extender's weight x 10 exceeds what the "
         "profile's score plugins can add up to, as SPEC's weight 500 does)",
     )
+    parser.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="several replicas: only the holder of a coordination.k8s.io Lease books shared "
+        "GPUs (leader.py); the leader labels its pod gpuk8s.io/gpu-aware-leader=true "
+        "(needs POD_NAME and POD_NAMESPACE), which the chart's Service selects",
+    )
+    parser.add_argument(
+        "--leader-elect-lease",
+        default=None,
+        metavar="NAMESPACE/NAME",
+        help="the Lease (default: $POD_NAMESPACE/gpu-aware)",
+    )
+    parser.add_argument(
+        "--leader-elect-identity",
+        default=None,
+        help="this replica's name in the Lease (default: $POD_NAME, else host name and port)",
+    )
+    parser.add_argument(
+        "--leader-elect-timing",
+        default=f"{LEASE_DURATION_S:g},{RENEW_DEADLINE_S:g},{RETRY_PERIOD_S:g}",
+        metavar="DURATION,RENEW,RETRY",
+        help="lease duration, renew deadline and retry period in seconds "
+        "(default %(default)s, kube-scheduler's)",
+    )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: in-cluster)")
     add_log_arguments(parser)
     return parser
@@ -181,11 +218,13 @@ class ExtenderService:
         extender: Extender,
         loops: list[tuple[str, WatchLoop]],
         health: ExtenderHTTPServer | None = None,
+        elector: Elector | None = None,
     ) -> None:
         self.server = server
         self.health = health
         self.extender = extender
         self.loops = loops
+        self.elector = elector  # --leader-elect
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
 
@@ -218,6 +257,8 @@ class ExtenderService:
         for server in self.servers:
             server.shutdown()
             server.server_close()
+        if self.elector is not None:
+            self.elector.release()  # the next replica takes over at its next try
 
 
 def build_service(
@@ -314,6 +355,13 @@ def build_service(
         loops.append(("sharing-watch", ledger_watch or ledger_watch_loop(client, ledger)))
     if requeue is not None:
         loops.append(("sharing-requeue", requeue.run))
+    elector = None
+    if args.leader_elect:
+        if sharing is None or client is None:
+            raise ConfigError("--leader-elect: needs the pod watch and API access")
+        elector = build_elector(args, client)
+        sharing.gate = gate(elector)
+        loops.append(("leader-election", elector.run))
     try:
         server = ExtenderHTTPServer(
             (args.address, args.port),
@@ -344,7 +392,48 @@ def build_service(
             raise ConfigError(
                 f"--health-port: cannot listen on {args.address}:{args.health_port}: {err}"
             ) from err
-    return ExtenderService(server, extender, loops, health)
+    return ExtenderService(server, extender, loops, health, elector)
+
+
+def build_elector(args: argparse.Namespace, client: object) -> Elector:
+    """The ``--leader-elect*`` flags as an ``Elector`` (which labels its pod when it knows
+    it: ``POD_NAME`` and ``POD_NAMESPACE``)."""
+    pod, pod_ns = os.environ.get("POD_NAME", ""), os.environ.get("POD_NAMESPACE", "")
+    lease = args.leader_elect_lease or (f"{pod_ns}/{DEFAULT_LEASE}" if pod_ns else "")
+    namespace, _, name = lease.partition("/")
+    if not (namespace and name):
+        raise ConfigError(
+            "--leader-elect-lease: give NAMESPACE/NAME (or set POD_NAMESPACE for "
+            f"<namespace>/{DEFAULT_LEASE}); got {lease!r}"
+        )
+    identity = args.leader_elect_identity or pod or f"{socket.gethostname()}_{args.port}"
+    try:
+        duration, renew, retry = (float(x) for x in args.leader_elect_timing.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"--leader-elect-timing: {args.leader_elect_timing!r} must be three numbers "
+            "DURATION,RENEW,RETRY (seconds)"
+        ) from None
+    labeler = KubePodLabeler(client, pod_ns, pod) if pod and pod_ns else None
+    try:
+        elector = Elector(
+            KubeLeaseApi(client, namespace, name),
+            identity,
+            namespace,
+            name,
+            duration,
+            renew,
+            retry,
+            on_change=labeler.label if labeler is not None else None,
+        )
+    except ValueError as err:
+        raise ConfigError(f"--leader-elect-timing: {err}") from None
+    if labeler is not None:
+        try:
+            labeler.label(False)  # a restarted leader's label: it leads again once elected
+        except Exception as err:
+            log.warning("leader election: cannot clear this pod's label: %s", str(err)[:200])
+    return elector
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """HTTP transport for gpu-aware: stdlib ``ThreadingHTTPServer``, HTTP/1.1 keep-alive.
 
 Routes: ``POST /<prefix>/filter`` (or ``/predicates``), ``POST /<prefix>/prioritize``,
-``POST /<prefix>/bind``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``; any other
+``POST /<prefix>/bind``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``, ``GET
+/debug/ledger`` (read-only, ``debug.py``; main port only); any other
 method (GET of a verb included) is a 405 with an ``Allow`` header. Every error body is
 ``{"Error": ...}``. With ``tls`` (``tls.py``) the port speaks HTTPS and admits only
 clients with a certificate of the client CA; the handshake runs in the connection's own
@@ -47,6 +48,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
+from .debug import ledger_document
 from .logic import BIND_VERBS, FILTER_VERBS, PRIORITIZE_VERBS, Extender, Response
 from .tls import ServerTls
 from .wire import error_body
@@ -60,7 +62,7 @@ DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_MAX_PER_CLIENT = 16
 IDLE_TIMEOUT_S = 120.0  # longer than Go's idle keep-alive (90 s), so the client closes first
 ONE_WRITE_MAX = 1024 * 1024  # bodies up to this size go out with the headers in one send
-GET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+GET_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/debug/ledger"})
 POST_VERBS = FILTER_VERBS | PRIORITIZE_VERBS | BIND_VERBS
 
 
@@ -514,12 +516,14 @@ class ExtenderHandler(BaseHTTPRequestHandler):
         elif path == "/metrics":
             data = generate_latest(self.server.extender.metrics.registry)
             self._send(Response(200, data, CONTENT_TYPE_LATEST))
+        elif path == "/debug/ledger" and not self.server.health_only:  # read-only (debug.py)
+            self._send(Response(200, ledger_document(self.server.extender.sharing)))
         elif self._verb() in POST_VERBS and not self.server.health_only:
             self._not_allowed()  # GET /filter: a wrong method, like PUT /filter
         else:
             self._error(
                 404,
-                f"no such path {path[:60]!r}; GET /healthz, /readyz, /metrics; "
+                f"no such path {path[:60]!r}; GET /healthz, /readyz, /metrics, /debug/ledger; "
                 "POST .../filter, .../prioritize, .../bind",
             )
 

@@ -332,6 +332,11 @@ class Ledger:
         with self._lock:
             return dict(self._effective)
 
+    def reserved(self) -> list[str]:
+        """UIDs of our reservations the pod watch has not confirmed yet."""
+        with self._lock:
+            return list(self._pending)
+
     def get(self, uid: str) -> Assignment | None:
         return self._effective.get(uid)
 
@@ -607,6 +612,9 @@ class Sharing:
         # binds refused after waiting ``bind_wait_s`` for another pod's Allocate
         self.bind_waits = 0
         self.bind_wait_s = BIND_WAIT_S
+        # with several replicas: "" while this one may book (the Lease holder), else why
+        # not (``leader.gate``); None: one replica, it always may
+        self.gate: Callable[[], str] | None = None
 
     def place(
         self,
@@ -796,6 +804,9 @@ class Sharing:
         deadline = time.monotonic() + self.bind_wait_s
         while True:
             change = self.ledger.change
+            refused = self.gate() if self.gate is not None else ""
+            if refused:  # another replica books shared GPUs (leader.py)
+                return 200, refused
             with self._lock:  # choose and reserve atomically: no two binds share a choice
                 placed = self.place(node, share, uid, cpu_milli, memory_mib)
                 if placed.gpus is None:
