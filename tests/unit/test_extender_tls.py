@@ -176,7 +176,7 @@ def test_300_slow_connections_from_one_client_starve_nobody() -> None:
             sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
             sock.sendall(b"POST /filter HTTP/1.1\r\nContent-Len")  # and then nothing
             slow.append(sock)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # generous: a loaded CI host accepts slowly
         while srv.refused_connections < 300 - srv.max_per_client and time.monotonic() < deadline:
             time.sleep(0.05)
         assert srv.refused_connections == 300 - srv.max_per_client == 284

@@ -42,8 +42,11 @@ def build() -> tuple[bytes | None, str | None]:
         with open(src, "w", encoding="utf-8") as handle:
             handle.write(source)
         out = os.path.join(work, "libnvidia-ml.so.1")
+        # -Bsymbolic: the library's calls into itself (nvmlInit_v2 -> nvmlInitWithFlags)
+        # stay inside it, even when another root's copy was loaded RTLD_GLOBAL earlier in
+        # the same process (the exporter's pynvml): else that copy's state answers
         argv = [cc, "-shared", "-fPIC", "-O2", "-Wall", "-Wl,-soname,libnvidia-ml.so.1",
-                "-o", out, src, "-ldl"]
+                "-Wl,-Bsymbolic", "-o", out, src, "-ldl"]
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             return None, f"building the simulated libnvidia-ml.so.1 failed: {proc.stderr.strip()}"
