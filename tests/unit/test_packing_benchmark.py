@@ -255,6 +255,11 @@ def test_sharing_replay_shares_gpus_in_the_product_and_the_baselines(
                 + 1e-9, policy
     inside, placed = rows[bench.SHARING]["inside"]
     assert placed > 0 and inside == placed
+    # the pods without GPUs went through the extender's second entry (prioritize-nogpu)
+    assert rows[bench.SHARING]["nogpu_ms_mean"] > 0
+    alone = rows_by_policy(bench.run([42], (bench.SHARING,), data=sharing_trace,
+                                     trace="sharing", nogpu=False))
+    assert "nogpu_ms_mean" not in alone[bench.SHARING]
 
 
 @pytest.mark.parametrize("policy", ["gpu-aware-sharing", "fgd", "bestfit", "dotprod"])

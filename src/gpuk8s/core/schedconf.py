@@ -58,6 +58,10 @@ OUR_VOLUMES = (VOLUME_KUBECONFIG, VOLUME_CONFIG, *VOLUME_TLS.values())
 ANNOTATION = "metax-tech.com/scheduler-extender"
 CONTAINER_NAME = "kube-scheduler"
 GPU_RESOURCE = "metax-tech.com/gpu"
+# prioritizeVerb of the second entry of our extender (``ExtenderSpec.rank_nogpu``): no
+# filter, no bind, no managedResources, ignorable -- kube-scheduler asks it to score every
+# pod, and gpu-aware ranks the pods without GPUs (the main entry never sees them)
+NOGPU_VERB = "prioritize-nogpu"
 # Versions KEP-785 lists as served; the oldest first.
 KNOWN_API_VERSIONS = ("v1beta2", "v1beta3", "v1")
 MIN_MINOR = 22
@@ -151,6 +155,8 @@ class ExtenderSpec:
     managed_resources: tuple[ManagedResource, ...] = field(default_factory=tuple)
     # GPU sharing: the extender binds the pods it manages (chooses node and GPU)
     bind_verb: str | None = None
+    # a second entry (``nogpu_yaml``) through which gpu-aware ranks pods without GPUs
+    rank_nogpu: bool = False
 
     def validate(self) -> None:
         """Raise ConfigError naming the field, as kube-scheduler would refuse it."""
@@ -178,10 +184,15 @@ class ExtenderSpec:
             raise ConfigError(
                 "filter_verb and prioritize_verb are both empty: the extender would do nothing"
             )
-        if self.prioritize_verb and self.weight <= 0:
+        if (self.prioritize_verb or self.rank_nogpu) and self.weight <= 0:
             raise ConfigError(
                 f"weight {self.weight}: an extender with prioritize_verb "
-                f"{self.prioritize_verb!r} must have a positive weight"
+                f"{self.prioritize_verb or NOGPU_VERB!r} must have a positive weight"
+            )
+        if self.prioritize_verb == NOGPU_VERB:
+            raise ConfigError(
+                f"prioritize_verb {NOGPU_VERB!r} is the verb of the entry for pods without "
+                "GPUs (rank_nogpu); use prioritize"
             )
         for verb_name, verb in (("filter_verb", self.filter_verb),
                                 ("prioritize_verb", self.prioritize_verb),
@@ -233,6 +244,34 @@ class ExtenderSpec:
                 for r in self.managed_resources
             ]
         return out
+
+    def nogpu_yaml(self) -> dict[str, Any] | None:
+        """The second entry when ``rank_nogpu``: the same extender, prioritize only (verb
+        ``NOGPU_VERB``), ignorable and without managedResources, so kube-scheduler asks
+        it about every pod -- gpu-aware ranks the pods without GPUs where their CPU and
+        memory strand the least GPU capacity (``docs/extender.md``) and scores every node
+        0 for the others. Ignorable, and kube-scheduler ignores a failed prioritize call
+        anyway: pods without GPUs never wait for gpu-aware."""
+        if not self.rank_nogpu:
+            return None
+        out: dict[str, Any] = {
+            "urlPrefix": self.url_prefix,
+            "prioritizeVerb": NOGPU_VERB,
+            "weight": self.weight,
+            "enableHTTPS": self.enable_https,
+        }
+        if self.tls_config is not None:
+            out["tlsConfig"] = self.tls_config.to_yaml()
+        if self.http_timeout:
+            out["httpTimeout"] = self.http_timeout
+        out["nodeCacheCapable"] = self.node_cache_capable
+        out["ignorable"] = True
+        return out
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Our entries of ``extenders``: the main one, then the one for pods without GPUs."""
+        second = self.nogpu_yaml()
+        return [self.to_yaml()] + ([second] if second is not None else [])
 
 
 # --------------------------------------------------------------------------- config file
@@ -288,7 +327,7 @@ def new_config(spec: ExtenderSpec, api_version: str,
     }
     if profile == "packing":
         config.update(packing_profile())
-    config["extenders"] = [spec.to_yaml()]
+    config["extenders"] = spec.entries()
     return config
 
 
@@ -327,11 +366,14 @@ def check_config(config: Any, where: str) -> None:
         raise ManifestError(f"{where}: only one extender may have a bindVerb, found {binders}")
 
 
-def _find_extender(extenders: Sequence[Any], url_prefix: str) -> int | None:
+def _find_extender(extenders: Sequence[Any], url_prefix: str, nogpu: bool = False) -> int | None:
+    """Position of our main entry (``nogpu``: of the entry for pods without GPUs)."""
     for position, entry in enumerate(extenders):
-        if isinstance(entry, MutableMapping) and str(entry.get("urlPrefix", "")).rstrip(
-            "/"
-        ) == url_prefix.rstrip("/"):
+        if (
+            isinstance(entry, MutableMapping)
+            and str(entry.get("urlPrefix", "")).rstrip("/") == url_prefix.rstrip("/")
+            and (entry.get("prioritizeVerb") == NOGPU_VERB) == nogpu
+        ):
             return position
     return None
 
@@ -350,19 +392,27 @@ def _update_mapping(target: MutableMapping[str, Any], wanted: dict[str, Any]) ->
 
 
 def upsert_extender(config: MutableMapping[str, Any], spec: ExtenderSpec) -> bool:
-    """Add our extender to ``config['extenders']`` (appending) or update it in place."""
-    wanted = spec.to_yaml()
+    """Add our entries to ``config['extenders']`` (appending) or update them in place;
+    the entry for pods without GPUs goes when ``spec.rank_nogpu`` is off."""
     extenders = config.get("extenders")
     if extenders is None:
-        config["extenders"] = [wanted]
+        config["extenders"] = spec.entries()
         return True
     if not isinstance(extenders, MutableSequence):
         raise ManifestError("extenders is not a list")
-    position = _find_extender(extenders, spec.url_prefix)
-    if position is None:
-        extenders.append(wanted)
-        return True
-    return _update_mapping(extenders[position], wanted)
+    changed = False
+    for nogpu, wanted in ((False, spec.to_yaml()), (True, spec.nogpu_yaml())):
+        position = _find_extender(extenders, spec.url_prefix, nogpu)
+        if wanted is None:
+            if position is not None:
+                del extenders[position]
+                changed = True
+        elif position is None:
+            extenders.append(wanted)
+            changed = True
+        else:
+            changed = _update_mapping(extenders[position], wanted) or changed
+    return changed
 
 
 def find_by_resources(config: Mapping[str, Any], names: Collection[str]) -> str | None:
@@ -378,15 +428,17 @@ def find_by_resources(config: Mapping[str, Any], names: Collection[str]) -> str 
 
 
 def remove_extender(config: MutableMapping[str, Any], url_prefix: str) -> bool:
-    """Drop our extender from ``config['extenders']``; True when something was removed."""
+    """Drop our entries from ``config['extenders']``; True when something was removed."""
     extenders = config.get("extenders")
     if not isinstance(extenders, MutableSequence):
         return False
-    position = _find_extender(extenders, url_prefix)
-    if position is None:
-        return False
-    del extenders[position]
-    return True
+    removed = False
+    for nogpu in (False, True):
+        position = _find_extender(extenders, url_prefix, nogpu)
+        if position is not None:
+            del extenders[position]
+            removed = True
+    return removed
 
 
 # --------------------------------------------------------------------------- manifest
