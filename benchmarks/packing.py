@@ -1,59 +1,65 @@
-"""Packing on a production trace: gpu-aware against BestFit and FirstFit, FGD's protocol.
+"""Packing on a production trace: gpu-aware against FGD, BestFit and DotProd, like
+against like, with the FGD paper's protocol.
 
-The Alibaba openb trace (``../shared/data/openb`` next to the checkout, or ``$OPENB_DIR``:
-1,213 GPU nodes, 6,212 GPUs, 8,152 pods) replayed as in "Beware of Fragmentation" (Weng
-et al., ATC '23): the pod list is shuffled with each seed (42..51 by default), inflated
-by resampling pods of the trace until the requested GPUs reach 130 % of the cluster's
-GPU capacity, pods never leave, a pod that fits nowhere is skipped. CPU and memory are
-honoured. Allocation = GPU requested by the placed pods ÷ capacity (milli-GPUs, as the
-paper counts), read when the *arrived* requests reach 100 % and 130 % of capacity.
+The Alibaba openb trace (``../shared/data/openb`` next to the checkout, or ``$OPENB_DIR``,
+or ``--data``: 1,213 GPU nodes, 6,212 GPUs; the pod list ``openb_pod_list_<--trace>.csv``,
+8,152 pods in ``default``) replayed as in "Beware of Fragmentation" (Weng et al.,
+ATC '23): the pod list is shuffled with each seed (42..51 by default), inflated by
+resampling pods of the list until the requested GPUs reach 130 % of the cluster's GPU
+capacity, pods never leave, a pod that fits nowhere is skipped. CPU and memory are
+honoured. Allocation = GPU requested by the placed pods / capacity (milli-GPUs, as the
+paper counts), read when the *arrived* requests reach 100 % and 130 % of capacity, per
+seed; the summary gives the mean and the range (min-max) over the seeds.
 
-Whole-GPU mode (``gpu-aware``, the baselines): a pod asking for part of a GPU
-(``gpu_milli`` < 1000) takes a whole GPU but counts its milli-GPUs, as in the paper's
-metric.
+Sharing policies (the same pods, seeds and node shapes, in one run; every policy shares
+GPUs and honours CPU and memory):
 
-Sharing mode (``gpu-aware-sharing``): every node is in the ``vcuda`` sharing mode
-(label ``gpuk8s.io/sharing-mode``); a fractional pod asks ``tencent.com/vcuda-core``
-= its milli-GPUs / 10 (percent, rounded up), a whole-GPU pod ``vcuda-core`` = 100 × its
-GPUs (whole GPUs, topology allocator). The product code path: kube-scheduler's fit on
-the counted resource, the extender's ``filter`` / ``prioritize`` (``Extender.handle``,
-best fit onto already-shared GPUs) and its ``bind`` verb (``Sharing.bind``: GPU choice,
-pod annotation, binding) against an in-memory pod store, the pod watch feeding the
-ledger from the annotations.
+* ``gpu-aware-sharing`` -- the product: every node in the ``vcuda`` sharing mode (label
+  ``gpuk8s.io/sharing-mode``); a fractional pod asks ``tencent.com/vcuda-core`` = its
+  milli-GPUs / 10 (percent, rounded up), a whole-GPU pod ``vcuda-core`` = 100 x its GPUs
+  (whole GPUs, topology allocator). The product code path: kube-scheduler's fit on the
+  counted resource, the extender's ``filter`` / ``prioritize`` (``Extender.handle``) and
+  its ``bind`` verb (``Sharing.bind``: GPU choice, pod annotation, binding) against an
+  in-memory pod store, the pod watch feeding the ledger from the annotations. Pods
+  without GPUs: see ``--taint-cores-per-gpu``.
+* ``fgd``, ``bestfit``, ``dotprod``, ``random`` -- the paper's policies as its simulator
+  runs them (``benchmarks/paper_policies.py``: one score plugin, integer scores, ties to
+  the first node of a random order drawn per run), written from the paper's description.
+  Their 10-seed figures on the openb pod lists are printed beside ours
+  (``PAPER_FIGURES``, from the paper's artifact).
 
-Node shapes: 8-GPU nodes are the simulator's ``c500-8`` preset (two PCIe switches of
-four, MetaXLink inside each four), 4-GPU nodes one linked group of four, 2-GPU nodes a
-PCIe-only pair (T4/P100 have no links: the ``n260-2`` preset), 1-GPU nodes a single
-GPU. Each node publishes what gpu-device publishes (``published_annotations``).
+Whole-GPU policies (no sharing: a pod asking for part of a GPU takes a whole GPU but
+counts its milli-GPUs, as in the paper's metric; labelled "no sharing" in the table):
 
-Policies (same pods, same nodes, same run):
+* ``gpu-aware`` -- the product in the exclusive mode: a model of kube-scheduler (its
+  ``NodeResourcesFit`` filter on CPU, memory and GPU count, then the extender's
+  ``filter`` and ``prioritize`` through ``Extender.handle`` over its node cache, the node
+  watch and the pod watch fed with the same objects the API would send), the scheduler's
+  own scorers with the shipped profile breaking the extender's ties, then the allocator
+  (``core.allocator.allocate``, the device plugin's choice) picking the GPUs.
+* ``gpu-aware-default-profile`` -- the same extender under kube-scheduler's default
+  profile: it scores only a sample of the feasible nodes (``percentageOfNodesToScore``
+  adaptive, about 40 % here), LeastAllocated, no taint.
+* ``bestfit-whole`` -- BestFit's formula (0.5 CPU/128 cores + 0.5 GPUs/8 left) over
+  whole GPUs; ``firstfit-whole`` -- the first node in the node list that fits.
+* ``pooled`` bounds (no fragmentation): every pod on one node as big as the whole
+  cluster, with whole GPUs and with shared GPUs: no policy is expected to do better.
 
-* ``gpu-aware`` -- the product: a model of kube-scheduler (its ``NodeResourcesFit``
-  filter on CPU, memory and GPU count, then the extender's ``filter`` and
-  ``prioritize`` through ``Extender.handle`` over its node cache, the node watch and
-  the pod watch fed with the same objects the API would send), the scheduler's own
-  scorers with the shipped profile breaking the extender's ties, then the allocator
-  (``core.allocator.allocate``, the device plugin's choice) picking the GPUs on the
-  chosen node. GPU-less pods never reach the extender (``managedResources``): the
-  scheduler's scorers place them, with the documented ``PreferNoSchedule`` taint on
-  GPU-dense nodes (less than ``--taint-cores-per-gpu`` CPU cores per GPU).
-* ``gpu-aware-default-profile`` (``--policies``) -- the same extender under
-  kube-scheduler's default profile: it scores only a sample of the feasible nodes
-  (``percentageOfNodesToScore`` adaptive, ≈ 40 % here), LeastAllocated, no taint.
-* ``bestfit`` -- FGD's BestFit: the node with the least CPU and GPU left,
-  0.5·CPU/128 cores + 0.5·GPUs/8, after placement.
-* ``firstfit`` -- the first node in the node list that fits.
-* ``pooled (no fragmentation)`` -- every pod on one node as big as the whole cluster:
-  the allocation when nothing is ever stranded. Fragmentation makes the pods that fail
-  the big ones (whole GPUs, many GPUs, much CPU), so no policy is expected to do better.
+Node shapes (product policies): 8-GPU nodes are the simulator's ``c500-8`` preset (two
+PCIe switches of four, MetaXLink inside each four), 4-GPU nodes one linked group of
+four, 2-GPU nodes a PCIe-only pair (the ``n260-2`` preset), 1-GPU nodes a single GPU.
+Each node publishes what gpu-device publishes (``published_annotations``).
 
-Printed per policy: allocation at arrived 100 % / 130 %, failed pods per GPU count,
-2/4/8-GPU pods placed inside one link group (the groups an empty node of that shape
-uses for that size), whole 8-GPU nodes left, and for gpu-aware the time of one
-``prioritize`` call (all feasible nodes offered; mean and p99 per pod).
+Printed per policy: allocation at arrived 100 % / 130 % (mean and range), the paper's
+figure where it has one, failed pods per GPU count (mean per seed), 2/4/8-GPU pods
+placed inside one link group, whole 8-GPU nodes left, for gpu-aware the time of one
+``prioritize`` call; then gpu-aware-sharing against each baseline: the difference of the
+means, the per-seed differences, and "above" only when the mean lies beyond the other's
+range.
 
-Run: python benchmarks/packing.py [--seeds 42-51] [--jobs 2] [--quick] [--json FILE]
-``--quick`` (2 seeds, every 8th node, for tests) keeps the protocol on a sub-cluster.
+Run: python benchmarks/packing.py [--trace default] [--seeds 42-51] [--jobs 2] [--quick]
+[--json FILE]. ``--quick`` (2 seeds, every 8th node, for tests) keeps the protocol on a
+sub-cluster.
 """
 
 from __future__ import annotations
@@ -67,7 +73,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -75,10 +81,13 @@ from typing import Any
 
 import msgspec
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from paper_policies import PAPER_POLICIES, PaperScheduler, typical_pods
+
 from gpuk8s import sim
 from gpuk8s.core.allocator import allocate
 from gpuk8s.core.model import DriverInfo, Gpu, NodeInventory
-from gpuk8s.core.schedconf import packing_profile
+from gpuk8s.core.schedconf import NOGPU_VERB, packing_profile
 from gpuk8s.core.scoring import LinkGroups
 from gpuk8s.core.sharing import (
     ASSIGNED_ANNOTATION,
@@ -114,13 +123,58 @@ EXTENDER_WEIGHT = 500  # SPEC §7
 MAX_NODE_SCORE = 100
 MAX_SPEC_CPU = 128_000  # FGD's BestFit normalisation (milli-CPU)
 MAX_SPEC_GPU = 8
-TAINT_CORES_PER_GPU = 20  # GPU-dense nodes get the PreferNoSchedule taint below this
+TAINT_CORES_PER_GPU = 0.0  # GPU-dense nodes get the PreferNoSchedule taint below this
 SHARING = "gpu-aware-sharing"
-FGD_PUBLISHED = 95.23  # FGD's allocation at arrived 100 % on the default trace (ATC '23)
-POLICIES = ("gpu-aware", SHARING, "bestfit", "firstfit")
+POLICIES = (SHARING, "fgd", "bestfit", "dotprod")
+WHOLE_BASELINES = ("bestfit-whole", "firstfit-whole")  # no GPU sharing: a fraction takes a GPU
+ALL_POLICIES = ("gpu-aware", SHARING, "gpu-aware-default-profile", *PAPER_POLICIES,
+                *WHOLE_BASELINES)
 VCUDA_CORE = "tencent.com/vcuda-core"
 POOLED = "pooled (no fragmentation)"
 POOLED_SHARED = "pooled, shared GPUs (no fragmentation)"
+SHARES_PACKED = "shares bin-packed offline (estimate)"
+BOUNDS = (POOLED, POOLED_SHARED, SHARES_PACKED)
+LABELS = {
+    "gpu-aware": "gpu-aware, whole GPUs (no sharing)",
+    "bestfit-whole": "BestFit, whole GPUs (no sharing)",
+    "firstfit-whole": "FirstFit, whole GPUs (no sharing)",
+    "fgd": "FGD (sharing)",
+    "bestfit": "BestFit (sharing)",
+    "dotprod": "DotProd (sharing)",
+    "random": "Random (sharing)",
+}
+# The paper's own allocation at arrived 100 % per openb pod list and policy, ten seeds
+# (42-51): mean, min, max, from its artifact's expected results
+# (hkust-adsl/kubernetes-scheduler-simulator,
+# experiments/analysis/expected_results/analysis_allo_discrete.csv, column "100").
+PAPER_FIGURES: dict[str, dict[str, tuple[float, float, float]]] = {
+    "default": {"random": (86.30, 85.87, 86.79), "dotprod": (90.62, 90.34, 91.00),
+                "bestfit": (92.86, 92.64, 93.04), "fgd": (95.23, 95.06, 95.38)},
+    "cpu050": {"random": (89.02, 88.69, 89.49), "dotprod": (93.03, 92.64, 93.24),
+               "bestfit": (93.56, 93.31, 93.73), "fgd": (95.00, 94.85, 95.17)},
+    "cpu100": {"random": (87.44, 86.86, 87.89), "dotprod": (91.73, 91.13, 91.96),
+               "bestfit": (93.26, 93.06, 93.45), "fgd": (95.21, 94.97, 95.41)},
+    "cpu200": {"random": (83.03, 82.72, 83.59), "dotprod": (87.45, 86.32, 87.98),
+               "bestfit": (92.15, 91.83, 92.52), "fgd": (94.82, 94.54, 95.02)},
+    "cpu250": {"random": (80.00, 79.53, 80.59), "dotprod": (83.57, 82.68, 83.99),
+               "bestfit": (91.21, 90.83, 91.53), "fgd": (93.20, 92.83, 93.82)},
+    "gpushare40": {"random": (84.86, 84.28, 85.25), "dotprod": (89.30, 89.09, 89.54),
+                   "bestfit": (91.44, 90.95, 91.72), "fgd": (93.96, 93.82, 94.08)},
+    "gpushare60": {"random": (82.81, 82.30, 83.23), "dotprod": (86.82, 86.48, 87.20),
+                   "bestfit": (89.06, 88.80, 89.33), "fgd": (91.25, 91.04, 91.41)},
+    "gpushare80": {"random": (80.62, 80.08, 81.08), "dotprod": (84.14, 83.91, 84.49),
+                   "bestfit": (86.66, 86.16, 86.90), "fgd": (89.08, 88.87, 89.22)},
+    "gpushare100": {"random": (78.90, 78.62, 79.10), "dotprod": (81.98, 81.40, 82.33),
+                    "bestfit": (84.62, 84.35, 85.00), "fgd": (86.64, 86.38, 86.91)},
+    "multigpu20": {"random": (86.92, 86.16, 87.89), "dotprod": (91.85, 91.46, 92.43),
+                   "bestfit": (93.73, 93.35, 94.12), "fgd": (95.53, 95.32, 95.82)},
+    "multigpu30": {"random": (86.63, 86.01, 87.30), "dotprod": (93.11, 92.75, 93.69),
+                   "bestfit": (94.57, 94.27, 94.95), "fgd": (96.36, 96.20, 96.47)},
+    "multigpu40": {"random": (85.38, 84.44, 86.61), "dotprod": (94.04, 93.53, 94.32),
+                   "bestfit": (95.10, 94.64, 95.41), "fgd": (96.91, 96.79, 97.12)},
+    "multigpu50": {"random": (81.28, 79.95, 82.56), "dotprod": (94.73, 94.40, 95.06),
+                   "bestfit": (95.62, 95.41, 95.90), "fgd": (97.09, 96.87, 97.27)},
+}
 
 
 # ----------------------------------------------------------------------------- input
@@ -155,13 +209,14 @@ class PodSpec:
         return 100 * self.gpus
 
 
-def load(data: Path) -> tuple[list[NodeSpec], list[PodSpec]]:
+def load(data: Path, trace: str = "default") -> tuple[list[NodeSpec], list[PodSpec]]:
+    """The node list and the pod list ``openb_pod_list_<trace>.csv`` of ``data``."""
     with open(data / "openb_node_list_gpu_node.csv", newline="") as handle:
         nodes = [
             NodeSpec(r["sn"], int(r["cpu_milli"]), int(r["memory_mib"]), int(r["gpu"]))
             for r in csv.DictReader(handle)
         ]
-    with open(data / "openb_pod_list_default.csv", newline="") as handle:
+    with open(data / f"openb_pod_list_{trace}.csv", newline="") as handle:
         pods = [
             PodSpec(
                 r["name"],
@@ -269,6 +324,11 @@ class Result:
     inside: dict[int, list[int]] = field(default_factory=dict)  # size -> [inside, placed]
     whole8: dict[str, int] = field(default_factory=dict)
     prioritize_ms: list[float] = field(default_factory=list)
+    nogpu_ms: list[float] = field(default_factory=list)  # the entry for pods without GPUs
+    # milli-GPUs of the pods reported placed, and what the cluster's own accounting
+    # holds for them at the end (sharing policies; None: not audited)
+    reported: int = 0
+    held: int | None = None
 
 
 def node_object(
@@ -399,7 +459,7 @@ class Scheduler:
         sharing pod requests ``tencent.com/vcuda-core``, not the GPU resource the
         profile's ``NodeResourcesFit`` weighs: that score leaves it out (no GPUs)."""
         fit_pod = replace(pod, gpus=0) if sharing else pod
-        if extender is not None:
+        if extender is not None and extender:
             top = max(extender.values())
             candidates = [i for i in candidates if extender[self.nodes[i].spec.name] == top]
         best: list[int] = []
@@ -480,8 +540,10 @@ class Replay:
         shapes: dict[int, Shape],
         seed: int,
         taint: float,
+        nogpu: bool = True,
     ) -> None:
         self.policy = policy
+        self.nogpu = nogpu
         self.nodes = [SimNode(s, shapes[s.gpus], s.cpu, s.memory, s.gpus) for s in specs]
         self.by_name = {n.spec.name: n for n in self.nodes}
         self.capacity = sum(s.gpus for s in specs) * MILLI
@@ -551,17 +613,17 @@ class Replay:
         candidates = self.scheduler.feasible(pod, self.sharing and pod.gpus > 0)
         if not candidates:
             return None
-        if self.policy == "firstfit":
+        if self.policy == "firstfit-whole":
             return candidates[0]
-        if self.policy == "bestfit":
+        if self.policy == "bestfit-whole":
             nodes = self.nodes
             return min(
                 candidates,
                 key=lambda i: 0.5 * (nodes[i].cpu - pod.cpu) / MAX_SPEC_CPU
                 + 0.5 * (nodes[i].free_gpus - pod.gpus) / MAX_SPEC_GPU,
             )
-        if pod.gpus == 0:  # managedResources: the extender never sees it
-            return self.scheduler.pick(pod, candidates, None)
+        if pod.gpus == 0:  # managedResources: the main entry never sees it
+            return self.scheduler.pick(pod, candidates, self.rank_nogpu(pod, uid, candidates))
         assert self.extender is not None
         names = [self.nodes[i].spec.name for i in candidates]
         obj = pod_object(pod, uid, sharing=self.sharing)
@@ -582,6 +644,20 @@ class Replay:
             scores,
             self.sharing,
         )
+
+    def rank_nogpu(self, pod: PodSpec, uid: str, candidates: list[int]) -> dict[str, int] | None:
+        """The second extender entry (``ExtenderSpec.rank_nogpu``): kube-scheduler asks
+        it to score a pod without GPUs on every feasible node (None: the entry is not
+        configured, the scheduler's own scorers alone place the pod)."""
+        if not self.nogpu or self.extender is None:
+            return None
+        names = [self.nodes[i].spec.name for i in candidates]
+        body = json.dumps({"Pod": pod_object(pod, uid), "NodeNames": names}).encode()
+        started = time.thread_time()
+        answer = self.extender.handle(NOGPU_VERB, body)
+        self.result.nogpu_ms.append((time.thread_time() - started) * 1000)
+        scores = {h["Host"]: h["Score"] for h in json.loads(answer.body)}
+        return {name: scores.get(name, 0) for name in names}
 
     def bind(self, pod: PodSpec, index: int, uid: str) -> bool:
         """Sharing mode: the extender's bind verb chooses the GPUs and binds the pod."""
@@ -637,54 +713,73 @@ class Replay:
             self._pod_event(pod_object(pod, uid, node.spec.name))
 
     def run(self, pods: Iterable[PodSpec]) -> Result:
-        marks = [("100", 1.0), ("130", 1.3)]
-        arrived = allocated = 0
-        failed: dict[int, int] = {}
-        for pod in pods:
+        def place(pod: PodSpec) -> bool:
             self.uid += 1
             uid = f"pod-{self.uid}"
-            arrived += pod.requested
             index = self.choose(pod, uid)
-            if index is not None and self.sharing and pod.gpus and not self.bind(pod, index, uid):
-                index = None
+            if index is not None and self.sharing and pod.gpus:
+                return self.bind(pod, index, uid)
             if index is None:
-                failed[pod.gpus] = failed.get(pod.gpus, 0) + 1
-            elif self.sharing and pod.gpus:
-                allocated += pod.requested
-            else:
-                self.place(pod, index, uid)
-                allocated += pod.requested
-            while marks and arrived >= marks[0][1] * self.capacity:
-                mark = marks.pop(0)[0]
-                self.result.allocation[mark] = 100 * allocated / self.capacity
-                self.result.failed[mark] = dict(failed)
-                self.result.whole8[mark] = sum(
-                    1 for n in self.nodes if n.spec.gpus == 8 and not n.allocated
-                )
-            if not marks:
-                break  # later pods change no figure
-        return self.result
+                return False
+            self.place(pod, index, uid)
+            return True
+
+        def whole8() -> int:
+            return sum(1 for n in self.nodes if n.spec.gpus == 8 and not n.allocated)
+
+        result = replay(pods, place, self.capacity, self.result, whole8)
+        if self.sharing:  # the extender's ledger, fed by the pods' annotations
+            result.held = sum(
+                a.share.core * len(a.gpus) * MILLI // 100
+                for a in self.ledger.assignments().values()
+            )
+        return result
 
 
-def pooled(
-    specs: list[NodeSpec], pods: Iterable[PodSpec], seed: int, shared: bool = False
+class PaperReplay:
+    """One of the paper's policies (``paper_policies``) over one seed's pod sequence."""
+
+    def __init__(
+        self, policy: str, specs: list[NodeSpec], typical: list[Any], seed: int
+    ) -> None:
+        rng = random.Random(seed * 1_000_003 + len(policy))
+        self.scheduler = PaperScheduler(policy, specs, typical, rng)
+        self.specs = specs
+        self.capacity = sum(s.gpus for s in specs) * MILLI
+        self.result = Result(policy, seed)
+
+    def run(self, pods: Iterable[PodSpec]) -> Result:
+        def whole8() -> int:
+            return sum(
+                1
+                for s, n in zip(self.specs, self.scheduler.nodes, strict=True)
+                if s.gpus == 8 and sum(n.gpus) == 8 * MILLI
+            )
+
+        result = replay(
+            pods, lambda pod: self.scheduler.place(pod) is not None, self.capacity,
+            self.result, whole8,
+        )
+        result.held = sum(MILLI * len(n.gpus) - sum(n.gpus) for n in self.scheduler.nodes)
+        return result
+
+
+def replay(
+    pods: Iterable[PodSpec],
+    place: Callable[[PodSpec], bool],
+    capacity: int,
+    result: Result,
+    whole8: Callable[[], int],
 ) -> Result:
-    """Every pod on one node as large as the cluster: no fragmentation at all; with
-    ``shared``, GPUs are counted in milli-GPUs (the bound for the sharing mode)."""
-    result = Result(POOLED_SHARED if shared else POOLED, seed)
-    capacity = sum(s.gpus for s in specs) * MILLI
-    cpu, memory, gpus = (sum(s.cpu for s in specs), sum(s.memory for s in specs),
-                         sum(s.gpus for s in specs))
-    if shared:
-        gpus *= MILLI
+    """The protocol's loop: each pod placed once or skipped; at arrived 100 % and 130 %
+    of ``capacity`` (milli-GPUs) the allocation, the failed pods per GPU count and the
+    8-GPU nodes left whole are read into ``result``."""
+    marks = [("100", 1.0), ("130", 1.3)]
     arrived = allocated = 0
     failed: dict[int, int] = {}
-    marks = [("100", 1.0), ("130", 1.3)]
     for pod in pods:
         arrived += pod.requested
-        need = pod.requested if shared else pod.gpus
-        if pod.cpu <= cpu and pod.memory <= memory and need <= gpus:
-            cpu, memory, gpus = cpu - pod.cpu, memory - pod.memory, gpus - need
+        if place(pod):
             allocated += pod.requested
         else:
             failed[pod.gpus] = failed.get(pod.gpus, 0) + 1
@@ -692,8 +787,61 @@ def pooled(
             mark = marks.pop(0)[0]
             result.allocation[mark] = 100 * allocated / capacity
             result.failed[mark] = dict(failed)
+            result.whole8[mark] = whole8()
         if not marks:
+            break  # later pods change no figure
+    result.reported = allocated
+    return result
+
+
+def pooled(
+    specs: list[NodeSpec], pods: Iterable[PodSpec], seed: int, shared: bool = False
+) -> Result:
+    """Every pod on one node as large as the cluster: no fragmentation at all; with
+    ``shared``, GPUs are counted in milli-GPUs (the bound for the sharing mode)."""
+    capacity = sum(s.gpus for s in specs) * MILLI
+    room = [sum(s.cpu for s in specs), sum(s.memory for s in specs),
+            capacity if shared else capacity // MILLI]
+
+    def place(pod: PodSpec) -> bool:
+        need = pod.requested if shared else pod.gpus
+        if pod.cpu <= room[0] and pod.memory <= room[1] and need <= room[2]:
+            room[0] -= pod.cpu
+            room[1] -= pod.memory
+            room[2] -= need
+            return True
+        return False
+
+    result = Result(POOLED_SHARED if shared else POOLED, seed)
+    return replay(pods, place, capacity, result, lambda: 0)
+
+
+def shares_packed(specs: list[NodeSpec], pods: Iterable[PodSpec], seed: int) -> Result:
+    """What the share sizes themselves strand: the fractional pods that arrived by
+    arrived 100 %, bin-packed offline onto GPUs (first-fit decreasing, no CPU or memory
+    limit), leave ``waste`` milli-GPUs that only smaller shares could use; the estimate
+    is ``100 % - waste / capacity``. Not a strict bound -- a policy may turn a share
+    away and place a whole GPU instead -- but the scale of the fragmentation that no
+    placement avoids (at 130 % not every share can be placed: no figure there)."""
+    capacity = sum(s.gpus for s in specs) * MILLI
+    arrived = 0
+    shares: list[int] = []
+    for pod in pods:
+        if arrived >= capacity:
             break
+        arrived += pod.requested
+        if pod.gpus == 1 and pod.milli < MILLI:
+            shares.append(pod.milli)
+    left: list[int] = []  # milli-GPUs left on each GPU that holds shares
+    for milli in sorted(shares, reverse=True):
+        for i, room in enumerate(left):
+            if room >= milli:
+                left[i] -= milli
+                break
+        else:
+            left.append(MILLI - milli)
+    result = Result(SHARES_PACKED, seed)
+    result.allocation["100"] = 100 * (capacity - sum(left)) / capacity
     return result
 
 
@@ -709,17 +857,23 @@ def _shapes() -> dict[int, Shape]:
 
 
 def run_seed(
-    seed: int, policies: Sequence[str], data: str, every: int, taint: float
+    seed: int, policies: Sequence[str], data: str, every: int, taint: float,
+    trace: str = "default", nogpu: bool = True,
 ) -> list[Result]:
-    specs, pods = load(Path(data))
+    specs, pods = load(Path(data), trace)
     specs = specs[::every]
     capacity = sum(s.gpus for s in specs)
     order = workload(pods, capacity, seed)
     out = [pooled(specs, order, seed)]
-    if SHARING in policies:
+    if any(p not in ("gpu-aware", *WHOLE_BASELINES) for p in policies):
         out.append(pooled(specs, order, seed, shared=True))
+        out.append(shares_packed(specs, order, seed))
+    typical = typical_pods(pods)  # FGD's: from the trace's pod list, as the paper
     for policy in policies:
-        out.append(Replay(policy, specs, _shapes(), seed, taint).run(order))
+        if policy in PAPER_POLICIES:
+            out.append(PaperReplay(policy, specs, typical, seed).run(order))
+        else:
+            out.append(Replay(policy, specs, _shapes(), seed, taint, nogpu).run(order))
     return out
 
 
@@ -728,16 +882,27 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Mean, min and max of per-seed values."""
+    return {"mean": statistics.mean(values), "min": min(values), "max": max(values)}
+
+
 def summarise(results: list[Result]) -> list[dict[str, Any]]:
+    """One row per policy: per-seed allocations and their mean and range, failed pods
+    per seed (mean), link groups, whole 8-GPU nodes, prioritize timings."""
     rows = []
     for policy in dict.fromkeys(r.policy for r in results):
         mine = [r for r in results if r.policy == policy]
         row: dict[str, Any] = {"policy": policy, "seeds": [r.seed for r in mine]}
         for mark in ("100", "130"):
-            row[f"alloc{mark}"] = statistics.mean(r.allocation.get(mark, 0.0) for r in mine)
+            per_seed = [r.allocation.get(mark, 0.0) for r in mine]
+            row[f"alloc{mark}_seeds"] = per_seed
+            row[f"alloc{mark}_range"] = spread(per_seed)
+            row[f"alloc{mark}"] = row[f"alloc{mark}_range"]["mean"]
             sizes = sorted({k for r in mine for k in r.failed.get(mark, {})})
             row[f"failed{mark}"] = {
-                k: sum(r.failed.get(mark, {}).get(k, 0) for r in mine) for k in sizes
+                k: sum(r.failed.get(mark, {}).get(k, 0) for r in mine) / len(mine)
+                for k in sizes
             }
             row[f"whole8_{mark}"] = statistics.mean(r.whole8.get(mark, 0) for r in mine)
         inside = [0, 0]
@@ -755,37 +920,78 @@ def summarise(results: list[Result]) -> list[dict[str, Any]]:
         if times:
             row["prioritize_ms_mean"] = statistics.mean(times)
             row["prioritize_ms_p99"] = percentile(times, 0.99)
+        times = [t for r in mine for t in r.nogpu_ms]
+        if times:
+            row["nogpu_ms_mean"] = statistics.mean(times)
+            row["nogpu_ms_p99"] = percentile(times, 0.99)
         rows.append(row)
     return rows
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    def failed(counts: dict[int, int]) -> str:
-        return " ".join(f"{k}:{v}" for k, v in sorted(counts.items())) or "-"
+def _range(r: dict[str, float]) -> str:
+    return f"{r['mean']:.2f} % ({r['min']:.2f}–{r['max']:.2f})"
+
+
+def table(rows: list[dict[str, Any]], trace: str = "default") -> str:
+    """The rows as a Markdown table; the paper's own figures where it has them."""
+    paper = PAPER_FIGURES.get(trace, {})
+
+    def failed(counts: dict[int, float]) -> str:
+        return " ".join(f"{k}:{v:g}" for k, v in sorted(counts.items())) or "-"
 
     lines = [
-        "| policy | alloc @100 % | alloc @130 % | failed pods @100 % (GPUs:count) "
-        "| failed pods @130 % | 2/4/8-GPU pods in one link group | whole 8-GPU nodes @100 % "
+        "| policy | alloc @100 %, mean (min–max) | paper @100 % | alloc @130 % "
+        "| failed pods per seed @100 % (GPUs:count) | failed @130 % "
+        "| 2/4/8-GPU pods in one link group | whole 8-GPU nodes @100 % "
         "| prioritize per pod, mean / p99 |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         a, b = row["inside"]
         inside = f"{100 * a / b:.1f} % ({a}/{b})" if b else "-"
-        if row["policy"] in (POOLED, POOLED_SHARED):
+        if row["policy"] in BOUNDS:
             inside = "-"
         timing = (
             f"{row['prioritize_ms_mean']:.2f} / {row['prioritize_ms_p99']:.2f} ms"
             if "prioritize_ms_mean" in row
             else "-"
         )
-        whole = "-" if row["policy"] in (POOLED, POOLED_SHARED) else f"{row['whole8_100']:.1f}"
+        if "nogpu_ms_mean" in row:
+            timing += (
+                f"; pods without GPUs {row['nogpu_ms_mean']:.2f} / {row['nogpu_ms_p99']:.2f} ms"
+            )
+        whole = "-" if row["policy"] in BOUNDS else f"{row['whole8_100']:.1f}"
+        known = paper.get(row["policy"])
+        theirs = _range(dict(zip(("mean", "min", "max"), known, strict=True))) if known else "-"
+        later = "-" if row["policy"] == SHARES_PACKED else _range(row["alloc130_range"])
         lines.append(
-            f"| {row['policy']} | {row['alloc100']:.2f} % | {row['alloc130']:.2f} % "
+            f"| {LABELS.get(row['policy'], row['policy'])} | {_range(row['alloc100_range'])} "
+            f"| {theirs} | {later} "
             f"| {failed(row['failed100'])} | {failed(row['failed130'])} | {inside} "
             f"| {whole} | {timing} |"
         )
     return "\n".join(lines)
+
+
+def compare(mine: dict[str, Any], other: dict[str, Any], mark: str = "100") -> str:
+    """``mine`` against ``other`` at arrived ``mark`` %: the difference of the means, the
+    per-seed differences (same pods, same seeds), and a verdict that says "above" or
+    "below" only when the mean lies beyond the other's per-seed range."""
+    a, b = mine[f"alloc{mark}_range"], other[f"alloc{mark}_range"]
+    diffs = [
+        x - y for x, y in zip(mine[f"alloc{mark}_seeds"], other[f"alloc{mark}_seeds"],
+                              strict=True)
+    ]
+    if a["mean"] > b["max"]:
+        verdict = "above its range"
+    elif a["mean"] < b["min"]:
+        verdict = "below its range"
+    else:
+        verdict = "within its range"
+    return (
+        f"{a['mean'] - b['mean']:+.2f} points ({verdict}); per seed "
+        f"{min(diffs):+.2f} to {max(diffs):+.2f}"
+    )
 
 
 def seeds_arg(text: str) -> list[int]:
@@ -803,9 +1009,14 @@ def run(
     every: int = 1,
     jobs: int = 1,
     taint: float = TAINT_CORES_PER_GPU,
+    trace: str = "default",
+    nogpu: bool = True,
 ) -> list[dict[str, Any]]:
     """Replay every seed with every policy; one summary row per policy."""
-    args = [(s, tuple(policies), str(data), every, taint) for s in seeds]
+    unknown = [p for p in policies if p not in ALL_POLICIES]
+    if unknown:
+        raise ValueError(f"policies {', '.join(unknown)}: known are {', '.join(ALL_POLICIES)}")
+    args = [(s, tuple(policies), str(data), every, taint, trace, nogpu) for s in seeds]
     if jobs > 1 and len(seeds) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             chunks = list(pool.map(run_seed, *zip(*args, strict=True)))
@@ -818,13 +1029,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,43")
     parser.add_argument("--policies", default=",".join(POLICIES),
-                        help="comma-separated: gpu-aware, gpu-aware-default-profile, "
-                        "bestfit, firstfit")
+                        help=f"comma-separated, of: {', '.join(ALL_POLICIES)}")
     parser.add_argument("--data", default=str(DATA), help="directory of the openb CSV files")
+    parser.add_argument("--trace", default="default",
+                        help="pod list openb_pod_list_<TRACE>.csv in --data (default, "
+                        "gpushare40, multigpu50, cpu200, ...)")
     parser.add_argument("--every", type=int, default=1, help="keep every Nth node (sub-cluster)")
     parser.add_argument("--taint-cores-per-gpu", type=float, default=TAINT_CORES_PER_GPU,
                         help="gpu-aware: PreferNoSchedule taint on nodes with fewer CPU "
-                        "cores per GPU (0: none)")
+                        "cores per GPU (0: none, the default)")
+    parser.add_argument("--no-rank-nogpu", action="store_true",
+                        help="gpu-aware: without the second extender entry that ranks pods "
+                        "without GPUs (the scheduler's scorers place them)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="processes (one seed each)")
     parser.add_argument("--quick", action="store_true",
@@ -835,34 +1051,21 @@ def main(argv: list[str] | None = None) -> int:
     every = 8 if args.quick and args.every == 1 else args.every
     policies = [p for p in args.policies.split(",") if p]
     started = time.perf_counter()
-    rows = run(seeds, policies, Path(args.data), every, args.jobs, args.taint_cores_per_gpu)
+    rows = run(seeds, policies, Path(args.data), every, args.jobs, args.taint_cores_per_gpu,
+               args.trace, not args.no_rank_nogpu)
     elapsed = time.perf_counter() - started
-    specs, _ = load(Path(args.data))
+    specs, _ = load(Path(args.data), args.trace)
     specs = specs[::every]
-    mode = "whole-GPU and sharing modes" if SHARING in policies else "whole-GPU mode"
     print(
-        f"openb {mode}: {len(specs)} nodes, {sum(s.gpus for s in specs)} GPUs, "
+        f"openb trace {args.trace!r}: {len(specs)} nodes, {sum(s.gpus for s in specs)} GPUs, "
         f"seeds {','.join(map(str, seeds))}, {elapsed:.0f} s ({args.jobs} process(es))"
     )
-    print(table(rows))
+    print(table(rows, args.trace))
     by = {row["policy"]: row for row in rows}
-    if "gpu-aware" in by and "bestfit" in by:
-        aware, best, pooled = by["gpu-aware"], by["bestfit"], by[POOLED]
-        print(
-            f"gpu-aware − BestFit at arrived 100 %: {aware['alloc100'] - best['alloc100']:+.2f} "
-            f"points (no fragmentation at all: {pooled['alloc100'] - best['alloc100']:+.2f}); "
-            f"failed 8-GPU pods {aware['failed100'].get(8, 0)} vs "
-            f"{best['failed100'].get(8, 0)} (@100 %), {aware['failed130'].get(8, 0)} vs "
-            f"{best['failed130'].get(8, 0)} (@130 %)"
-        )
-    if SHARING in by and "bestfit" in by:
-        shared, best = by[SHARING], by["bestfit"]
-        gain = shared["alloc100"] - best["alloc100"]
-        print(
-            f"gpu-aware-sharing at arrived 100 %: {shared['alloc100']:.2f} % (FGD's "
-            f"published figure: {FGD_PUBLISHED:.2f} %); vs BestFit {gain:+.2f} points; "
-            f"no fragmentation with shared GPUs: {by[POOLED_SHARED]['alloc100']:.2f} %"
-        )
+    if SHARING in by:
+        for other in ("fgd", "bestfit", "dotprod", "random"):
+            if other in by:
+                print(f"{SHARING} vs {other} at arrived 100 %: {compare(by[SHARING], by[other])}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
     return 0

@@ -131,6 +131,16 @@ options:
     description: Scheduling goes on when the extender fails or is unreachable.
     type: bool
     default: false
+  rank_pods_without_gpus:
+    description:
+      - Also write a second entry for the same extender, prioritize only (verb
+        C(prioritize-nogpu)), ignorable and without managedResources, so kube-scheduler
+        asks it about every pod and gpu-aware ranks the pods without GPUs where their CPU
+        and memory strand the least GPU capacity (GPU sharing; docs/extender.md). Pods
+        without GPUs never wait for it: the entry is ignorable and kube-scheduler ignores
+        a failed prioritize call.
+    type: bool
+    default: false
   managed_resources:
     description:
       - Extended resources the extender manages; pods are sent to it only when they
@@ -328,6 +338,7 @@ def argument_spec():
         http_timeout=dict(type="str"),
         node_cache_capable=dict(type="bool", default=True),
         ignorable=dict(type="bool", default=False),
+        rank_pods_without_gpus=dict(type="bool", default=False),
         managed_resources=dict(
             type="list",
             elements="dict",
@@ -371,6 +382,7 @@ def spec_from_params(params):
             schedconf.ManagedResource(r["name"], r["ignored_by_scheduler"])
             for r in params["managed_resources"]
         ),
+        rank_nogpu=params["rank_pods_without_gpus"],
     )
     spec.validate()
     return spec

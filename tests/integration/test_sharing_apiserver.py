@@ -4,6 +4,7 @@ a GPU; a restarted extender rebuilds its per-GPU accounting from the pod annotat
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -485,3 +486,114 @@ def test_real_kube_scheduler_binds_each_family_through_the_extender(
         for pod in core.list_namespaced_pod("default").items:
             if pod.metadata.name.startswith(tag):
                 core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
+
+
+def test_real_kube_scheduler_asks_gpu_aware_about_pods_without_gpus(
+    apiserver: Any, n260: NodeInventory, tmp_path: Any
+) -> None:
+    """The configuration the Ansible module writes with ``rank_pods_without_gpus``
+    (``schedconf.new_config``, two entries, profile ``packing``) on the real
+    kube-scheduler: the second entry is accepted, asked about the pod without GPUs
+    (``prioritize-nogpu``), and moves it off the node where its CPU would strand the
+    free GPUs -- the node kube-scheduler's own scorers prefer, and pick without it."""
+    from test_extender_apiserver import Scheduler
+
+    from gpuk8s.core import schedconf
+
+    tag = uuid.uuid4().hex[:6]
+    core = apiserver.core()
+    ready = [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "t"}]
+    resources = {"cpu": "64", "memory": "256Gi", "pods": "110", VCUDA_CORE_RESOURCE: "200"}
+    busy, roomy, sink = (f"{n}-{tag}" for n in ("busy", "roomy", "sink"))
+    for name, pool in ((busy, f"{tag}-x"), (roomy, f"{tag}-x"), (sink, f"{tag}-s")):
+        core.create_node({"metadata": {
+            "name": name,
+            "labels": {SHARING_MODE_LABEL: "vcuda", "gpuk8s.test/pool": pool,
+                       "metax-tech.com/gpu.memory": "64GB"},
+            "annotations": node_annotations(n260, allocated=[])}})
+        core.patch_node_status(
+            name,
+            {"status": {"capacity": resources, "allocatable": resources, "conditions": ready}},
+            _content_type="application/merge-patch+json",
+        )
+    toleration = [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                   "effect": "NoSchedule"}]
+
+    def pod(name: str, pool: str, requests: dict[str, str], node: str | None = None) -> None:
+        spec: dict[str, Any] = {
+            "tolerations": toleration,
+            "containers": [{"name": "m", "image": "registry.invalid/x:1",
+                            "resources": {"requests": requests, "limits": requests}}],
+        }
+        if node:
+            spec["nodeName"] = node
+        else:
+            spec["nodeSelector"] = {"gpuk8s.test/pool": pool}
+        core.create_namespaced_pod("default", {"metadata": {"name": name}, "spec": spec})
+
+    def node_of(name: str) -> str | None:
+        return core.read_namespaced_pod(name, "default").spec.node_name  # type: ignore[no-any-return]
+
+    # what already runs: CPU and memory taken, no GPU. kube-scheduler's balance score
+    # prefers busy for a 6-core pod (its CPU and memory fractions end up close) ...
+    pod(f"{tag}-held-busy", "", {"cpu": "52", "memory": "200Gi"}, busy)
+    pod(f"{tag}-held-roomy", "", {"cpu": "1", "memory": "200Gi"}, roomy)
+    service = _service(apiserver)
+    calls: list[str] = []
+    handle = service.extender.handle
+
+    def recording(verb: str, body: bytes) -> Any:
+        if verb == schedconf.NOGPU_VERB:
+            calls.append(json.loads(body)["Pod"]["metadata"]["name"])
+        return handle(verb, body)
+
+    service.extender.handle = recording  # type: ignore[method-assign]
+    managed = (schedconf.ManagedResource(VCUDA_CORE_RESOURCE),
+               schedconf.ManagedResource(VCUDA_MEMORY_RESOURCE, True))
+    scheduler = None
+    try:
+        for rank in (False, True):
+            spec = schedconf.ExtenderSpec(
+                f"http://127.0.0.1:{service.port}", node_cache_capable=True,
+                http_timeout="10s", bind_verb="bind", managed_resources=managed,
+                rank_nogpu=rank,
+            )
+            config = schedconf.new_config(spec, schedconf.api_version_for("v1.35.4"))
+            assert len(config["extenders"]) == (2 if rank else 1)
+            (tmp_path / str(rank)).mkdir()
+            scheduler = Scheduler(apiserver, tmp_path / str(rank), config)
+            cache = service.extender.cache
+            assert cache is not None
+            wait_for(lambda cache=cache: all(cache.get(n) is not None
+                                             for n in (busy, roomy, sink)),
+                     30, "the node cache")
+            if not rank:
+                # ... the shares that arrive (on the sink node) ask 8 cores each (sizes
+                # that differ: no bind waits for another one's Allocate, no kubelet here)
+                for i in range(4):
+                    pod(f"{tag}-share{i}", f"{tag}-s",
+                        {VCUDA_CORE_RESOURCE: str(25 + i), "cpu": "8"})
+                wait_for(lambda: all(node_of(f"{tag}-share{i}") == sink for i in range(4)), 60,
+                         "the shares bound")
+            name = f"{tag}-cpu-{int(rank)}"
+            pod(name, f"{tag}-x", {"cpu": "6", "memory": "8Gi"})
+            wait_for(lambda: node_of(name) is not None, 60, f"{name} to be scheduled")  # noqa: B023
+            # ... where 6 cores would be left for GPUs whose shares ask 8: gpu-aware
+            # sends the pod to roomy once kube-scheduler asks it
+            assert node_of(name) == (roomy if rank else busy), (rank, calls)
+            assert (name in calls) == rank
+            core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+            wait_for(lambda: name not in {p.metadata.name for p in  # noqa: B023
+                                          core.list_namespaced_pod("default").items}, 30, "gone")
+            scheduler.stop()
+            scheduler = None
+    finally:
+        if scheduler is not None:
+            scheduler.stop()
+        service.close()
+        for name in (busy, roomy, sink):
+            core.delete_node(name)
+        for item in core.list_namespaced_pod("default").items:
+            if item.metadata.name.startswith(tag):
+                core.delete_namespaced_pod(item.metadata.name, "default",
+                                           grace_period_seconds=0)

@@ -537,3 +537,44 @@ def test_node_cache_is_synced_only_once_the_sharing_view_knows_every_node(
     on_list([msgspec.Raw(json.dumps(node(n, annotations)).encode()) for n in ("a", "b")])
     assert seen_synced == [False]
     assert cache.synced and shared.get("a") is not None and shared.get("b") is not None
+
+
+def plain_pod(name: str, cpu: str, gpus: int = 0) -> dict[str, Any]:
+    resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": "1Gi"}}
+    if gpus:
+        resources["limits"] = {"metax-tech.com/gpu": str(gpus)}
+    return {"metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+            "spec": {"containers": [{"name": "main", "resources": resources}]}}
+
+
+def test_pods_without_gpus_go_where_their_cpu_strands_no_gpu(
+    annotations: dict[str, str],
+) -> None:
+    """The second extender entry (verb prioritize-nogpu): a pod without GPUs scores best
+    where its CPU leaves the node's free GPUs still fed at the arriving shares' CPU (FGD's
+    fragmentation rise), then where the most CPU is spare beyond what the free GPUs
+    need; a node gpu-aware does not know scores 0, and so does every node for a pod that
+    asks for GPUs (the main entry ranks it)."""
+    free = {"a": (10_000, 65_536), "b": (64_000, 65_536), "c": (40_000, 65_536)}
+    arrivals = ArrivalMix()
+    ext, _, _ = over([node("a", annotations), node("b", annotations), node("c", annotations)],
+                     free_room=lambda name: free[name], arrivals=arrivals)
+    for i in range(40):  # the shares that arrive ask 8 cores for half a GPU
+        arrivals.observe(f"s{i}", HALF, 8000, 1024)
+    # the request's Node objects; "unknown" publishes no device list gpu-aware could use
+    nodes = {"items": [node(n, annotations) for n in "abc"] + [node("unknown", {})]}
+    status, result = call(ext, "prioritize-nogpu", {"Pod": plain_pod("p", "4"), "Nodes": nodes})
+    assert status == 200
+    scores = {h["Host"]: h["Score"] for h in result}
+    # a: 6 cores left cannot feed an 8-core share: its free GPUs would be stranded
+    assert scores["b"] > scores["c"] > scores["a"] > scores["unknown"] == 0
+    status, result = call(ext, "prioritize-nogpu", {"Pod": plain_pod("g", "4", gpus=1),
+                                                    "Nodes": nodes})
+    assert status == 200 and {h["Score"] for h in result} == {0}
+    status, result = call(ext, "prioritize", {"Pod": plain_pod("p", "4"), "Nodes": nodes})
+    assert status == 200 and {h["Score"] for h in result} == {0}  # the main entry: as before
+    off = Extender(WeightSource(None, Weights(1, 1)))
+    status, result = call(off, "prioritize-nogpu", {
+        "Pod": plain_pod("p", "4"),
+        "Nodes": {"items": [node("a", annotations)]}})
+    assert status == 200 and [h["Score"] for h in result] == [0]

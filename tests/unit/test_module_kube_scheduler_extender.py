@@ -620,3 +620,33 @@ def test_bind_verb_needs_managed_resources(root: Path) -> None:
     result = run(root, bind_verb="bind")
     assert result["failed"] and "bind_verb 'bind' needs managed_resources" in result["msg"]
     assert not (root / CONFIG).exists()
+
+
+def test_the_entry_for_pods_without_gpus_follows_the_main_one(root: Path) -> None:
+    """rank_pods_without_gpus: the second entry is written after ours, in our file and
+    in the administrator's, moves with a changed URL, and goes with state=absent or when
+    the option is turned off."""
+    result = run(root, rank_pods_without_gpus=True)
+    assert result["changed"] and not result.get("failed"), result
+    verbs = [e["prioritizeVerb"] for e in schedfiles.read(str(root / CONFIG)).data["extenders"]]
+    assert verbs == ["prioritize", schedconf.NOGPU_VERB]
+    assert not run(root, rank_pods_without_gpus=True)["changed"]
+    turned_off = run(root)
+    assert turned_off["changed"] and turned_off["manifest_changed"]  # the scheduler restarts
+    assert len(schedfiles.read(str(root / CONFIG)).data["extenders"]) == 1
+
+    fresh = root.parent / "foreign"
+    shutil.copytree(root.parent / "host", fresh)
+    run(fresh, state="absent")
+    theirs = with_foreign_config(fresh)
+    original = theirs.read_text()
+    assert run(fresh, rank_pods_without_gpus=True)["mode"] == "appended"
+    entries = schedfiles.read(str(theirs)).data["extenders"]
+    assert [(e["urlPrefix"], e.get("prioritizeVerb")) for e in entries][1:] == [
+        (URL, "prioritize"), (URL, schedconf.NOGPU_VERB)]
+    moved = "http://10.96.0.99:8080"
+    assert run(fresh, url_prefix=moved, rank_pods_without_gpus=True)["changed"]
+    entries = schedfiles.read(str(theirs)).data["extenders"]
+    assert [e["urlPrefix"] for e in entries] == ["http://127.0.0.1:9999", moved, moved]
+    assert run(fresh, state="absent", url_prefix=moved)["changed"]
+    assert theirs.read_text() == original

@@ -259,3 +259,44 @@ def test_check_config_rejects_what_kube_scheduler_would(config: Any, message: st
 def test_scheduler_container_errors(pod: Any, message: str) -> None:
     with pytest.raises(ManifestError, match=message):
         sc.scheduler_container(pod)
+
+
+def test_the_entry_for_pods_without_gpus_is_prioritize_only_and_ignorable() -> None:
+    """``rank_nogpu``: a second entry of the same extender that kube-scheduler asks
+    about every pod (no managedResources), which can neither filter, bind nor hold a
+    pod up (ignorable), at the main entry's weight and transport settings."""
+    spec = sc.ExtenderSpec(
+        URL, bind_verb="bind", node_cache_capable=True, http_timeout="5s", rank_nogpu=True,
+        managed_resources=(sc.ManagedResource("metax-tech.com/gpu"),),
+    )
+    spec.validate()
+    config = sc.new_config(spec, sc.api_version_for("1.35"))
+    main, nogpu = config["extenders"]
+    assert main == spec.to_yaml() and main["managedResources"]
+    assert nogpu == {"urlPrefix": URL, "prioritizeVerb": sc.NOGPU_VERB, "weight": 500,
+                     "enableHTTPS": False, "httpTimeout": "5s", "nodeCacheCapable": True,
+                     "ignorable": True}
+    sc.check_config(config, "x")  # one binder, weights positive
+    assert sc.new_config(sc.ExtenderSpec(URL), sc.api_version_for("1.35"))["extenders"] == [
+        sc.ExtenderSpec(URL).to_yaml()]  # off by default in the spec
+    with pytest.raises(ConfigError, match="rank_nogpu"):
+        sc.ExtenderSpec(URL, prioritize_verb=sc.NOGPU_VERB).validate()
+    with pytest.raises(ConfigError, match="weight"):
+        sc.ExtenderSpec(URL, prioritize_verb=None, weight=0, rank_nogpu=True).validate()
+
+
+def test_upsert_and_remove_handle_both_entries() -> None:
+    theirs = {"urlPrefix": "http://other:9000", "filterVerb": "filter", "weight": 1}
+    config: dict[str, Any] = {"apiVersion": "kubescheduler.config.k8s.io/v1",
+                              "kind": "KubeSchedulerConfiguration", "extenders": [theirs]}
+    assert sc.upsert_extender(config, sc.ExtenderSpec(URL, rank_nogpu=True))
+    assert [e.get("prioritizeVerb") for e in config["extenders"]] == [
+        None, "prioritize", sc.NOGPU_VERB]
+    assert not sc.upsert_extender(config, sc.ExtenderSpec(URL, rank_nogpu=True))
+    assert sc.upsert_extender(config, sc.ExtenderSpec(URL, weight=9, rank_nogpu=True))
+    assert [e["weight"] for e in config["extenders"]] == [1, 9, 9]
+    assert sc.upsert_extender(config, sc.ExtenderSpec(URL, weight=9))  # turned off: it goes
+    assert [e.get("prioritizeVerb") for e in config["extenders"]] == [None, "prioritize"]
+    assert sc.upsert_extender(config, sc.ExtenderSpec(URL, rank_nogpu=True))
+    assert sc.remove_extender(config, URL)
+    assert config["extenders"] == [theirs]

@@ -311,7 +311,12 @@ def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> N
             result.changes.append(f"{host}: extender {url}")
         text = doc.render()
         entries = doc.data["extenders"]
-        entry = entries[len(entries) - 1 if ours is None else ours]  # appended: the last
+        if ours is None:  # appended: the last main entry at our URL (the second follows it)
+            entry = [e for e in entries if isinstance(e, MutableMapping)
+                     and str(e.get("urlPrefix", "")).rstrip("/") == url.rstrip("/")
+                     and e.get("prioritizeVerb") != schedconf.NOGPU_VERB][-1]
+        else:
+            entry = entries[ours]
         result.changes += schedconf.patch_manifest(
             manifest, result.config_path, request.kubeconfig, request.spec.tls_files(),
             own_config=False,

@@ -58,6 +58,10 @@ OUR_VOLUMES = (VOLUME_KUBECONFIG, VOLUME_CONFIG, *VOLUME_TLS.values())
 ANNOTATION = "metax-tech.com/scheduler-extender"
 CONTAINER_NAME = "kube-scheduler"
 GPU_RESOURCE = "metax-tech.com/gpu"
+# prioritizeVerb of the second entry of our extender (``ExtenderSpec.rank_nogpu``): no
+# filter, no bind, no managedResources, ignorable -- kube-scheduler asks it to score every
+# pod, and gpu-aware ranks the pods without GPUs (the main entry never sees them)
+NOGPU_VERB = "prioritize-nogpu"
 # Versions KEP-785 lists as served; the oldest first.
 KNOWN_API_VERSIONS = ("v1beta2", "v1beta3", "v1")
 MIN_MINOR = 22
@@ -151,6 +155,8 @@ class ExtenderSpec:
     managed_resources: tuple[ManagedResource, ...] = field(default_factory=tuple)
     # GPU sharing: the extender binds the pods it manages (chooses node and GPU)
     bind_verb: str | None = None
+    # a second entry (``nogpu_yaml``) through which gpu-aware ranks pods without GPUs
+    rank_nogpu: bool = False
 
     def validate(self) -> None:
         """Raise ConfigError naming the field, as kube-scheduler would refuse it."""
@@ -178,10 +184,15 @@ class ExtenderSpec:
             raise ConfigError(
                 "filter_verb and prioritize_verb are both empty: the extender would do nothing"
             )
-        if self.prioritize_verb and self.weight <= 0:
+        if (self.prioritize_verb or self.rank_nogpu) and self.weight <= 0:
             raise ConfigError(
                 f"weight {self.weight}: an extender with prioritize_verb "
-                f"{self.prioritize_verb!r} must have a positive weight"
+                f"{self.prioritize_verb or NOGPU_VERB!r} must have a positive weight"
+            )
+        if self.prioritize_verb == NOGPU_VERB:
+            raise ConfigError(
+                f"prioritize_verb {NOGPU_VERB!r} is the verb of the entry for pods without "
+                "GPUs (rank_nogpu); use prioritize"
             )
         for verb_name, verb in (("filter_verb", self.filter_verb),
                                 ("prioritize_verb", self.prioritize_verb),
@@ -240,6 +251,34 @@ class ExtenderSpec:
             ]
         return out
 
+    def nogpu_yaml(self) -> dict[str, Any] | None:
+        """The second entry when ``rank_nogpu``: the same extender, prioritize only (verb
+        ``NOGPU_VERB``), ignorable and without managedResources, so kube-scheduler asks
+        it about every pod -- gpu-aware ranks the pods without GPUs where their CPU and
+        memory strand the least GPU capacity (``docs/extender.md``) and scores every node
+        0 for the others. Ignorable, and kube-scheduler ignores a failed prioritize call
+        anyway: pods without GPUs never wait for gpu-aware."""
+        if not self.rank_nogpu:
+            return None
+        out: dict[str, Any] = {
+            "urlPrefix": self.url_prefix,
+            "prioritizeVerb": NOGPU_VERB,
+            "weight": self.weight,
+            "enableHTTPS": self.enable_https,
+        }
+        if self.tls_config is not None:
+            out["tlsConfig"] = self.tls_config.to_yaml()
+        if self.http_timeout:
+            out["httpTimeout"] = self.http_timeout
+        out["nodeCacheCapable"] = self.node_cache_capable
+        out["ignorable"] = True
+        return out
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Our entries of ``extenders``: the main one, then the one for pods without GPUs."""
+        second = self.nogpu_yaml()
+        return [self.to_yaml()] + ([second] if second is not None else [])
+
 
 # --------------------------------------------------------------------------- config file
 
@@ -294,7 +333,7 @@ def new_config(spec: ExtenderSpec, api_version: str,
     }
     if profile == "packing":
         config.update(packing_profile())
-    config["extenders"] = [spec.to_yaml()]
+    config["extenders"] = spec.entries()
     return config
 
 
@@ -341,11 +380,14 @@ def check_config(config: Any, where: str) -> None:
         raise ManifestError(f"{where}: only one extender may have a bindVerb, found {binders}")
 
 
-def _find_extender(extenders: Sequence[Any], url_prefix: str) -> int | None:
+def _find_extender(extenders: Sequence[Any], url_prefix: str, nogpu: bool = False) -> int | None:
+    """Position of our main entry (``nogpu``: of the entry for pods without GPUs)."""
     for position, entry in enumerate(extenders):
-        if isinstance(entry, MutableMapping) and str(entry.get("urlPrefix", "")).rstrip(
-            "/"
-        ) == url_prefix.rstrip("/"):
+        if (
+            isinstance(entry, MutableMapping)
+            and str(entry.get("urlPrefix", "")).rstrip("/") == url_prefix.rstrip("/")
+            and (entry.get("prioritizeVerb") == NOGPU_VERB) == nogpu
+        ):
             return position
     return None
 
@@ -369,6 +411,7 @@ def our_extender(config: Mapping[str, Any], marker: Marker | None) -> int | None
         for position, entry in enumerate(extenders)
         if isinstance(entry, Mapping)
         and str(entry.get("urlPrefix", "")).rstrip("/") == marker.url_prefix.rstrip("/")
+        and entry.get("prioritizeVerb") != NOGPU_VERB  # the second entry follows the main one
     ]
     if not marker.entry_hash:
         return at_url[0] if at_url else None
@@ -397,23 +440,41 @@ BY_URL = -1  # upsert_extender / remove_extender: our entry is the one at the UR
 def upsert_extender(
     config: MutableMapping[str, Any], spec: ExtenderSpec, position: int | None = BY_URL
 ) -> bool:
-    """Add our extender to ``config['extenders']`` (appending) or update it in place:
-    the entry at ``position`` (``our_extender``; None: none is ours, append ours beside
-    the others -- the manual's "if the file already has extenders, append this one";
-    by default the one at our URL)."""
+    """Add our entries to ``config['extenders']`` (appending) or update them in place:
+    the main entry at ``position`` (``our_extender``; None: none is ours, append ours
+    beside the others -- the manual's "if the file already has extenders, append this
+    one"; by default the one at our URL), the entry for pods without GPUs at our URL (by
+    its verb), which goes when ``spec.rank_nogpu`` is off."""
     wanted = spec.to_yaml()
     extenders = config.get("extenders")
     if extenders is None:
-        config["extenders"] = [wanted]
+        config["extenders"] = spec.entries()
         return True
     if not isinstance(extenders, MutableSequence):
         raise ManifestError("extenders is not a list")
+    changed = False
     if position == BY_URL:
         position = _find_extender(extenders, spec.url_prefix)
+    urls = [spec.url_prefix]  # where the second entry is: beside the main one, which may move
     if position is None:
         extenders.append(wanted)
-        return True
-    return _update_mapping(extenders[position], wanted)
+        changed = True
+    else:
+        urls.insert(0, str(extenders[position].get("urlPrefix", "")))
+        changed = _update_mapping(extenders[position], wanted)
+    second = spec.nogpu_yaml()
+    at = next((p for p in (_find_extender(extenders, u, nogpu=True) for u in urls)
+               if p is not None), None)
+    if second is None:
+        if at is not None:
+            del extenders[at]
+            changed = True
+    elif at is None:
+        extenders.append(second)
+        changed = True
+    else:
+        changed = _update_mapping(extenders[at], second) or changed
+    return changed
 
 
 def find_by_resources(config: Mapping[str, Any], names: Collection[str]) -> str | None:
@@ -431,17 +492,21 @@ def find_by_resources(config: Mapping[str, Any], names: Collection[str]) -> str 
 def remove_extender(
     config: MutableMapping[str, Any], url_prefix: str, position: int | None = BY_URL
 ) -> bool:
-    """Drop our extender from ``config['extenders']``: the entry at ``position``
-    (``our_extender``; by default the one at ``url_prefix``); True when one was removed."""
+    """Drop our entries from ``config['extenders']``: the main one at ``position``
+    (``our_extender``; by default the one at ``url_prefix``) and the one for pods
+    without GPUs at ``url_prefix``; True when something was removed."""
     extenders = config.get("extenders")
     if not isinstance(extenders, MutableSequence):
         return False
     if position == BY_URL:
         position = _find_extender(extenders, url_prefix)
-    if position is None:
-        return False
-    del extenders[position]
-    return True
+    if position is not None:  # the second entry sits at the main one's URL
+        url_prefix = str(extenders[position].get("urlPrefix", url_prefix))
+    found = {p for p in (position, _find_extender(extenders, url_prefix, nogpu=True))
+             if p is not None}
+    for at in sorted(found, reverse=True):
+        del extenders[at]
+    return bool(found)
 
 
 # --------------------------------------------------------------------------- manifest

@@ -639,10 +639,19 @@ def cpu_balance(free: int, room: Room, cpu_per_gpu: float | None) -> float:
     need holds CPU that GPU-dense nodes lack, which costs less: pods without GPUs can
     still use it. 0 when the CPU or the ratio is not known, or the node keeps (almost)
     no GPU capacity."""
-    if room.cpu is None or cpu_per_gpu is None or free <= BALANCE_MIN_FREE:
+    over = spare_cpu(free, room, cpu_per_gpu)
+    if over is None or free <= BALANCE_MIN_FREE:
         return 0.0
-    over = (room.cpu - cpu_per_gpu * free / FULL_CORE) / 1000
     return over if over >= 0 else -BALANCE_SHORT * over
+
+
+def spare_cpu(free: int, room: Room, cpu_per_gpu: float | None) -> float | None:
+    """A node's free CPU beyond what its free GPU capacity will need, in cores (negative:
+    short): ``room.cpu - cpu_per_gpu x free GPUs`` (``free``: percent free over its
+    GPUs). None when the CPU or the ratio is not known."""
+    if room.cpu is None or cpu_per_gpu is None:
+        return None
+    return (room.cpu - cpu_per_gpu * free / FULL_CORE) / 1000
 
 
 def free_percent(caps: Sequence[GpuCapacity], usage: Mapping[int, GpuUsage]) -> dict[int, int]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from ...core.schedconf import NOGPU_VERB
 from .cuda import NodeCudaVersions, restrict
 from .filtered import FilterMemory
 from .nodes import (
@@ -60,6 +61,9 @@ _SCORE_TAIL = [f"{s}}}" for s in range(MAX_EXTENDER_PRIORITY + 1)]
 MAX_ENCODED_NAMES = 100_000  # bound on the per-name encoding cache
 FILTER_VERBS = frozenset({"filter", "predicates"})
 PRIORITIZE_VERBS = frozenset({"prioritize", "priorities"})
+# the verb of the second, prioritize-only extender entry that sees every pod
+# (``core.schedconf.NOGPU_VERB``): gpu-aware ranks the pods without GPUs there
+NOGPU_VERBS = frozenset({NOGPU_VERB})
 BIND_VERBS = frozenset({"bind"})
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # compact, ensure_ascii: as json.dumps
 
@@ -446,6 +450,21 @@ class Extender:
         self.filtered.record(args.pod_uid, kept)
         return _encode(result).encode()
 
+    def prioritize_nogpu(self, args: ExtenderArgs) -> bytes:
+        """The ``NOGPU_VERB`` answer: pods without GPUs ranked by ``Sharing.raw_nogpu``
+        (where their CPU and memory strand the least GPU capacity); every node 0 for a
+        pod asking for GPUs (the main entry ranks it) or when GPU sharing is off."""
+        if args.gpus or args.share is not None or self.sharing is None:
+            names = [n.name for n in args.nodes] if args.nodes is not None else list(
+                args.node_names or [])
+            raw = [MISSING] * len(names)
+        else:
+            sharing, names = self._sharing_names(args)
+            values = sharing.raw_nogpu(names, (args.cpu_milli, args.memory_mib))
+            raw = [MISSING if v is None else v for v in values]
+        heads = _encoded(self._host_heads, names, _host_head)
+        return _priority_answer(heads, raw, self.min_score)
+
     def filter_json(self, args: ExtenderArgs) -> bytes:
         """The filter answer, encoded. With the node cache it is assembled from the
         index's pre-encoded members; with full nodes, the kept Node objects are the
@@ -617,7 +636,7 @@ class Extender:
             "filter"
             if verb in FILTER_VERBS
             else "prioritize"
-            if verb in PRIORITIZE_VERBS
+            if verb in PRIORITIZE_VERBS or verb in NOGPU_VERBS
             else "bind"
             if verb in BIND_VERBS
             else "unknown"
@@ -627,8 +646,8 @@ class Extender:
                 response = Response(
                     404,
                     error_body(
-                        f"unknown verb {verb[:40]!r}; use filter (or predicates), prioritize "
-                        "or bind"
+                        f"unknown verb {verb[:40]!r}; use filter (or predicates), prioritize, "
+                        f"{NOGPU_VERB} or bind"
                     ),
                 )
             elif kind == "bind":
@@ -637,7 +656,13 @@ class Extender:
             else:
                 args = parse_args(body)
                 try:
-                    data = self.filter_json(args) if kind == "filter" else self.prioritize(args)
+                    data = (
+                        self.filter_json(args)
+                        if kind == "filter"
+                        else self.prioritize_nogpu(args)
+                        if verb in NOGPU_VERBS
+                        else self.prioritize(args)
+                    )
                     response = Response(200, data)
                 except _NotReady as err:
                     if kind == "filter":

@@ -36,6 +36,14 @@ are ranked by that rise plus ``CPU_BALANCE`` x the node's CPU imbalance after th
 needs at the arriving pods' CPU per GPU, a core short counting four in excess): on the
 openb trace the pods that fail at the end are those that find free GPUs only on nodes
 whose CPU is spent.
+
+Pods without GPUs reach gpu-aware only through the scheduler's second, prioritize-only
+entry (``core.schedconf.NOGPU_VERB``, ``ExtenderSpec.rank_nogpu``); ``raw_nogpu`` ranks
+them as FGD does: where their CPU and memory raise the node's fragmentation least (a
+node whose free GPUs the arriving shares could no longer be fed on strands them), then
+where the most CPU stays spare beyond what the node's free GPU capacity needs. No
+threshold sized for a cluster: the nodes' own CPU and GPUs and the arriving shares
+decide.
 """
 
 from __future__ import annotations
@@ -79,7 +87,9 @@ from ...core.sharing import (
     cpu_balance,
     free_percent,
     memory_label_mib,
+    node_fragmentation,
     parse_assignment,
+    spare_cpu,
     whole_rise,
 )
 from ...core.topology import Topology
@@ -607,6 +617,8 @@ class Sharing:
         # (node, share, pod CPU and memory) -> ((node identity, ledger version, mix
         # version, node's free CPU and memory), placement)
         self._memo: dict[tuple[str, ShareRequest, int, int], tuple[_Version, Placement]] = {}
+        # (node, pod CPU and memory) -> (same version, value) for pods without GPUs
+        self._nogpu_memo: dict[tuple[str, int, int], tuple[_Version, float]] = {}
         self.binds = 0
         self.bind_failures = 0
         # binds refused after waiting ``bind_wait_s`` for another pod's Allocate
@@ -760,6 +772,40 @@ class Sharing:
             placed = self.place(name, share, uid, *need)
             out.append(placed.raw if placed.gpus is not None else None)
         return out
+
+    def raw_nogpu(self, names: list[str], need: Need) -> list[float | None]:
+        """Placement value per node for a pod without GPUs asking ``need`` (CPU
+        millicores, memory MiB), higher is better: the least rise of the node's
+        fragmentation that its CPU and memory cause (free GPU capacity there that the
+        arriving shares can no longer be fed: FGD's measure, which the paper applies to
+        pods without GPUs too), then the most spare CPU left (``core.sharing.spare_cpu``:
+        free CPU beyond what the node's free GPU capacity needs at the arriving pods' CPU
+        per GPU, ``TIE`` per core). None for a node gpu-aware has no usable view of."""
+        mix_version, mix = self.arrivals.mix()
+        return [self._nogpu(name, need, mix_version, mix) for name in names]
+
+    def _nogpu(self, name: str, need: Need, mix_version: int, mix: ShareMix) -> float | None:
+        node = self.nodes.get(name)
+        if node is None or node.problem is not None:
+            return None
+        cpu, memory = self._free_room(name) if self._free_room is not None else (None, None)
+        key = (name, *need)
+        version = (id(node), self.ledger.version(name), mix_version, cpu, memory)
+        hit = self._nogpu_memo.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        room = Room(cpu, memory, *need)
+        after = room.after()
+        free = list(free_percent(node.gpus, self.ledger.usage(name)).values())
+        value = node_fragmentation(free, room, mix) - node_fragmentation(free, after, mix)
+        spare = spare_cpu(sum(free), after, mix.cpu_per_gpu)
+        if spare is not None:
+            value += TIE * spare
+        value = round(value, 9)
+        if len(self._nogpu_memo) >= MAX_MEMO:
+            self._nogpu_memo.clear()
+        self._nogpu_memo[key] = (version, value)
+        return value
 
     # -- bind ---------------------------------------------------------------------
     def bind(self, args: BindArgs) -> tuple[int, str]:
