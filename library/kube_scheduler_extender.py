@@ -137,7 +137,7 @@ options:
         C(prioritize-nogpu)), ignorable and without managedResources, so kube-scheduler
         asks it about every pod and gpu-aware ranks the pods without GPUs where their CPU
         and memory strand the least GPU capacity (GPU sharing; docs/extender.md). Pods
-        without GPUs never wait for it: the entry is ignorable and kube-scheduler ignores
+        without GPUs never wait for it - the entry is ignorable and kube-scheduler ignores
         a failed prioritize call.
     type: bool
     default: false

@@ -139,6 +139,13 @@ actions:
     - write CDI spec /etc/cdi/nvidia.com-gpu.json
     - install the wrapper /usr/local/gpuk8s/bin/gpuk8s-oci-runtime
     - register handler nvidia in /etc/containerd/config.toml and restart containerd
+restart_pending:
+  description:
+    - True when O(restart_mode=none) left containerd running on its old config, so that it
+      does not serve the handler yet (a warning says so); restart containerd to apply it.
+  returned: always
+  type: bool
+  sample: false
 message:
   description: The agent's report.
   returned: always
@@ -253,19 +260,25 @@ def main():
             else:
                 actions = agent.uninstall()
             module.exit_json(changed=bool(actions), mode=agent.mode(), spec_path=None,
-                             actions=actions, message="; ".join(actions) or "nothing to remove")
+                             restart_pending=False, actions=actions, message="; ".join(actions) or "nothing to remove")
         actions, path = planned(agent)
         message = "; ".join(actions) or "up to date"
+        pending = False
         if not module.check_mode:
             report = agent.one_pass()
-            if report.state != "ready":
+            # restart_mode none: the administrator restarts containerd; until then it runs
+            # its old config (the agent reads that back), which is said, not failed
+            pending = report.state == "pending" and p["restart_mode"] == "none"
+            if pending:
+                module.warn(report.message)
+            elif report.state != "ready":
                 module.fail_json(msg=report.message, mode=agent.mode(), spec_path=path,
                                  actions=actions)
             message = report.message
     except GpuK8sError as err:
         module.fail_json(msg=str(err))
     module.exit_json(changed=bool(actions), mode=agent.mode(), spec_path=path, actions=actions,
-                     message=message)
+                     restart_pending=pending, message=message)
 
 
 if __name__ == "__main__":

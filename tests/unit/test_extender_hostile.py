@@ -384,6 +384,33 @@ def test_connections_are_capped_and_idle_ones_give_way() -> None:
         srv.server_close()
 
 
+def test_a_connection_whose_request_arrived_is_not_evicted_as_idle() -> None:
+    """On a busy host a handler may not have read the request that arrived on its
+    connection yet: that connection is not idle, so a new one of the same client is
+    refused rather than served in its place; an idle one (nothing sent) or one the peer
+    closed gives way."""
+    srv = ExtenderHTTPServer(("127.0.0.1", 0), extender(), max_connections=4)
+    pairs = [socket.socketpair() for _ in range(3)]
+    try:
+        (busy, busy_peer), (idle, _idle_peer), (gone, gone_peer) = pairs
+        busy_peer.sendall(b"POST /filter HTTP/1.1\r\n")
+        gone_peer.close()
+        for sock in (busy, idle, gone):
+            srv.connection_idle(sock, True, "c")
+        srv.clock = lambda: 0.0
+        srv._idle[busy] = (0.0, "c")  # the oldest: chosen first if it were idle
+        srv._idle[idle], srv._idle[gone] = (1.0, "c"), (2.0, "c")
+        assert srv._evict_idle("c") and idle not in srv._idle  # not the one with a request
+        assert srv._evict_idle("c") and gone not in srv._idle
+        assert not srv._evict_idle("c") and busy in srv._idle
+        assert srv.evicted_connections == 2
+    finally:
+        for pair in pairs:
+            for sock in pair:
+                sock.close()
+        srv.server_close()
+
+
 @pytest.mark.parametrize(
     ("method", "path", "allow"),
     [("HEAD", "/filter", "POST"), ("OPTIONS", "/filter", "POST"), ("TRACE", "/prioritize", "POST"),

@@ -39,6 +39,7 @@ import io
 import json
 import logging
 import re
+import select
 import socket
 import threading
 import time
@@ -200,7 +201,10 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         of anyone), so idle connections can never lock kube-scheduler out; False when
         none is idle."""
         with self._idle_lock:
-            idle = [s for s, (_, c) in self._idle.items() if client is None or c == client]
+            # a connection whose next request has already arrived (its handler has not
+            # read it yet: a busy host) is not idle
+            idle = [s for s, (_, c) in self._idle.items()
+                    if (client is None or c == client) and not _has_input(s)]
             if not idle:
                 return False
             oldest = min(idle, key=lambda s: self._idle[s][0])
@@ -557,6 +561,17 @@ class ExtenderHandler(BaseHTTPRequestHandler):
 
 def _count(server: ExtenderHTTPServer, attribute: str) -> float:
     return float(getattr(server, attribute))
+
+
+def _has_input(sock: socket.socket) -> bool:
+    """Bytes wait to be read on ``sock`` (its raw socket: under TLS, a record); False for
+    a connection the peer closed or that is gone."""
+    try:
+        poller = select.poll()  # not select(): no limit on the descriptor's number
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0)) and bool(socket.socket.recv(sock, 1, socket.MSG_PEEK))
+    except (OSError, ValueError):
+        return False
 
 
 def register_metrics(registry: CollectorRegistry, server: ExtenderHTTPServer) -> None:
