@@ -532,6 +532,8 @@ def test_real_kube_scheduler_asks_gpu_aware_about_pods_without_gpus(
     managed = (schedconf.ManagedResource(VCUDA_CORE_RESOURCE),
                schedconf.ManagedResource(VCUDA_MEMORY_RESOURCE, True))
     scheduler = None
+    cache = service.extender.cache
+    assert cache is not None
     try:
         for rank in (False, True):
             spec = schedconf.ExtenderSpec(
@@ -543,8 +545,6 @@ def test_real_kube_scheduler_asks_gpu_aware_about_pods_without_gpus(
             assert len(config["extenders"]) == (2 if rank else 1)
             (tmp_path / str(rank)).mkdir()
             scheduler = Scheduler(apiserver, tmp_path / str(rank), config)
-            cache = service.extender.cache
-            assert cache is not None
             wait_for(lambda: all(cache.get(n) is not None for n in (busy, roomy, sink)), 30,
                      "the node cache")
             if not rank:
