@@ -6,7 +6,7 @@
 #       each holds metax-docker_x.y.z.tar too
 #   make metax-docker VERSION=x.y.z [OUT=dist]
 #       only dist/metax-docker_x.y.z.tar (metax-docker_x.y.z.<ARCH>.run installers)
-#   make chart-docs      regenerate the option tables of README.md (Chart options)
+#   make chart-docs      regenerate the option tables of docs/charts.md (Option tables)
 #   make chart-lint      helm lint --strict both charts
 
 PYTHON ?= python3

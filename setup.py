@@ -2,7 +2,7 @@
 
 Everything else about the package is declared in pyproject.toml. The generated
 modules land in the build tree (wheels, ``pip install .``) or, for editable installs,
-next to the sources in ``src/gpuk8s/services/deviceplugin/api/`` (git-ignored).
+next to the sources in ``src/gpuk8s/services/node/api/`` (git-ignored).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PROTOS_PY = os.path.join(HERE, "src", "gpuk8s", "services", "deviceplugin", "protos.py")
-API_SUBDIR = os.path.join("gpuk8s", "services", "deviceplugin", "api")
+PROTOS_PY = os.path.join(HERE, "src", "gpuk8s", "services", "node", "protos.py")
+API_SUBDIR = os.path.join("gpuk8s", "services", "node", "api")
 
 
 def _protos_module():  # type: ignore[no-untyped-def]

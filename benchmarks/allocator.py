@@ -1,49 +1,68 @@
 """Allocator cost per call, per request size, on the simulator presets and on partial
-meshes, with the exhaustive search as the baseline measured in the same run.
+meshes, side by side with the search before the step-only budget (frozen in
+benchmarks/allocator_before.py), both measured in this run on the same states.
 
 Run: python benchmarks/allocator.py [--states 200] [--seed 1] [--only NAME,...]
+                                    [--before-states 40] [--exact-steps 200000]
 
 Topologies: the simulator presets through discovery (c500-8, c550-8, mixed-16,
-c500-8-vf4: hierarchical, solved by the knapsack over nested groups) and partial meshes
-(link groups overlap: branch and bound) built like tests/unit/topologies.py: DGX-1 hybrid
-cube mesh, an NVLink ring, MetaXLink groups straddling PCIe switches, c500-8 with one
-extra cross link, the cube mesh with 4 VFs per GPU (32 devices), two cube meshes with 4
-VFs (64 devices) and a ring of 64 GPUs.
+c500-8-vf4: hierarchical, solved by the knapsack over nested groups, no budget needed)
+and partial meshes (link groups overlap: the budgeted search) built like
+tests/unit/topologies.py: DGX-1 hybrid cube mesh, an NVLink ring, MetaXLink groups
+straddling PCIe switches, c500-8 with one extra cross link, a random mesh of 32 GPUs
+(each pair linked with probability 0.2), the cube mesh with 4 VFs per GPU (32 devices),
+two cube meshes with 4 VFs (64 devices) and a ring of 64 GPUs.
 
-For every size k: ``--states`` random available sets of at least k devices; per call the
-thread's CPU time (``time.thread_time``: what the call costs; on a busy machine the wall
-clock adds the wait for a core) and whether the default budget (4,000 steps, 14 ms of
-CPU) cut the search. Baseline: the exhaustive search over all k-subsets (what the code
-before did on partial meshes), timed on a few states where it has at most 20,000 subsets.
-Target: every call within 20 ms of CPU for up to 64 devices.
+For every size k: ``--states`` random available sets of at least k devices, the first of
+them everything free (the size of every call is k). Per call the thread's CPU time
+(``time.thread_time``: what the call costs; on a busy machine the wall clock adds the
+wait for a core), the steps and whether the default budget cut the search. The search
+before runs on the first ``--before-states`` states of each size (its cover numbers are
+outside its budget: one call can take seconds).
+
+Quality of cut answers (now and before): each state a budget cut is solved again with
+``--exact-steps`` steps; where that finishes, the cut answer is compared with the optimum
+(equal, or worse first on rule 1, 2, 3 or 4), and always with the greedy floor on rules
+1-2 (the floor of the search now: ``greedy_set``).
+Target: CPU p99 <= 20 ms per call for up to 64 devices.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
-import math
 import random
 import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import allocator_before as before  # noqa: E402
 
 from gpuk8s import sim  # noqa: E402
-from gpuk8s.core.allocator import objective_key, search  # noqa: E402
+from gpuk8s.core.allocator import (  # noqa: E402
+    DEFAULT_STEPS,
+    Budget,
+    SearchResult,
+    greedy_set,
+    objective_key,
+    search,
+)
 from gpuk8s.core.model import NodeInventory  # noqa: E402
 from gpuk8s.core.topology import Topology, units_for_inventory  # noqa: E402
 from gpuk8s.discovery import discover  # noqa: E402
 from tests.unit import topologies  # noqa: E402  (the partial meshes the tests check)
 
 PRESETS = ("c500-8", "c550-8", "mixed-16", "c500-8-vf4")
-EXHAUSTIVE_MAX_SUBSETS = 20_000
-BIG_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 40, 48, 56, 64)
+BIG_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 31, 32, 40, 48, 56, 63, 64)
+RULES = ("optimal", "rule 1", "rule 2", "rule 3", "rule 4")
 
 
 def ring_64() -> NodeInventory:
@@ -55,6 +74,7 @@ MESHES: dict[str, Callable[[], NodeInventory]] = {
     "nvlink-ring-8": topologies.nvlink_ring,
     "straddling-groups": topologies.straddling_groups,
     "c500-8-cross-link": topologies.c500_8_cross_link,
+    "random-mesh-32": topologies.random_mesh,
     "cube-mesh-vf4": lambda: topologies.dgx1_cube_mesh(vfs=4),
     "double-cube-mesh-vf4": lambda: topologies.double_cube_mesh(vfs=4),
     "nvlink-ring-64": ring_64,
@@ -66,53 +86,108 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def exhaustive(topo: Topology, free: list[int], size: int) -> list[int]:
-    best = None
-    for chosen in itertools.combinations(free, size):
-        key = objective_key(topo, chosen, free)
-        if best is None or key < best[0]:
-            best = (key, list(chosen))
-    assert best is not None
-    return best[1]
+def cpu_ms(
+    run: Callable[[Topology, list[int], int], SearchResult],
+    topo: Topology,
+    free: list[int],
+    size: int,
+) -> tuple[float, SearchResult]:
+    """The call's own CPU time in ms, and its result."""
+    start = time.thread_time()
+    result = run(topo, free, size)
+    return (time.thread_time() - start) * 1e3, result
 
 
-def bench(topo: Topology, states: int, rng: random.Random, sizes: list[int]) -> list[str]:
+def first_difference(got: tuple, best: tuple) -> str:
+    """Which rule first tells two keys apart ("optimal" when none does)."""
+    for rule, a, b in zip(RULES[1:], got, best, strict=True):
+        if a != b:
+            return rule
+    return "optimal"
+
+
+@dataclass
+class Quality:
+    """Answers the budget cut, against the optimum and the greedy floor."""
+
+    cut: int = 0
+    calls: int = 0
+    worst_p99: float = 0.0
+    first_worse: Counter = field(default_factory=Counter)  # rule first worse, or optimal
+    unsolved: int = 0  # the optimum did not fit --exact-steps
+    below_floor: int = 0  # worse than the greedy floor on rules 1-2
+
+    def judge(self, key: tuple, exact: SearchResult | None, floor: tuple) -> None:
+        self.cut += 1
+        self.below_floor += key[:2] > floor[:2]
+        if exact is None or not exact.complete:
+            self.unsolved += 1
+        else:
+            self.first_worse[first_difference(key, exact.key)] += 1
+
+    def lines(self, label: str) -> list[str]:
+        out = [
+            f"      {label}: worst CPU p99 {self.worst_p99:.2f} ms; budget cut {self.cut}/"
+            f"{self.calls} calls ({100 * self.cut / max(self.calls, 1):.1f} %)"
+        ]
+        if self.cut:
+            found = ", ".join(f"{self.first_worse[r]} {r}" for r in RULES if self.first_worse[r])
+            out.append(
+                f"      {label}: cut answers against the optimum (first rule worse): "
+                f"{found or '-'}; optimum beyond the exact steps: {self.unsolved}; worse "
+                f"than the greedy floor on rules 1-2: {self.below_floor}"
+            )
+        return out
+
+
+def bench(
+    topo: Topology, args: argparse.Namespace, rng: random.Random, sizes: list[int]
+) -> tuple[list[str], Quality, Quality]:
     n = len(topo)
-    for _ in range(50):  # warm-up: imports, memo of cover numbers
-        size = rng.randint(1, n)
-        search(topo, sorted(rng.sample(range(n), rng.randint(size, n))), size)
+    mesh = not topo.hierarchical
     lines = []
-    worst_p99 = 0.0
-    cuts = calls = 0
+    now, was = Quality(), Quality()
     for size in sizes:
         cpu: list[float] = []
-        wall: list[float] = []
-        cut = 0
-        base: list[float] = []
-        for i in range(states):
-            free = sorted(rng.sample(range(n), rng.randint(size, n)))
-            t_wall, t_cpu = time.perf_counter(), time.thread_time()
-            result = search(topo, free, size)
-            cpu.append((time.thread_time() - t_cpu) * 1e3)
-            wall.append((time.perf_counter() - t_wall) * 1e3)
-            cut += not result.complete
-            if i < 5 and math.comb(len(free), size) <= EXHAUSTIVE_MAX_SUBSETS:
-                t_cpu = time.thread_time()
-                exhaustive(topo, free, size)
-                base.append((time.thread_time() - t_cpu) * 1e3)
-        worst_p99 = max(worst_p99, percentile(cpu, 0.99))
-        cuts += cut
-        calls += states
-        lines.append(
-            f"{n:>5} {size:>3} {statistics.median(cpu):>8.3f} {percentile(cpu, 0.99):>8.3f} "
-            f"{max(cpu):>8.3f} {percentile(wall, 0.99):>8.3f} {100 * cut / states:>6.1f} "
-            + (f"{statistics.median(base):>12.2f}" if base else f"{'-':>12}")
+        old: list[float] = []
+        cut = old_cut = 0
+        for i in range(args.states):
+            free = list(range(n)) if i == 0 else sorted(rng.sample(range(n), rng.randint(size, n)))
+            ms, result = cpu_ms(search, topo, free, size)
+            cpu.append(ms)
+            before_result = None
+            if mesh and i < args.before_states:
+                ms, before_result = cpu_ms(before.search, topo, free, size)
+                old.append(ms)
+            if result.complete and (before_result is None or before_result.complete):
+                continue
+            exact = result if result.complete else None
+            floor = greedy_set(topo, free, size)[1]
+            if not result.complete:
+                cut += 1
+                exact = search(topo, free, size, budget=Budget(steps=args.exact_steps))
+                now.judge(result.key, exact, floor)
+            if before_result is not None and not before_result.complete:
+                old_cut += 1
+                key = objective_key(topo, before_result.chosen, free)
+                was.judge(key, exact, floor)
+        p99 = percentile(cpu, 0.99)
+        now.worst_p99 = max(now.worst_p99, p99)
+        now.calls += len(cpu)
+        line = (
+            f"{n:>5} {size:>3} {statistics.median(cpu):>8.2f} {p99:>8.2f} {max(cpu):>8.2f} "
+            f"{100 * cut / len(cpu):>6.1f}"
         )
-    lines.append(
-        f"      worst CPU p99 over all sizes {worst_p99:.2f} ms; budget cut "
-        f"{cuts}/{calls} calls ({100 * cuts / max(calls, 1):.1f} %)"
-    )
-    return lines
+        if old:
+            old_p99 = percentile(old, 0.99)
+            was.worst_p99 = max(was.worst_p99, old_p99)
+            was.calls += len(old)
+            line += (
+                f" | {statistics.median(old):>8.2f} {old_p99:>8.2f} {max(old):>9.2f} "
+                f"{100 * old_cut / len(old):>6.1f}"
+            )
+        lines.append(line)
+    return lines, now, was
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,15 +197,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--states", type=int, default=200, help="random states per size")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", default="", help="comma list of topology names")
+    parser.add_argument("--before-states", type=int, default=40,
+                        help="states per size also run through the search before")
+    parser.add_argument("--exact-steps", type=int, default=200_000,
+                        help="budget to find the optimum of a cut call")
     args = parser.parse_args(argv)
     only = {name for name in args.only.split(",") if name}
     rng = random.Random(args.seed)
-    print(f"python {sys.version.split()[0]}, {args.states} random states per request size")
+    print(f"python {sys.version.split()[0]}, {args.states} states per request size "
+          f"(the first: everything free), default budget {DEFAULT_STEPS:,} steps")
     print("cpu = the call's own CPU time (thread_time), ms; cut = budget ran out (% of calls);")
-    print(f"exhaustive = baseline, median CPU ms (all k-subsets, <= {EXHAUSTIVE_MAX_SUBSETS:,})")
+    print(f"before = the search before (benchmarks/allocator_before.py: 4,000 steps or 14 ms "
+          f"of CPU, covers outside the budget) on the first {args.before_states} states")
     print(
         f"{'topology':<22} {'units':>5} {'k':>3} {'cpu p50':>8} {'cpu p99':>8} {'cpu max':>8}"
-        f" {'wall p99':>8} {'cut %':>6} {'exhaustive':>12}"
+        f" {'cut %':>6} | {'bef p50':>8} {'bef p99':>8} {'bef max':>9} {'cut %':>6}"
     )
     topos: list[tuple[str, Topology]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -149,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, topo in topos:
         n = len(topo)
         sizes = list(range(1, n + 1)) if n <= 16 else [k for k in BIG_SIZES if k <= n]
-        for line in bench(topo, args.states, rng, sizes):
+        lines, now, was = bench(topo, args, rng, sizes)
+        for line in lines + now.lines("now") + (was.lines("before") if was.calls else []):
             print(f"{name:<22} {line}", flush=True)
     return 0
 

@@ -91,7 +91,7 @@ def prepare(work: str, vfnum: int, interval: float) -> tuple[str, Any]:
     import grpc
 
     from gpuk8s import sim
-    from gpuk8s.services.deviceplugin.grpcapi import pod_resources_handler, podres, unix_target
+    from gpuk8s.services.node.grpcapi import pod_resources_handler, podres, unix_target
 
     root = os.path.join(work, "node")
     sim.create(root, "c500-8", vfnum=vfnum)

@@ -25,8 +25,15 @@ PYTHONPATH), then with the working tree, so before/after come from the same run 
 same machine load. ``--in-process`` times ``Extender.handle`` itself (CPU time of the
 call, no HTTP): the cost of decoding, deciding and encoding alone.
 
+``--tls`` measures every row of the working tree twice more, back to back: over plain
+HTTP and over HTTPS with client-certificate verification (TLS 1.3, the certificates
+made by openssl, one keep-alive connection as kube-scheduler keeps): the cost of TLS
+alone. ``--smoke`` is a seconds-long run (100 nodes, node cache, 20 pairs) that checks
+the benchmark still works.
+
 Run: python benchmarks/extender.py [--sizes 100,1000,5000] [--cycles 200] [--seconds 5]
                                    [--modes cache,nocache] [--baseline REF] [--in-process]
+                                   [--tls] [--smoke]
 """
 
 from __future__ import annotations
@@ -60,8 +67,8 @@ def percentile(values: list[float], q: float) -> float:
 def annotation_pool(seed: int) -> list[dict[str, str]]:
     from gpuk8s import sim
     from gpuk8s.discovery import discover
-    from gpuk8s.services.deviceplugin.devices import DeviceSet
     from gpuk8s.services.deviceplugin.nodestate import published_annotations
+    from gpuk8s.services.node.devices import DeviceSet
 
     rng = random.Random(seed)
     pool: list[dict[str, str]] = []
@@ -200,15 +207,46 @@ def build_extender(count: int, cache_mode: bool, seed: int) -> Any:
     )
 
 
-def serve(count: int, cache_mode: bool, seed: int, core: int) -> None:
+def serve(count: int, cache_mode: bool, seed: int, core: int, tls_dir: str | None) -> None:
     from gpuk8s.services.extender.server import ExtenderHTTPServer
 
     os.sched_setaffinity(0, {core})
+    options: dict[str, Any] = {}
+    if tls_dir:
+        from gpuk8s.services.extender.tls import ServerTls, TlsFiles
+
+        d = Path(tls_dir)
+        options["tls"] = ServerTls(
+            TlsFiles(str(d / "server.crt"), str(d / "server.key"), str(d / "ca.crt"))
+        )
     server = ExtenderHTTPServer(
-        ("127.0.0.1", 0), build_extender(count, cache_mode, seed), max_body=512 * 1024 * 1024
+        ("127.0.0.1", 0),
+        build_extender(count, cache_mode, seed),
+        max_body=512 * 1024 * 1024,
+        **options,
     )
     print(server.port, flush=True)
     server.serve_forever()
+
+
+def make_certs(directory: Path) -> None:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate (openssl; RSA
+    2048, the keys the chart's sprig genCA/genSignedCert make)."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    key = ("-newkey", "rsa:2048", "-nodes")
+    openssl("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
+            "-subj", "/CN=bench-ca")
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
+                      ("client", "extendedKeyUsage=clientAuth")):
+        (directory / f"{name}.ext").write_text(ext + "\n")
+        openssl("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                "-subj", f"/CN={name}")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", f"{name}.crt", "-days", "1", "-extfile",
+                f"{name}.ext")
 
 
 def inproc(count: int, cache_mode: bool, seed: int, core: int, cycles: int) -> None:
@@ -292,10 +330,24 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def connect(port: int, tls_dir: str | None) -> http.client.HTTPConnection:
+    """One keep-alive connection, as kube-scheduler's; over TLS with the client
+    certificate when ``tls_dir`` is given."""
+    if not tls_dir:
+        return http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    import ssl
+
+    d = Path(tls_dir)
+    context = ssl.create_default_context(cafile=str(d / "ca.crt"))
+    context.load_cert_chain(str(d / "client.crt"), str(d / "client.key"))
+    return http.client.HTTPSConnection("127.0.0.1", port, timeout=120, context=context)
+
+
 def measure(
-    port: int, pid: int, reqs: list[bytes], cycles: int, seconds: float
+    port: int, pid: int, reqs: list[bytes], cycles: int, seconds: float,
+    tls_dir: str | None = None,
 ) -> dict[str, float]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn = connect(port, tls_dir)
     for body in reqs[:2]:  # warm-up (memo fill in nocache mode, connection setup)
         post(conn, "filter", body)
         post(conn, "prioritize", body)
@@ -341,11 +393,13 @@ def measure(
 
 def _row(
     count: int, mode: str, code: str, args: argparse.Namespace, server_core: int,
-    pool: list[dict[str, str]], env: dict[str, str],
+    pool: list[dict[str, str]], env: dict[str, str], tls_dir: str | None = None,
 ) -> str:
     cycles = args.cycles if mode == "cache" else max(10, args.cycles * 100 // count)
     command = [sys.executable, __file__, "--seed", str(args.seed), "--serve", str(count), mode,
                str(server_core)]
+    if tls_dir:
+        command += ["--tls-dir", tls_dir]
     if args.in_process:
         out = subprocess.run(
             [*command, "--inproc", str(cycles)], env=env, check=True, capture_output=True,
@@ -362,7 +416,7 @@ def _row(
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
         reqs = bodies(count, mode == "cache", pool, args.seed)
-        r = measure(port, proc.pid, reqs, cycles, args.seconds)
+        r = measure(port, proc.pid, reqs, cycles, args.seconds, tls_dir)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -392,14 +446,23 @@ def main(argv: list[str] | None = None) -> int:
         "--serve", nargs=3, metavar=("NODES", "MODE", "CORE"), help=argparse.SUPPRESS
     )
     parser.add_argument("--inproc", type=int, metavar="CYCLES", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--tls", action="store_true", help="also time every row over HTTPS with client certs"
+    )
+    parser.add_argument("--smoke", action="store_true", help="a seconds-long check run")
+    parser.add_argument("--tls-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         count, mode, core = int(args.serve[0]), args.serve[1] == "cache", int(args.serve[2])
         if args.inproc:
             inproc(count, mode, args.seed, core, args.inproc)
         else:
-            serve(count, mode, args.seed, core)
+            serve(count, mode, args.seed, core, args.tls_dir)
         return 0
+    if args.smoke:
+        args.sizes, args.modes, args.cycles, args.seconds = "100", "cache", 20, 0.5
+    if args.tls and args.in_process:
+        parser.error("--tls times HTTP: not with --in-process")
 
     cores = sorted(os.sched_getaffinity(0))
     server_core, client_core = cores[0], cores[-1]
@@ -430,10 +493,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(head)
     print("-" * len(head), flush=True)
-    for count in (int(s) for s in args.sizes.split(",")):
-        for mode in args.modes.split(","):
-            for code, env in codes:
-                print(_row(count, mode, code, args, server_core, pool, env), flush=True)
+    with tempfile.TemporaryDirectory() as certs:
+        if args.tls:
+            make_certs(Path(certs))
+        for count in (int(s) for s in args.sizes.split(",")):
+            for mode in args.modes.split(","):
+                for code, env in codes:
+                    print(_row(count, mode, code, args, server_core, pool, env), flush=True)
+                if args.tls:  # the same code over TLS, right after its plain row
+                    row = _row(count, mode, "tls", args, server_core, pool, dict(os.environ),
+                               certs)
+                    print(row, flush=True)
     return 0
 
 

@@ -101,7 +101,6 @@ from gpuk8s.core.sharing import (
     SHARING_MODE_LABEL,
 )
 from gpuk8s.discovery import discover
-from gpuk8s.services.deviceplugin.devices import DeviceSet
 from gpuk8s.services.deviceplugin.nodestate import published_annotations
 from gpuk8s.services.extender.logic import Extender
 from gpuk8s.services.extender.nodes import BoundPods, NodeCache
@@ -115,6 +114,7 @@ from gpuk8s.services.extender.packing import (
 from gpuk8s.services.extender.share import Ledger, SharedNodes, Sharing, view_assignment
 from gpuk8s.services.extender.weights import Weights, WeightSource
 from gpuk8s.services.extender.wire import READ_ANNOTATIONS, NodeView, PodView, node_item
+from gpuk8s.services.node.devices import DeviceSet
 
 GPU = "metax-tech.com/gpu"
 # the trace lives next to the checkouts (../shared/data/openb), or where OPENB_DIR says

@@ -2,7 +2,7 @@
 # Build the project's container images without a Docker daemon and without pulling.
 #
 #   images/build.sh system     [--import] [--push]   pause, kube-scheduler, lab-busybox (from scratch)
-#   images/build.sh components [--import] [--push]   gpu-device, gpu-label, gpu-aware, gpu-exporter,
+#   images/build.sh components [--import] [--push]   gpu-device, gpu-dra, gpu-label, gpu-aware, gpu-exporter,
 #                                                     driver-manager, container-runtime, operator-controller
 #   images/build.sh payloads   [--import] [--push]   the operator's payload images for the lab: a
 #                                                     simulated driver (driver-image), its SDK
@@ -34,7 +34,7 @@ IMAGE_REGISTRY="${IMAGE_REGISTRY:-127.0.0.1:5000/gpuk8s}"
 PUSH_TLS_VERIFY="${PUSH_TLS_VERIFY:-false}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 BASE_IMAGE_LOCAL=localhost/gpuk8s/base:bookworm
-COMPONENTS=(gpu-device gpu-label gpu-aware gpu-exporter driver-manager container-runtime operator-controller)
+COMPONENTS=(gpu-device gpu-dra gpu-label gpu-aware gpu-exporter driver-manager container-runtime operator-controller)
 PAUSE_REF="${PAUSE_REF:-registry.k8s.io/pause:3.10-gpuk8s}"
 SCHEDULER_REF="registry.k8s.io/kube-scheduler:$KUBE_VERSION"
 BUSYBOX_REF="${IMAGE_REGISTRY%/*}/gpuk8s/lab-busybox:1.0"
@@ -101,7 +101,7 @@ build_busybox() {
 }
 
 # ---------------------------------------------------------------- payload images (lab)
-# What driver-manager's payload containers run (README: payload images): the simulator's
+# What driver-manager's payload containers run (docs/operator.md: payload images): the simulator's
 # driver / SDK trees (gpuk8s sim payload) plus a static busybox for sh, cp and sleep.
 LAB_DRIVER_VERSION="${LAB_DRIVER_VERSION:-2.33.0.6}"
 LAB_SDK_VERSION="${LAB_SDK_VERSION:-2.33.0.4}"

@@ -4,6 +4,7 @@
 the device plugin's annotations, kept Ready by renewing their node Leases.
 
     fake_nodes.py ensure N [--variants c500-8,c500-8:used=0+1,...] [--prefix fake-gpu] [--no-taint]
+                  [--dra]
     fake_nodes.py heartbeat            (loop: renew every fake node's Lease; run by lab/fake-nodes)
     fake_nodes.py delete               (delete every fake node and its Lease)
 
@@ -11,6 +12,13 @@ A variant is a simulator preset plus the GPU indices already in use on that node
 (`used=`, joined with '+'); its annotations come from the product's own code (discovery
 of a simulated root, the device plugin's DeviceSet, core.scoring), so fake nodes publish
 exactly what a real gpu-device would for that topology and usage.
+
+With --dra each node also publishes what gpu-dra would (`core.dra.build_slices`: its
+ResourceSlices, devices in the steering order for its used GPUs), and its used GPUs are
+held by allocated ResourceClaims `used-<node>` in the namespace `gpuk8s-fake-claims` (the
+scheduler's DRA allocator counts those), so a DRA claim sees the same free GPUs as a
+`metax-tech.com/gpu` request does. The chart's DeviceClasses must exist (gpuDra.enabled, or
+benchmarks/dra.py creates them).
 
 Fake nodes carry the label `lab.gpuk8s.io/fake-node=true`, the label
 `lab.gpuk8s.io/variant=<variant>`, and (unless --no-taint) the taint
@@ -33,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlparse
@@ -42,6 +51,8 @@ VARIANT_LABEL = "lab.gpuk8s.io/variant"
 RESOURCE = "metax-tech.com/gpu"
 LEASE_NS = "kube-node-lease"
 DEFAULT_VARIANTS = "c500-8,c550-8,c500-8:used=0+4,c500-8:used=0+1+2+3"
+CLAIMS_NS = "gpuk8s-fake-claims"
+RESOURCE_API = "/apis/resource.k8s.io/v1"
 KUBECONFIG = os.environ.get("KUBECONFIG", "/etc/kubernetes/admin.conf")
 
 
@@ -102,6 +113,25 @@ class Api:
                 time.sleep(0.2 * (attempt + 1))
         raise AssertionError("unreachable")
 
+    def watch(self, path: str, timeout: float = 300) -> Iterator[dict[str, Any]]:
+        """The events of a watch (``path`` with ``watch=1``), each a decoded
+        ``{"type", "object"}``, on a connection of its own; ends when the server closes
+        the stream (an ``ERROR`` event, e.g. 410 Gone, is yielded like any other)."""
+        conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=timeout)
+        try:
+            conn.request("GET", path, headers={"Accept": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise OSError(f"watch {path}: HTTP {resp.status}: {resp.read()[:200]!r}")
+            while True:
+                line = resp.readline()
+                if not line:
+                    return
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            conn.close()
+
 
 def now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -112,19 +142,8 @@ def now_micro() -> str:
 
 
 # --------------------------------------------------------------------- what a node publishes
-@functools.cache
-def variant_view(variant: str) -> tuple[int, int, dict[str, str], dict[str, str]]:
-    """(capacity, allocatable, labels, annotations) of a node of `variant`.
-
-    The one place that decides what a fake node publishes: built with the same code the
-    device plugin (DeviceSet, devicelist) and labeller (core.labels) run on a real node.
-    """
-    from gpuk8s import sim
-    from gpuk8s.core.labels import compute_labels
-    from gpuk8s.discovery import discover
-    from gpuk8s.services.deviceplugin.devices import DeviceSet
-    from gpuk8s.services.deviceplugin.nodestate import published_annotations
-
+def parse_variant(variant: str) -> tuple[str, set[int]]:
+    """(simulator preset, GPU indices in use) of a variant."""
     preset, _, rest = variant.partition(":")
     used_gpus: set[int] = set()
     for part in filter(None, rest.split(",")):
@@ -133,9 +152,33 @@ def variant_view(variant: str) -> tuple[int, int, dict[str, str], dict[str, str]
             used_gpus = {int(x) for x in value.split("+") if x}
         else:
             raise SystemExit(f"unknown variant option {key!r} in {variant!r}")
+    return preset, used_gpus
+
+
+@functools.cache
+def preset_inventory(preset: str) -> Any:
+    """The NodeInventory discovery finds on a simulated host of ``preset``."""
+    from gpuk8s import sim
+    from gpuk8s.discovery import discover
+
     with tempfile.TemporaryDirectory(prefix="fake-node-sim-") as root:
         sim.create(root, preset)
-        inventory = discover(root)
+        return discover(root)
+
+
+@functools.cache
+def variant_view(variant: str) -> tuple[int, int, dict[str, str], dict[str, str]]:
+    """(capacity, allocatable, labels, annotations) of a node of `variant`.
+
+    The one place that decides what a fake node publishes: built with the same code the
+    device plugin (DeviceSet, devicelist) and labeller (core.labels) run on a real node.
+    """
+    from gpuk8s.core.labels import compute_labels
+    from gpuk8s.services.deviceplugin.nodestate import published_annotations
+    from gpuk8s.services.node.devices import DeviceSet
+
+    preset, used_gpus = parse_variant(variant)
+    inventory = preset_inventory(preset)
     devices = DeviceSet(inventory, RESOURCE)
     used_ids = {u.id for u in devices.units if u.gpu in used_gpus}
     annotations = published_annotations(devices, used_ids)
@@ -148,32 +191,54 @@ def variant_view(variant: str) -> tuple[int, int, dict[str, str], dict[str, str]
 def node_object(name: str, variant: str, taint: bool) -> dict[str, Any]:
     capacity, allocatable, gpu_labels, annotations = variant_view(variant)
     labels = {
-        "kubernetes.io/hostname": name,
-        "kubernetes.io/os": "linux",
-        "kubernetes.io/arch": "amd64",
-        FAKE_LABEL: "true",
         VARIANT_LABEL: variant.replace(":", ".").replace("=", "-").replace("+", "_")[:63],
         **gpu_labels,
     }
-    resources = {
-        "cpu": "64",
-        "memory": "512Gi",
-        "pods": "110",
-        "ephemeral-storage": "1Ti",
-        RESOURCE: str(capacity),
-    }
+    return build_node(
+        name,
+        labels,
+        annotations,
+        {RESOURCE: str(capacity)},
+        {RESOURCE: str(allocatable)},
+        [FAKE_TAINT] if taint else [],
+    )
+
+
+FAKE_TAINT = {"key": FAKE_LABEL, "value": "true", "effect": "NoSchedule"}
+
+
+def build_node(
+    name: str,
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    capacity: dict[str, str],
+    allocatable: dict[str, str] | None = None,
+    taints: list[dict[str, str]] | None = None,
+    cpu: str = "64",
+    memory: str = "512Gi",
+    pods: str = "110",
+) -> dict[str, Any]:
+    """A fake Node object: ``capacity`` (and ``allocatable``, default the same) add to
+    the CPU, memory and pod counts; the fake-node label is always set."""
+    resources = {"cpu": cpu, "memory": memory, "pods": pods, "ephemeral-storage": "1Ti"}
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": labels, "annotations": annotations},
-        "spec": {
-            "taints": [{"key": FAKE_LABEL, "value": "true", "effect": "NoSchedule"}]
-            if taint
-            else []
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                FAKE_LABEL: "true",
+                **labels,
+            },
+            "annotations": annotations,
         },
+        "spec": {"taints": list(taints or [])},
         "status": {
-            "capacity": resources,
-            "allocatable": {**resources, RESOURCE: str(allocatable)},
+            "capacity": {**resources, **capacity},
+            "allocatable": {**resources, **(capacity if allocatable is None else allocatable)},
             "conditions": ready_conditions(),
             "addresses": [{"type": "Hostname", "address": name}],
             "nodeInfo": {
@@ -190,6 +255,59 @@ def node_object(name: str, variant: str, taint: bool) -> dict[str, Any]:
             },
         },
     }
+
+
+def dra_objects(name: str, variant: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """(ResourceSlices, the used-GPU claim or None) of node ``name`` in DRA mode: what
+    gpu-dra publishes on such a node once the used GPUs' claims are prepared."""
+    from gpuk8s.core.dra import DRIVER, PoolOptions, build_slices, pool_devices, steering_order
+    from gpuk8s.core.topology import Topology, units_for_inventory
+
+    preset, used = parse_variant(variant)
+    inventory = preset_inventory(preset)
+    options = PoolOptions()
+    topology = Topology.from_inventory(inventory, units_for_inventory(inventory))
+    order = steering_order(topology, pool_devices(inventory, options), sorted(used))
+    slices = build_slices(name, inventory, options, order=[d.name for d in order])
+    if not used:
+        return slices, None
+    claim = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": f"used-{name}", "namespace": CLAIMS_NS},
+        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+            "deviceClassName": DRIVER, "count": len(used)}}]}},
+    }
+    allocation = {
+        "devices": {"results": [{"request": "gpus", "driver": DRIVER, "pool": name,
+                                 "device": f"gpu-{i}"} for i in sorted(used)]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [name]}]}]},
+    }
+    return slices, {"claim": claim, "allocation": allocation}
+
+
+def ensure_dra(api: Api, name: str, variant: str) -> None:
+    slices, used = dra_objects(name, variant)
+    for body in slices:
+        path = f"{RESOURCE_API}/resourceslices"
+        status, got = api.request("POST", path, body)
+        if status == 409:
+            status, current = api.request("GET", f"{path}/{body['metadata']['name']}")
+            body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            status, got = api.request("PUT", f"{path}/{body['metadata']['name']}", body)
+        if status not in (200, 201):
+            raise SystemExit(f"resourceslice {body['metadata']['name']}: HTTP {status}: {got}")
+    if used is None:
+        return
+    path = f"{RESOURCE_API}/namespaces/{CLAIMS_NS}/resourceclaims"
+    status, got = api.request("POST", path, used["claim"])
+    if status not in (201, 409):
+        raise SystemExit(f"claim used-{name}: HTTP {status}: {got}")
+    status, current = api.request("GET", f"{path}/used-{name}")
+    current["status"] = {"allocation": used["allocation"]}
+    status, got = api.request("PUT", f"{path}/used-{name}/status", current)
+    if status != 200:
+        raise SystemExit(f"claim used-{name} status: HTTP {status}: {got}")
 
 
 def lease_object(name: str) -> dict[str, Any]:
@@ -210,7 +328,12 @@ def list_fake(api: Api) -> list[str]:
 
 
 def ensure_node(api: Api, name: str, variant: str, taint: bool) -> None:
-    node = node_object(name, variant, taint)
+    register(api, node_object(name, variant, taint))
+
+
+def register(api: Api, node: dict[str, Any]) -> None:
+    """Create (or make match) one fake Node, set its status, renew its Lease."""
+    name = node["metadata"]["name"]
     status, body = api.request("POST", "/api/v1/nodes", node)
     if status == 409:  # exists: make it match (labels/annotations/taints, then status)
         status, body = api.request(
@@ -249,6 +372,7 @@ def renew_lease(api: Api, name: str) -> None:
 
 
 def delete_node(api: Api, name: str) -> None:
+    api.request("DELETE", f"{RESOURCE_API}/resourceslices?fieldSelector=spec.nodeName%3D{name}")
     api.request("DELETE", f"/api/v1/nodes/{name}")
     api.request("DELETE", f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases/{name}")
 
@@ -259,16 +383,18 @@ def cmd_ensure(args: argparse.Namespace) -> int:
     names = [f"{args.prefix}-{i:04d}" for i in range(args.count)]
     for v in set(variants):
         variant_view(v)  # build once, before the threads
+    if args.dra:
+        api.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                   "metadata": {"name": CLAIMS_NS}})
     t0 = time.monotonic()
+
+    def ensure(i: int) -> None:
+        ensure_node(api, names[i], variants[i % len(variants)], not args.no_taint)
+        if args.dra:
+            ensure_dra(api, names[i], variants[i % len(variants)])
+
     with ThreadPoolExecutor(args.threads) as pool:
-        list(
-            pool.map(
-                lambda i: ensure_node(
-                    api, names[i], variants[i % len(variants)], not args.no_taint
-                ),
-                range(len(names)),
-            )
-        )
+        list(pool.map(ensure, range(len(names))))
         extra = [n for n in list_fake(api) if n not in set(names)]
         list(pool.map(lambda n: delete_node(api, n), extra))
     print(
@@ -339,6 +465,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     names = list_fake(api)
     with ThreadPoolExecutor(args.threads) as pool:
         list(pool.map(lambda n: delete_node(api, n), names))
+    api.request("DELETE", f"/api/v1/namespaces/{CLAIMS_NS}")
     print(f"deleted {len(names)} fake nodes")
     return 0
 
@@ -353,6 +480,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--variants", default=DEFAULT_VARIANTS)
     p.add_argument("--prefix", default="fake-gpu")
     p.add_argument("--no-taint", action="store_true")
+    p.add_argument("--dra", action="store_true",
+                   help="also publish gpu-dra's ResourceSlices and the used GPUs' claims")
     p.add_argument("--threads", type=int, default=8)
     p = sub.add_parser("heartbeat")
     p.add_argument("--interval", type=float, default=10.0)

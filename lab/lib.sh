@@ -16,7 +16,10 @@ KUBE_ETC=/etc/kubernetes
 PKI="$KUBE_ETC/pki"
 KUBELET_DIR=/var/lib/kubelet
 CNI_CONF=/etc/cni/net.d/10-gpuk8s-lab.conflist
-CONTAINERD_CONF="$STATE/containerd/config.toml"
+CONTAINERD_CONF="$STATE/containerd/config.toml"        # containerd 1.6 (Debian), version 2
+CONTAINERD2_CONF="$STATE/containerd/config-v3.toml"    # containerd 2.x (lab/up --containerd 2)
+CONTAINERD2_ROOT="$STATE/containerd2"                  # 2.x keeps its own root and state:
+CONTAINERD2_STATE=/run/gpuk8s-lab/containerd2          # no downgrade of 1.6's store by 2.x
 CONTAINERD_SOCK=/run/containerd/containerd.sock
 REGISTRY_ADDR="${GPUK8S_REGISTRY:-127.0.0.1:5000}"
 
@@ -87,15 +90,28 @@ daemon_pid() {
 }
 daemon_running() { daemon_pid "$1" >/dev/null; }
 
+# start_daemon NAME CMD...: run CMD detached. A NAME already running with the same command
+# line (and the same contents of the files listed in $DAEMON_INPUTS, e.g. its config file)
+# is left alone; one whose command line or inputs changed (new flags or feature gates, an
+# edited config) is stopped and started again, so lab/up applies what it changed.
 start_daemon() {
     local name="$1"; shift
     mkdir -p "$RUN_DIR" "$LOG_DIR"
+    local inputs=""
+    # shellcheck disable=SC2086  # DAEMON_INPUTS is a list of paths
+    [ -z "${DAEMON_INPUTS:-}" ] || inputs="$(cat $DAEMON_INPUTS | sha256sum | cut -c1-32)"
     if daemon_running "$name"; then
-        log "$name already running (pid $(daemon_pid "$name"))"
-        return 0
+        if cmp -s "$RUN_DIR/$name.cmd" <(printf '%s\0' "$@") &&
+            [ "$(cat "$RUN_DIR/$name.inputs" 2>/dev/null)" = "$inputs" ]; then
+            log "$name already running (pid $(daemon_pid "$name"))"
+            return 0
+        fi
+        log "$name: command line or configuration changed, restarting it"
+        stop_daemon "$name"
     fi
     # The command line, NUL-separated, so lab/ctl can restart the daemon the same way.
     printf '%s\0' "$@" >"$RUN_DIR/$name.cmd"
+    printf '%s' "$inputs" >"$RUN_DIR/$name.inputs"
     # setsid: the daemon survives the shell that started it; its stdin is closed. Every
     # other inherited descriptor is closed too: lab/up runs under `flock LOCK lab/up`, whose
     # lock descriptor would otherwise live on in the daemon and hold the lab lock forever.
@@ -104,7 +120,8 @@ start_daemon() {
             n="${fd##*/}"
             if [ "$n" -gt 2 ] 2>/dev/null; then eval "exec $n>&-" 2>/dev/null || true; fi
         done
-        exec setsid "$@" </dev/null >>"$LOG_DIR/$name.log" 2>&1
+        # every signal at its default, as systemd starts a service (see lab/supervise)
+        exec setsid env --default-signal "$@" </dev/null >>"$LOG_DIR/$name.log" 2>&1
     ) &
     echo $! >"$RUN_DIR/$name.pid"
     log "started $name (pid $!, log $LOG_DIR/$name.log)"
@@ -133,4 +150,64 @@ wait_for() {
         sleep 1
     done
     die "timed out after ${timeout}s waiting for $desc"
+}
+
+# The node's containerd generation: "2" when the running (recorded) containerd is the 2.x
+# that lab/tools.sh builds, else "1.6" (Debian's).
+containerd_generation() {
+    if [ -f "$RUN_DIR/containerd.cmd" ] && grep -qz "^$CACHE/bin/containerd-v" "$RUN_DIR/containerd.cmd"; then
+        echo 2
+    else
+        echo 1.6
+    fi
+}
+
+# node_ctr_path: the ctr of the running containerd's generation; node_ctr ARGS...: run it.
+node_ctr_path() {
+    if [ "$(containerd_generation)" = 2 ]; then
+        echo "$CACHE/bin/containerd-$CONTAINERD2_VERSION/ctr"
+    else
+        command -v ctr || echo /usr/bin/ctr
+    fi
+}
+node_ctr() { "$(node_ctr_path)" --address "$CONTAINERD_SOCK" "$@"; }
+
+# Kill every container of the lab's pods through containerd, then containerd and the shims
+# that outlive it (lab/down; lab/up when it switches the containerd generation).
+kill_node_containers() {
+    local t c
+    if daemon_running containerd; then
+        for t in $(node_ctr -n k8s.io tasks ls -q 2>/dev/null); do node_ctr -n k8s.io tasks kill -s KILL "$t" >/dev/null 2>&1 || true; done
+        sleep 1
+        for t in $(node_ctr -n k8s.io tasks ls -q 2>/dev/null); do node_ctr -n k8s.io tasks rm -f "$t" >/dev/null 2>&1 || true; done
+        for c in $(node_ctr -n k8s.io containers ls -q 2>/dev/null); do node_ctr -n k8s.io containers rm "$c" >/dev/null 2>&1 || true; done
+    fi
+    stop_daemon containerd
+    local p
+    for p in $(pgrep -f "containerd-shim-runc-v2 -namespace k8s.io .*-address $CONTAINERD_SOCK" || true); do kill "$p" 2>/dev/null || true; done
+}
+
+# drop_chains REGEX: remove the iptables chains whose names match (and every jump to them)
+# in the nat, filter and mangle tables.
+drop_chains() {
+    local re="$1" table chain rule
+    for table in nat filter mangle; do
+        for chain in $(iptables -t "$table" -S 2>/dev/null | awk -v re="$re" '$1=="-N" && $2 ~ re {print $2}'); do
+            while read -r rule; do
+                [ -n "$rule" ] || continue
+                eval "iptables -t $table ${rule/-A /-D }" 2>/dev/null || true
+            done < <(iptables -t "$table" -S 2>/dev/null | grep -E -- "-j $chain( |\$)" || true)
+        done
+        for chain in $(iptables -t "$table" -S 2>/dev/null | awk -v re="$re" '$1=="-N" && $2 ~ re {print $2}'); do
+            iptables -t "$table" -F "$chain" 2>/dev/null || true
+        done
+        for chain in $(iptables -t "$table" -S 2>/dev/null | awk -v re="$re" '$1=="-N" && $2 ~ re {print $2}'); do
+            iptables -t "$table" -X "$chain" 2>/dev/null || true
+        done
+    done
+}
+
+# umount_under REGEX: unmount the mounts whose path matches, deepest first.
+umount_under() {
+    awk '{print $2}' /proc/mounts | grep -E "$1" | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
 }

@@ -2,7 +2,7 @@
 # Build (once) and print the path of the lab's Go-built tools.
 #
 #   lab/tools.sh helm          -> absolute path of a ready helm binary
-#   lab/tools.sh helm3         -> the same for helm 3 (for kubernetes.core.helm, see README)
+#   lab/tools.sh helm3         -> the same for helm 3 (for kubernetes.core.helm, see lab/README.md)
 #   lab/tools.sh kubeconform   -> absolute path of a ready kubeconform binary
 #   lab/tools.sh kube          -> absolute path of the directory holding kube-apiserver,
 #                                 kube-controller-manager, kube-scheduler, kubelet,
@@ -10,8 +10,10 @@
 #   lab/tools.sh etcd          -> absolute path of the directory holding etcd, etcdctl
 #   lab/tools.sh cdi           -> absolute path of gpuk8s-cdi-check: the reference CDI library
 #                                 (tags.cncf.io/container-device-interface) validating specs
+#   lab/tools.sh containerd2   -> absolute path of the directory holding containerd 2.x
+#                                 (containerd, containerd-shim-runc-v2, ctr; lab/gomod/containerd)
 #   lab/tools.sh schemas       -> absolute path of the kubeconform JSON schema directory
-#                                 (generated from the built kube-apiserver's OpenAPI; see README)
+#                                 (generated from the built kube-apiserver's OpenAPI; see lab/README.md)
 #   lab/tools.sh all           -> builds everything (helm first), prints a timing summary
 #   lab/tools.sh versions      -> prints the pinned versions
 #
@@ -172,6 +174,30 @@ ensure_cdi() {
     echo "$dir/gpuk8s-cdi-check"
 }
 
+# containerd 2.x: the daemon, its runc shim and ctr, from github.com/containerd/containerd/v2
+# (lab/gomod/containerd pins it). CGO off: no btrfs snapshotter (the lab uses overlayfs).
+CONTAINERD2_COMMANDS=(containerd containerd-shim-runc-v2 ctr)
+ensure_containerd2() {
+    local dir="$BIN/containerd-$CONTAINERD2_VERSION" missing=() c
+    for c in "${CONTAINERD2_COMMANDS[@]}"; do [ -x "$dir/$c" ] || missing+=("$c"); done
+    if [ "${#missing[@]}" -gt 0 ]; then
+        local work="$CACHE/work/containerd-$CONTAINERD2_VERSION"
+        local pkg=github.com/containerd/containerd/v2
+        local x="-X $pkg/version.Version=$CONTAINERD2_VERSION -X $pkg/version.Revision=gomod"
+        x+=" -X $pkg/version.Package=$pkg"
+        mkdir -p "$work" "$dir"
+        cp "$LAB_DIR/gomod/containerd/go.mod" "$LAB_DIR/gomod/containerd/go.sum" \
+            "$LAB_DIR/gomod/containerd/tools.go" "$work/"
+        grep -q "$pkg $CONTAINERD2_VERSION" "$work/go.mod" ||
+            die "lab/gomod/containerd/go.mod does not require $pkg $CONTAINERD2_VERSION"
+        go_env
+        for c in "${missing[@]}"; do
+            timed "$c-$CONTAINERD2_VERSION" bash -c "cd '$work' && '$GO' build -trimpath -ldflags='-s -w $x' -o '$dir/$c.tmp' '$pkg/cmd/$c' && mv '$dir/$c.tmp' '$dir/$c'"
+        done
+    fi
+    echo "$dir"
+}
+
 schemas_dir() {
     echo "$CACHE/schemas/kube-$KUBE_VERSION"
 }
@@ -191,12 +217,13 @@ case "${1:-}" in
     kube) ensure_kube ;;
     etcd) ensure_etcd ;;
     cdi) ensure_cdi ;;
+    containerd2) ensure_containerd2 ;;
     schemas) schemas_dir ;;
     versions) cat "$LAB_DIR/versions.env" ;;
     all)
         t0=$(date +%s)
-        ensure_helm; ensure_kubeconform; ensure_kube; ensure_etcd; ensure_helm3; ensure_cdi
+        ensure_helm; ensure_kubeconform; ensure_kube; ensure_etcd; ensure_helm3; ensure_cdi; ensure_containerd2
         log "all tools ready in $(( $(date +%s) - t0 ))s; build times: $CACHE/build-times.log"
         ;;
-    *) echo "usage: $0 helm|helm3|kubeconform|kube|etcd|cdi|schemas|all|versions" >&2; exit 2 ;;
+    *) echo "usage: $0 helm|helm3|kubeconform|kube|etcd|cdi|containerd2|schemas|all|versions" >&2; exit 2 ;;
 esac

@@ -24,10 +24,18 @@ description:
     (C(dpkg -i), C(rpm -U)) or the installer runs; under any other O(host_root) the
     package's files are unpacked there (C(dpkg-deb -x), C(rpm2cpio | cpio), C(.run
     --noexec --target)) without package database or maintainer scripts.
-  - A directory payload is checked before anything is touched (its
-    C(opt/mxdriver/Version.txt) must be O(version)) and copied file by file with a backup
-    and a journal under C(/var/lib/gpuk8s); any later failure restores the previous files
-    and loads the previous driver again, and so does the next run after a crash.
+  - A directory payload is checked before anything is touched, that is before the running
+    driver is unloaded. Its C(opt/mxdriver/Version.txt) must exist and say O(version). It
+    must hold the kernel module under C(lib/modules/<release>/) for the kernel release the
+    host runs (C(/proc/sys/kernel/osrelease) of O(host_root), what C(uname -r) prints), and
+    every module there must have been built for it (the C(vermagic) in the module's
+    C(.modinfo)). A mismatch fails naming both releases. A package under a O(host_root)
+    other than C(/) is unpacked and checked the same way, before the unload.
+  - The payload is copied file by file with a backup and a journal under
+    C(/var/lib/gpuk8s). Then C(depmod) runs for the running release (O(depmod_command)).
+    Any later failure restores the previous files, C(modules.dep) and ownership record. It
+    also unloads a new module that got loaded, and loads the previous driver again. The
+    next run after a crash (kill -9) does the same.
   - After loading, the running version is read back; a mismatch fails the task (and is
     rolled back as above).
   - The procedure is C(gpuk8s.host.driver), the same code the operator's driver-manager
@@ -83,6 +91,16 @@ options:
     type: list
     elements: str
     default: [modprobe, -r, "{module}"]
+  depmod_command:
+    description:
+      - Command that indexes the installed module for the running kernel release (kmod's
+        C(modprobe) finds modules only through C(modules.dep)); placeholders
+        C({kernel_release}) (the running kernel, C(uname -r) of O(host_root)),
+        C({host_root}) and C({module}).
+      - Default C(depmod -a {kernel_release}) on C(/), C(depmod -a -b {host_root}
+        {kernel_release}) under any other O(host_root).
+    type: list
+    elements: str
   force:
     description: Unload even while processes use the GPUs (they will crash).
     type: bool
@@ -167,7 +185,8 @@ def request_from(params):
         payload_kind=params["payload_kind"], run_args=tuple(params["run_args"]),
         install_command=tuple(params["install_command"] or ()) or None,
         module=params["module_name"], load_command=tuple(params["load_command"]),
-        unload_command=tuple(params["unload_command"]), force=params["force"],
+        unload_command=tuple(params["unload_command"]),
+        depmod_command=tuple(params["depmod_command"] or ()) or None, force=params["force"],
         sdk_version=params["sdk_version"],
     )
 
@@ -185,6 +204,7 @@ def main():
             module_name=dict(type="str", default="metax"),
             load_command=dict(type="list", elements="str", default=list(drv.DEFAULT_LOAD)),
             unload_command=dict(type="list", elements="str", default=list(drv.DEFAULT_UNLOAD)),
+            depmod_command=dict(type="list", elements="str"),
             force=dict(type="bool", default=False),
             host_root=dict(type="path", default="/"),
         ),

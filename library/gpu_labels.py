@@ -8,12 +8,17 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: gpu_labels
-short_description: Compute the metax-tech.com/ node labels of a host
+short_description: Compute the node labels gpu-label writes for a host
 description:
   - Discovers the host's GPUs and computes the labels the gpu-label component writes
     (C(gpu.installed), C(driver.ready), C(gpu.driver.*), C(gpu.family), C(gpu.memory),
     C(gpu.product), C(gpu.sriov), C(gpu.vfnum), and optionally C(maca.ready) /
-    C(runtime.ready)).
+    C(runtime.ready), all under C(metax-tech.com/)).
+  - On NVIDIA hosts also the CUDA version the driver supports, prefixed and under the
+    accelerator manual's bare keys C(cuda-major-version) / C(cuda-minor-version), and the
+    labels of NVIDIA's GPU Feature Discovery (C(nvidia.com/gpu.product), C(.memory),
+    C(.count), C(.family), C(.compute.major|minor), C(nvidia.com/cuda.driver.*),
+    C(nvidia.com/cuda.runtime.*)).
   - Talks to no API server. Given the node's O(current_labels) it also returns the
     patch (a label mapped to null is to be removed) for C(kubernetes.core.k8s) to apply.
   - Read-only on the host; C(changed) is always false, C(needs_update) tells whether
@@ -37,7 +42,9 @@ options:
     type: dict
     default: {}
   current_labels:
-    description: The node's labels now (all of them; only C(metax-tech.com/) ones are compared).
+    description:
+      - The node's labels now (all of them; only those gpu-label manages are compared -
+        C(metax-tech.com/), the GFD keys, and the bare CUDA keys on NVIDIA hosts).
     type: dict
     default: {}
 attributes:
@@ -69,7 +76,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 labels:
-  description: Every label the node should carry under C(metax-tech.com/).
+  description: Every label gpu-label would write on the node.
   returned: always
   type: dict
   sample: {"metax-tech.com/gpu.installed": "true", "metax-tech.com/gpu.product": "C500"}
@@ -90,10 +97,11 @@ from dataclasses import replace  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.gpuk8s.core.errors import ConfigError, GpuK8sError  # noqa: E402
 from ansible.module_utils.gpuk8s.core.labels import (  # noqa: E402
-    PREFIX,
     READINESS_KEYS,
     compute_labels,
+    is_managed,
     label_diff,
+    owned_labels,
 )
 from ansible.module_utils.gpuk8s.core.model import DriverMode  # noqa: E402
 from ansible.module_utils.gpuk8s.discovery import discover  # noqa: E402
@@ -110,8 +118,9 @@ def labels_for(inventory, driver_mode, readiness, current):
         driver = replace(inventory.driver, mode=DriverMode(driver_mode))
         inventory = replace(inventory, driver=driver)
     labels = compute_labels(inventory, readiness={k: bool(v) for k, v in readiness.items()})
-    patch = label_diff({str(k): str(v) for k, v in current.items()}, labels)
-    return labels, patch
+    patch = label_diff({str(k): str(v) for k, v in current.items()}, labels,
+                       owned=owned_labels(inventory))
+    return labels, patch, owned_labels(inventory)
 
 
 def main():
@@ -126,7 +135,7 @@ def main():
     )
     params = module.params
     try:
-        labels, patch = labels_for(
+        labels, patch, owned = labels_for(
             discover(params["host_root"]), params["driver_mode"], params["readiness"],
             params["current_labels"],
         )
@@ -135,7 +144,7 @@ def main():
     result = dict(changed=False, labels=labels, patch=patch, needs_update=bool(patch))
     if module._diff:
         before = {k: v for k, v in params["current_labels"].items()
-                  if k.startswith(PREFIX)}
+                  if is_managed(k, owned)}
         result["diff"] = dict(
             before="".join(f"{k}={v}\n" for k, v in sorted(before.items())),
             after="".join(f"{k}={v}\n" for k, v in labels.items()),

@@ -27,12 +27,18 @@ description:
     role does).
   - When the scheduler already runs with a C(--config) of its own - another file, or
     O(config_path) itself set up by hand as the manual shows - the extender is added to that
-    file's C(extenders) (or updated in place; an entry with the URL recorded by a previous run
-    is replaced when the URL changed), and the administrator's argument, volumes and other
-    entries are never touched; O(state=absent) removes our entry and our annotation only.
+    file's C(extenders) (or updated in place - the entry a previous run wrote, recognised by
+    the content the annotation records, even when the URL changed), and the administrator's
+    argument, volumes and other entries are never touched - an entry written by hand stays
+    as it is even at our URL, and ours is appended beside it with a warning (the manual's
+    "if the file already has extenders, append this one"); O(state=absent) removes our
+    entry and our annotation only.
   - A path the scheduler must read (the configuration, the kubeconfig, the tlsConfig files)
     is mounted only when no other hostPath mount already shows it, so no mountPath appears
     twice.
+  - The tlsConfig files must exist on the host (the task fails otherwise, nothing written);
+    kube-scheduler reads them only at start, so their content is part of the annotation -
+    renewed certificates change the manifest and the kubelet restarts the scheduler.
   - YAML is round-tripped - comments, key order and indentation are kept - and
     O(state=absent) removes exactly what O(state=present) added, so enabling and then
     disabling gives back the original bytes.
@@ -70,6 +76,7 @@ options:
       - Path of the bind call; empty (the default) to leave binding to the scheduler.
       - C(bind) lets gpu-aware choose the GPU of a shared-GPU pod, record it on the pod and
         bind it (GPU sharing). Only one extender of a scheduler may bind.
+      - Needs O(managed_resources) - gpu-aware binds only the GPU pods its filter placed.
     type: str
     default: ""
   weight:
@@ -89,18 +96,23 @@ options:
         type: bool
         default: false
       server_name:
-        description: Server name used to verify the certificate.
+        description:
+          - Name the extender's certificate must hold when O(url_prefix) names it by IP
+            address (gpu-aware's chart - C(gpu-aware.<namespace>.svc)).
         type: str
       cert_file:
         description:
-          - Client certificate file (absolute path on the control-plane node). It and the
-            other files are mounted read-only into the scheduler pod at the same path.
+          - Client certificate file (absolute path on the control-plane node; it must
+            exist). It and the other files are mounted read-only into the scheduler pod at
+            the same path.
         type: str
       key_file:
         description: Client key file.
         type: str
       ca_file:
-        description: CA bundle that signed the extender's certificate.
+        description:
+          - CA bundle that signed the extender's certificate. Without it kube-scheduler
+            does not verify the extender at all (it sets insecure itself).
         type: str
   http_timeout:
     description:

@@ -5,7 +5,8 @@
     python monitoring/generate.py --check    # exit 1 when a committed file is stale
 
 Writes
-  monitoring/prometheus/gpuk8s-rules.yml            recording rules (admin-run Prometheus)
+  monitoring/prometheus/gpuk8s-rules.yml            recording and alerting rules
+                                                    (admin-run Prometheus)
   charts/gpuk8s-common/templates/_gpu-exporter-rules.tpl   the same rules for the charts'
                                                     PrometheusRule (helm cannot read files
                                                     outside a chart, so they are rendered in)
@@ -38,14 +39,24 @@ POD = "node, namespace, pod, kind"
 # record name -> PromQL. Node level per (node, kind); pod level per (node, namespace,
 # pod, kind). A pod's utilisation is the mean over the GPUs it uses of its containers'
 # summed share of each GPU (one GPU at 40 % -> 0.4; two GPUs at 40 % and 60 % -> 0.5).
+# A node's GPUs are counted from gpuk8s_gpu_healthy, which every GPU the exporter knows
+# has: unbound GPUs (no load, no memory figures) and lost ones included. Utilisation is
+# recorded as a sum and a count per kind too, so that a mean over several kinds (the
+# dashboard's per-node panel) is the mean over GPUs, not the mean of the kinds' means.
 RECORDING_RULES: list[tuple[str, str]] = [
     ("node_kind:gpuk8s_gpu_utilization_ratio:avg",
      f"avg by ({NODE}) (gpuk8s_gpu_utilization_ratio)"),
+    ("node_kind:gpuk8s_gpu_utilization_ratio:sum",
+     f"sum by ({NODE}) (gpuk8s_gpu_utilization_ratio)"),
+    ("node_kind:gpuk8s_gpu_utilization_ratio:count",
+     f"count by ({NODE}) (gpuk8s_gpu_utilization_ratio)"),
     ("node_kind:gpuk8s_gpu_memory_used_bytes:sum",
      f"sum by ({NODE}) (gpuk8s_gpu_memory_used_bytes)"),
     ("node_kind:gpuk8s_gpu_memory_total_bytes:sum",
      f"sum by ({NODE}) (gpuk8s_gpu_memory_total_bytes)"),
-    ("node_kind:gpuk8s_gpus:count", f"count by ({NODE}) (gpuk8s_gpu_memory_total_bytes)"),
+    ("node_kind:gpuk8s_gpus:count", f"count by ({NODE}) (gpuk8s_gpu_healthy)"),
+    ("node_kind:gpuk8s_gpus_unhealthy:sum", f"sum by ({NODE}) (1 - gpuk8s_gpu_healthy)"),
+    ("node_kind:gpuk8s_gpus_lost:sum", f"sum by ({NODE}) (gpuk8s_gpu_lost)"),
     ("node_namespace_pod_kind:gpuk8s_container_gpu_utilization_ratio:avg",
      f"avg by ({POD}) (sum by ({POD}, gpu) (gpuk8s_container_gpu_utilization_ratio))"),
     ("node_namespace_pod_kind:gpuk8s_container_gpu_memory_used_bytes:sum",
@@ -55,12 +66,54 @@ RECORDING_RULES: list[tuple[str, str]] = [
 ]
 RULE_GROUP = "gpuk8s-gpu.rules"
 
+# Alerts per GPU, by (node, gpu, uuid): the exporter keeps those labels for the GPU's
+# life, `kind` may change as pods come and go. A GPU that left the bus stays in the
+# exporter's book (gpuk8s_gpu_lost 1) until it returns or an administrator forgets it,
+# so GpuLost does not clear by itself.
+GPU_KEY = "node, gpu, uuid"
+ALERT_GROUP = "gpuk8s-gpu.alerts"
+FORGET = ("kubectl -n <namespace> exec <the node's gpu-exporter pod> -- "
+          "gpuk8s exporter forget {{ $labels.gpu }}")
+ALERT_RULES: list[dict[str, Any]] = [
+    {"alert": "GpuLost",
+     "expr": f"max by ({GPU_KEY}) (gpuk8s_gpu_lost) == 1",
+     "for": "1m",
+     "labels": {"severity": "critical"},
+     "annotations": {
+         "summary": "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) of {{ $labels.node }} "
+                    "left the PCI bus",
+         "description": "Lost until it is back on the bus, or an administrator removes "
+                        f"it: `{FORGET}` (docs/exporter.md)."}},
+    {"alert": "GpuUnhealthy",
+     "expr": f"min by ({GPU_KEY}) (gpuk8s_gpu_healthy) == 0 "
+             f"unless on ({GPU_KEY}) gpuk8s_gpu_lost == 1",
+     "for": "5m",
+     "labels": {"severity": "warning"},
+     "annotations": {
+         "summary": "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) of {{ $labels.node }} "
+                    "is unhealthy",
+         "description": "On the bus but unhealthy for 5 minutes: no driver bound, or the "
+                        "vendor tool reports it unavailable; gpu-device no longer offers it."}},
+]
+
+# The accelerator manual's alert (002-32, docs/troubleshooting.md), as printed: Paddle's GPU
+# allocator failing on a shared GPU. Its metric is the application's, not gpu-exporter's.
+APPLICATION_GROUP = "gpuk8s-applications.alerts"
+APPLICATION_ALERTS: list[dict[str, Any]] = [
+    {"alert": "GPUAllocConflict",
+     "expr": "rate(paddle_gpu_malloc_failed_total[5m]) > 0",
+     "labels": {"severity": "critical"},
+     "annotations": {"summary": "GPU Memory Allocation Conflict Alert"}},
+]
+
 
 def rules() -> dict[str, Any]:
-    return {"groups": [{
-        "name": RULE_GROUP,
-        "rules": [{"record": name, "expr": expr} for name, expr in RECORDING_RULES],
-    }]}
+    return {"groups": [
+        {"name": RULE_GROUP,
+         "rules": [{"record": name, "expr": expr} for name, expr in RECORDING_RULES]},
+        {"name": ALERT_GROUP, "rules": ALERT_RULES},
+        {"name": APPLICATION_GROUP, "rules": APPLICATION_ALERTS},
+    ]}
 
 
 class _IndentedDumper(yaml.SafeDumper):
@@ -71,19 +124,22 @@ class _IndentedDumper(yaml.SafeDumper):
 
 
 def _dump(data: Any) -> str:
-    return str(yaml.dump(data, Dumper=_IndentedDumper, sort_keys=False, width=200))
+    return str(yaml.dump(data, Dumper=_IndentedDumper, sort_keys=False, width=120))
 
 
 def rules_yaml() -> str:
-    head = ("---\n# Generated by monitoring/generate.py; do not edit. Recording rules for the\n"
-            "# gpu-exporter metrics (README: GPU monitoring). Load with rule_files: in\n"
-            "# prometheus.yml; the charts ship the same rules as a PrometheusRule.\n")
+    head = ("---\n# Generated by monitoring/generate.py; do not edit. Recording and alerting\n"
+            "# rules for the gpu-exporter metrics (docs/exporter.md). Load with rule_files:\n"
+            "# in prometheus.yml; the charts ship the same rules as a PrometheusRule.\n")
     return head + _dump(rules())
 
 
 def rules_template() -> str:
-    body = _dump(rules())
-    return ("{{/* Generated by monitoring/generate.py from RECORDING_RULES; do not edit. */}}\n"
+    # the alerts' {{ $labels.x }} are Prometheus templates: helm must print them as text
+    body = (_dump(rules()).replace("{{", "\0open").replace("}}", "\0close")
+            .replace("\0open", "{{`{{`}}").replace("\0close", "{{`}}`}}"))
+    return ("{{/* Generated by monitoring/generate.py from RECORDING_RULES and ALERT_RULES; do "
+            "not edit. */}}\n"
             '{{- define "gpuk8s.gpuExporterRules" -}}\n' + body.rstrip("\n") + "\n{{- end -}}\n")
 
 
@@ -92,6 +148,10 @@ KIND_FILTER = 'kind=~"$kind"'
 POD_FILTER = 'kind=~"$kind", node=~"$node", namespace=~"$namespace", pod=~"$pod"'
 NODE_FILTER = 'kind=~"$kind", node=~"$node"'
 TIME_OPTIONS = ["30m", "1h", "3h", "6h", "12h", "24h", "2d", "7d"]
+# the mean over the node's GPUs of the selected kinds (sum / count, never avg of avgs)
+NODE_UTILISATION = (
+    f"sum by (node) (node_kind:gpuk8s_gpu_utilization_ratio:sum{{{NODE_FILTER}}})"
+    f" / sum by (node) (node_kind:gpuk8s_gpu_utilization_ratio:count{{{NODE_FILTER}}})")
 
 
 def dashboard() -> dict[str, Any]:
@@ -153,9 +213,21 @@ def dashboard() -> dict[str, Any]:
         .with_row(Row("Nodes"))
         .with_panel(series(
             "GPU utilisation per node", "percentunit",
-            "Mean utilisation of the node's GPUs of the selected kinds.",
-            query(f"avg by (node) (node_kind:gpuk8s_gpu_utilization_ratio:avg{{{NODE_FILTER}}})",
-                  "{{node}}"), max_value=1))
+            "Mean utilisation of the node's GPUs of the selected kinds: the sum over its "
+            "GPUs divided by their number (GPUs reporting a utilisation; not the mean of "
+            "the kinds' means).",
+            query(NODE_UTILISATION, "{{node}}"), max_value=1))
+        .with_panel(series(
+            "GPUs per node: known, unhealthy, lost", "none",
+            "Every GPU the node's exporter knows (unbound and lost ones included), those "
+            "unhealthy (lost included), and those that left the bus (kept until they "
+            "return or are forgotten: docs/exporter.md).",
+            query(f"sum by (node) (node_kind:gpuk8s_gpus:count{{{NODE_FILTER}}})",
+                  "{{node}} GPUs"),
+            query(f"sum by (node) (node_kind:gpuk8s_gpus_unhealthy:sum{{{NODE_FILTER}}})",
+                  "{{node}} unhealthy"),
+            query(f"sum by (node) (node_kind:gpuk8s_gpus_lost:sum{{{NODE_FILTER}}})",
+                  "{{node}} lost")))
         .with_panel(series(
             "GPU memory used vs total per node (GiB)", "bytes",
             "Memory in use on the node's GPUs of the selected kinds, and their total "

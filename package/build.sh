@@ -25,7 +25,7 @@ set -euo pipefail
 
 PKG_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$PKG_DIR/.." && pwd)"
-EXT_IMAGES=(gpu-device gpu-label gpu-aware gpu-exporter)
+EXT_IMAGES=(gpu-device gpu-dra gpu-label gpu-aware gpu-exporter)
 DEFAULT_REGISTRY="cr.metax-tech.com/cloud"  # the charts' default `registry`
 OP_IMAGES=(driver-manager container-runtime operator-controller)
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Generate the option tables of README.md from the charts' values.yaml (defaults and
+"""Generate the option tables of docs/charts.md from the charts' values.yaml (defaults and
 the comment above each key) and values.schema.json (types, allowed values, patterns).
 
-    package/values_table.py            rewrite the tables in README.md
-    package/values_table.py --check    exit 1 when README.md is out of date
+    package/values_table.py            rewrite the tables in docs/charts.md
+    package/values_table.py --check    exit 1 when docs/charts.md is out of date
 
 The tables sit between `<!-- BEGIN values: CHART -->` and `<!-- END values: CHART -->`;
 everything else in the document is hand-written and left alone.
@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "README.md"
+DOC = REPO / "docs" / "charts.md"
 CHARTS = ("metax-gpu-extensions", "metax-operator")
 LOG_KEYS = ("dir", "level", "format", "rotationTime", "maxAge")
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z][A-Za-z0-9_-]*):(?P<rest>.*)$")
@@ -121,7 +121,8 @@ def rows(chart_dir: Path) -> list[tuple[str, str, str, str, str]]:
                         )
                     )
                 continue
-            if isinstance(value, dict) and value and "properties" in child:
+            # resources is a Kubernetes object: documented as one option
+            if isinstance(value, dict) and value and "properties" in child and key != "resources":
                 walk(value, child, path + ".")
                 continue
             typ, allowed = describe_type(schema, child)
@@ -155,7 +156,7 @@ def render(doc: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if README.md is stale")
+    parser.add_argument("--check", action="store_true", help="fail if docs/charts.md is stale")
     parser.add_argument("--doc", type=Path, default=DOC)
     args = parser.parse_args(argv)
     current = args.doc.read_text()

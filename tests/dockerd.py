@@ -4,9 +4,10 @@
 own config, root, state and socket (never the lab's /run/containerd/containerd.sock, which
 dockerd would otherwise pick up by itself), dockerd with its own data root, exec root, pid
 file, socket and client config, ``--bridge=none --iptables=false`` (what runs on this
-machine), and an empty ``daemon.json`` (``insecure_registries`` adds entries). On exit
-every container is removed, both daemons are stopped and the temp dir is removed, with
-what dockerd left under /etc/docker and /var/run/docker on a host without docker.
+machine), and a ``daemon.json`` with the keys of ``daemon`` (``insecure_registries`` adds
+entries). On exit every container is removed, both daemons are stopped and the temp dir
+is removed, with what dockerd left under /etc/docker and /var/run/docker on a host
+without docker.
 
 ``busybox_rootfs()`` is a root filesystem tar of a static busybox (nothing can be pulled
 here): ``docker import`` makes an image of it. Needs root, ``dockerd``, ``containerd``,
@@ -83,7 +84,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def private_dockerd(insecure_registries: Sequence[str] = ()) -> Iterator[Dockerd]:
+def private_dockerd(insecure_registries: Sequence[str] = (),
+                   daemon: Mapping[str, Any] | None = None) -> Iterator[Dockerd]:
+    """``daemon``: more keys of daemon.json (e.g. a default runtime)."""
     why = missing()
     if why:
         raise RuntimeError(why)
@@ -99,7 +102,7 @@ def private_dockerd(insecure_registries: Sequence[str] = ()) -> Iterator[Dockerd
         '[debug]\n  address = ""\n[metrics]\n  address = ""\n'
         f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{ctd}/opt"\n'
     )
-    daemon_json: dict[str, Any] = {}
+    daemon_json: dict[str, Any] = dict(daemon or {})
     if insecure_registries:
         daemon_json["insecure-registries"] = list(insecure_registries)
     (base / "daemon.json").write_text(json.dumps(daemon_json) + "\n")

@@ -1,4 +1,5 @@
-"""`gpuk8s` command line: detect | labels | topo | allocate | top | sim | serve | metax-docker."""
+"""`gpuk8s` command line: detect | labels | dra | topo | allocate | top | exporter | sim | serve |
+metax-docker."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from .core.model import NodeInventory
 from .core.topology import Topology, Unit, units_for_inventory
 
 # `gpuk8s serve NAME ...` runs `main(argv)` of the module below; each service owns
-# its flags (see the README's service sections).
+# its flags (see each service's page under docs/).
 SERVICES: dict[str, str] = {
     "device-plugin": "gpuk8s.services.deviceplugin.main",
     "labeller": "gpuk8s.services.labeller.main",
@@ -25,6 +26,7 @@ SERVICES: dict[str, str] = {
     "container-runtime": "gpuk8s.services.runtime.main",
     "operator-controller": "gpuk8s.services.operator.main",
     "mps": "gpuk8s.services.mps.main",
+    "dra-plugin": "gpuk8s.services.dra.main",
 }
 
 
@@ -90,6 +92,23 @@ def cmd_labels(args: argparse.Namespace) -> int:
     else:
         for key, value in labels.items():
             print(f"{key}={value}")
+    return 0
+
+
+def cmd_dra_slices(args: argparse.Namespace) -> int:
+    from .core.dra import PoolOptions, build_slices
+    from .discovery import check_health
+
+    inv = _discover(args.root)
+    health = check_health(args.root, inv) if inv.gpus else {}
+    sick = {index: reason for index, reason in health.items() if reason is not None}
+    options = PoolOptions(sharing=args.sharing_mode, groups=args.group_devices == "on",
+                          unhealthy=args.unhealthy_devices)
+    slices = build_slices(args.node_name, inv, options, unhealthy=sick)
+    if args.json:
+        print(json.dumps(slices, indent=2))
+    else:
+        print(_dump({"apiVersion": "v1", "kind": "List", "items": slices}, "yaml"), end="")
     return 0
 
 
@@ -159,6 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_labels)
 
+    p = sub.add_parser("dra", help="DRA driver gpu.metax-tech.com: `gpuk8s dra slices`")
+    dra = p.add_subparsers(dest="dra_command", required=True)
+    p = dra.add_parser("slices", help="the ResourceSlices gpu-dra would publish for a host root")
+    p.add_argument("--root", default="/", help="host root (default /)")
+    p.add_argument("--node-name", required=True, help="the node (names the pool and slices)")
+    p.add_argument("--json", action="store_true", help="JSON instead of YAML")
+    p.add_argument("--sharing-mode", choices=("exclusive", "sgpu"), default="exclusive",
+                   help="exclusive (default) or sgpu (consumable vcore/vmemory)")
+    p.add_argument("--group-devices", choices=("on", "off"), default="on")
+    p.add_argument("--unhealthy-devices", choices=("taint", "remove"), default="taint")
+    p.set_defaults(func=cmd_dra_slices)
+
     p = sub.add_parser("topo", help="topology matrix (MX/PIX/NODE/SYS)")
     p.add_argument("--root", default="/")
     p.add_argument("--vfs", action="store_true", help="one row per VF when VFs are configured")
@@ -185,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_top)
 
+    sub.add_parser("exporter", help="gpu-exporter's book of GPUs: gpus|forget "
+                   "(`gpuk8s exporter -h`)")
     sub.add_parser("sim", help="GPU simulator: create|fail|heal|vfnum|sync|load|show "
                    "(`gpuk8s sim -h`)")
     p = sub.add_parser("serve", help="run a service: " + ", ".join(SERVICES))
@@ -199,6 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .sim.cli import main as sim_main
 
             return sim_main(args_list[1:])
+        if args_list and args_list[0] == "exporter":
+            from .services.exporter.knowngpus import cli_main as exporter_main
+
+            return exporter_main(args_list[1:])
         if args_list and args_list[0] == "metax-docker":
             from .metax_docker.main import main as metax_docker_main
 

@@ -74,18 +74,14 @@ def host_vars(where: Path, host_python: str, yaml_python: str) -> dict[str, str]
     (cp_root / "etc/kubernetes/manifests").mkdir(parents=True)
     shutil.copy(SAMPLE_MANIFEST, cp_root / "etc/kubernetes/manifests/kube-scheduler.yaml")
     payload = where / "payload"
-    for rel, text in (("opt/mxdriver/Version.txt", "Version:2.33.0.6\n"),
-                      ("lib/modules/6.1.0-sim/updates/metax.ko", "version=2.33.0.6\n")):
-        (payload / rel).parent.mkdir(parents=True, exist_ok=True)
-        (payload / rel).write_text(text)
+    sim.write_payload("driver", "2.33.0.6", str(payload))
     return {
         "gpuk8s_sim_root": str(sim_root),
         "gpuk8s_cp_root": str(cp_root),
         "gpuk8s_payload": str(payload),
         "gpuk8s_host_python": host_python,
         "gpuk8s_yaml_python": yaml_python,
-        "gpuk8s_standin": str(REPO / "tests/ansible/bin/sim_modprobe.py"),
-        # the simulator's modprobe stand-in imports gpuk8s: the controller's Python
+        # runs the simulator's modprobe stand-in (any Python 3)
         "gpuk8s_standin_python": sys.executable,
     }
 
@@ -107,7 +103,7 @@ def test_modules_four_steps_through_ansible_playbook(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("molecule", path=str(BIN)) is None,
                     reason="molecule not installed")
-@pytest.mark.parametrize("scenario", ["gpu_virtualization", "gpu_aware"])
+@pytest.mark.parametrize("scenario", ["gpu_virtualization", "gpu_aware", "nvidia_host"])
 def test_molecule_scenario(scenario: str) -> None:
     proc = subprocess.run(
         [str(BIN / "molecule"), "test", "-s", scenario],
@@ -160,3 +156,74 @@ def test_metax_docker_role_four_steps(tmp_path: Path) -> None:
     assert play("absent", check=True) == 1 and target.exists()
     assert play("absent") == 1 and not target.exists()
     assert play("absent") == 0
+
+
+def nvidia_role_vars(tmp_path: Path, preset: str) -> dict[str, object]:
+    """A simulated NVIDIA node, the stand-in driver installer and scratch runtime paths."""
+    root = tmp_path / "node"
+    sim.create(str(root), preset)
+    payload = sim.write_nvidia_installer("550.54.15", str(tmp_path / "payload"))
+    scratch = tmp_path / "system"
+    (scratch / "etc/containerd").mkdir(parents=True)
+    (scratch / "etc/containerd/config.toml").write_text(
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+        '  default_runtime_name = "runc"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+        '  runtime_type = "io.containerd.runc.v2"\n')
+    return {
+        "ansible_python_interpreter": sys.executable,
+        "nvidia_host_root": str(root),
+        "nvidia_host_kubernetes_version": "1.30.2",
+        "nvidia_host_driver_src": payload,
+        "nvidia_host_containerd_config": str(scratch / "etc/containerd/config.toml"),
+        "nvidia_host_containerd_restart": "none",
+        "nvidia_host_cdi_dir": str(scratch / "etc/cdi"),
+        "nvidia_host_install_dir": str(scratch / "usr/local/gpuk8s"),
+        "nvidia_host_device_path_prefix": str(root),
+        "nvidia_host_check_container": False,
+    }
+
+
+def nvidia_play(extra: dict[str, object], check: bool = False
+                ) -> tuple[subprocess.CompletedProcess[str], int]:
+    proc = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+         "-e", json.dumps(extra), *(["--check"] if check else []),
+         str(REPO / "tests/ansible/playbooks/nvidia_host_role.yml")],
+        cwd=REPO, env=env(), capture_output=True, text=True, timeout=600, check=False,
+    )
+    found = re.search(r"localhost\s*:\s*ok=\d+\s+changed=(\d+)", proc.stdout)
+    return proc, int(found.group(1)) if found else -1
+
+
+def test_nvidia_host_role_four_steps(tmp_path: Path) -> None:
+    """check -> changed, nothing installed; apply -> changed; check and apply again ->
+    unchanged."""
+    extra = nvidia_role_vars(tmp_path, "nvidia-8-nodriver")
+    root = Path(str(extra["nvidia_host_root"]))
+    proc, changed = nvidia_play(extra, check=True)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+    assert changed == 3  # installer dir, installer copy, driver
+    assert not (root / "home/gpu").exists() and not (root / "usr/bin/nvidia-smi").exists()
+    assert not (tmp_path / "system/etc/cdi").exists()
+    proc, changed = nvidia_play(extra)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
+    assert changed == 4  # + the container runtime
+    assert (tmp_path / "system/etc/cdi/nvidia.com-gpu.json").exists()
+    assert 'default_runtime_name = "nvidia"' in (
+        tmp_path / "system/etc/containerd/config.toml").read_text()
+    for check in (True, False):
+        proc, changed = nvidia_play(extra, check=check)
+        assert proc.returncode == 0 and changed == 0, proc.stdout[-5000:]
+
+
+def test_nvidia_host_role_names_what_is_missing(tmp_path: Path) -> None:
+    """A Pascal node asked for MPS and CUDA 12.4: the role fails on each, by name."""
+    extra = {**nvidia_role_vars(tmp_path, "p100-4"), "nvidia_host_mps": True,
+             "nvidia_host_cuda_runtime": "12.4"}
+    del extra["nvidia_host_driver_src"]  # the node keeps its 470 driver
+    proc, _ = nvidia_play(extra)
+    assert proc.returncode != 0
+    out = re.sub(r"\s+", " ", proc.stdout)
+    assert "mps: MPS needs a Volta or newer GPU (compute capability >= 7.0)" in out
+    assert "cuda: the node's NVIDIA driver supports CUDA 11.4, older than" in out

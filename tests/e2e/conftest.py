@@ -104,6 +104,12 @@ def wait_until(
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
+def containerd_generation() -> str:
+    """The lab node's containerd: "2" (2.x, lab/up --containerd 2) or "1.6" (Debian's)."""
+    cmd = (STATE / "run" / "containerd.cmd").read_bytes().split(b"\0")
+    return "2" if any(b"/containerd-v2" in part for part in cmd) else "1.6"
+
+
 @pytest.fixture(scope="session")
 def lab() -> dict[str, str]:
     """The lab must be up; a missing lab is a failure here, never a skip."""
@@ -116,6 +122,7 @@ def lab() -> dict[str, str]:
 OUR_CHARTS = ("metax-gpu-extensions", "metax-operator")
 SCHEDULER_MANIFEST = Path("/etc/kubernetes/manifests/kube-scheduler.yaml")
 SHARING_MODE_LABEL = "gpuk8s.io/sharing-mode"
+ALLOCATION_MODE_LABEL = "gpuk8s.io/allocation-mode"  # gpu-dra's nodes (tests/e2e/test_dra.py)
 
 
 def _helm_list() -> list[dict[str, Any]]:
@@ -130,12 +137,17 @@ def _ours(release: str) -> bool:
 
 
 def _gpu_aware_playbook(state: str, namespace: str) -> None:
+    """playbooks/gpu_aware.yml for the release in ``namespace``: over HTTPS when its chart
+    made kube-scheduler's certificate (gpuAware.tls), else plain HTTP (a release of a
+    chart from before issue 26, given back as it was)."""
     helm3 = os.environ.get("GPUK8S_HELM") or run(str(LAB / "tools.sh"), "helm3",
                                                  timeout=900).stdout.strip()
+    tls = kubectl("-n", namespace, "get", "secret", "gpu-aware-scheduler-client", "-o", "name",
+                  check=False).strip() != ""
     run(tool("ansible-playbook"), "-i", str(REPO / "inventories" / "lab"),
         str(REPO / "playbooks" / "gpu_aware.yml"), "-e", f"gpu_aware_state={state}",
-        "-e", f"gpu_aware_namespace={namespace}", timeout=900, cwd=str(REPO),
-        env={**os.environ, "GPUK8S_HELM": helm3})
+        "-e", f"gpu_aware_namespace={namespace}", "-e", f"gpu_aware_tls={str(tls).lower()}",
+        timeout=900, cwd=str(REPO), env={**os.environ, "GPUK8S_HELM": helm3})
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -154,7 +166,8 @@ def releases_set_aside() -> Iterator[list[dict[str, Any]]]:
     installs and removes the release again, history and all: CI saw `helm rollback` fail
     with "release: not found"), so it is removed outright and given back by a fresh
     `helm install` of the same name, chart (from this checkout) and user-supplied values.
-    The ``e2e-*`` namespaces and the sharing-mode label such a run leaves go too."""
+    The ``e2e-*`` namespaces and the sharing-mode and allocation-mode labels such a run
+    leaves go too."""
     if os.environ.get("GPUK8S_E2E") != "1" or not Path(KUBECONFIG).exists():
         yield []
         return
@@ -185,7 +198,7 @@ def releases_set_aside() -> Iterator[list[dict[str, Any]]]:
               file=sys.stderr)
         kubectl("delete", "namespace", *stale, "--wait=true", "--timeout=120s", timeout=180)
     if values or stale:
-        kubectl("label", "node", "--all", f"{SHARING_MODE_LABEL}-")
+        kubectl("label", "node", "--all", f"{SHARING_MODE_LABEL}-", f"{ALLOCATION_MODE_LABEL}-")
     try:
         yield found
     finally:

@@ -242,7 +242,10 @@ ALLOWED = {  # (resource, resource name, verb) per ServiceAccount; namespace sco
     | {("pods", "", "patch"), ("pods/binding", "", "create")},
     "gpu-mps": {("nodes", "", "get")},  # its node's sharing-mode label
 }
-ALLOWED_IN_NS = {"gpu-aware": {("configmaps", "gpu-aware-plugin", "get")}}
+ALLOWED_IN_NS = {"gpu-aware": {("configmaps", "gpu-aware-plugin", "get")}
+                 # its replicas' leader election (the Lease gpu-aware)
+                 | {("leases.coordination.k8s.io", "", "create")}
+                 | {("leases.coordination.k8s.io", "gpu-aware", v) for v in ("get", "update")}}
 # what every authenticated user may do (discovery, self reviews): not the chart's doing
 DEFAULT_RESOURCES = {
     "selfsubjectaccessreviews.authorization.k8s.io",

@@ -12,6 +12,7 @@ checkouts push the same tags.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -19,6 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from gpuk8s.services.runtime import containerd
+from gpuk8s.services.runtime.agent import TASKS_DIR, WRAPPER_NAME
 
 from .conftest import (
     BUSYBOX,
@@ -29,6 +33,7 @@ from .conftest import (
     SIM_ROOT,
     STATE,
     apply,
+    containerd_generation,
     kubectl,
     kubectl_json,
     pod_phase,
@@ -47,6 +52,8 @@ P = "metax-tech.com/"
 DRIVER, SDK, BAD_DRIVER = "2.33.0.6", "2.33.0.4", "2.34.0.1"
 CONTAINERD_CONFIG = STATE / "containerd" / "config.toml"
 CDI_SPEC = Path("/etc/cdi/metax-tech.com-gpu.json")
+CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
+WRAPPER = f"/usr/local/gpuk8s/bin/{WRAPPER_NAME}"
 INVENTORY = str(REPO / "inventories" / "lab")
 
 
@@ -54,8 +61,12 @@ def helm(*args: str, check: bool = True, timeout: float = 600) -> str:
     return run(HELM, "--kubeconfig", KUBECONFIG, *args, check=check, timeout=timeout).stdout
 
 
-def lab_up(preset: str) -> None:
-    run(str(LAB / "up"), "--preset", preset, "--skip-images", timeout=900)
+def lab_up(preset: str, containerd: str = "1.6") -> None:
+    """The lab on ``preset``; containerd 1.6 by default: this module tests the runtime
+    wrapper, which only a containerd without CDI needs (tests/e2e/test_containerd2.py
+    runs the scheme on 2.x)."""
+    run(str(LAB / "up"), "--preset", preset, "--containerd", containerd, "--skip-images",
+        timeout=900)
 
 
 def playbook(name: str, *extra: str) -> str:
@@ -100,8 +111,11 @@ def fresh_bare_node() -> None:
     lab_up("nodriver-8")
 
 
-@pytest.fixture(scope="module")
-def operator_lab(lab: dict[str, str]) -> Iterator[dict[str, str]]:
+@contextlib.contextmanager
+def bare_operator_node(lab: dict[str, str], containerd: str) -> Iterator[dict[str, str]]:
+    """The lab as a bare node (nodriver-8) on containerd ``containerd`` for the operator
+    scheme; afterwards the lab as it was (c500-8, its containerd, the extensions scheme
+    installed again if it was)."""
     had_extensions = bool(releases(EXT_NS))
     for release in releases(EXT_NS):
         helm("uninstall", release, "-n", EXT_NS, "--wait", "--timeout", "5m")
@@ -109,7 +123,8 @@ def operator_lab(lab: dict[str, str]) -> Iterator[dict[str, str]]:
                lambda: kubectl("get", "pods", "-n", EXT_NS, "-o", "name", check=False) == "",
                120)
     original_config = CONTAINERD_CONFIG.read_text()
-    lab_up("nodriver-8")
+    generation = containerd_generation()
+    lab_up("nodriver-8", containerd)
     try:
         yield {**lab, "containerd_config": original_config}
     finally:
@@ -120,9 +135,15 @@ def operator_lab(lab: dict[str, str]) -> Iterator[dict[str, str]]:
         finally:
             for release in releases(NS):  # the playbook failed: at least take the release away
                 helm("uninstall", release, "-n", NS, "--no-hooks", "--wait", check=False)
-            lab_up("c500-8")
+            lab_up("c500-8", generation)
             if had_extensions:
                 run(str(LAB / "install"), "-e", "gpu_artifacts_charts_force=true", timeout=900)
+
+
+@pytest.fixture(scope="module")
+def operator_lab(lab: dict[str, str]) -> Iterator[dict[str, str]]:
+    with bare_operator_node(lab, "1.6") as node:
+        yield node
 
 
 def test_1_install_playbook_gives_a_bare_node_its_driver_sdk_and_gpus(
@@ -130,6 +151,9 @@ def test_1_install_playbook_gives_a_bare_node_its_driver_sdk_and_gpus(
 ) -> None:
     node = operator_lab["node"]
     assert not (SIM_ROOT / "opt/mxdriver").exists()  # bare: no driver, no SDK
+    before = containerd.socket_peer_pid(CONTAINERD_SOCKET)  # seen from outside, as root
+    assert containerd.not_served(containerd.cri_config(CONTAINERD_SOCKET), "metax", None,
+                                 True) is None
     # force: the registry may hold an older chart of the same version (another checkout)
     run(str(LAB / "install"), "-e", "gpuk8s_scheme=operator",
         "-e", "gpu_artifacts_charts_force=true", timeout=900)
@@ -153,14 +177,19 @@ def test_1_install_playbook_gives_a_bare_node_its_driver_sdk_and_gpus(
     # containerd got the runtime handler, as its default runtime
     config = CONTAINERD_CONFIG.read_text()
     assert 'default_runtime_name = "metax"' in config and "gpuk8s-oci-runtime" in config
+    # ... and containerd really restarted onto it (issue 28 item 0): a new process serves
+    # the socket, and its CRI serves the handler with the wrapper, as the default runtime
+    assert containerd.socket_peer_pid(CONTAINERD_SOCKET) != before
+    assert containerd.not_served(containerd.cri_config(CONTAINERD_SOCKET), "metax", WRAPPER,
+                                 True) is None
     wait_until("status says ready",
                lambda: operator_status()["summary"] == "1/1 GPU node(s) ready", 60)
     assert operator_status()["nodes"][node]["state"] == "ready"
 
 
-def test_2_busybox_pod_sees_the_sdk_its_devices_and_env(
-    operator_lab: dict[str, str], namespace: str
-) -> None:
+def gpu_pod_sees_the_sdk_its_devices_and_env(namespace: str) -> str:
+    """A busybox pod with 2 GPUs: its /opt/maca, /dev and env as the scheme promises; the
+    container's id (running: the test deletes it)."""
     script = ("cat /opt/maca/Version.txt; ls /opt/maca/lib; ls /dev/dri; ls /dev/mxcd; "
               "env | sort; sleep 3600")
     apply({
@@ -181,6 +210,21 @@ def test_2_busybox_pod_sees_the_sdk_its_devices_and_env(
     assert "/dev/mxcd" in logs
     assert "MACA_VISIBLE_DEVICES=0,1" in logs and "MACA_PATH=/opt/maca" in logs
     assert "LD_LIBRARY_PATH=/opt/maca/lib" in logs
+    status = kubectl_json("get", "pod", "plain", "-n", namespace)["status"]
+    return str(status["containerStatuses"][0]["containerID"].split("://", 1)[1])
+
+
+def test_2_busybox_pod_sees_the_sdk_its_devices_and_env(
+    operator_lab: dict[str, str], namespace: str
+) -> None:
+    cid = gpu_pod_sees_the_sdk_its_devices_and_env(namespace)
+    # the container ran through the wrapper: containerd's shim ran it (the bundle's
+    # `runtime`), and it wrote the CDI edits into the bundle (containerd never mounts /opt/maca)
+    bundle = Path(TASKS_DIR) / "k8s.io" / cid
+    assert (bundle / "runtime").read_text().strip() == WRAPPER
+    oci = json.loads((bundle / "config.json").read_text())
+    assert any(m["destination"] == "/opt/maca" for m in oci["mounts"]), oci["mounts"]
+    assert any(a.startswith("cdi.k8s.io/") for a in oci["annotations"])
     kubectl("delete", "pod", "plain", "-n", namespace, "--wait=false")
 
 
@@ -206,10 +250,14 @@ def test_3_driver_config_vfnum_4_gives_32_and_a_bad_value_is_reported(
 
 def test_4_uninstall_leaves_nothing_of_the_operator_behind(operator_lab: dict[str, str]) -> None:
     node = operator_lab["node"]
+    before = containerd.socket_peer_pid(CONTAINERD_SOCKET)
     playbook("uninstall.yml", "-e", "gpuk8s_scheme=operator")
     assert not releases(NS)
     assert not CDI_SPEC.exists()
     assert CONTAINERD_CONFIG.read_text() == operator_lab["containerd_config"]
+    assert containerd.socket_peer_pid(CONTAINERD_SOCKET) != before  # restarted onto it
+    assert containerd.not_served(containerd.cri_config(CONTAINERD_SOCKET), "metax", None,
+                                 True) is None
     # the wrapper goes with the last container created through it (the hook's own pod)
     wait_until("wrapper gone",
                lambda: not any(Path("/usr/local/gpuk8s").glob("**/*")), 120)
@@ -241,7 +289,8 @@ def test_5_bad_payload_is_reported_and_nothing_is_installed(
         "registry": "127.0.0.1:5000/gpuk8s", "hostPaths": {"root": str(SIM_ROOT)},
         "driver": {"payload": {"version": version}, "extraArgs": [
             "--load-command={host_root}/usr/sbin/modprobe {module}",
-            "--unload-command={host_root}/usr/sbin/modprobe -r {module}"]},
+            "--unload-command={host_root}/usr/sbin/modprobe -r {module}",
+            "--depmod-command={host_root}/usr/sbin/depmod -a -b {host_root} {kernel_release}"]},
         "maca": {"payload": {"images": [f"maca-c500:{SDK}-ubuntu22.04-amd64"]}},
         "runtime": {"containerd": {"config": str(CONTAINERD_CONFIG)}},
     }))

@@ -99,7 +99,9 @@ def operator_up(lab: dict[str, str], tmp_path_factory: pytest.TempPathFactory
         "driver": {"deployPolicy": "IfNotPresent", "payload": {"version": NEW},
                    "upgradePolicy": {"drainTimeoutSeconds": 20, "upgradeTimeoutSeconds": 120},
                    "extraArgs": ["--load-command={host_root}/usr/sbin/modprobe {module}",
-                                 "--unload-command={host_root}/usr/sbin/modprobe -r {module}"]},
+                                 "--unload-command={host_root}/usr/sbin/modprobe -r {module}",
+                                 "--depmod-command={host_root}/usr/sbin/depmod -a -b "
+                                 "{host_root} {kernel_release}"]},
         "maca": {"payload": {"images": [f"maca-c500:{SDK}-ubuntu22.04-amd64"]}},
         "runtime": {"containerd": {"config": str(CONTAINERD_CONFIG)}},
     }))

@@ -10,10 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from .conftest import (
     FAKE_TOLERATION,
@@ -105,9 +108,47 @@ def test_1_install_playbook_registers_gpus(installed_by_playbook: dict[str, str]
         assert f"metax-tech.com/{key}" in labels, key
 
 
+def curl_filter(url: str, server_name: str, *tls: str) -> subprocess.CompletedProcess[str]:
+    """A filter call with curl (its exit status, its HTTP status on stdout): the name the
+    certificate holds resolved to the cluster IP in ``url``, as kube-scheduler's
+    serverName makes Go verify it."""
+    address = url.split("//", 1)[1].split("/", 1)[0]
+    host, port = address.rsplit(":", 1)
+    return run("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
+               "--resolve", f"{server_name}:{port}:{host}", *tls, "-X", "POST",
+               "-H", "Content-Type: application/json", "--data", '{"Pod": {}, "NodeNames": []}',
+               f"https://{server_name}:{port}/filter", check=False)
+
+
+def assert_only_the_scheduler_is_admitted(extender: dict[str, Any], tmp_path: Path) -> None:
+    tls = extender["tlsConfig"]
+    url, name, ca = extender["urlPrefix"], tls["serverName"], tls["caFile"]
+    # kube-scheduler's own files: admitted
+    mine = curl_filter(url, name, "--cacert", ca, "--cert", tls["certFile"], "--key",
+                       tls["keyFile"])
+    assert (mine.returncode, mine.stdout) == (0, "200"), (mine.stdout, mine.stderr)
+    # no client certificate: refused in the handshake, nothing answered
+    bare = curl_filter(url, name, "--cacert", ca)
+    assert bare.returncode != 0 and bare.stdout in ("", "000"), (bare.stdout, bare.stderr)
+    # a certificate of another CA: refused the same way
+    other = tmp_path / "other"
+    other.mkdir()
+    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        "-subj", "/CN=kube-scheduler", "-keyout", str(other / "key.pem"),
+        "-out", str(other / "cert.pem"))
+    stranger = curl_filter(url, name, "--cacert", ca, "--cert", str(other / "cert.pem"),
+                           "--key", str(other / "key.pem"))
+    assert stranger.returncode != 0 and stranger.stdout in ("", "000"), (
+        stranger.stdout, stranger.stderr)
+    # plain HTTP on the TLS port gets no answer either
+    plain = run("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
+                url.replace("https://", "http://") + "/filter", check=False)
+    assert plain.stdout != "200", plain.stdout
+
+
 @requires_paths("playbooks/gpu_aware.yml")
 def test_5_gpu_aware_places_4_gpu_pod_inside_one_link_group(
-    installed_by_playbook: dict[str, str],
+    installed_by_playbook: dict[str, str], tmp_path: Path
 ) -> None:
     manifest = Path("/etc/kubernetes/manifests/kube-scheduler.yaml")
     original = manifest.read_bytes()
@@ -131,6 +172,12 @@ def test_5_gpu_aware_places_4_gpu_pod_inside_one_link_group(
             ),
             180,
         )
+        # issue 26: kube-scheduler calls gpu-aware over HTTPS with its client certificate,
+        # and gpu-aware refuses any other client
+        extender = yaml.safe_load(Path("/etc/metax/extender.yaml").read_text())["extenders"][0]
+        assert extender["urlPrefix"].startswith("https://") and extender["enableHTTPS"] is True
+        assert extender["tlsConfig"]["certFile"] == "/etc/metax/gpu-aware/client.crt"
+        assert_only_the_scheduler_is_admitted(extender, tmp_path)
         kubectl("create", "namespace", ns, check=False)
         wait_until("default sa", lambda: kubectl("-n", ns, "get", "sa", "default", check=False), 30)
         pod = gpu_pod(ns, "four", 4)

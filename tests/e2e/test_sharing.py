@@ -23,6 +23,7 @@ would then look free and the second pod would not land beside the first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import urllib.request
@@ -78,37 +79,46 @@ def allocatable(node: str, resource: str) -> int:
                or 0)
 
 
-@pytest.fixture(scope="module")
-def sharing(lab: dict[str, str]) -> Iterator[dict[str, str]]:
-    node = lab["node"]
+@contextlib.contextmanager
+def sgpu_stack(node: str, release: str, work: str, *values: str) -> Iterator[None]:
+    """The node in sgpu mode with the chart (gpu-device sharing, gpu-aware as the
+    scheduler's extender; ``values``: more ``--set`` of the chart) and namespace ``work``;
+    all undone on the way out, pass or fail."""
     kubectl("label", "node", node, f"{MODE_LABEL}=sgpu", "--overwrite")
     try:
-        helm("upgrade", "--install", RELEASE, str(REPO / "charts" / "metax-gpu-extensions"),
+        helm("upgrade", "--install", release, str(REPO / "charts" / "metax-gpu-extensions"),
              "-n", NS, "--create-namespace", "--wait", "--timeout", "5m",
              "--set", f"registry={REGISTRY}/gpuk8s",
              "--set", f"hostPaths.root={SIM_ROOT}",
              "--set", "hostPaths.extraReadPaths={/var/lib/gpuk8s-sim}",
              "--set", f"gpuDevice.extraArgs={{--device-path-prefix={SIM_ROOT}}}",
              "--set", "gpuDevice.sharing=true",
-             "--set", "deployExtenderGPUAware=true")  # fmt: skip
+             "--set", "deployExtenderGPUAware=true",
+             *(a for v in values for a in ("--set", v)))  # fmt: skip
         playbook("gpu_aware.yml", "-e", f"gpu_aware_namespace={NS}")
         wait_until("kube-scheduler ready with the extender", lambda: run(
             "curl", "-fsSk", SCHEDULER_READY, check=False).returncode == 0, 180)
         wait_until(f"{SGPU} allocatable {GPUS * SLOTS}",
                    lambda: allocatable(node, SGPU) == GPUS * SLOTS, 120, interval=0.5)
-        kubectl("create", "namespace", WORK)
-        wait_until("default sa", lambda: kubectl("-n", WORK, "get", "sa", "default",
+        kubectl("create", "namespace", work)
+        wait_until("default sa", lambda: kubectl("-n", work, "get", "sa", "default",
                                                  check=False), 30, interval=0.5)
-        yield lab
+        yield
     finally:
-        kubectl("delete", "namespace", WORK, "--wait=true", "--timeout=120s", check=False)
+        kubectl("delete", "namespace", work, "--wait=true", "--timeout=120s", check=False)
         playbook("gpu_aware.yml", "-e", "gpu_aware_state=absent", "-e",
                  f"gpu_aware_namespace={NS}")
-        run(HELM, "--kubeconfig", KUBECONFIG, "uninstall", RELEASE, "-n", NS, "--wait",
+        run(HELM, "--kubeconfig", KUBECONFIG, "uninstall", release, "-n", NS, "--wait",
             "--timeout", "3m", check=False, timeout=300)
         kubectl("label", "node", node, f"{MODE_LABEL}-", check=False)
         wait_until("nothing left after helm uninstall", lambda: kubectl(
             "get", "all", "-n", NS, "-o", "name", check=False).strip() == "", 60)
+
+
+@pytest.fixture(scope="module")
+def sharing(lab: dict[str, str]) -> Iterator[dict[str, str]]:
+    with sgpu_stack(lab["node"], RELEASE, WORK):
+        yield lab
 
 
 def shared_pod(name: str, vcore: int) -> dict[str, Any]:
@@ -236,24 +246,30 @@ def test_1_first_shared_pod_runs_on_the_one_gpu_left(sharing: dict[str, str]) ->
 def test_2_restarted_extender_rebuilds_its_ledger_from_the_annotations(
     sharing: dict[str, str],
 ) -> None:
+    """Both replicas (the chart's default: 2, electing a leader) are replaced; each new
+    one rebuilds its ledger from the annotations, and one of them leads (its pod carries
+    the label the Service selects)."""
     selector = "app.kubernetes.io/name=gpu-aware"
     old = kubectl("-n", NS, "get", "pods", "-l", selector, "-o",
-                  "jsonpath={.items[*].metadata.name}")
-    assert len(old.split()) == 1, old
-    kubectl("-n", NS, "delete", "pod", old, "--wait=true", "--timeout=60s")
+                  "jsonpath={.items[*].metadata.name}").split()
+    assert len(old) == 2, old
+    kubectl("-n", NS, "delete", "pod", *old, "--wait=true", "--timeout=60s")
 
-    def ready_new() -> dict[str, Any] | None:
+    def ready_new() -> list[dict[str, Any]] | None:
+        found = []
         for pod in kubectl_json("-n", NS, "get", "pods", "-l", selector)["items"]:
             statuses = pod["status"].get("containerStatuses") or []
-            if (pod["metadata"]["name"] != old and pod["metadata"].get("deletionTimestamp") is None
+            if (pod["metadata"]["name"] not in old
+                    and pod["metadata"].get("deletionTimestamp") is None
                     and statuses and all(s["ready"] for s in statuses)):
-                return dict(pod)
-        return None
+                found.append(dict(pod))
+        return found if len(found) == 2 else None
 
-    pod = wait_until("a new gpu-aware pod ready", ready_new, 90, interval=0.5)
+    pods = wait_until("two new gpu-aware pods ready", ready_new, 90, interval=0.5)
 
-    def ledger() -> float:
-        url = f"http://{pod['status']['podIP']}:8080/metrics"
+    def ledger(pod: dict[str, Any]) -> float:
+        # the health port: plain HTTP (the extender port admits only kube-scheduler's TLS)
+        url = f"http://{pod['status']['podIP']}:8081/metrics"
         with urllib.request.urlopen(url, timeout=5) as resp:
             text = resp.read().decode()
         found = re.search(r"^gpu_aware_shared_gpu_pods (\S+)$", text, re.M)
@@ -261,7 +277,13 @@ def test_2_restarted_extender_rebuilds_its_ledger_from_the_annotations(
         return float(found.group(1))
 
     # the 7 holders and the first shared pod, read back from their annotations
-    wait_until("ledger of 8 pods", lambda: ledger() == GPUS, 30, interval=0.5)
+    for pod in pods:
+        wait_until(f"ledger of 8 pods in {pod['metadata']['name']}",
+                   lambda pod=pod: ledger(pod) == GPUS, 30, interval=0.5)
+    wait_until("a leader among the new pods", lambda: kubectl(
+        "-n", NS, "get", "pods", "-l", f"{selector},gpuk8s.io/gpu-aware-leader=true", "-o",
+        "jsonpath={.items[*].metadata.name}").split() in ([p["metadata"]["name"]] for p in pods),
+        30, interval=0.5)
 
 
 def test_3_second_pod_lands_on_the_same_gpu(sharing: dict[str, str]) -> None:

@@ -12,8 +12,13 @@ user            groups             RBAC granted by the fixture
 ``gpu-device``  gpuk8s-test        nodes: get, patch (the device plugin's)
 ``gpu-aware``   gpuk8s-test        nodes, pods: get, list, watch; pods: patch;
                                    pods/binding: create (the extender's)
+``gpu-dra``     gpuk8s-test        resourceslices: all verbs; resourceclaims: get;
+                                   nodes: get (the DRA driver's)
 ``nobody``      gpuk8s-test        nothing
 ==============  =================  ==========================================
+
+The apiserver runs with the lab's feature gates and runtime config (``KUBE_FEATURE_GATES``,
+``KUBE_RUNTIME_CONFIG`` in lab/versions.env: the alpha DRA parts gpu-dra uses).
 
 Binaries: kube-apiserver from ``$GPUK8S_CACHE/bin/kube-<KUBE_VERSION>/`` (built by
 ``lab/tools.sh kube``; any ``kube-*`` there or on PATH as a fallback), etcd from
@@ -51,9 +56,16 @@ USERS = {
     "gpu-label": ("label-token", "gpuk8s-test"),
     "gpu-device": ("device-token", "gpuk8s-test"),
     "gpu-aware": ("aware-token", "gpuk8s-test"),
+    "gpu-dra": ("dra-token", "gpuk8s-test"),
     "nobody": ("nobody-token", "gpuk8s-test"),
 }
 ROLES = {
+    "gpu-dra": [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    ],
     "gpu-label": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}],
     "gpu-device": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}],
     "gpu-aware": [
@@ -167,6 +179,21 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+@pytest.fixture(scope="module")
+def cdi_check() -> str:
+    """The reference CDI library's checker (gpuk8s-cdi-check: validate, inject), built by
+    lab/tools.sh cdi."""
+    out = subprocess.run([str(REPO / "lab" / "tools.sh"), "cdi"], capture_output=True,
+                         text=True, timeout=900, check=True)
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def lab_versions() -> dict[str, str]:
+    """lab/versions.env: pinned versions and the lab's feature gates."""
+    return _pinned_versions()
+
+
 @pytest.fixture(scope="session")
 def wait_until() -> Any:
     """``wait_until(predicate, timeout, what)``: poll until true, else fail naming ``what``."""
@@ -266,6 +293,12 @@ def apiserver() -> Iterator[ApiServer]:
                         "--service-account-issuer=https://kubernetes.default.svc",
                         "--service-cluster-ip-range=10.96.0.0/16",
                         "--enable-priority-and-fairness=false",
+                        # the lab's DRA gates (lab/versions.env), so gpu-dra's slices and
+                        # DeviceClasses are judged as the lab's apiserver judges them
+                        *[f"--feature-gates={g}" for g in [versions.get("KUBE_FEATURE_GATES")]
+                          if g],
+                        *[f"--runtime-config={r}" for r in [versions.get("KUBE_RUNTIME_CONFIG")]
+                          if r],
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,

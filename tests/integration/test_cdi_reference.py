@@ -13,30 +13,37 @@ from pathlib import Path
 import pytest
 
 from gpuk8s import sim
-from gpuk8s.core.cdi import SdkSource, apply_to_oci, build_spec, parse_spec, resolve
+from gpuk8s.core.cdi import (
+    SdkSource,
+    apply_to_oci,
+    build_spec,
+    driver_edits,
+    parse_spec,
+    resolve,
+)
 from gpuk8s.discovery import discover
+from gpuk8s.discovery.nvidia import driver_files
 from gpuk8s.host.ociwrapper import stat_device
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def cdi_check() -> str:
-    out = subprocess.run([str(REPO / "lab" / "tools.sh"), "cdi"], capture_output=True,
-                         text=True, timeout=900, check=True)
-    return out.stdout.strip()
 
 
 def node_spec(root: Path, preset: str) -> dict:
     # real char devices: the library stats them (mknod: these tests run as root)
     sim.create(str(root), preset, device_nodes="char")
     inventory = discover(str(root))
-    return build_spec(inventory, host_prefix=str(root), sdk=SdkSource(),
-                      annotations={"gpuk8s.io/generated-by": "test"})
+    extra = None
+    if inventory.backend == "nvidia":  # the driver's files and hooks, as container-runtime
+        files = driver_files(str(root), inventory.driver.version or "")
+        assert files.libraries and files.links
+        extra = driver_edits(files, "/usr/local/gpuk8s/bin/gpuk8s-oci-runtime", str(root))
+    return build_spec(inventory, host_prefix=str(root),
+                      sdk=SdkSource() if inventory.backend == "metax" else None,
+                      annotations={"gpuk8s.io/generated-by": "test"}, extra=extra)
 
 
-@pytest.mark.parametrize("preset", ["c500-8", "c550-8", "mixed-16", "c500-8-vf4", "n260-2"])
+@pytest.mark.parametrize("preset", ["c500-8", "c550-8", "mixed-16", "c500-8-vf4", "n260-2",
+                                    "nvidia-8", "a100-8"])
 def test_specs_are_valid_for_the_reference_library(
     cdi_check: str, tmp_path: Path, preset: str
 ) -> None:
@@ -54,12 +61,15 @@ def test_specs_are_valid_for_the_reference_library(
     assert out.returncode == 1 and "bad name!" in out.stderr
 
 
-def test_wrapper_edits_equal_the_reference_injection(cdi_check: str, tmp_path: Path) -> None:
-    spec = node_spec(tmp_path / "root", "c500-8")
+@pytest.mark.parametrize("preset", ["c500-8", "nvidia-8"])
+def test_wrapper_edits_equal_the_reference_injection(
+    cdi_check: str, tmp_path: Path, preset: str
+) -> None:
+    spec = node_spec(tmp_path / "root", preset)
     specs = tmp_path / "cdi"
     specs.mkdir()
-    (specs / "metax-tech.com-gpu.json").write_text(json.dumps(spec))
-    names = [f"metax-tech.com/gpu={d['name']}" for d in spec["devices"][2:4]]
+    (specs / (spec["kind"].replace("/", "-") + ".json")).write_text(json.dumps(spec))
+    names = [f"{spec['kind']}={d['name']}" for d in spec["devices"][2:4]]
     base = {"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin"], "cwd": "/"},
             "root": {"path": "rootfs"}, "mounts": [], "linux": {}}
     out = subprocess.run([cdi_check, "inject", str(specs), *names], input=json.dumps(base),
@@ -76,8 +86,14 @@ def test_wrapper_edits_equal_the_reference_injection(cdi_check: str, tmp_path: P
         return {(r["type"], r["major"], r["minor"], r["access"])
                 for r in oci["linux"]["resources"]["devices"] if r.get("allow")}
 
-    assert devices(ours) == devices(theirs) and len(devices(ours)) == 5
+    # two GPUs: card + renderD each and /dev/mxcd; /dev/nvidiaN each and four control nodes
+    assert devices(ours) == devices(theirs)
+    assert len(devices(ours)) == {"c500-8": 5, "nvidia-8": 6}[preset]
     assert rules(ours) <= rules(theirs)
-    assert {(m["destination"], m["source"]) for m in ours["mounts"]} == \
-        {(m["destination"], m["source"]) for m in theirs["mounts"]}
+    assert {(m["destination"], m["source"], tuple(m["options"])) for m in ours["mounts"]} == \
+        {(m["destination"], m["source"], tuple(m["options"])) for m in theirs["mounts"]}
     assert set(ours["process"]["env"]) == set(theirs["process"]["env"])
+    assert ours.get("hooks", {}) == theirs.get("hooks", {})
+    if preset == "nvidia-8":
+        assert len(theirs["hooks"]["createContainer"]) == 2
+        assert any(m["destination"].endswith("libcuda.so.550.54.15") for m in theirs["mounts"])

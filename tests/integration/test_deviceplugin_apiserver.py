@@ -24,9 +24,9 @@ from gpuk8s.core.devicelist import DEVICES_ANNOTATION, parse_device_list
 from gpuk8s.core.scoring import LOSSES_ANNOTATION, SCORES_ANNOTATION, parse_table
 from gpuk8s.discovery import discover
 from gpuk8s.services.deviceplugin.main import DevicePluginApp, PluginConfig
-from gpuk8s.services.deviceplugin.nodestate import KubernetesNodePatcher
 from gpuk8s.services.deviceplugin.server import wait_until
 from gpuk8s.services.kube import PermanentApiError, api_client
+from gpuk8s.services.node.nodeclient import KubernetesNodePatcher
 from tests.unit.kubelet_harness import FakeKubelet
 
 pytestmark = [

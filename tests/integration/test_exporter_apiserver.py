@@ -4,6 +4,7 @@ RBAC lets the exporter do exactly that."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,10 @@ def test_in_cluster_reader_lists_the_pods_of_one_node(apiserver: Any, tmp_path: 
             metadata=client.V1ObjectMeta(name="default")))
         for name, node in (("train", "gpu-1"), ("elsewhere", "gpu-2")):
             core.create_namespaced_pod(ns, client.V1Pod(
-                metadata=client.V1ObjectMeta(name=name),
+                metadata=client.V1ObjectMeta(name=name, annotations={
+                    "gpuk8s.io/sharing.assigned": json.dumps({
+                        "node": node, "mode": "sgpu", "gpus": [5], "core": 50,
+                        "memoryMiB": 0, "whole": False, "container": "main"})}),
                 spec=client.V1PodSpec(node_name=node, containers=[
                     client.V1Container(name="main", image="busybox")])))
         pod = core.read_namespaced_pod("train", ns)
@@ -46,9 +50,10 @@ def test_in_cluster_reader_lists_the_pods_of_one_node(apiserver: Any, tmp_path: 
             "imageID": "", "ready": True, "restartCount": 0}]}})
         reader = InClusterReader(_secrets(tmp_path, apiserver, "admin-token"), "127.0.0.1",
                                  apiserver.port)
-        by_id, by_uid = in_cluster_lister("gpu-1", reader)()
+        by_id, by_uid, assigned = in_cluster_lister("gpu-1", reader)()
         assert by_id == {CID: ContainerRef(ns, "train", "main")}
         assert list(by_uid) == [pod.metadata.uid]  # only gpu-1's pod
+        assert assigned == {(ns, "train"): (5,)}  # its sharing assignment, read back
         (tmp_path / "nobody").mkdir()
         nobody = InClusterReader(_secrets(tmp_path / "nobody", apiserver, "nobody-token"),
                                  "127.0.0.1", apiserver.port)

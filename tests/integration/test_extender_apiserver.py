@@ -17,12 +17,12 @@ from gpuk8s import sim
 from gpuk8s.core.devicelist import DEVICES_ANNOTATION
 from gpuk8s.core.model import NodeInventory
 from gpuk8s.discovery import discover
-from gpuk8s.services.deviceplugin.devices import DeviceSet
 from gpuk8s.services.deviceplugin.nodestate import published_annotations
 from gpuk8s.services.extender.main import ExtenderService, build_parser, build_service
 from gpuk8s.services.extender.nodes import BoundPods, NodeCache
 from gpuk8s.services.extender.watch import node_watch_loop, pod_watch_loop
 from gpuk8s.services.kube import api_client
+from gpuk8s.services.node.devices import DeviceSet
 
 pytestmark = [
     pytest.mark.integration,
@@ -496,6 +496,65 @@ def test_real_kube_scheduler_with_the_packing_profile_offers_every_feasible_node
         wait_for(lambda: all(cache.get(n) is not None for n in names), 60, "node cache")
         assert scheduler.place(apiserver.core(), f"pack-{tag}", tag) == whole
         assert offered and offered[-1] == len(names)
+    finally:
+        if scheduler is not None:
+            scheduler.stop()
+        service.close()
+
+
+def test_real_kube_scheduler_calls_and_binds_over_tls_with_its_client_certificate(
+    apiserver: Any, c500: NodeInventory, tmp_path: Any
+) -> None:
+    """Issue 26: kube-scheduler's own TLS client (Go, enableHTTPS + tlsConfig with a
+    client certificate, the CA of the extender's certificate and serverName) calls
+    filter, prioritize and bind; gpu-aware admits it, binds the pod to the node its
+    filter kept, and refuses a client without a certificate."""
+    import ssl
+    import urllib.request
+
+    from tests.unit.tls_certs import SERVER_NAME, server_set
+
+    certs = server_set(tmp_path / "certs")
+    tag = uuid.uuid4().hex[:6]
+    whole, split = f"whole-{tag}", f"split-{tag}"
+    _gpu_node(apiserver, split, tag, node_annotations(c500, allocated=[0, 4]), "256", "1Ti")
+    _gpu_node(apiserver, whole, tag, node_annotations(c500, allocated=[0, 1]), "64", "256Gi")
+    core = apiserver.core()
+    for node_name in (whole, split):
+        core.create_namespaced_pod("default", _gpu_pod(f"{node_name}-holder", node_name, 2))
+    args = build_parser().parse_args([
+        "--port", "0", "--address", "127.0.0.1", "--node-cache", "--kubeconfig",
+        apiserver.kubeconfig("admin"), "--log-level", "warning", "--health-port", "0",
+        "--tls-cert-file", str(certs["server"]), "--tls-key-file", str(certs["server_key"]),
+        "--tls-client-ca-file", str(certs["ca"])])
+    service = build_service(args)
+    service.start()
+    scheduler = None
+    try:
+        config = scheduler_config(service.port, {GPU: False}, bind_verb="bind")
+        config["extenders"][0].update({
+            "urlPrefix": f"https://127.0.0.1:{service.port}",
+            "enableHTTPS": True,
+            "tlsConfig": {"insecure": False, "serverName": SERVER_NAME,
+                          "caFile": str(certs["ca"]), "certFile": str(certs["client"]),
+                          "keyFile": str(certs["client_key"])}})
+        scheduler = Scheduler(apiserver, tmp_path, config)
+        cache = service.extender.cache
+        assert cache is not None
+        wait_for(lambda: cache.get(whole) is not None and cache.get(split) is not None, 30,
+                 "the extender's node cache")
+        assert scheduler.place(core, f"train-{tag}", tag) == whole
+        text = service.extender.metrics.registry
+        from prometheus_client import generate_latest
+
+        metrics = generate_latest(text).decode()
+        assert 'gpu_aware_requests_total{code="200",verb="bind"} 1.0' in metrics, metrics
+        # anyone else: refused in the handshake
+        context = ssl.create_default_context(cafile=str(certs["ca"]))
+        context.check_hostname = False
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            urllib.request.urlopen(f"https://127.0.0.1:{service.port}/healthz",
+                                   context=context, timeout=10).read()
     finally:
         if scheduler is not None:
             scheduler.stop()

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from gpuk8s import sim
+from gpuk8s.discovery import discover
 
 pytestmark = pytest.mark.integration
 
@@ -209,3 +210,58 @@ def test_eviction_refuses_bare_and_emptydir_pods_like_kubectl_drain(
         assert core.list_namespaced_pod(ns).items == []
     finally:
         core.delete_namespace(ns)
+
+
+def driver_run(apiserver: Any, node: dict[str, Any], policy: str, *extra: str
+               ) -> subprocess.CompletedProcess[str]:
+    """The maintenance playbook's driver action towards 2.33.0.6 (the simulated node runs
+    2.32.0.6), with the simulator's modprobe."""
+    payload = node["tmp"] / "driver-2.33.0.6"
+    if not payload.exists():
+        sim.write_payload("driver", "2.33.0.6", str(payload))
+    modprobe = [sys.executable, "{host_root}/usr/sbin/modprobe"]
+    return maintenance(
+        apiserver, node, "-e", "node_maintenance_action=driver",
+        "-e", json.dumps({"node_maintenance_driver_version": "2.33.0.6",
+                          "node_maintenance_driver_payload": str(payload),
+                          "node_maintenance_driver_deploy_policy": policy,
+                          "node_maintenance_driver_load_command": [*modprobe, "{module}"],
+                          "node_maintenance_driver_unload_command": [*modprobe, "-r",
+                                                                     "{module}"]}),
+        *extra)
+
+
+def recap(run: subprocess.CompletedProcess[str]) -> str:
+    return next(line for line in run.stdout.splitlines() if line.startswith("gpu "))
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["apply", "check mode"])
+def test_if_not_present_on_a_node_with_a_driver_leaves_the_node_alone(
+    apiserver: Any, node: dict[str, Any], check: bool
+) -> None:
+    name = node["name"]
+    run = driver_run(apiserver, node, "IfNotPresent", *(["--check"] if check else []))
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "changed=0" in recap(run), run.stdout[-4000:]
+    assert "Nothing to do on " + name in run.stdout
+    assert "IfNotPresent leaves it alone" in run.stdout
+    assert "The node was neither cordoned nor drained" in run.stdout
+    for step in ("Cordon the node", "Evict the pods that use GPUs", "Install or upgrade"):
+        assert f"node_maintenance : {step}" not in run.stdout
+    cordoned, annotations = state(apiserver, name)
+    assert not cordoned and MARK not in annotations
+    assert labels(apiserver, name).get("metax-tech.com/gpu.installed") == "true"
+    assert discover(str(node["root"])).driver.version == "2.32.0.6"
+
+
+def test_check_mode_of_an_upgrade_changes_nothing_and_waits_for_nothing(
+    apiserver: Any, node: dict[str, Any]
+) -> None:
+    name = node["name"]
+    run = driver_run(apiserver, node, "Always", "--check")
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "changed=0" not in recap(run)  # it would cordon, drain and upgrade
+    cordoned, annotations = state(apiserver, name)
+    assert not cordoned and MARK not in annotations
+    assert discover(str(node["root"])).driver.version == "2.32.0.6"
+    assert not (node["root"] / "var/lib/gpuk8s-sim/modprobe.log").exists()

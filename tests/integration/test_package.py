@@ -41,7 +41,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 # the images of GPUK8S_PACKAGE_IMAGES must be tagged with this version
 VERSION = os.environ.get("GPUK8S_PACKAGE_VERSION", "1.2.3")
-EXT_IMAGES = ["gpu-device", "gpu-label", "gpu-aware", "gpu-exporter"]
+EXT_IMAGES = ["gpu-device", "gpu-dra", "gpu-label", "gpu-aware", "gpu-exporter"]
 OP_IMAGES = ["driver-manager", "container-runtime", "operator-controller"]
 ALL_IMAGES = EXT_IMAGES + OP_IMAGES
 FULL = f"metax-gpu-k8s-package.{VERSION}"

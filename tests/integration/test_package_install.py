@@ -8,7 +8,10 @@ administrator's edit of driver-config, a bad value fails before anything is crea
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +19,7 @@ import yaml
 
 pytestmark = pytest.mark.integration
 
+REPO = Path(__file__).resolve().parents[2]
 VERSION = "1.2.3"  # the version the `charts` fixture packages (conftest.py)
 
 
@@ -65,6 +69,7 @@ def _release_objects(apiserver: Any, release: str, ns: str) -> list[str]:
 
     core, apps, rbac, _ = _clients(apiserver)
     adm = client.AdmissionregistrationV1Api(api_client(apiserver.kubeconfig("admin")))
+    net = client.NetworkingV1Api(api_client(apiserver.kubeconfig("admin")))
     sel = f"app.kubernetes.io/instance={release}"
     found = []
     for kind, lister in (
@@ -72,6 +77,8 @@ def _release_objects(apiserver: Any, release: str, ns: str) -> list[str]:
         ("Deployment", lambda: apps.list_namespaced_deployment(ns, label_selector=sel)),
         ("Service", lambda: core.list_namespaced_service(ns, label_selector=sel)),
         ("ConfigMap", lambda: core.list_namespaced_config_map(ns, label_selector=sel)),
+        ("Secret", lambda: core.list_namespaced_secret(ns, label_selector=sel)),
+        ("NetworkPolicy", lambda: net.list_namespaced_network_policy(ns, label_selector=sel)),
         ("ServiceAccount", lambda: core.list_namespaced_service_account(ns, label_selector=sel)),
         ("ClusterRole", lambda: rbac.list_cluster_role(label_selector=sel)),
         ("ClusterRoleBinding", lambda: rbac.list_cluster_role_binding(label_selector=sel)),
@@ -123,6 +130,11 @@ def test_extensions_install_rbac_and_uninstall(
                 "Deployment/gpu-aware",
                 "Service/gpu-aware",
                 "ConfigMap/gpu-aware-plugin",
+                # TLS between kube-scheduler and gpu-aware (no NetworkPolicy: no
+                # control-plane node in this API server to admit)
+                "Secret/gpu-aware-ca",
+                "Secret/gpu-aware-tls",
+                "Secret/gpu-aware-scheduler-client",
                 "ServiceAccount/gpu-device",
                 "ServiceAccount/gpu-label",
                 "ServiceAccount/gpu-aware",
@@ -351,7 +363,9 @@ def test_upgrade_keeps_live_weights_unless_the_chart_changes_them(
     apiserver: Any, helm: Any, charts: dict[str, str]
 ) -> None:
     """The manual edits the weights with `kubectl edit cm`; `helm upgrade` must neither
-    reset nor conflict on them, and `--set gpuAware.scoreWeight=...` must still apply."""
+    reset nor conflict on them, and `--set gpuAware.scoreWeight=...` must still apply --
+    also to a weight edited live (issue 26: it did nothing and said nothing): a new chart
+    value is a new decision, and NOTES.txt says which edit it replaced."""
     ns, rel = "metax-gpu-weights", "w"
     chart = charts["metax-gpu-extensions"]
     helm("install", rel, chart, "-n", ns, "--create-namespace", "--set",
@@ -364,17 +378,161 @@ def test_upgrade_keeps_live_weights_unless_the_chart_changes_them(
         # the administrator's edit, by another field manager (as kubectl edit would)
         core.patch_namespaced_config_map("gpu-aware-plugin", ns, {"data": {"lossWeight": "3"}},
                                          field_manager="kubectl-edit")
-        helm("upgrade", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true",
-             "--set", "log.level=debug")
+        out = helm("upgrade", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true",
+                   "--set", "log.level=debug").stdout
         assert weights() == {"scoreWeight": "1", "lossWeight": "3"}, "the live edit was lost"
+        assert "gpuAware.lossWeight: the live edit 3 stays (the chart's 1 is unchanged" in out
         # the chart changes the weight nobody edited: it applies, without a conflict
         helm("upgrade", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true",
              "--set", "gpuAware.scoreWeight=5")
         assert weights() == {"scoreWeight": "5", "lossWeight": "3"}
-        # ...and never overrides the edited one (nor conflicts with its manager)
+        # the chart changes the edited one: its new value is what the chart applies. helm 4
+        # applies server-side, where the edit's field manager owns the key: the upgrade
+        # stops, naming the field and the manager, and changes nothing...
+        seven = ("upgrade", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true",
+                 "--set", "gpuAware.scoreWeight=5", "--set", "gpuAware.lossWeight=7")
+        refused = helm(*seven, check=False)
+        assert refused.returncode != 0
+        assert 'conflict with "kubectl-edit"' in refused.stderr and ".data.lossWeight" in (
+            refused.stderr)
+        assert weights() == {"scoreWeight": "5", "lossWeight": "3"}
+        # ...until told to take the field over (docs/extender.md); then it applies, and
+        # NOTES.txt says which edit it replaced
+        out = helm(*seven, "--force-conflicts").stdout
+        assert weights() == {"scoreWeight": "5", "lossWeight": "7"}
+        assert "gpuAware.lossWeight: the chart's new value 7 replaced the live edit 3" in out
+        # the same values again: an edit made since stays
+        core.patch_namespaced_config_map("gpu-aware-plugin", ns, {"data": {"lossWeight": "9"}},
+                                         field_manager="kubectl-edit")
         helm("upgrade", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true",
              "--set", "gpuAware.scoreWeight=5", "--set", "gpuAware.lossWeight=7")
-        assert weights() == {"scoreWeight": "5", "lossWeight": "3"}
+        assert weights() == {"scoreWeight": "5", "lossWeight": "9"}
     finally:
         helm("uninstall", rel, "-n", ns, "--wait", "--timeout", "120s")
+    assert _release_objects(apiserver, rel, ns) == []
+    # helm 3 (what the playbooks' kubernetes.core.helm runs) patches client-side: the new
+    # chart value applies at once
+    helm3 = _helm_as(apiserver, _helm3())
+    helm3("install", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true")
+    try:
+        core.patch_namespaced_config_map("gpu-aware-plugin", ns, {"data": {"lossWeight": "3"}},
+                                         field_manager="kubectl-edit")
+        out = helm3("upgrade", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true",
+                    "--set", "gpuAware.lossWeight=7").stdout
+        assert weights() == {"scoreWeight": "1", "lossWeight": "7"}
+        assert "gpuAware.lossWeight: the chart's new value 7 replaced the live edit 3" in out
+    finally:
+        helm3("uninstall", rel, "-n", ns, "--wait", "--timeout", "120s")
+
+
+def _helm3() -> str:
+    out = subprocess.run(["bash", str(REPO / "lab" / "tools.sh"), "helm3"], capture_output=True,
+                         text=True, check=True, timeout=900)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def _helm_as(apiserver: Any, binary: str) -> Any:
+    """A runner of ``binary`` as the cluster admin."""
+    env = {**os.environ, "KUBECONFIG": apiserver.kubeconfig("admin")}
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([binary, *args], capture_output=True, text=True, check=False,
+                              env=env, timeout=300)
+        if check:
+            assert proc.returncode == 0, f"helm3 {args}\n{proc.stdout}\n{proc.stderr}"
+        return proc
+
+    return run
+
+
+def _secret(core: Any, ns: str, name: str) -> tuple[dict[str, str], dict[str, str]]:
+    got = core.read_namespaced_secret(name, ns)
+    return dict(got.data), dict(got.metadata.annotations or {})
+
+
+def _verify(tmp_path: Path, ca: str, cert: str) -> bool:
+    """openssl's verdict: ``cert`` (base64 PEM, as in a Secret) chains to ``ca``."""
+    import base64
+
+    (tmp_path / "ca.pem").write_bytes(base64.b64decode(ca))
+    (tmp_path / "cert.pem").write_bytes(base64.b64decode(cert))
+    proc = subprocess.run(["openssl", "verify", "-CAfile", str(tmp_path / "ca.pem"),
+                           str(tmp_path / "cert.pem")], capture_output=True, text=True,
+                          check=False, timeout=60)
+    return proc.returncode == 0
+
+
+def test_gpu_aware_certificates_are_kept_renewed_and_only_the_control_plane_admitted(
+    apiserver: Any, helm: Any, charts: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 26: the chart makes gpu-aware's TLS material once, keeps it across upgrades
+    (lookup), issues a new certificate when an upgrade comes within renewBeforeDays of its
+    expiry (a new CA, and all it signed, likewise), and its NetworkPolicy admits only the
+    control-plane nodes it finds to the extender port."""
+    ns, rel = "metax-gpu-tls", "t"
+    chart = charts["metax-gpu-extensions"]
+    core, _apps, _rbac, _authz = _clients(apiserver)
+    from kubernetes import client
+
+    net = client.NetworkingV1Api(core.api_client)
+    core.create_node({"metadata": {"name": "cp-tls", "labels": {
+        "node-role.kubernetes.io/control-plane": ""}},
+        "spec": {"podCIDR": "10.244.7.0/24", "podCIDRs": ["10.244.7.0/24"]}})
+    core.patch_node_status("cp-tls", {"status": {"addresses": [
+        {"type": "InternalIP", "address": "192.0.2.10"}, {"type": "Hostname", "address": "cp"}]}})
+    core.create_node({"metadata": {"name": "worker-tls"}})
+    on = ("--set", "deployExtenderGPUAware=true")
+    helm("install", rel, chart, "-n", ns, "--create-namespace", *on)
+    try:
+        server, server_notes = _secret(core, ns, "gpu-aware-tls")
+        scheduler, _ = _secret(core, ns, "gpu-aware-scheduler-client")
+        cas, _ = _secret(core, ns, "gpu-aware-ca")
+        assert _verify(tmp_path, scheduler["ca.crt"], server["tls.crt"])
+        assert _verify(tmp_path, server["client-ca.crt"], scheduler["tls.crt"])
+        # two CAs: gpu-aware's own certificate is no client certificate it accepts
+        assert not _verify(tmp_path, server["client-ca.crt"], server["tls.crt"])
+        assert int(server_notes["metax-tech.com/not-after"]) > time.time() + 360 * 86400
+        policy = net.read_namespaced_network_policy("gpu-aware", ns)
+        extender, health = policy.spec.ingress
+        assert [p.port for p in extender.ports] == [8080]
+        assert sorted(f.ip_block.cidr for f in extender._from) == [
+            "10.244.7.0/24", "192.0.2.10/32"]
+        assert [p.port for p in health.ports] == [8081] and health._from is None
+        # an upgrade keeps everything...
+        helm("upgrade", rel, chart, "-n", ns, *on, "--set", "log.level=debug")
+        assert _secret(core, ns, "gpu-aware-tls")[0] == server
+        assert _secret(core, ns, "gpu-aware-scheduler-client")[0] == scheduler
+        # ...until a certificate comes within renewBeforeDays (30) of its expiry: 340 days
+        # pass, in the record (the test's edit of helm's annotation stands for the time, so
+        # helm 4 takes the field back with --force-conflicts)
+        soon = str(int(time.time()) + 20 * 86400)
+
+        def age(name: str, key: str) -> None:
+            core.patch_namespaced_secret(name, ns, {"metadata": {"annotations": {key: soon}}})
+
+        age("gpu-aware-scheduler-client", "metax-tech.com/not-after")
+        helm("upgrade", rel, chart, "-n", ns, *on, "--force-conflicts")
+        renewed, renewed_notes = _secret(core, ns, "gpu-aware-scheduler-client")
+        assert renewed["tls.crt"] != scheduler["tls.crt"] and renewed["ca.crt"] == scheduler[
+            "ca.crt"]
+        assert _verify(tmp_path, server["client-ca.crt"], renewed["tls.crt"])
+        assert int(renewed_notes["metax-tech.com/not-after"]) > time.time() + 360 * 86400
+        assert _secret(core, ns, "gpu-aware-tls")[0] == server  # its own was not due
+        # a CA within renewBeforeDays: a new CA and a new certificate signed by it
+        age("gpu-aware-ca", "metax-tech.com/server-ca-not-after")
+        helm("upgrade", rel, chart, "-n", ns, *on, "--force-conflicts")
+        fresh, _ = _secret(core, ns, "gpu-aware-tls")
+        client_side, _ = _secret(core, ns, "gpu-aware-scheduler-client")
+        assert _secret(core, ns, "gpu-aware-ca")[0]["server-ca.crt"] != cas["server-ca.crt"]
+        assert fresh["tls.crt"] != server["tls.crt"]
+        assert _verify(tmp_path, client_side["ca.crt"], fresh["tls.crt"])
+        assert not _verify(tmp_path, scheduler["ca.crt"], fresh["tls.crt"])
+        # plain HTTP, explicitly: no Secrets, no TLS flags
+        helm("upgrade", rel, chart, "-n", ns, *on, "--set", "gpuAware.tls.enabled=false")
+        names = [s.metadata.name for s in core.list_namespaced_secret(ns).items]
+        assert not [n for n in names if n.startswith("gpu-aware")], names
+    finally:
+        helm("uninstall", rel, "-n", ns, "--wait", "--timeout", "120s")
+        for name in ("cp-tls", "worker-tls"):
+            core.delete_node(name)
     assert _release_objects(apiserver, rel, ns) == []

@@ -56,13 +56,13 @@ class KubeletStandIn:
     whose Allocate served another pod's assignment (an ambiguous match)."""
 
     def __init__(self, apiserver: Any, node: str, inventory: NodeInventory, mode: str) -> None:
-        from gpuk8s.services.deviceplugin.devices import DeviceSet
         from gpuk8s.services.deviceplugin.sharing import (
             REPLICAS,
             KubePendingPods,
             SharedDevices,
             replica_id,
         )
+        from gpuk8s.services.node.devices import DeviceSet
 
         self.core = apiserver.core()
         self.node = node
@@ -150,7 +150,16 @@ def _shared_pod(name: str, vcore: int) -> dict[str, Any]:
     }
 
 
-def _bind(service: ExtenderService, pod: Any, node: str) -> str:
+def _bind(service: ExtenderService, pod: Any, node: str, status_: int = 200) -> str:
+    """filter then bind, as kube-scheduler calls them: a node the filter drops is
+    never bound (its reason is returned)."""
+    from kubernetes.client import ApiClient
+
+    body = {"Pod": ApiClient().sanitize_for_serialization(pod), "NodeNames": [node]}
+    status, result = _post(service, "filter", body)
+    assert status == 200, result
+    if node not in result["NodeNames"]:
+        return str({**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}[node])
     status, result = _post(
         service,
         "bind",
@@ -161,7 +170,7 @@ def _bind(service: ExtenderService, pod: Any, node: str) -> str:
             "Node": node,
         },
     )
-    assert status == 200
+    assert status == status_, result
     return str(result["Error"])
 
 
@@ -226,7 +235,7 @@ def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
             "NodeNames": [node, other],
         }
         status, result = _post(service, "filter", body)
-        assert status == 200 and result["NodeNames"] == [node]
+        assert status == 200 and result["NodeNames"] == [node], result
         assert "sharing mode is 'exclusive'" in result["FailedAndUnresolvableNodes"][other]
 
         with ThreadPoolExecutor(max_workers=16) as pool:
@@ -245,16 +254,26 @@ def test_concurrent_binds_never_overcommit_and_restart_rebuilds(
 
         # "allocating" as bind wrote it, until gpu-device's Allocate served the pod
         wait_for(lambda: phase() == "allocated", 30, "the pod allocated")
-        # a pod without shared GPUs is bound as the default binder would
+        # a pod of whole GPUs is bound as the default binder would
+        whole = core.create_namespaced_pod(
+            "default",
+            {"metadata": {"name": f"{tag}-whole"},
+             "spec": {"containers": [{"name": "m", "image": "registry.invalid/none:1",
+                                      "resources": {"limits": {GPU_RESOURCE: "1"}}}]}},
+        )
+        assert _bind(service, whole, other) == ""
+        got = core.read_namespaced_pod(f"{tag}-whole", "default")
+        assert got.spec.node_name == other
+        assert ASSIGNED_ANNOTATION not in (got.metadata.annotations or {})
+        # one asking for no GPU is not gpu-aware's to bind (managedResources keep such
+        # pods away from it): refused, left unbound
         plain = core.create_namespaced_pod(
             "default",
             {"metadata": {"name": f"{tag}-nogpu"},
              "spec": {"containers": [{"name": "m", "image": "registry.invalid/none:1"}]}},
         )
-        assert _bind(service, plain, other) == ""
-        got = core.read_namespaced_pod(f"{tag}-nogpu", "default")
-        assert got.spec.node_name == other
-        assert ASSIGNED_ANNOTATION not in (got.metadata.annotations or {})
+        assert "asks for no GPUs" in _bind(service, plain, other, 400)
+        assert not core.read_namespaced_pod(f"{tag}-nogpu", "default").spec.node_name
     finally:
         service.close()
 
@@ -532,8 +551,6 @@ def test_real_kube_scheduler_asks_gpu_aware_about_pods_without_gpus(
     managed = (schedconf.ManagedResource(VCUDA_CORE_RESOURCE),
                schedconf.ManagedResource(VCUDA_MEMORY_RESOURCE, True))
     scheduler = None
-    cache = service.extender.cache
-    assert cache is not None
     try:
         for rank in (False, True):
             spec = schedconf.ExtenderSpec(
@@ -545,8 +562,11 @@ def test_real_kube_scheduler_asks_gpu_aware_about_pods_without_gpus(
             assert len(config["extenders"]) == (2 if rank else 1)
             (tmp_path / str(rank)).mkdir()
             scheduler = Scheduler(apiserver, tmp_path / str(rank), config)
-            wait_for(lambda: all(cache.get(n) is not None for n in (busy, roomy, sink)), 30,
-                     "the node cache")
+            cache = service.extender.cache
+            assert cache is not None
+            wait_for(lambda cache=cache: all(cache.get(n) is not None
+                                             for n in (busy, roomy, sink)),
+                     30, "the node cache")
             if not rank:
                 # ... the shares that arrive (on the sink node) ask 8 cores each (sizes
                 # that differ: no bind waits for another one's Allocate, no kubelet here)

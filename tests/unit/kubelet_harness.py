@@ -27,14 +27,8 @@ from typing import Any
 
 import grpc
 
-from gpuk8s.services.deviceplugin.grpcapi import (
-    DevicePluginStub,
-    dp,
-    pod_resources_handler,
-    podres,
-    registration_handler,
-    unix_target,
-)
+from gpuk8s.services.deviceplugin.grpcapi import DevicePluginStub, dp, registration_handler
+from gpuk8s.services.node.grpcapi import pod_resources_handler, podres, unix_target
 
 
 @dataclass

@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuk8s.services.extender.leader import LEADER_LABEL
+
 REPO = Path(__file__).resolve().parents[2]
 CHARTS = REPO / "charts"
 EXT = CHARTS / "metax-gpu-extensions"
@@ -188,7 +190,8 @@ def volumes(workload: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {v["name"]: v for v in workload["spec"]["template"]["spec"].get("volumes", [])}
 
 
-def required_node_labels(workload: dict[str, Any]) -> dict[str, list[str]]:
+def required_node_labels(workload: dict[str, Any], operator: str = "In") -> dict[str, list[str]]:
+    """The node labels a workload requires (``In``), or those it stays off (``NotIn``)."""
     affinity = workload["spec"]["template"]["spec"].get("affinity", {})
     terms = (
         affinity.get("nodeAffinity", {})
@@ -199,8 +202,9 @@ def required_node_labels(workload: dict[str, Any]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for term in terms:
         for expr in term["matchExpressions"]:
-            assert expr["operator"] == "In"
-            out[expr["key"]] = expr["values"]
+            assert expr["operator"] in ("In", "NotIn")
+            if expr["operator"] == operator:
+                out[expr["key"]] = expr["values"]
     return out
 
 
@@ -232,7 +236,8 @@ COMBOS: list[tuple[str, Path, dict[str, Any]]] = [
                 "extraArgs": ["--node-state-interval=5"],
             },
             "gpuLabel": {"interval": 15, "log": {"format": "json", "maxAge": "4w2d"}},
-            "gpuAware": {"scoreWeight": 3, "lossWeight": "0.5", "log": {"dir": "/var/log/x"}},
+            "gpuAware": {"scoreWeight": 3, "lossWeight": "0.5", "log": {"dir": "/var/log/x"},
+                         "networkPolicy": {"controlPlaneCIDRs": ["192.0.2.0/24"]}},
             "gpuMps": {"activeThreadPercentage": 30, "interval": 5,
                        "log": {"level": "debug"}, "extraArgs": ["--sharing-mode=auto"]},
             "resourceDescriptors": {"enabled": True},
@@ -382,6 +387,8 @@ def kubeconform_schemas(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "rolebinding-rbac-v1",
         "runtimeclass-node-v1",
         "job-batch-v1",
+        "secret-v1",
+        "networkpolicy-networking-v1",
     }
     for name in names:
         schema = json.loads((src / f"{name}.json").read_text())
@@ -397,35 +404,44 @@ def kubeconform_schemas(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name", ["ext-everything", "op-everything"])
-def test_kubeconform_strict(name: str, kubeconform_schemas: Path, tmp_path: Path) -> None:
-    kubeconform = _kubeconform_path()
-    if not kubeconform:
+def kubeconform(manifest: Path, schemas: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`kubeconform -strict` over ``manifest`` with the JSON schemas in the folder ``schemas``."""
+    path = _kubeconform_path()
+    if not path:
         pytest.skip("kubeconform not built: lab/tools.sh kubeconform")
-    _n, chart, values = next(c for c in COMBOS if c[0] == name)
-    rc, out, err = render_raw(chart, values)
-    assert rc == 0, err
-    manifest = tmp_path / "rendered.yaml"
-    manifest.write_text(out)
-    location = str(kubeconform_schemas) + "/{{.ResourceKind}}{{.KindSuffix}}.json"
-    proc = subprocess.run(
-        [kubeconform, "-strict", "-summary", "-schema-location", location, str(manifest)],
+    location = str(schemas) + "/{{.ResourceKind}}{{.KindSuffix}}.json"
+    return subprocess.run(
+        [path, "-strict", *flags, "-schema-location", location, str(manifest)],
         capture_output=True,
         text=True,
         check=False,
     )
+
+
+def assert_kubeconform_accepts(
+    chart: Path, values: dict[str, Any], schemas: Path, manifest: Path
+) -> str:
+    """Render ``chart`` with ``values`` into ``manifest``; kubeconform accepts every object.
+    Returns the rendered text."""
+    rc, out, err = render_raw(chart, values)
+    assert rc == 0, err
+    manifest.write_text(out)
+    proc = kubeconform(manifest, schemas, "-summary")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Invalid: 0, Errors: 0, Skipped: 0" in proc.stdout, proc.stdout
+    return out
+
+
+@pytest.mark.parametrize("name", ["ext-everything", "op-everything"])
+def test_kubeconform_strict(name: str, kubeconform_schemas: Path, tmp_path: Path) -> None:
+    _n, chart, values = next(c for c in COMBOS if c[0] == name)
+    manifest = tmp_path / "rendered.yaml"
+    out = assert_kubeconform_accepts(chart, values, kubeconform_schemas, manifest)
     # and it does catch a broken object
     manifest.write_text(
         out + "\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: x, bogus: 1}\n"
     )
-    proc = subprocess.run(
-        [kubeconform, "-strict", "-schema-location", location, str(manifest)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = kubeconform(manifest, kubeconform_schemas)
     assert proc.returncode != 0 and "bogus" in proc.stdout
 
 
@@ -461,11 +477,16 @@ def test_workload_selectors_match_pod_labels(combo: Any) -> None:
         assert selector.items() <= pod_labels.items()
         assert "app.kubernetes.io/version" not in selector  # selectors are immutable
     for svc in rendered.of("Service"):
+        selector = dict(svc["spec"]["selector"])
+        # gpu-aware with replicas: the elected one labels its own pod at run time
+        # (leader.py), and the Service sends kube-scheduler to it alone
+        if selector.pop(LEADER_LABEL, None) is not None:
+            assert svc["metadata"]["name"] == "gpu-aware"
+            assert selector  # still the component's own labels
         target = [
             w
             for w in rendered.workloads()
-            if svc["spec"]["selector"].items()
-            <= w["spec"]["template"]["metadata"]["labels"].items()
+            if selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()
         ]
         assert len(target) == 1, (
             f"Service {svc['metadata']['name']} selects {len(target)} workloads"
@@ -579,7 +600,10 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
     }
     | {("", "configmaps", "get", "gpu-aware-plugin")}
     # GPU sharing: record the chosen GPUs on the pod, then bind it
-    | {("", "pods", "patch", ANY), ("", "pods/binding", "create", ANY)},
+    | {("", "pods", "patch", ANY), ("", "pods/binding", "create", ANY)}
+    # replicas (2 by default) elect the one that books shared GPUs on the Lease gpu-aware
+    | {("coordination.k8s.io", "leases", "create", ANY)}
+    | {("coordination.k8s.io", "leases", verb, "gpu-aware") for verb in ("get", "update")},
     "driver-manager": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),
                        ("", "events", "create", ANY), ("", "pods", "get", ANY)},  # events: default
     "container-runtime": {("", "nodes", "get", ANY), ("", "nodes", "patch", ANY),
@@ -879,7 +903,8 @@ def test_gpu_aware_deployment_service_and_weights(
     assert cm["metadata"]["annotations"]["metax-tech.com/chart-weights"] == "/".join(expected)
     svc = rendered.get("Service", "gpu-aware")
     assert svc["spec"]["type"] == "ClusterIP"
-    assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [(8080, "http")]
+    assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
+        (8080, "extender"), (8081, "health")]
     dep = rendered.get("Deployment", "gpu-aware")
     c = container(dep)
     assert c["args"][:2] == ["serve", "extender"]
@@ -889,12 +914,13 @@ def test_gpu_aware_deployment_service_and_weights(
     assert "--node-cache" in c["args"]
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8080}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"extender": 8080,
+                                                                    "health": 8081}
     m = mounts(dep)["/etc/gpu-aware"]
     assert m["readOnly"] is True
     assert volumes(dep)[m["name"]]["configMap"]["name"] == "gpu-aware-plugin"
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     spec = dep["spec"]["template"]["spec"]
     # control-plane preferred, not required: single-node labs must work
     aff = spec["affinity"]["nodeAffinity"]
@@ -1150,7 +1176,7 @@ def test_helm_test_pod(chart: Path, values: dict[str, Any], ready: str) -> None:
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["READY_LABELS"] == ready
     assert env["EXTENDER_URL"] == (
-        f"gpu-aware.{NS}.svc:8080" if values.get("deployExtenderGPUAware") else ""
+        f"gpu-aware.{NS}.svc:8081" if values.get("deployExtenderGPUAware") else ""
     )
     assert c["command"] == ["python3", "-c"]
     compile(c["args"][0], "gpu-test", "exec")  # the embedded check is valid Python
@@ -1449,12 +1475,12 @@ BAD_VALUES = [
     (
         OP,
         _deep_merge(OP_MIN, {"maca": {"payload": {"images": ["maca-c500"]}}}),
-        ["/maca/payload/images/0"],
+        ["maca.payload.images[0]", "has no tag"],
     ),
     (
         OP,
         _deep_merge(OP_MIN, {"maca": {"payload": {"images": ["maca-c500:"]}}}),
-        ["/maca/payload/images/0"],
+        ["maca.payload.images[0]", "is not an image reference"],
     ),
     (OP, _deep_merge(OP_MIN, {"runtime": {"log": {"format": "yaml"}}}), ["/runtime/log/format"]),
     (
@@ -1705,3 +1731,79 @@ def test_gpu_device_sharing_option(chart: Path, base: dict[str, Any]) -> None:
     assert _permissions(_rules_by_subject(on)["gpu-device"]) == EXPECTED_PERMISSIONS[
         "gpu-device"
     ] | {("", "pods", "list", ANY), ("", "pods", "patch", ANY)}
+
+
+# -- gpu-dra ---------------------------------------------------------------------------------
+DRA_MODE = "gpuk8s.io/allocation-mode"
+DRA_CLASSES = ["gpu.metax-tech.com", "vf.gpu.metax-tech.com", "sgpu.gpu.metax-tech.com",
+               "group-2.gpu.metax-tech.com", "group-4.gpu.metax-tech.com",
+               "group-8.gpu.metax-tech.com"]
+
+
+@pytest.mark.parametrize("chart", [EXT, OP], ids=["ext", "op"])
+def test_gpu_device_stays_off_dra_nodes(chart: Path) -> None:
+    values = {} if chart == EXT else OP_MIN
+    device = objs(chart, values).get("DaemonSet", "metax-gpu-device")
+    assert required_node_labels(device, "NotIn") == {DRA_MODE: ["dra"]}
+    assert DRA_MODE not in required_node_labels(device)
+
+
+def test_gpu_dra_is_off_by_default() -> None:
+    o = objs(EXT)
+    assert not o.has("DaemonSet", "metax-gpu-dra") and not o.of("DeviceClass")
+    assert not o.has("ServiceAccount", "gpu-dra")
+
+
+def test_gpu_dra_daemonset_runs_only_on_dra_nodes_with_its_paths() -> None:
+    o = objs(EXT, {"gpuDra": {"enabled": True, "healthyInterval": 3},
+                   "hostPaths": {"root": "/srv/sim", "kubeletPlugins": "/data/kubelet/plugins/"}})
+    ds = o.get("DaemonSet", "metax-gpu-dra")
+    assert required_node_labels(ds) == {
+        "kubernetes.io/os": ["linux"], DRA_MODE: ["dra"],
+        P + "gpu.installed": ["true"], P + "driver.ready": ["true"]}
+    c = container(ds)
+    assert c["image"].endswith("/gpu-dra:0.1.0")
+    assert c["args"][:2] == ["serve", "dra-plugin"]
+    f = flags(c)
+    assert f["plugin-dir"] == "/data/kubelet/plugins/gpu.metax-tech.com"
+    assert f["registry-dir"] == "/var/lib/kubelet/plugins_registry"
+    assert f["cdi-dir"] == "/var/run/cdi"
+    assert f["healthy-interval"] == "3" and f["device-path-prefix"] == "/srv/sim"
+    assert (f["group-devices"], f["unhealthy-devices"], f["sharing-mode"]) == (
+        "on", "taint", "auto")
+    m = mounts(ds)
+    # the kubelet dials the socket path gpu-dra registers: the same inside and outside
+    assert volumes(ds)[m["/data/kubelet/plugins/gpu.metax-tech.com"]["name"]]["hostPath"][
+        "path"] == "/data/kubelet/plugins/gpu.metax-tech.com"
+    assert "/var/lib/kubelet/plugins_registry" in m and "/var/run/cdi" in m
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    rules = o.get("ClusterRole", f"{REL}-gpu-dra")["rules"]
+    assert rules == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+
+
+def test_gpu_dra_device_classes() -> None:
+    o = objs(EXT, {"gpuDra": {"enabled": True}})
+    classes = {d["metadata"]["name"]: d["spec"] for d in o.of("DeviceClass")}
+    assert sorted(classes) == sorted(DRA_CLASSES)
+    assert classes["gpu.metax-tech.com"]["extendedResourceName"] == "metax-tech.com/gpu"
+    assert [n for n, spec in classes.items() if "extendedResourceName" in spec] == [
+        "gpu.metax-tech.com"]
+    assert "groupSize == 4" in classes["group-4.gpu.metax-tech.com"]["selectors"][0]["cel"][
+        "expression"]
+    plain = objs(EXT, {"gpuDra": {"enabled": True, "extendedResource": False}})
+    assert all("extendedResourceName" not in d["spec"] for d in plain.of("DeviceClass"))
+    assert not objs(EXT, {"gpuDra": {"enabled": True, "deviceClasses": False}}).of(
+        "DeviceClass")
+
+
+def test_gpu_dra_values_are_checked() -> None:
+    err = render_error(EXT, {"gpuDra": {"enabled": True, "unhealthyDevices": "hide"}})
+    assert "unhealthyDevices" in err
+    err = render_error(EXT, {"gpuDra": {"enabled": True, "log": {"dir": "var/log"}}})
+    assert "/gpuDra/log/dir" in err
+

@@ -1,5 +1,6 @@
-"""README.md documents every chart option: its generated tables are up to date and
-list every key of both values.yaml files (the generator is package/values_table.py)."""
+"""docs/charts.md documents every chart option: its generated tables are up to date and
+list every key of both values.yaml files (the generator is package/values_table.py), and
+no other page carries a second, stale copy of them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATOR = REPO / "package" / "values_table.py"
-DOC = REPO / "README.md"
+DOC = REPO / "docs" / "charts.md"
 
 
 def _keys(values: dict[str, Any], prefix: str = "") -> list[str]:
@@ -57,3 +58,10 @@ def test_every_option_is_in_the_doc() -> None:
                     assert f"| `{key}.{sub}` |" in section, f"{chart}: {key}.{sub}"
             else:
                 assert f"| `{key}` |" in section, f"{chart}: {key} not documented"
+
+
+def test_the_tables_live_only_in_the_charts_page() -> None:
+    pages = [REPO / "README.md", REPO / "lab" / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    holders = [page.relative_to(REPO).as_posix() for page in pages
+               if "<!-- BEGIN values:" in page.read_text()]
+    assert holders == ["docs/charts.md"], holders

@@ -69,7 +69,13 @@ def test_daemonset_flags_mounts_probes_and_gating(chart: Path, values: dict[str,
     m = mounts(ds)
     assert m["/host"]["readOnly"] and m["/host-proc"]["readOnly"]
     assert m["/var/lib/kubelet/pod-resources"]["readOnly"]
+    # the book of known GPUs: writable, on the node (under hostPaths.root), where a
+    # restarted exporter finds it
+    assert f["state-file"] == "/var/lib/gpuk8s/exporter/gpus.json"
+    assert not m["/var/lib/gpuk8s/exporter"].get("readOnly")
     v = volumes(ds)
+    assert v["state"]["hostPath"] == {"path": "/srv/sim/var/lib/gpuk8s/exporter",
+                                      "type": "DirectoryOrCreate"}
     assert v["host-root"]["hostPath"]["path"] == "/srv/sim"
     assert v["host-proc"]["hostPath"]["path"] == "/host/proc"
     assert v["pod-resources"]["hostPath"]["path"] == "/data/kubelet/pod-resources"

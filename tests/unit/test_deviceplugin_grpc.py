@@ -27,9 +27,9 @@ from gpuk8s.core.scoring import (
     topology_tables,
 )
 from gpuk8s.discovery import discover
-from gpuk8s.services.deviceplugin.devices import AllocateOptions
 from gpuk8s.services.deviceplugin.main import DevicePluginApp, PluginConfig
 from gpuk8s.services.deviceplugin.server import wait_until
+from gpuk8s.services.node.devices import AllocateOptions
 
 from .kubelet_harness import FakeKubelet, RecordingNodePatcher
 

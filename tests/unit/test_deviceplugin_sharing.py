@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -22,9 +23,9 @@ from gpuk8s.core.sharing import (
     mps_pipe_dir,
 )
 from gpuk8s.discovery import discover
-from gpuk8s.services.deviceplugin.devices import DeviceSet, UnknownDeviceError
 from gpuk8s.services.deviceplugin.main import PluginConfig
 from gpuk8s.services.deviceplugin.sharing import SharedDevices, replica_id
+from gpuk8s.services.node.devices import DeviceSet, UnknownDeviceError
 
 pytestmark = pytest.mark.usefixtures("fast_python3")
 
@@ -39,13 +40,25 @@ def inventories(tmp_path_factory: pytest.TempPathFactory) -> dict[str, NodeInven
     return out
 
 
+def asks(share: ShareRequest) -> dict[str, str]:
+    """The container limits that ask for ``share``."""
+    if share.mode == MODE_SGPU:
+        return {"metax-tech.com/sgpu": str(share.gpus), "metax-tech.com/vcore": str(share.core),
+                "metax-tech.com/vmemory": f"{share.memory_mib}Mi"}
+    return {"nvidia.com/mps-core": str(share.core),
+            "nvidia.com/mps-memory": f"{share.memory_mib}Mi"}
+
+
 class Pods:
     """The node's pods as the API would list them (records the phase patches)."""
 
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
 
-    def add(self, name: str, assignment: Assignment, when: int) -> None:
+    def add(self, name: str, assignment: Assignment, when: int,
+            spec: dict[str, Any] | None = None) -> None:
+        """A bound pod waiting for Allocate; ``spec``: its own (default: one container
+        asking for exactly the assignment's share)."""
         self.items.append(
             {
                 "metadata": {
@@ -56,7 +69,9 @@ class Pods:
                         BIND_TIME_ANNOTATION: str(when),
                         PHASE_ANNOTATION: PHASE_ALLOCATING,
                     },
-                }
+                },
+                "spec": spec if spec is not None else {"containers": [
+                    {"name": "main", "resources": {"limits": asks(assignment.share)}}]},
             }
         )
 
@@ -149,3 +164,30 @@ def test_sharing_mode_auto_reads_the_node_label() -> None:
     assert resolve_sharing(config, {}).sharing_mode == "exclusive"
     with pytest.raises(ConfigError, match=r"gpuk8s.io/sharing-mode.*'half'"):
         resolve_sharing(config, {"gpuk8s.io/sharing-mode": "half"})
+
+
+def test_allocate_serves_a_share_asked_in_a_sidecar_and_never_more_than_asked(
+    inventories: dict[str, NodeInventory],
+) -> None:
+    """The pod's effective request (core.effective, init and sidecar containers
+    included) is the share gpu-device serves: a sidecar's share is served; an assignment
+    larger than what the pod asks (written by hand) is not (before: served)."""
+    inventory = inventories["c500-8"]
+    devices = DeviceSet(inventory, "metax-tech.com/gpu")
+    pods = Pods()
+    shared = SharedDevices(devices, MODE_SGPU, "n1", pods)
+    share = ShareRequest(MODE_SGPU, 1, 30, 0)
+    greedy = Assignment("n1", (1,), ShareRequest(MODE_SGPU, 1, 100, 0))
+    pods.add("greedy", greedy, 50, spec={"containers": [
+        {"name": "main", "resources": {"limits": asks(share)}}]})
+    sidecar = {"initContainers": [{"name": "side", "restartPolicy": "Always",
+                                   "resources": {"limits": asks(share)}}],
+               "containers": [{"name": "main"}]}
+    pods.add("side", Assignment("n1", (4,), replace(share, container="side")), 100,
+             spec=sidecar)
+    spec = shared.container_spec([replica_id(devices.units[0].id, 0)])
+    assert spec.envs["METAX_SGPU_COMPUTE"] == "30"
+    assert spec.envs["GPUK8S_DEVICE_IDS"] == inventory.gpu(4).pci_address
+    assert pods.items[0]["metadata"]["annotations"][PHASE_ANNOTATION] == PHASE_ALLOCATING
+    with pytest.raises(AllocationError, match="no pod on n1 waits"):
+        shared.container_spec([replica_id(devices.units[0].id, 0)])

@@ -18,14 +18,14 @@ from gpuk8s.core.devicelist import (
 from gpuk8s.core.errors import AllocationError, InventoryError
 from gpuk8s.core.model import NodeInventory
 from gpuk8s.discovery import discover
-from gpuk8s.services.deviceplugin import protos
-from gpuk8s.services.deviceplugin.devices import (
+from gpuk8s.services.deviceplugin.main import PluginConfig
+from gpuk8s.services.node import protos
+from gpuk8s.services.node.devices import (
     AllocateOptions,
     DeviceSet,
     UnhealthyDeviceError,
     UnknownDeviceError,
 )
-from gpuk8s.services.deviceplugin.main import PluginConfig
 
 # the simulator's fake vendor tools run with this interpreter (tests/unit/conftest.py)
 pytestmark = pytest.mark.usefixtures("fast_python3")

@@ -8,16 +8,18 @@ directory given as ``--proc-dir`` (the e2e test uses the real /proc of real pods
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
 import socket
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 import pytest
@@ -36,14 +38,14 @@ from gpuk8s.core.telemetry import (
     NodeTelemetry,
 )
 from gpuk8s.discovery import discover, telemetry
-from gpuk8s.services.deviceplugin.grpcapi import pod_resources_handler, podres, unix_target
-from gpuk8s.services.deviceplugin.nodestate import PodResourcesClient
 from gpuk8s.services.exporter import main as exporter_main
 from gpuk8s.services.exporter.cgroups import container_of, parse_cgroup
 from gpuk8s.services.exporter.metrics import METRICS, registry_for
 from gpuk8s.services.exporter.nvml import NvmlReader
 from gpuk8s.services.exporter.pods import PodDirectory, PodIndex
 from gpuk8s.services.exporter.server import ExporterHTTPServer, serve_in_thread
+from gpuk8s.services.node.grpcapi import pod_resources_handler, podres, unix_target
+from gpuk8s.services.node.podresources import PodResourcesClient
 
 pytestmark = pytest.mark.usefixtures("fast_python3")
 
@@ -172,8 +174,10 @@ B = ContainerRef("team-b", "serve", "main")
 
 
 def _usage(tele: NodeTelemetry, holdings: list[ContainerDevices],
-           owners: dict[int, ContainerRef | None] | None) -> dict[tuple[str, int], Any]:
-    usage = attribute(INV, tele, holdings, owners, {})
+           owners: dict[int, ContainerRef | None] | None,
+           assigned: dict[tuple[str, str], tuple[int, ...]] | None = None,
+           ) -> dict[tuple[str, int], Any]:
+    usage = attribute(INV, tele, holdings, owners, {}, assigned=assigned)
     return {(c.container.namespace, c.gpu.index): c for c in usage.containers}
 
 
@@ -196,31 +200,65 @@ def test_a_shared_gpu_is_split_by_process_never_repeated() -> None:
     """Two pods on one GPU (fractional / MPS sharing): memory from each pod's own
     processes; utilisation per process where the backend has it (exact), otherwise an
     even split over the pods with a process on the GPU (estimated)."""
-    holdings = [ContainerDevices(A, "nvidia.com/mps-core", ("GPU-0::0",)),
-                ContainerDevices(B, "nvidia.com/mps-core", ("GPU-0::1",))]
+    # the kubelet's replica ids name GPUs 1 and 2 (it picks them at random); the pods'
+    # gpuk8s.io/sharing.assigned annotations put both on GPU 0
+    holdings = [ContainerDevices(A, "nvidia.com/mps-core", ("GPU-1::0",)),
+                ContainerDevices(B, "nvidia.com/mps-core", ("GPU-2::1",))]
+    assigned = {("team-a", "train"): (0,), ("team-b", "serve"): (0,)}
     owners: dict[int, ContainerRef | None] = {10: A, 20: B, 21: B}
     nvml = NodeTelemetry("nvidia", "nvml", gpus=(GpuSample("0000:03:00.0", 0.9, 10 * GIB),),
                          processes=(GpuProcess(10, "0000:03:00.0", 2 * GIB, 0.6),
                                     GpuProcess(20, "0000:03:00.0", 3 * GIB, 0.2),
                                     GpuProcess(21, "0000:03:00.0", 1 * GIB, 0.1)))
-    got = _usage(nvml, holdings, owners)
+    got = _usage(nvml, holdings, owners, assigned)
     a, b = got[("team-a", 0)], got[("team-b", 0)]
     assert (a.memory_used_bytes, b.memory_used_bytes) == (2 * GIB, 4 * GIB)
     assert (a.utilization_ratio, b.utilization_ratio) == (0.6, pytest.approx(0.3))
     assert a.utilization_exact and b.utilization_exact and a.kind == b.kind == MPS
     smi = NodeTelemetry("nvidia", "nvidia-smi", gpus=nvml.gpus, processes=tuple(
         GpuProcess(p.pid, p.address, p.memory_bytes) for p in nvml.processes or ()))
-    got = _usage(smi, holdings, owners)
+    got = _usage(smi, holdings, owners, assigned)
     a, b = got[("team-a", 0)], got[("team-b", 0)]
     assert (a.utilization_ratio, b.utilization_ratio) == (0.45, 0.45)  # 0.9 split, not 0.9 each
     assert not a.utilization_exact and not b.utilization_exact
     # without PID ownership a shared GPU is not guessed at
-    got = _usage(smi, holdings, None)
+    got = _usage(smi, holdings, None, assigned)
     assert got[("team-a", 0)].memory_used_bytes is None
     assert got[("team-a", 0)].utilization_ratio is None
-    usage = attribute(INV, smi, holdings, owners, {})
+    usage = attribute(INV, smi, holdings, owners, {}, assigned=assigned)
     assert [(g.gpu.index, g.kind, g.holders) for g in usage.gpus] == [
         (0, MPS, 2), (1, PGPU, 0), (2, VGPU, 0)]
+
+
+def test_shared_holdings_go_to_the_assigned_gpus_or_nowhere() -> None:
+    """Replica ids of the sharing resources say nothing of the GPU: the assignment does.
+    Its ids are spread over the assigned GPUs (vcuda 50 % = 50 ids on one GPU; 2 whole
+    GPUs = 200 ids, 100 on each); without an assignment they are unknown devices, and
+    neither the replicas' GPU nor its kind is touched."""
+    tele = NodeTelemetry("metax", "mx-smi", gpus=())
+    sgpu = [ContainerDevices(A, "metax-tech.com/sgpu", ("0000:03:00.0::4",)),
+            ContainerDevices(B, "metax-tech.com/sgpu", ("0000:03:00.0::9", "0000:03:00.0::2"))]
+    usage = attribute(INV, tele, sgpu, None, {},
+                      assigned={("team-a", "train"): (1,), ("team-b", "serve"): (1, 2)})
+    assert [(c.container.namespace, c.gpu.index, c.devices, c.kind) for c in usage.containers] \
+        == [("team-a", 1, 1, VGPU), ("team-b", 1, 1, VGPU), ("team-b", 2, 1, VGPU)]
+    assert [(g.gpu.index, g.kind, g.holders) for g in usage.gpus] == [
+        (0, PGPU, 0), (1, VGPU, 2), (2, VGPU, 1)]
+    assert usage.unknown_devices == ()
+    # no assignment (the pod list is not readable): not on GPU 0 either
+    usage = attribute(INV, tele, sgpu, None, {}, assigned={("team-b", "serve"): (2,)})
+    assert [(c.container.namespace, c.gpu.index, c.devices) for c in usage.containers] == [
+        ("team-b", 2, 2)]
+    assert usage.unknown_devices == ("0000:03:00.0::4",)
+    assert (usage.gpus[0].gpu.index, usage.gpus[0].kind) == (0, PGPU)
+    vcuda = [ContainerDevices(A, "tencent.com/vcuda-core",
+                              tuple(f"0000:03:00.0::{n}" for n in range(50))),
+             ContainerDevices(B, "tencent.com/vcuda-core",
+                              tuple(f"0000:04:00.0::{n}" for n in range(200)))]
+    usage = attribute(INV, tele, vcuda, None, {},
+                      assigned={("team-a", "train"): (2,), ("team-b", "serve"): (0, 1)})
+    assert [(c.container.namespace, c.gpu.index, c.devices) for c in usage.containers] == [
+        ("team-a", 2, 50), ("team-b", 0, 100), ("team-b", 1, 100)]
 
 
 def test_vfs_are_vgpu_and_idle_holders_get_zero() -> None:
@@ -305,22 +343,23 @@ def exporter(tmp_path: Path) -> Iterator[dict[str, Any]]:
     podres_server = PodResourcesServer(str(tmp_path / "kubelet.sock"))
     proc = tmp_path / "proc"
     proc.mkdir()
-    index: PodIndex = (
+    pods = {"index": PodIndex(
         {CID["a"]: A, CID["b"]: B, CID["c"]: ContainerRef("team-b", "serve", "sidecar")},
         {UID_A: [A], UID_B: [B, ContainerRef("team-b", "serve", "sidecar")]},
-    )
+    )}
     args = exporter_main.build_parser().parse_args([
         "--host-root", root, "--proc-dir", str(proc), "--node-name", "gpu-node-1",
         "--pod-resources-socket", podres_server.path, "--port", "0", "--address", "127.0.0.1",
         "--log-dir", "",
     ])
-    sampler = exporter_main.build_sampler(args, pods=PodDirectory(lambda: index))
+    sampler = exporter_main.build_sampler(
+        args, pods=PodDirectory(lambda: pods["index"], min_refresh=0, max_age=0))
     server = ExporterHTTPServer(("127.0.0.1", 0), registry_for(sampler, "gpu-node-1"), sampler,
                                 stale_after=30.0)
     serve_in_thread(server)
     try:
         yield {"root": root, "podres": podres_server, "proc": proc, "sampler": sampler,
-               "url": f"http://127.0.0.1:{server.port}"}
+               "url": f"http://127.0.0.1:{server.port}", "args": args, "pods": pods}
     finally:
         server.shutdown()
         server.server_close()
@@ -401,15 +440,179 @@ def test_a_failing_gpu_shows_unhealthy(exporter: dict[str, Any]) -> None:
     assert value(m, "gpuk8s_gpu_healthy", gpu="4") == 1
 
 
+SGPU = "metax-tech.com/sgpu"
+
+
+def _assignment(gpus: list[int]) -> str:
+    return json.dumps({"container": "main", "core": 50, "gpus": gpus, "memoryMiB": 0,
+                       "mode": "sgpu", "node": "gpu-node-1", "whole": False})
+
+
+def test_shared_pods_are_metered_on_their_assigned_gpu(exporter: dict[str, Any]) -> None:
+    """Two sGPU pods whose kubelet replica ids both name GPU 0 (the kubelet picks them at
+    random) run on GPU 5, as their gpuk8s.io/sharing.assigned annotations say: their
+    series carry gpu 5, GPU 5 is vGPU with 2 holders, GPU 0 stays an idle pGPU."""
+    root, proc = exporter["root"], exporter["proc"]
+    exporter["podres"].pods = [
+        ("team-a", "train", [("main", SGPU, ["0000:03:00.0::3"])]),
+        ("team-b", "serve", [("main", SGPU, ["0000:03:00.0::11"])]),
+    ]
+    from gpuk8s.services.exporter.pods import index_pods
+
+    def pod(ns: str, name: str, uid: str, cid: str) -> dict[str, Any]:
+        return {"metadata": {"uid": uid, "namespace": ns, "name": name,
+                             "annotations": {"gpuk8s.io/sharing.assigned": _assignment([5])}},
+                "status": {"containerStatuses": [{"name": "main",
+                                                  "containerID": f"containerd://{cid}"}]}}
+
+    exporter["pods"]["index"] = index_pods([pod("team-a", "train", UID_A, CID["a"]),
+                                            pod("team-b", "serve", UID_B, CID["b"])])
+    _write_proc(proc, 1001, UID_A, CID["a"])
+    _write_proc(proc, 2001, UID_B, CID["b"])
+    sim.set_load(root, 5, utilization=70, processes=[{"pid": 1001, "memory_mib": 3000},
+                                                     {"pid": 2001, "memory_mib": 1000}])
+    exporter["sampler"].sample_once()
+    m = scrape(exporter["url"])
+    for ns, pod_name, mib in (("team-a", "train", 3000), ("team-b", "serve", 1000)):
+        sel = {"namespace": ns, "pod": pod_name}
+        assert value(m, "gpuk8s_container_gpu_devices", **sel) == 1
+        assert value(m, "gpuk8s_container_gpu_memory_used_bytes", gpu="5", kind="vGPU",
+                     **sel) == mib * MIB
+    assert value(m, "gpuk8s_gpu_containers", gpu="5", kind="vGPU") == 2
+    assert value(m, "gpuk8s_gpu_containers", gpu="0", kind="pGPU") == 0
+    assert value(m, "gpuk8s_exporter_unknown_devices") == 0
+    # pods without an assignment: their ids name no GPU, GPU 0 is untouched
+    exporter["pods"]["index"] = PodIndex({}, {})
+    exporter["sampler"].sample_once()
+    m = scrape(exporter["url"])
+    assert not [k for k in m if k[0].startswith("gpuk8s_container")]
+    assert value(m, "gpuk8s_gpu_containers", gpu="0", kind="pGPU") == 0
+    assert value(m, "gpuk8s_exporter_unknown_devices") == 2
+
+
+def _gpu_series(m: dict[Any, float], name: str) -> dict[str, tuple[str, float]]:
+    """gpu label -> (uuid, value) of one per-GPU metric."""
+    out = {}
+    for (n, labels), v in m.items():
+        if n == name:
+            lab = dict(labels)
+            out[lab["gpu"]] = (lab["uuid"], v)
+    return out
+
+
+def _render(sampler: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client import generate_latest
+
+    text = generate_latest(registry_for(sampler, "gpu-node-1")).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_a_gpu_that_leaves_the_bus_stays_lost_under_its_own_labels(
+    exporter: dict[str, Any], capsys: Any
+) -> None:
+    """`sim fail --mode remove` (hot-unplug): GPU 3 stays as lost (lost 1, healthy 0, its
+    uuid), through rediscovery (which renumbers the GPUs above it) and a restart of the
+    exporter (the book is a file under the host root), and its neighbours keep their
+    labels; `gpuk8s exporter forget 3` ends it, and only a lost GPU can be forgotten."""
+    root, sampler, args = exporter["root"], exporter["sampler"], exporter["args"]
+    before = _gpu_series(_render_after(sampler), "gpuk8s_gpu_healthy")
+    assert sorted(before) == [str(n) for n in range(8)]
+    sim.fail(root, 3, "remove")
+    expected = {**{g: (u, 1.0) for g, (u, _) in before.items()}, "3": (before["3"][0], 0.0)}
+    for step in ("stale inventory", "rediscovered"):
+        if step == "rediscovered":
+            sampler.rediscover = 0.0
+        m = _render_after(sampler)
+        assert _gpu_series(m, "gpuk8s_gpu_healthy") == expected, step
+        assert _gpu_series(m, "gpuk8s_gpu_lost") == {
+            g: (u, 1.0 if g == "3" else 0.0) for g, (u, _) in before.items()}, step
+        assert value(m, "gpuk8s_gpu_info", gpu="3", pci_address="0000:06:00.0") == 1
+        assert set(_gpu_series(m, "gpuk8s_gpu_utilization_ratio")) == set(before) - {"3"}
+    assert len(sampler.snapshot.inventory.gpus) == 7  # discovery renumbered: 0000:83 is 3
+    restarted = exporter_main.build_sampler(args, pods=PodDirectory(lambda: PodIndex({}, {})))
+    m = _render_after(restarted)
+    assert _gpu_series(m, "gpuk8s_gpu_healthy") == expected
+    assert value(m, "gpuk8s_gpu_lost", gpu="3") == 1
+    state = str(Path(root) / "var/lib/gpuk8s/exporter/gpus.json")
+    assert cli_main(["exporter", "gpus", "--state-file", state, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(e["gpu"], e["uuid"], e["lostSince"] is not None) for e in listed] == [
+        (int(g), u, g == "3") for g, (u, _) in sorted(before.items())]
+    assert cli_main(["exporter", "forget", "--state-file", state, "4"]) == 2
+    assert "which is on the bus; only lost GPUs can be forgotten" in capsys.readouterr().err
+    assert cli_main(["exporter", "forget", "--state-file", state, "9"]) == 2
+    assert "'9' names no GPU" in capsys.readouterr().err
+    assert cli_main(["exporter", "forget", "--state-file", state, before["3"][0]]) == 0
+    assert "forgot GPU 3" in capsys.readouterr().out
+    m = _render_after(restarted)
+    assert _gpu_series(m, "gpuk8s_gpu_healthy") == {
+        g: v for g, v in expected.items() if g != "3"}
+    assert not [k for k in m if dict(k[1]).get("gpu") == "3"]
+
+
+def _render_after(sampler: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    sampler.sample_once()
+    return _render(sampler)
+
+
+def test_a_lost_gpu_that_returns_is_itself_again(exporter: dict[str, Any]) -> None:
+    root, sampler = exporter["root"], exporter["sampler"]
+    before = _gpu_series(_render_after(sampler), "gpuk8s_gpu_healthy")
+    sim.fail(root, 6, "remove")
+    sampler.rediscover = 0.0
+    assert value(_render_after(sampler), "gpuk8s_gpu_lost", gpu="6") == 1
+    sim.heal(root, 6)
+    m = _render_after(sampler)
+    assert _gpu_series(m, "gpuk8s_gpu_healthy") == before
+    assert set(_gpu_series(m, "gpuk8s_gpu_lost").values()) == {(u, 0.0) for u, _ in
+                                                               before.values()}
+    assert value(m, "gpuk8s_gpu_utilization_ratio", gpu="6") == 0.0
+
+
+def test_an_unbound_gpu_keeps_its_labels_and_counts(exporter: dict[str, Any],
+                                                    capsys: Any) -> None:
+    """`sim fail --mode unbind`: on the bus without a driver, the vendor tool no longer
+    sees the GPU (no UUID, no load). It stays GPU 2 with its UUID, healthy 0, lost 0, and
+    `gpuk8s top` counts it among the node's GPUs, as unhealthy."""
+    root, sampler = exporter["root"], exporter["sampler"]
+    before = _gpu_series(_render_after(sampler), "gpuk8s_gpu_healthy")
+    sim.fail(root, 2, "unbind")
+    sampler.rediscover = 0.0
+    m = _render_after(sampler)
+    assert _gpu_series(m, "gpuk8s_gpu_healthy") == {
+        **before, "2": (before["2"][0], 0.0)}
+    assert value(m, "gpuk8s_gpu_lost", gpu="2") == 0
+    assert "2" not in _gpu_series(m, "gpuk8s_gpu_memory_total_bytes")
+    assert cli_main(["top", "nodes", "--url", exporter["url"], "--json"]) == 0
+    (node,) = json.loads(capsys.readouterr().out)
+    assert (node["gpus"], node["unhealthy"], node["lost"]) == (8, 1, 0)
+
+
+def test_an_unreadable_book_is_moved_aside_and_started_over(exporter: dict[str, Any]) -> None:
+    root, sampler = exporter["root"], exporter["sampler"]
+    state = Path(root) / "var/lib/gpuk8s/exporter/gpus.json"
+    sampler.sample_once()
+    good = json.loads(state.read_text())
+    assert [e["gpu"] for e in good["gpus"]] == list(range(8))
+    state.write_text('{"version": 1, "gpus": [{"gpu": -1}]}')
+    snapshot = sampler.sample_once()
+    assert any("gpus[0].gpu: must be an integer >= 0" in p and "moved to" in p
+               for p in snapshot.problems), snapshot.problems
+    assert Path(str(state) + ".corrupt").read_text().startswith('{"version": 1')
+    assert json.loads(state.read_text()) == good  # rebuilt from the GPUs on the bus
+
+
 def test_every_documented_metric_is_served_and_no_other(exporter: dict[str, Any]) -> None:
     exporter["podres"].pods = [("ns", "p", [("main", "metax-tech.com/gpu", ["0000:04:00.0"])])]
     exporter["sampler"].sample_once()
     served = {name for name, _ in scrape(exporter["url"])}
     documented = {name for name, _, _, _ in METRICS}
     assert served == documented
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    for name, kind, _, _labels in METRICS:
-        assert f"| `{name}` | {kind} |" in readme, f"{name} missing from the README table"
+    page = (Path(__file__).resolve().parents[2] / "docs" / "exporter.md").read_text()
+    for name, kind, _, labels in METRICS:
+        assert f"| `{name}` | {kind} | {', '.join(labels)} |" in page, \
+            f"{name} missing from the table of docs/exporter.md"
 
 
 def test_healthz_and_bad_requests(exporter: dict[str, Any]) -> None:
@@ -519,7 +722,8 @@ def test_top_shows_nodes_and_pods_from_the_exporter(exporter: dict[str, Any],
                    "gpus": 2, "utilization_ratio": 0.5, "memory_used_bytes": 2048 * MIB}
     assert cli_main(["top", "nodes", "--url", url, "--json"]) == 0
     (node,) = json.loads(capsys.readouterr().out)
-    assert node == {"node": "gpu-node-1", "gpus": 8, "utilization_ratio": 0.125,
+    assert node == {"node": "gpu-node-1", "gpus": 8, "unhealthy": 0, "lost": 0,
+                    "utilization_ratio": 0.125,
                     "memory_used_bytes": 3072 * MIB, "memory_total_bytes": 8 * 64 * GIB}
     assert cli_main(["top", "nodes", "--url", url]) == 0
     out = capsys.readouterr().out
@@ -530,6 +734,90 @@ def test_top_shows_nodes_and_pods_from_the_exporter(exporter: dict[str, Any],
     assert "--kind: 'GPU' is not one of pGPU, vGPU, MPS" in capsys.readouterr().err
     assert cli_main(["top", "--url", "127.0.0.1:1"]) == 2
     assert "must start with http://" in capsys.readouterr().err
+
+
+@pytest.fixture
+def second_exporter(tmp_path: Path) -> Iterator[Any]:
+    """Start exporters on more simulated 8-GPU nodes: ``start(node_name)`` -> URL."""
+    servers: list[ExporterHTTPServer] = []
+
+    def start(node_name: str) -> str:
+        root = str(tmp_path / f"node{len(servers)}")
+        sim.create(root, "c500-8")
+        args = exporter_main.build_parser().parse_args([
+            "--host-root", root, "--node-name", node_name, "--pod-resources-socket", "",
+            "--log-dir", ""])
+        sampler = exporter_main.build_sampler(args)
+        sampler.sample_once()
+        server = ExporterHTTPServer(("127.0.0.1", 0), registry_for(sampler, node_name),
+                                    sampler, stale_after=30.0)
+        serve_in_thread(server)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.port}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_top_with_several_exporters_shows_every_gpu(exporter: dict[str, Any],
+                                                    second_exporter: Any, capsys: Any) -> None:
+    """Rows are keyed by source, node and GPU: two exporters without --node-name (node
+    label "") are two nodes named by host:port, and even two exporters claiming the same
+    node name keep their own rows; 32 GPUs in, 32 GPUs out."""
+    exporter["sampler"].sample_once()
+    urls = [exporter["url"], second_exporter(""), second_exporter(""), second_exporter("")]
+    assert cli_main(["top", "nodes", "--json", *(a for u in urls for a in ("--url", u))]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert sorted(r["node"] for r in rows) == sorted(
+        ["gpu-node-1", *(u.removeprefix("http://") for u in urls[1:])])
+    assert [r["gpus"] for r in rows] == [8, 8, 8, 8]
+    twins = [second_exporter("twin"), second_exporter("twin")]
+    assert cli_main(["top", "nodes", "--json", "--url", twins[0], "--url", twins[1]]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["node"], r["gpus"]) for r in rows] == [("twin", 8), ("twin", 8)]
+
+
+class _NotAnExporter(http.server.BaseHTTPRequestHandler):
+    pages: ClassVar[dict[str, tuple[int, str]]] = {
+        "/html/metrics": (200, "<html><body>Grafana</body></html>"),
+        "/node/metrics": (200, "# TYPE node_load1 gauge\nnode_load1 0.5\n"),
+        "/empty/metrics": (200, "")}
+
+    def do_GET(self) -> None:
+        status, body = self.pages.get(self.path, (404, "not found"))
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    ("/html", "is not a Prometheus exposition"),
+    ("/node", "serves no gpuk8s_* metric: not a gpu-exporter"),
+    ("/empty", "serves no gpuk8s_* metric: not a gpu-exporter"),
+    ("/missing", "HTTP Error 404"),
+])
+def test_top_at_something_that_is_not_an_exporter_fails_naming_it(
+    path: str, message: str, exporter: dict[str, Any], capsys: Any
+) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotAnExporter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}{path}"
+        exporter["sampler"].sample_once()
+        for view in ("nodes", "pods"):  # a good exporter beside it does not hide it
+            assert cli_main(["top", view, "--url", exporter["url"], "--url", url]) == 2
+            err = capsys.readouterr().err
+            assert f"{url}/metrics" in err and message in err, err
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_scrapes_between_samples_are_served_from_one_rendering(exporter: dict[str, Any]) -> None:
@@ -550,9 +838,15 @@ def test_pods_are_indexed_from_their_json() -> None:
            "status": {"containerStatuses": [{"name": "main", "containerID":
                                              f"containerd://{CID['a']}"},
                                             {"name": "waiting"}]}}
-    by_id, by_uid = index_pods([pod, {"metadata": {}}])
+    shared = {"metadata": {"uid": UID_B, "namespace": "team-b", "name": "serve", "annotations": {
+        "gpuk8s.io/sharing.assigned": '{"container":"main","core":50,"gpus":[5],'
+                                      '"memoryMiB":0,"mode":"sgpu","node":"n","whole":false}'}}}
+    broken = {"metadata": {"uid": "x", "namespace": "team-c", "name": "bad",
+                           "annotations": {"gpuk8s.io/sharing.assigned": "{not json"}}}
+    by_id, by_uid, assigned = index_pods([pod, {"metadata": {}}, shared, broken])
     assert by_id == {CID["a"]: A}
-    assert by_uid == {UID_A: [A, ContainerRef("team-a", "train", "waiting")]}
+    assert by_uid == {UID_A: [A, ContainerRef("team-a", "train", "waiting")], UID_B: [], "x": []}
+    assert assigned == {("team-b", "serve"): (5,)}  # the unreadable one is left out (logged)
 
 
 def test_sim_refresh_brings_new_tools_into_an_old_root(tmp_path: Path) -> None:

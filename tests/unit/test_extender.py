@@ -173,7 +173,6 @@ def test_args_use_go_field_names_and_match_case_insensitively() -> None:
         ({"Pod": {"spec": {"containers": [{"resources": {"limits": [1]}}]}}, "NodeNames": []},
          "Pod.spec.containers[0].resources.limits: must be an object"),
         ({"Pod": pod(1), "Pod ": 1, "NodeNames": []}, "unknown field"),
-        ({"Pod": pod(1), "pod": pod(2), "NodeNames": []}, "given twice"),
     ],
 )
 def test_bad_args_name_the_field(payload: dict[str, Any], needle: str) -> None:
@@ -185,7 +184,6 @@ def test_bad_args_name_the_field(payload: dict[str, Any], needle: str) -> None:
 @pytest.mark.parametrize(
     ("raw", "needle"),
     [(b"{", "not valid JSON"), (b"\xff\xfe", "not valid JSON"),
-     (b'{"Pod": {"metadata": {"name": "\xff"}}, "NodeNames": []}', "not UTF-8"),
      (b'{"Pod": {"x": ' + b"[" * 100_000, "nested too deeply"),
      (b'{"Pod": {}, "NodeNames": []' + b"}" * 100_000, "not valid JSON"),
      (b"[" * 100_000, "must be a JSON object"), (b"[]", "must be a JSON object"),
@@ -372,8 +370,8 @@ def test_rank_scores_give_every_distinct_value_its_own_step() -> None:
 
 
 def test_worked_example_of_the_docs() -> None:
-    """The README's worked example, through the extender: a 4-GPU pod, five nodes, the
-    prior mix (no pods running yet), CPU and memory not known."""
+    """The worked example of docs/extender.md ("Prioritize"), through the extender: a
+    4-GPU pod, five nodes, the prior mix (no pods running yet), CPU and memory not known."""
     four = topologies.build(4, switch_of=[0] * 4, numa_of=[0] * 4, link_groups=[[0, 1, 2, 3]])
     nodes = [
         node("S", node_annotations(four)),  # 4 linked GPUs, all free

@@ -22,13 +22,13 @@ from gpuk8s.core.sharing import (
     ShareRequest,
 )
 from gpuk8s.discovery import discover
-from gpuk8s.services.deviceplugin.devices import DeviceSet
 from gpuk8s.services.deviceplugin.nodestate import published_annotations
 from gpuk8s.services.extender.logic import Extender
 from gpuk8s.services.extender.requeue import Requeue
 from gpuk8s.services.extender.share import Ledger, SharedNodes, Sharing
 from gpuk8s.services.extender.weights import Weights, WeightSource
 from gpuk8s.services.extender.wire import NodeView, node_item
+from gpuk8s.services.node.devices import DeviceSet
 
 
 class Touches:

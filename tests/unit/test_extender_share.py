@@ -20,7 +20,6 @@ from gpuk8s.core.sharing import (
     parse_assignment,
 )
 from gpuk8s.discovery import discover
-from gpuk8s.services.deviceplugin.devices import DeviceSet
 from gpuk8s.services.deviceplugin.nodestate import published_annotations
 from gpuk8s.services.extender.logic import Extender
 from gpuk8s.services.extender.share import (
@@ -32,15 +31,21 @@ from gpuk8s.services.extender.share import (
 )
 from gpuk8s.services.extender.weights import Weights, WeightSource
 from gpuk8s.services.extender.wire import NodeView, node_item
+from gpuk8s.services.node.devices import DeviceSet
 
 HALF = ShareRequest(MODE_SGPU, 1, 50, 0)
 
 
-@pytest.fixture(scope="module")
-def annotations(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = str(tmp_path_factory.mktemp("sim") / "n260")
+def n260_annotations(directory: Any) -> dict[str, str]:
+    """What gpu-device publishes for a simulated n260-2 node made in ``directory``."""
+    root = str(directory / "n260")
     sim.create(root, "n260-2")
     return published_annotations(DeviceSet(discover(root), "metax-tech.com/gpu"), set())
+
+
+@pytest.fixture(scope="module")
+def annotations(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return n260_annotations(tmp_path_factory.mktemp("sim"))
 
 
 def node(name: str, annotations: dict[str, str], mode: str | None = "sgpu") -> dict[str, Any]:
@@ -60,6 +65,12 @@ def pod(name: str, vcore: str = "50", vmemory: str | None = None) -> dict[str, A
     }
 
 
+class Conflict(RuntimeError):
+    """What the kubernetes client raises for a stale resourceVersion."""
+
+    status = 409
+
+
 class Api:
     """An in-memory pod store with the API's optimistic check (resourceVersion)."""
 
@@ -67,14 +78,22 @@ class Api:
         self.ledger = ledger
         self.pods: dict[str, dict[str, Any]] = {}
         self.fail_bind = False
+        # changes someone else makes to a pod right after bind has read it, once each
+        self.after_read: dict[str, Any] = {}
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        return json.loads(json.dumps(self.pods[name]))
+        got = json.loads(json.dumps(self.pods[name]))
+        change = self.after_read.pop(name, None)
+        if change is not None:
+            change(self.pods[name])
+            meta = self.pods[name]["metadata"]
+            meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        return got
 
     def annotate(self, namespace: str, name: str, rv: str, ann: dict[str, str | None]) -> None:
         meta = self.pods[name]["metadata"]
         if rv != meta["resourceVersion"]:
-            raise RuntimeError("409 Conflict")
+            raise Conflict("409 Conflict")
         target = meta.setdefault("annotations", {})
         for key, value in ann.items():
             if value is None:
@@ -110,15 +129,19 @@ def call(ext: Extender, verb: str, body: Any) -> tuple[int, Any]:
 
 
 def bind(
-    ext: Extender, api: Api, p: dict[str, Any], node_name: str, allocate: bool = True
+    ext: Extender, api: Api, p: dict[str, Any], node_name: str, allocate: bool = True,
+    status: int = 200,
 ) -> str:
-    """The bind verb for ``p``; then (``allocate``) the kubelet admits the pod and
-    gpu-device's Allocate marks it, as the pod watch reports to the ledger."""
+    """The bind verb for ``p`` on a node its filter kept (recorded as a filter call
+    records it, without counting the pod in the request mix: these tests place by the
+    prior mix); then (``allocate``) the kubelet admits the pod and gpu-device's Allocate
+    marks it, as the pod watch reports to the ledger."""
     api.pods[p["metadata"]["name"]] = p
-    status, result = call(ext, "bind", {"PodName": p["metadata"]["name"],
-                                        "PodNamespace": "default",
-                                        "PodUID": p["metadata"]["uid"], "Node": node_name})
-    assert status == 200
+    ext.filtered.record(p["metadata"]["uid"], [node_name])
+    got, result = call(ext, "bind", {"PodName": p["metadata"]["name"],
+                                     "PodNamespace": "default",
+                                     "PodUID": p["metadata"]["uid"], "Node": node_name})
+    assert got == status, result
     if allocate and not result["Error"]:
         allocated(api, p["metadata"]["name"])
     return str(result["Error"])
@@ -164,7 +187,7 @@ def test_bad_requests_and_failures_release_the_gpus(annotations: dict[str, str])
     del alone["spec"]["containers"][0]["resources"]["limits"]["metax-tech.com/sgpu"]
     status, result = call(ext, "filter", {"Pod": alone, "Nodes": {"items": []}})
     assert status == 400 and "['metax-tech.com/sgpu']: required" in result["Error"], result
-    assert "required" in bind(ext, api, alone, "a") and ledger.usage("a") == {}
+    assert "required" in bind(ext, api, alone, "a", status=400) and ledger.usage("a") == {}
     api.fail_bind = True
     assert "binding default/p1 to a failed" in bind(ext, api, pod("p1", "100"), "a")
     assert ledger.usage("a") == {} and ASSIGNED_ANNOTATION not in api.pods["p1"]["metadata"].get(
@@ -462,6 +485,58 @@ def test_view_assignment_reads_the_allocate_phase() -> None:
     assert view("allocated", "1700000000500000000")[2] is None
     assert view(None, None)[2] is None
     assert view("allocating", "yesterday")[2] == 0.0  # unreadable: holds nobody back
+
+
+def test_bind_records_the_choice_on_a_pod_nudged_meanwhile(annotations: dict[str, str]) -> None:
+    """The requeue nudge (or any change that is not a GPU choice) between bind's read and
+    its write is a 409 the choice survives: the write is retried on the new version."""
+    ext, api, _ledger = setup(annotations)
+    p = pod("p1", "50")
+    api.after_read["p1"] = lambda obj: obj["metadata"].setdefault("annotations", {}).update(
+        {"gpuk8s.io/sharing.requeue": "1"})
+    assert bind(ext, api, p, "a") == ""
+    meta = api.pods["p1"]["metadata"]
+    assert ASSIGNED_ANNOTATION in meta["annotations"]
+    assert meta["annotations"]["gpuk8s.io/sharing.requeue"] == "1"
+    assert api.pods["p1"]["spec"]["nodeName"] == "a"
+
+
+def test_bind_keeps_the_conflict_when_the_pod_was_placed_meanwhile(
+    annotations: dict[str, str],
+) -> None:
+    """A pod that another binder placed (or gave a GPU choice) between the read and the
+    write keeps its 409: nothing is booked for it here."""
+    ext, api, ledger = setup(annotations)
+    p = pod("p1", "50")
+    api.after_read["p1"] = lambda obj: obj["spec"].update({"nodeName": "b"})
+    error = bind(ext, api, p, "a")
+    assert "cannot record the GPU choice" in error and "409" in error
+    assert ASSIGNED_ANNOTATION not in (api.pods["p1"]["metadata"].get("annotations") or {})
+    assert ledger.usage("a") == {} or all(u.core == 0 for u in ledger.usage("a").values())
+
+
+def test_node_cache_is_synced_only_once_the_sharing_view_knows_every_node(
+    annotations: dict[str, str],
+) -> None:
+    """Readiness follows the node cache's sync: a node list fills the sharing view (and
+    the other derived views) before the cache says synced, so a bind asked the moment
+    gpu-aware is ready never finds its node missing."""
+    from gpuk8s.services.extender.nodes import NodeCache
+    from gpuk8s.services.extender.watch import node_handlers
+
+    cache = NodeCache()
+    seen_synced: list[bool] = []
+
+    class Watching(SharedNodes):
+        def replace(self, items: Any) -> None:
+            seen_synced.append(cache.synced)
+            super().replace(items)
+
+    shared = Watching()
+    on_list, _ = node_handlers(cache, shared=shared)
+    on_list([msgspec.Raw(json.dumps(node(n, annotations)).encode()) for n in ("a", "b")])
+    assert seen_synced == [False]
+    assert cache.synced and shared.get("a") is not None and shared.get("b") is not None
 
 
 def plain_pod(name: str, cpu: str, gpus: int = 0) -> dict[str, Any]:

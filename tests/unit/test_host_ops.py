@@ -4,8 +4,13 @@ and OS, vfnum validation)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +25,8 @@ from gpuk8s.host import driver as drv
 from gpuk8s.host import files, sdk
 from gpuk8s.host.readiness import clear_readiness, read_readiness, write_readiness
 
-STANDIN = str(Path(__file__).resolve().parents[1] / "ansible" / "bin" / "sim_modprobe.py")
+from .simdriver import LOAD, RELEASE, UNLOAD, driver_payload, modprobe_log, module_path
+
 OLD, NEW = "2.32.0.6", "2.33.0.6"
 
 
@@ -31,23 +37,15 @@ def fast_fake_tools(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def request(root: Path, bundle: Path, **kw: object) -> drv.InstallRequest:
     base: dict[str, object] = dict(
-        policy="Always", version=NEW, payload=str(bundle),
-        load_command=(sys.executable, STANDIN, "--root", "{host_root}", "{module}"),
-        unload_command=(sys.executable, STANDIN, "--root", "{host_root}", "-r", "{module}"),
+        policy="Always", version=NEW, payload=str(bundle), load_command=LOAD,
+        unload_command=UNLOAD,
     )
     base.update(kw)
     return drv.InstallRequest(**base)  # type: ignore[arg-type]
 
 
 def payload(tmp_path: Path, version: str = NEW) -> Path:
-    base = tmp_path / f"payload-{version}"
-    (base / "opt/mxdriver/lib").mkdir(parents=True)
-    (base / "opt/mxdriver/Version.txt").write_text(f"Version:{version}\n")
-    (base / "opt/mxdriver/lib/libmxsml.so").write_bytes(b"new lib")
-    ko = base / "lib/modules/6.1.0-sim/updates/metax.ko"
-    ko.parent.mkdir(parents=True)
-    ko.write_text(f"version={version}\n")
-    return base
+    return driver_payload(tmp_path / f"payload-{version}", version)
 
 
 def test_install_tree_rolls_back_replaced_and_created_files(tmp_path: Path) -> None:
@@ -66,33 +64,129 @@ def test_install_tree_rolls_back_replaced_and_created_files(tmp_path: Path) -> N
     assert not os.path.exists(backup)
 
 
-def test_crash_during_the_copy_is_rolled_back_by_the_next_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+# A driver-manager process killed with SIGKILL at a point of an upgrade; the copy point
+# is reached inside its own process (shutil.copy2 of the temp file, before the rename),
+# the load point in its load command, which loads and then waits to be killed.
+KILLED_RUN = """
+import shutil, sys, time
+ready, point = sys.argv[1], sys.argv[2]
+copy = shutil.copy2
+
+def copy2(src, dst, **kw):
+    out = copy(src, dst, **kw)
+    if point == "copy" and dst.endswith("libmxsml.so.gpuk8s-new"):
+        open(ready, "w").close()
+        time.sleep(600)
+    return out
+
+shutil.copy2 = copy2
+from gpuk8s.services.drivermanager.main import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def driver_manager_args(root: Path, payload_dir: Path, policy: str, load: str) -> list[str]:
+    return ["--payload", "driver", "--deploy-policy", policy, "--driver-version", NEW,
+            "--payload-image", "reg/driver-image:x", "--payload-dir", str(payload_dir),
+            "--no-api", "--once", "--host-root", str(root), "--log-dir", "",
+            "--load-command", load,
+            "--unload-command", f"{sys.executable} {{host_root}}/usr/sbin/modprobe -r {{module}}",
+            "--depmod-command", f"{tool('depmod')} -a -b {{host_root}} {{kernel_release}}"]
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    assert found, f"{name} not found: install Debian's kmod (scripts/prereqs unit)"
+    return found
+
+
+def kill_at(tmp_path: Path, root: Path, point: str) -> None:
+    """Run an upgrade OLD -> NEW in a driver-manager process and SIGKILL it (and its load
+    command) at ``point``: "copy" (half-way through the payload copy) or "load" (the new
+    module is loaded, nothing committed yet)."""
+    payload_dir = tmp_path / "payload"
+    driver_payload(payload_dir / "driver", NEW)
+    (payload_dir / "driver.complete").write_text("reg/driver-image:x\n")
+    ready = tmp_path / f"at-{point}"
+    load = f"{sys.executable} {{host_root}}/usr/sbin/modprobe {{module}}"
+    if point == "load":
+        waits = tmp_path / "load-then-wait"
+        waits.write_text(f"#!/bin/sh\n{sys.executable} \"$1/usr/sbin/modprobe\" \"$2\" || exit\n"
+                         f"touch {ready}\nexec sleep 600\n")
+        waits.chmod(0o755)
+        load = f"{waits} {{host_root}} {{module}}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUN, str(ready), point,
+         *driver_manager_args(root, payload_dir, "Always", load)],
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert time.monotonic() < deadline, f"the upgrade never reached {point}"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # kill -9: the process and its load command
+        proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def restart_with_never(tmp_path: Path, root: Path) -> dict[str, object]:
+    """What a restarted driver-manager with deployPolicy Never reports (and recovers)."""
+    load = f"{sys.executable} {{host_root}}/usr/sbin/modprobe {{module}}"
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "gpuk8s"), "serve", "driver-manager",
+         *driver_manager_args(root, tmp_path / "payload", "Never", load)],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    report: dict[str, object] = json.loads(out.stdout)
+    return report
+
+
+def leftovers(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                  if p.name.endswith(".gpuk8s-new") or p.name.startswith(drv.STAGING_PREFIX))
+
+
+def test_kill_9_half_way_through_the_copy_is_rolled_back_exactly(tmp_path: Path) -> None:
+    root = tmp_path / "host"
+    sim.create(str(root), "c500-8")
+    ko = module_path(root)
+    before = {p: (root / p).read_bytes() for p in ("opt/mxdriver/Version.txt", str(ko))}
+    kill_at(tmp_path, root, "copy")
+    # half-installed, the old driver unloaded: the journal names what to undo
+    assert (root / drv.JOURNAL.lstrip("/")).exists() and leftovers(root)
+    assert not discover(str(root)).driver.loaded
+    report = restart_with_never(tmp_path, root)
+    assert report["state"] == "ready", report
+    assert report["version"] == OLD
+    assert {p: (root / p).read_bytes() for p in before} == before
+    assert leftovers(root) == [] and not (root / "opt/mxdriver/lib").exists()
+    assert not (root / drv.BACKUP.lstrip("/")).exists()
+    assert not (root / drv.TRANSACTION.lstrip("/")).exists()
+    assert modprobe_log(root) == ["unload metax", f"load metax {OLD}"]
+    assert drv.recover(str(root), drv.InstallRequest(), default_runner) is None
+
+
+def test_kill_9_after_loading_the_new_module_restores_the_old_driver_and_mode(
+    tmp_path: Path,
 ) -> None:
     root = tmp_path / "host"
     sim.create(str(root), "c500-8")
-    bundle = payload(tmp_path)
-    calls = {"n": 0}
-    real = files._copy_entry
-
-    def dies_half_way(src: str, dest: str) -> None:
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt("process killed")  # not an OSError: nothing catches it
-        real(src, dest)
-
-    monkeypatch.setattr(files, "_copy_entry", dies_half_way)
-    with pytest.raises(KeyboardInterrupt):
-        drv.converge(str(root), request(root, bundle), default_runner)
-    monkeypatch.setattr(files, "_copy_entry", real)
-    # half-installed: the journal names what to undo
-    assert (root / drv.JOURNAL.lstrip("/")).exists()
-    done = drv.recover(str(root), request(root, bundle), default_runner)
-    assert done and "rolled back" in done
+    drv.record_owner(str(root), OLD, "driver-manager")  # OLD was driver-manager's: cloud
+    kill_at(tmp_path, root, "load")
+    assert discover(str(root)).driver.version == NEW  # loaded, never committed
+    report = restart_with_never(tmp_path, root)
+    assert report["state"] == "ready", report
+    assert (report["version"], report["mode"], report["policy"]) == (OLD, "cloud", "Never")
+    inventory = discover(str(root))
+    assert inventory.driver.version == OLD and str(inventory.driver.mode) == "cloud"
     assert (root / "opt/mxdriver/Version.txt").read_text().strip() == f"Version:{OLD}"
-    assert not (root / "lib/modules/6.1.0-sim/updates/metax.ko").exists()
-    assert discover(str(root)).driver.version == OLD  # the previous driver runs again
-    assert drv.recover(str(root), request(root, bundle), default_runner) is None
+    assert modprobe_log(root) == ["unload metax", f"load metax {NEW}", "unload metax",
+                                  f"load metax {OLD}"]
+    assert leftovers(root) == [] and not (root / "opt/mxdriver/lib").exists()
+    # modules.dep is the old files' again: the old module loads after a reboot too
+    assert (root / f"lib/modules/{RELEASE}/modules.dep").read_text() == "extra/metax.ko:\n"
 
 
 def test_ownership_record_makes_the_driver_cloud_until_someone_replaces_it(
@@ -120,13 +214,16 @@ def test_sdk_install_is_a_symlink_switch_with_rollback(tmp_path: Path) -> None:
         (tree / "Version.txt").write_text(f"Version:{version}\n")
     assert sdk.install_sdk(str(root), str(first)) == (True, "2.32.0.4")
     assert sdk.install_sdk(str(root), str(first)) == (False, "2.32.0.4")
+    killed = root / "opt/.gpuk8s-maca/.incoming-99999"  # a copy a killed process left
+    (killed / "lib").mkdir(parents=True)
     assert sdk.install_sdk(str(root), str(second)) == (True, "2.33.0.4")
+    assert not killed.exists()
     state = sdk.read_sdk(str(root))
     assert state.managed and state.version == "2.33.0.4" and state.previous == "2.32.0.4"
     assert metax.sdk_info(str(root))[0].version == "2.33.0.4"
     assert sdk.rollback_sdk(str(root)) == "2.32.0.4"
     assert sdk.read_sdk(str(root)).version == "2.32.0.4"
-    with pytest.raises(drv.PayloadError, match="not the wanted"):
+    with pytest.raises(drv.PayloadError, match=r"holds SDK 2\.33\.0\.4 .*, not 9\.9"):
         sdk.install_sdk(str(root), str(second), want_version="9.9")
     empty = tmp_path / "empty"
     empty.mkdir()

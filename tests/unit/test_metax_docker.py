@@ -24,7 +24,7 @@ from gpuk8s.discovery import check_health, discover
 from gpuk8s.metax_docker import dockerargs as da
 from gpuk8s.metax_docker import plan as mp
 from gpuk8s.metax_docker.selection import GpuRequest, parse_request, select, units_of
-from gpuk8s.services.deviceplugin.devices import AllocateOptions, DeviceSet
+from gpuk8s.services.node.devices import AllocateOptions, DeviceSet
 
 REPO = Path(__file__).resolve().parents[2]
 PY38 = "/root/.pyenv/versions/3.8.18/bin/python"

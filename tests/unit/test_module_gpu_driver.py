@@ -1,7 +1,7 @@
 """gpu_driver: deploy-policy decisions, payloads, and real installs on simulator roots.
 
-The kernel is never touched: the load / unload commands point at
-tests/ansible/bin/sim_modprobe.py, which records the load in the simulated /sys.
+The kernel is never touched: the load / unload commands point at the simulator's
+modprobe, which records the load in the simulated /sys.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ from gpuk8s.ansible.harness import run_module
 from gpuk8s.core.errors import ConfigError
 from gpuk8s.discovery import discover
 from gpuk8s.host import driver as drv
+from gpuk8s.sim import kobject
 
-STANDIN = str(Path(__file__).resolve().parents[1] / "ansible" / "bin" / "sim_modprobe.py")
+from .simdriver import LOAD, RELEASE, UNLOAD, driver_payload, modprobe_log, module_path
+
 OLD, NEW, SDK = "2.32.0.6", "2.33.0.6", "3.3.0.15"
+OTHER = "6.1.0-13-amd64"  # a kernel release the simulated node does not run
 
 
 @pytest.fixture(autouse=True)
@@ -107,18 +110,10 @@ def test_gpu_processes_from_proc(tmp_path: Path) -> None:
     assert "4242 (python3" in drv.busy_message(found)
 
 
-def payload(tmp_path: Path, version: str = NEW, ko_version: str | None = NEW) -> Path:
+def payload(tmp_path: Path, version: str = NEW, ko_version: str | None = None) -> Path:
     """A directory payload laid out like the host, as a vendor bundle would be."""
-    base = tmp_path / f"payload-{version}"
-    (base / "opt/mxdriver/lib").mkdir(parents=True)
-    (base / "opt/mxdriver/Version.txt").write_text(f"Version:{version}\n")
-    (base / "opt/mxdriver/lib/libmxsml.so").write_bytes(b"\x7fELF stand-in")
-    (base / "opt/maca").mkdir(parents=True)
-    (base / "opt/maca/Version.txt").write_text(f"Version:{SDK}\n")
-    module = base / "lib/modules/6.1.0-sim/updates/metax.ko"
-    module.parent.mkdir(parents=True)
-    module.write_text(f"version={ko_version}\n" if ko_version else "no version\n")
-    return base
+    return driver_payload(tmp_path / f"payload-{version}", version, module_version=ko_version,
+                          sdk=SDK)
 
 
 def sim_root(tmp_path: Path, preset: str = "c500-8") -> Path:
@@ -128,17 +123,8 @@ def sim_root(tmp_path: Path, preset: str = "c500-8") -> Path:
 
 
 def run(root: Path, check: bool = False, **args: Any) -> dict[str, Any]:
-    base = {
-        "host_root": str(root),
-        "load_command": [sys.executable, STANDIN, "--root", "{host_root}", "{module}"],
-        "unload_command": [sys.executable, STANDIN, "--root", "{host_root}", "-r", "{module}"],
-    }
+    base = {"host_root": str(root), "load_command": list(LOAD), "unload_command": list(UNLOAD)}
     return run_module("gpu_driver", {**base, **args}, check_mode=check, diff=True)
-
-
-def modprobe_log(root: Path) -> list[str]:
-    path = root / "var/lib/gpuk8s-sim/modprobe.log"
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def test_upgrade_from_a_directory_payload(tmp_path: Path) -> None:
@@ -195,7 +181,7 @@ def test_version_mismatch_after_load_fails_and_says_so(tmp_path: Path) -> None:
     assert result["failed"] and f"running driver is {OLD}" in result["msg"]
     # rolled back: the files on disk are the old driver's again, and it runs
     assert (root / "opt/mxdriver/Version.txt").read_text().strip() == f"Version:{OLD}"
-    assert not (root / "lib/modules/6.1.0-sim/updates/metax.ko").exists()
+    assert not (root / "opt/mxdriver/lib").exists()
     assert discover(str(root)).driver.version == OLD
 
 
@@ -219,18 +205,22 @@ def test_missing_payload_or_version(tmp_path: Path) -> None:
     assert "not a version" in run(root, version="2.33 beta", payload=str(tmp_path))["msg"]
 
 
-@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="dpkg-deb not installed")
-def test_deb_payload_installs_onto_a_node_without_driver(tmp_path: Path) -> None:
-    root = sim_root(tmp_path, "nodriver-8")
-    tree = payload(tmp_path)
+def deb_of(tree: Path) -> Path:
+    """The payload tree ``tree`` as a vendor's .deb (dpkg-deb: Debian's dpkg, essential)."""
     (tree / "DEBIAN").mkdir()
     (tree / "DEBIAN/control").write_text(
         f"Package: metax-driver\nVersion: {NEW}\nArchitecture: all\n"
         "Maintainer: gpuk8s tests <tests@example.invalid>\nDescription: test payload\n"
     )
-    deb = tmp_path / f"metax-driver_{NEW}_all.deb"
+    deb = tree.parent / f"metax-driver_{NEW}_all.deb"
     subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(tree), str(deb)],
                    check=True, capture_output=True)
+    return deb
+
+
+def test_deb_payload_installs_onto_a_node_without_driver(tmp_path: Path) -> None:
+    root = sim_root(tmp_path, "nodriver-8")
+    deb = deb_of(payload(tmp_path))
     assert not discover(str(root)).driver.loaded
     result = run(root, version=NEW, payload=str(deb))
     assert result["changed"], result
@@ -238,3 +228,95 @@ def test_deb_payload_installs_onto_a_node_without_driver(tmp_path: Path) -> None
     assert result["before"]["loaded"] is False
     assert discover(str(root)).driver.version == NEW
     assert (root / "opt/maca/Version.txt").read_text() == f"Version:{SDK}\n"
+
+
+def unchanged(root: Path) -> dict[str, bytes]:
+    """The driver's files on the host (to show nothing was touched)."""
+    return {str(p.relative_to(root)): p.read_bytes()
+            for base in ("opt/mxdriver", "lib/modules") for p in sorted((root / base).rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["its own directory", "the running kernel's directory"])
+def test_a_payload_for_another_kernel_is_refused_before_anything_changes(
+    tmp_path: Path, where: str
+) -> None:
+    root = sim_root(tmp_path)
+    bundle = driver_payload(tmp_path / "payload", NEW)
+    if where == "its own directory":
+        shutil.rmtree(bundle / "lib")
+    # built for another kernel, in its own directory or in the running kernel's
+    at = module_path(bundle, OTHER if where == "its own directory" else RELEASE)
+    kobject.write_module(str(at), "metax", NEW, OTHER)
+    files = unchanged(root)
+    result = run(root, version=NEW, payload=str(bundle), deploy_policy="Always")
+    assert result["failed"]
+    assert OTHER in result["msg"] and f"runs kernel {RELEASE}" in result["msg"]
+    assert "nothing was changed" in result["msg"]
+    assert modprobe_log(root) == [] and unchanged(root) == files
+    assert discover(str(root)).driver.version == OLD
+
+
+def test_the_kernel_release_is_the_nodes_own(tmp_path: Path) -> None:
+    """A payload built for the kernel the node ran until its kernel was upgraded."""
+    root = sim_root(tmp_path)
+    (root / "proc/sys/kernel/osrelease").write_text("5.15.0-100-generic\n")
+    bundle = str(payload(tmp_path))
+    result = run(root, version=NEW, payload=bundle, deploy_policy="Always")
+    assert result["failed"] and f"(kernel {RELEASE})" in result["msg"]
+    assert "runs kernel 5.15.0-100-generic" in result["msg"] and modprobe_log(root) == []
+    check = run(root, check=True, version=NEW, payload=bundle, deploy_policy="Always")
+    assert check["failed"] and "runs kernel 5.15.0-100-generic" in check["msg"]
+    # no osrelease under the root (no /proc mounted there): a container shares its host's
+    # kernel, so it is this process's own, and the message says where it came from
+    (root / "proc/sys/kernel/osrelease").unlink()
+    mine = run(root, version=NEW, payload=bundle, deploy_policy="Always")
+    assert mine["failed"] and f"runs kernel {os.uname().release} (uname -r here: no" in \
+        mine["msg"]
+
+
+def test_a_payload_without_version_txt_is_refused_before_the_unload(tmp_path: Path) -> None:
+    root = sim_root(tmp_path)
+    bundle = payload(tmp_path)
+    (bundle / "opt/mxdriver/Version.txt").unlink()
+    result = run(root, version=NEW, payload=str(bundle), deploy_policy="Always")
+    assert result["failed"] and "has no opt/mxdriver/Version.txt" in result["msg"]
+    assert modprobe_log(root) == []  # the running driver was never unloaded
+    assert discover(str(root)).driver.version == OLD
+
+
+def test_a_payload_whose_module_is_not_a_module_is_refused(tmp_path: Path) -> None:
+    root = sim_root(tmp_path)
+    bundle = payload(tmp_path)
+    module_path(bundle).write_text(f"version={NEW}\n")
+    result = run(root, version=NEW, payload=str(bundle), deploy_policy="Always")
+    assert result["failed"] and "not an ELF file" in result["msg"]
+    assert modprobe_log(root) == []
+
+
+def test_depmod_indexes_the_module_for_the_running_kernel(tmp_path: Path) -> None:
+    """kmod's modprobe finds the new module only through modules.dep: without the depmod
+    step the simulated modprobe (as the real one) says "Module metax not found"."""
+    root = sim_root(tmp_path, "nodriver-8")
+    bundle = driver_payload(tmp_path / "payload", NEW)
+    shutil.rmtree(bundle / "lib")  # the module where a vendor's bundle has it: updates/
+    kobject.write_module(str(bundle / f"lib/modules/{RELEASE}/updates/metax.ko"), "metax", NEW,
+                         RELEASE)
+    result = run(root, version=NEW, payload=str(bundle))
+    assert result["changed"] and result["after"]["loaded_version"] == NEW, result
+    assert (root / f"lib/modules/{RELEASE}/modules.dep").read_text() == "updates/metax.ko:\n"
+    missing = run(sim_root(tmp_path / "other", "nodriver-8"), version=NEW, payload=str(bundle),
+                  depmod_command=["no-such-depmod", "{kernel_release}"])
+    assert missing["failed"] and "no-such-depmod not found" in missing["msg"]
+    assert "nothing was changed" in missing["msg"]
+
+
+def test_a_package_for_another_kernel_is_refused_before_the_unload(tmp_path: Path) -> None:
+    root = sim_root(tmp_path)
+    deb = deb_of(driver_payload(tmp_path / "tree", NEW, release=OTHER))
+    files = unchanged(root)
+    result = run(root, version=NEW, payload=str(deb), deploy_policy="Always")
+    assert result["failed"] and "(unpacked)" in result["msg"]
+    assert OTHER in result["msg"] and f"runs kernel {RELEASE}" in result["msg"]
+    assert modprobe_log(root) == [] and unchanged(root) == files
+    assert not list((root / "var/lib/gpuk8s").glob(".gpuk8s-driver-*"))

@@ -247,13 +247,14 @@ def test_existing_config_gets_our_extender_appended(root: Path) -> None:
     assert result["config_path"] == "/etc/kubernetes/sched/config.yaml"
     # only the marker: the scheduler must restart to read its changed file
     assert result["manifest_changed"]
+    config = schedfiles.read(str(theirs)).data
     assert marker_of(root) == {"configHash": sha256(theirs.read_text()), "urlPrefix": URL,
-                               "configFlag": False}
+                               "configFlag": False,
+                               "entryHash": schedconf.entry_hash(config["extenders"][1])}
     assert (root / MANIFEST).read_text().replace(marker_lines(root), "") == manifest.decode()
     assert not (root / CONFIG).exists()
     text = theirs.read_text()
     assert text.startswith(FOREIGN)  # theirs kept, comments included; ours appended
-    config = schedfiles.read(str(theirs)).data
     assert [e["urlPrefix"] for e in config["extenders"]] == ["http://127.0.0.1:9999", URL]
     assert not run(root)["changed"]
     assert run(root, weight=20)["changed"]
@@ -390,7 +391,15 @@ def enable_by_hand(root: Path) -> str:
 
 
 def test_manifest_enabled_by_hand_gets_no_second_mount_and_keeps_its_own(root: Path) -> None:
+    """The administrator's hand-written entry (the manual's, at our very URL) is left
+    alone: ours is added beside it, with a warning, and only ours goes on disable.
+    Before: theirs was taken over (set to nodeCacheCapable: true) and then deleted,
+    leaving extenders: []."""
     by_hand = enable_by_hand(root)
+    plan = schedfiles.plan(schedfiles.Request(
+        state="present", spec=schedconf.ExtenderSpec(URL), url_prefix=URL, host_root=str(root)))
+    assert any("extenders[0] calls http://10.96.0.50:8080 too and was not written by gpuk8s"
+               in w for w in plan.warnings), plan.warnings
     result = run(root, weight=300)
     assert not result.get("failed"), result
     assert result["mode"] == "appended"
@@ -398,14 +407,88 @@ def test_manifest_enabled_by_hand_gets_no_second_mount_and_keeps_its_own(root: P
     paths = [m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]]
     assert sorted(paths) == ["/etc/kubernetes/scheduler.conf", "/etc/metax/extender.yaml"]
     assert [v["name"] for v in pod["spec"]["volumes"]] == ["kubeconfig", "extender"]
+    text = (root / CONFIG).read_text()
+    assert text.startswith(MANUAL_CONFIG)  # theirs, byte for byte
     config = schedfiles.read(str(root / CONFIG)).data
-    assert [(e["urlPrefix"], e["weight"]) for e in config["extenders"]] == [(URL, 300)]
-    # disabling removes our entry and our marker, and keeps the admin's flag and volume
+    assert [(e["urlPrefix"], e["weight"], e["nodeCacheCapable"])
+            for e in config["extenders"]] == [(URL, 500, False), (URL, 300, True)]
+    # a second run finds ours (the marker's entry hash), not theirs
+    assert not run(root, weight=300)["changed"]
+    assert run(root, weight=250)["changed"]
+    config = schedfiles.read(str(root / CONFIG)).data
+    assert [e["weight"] for e in config["extenders"]] == [500, 250]
+    # disabling removes our entry and our marker, and keeps the admin's flag, volume and entry
     removed = run(root, state="absent")
     assert removed["changed"]
     assert (root / MANIFEST).read_text() == by_hand
-    assert schedfiles.read(str(root / CONFIG)).data["extenders"] == []
-    assert (root / CONFIG).exists()
+    assert (root / CONFIG).read_text() == MANUAL_CONFIG
+
+
+def test_a_resource_both_extenders_manage_is_refused_before_writing(root: Path) -> None:
+    """kube-scheduler refuses a managed resource listed by two extenders (and would not
+    start): the module fails naming it and writes nothing."""
+    enable_by_hand(root)
+    managed = MANUAL_CONFIG + "  managedResources:\n  - name: metax-tech.com/gpu\n" \
+        "    ignoredByScheduler: false\n"
+    (root / CONFIG).write_text(managed)
+    before = snapshot(root)
+    result = run(root, managed_resources=[{"name": "metax-tech.com/gpu"}])
+    assert result["failed"]
+    assert "extenders[0] and extenders[1] both manage metax-tech.com/gpu" in result["msg"]
+    assert snapshot(root) == before
+
+
+def test_a_manifest_that_starts_with_a_document_marker_keeps_it(root: Path) -> None:
+    """Before: enable then disable lost the leading '---' line."""
+    original = "---\n" + (root / MANIFEST).read_text()
+    (root / MANIFEST).write_text(original)
+    assert run(root)["changed"]
+    assert (root / MANIFEST).read_text().startswith("---\n")
+    assert run(root, state="absent")["changed"]
+    assert (root / MANIFEST).read_text() == original
+    ended = "# kubeadm\n%YAML 1.2\n---\n" + (root / MANIFEST).read_text()[4:] + "...\n"
+    (root / MANIFEST).write_text(ended)
+    run(root)
+    run(root, state="absent")
+    assert (root / MANIFEST).read_text() == ended
+
+
+def test_tls_files_are_mounted_and_a_renewal_restarts_the_scheduler(root: Path) -> None:
+    """kube-scheduler reads its client certificate only at start: new certificate files
+    change the manifest's marker, so the kubelet restarts it; disable removes the mounts."""
+    original = (root / MANIFEST).read_text()
+    pki = root / "etc/metax/pki"
+    pki.mkdir(parents=True)
+    files = {"ca_file": "ca.crt", "cert_file": "client.crt", "key_file": "client.key"}
+    for name in files.values():
+        (pki / name).write_text(f"{name} v1\n")
+    tls = {key: f"/etc/metax/pki/{name}" for key, name in files.items()}
+    tls["server_name"] = "gpu-aware.metax-gpu-extensions.svc"
+    https = "https://10.96.0.50:8080"
+    result = run(root, url_prefix=https, enable_https=True, tls_config=tls)
+    assert not result.get("failed"), result
+    config = schedfiles.read(str(root / CONFIG)).data
+    assert config["extenders"][0]["tlsConfig"] == {
+        "insecure": False, "serverName": "gpu-aware.metax-gpu-extensions.svc",
+        "certFile": "/etc/metax/pki/client.crt", "keyFile": "/etc/metax/pki/client.key",
+        "caFile": "/etc/metax/pki/ca.crt"}
+    pod = schedfiles.read(str(root / MANIFEST)).data
+    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["metax-extender-cert"] == "/etc/metax/pki/client.crt"
+    assert mounts["metax-extender-key"] == "/etc/metax/pki/client.key"
+    assert mounts["metax-extender-ca"] == "/etc/metax/pki/ca.crt"
+    first = marker_of(root)["tlsHash"]
+    assert not run(root, url_prefix=https, enable_https=True, tls_config=tls)["changed"]
+    (pki / "client.crt").write_text("client.crt v2\n")  # renewed
+    renewed = run(root, url_prefix=https, enable_https=True, tls_config=tls)
+    assert renewed["changed"] and renewed["manifest_changed"]
+    assert marker_of(root)["tlsHash"] != first
+    (pki / "client.key").unlink()
+    missing = run(root, url_prefix=https, enable_https=True, tls_config=tls)
+    assert missing["failed"] and "/etc/metax/pki/client.key cannot be read" in missing["msg"]
+    (pki / "client.key").write_text("client.key v2\n")
+    assert run(root, state="absent")["changed"]
+    assert (root / MANIFEST).read_text() == original
 
 
 def test_a_directory_mount_covers_the_config(root: Path) -> None:
@@ -432,6 +515,10 @@ HTTPS = {
 
 def test_tls_files_are_mounted_and_removed(root: Path) -> None:
     original = (root / MANIFEST).read_bytes()
+    for key in ("ca_file", "cert_file", "key_file"):
+        path = root / HTTPS["tls_config"][key].lstrip("/")  # type: ignore[index]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(key)
     result = run(root, **HTTPS)
     assert not result.get("failed"), result
     pod = schedfiles.read(str(root / MANIFEST)).data
@@ -525,6 +612,14 @@ def test_bind_verb_is_written_and_validated(root: Path) -> None:
     assert config["extenders"][0]["bindVerb"] == "bind"
     bad = run(root, bind_verb="bind/../x")
     assert bad.get("failed") and "bind_verb" in bad["msg"]
+
+
+def test_bind_verb_needs_managed_resources(root: Path) -> None:
+    """gpu-aware's bind refuses pods without GPUs (issue 26): with no managedResources
+    kube-scheduler would send it every pod to bind."""
+    result = run(root, bind_verb="bind")
+    assert result["failed"] and "bind_verb 'bind' needs managed_resources" in result["msg"]
+    assert not (root / CONFIG).exists()
 
 
 def test_the_entry_for_pods_without_gpus_follows_the_main_one(root: Path) -> None:

@@ -55,8 +55,16 @@ def _metric_names(expr: str) -> set[str]:
 
 def test_rules_use_only_exported_metrics_and_label_node_and_pod_levels() -> None:
     rules = yaml.safe_load((REPO / "monitoring/prometheus/gpuk8s-rules.yml").read_text())
-    (group,) = rules["groups"]
+    group, alerts, applications = rules["groups"]
     assert [r["record"] for r in group["rules"]] == [n for n, _ in GEN.RECORDING_RULES]
+    assert [r["alert"] for r in alerts["rules"]] == ["GpuLost", "GpuUnhealthy"]
+    for rule in alerts["rules"]:  # per GPU identity: a pod arriving (kind) changes nothing
+        assert _metric_names(rule["expr"]) <= EXPORTED, rule
+        assert "by (node, gpu, uuid)" in rule["expr"] and "kind" not in rule["expr"], rule
+        assert rule["labels"]["severity"] in ("critical", "warning")
+    # the accelerator manual's Paddle alert (002-32), on the application's own metric
+    assert applications["rules"] == GEN.APPLICATION_ALERTS
+    assert [r["alert"] for r in applications["rules"]] == ["GPUAllocConflict"]
     for rule in group["rules"]:
         names = _metric_names(rule["expr"])
         assert names and names <= EXPORTED, rule

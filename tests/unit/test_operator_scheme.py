@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +25,19 @@ from gpuk8s.discovery import discover
 from gpuk8s.discovery.tools import default_runner
 from gpuk8s.host import driver as drv
 from gpuk8s.host.readiness import read_readiness
-from gpuk8s.services.deviceplugin.devices import AllocateOptions
 from gpuk8s.services.deviceplugin.main import PluginConfig, resolve_cdi
 from gpuk8s.services.drivermanager.agent import DriverAgent, PayloadSource
 from gpuk8s.services.drivermanager.main import main as driver_manager_main
+from gpuk8s.services.node.devices import AllocateOptions
 from gpuk8s.services.nodeagent import VFNUM_DESIRED, Reporter
 from gpuk8s.services.operator.controller import CONFIG_NAME, STATUS_NAME, Controller
 from gpuk8s.services.runtime import containerd
 from gpuk8s.services.runtime.agent import WRAPPER_NAME, RuntimeAgent, RuntimeSettings
 
-STANDIN = str(Path(__file__).resolve().parents[1] / "ansible" / "bin" / "sim_modprobe.py")
+from .fake_cri import FakeCri, cri_config
+from .simdriver import LOAD, UNLOAD
+
+REPO = Path(__file__).resolve().parents[2]
 NEW = "2.33.0.6"
 LAB_CONFIG = """version = 2
 # the admin's comment stays
@@ -99,13 +105,30 @@ class FakeNode:
         self.events.append((reason, message))
 
 
-def runtime_node(tmp_path: Path, preset: str = "c500-8") -> tuple[RuntimeAgent, Path, Path]:
+@pytest.fixture
+def system_root() -> Iterator[Path]:
+    """The node's / for container-runtime: short, for the unix socket paths under it."""
+    path = Path(tempfile.mkdtemp(prefix="crt", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def cri(system_root: Path) -> Iterator[FakeCri]:
+    """containerd's CRI on the node's socket, serving only runc until a test says more."""
+    fake = FakeCri(str(system_root / "run/containerd/containerd.sock"))
+    yield fake
+    fake.stop()
+
+
+def runtime_node(tmp_path: Path, system: Path, preset: str = "c500-8",
+                 config: str = LAB_CONFIG) -> tuple[RuntimeAgent, Path, Path]:
     """A simulated GPU tree with real char devices (the wrapper stats them, as runc needs;
     mknod: the tests run as root, like scripts/test) and a system root with containerd."""
-    gpu_root, system = tmp_path / "gpu", tmp_path / "system"
+    gpu_root = tmp_path / "gpu"
     sim.create(str(gpu_root), preset, device_nodes="char")
     (system / "etc/containerd").mkdir(parents=True)
-    (system / "etc/containerd/config.toml").write_text(LAB_CONFIG)
+    (system / "etc/containerd/config.toml").write_text(config)
     (system / "usr/bin").mkdir(parents=True)
     (system / "usr/bin/python3").symlink_to(sys.executable)
     settings = RuntimeSettings(
@@ -117,14 +140,20 @@ def runtime_node(tmp_path: Path, preset: str = "c500-8") -> tuple[RuntimeAgent, 
         gpu_root, system
 
 
+WRAPPER = f"/usr/local/gpuk8s/bin/{WRAPPER_NAME}"
+SERVED = cri_config({"runc": "", "metax": WRAPPER}, default="metax")  # after the restart
+
+
 def test_container_runtime_installs_spec_handler_wrapper_and_undoes_them(
-    tmp_path: Path,
+    tmp_path: Path, system_root: Path, cri: FakeCri
 ) -> None:
-    agent, gpu_root, system = runtime_node(tmp_path)
+    agent, gpu_root, system = runtime_node(tmp_path, system_root)
     assert agent.mode() == "wrapper"
     report = agent.one_pass()
-    assert report.state == "ready", report.message
-    assert read_readiness(str(gpu_root)) == {"runtime.ready": True}
+    # restart mode none: edited, but containerd does not serve it yet -> not ready
+    assert report.state == "pending", report.message
+    assert "restart it to apply" in report.message and "does not serve" in report.message
+    assert read_readiness(str(gpu_root)) == {"runtime.ready": False}
     spec = json.loads((system / "etc/cdi/metax-tech.com-gpu.json").read_text())
     parsed = parse_spec(spec)
     assert len(parsed.devices) == 9  # 8 GPUs + all
@@ -135,11 +164,17 @@ def test_container_runtime_installs_spec_handler_wrapper_and_undoes_them(
         "containerd"]
     assert runtimes["default_runtime_name"] == "metax"
     handler = runtimes["runtimes"]["metax"]
-    assert handler["options"]["BinaryName"] == f"/usr/local/gpuk8s/bin/{WRAPPER_NAME}"
+    assert handler["options"]["BinaryName"] == WRAPPER
     assert handler["options"]["SystemdCgroup"] is False  # copied from the default runtime
     assert "cdi.k8s.io/*" in handler["container_annotations"]
+    cri.config = SERVED  # someone restarted containerd: now its CRI serves the handler
+    report = agent.one_pass()
+    assert report.state == "ready", report.message
+    assert read_readiness(str(gpu_root)) == {"runtime.ready": True}
     assert agent.one_pass().state == "ready"  # idempotent
     assert (system / "etc/containerd/config.toml").read_text() == config
+    cri.config = cri_config({"runc": ""})  # containerd restarted onto another config
+    assert agent.one_pass().state == "pending"  # seen at once, never ready on a memory
     done = agent.uninstall()
     assert (system / "etc/containerd/config.toml").read_text() == LAB_CONFIG
     assert not (system / "etc/cdi/metax-tech.com-gpu.json").exists()
@@ -148,8 +183,10 @@ def test_container_runtime_installs_spec_handler_wrapper_and_undoes_them(
     assert any("removed" in line for line in done)
 
 
-def test_wrapper_applies_the_spec_to_a_bundle_and_respects_an_image_sdk(tmp_path: Path) -> None:
-    agent, gpu_root, system = runtime_node(tmp_path)
+def test_wrapper_applies_the_spec_to_a_bundle_and_respects_an_image_sdk(
+    tmp_path: Path, system_root: Path, cri: FakeCri
+) -> None:
+    agent, gpu_root, system = runtime_node(tmp_path, system_root)
     agent.one_pass()
     wrapper = system / "usr/local/gpuk8s/bin" / WRAPPER_NAME
     config = json.loads((wrapper.parent / "oci-runtime.json").read_text())
@@ -204,12 +241,7 @@ def test_wrapper_applies_the_spec_to_a_bundle_and_respects_an_image_sdk(tmp_path
 
 def driver_payload(directory: Path, version: str = NEW, image: str = "reg/driver-image:x"
                    ) -> None:
-    tree = directory / "driver"
-    (tree / "opt/mxdriver/bin").mkdir(parents=True)
-    (tree / "opt/mxdriver/Version.txt").write_text(f"Version:{version}\n")
-    ko = tree / "lib/modules/6.1.0-sim/extra/metax.ko"
-    ko.parent.mkdir(parents=True)
-    ko.write_text(f"version={version}\n")
+    sim.write_payload("driver", version, str(directory / "driver"))
     (directory / "driver.complete").write_text(image + "\n")
 
 
@@ -221,8 +253,7 @@ def driver_agent(tmp_path: Path, preset: str, policy: str = "IfNotPresent",
     api = FakeNode()
     request = drv.InstallRequest(
         policy=policy, version=NEW, owner="driver-manager",
-        load_command=(sys.executable, STANDIN, "--root", "{host_root}", "{module}"),
-        unload_command=(sys.executable, STANDIN, "--root", "{host_root}", "-r", "{module}"),
+        load_command=LOAD, unload_command=UNLOAD,
     )
     agent = DriverAgent(str(root), request, Reporter(api, "driver-manager.driver", "Driver"),
                         default_runner, PayloadSource(str(payload), "reg/driver-image:x",
@@ -267,7 +298,7 @@ def test_bad_payload_is_reported_and_nothing_is_installed(tmp_path: Path, proble
         in report.message
     assert api.events[-1][0] == "DriverFailed"
     assert not discover(str(root)).driver.loaded
-    assert not (root / "opt/mxdriver").exists() and not (root / "lib/modules").exists()
+    assert not (root / "opt/mxdriver").exists() and not list(root.glob("lib/modules/*/*/*.ko"))
 
 
 def test_driver_manager_applies_the_desired_vfnum(tmp_path: Path) -> None:
@@ -462,6 +493,39 @@ def test_maca_agent_picks_the_image_asks_for_it_and_installs_it(tmp_path: Path) 
     assert api.events[-1][0] == "MacaReady"
 
 
+def test_maca_agent_refuses_an_image_holding_another_sdk_than_its_tag(tmp_path: Path) -> None:
+    from gpuk8s.services.drivermanager.agent import MacaAgent
+
+    root, payload = tmp_path / "host", tmp_path / "payload"
+    sim.create(str(root), "nodriver-8")
+    payload.mkdir()
+    image = "reg/p/maca-c500:2.33.0.4-ubuntu22.04-amd64"
+    api = FakeNode()
+    agent = MacaAgent(str(root), [image], Reporter(api, "driver-manager.maca", "Maca"),
+                      PayloadSource(str(payload), "", "", None), "/run/metax",
+                      payload_grace=60.0)
+    sim.write_payload("maca", "2.99.0.1", str(payload / "maca"))
+    (payload / "maca.complete").write_text(image + "\n")
+    report = agent.one_pass()
+    assert report.state == "failed", report.message
+    assert "holds SDK 2.99.0.1" in report.message and "2.33.0.4-ubuntu22.04-amd64" in \
+        report.message
+    assert not (root / "opt/maca").exists() and not (root / "opt/.gpuk8s-maca").exists()
+    assert read_readiness(str(root)) == {"maca.ready": False}
+    assert api.events[-1][0] == "MacaFailed"
+
+
+def test_driver_manager_refuses_a_payload_without_version_txt_before_the_unload(
+        tmp_path: Path) -> None:
+    agent, root, payload, _ = driver_agent(tmp_path, "c500-8", policy="Always")
+    driver_payload(payload)
+    (payload / "driver/opt/mxdriver/Version.txt").unlink()
+    report = agent.one_pass()
+    assert report.state == "failed" and "has no opt/mxdriver/Version.txt" in report.message
+    assert not (root / "var/lib/gpuk8s-sim/modprobe.log").exists()  # never unloaded
+    assert discover(str(root)).driver.version == "2.32.0.6"
+
+
 def test_liveness_endpoint_of_the_node_agents() -> None:
     import socket
     import urllib.error
@@ -491,9 +555,9 @@ def test_liveness_endpoint_of_the_node_agents() -> None:
 
 
 def test_a_wrapper_still_in_use_at_uninstall_is_removed_by_its_last_container(
-    tmp_path: Path,
+    tmp_path: Path, system_root: Path, cri: FakeCri
 ) -> None:
-    agent, _gpu_root, system = runtime_node(tmp_path)
+    agent, _gpu_root, system = runtime_node(tmp_path, system_root)
     agent.one_pass()
     install = system / "usr/local/gpuk8s"
     wrapper_host_path = agent.wrapper_path()  # what containerd records in each bundle
@@ -547,3 +611,133 @@ def test_maca_agent_keeps_the_installed_sdk_ready_while_a_new_one_arrives(
     assert report.state == "pending" and new in report.message
     assert read_readiness(str(root)) == {"maca.ready": True}  # 2.33.0.4 is still there
     assert (root / "opt/maca/Version.txt").read_text() == "Version:2.33.0.4\n"
+
+
+def _ignore_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup does
+
+
+def test_runtime_ready_only_once_containerd_really_restarted_onto_the_handler(
+    tmp_path: Path, system_root: Path
+) -> None:
+    """Issue 28 item 0: a containerd started with SIGHUP ignored (the lab's first lab/up ran
+    under such a parent) never restarted, the first pass failed after 60 s and the second
+    one, seeing the config already edited, said ready. Now: failed every pass, the config
+    as it was, until a containerd that can restart serves the handler."""
+    agent, gpu_root, system = runtime_node(tmp_path, system_root)
+    agent.settings.restart_mode = "signal"
+    sock = system / "run/containerd/containerd.sock"
+    served = tmp_path / "served.json"  # what the fake containerd serves when it starts
+    served.write_text(json.dumps(cri_config({"runc": ""})))
+    fake = [sys.executable, str(Path(__file__).with_name("fake_cri.py")), str(sock), str(served)]
+    config = system / "etc/containerd/config.toml"
+
+    def peer() -> int:
+        try:
+            return containerd.socket_peer_pid(str(sock))
+        except OSError:
+            return 0
+
+    def serving(pid: int) -> bool:
+        return peer() == pid
+
+    nohup = subprocess.Popen(fake, preexec_fn=_ignore_sighup)
+    try:
+        wait_for("the fake containerd", lambda: serving(nohup.pid))
+        for _ in range(2):
+            report = agent.one_pass()
+            assert report.state == "failed", report.message
+            assert f"containerd (pid {nohup.pid}) ignores SIGHUP" in report.message
+            assert read_readiness(str(gpu_root)) == {"runtime.ready": False}
+            assert config.read_text() == LAB_CONFIG  # untouched: never restarted onto it
+            assert not Path(f"{config}.gpuk8s-backup").exists()
+            assert nohup.poll() is None  # the same containerd
+    finally:
+        nohup.terminate()
+        nohup.wait()
+    # its service manager runs it again, from the same SIGHUP-ignoring parent: lab/supervise
+    # gives it every signal at its default, as systemd does
+    supervised = subprocess.Popen([str(REPO / "lab/supervise"), *fake], preexec_fn=_ignore_sighup)
+    try:
+        first = wait_for("the supervised fake", lambda: next(
+            (p for p in _children(supervised.pid) if serving(p)), 0))
+        served.write_text(json.dumps(SERVED))  # what it reads when restarted onto the edit
+        report = agent.one_pass()  # a new containerd: tried again
+        assert report.state == "ready", report.message
+        now = peer()
+        assert now not in (0, first) and now in _children(supervised.pid)  # really restarted
+        assert read_readiness(str(gpu_root)) == {"runtime.ready": True}
+        assert "metax" in containerd.tomlkit.parse(config.read_text())["plugins"][
+            "io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+    finally:
+        supervised.terminate()
+        supervised.wait()
+
+
+def wait_for(what: str, check: Any, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
+        time.sleep(0.05)
+    return value
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+V1_CONFIG = """# version 1 (no `version` key), CRI named by id: what containerd 1.6 loads
+[plugins.cri.containerd]
+  default_runtime_name = "runc"
+"""
+
+
+@pytest.mark.parametrize(("config", "reason"), [
+    # what the old agent wrote into a version-1 file: containerd refuses to start on it
+    ('version = 2\n[plugins.cri]\n  sandbox_image = "x"\n', "refuses it"),
+    ('[plugins."io.containerd.grpc.v1.cri".containerd]\n', "reads it as version 1"),
+    ("version = 7\n", "version 7"),
+])
+def test_a_config_the_agent_cannot_edit_safely_is_left_untouched_and_failed(
+    tmp_path: Path, system_root: Path, cri: FakeCri, config: str, reason: str
+) -> None:
+    agent, gpu_root, system = runtime_node(tmp_path, system_root, config=config)
+    for _ in range(2):
+        report = agent.one_pass()
+        assert report.state == "failed" and reason in report.message, report.message
+        assert "nothing was changed" in report.message
+        assert read_readiness(str(gpu_root)) == {"runtime.ready": False}
+        assert (system / "etc/containerd/config.toml").read_text() == config
+        assert sorted(p.name for p in (system / "etc/containerd").iterdir()) == ["config.toml"]
+
+
+def test_a_version_1_config_is_edited_as_version_1(
+    tmp_path: Path, system_root: Path, cri: FakeCri
+) -> None:
+    agent, _gpu_root, system = runtime_node(tmp_path, system_root, config=V1_CONFIG)
+    assert agent.one_pass().state == "pending"
+    text = (system / "etc/containerd/config.toml").read_text()
+    assert "version" not in containerd.tomlkit.parse(text)
+    assert containerd.tomlkit.parse(text)["plugins"]["cri"]["containerd"]["runtimes"]["metax"]
+    cri.config = SERVED
+    assert agent.one_pass().state == "ready"
+    agent.uninstall()
+    assert (system / "etc/containerd/config.toml").read_text() == V1_CONFIG  # byte for byte
+
+
+@pytest.mark.parametrize(("served", "state"), [
+    ({"containerd": {}, "cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"]}, "ready"),  # 2.4
+    ({"containerd": {}, "enableCDI": False, "cdiSpecDirs": ["/etc/cdi"]}, "failed"),
+])
+def test_native_cdi_is_checked_on_containerd_2(
+    tmp_path: Path, system_root: Path, cri: FakeCri, served: dict, state: str
+) -> None:
+    agent, gpu_root, system = runtime_node(tmp_path, system_root)
+    agent.settings.runtime, agent.settings.runtime_version = "auto", "containerd://2.4.2"
+    assert agent.mode() == "native"
+    cri.config = served
+    report = agent.one_pass()
+    assert report.state == state, report.message
+    assert read_readiness(str(gpu_root)) == {"runtime.ready": state == "ready"}
+    assert (system / "etc/containerd/config.toml").read_text() == LAB_CONFIG  # never edited

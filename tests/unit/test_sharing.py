@@ -40,9 +40,13 @@ def test_mps_family() -> None:
     assert share == s.ShareRequest(s.MODE_MPS, 1, 25, 1024)
     with pytest.raises(s.SharingError, match=r"mps-core.*1 to 100, got '101'"):
         s.parse_share({"nvidia.com/mps-core": "101"})
-    # 0 ids: the kubelet would not call Allocate, and the container would get no GPU
-    with pytest.raises(s.SharingError, match=r"mps-core.*1 to 100, got '0'"):
+    # 0 ids: the kubelet would not call Allocate, and the container would get no GPU; the
+    # accelerator manual allows 0 %, so the refusal says why
+    with pytest.raises(s.SharingError, match=r"mps-core.*1 to 100, got '0': the kubelet calls "
+                       r"the device plugin's Allocate only for a positive count.*without any "
+                       r"GPU; for no compute limit ask for 100"):
         s.parse_share({"nvidia.com/mps-core": "0"})
+    assert "%" not in s.ZERO_COUNT_WHY  # kube-scheduler formats the extender's reasons
     with pytest.raises(s.SharingError, match=r"mps-core'\]: required with nvidia.com/mps-memory"):
         s.parse_share({"nvidia.com/mps-memory": "1Gi"})
 
@@ -54,10 +58,10 @@ def test_mps_family() -> None:
          r"\['metax-tech.com/vcore'\]"),
         ({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "-5"}, "vcore.*negative"),
         ({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "12.5"}, "vcore.*whole percent"),
-        ({"metax-tech.com/sgpu": "0"}, "sgpu.*1 to 64"),
+        ({"metax-tech.com/sgpu": "0"}, "sgpu.*1 to 64, got 0: the kubelet calls"),
         ({"metax-tech.com/vcore": "5", "nvidia.com/mps-core": "5"}, "mixes sharing families"),
         ({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": True}, "vcore.*quantity"),
-        ({"tencent.com/vcuda-core": "0"}, "vcuda-core.*1-99.*got 0"),
+        ({"tencent.com/vcuda-core": "0"}, "vcuda-core.*1-99.*got 0: the kubelet calls"),
     ],
 )
 def test_bad_requests_name_the_field(limits: dict[str, object], match: str) -> None:
@@ -66,11 +70,90 @@ def test_bad_requests_name_the_field(limits: dict[str, object], match: str) -> N
 
 
 def test_pod_share_one_container() -> None:
-    a = ("a", {"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "10"}, {})
-    b = ("b", {}, {"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "20"})
-    assert s.pod_share([a, ("c", {}, {})]) == s.ShareRequest(s.MODE_SGPU, 1, 10, 0, container="a")
-    with pytest.raises(s.SharingError, match="2 containers"):
+    a = ("a", {"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "10"}, {},
+         "spec.containers[0]")
+    b = ("b", {}, {"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "20"},
+         "spec.initContainers[0]")
+    c = ("c", {}, {}, "spec.containers[1]")
+    assert s.pod_share([a, c]) == s.ShareRequest(s.MODE_SGPU, 1, 10, 0, container="a")
+    with pytest.raises(s.SharingError, match=r"spec.containers\[0\] and "
+                       r"spec.initContainers\[0\] ask for shared GPUs; one container"):
         s.pod_share([a, b])
+
+
+# -- one quantity grammar for GPU memory (issue 26, item 3) ---------------------------------
+@pytest.mark.parametrize(
+    ("value", "mib"),
+    [("1000", 1000 * 1024), ("1e3", 1000 * 1024), ("1k", 1000 * 1024), ("1E3", 1000 * 1024),
+     ("0.5", 512), ("500m", 512), (".5", 512), ("8", 8192), (8, 8192), ("+8", 8192),
+     ("2048Mi", 2048), ("2Gi", 2048), ("1Ki", 1), ("1536Ki", 2), ("0", 0),
+     ("1e-9", 1)],  # 1e-9 GiB is one byte: rounded up to 1 MiB
+)
+def test_memory_is_one_kubernetes_quantity_grammar(value: object, mib: int) -> None:
+    # the number is read as Kubernetes reads it (1000 = 1e3 = 1k); without a binary
+    # suffix it counts GiB, with one it is bytes. Before: "1e3" and "1k" were 1 MiB
+    # (bytes), "0.5" 1 MiB
+    assert s.memory_mib(value, "vmemory") == mib
+    limits = {"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": value}
+    share = s.parse_share(limits)
+    assert share is not None and share.memory_mib == mib
+    mps = s.parse_share({"nvidia.com/mps-core": "10", "nvidia.com/mps-memory": value})
+    assert mps is not None and mps.memory_mib == mib
+
+
+def test_vcuda_memory_counts_256_mib_units_in_the_same_grammar() -> None:
+    for value, mib in (("16", 4096), ("1k", 256_000), ("1e3", 256_000), ("0.5", 128),
+                       ("4Gi", 4096), ("100Mi", 100)):
+        share = s.parse_share({"tencent.com/vcuda-core": "30", "tencent.com/vcuda-memory": value})
+        assert share is not None and share.memory_mib == mib, value
+
+
+@pytest.mark.parametrize("value", ["8G", "2M", "1E"])
+def test_decimal_suffixes_multiply_the_unit_and_absurd_amounts_are_refused(value: str) -> None:
+    # 8G is 8 x 10^9 GiB, not 8 GB: refused with the rule spelled out
+    with pytest.raises(s.SharingError, match=r"vmemory'\]: .* more than 1 PiB per GPU; a number "
+                       r"without a binary suffix counts GiB .* binary suffix \(8Gi, 512Mi\)"):
+        s.parse_share({"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": value})
+
+
+def test_sharing_in_init_and_sidecar_containers_counts() -> None:
+    ask = {"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "30"}
+    for kind in ({}, {"restartPolicy": "Always"}):
+        pod = {"spec": {"initContainers": [{"name": "warm", "resources": {"limits": ask},
+                                            **kind}],
+                        "containers": [{"name": "main"}]}}
+        share = s.pod_share_json(pod)
+        assert share == s.ShareRequest(s.MODE_SGPU, 1, 30, 0, container="warm"), kind
+    twice = {"spec": {"initContainers": [{"name": "warm", "resources": {"limits": ask}}],
+                      "containers": [{"name": "main", "resources": {"requests": ask}}]}}
+    with pytest.raises(s.SharingError, match="one container per pod"):
+        s.pod_share_json(twice)
+
+
+@pytest.mark.parametrize(
+    ("whole", "share"),
+    [("metax-tech.com/gpu", {"metax-tech.com/sgpu": "1"}),
+     ("nvidia.com/gpu", {"tencent.com/vcuda-core": "30"}),
+     ("nvidia.com/gpu", {"nvidia.com/mps-core": "30"}),
+     ("metax-tech.com/gpu", {"tencent.com/vcuda-core": "200"})],
+)
+def test_whole_and_shared_gpus_in_one_pod_are_refused_alike(
+    whole: str, share: dict[str, str]
+) -> None:
+    # before: vcuda-core beside nvidia.com/gpu was accepted, sgpu beside metax-tech.com/gpu
+    # refused (and only by gpu-aware's filter)
+    for where in ("same", "other"):
+        containers = [{"name": "a", "resources": {"limits": {**share}}}]
+        if where == "same":
+            containers[0]["resources"]["limits"][whole] = "1"
+        else:
+            containers.append({"name": "b", "resources": {"limits": {whole: "1"}}})
+        with pytest.raises(s.SharingError, match=rf"\['{whole}'\]: whole GPUs, and "
+                           r"spec.containers\[0\] asks for shared GPUs .*not both"):
+            s.pod_share_json({"spec": {"containers": containers}})
+    zero = {"spec": {"containers": [{"name": "a", "resources": {"limits": {**share,
+                                                                            whole: "0"}}}]}}
+    assert s.pod_share_json(zero) is not None  # 0 whole GPUs is asking for none
 
 
 def test_fit_and_best_fit() -> None:

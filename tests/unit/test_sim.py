@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import shutil
 import stat
 import subprocess
@@ -15,10 +16,11 @@ import pytest
 from gpuk8s import sim
 from gpuk8s.core.errors import ConfigError
 from gpuk8s.discovery import discover
+from gpuk8s.sim import kobject
 from gpuk8s.sim.cli import main as sim_main
 
 PRESET_NAMES = ["c500-8", "c550-8", "mixed-16", "n260-2", "c500-8-vf4", "nodriver-8",
-                "nogpu", "nvidia-8"]
+                "nogpu", "nvidia-8", "nvidia-8-nodriver", "a100-8", "v100-8", "t4-2", "p100-4"]
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +39,8 @@ def test_every_preset_creates_a_discoverable_tree(tmp_path: Path, preset: str) -
     sim.create(root, preset)
     inv = discover(root)
     expected = {"c500-8": 8, "c550-8": 8, "mixed-16": 16, "n260-2": 2, "c500-8-vf4": 8,
-                "nodriver-8": 8, "nogpu": 0, "nvidia-8": 8}[preset]
+                "nodriver-8": 8, "nogpu": 0, "nvidia-8": 8, "nvidia-8-nodriver": 8,
+                "a100-8": 8, "v100-8": 8, "t4-2": 2, "p100-4": 4}[preset]
     assert len(inv.gpus) == expected
     assert sim.state(root)["preset"] == preset
 
@@ -215,6 +218,24 @@ def test_fake_nvidia_smi(tmp_path: Path) -> None:
     assert topo.splitlines()[1].split("\t")[1:3] == [" X ", "NV18"]
 
 
+def test_fake_nvidia_smi_loops_as_the_manual_watches_memory(tmp_path: Path) -> None:
+    """`nvidia-smi --query-gpu=memory.used --format=csv -l 1` (the accelerator manual's
+    002-30) repeats the rows until interrupted; the CSV heading comes once."""
+    root = tmp_path / "n"
+    sim.create(str(root), "t4-2")
+    proc = subprocess.Popen([str(root / "usr/bin/nvidia-smi"), "--query-gpu=memory.used",
+                             "--format=csv", "--loop=0.01"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline().rstrip("\n") for _ in range(1 + 2 * 3)]
+    proc.terminate()
+    proc.wait(timeout=30)
+    assert lines == ["memory.used [MiB]"] + ["0 MiB"] * 6
+    argv = ["--query-gpu=memory.used", "--format=csv", "-l", "1"]
+    smi = runpy.run_path(str(root / "usr/bin/nvidia-smi"))
+    assert smi["loop_seconds"](argv) == (1.0, argv[:2])
+    assert smi["loop_seconds"](["-l"]) == (5.0, [])  # nvidia-smi's default period
+
+
 def test_cli_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = str(tmp_path / "n")
     assert sim_main(["create", "--preset", "c500-8-vf4", "--root", root]) == 0
@@ -252,14 +273,17 @@ def test_modprobe_stand_in_loads_an_installed_driver(tmp_path: Path) -> None:
     modprobe = root / "usr/sbin/modprobe"
     proc = _run(modprobe, "metax")
     assert proc.returncode == 1 and "Module metax not found" in proc.stderr
-    # a payload installs the module file and the tools, then the module is loaded
+    # a payload installs the module file and the tools; depmod indexes the module; then it
+    # is loaded
     ko = root / "lib/modules/5.15.0-91-generic/updates/dkms/metax.ko"
-    ko.parent.mkdir(parents=True)
-    ko.write_bytes(b"\x7fELF\x00\x00version=2.33.1.2\x00license=GPL\x00")
+    kobject.write_module(str(ko), "metax", "2.33.1.2", "5.15.0-91-generic")
     tool = root / "opt/mxdriver/bin/mx-smi"
     tool.parent.mkdir(parents=True)
     tool.write_text(sim.tool_source("mx-smi"))
     tool.chmod(0o755)
+    proc = _run(modprobe, "metax")
+    assert proc.returncode == 1 and "Module metax not found" in proc.stderr  # no depmod yet
+    assert _run(root / "usr/sbin/depmod", "-a").returncode == 0
     assert _run(modprobe, "metax", "pri_mem_sz=36").returncode == 0
     inv = discover(str(root))
     assert inv.driver.loaded and inv.driver.version == "2.33.1.2"

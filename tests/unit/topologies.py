@@ -6,6 +6,8 @@ test_presets.py check that the simulator + discovery produce the same shapes.
 
 from __future__ import annotations
 
+import random
+
 from gpuk8s.core.model import DriverInfo, Gpu, NodeInventory, Sriov, SriovState
 
 
@@ -165,6 +167,22 @@ def double_cube_mesh(vfs: int = 0) -> NodeInventory:
         numa_of=[i // 8 for i in range(16)],
         link_groups=[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]],
         links=links,
+        vfs=vfs,
+    )
+
+
+def random_mesh(n: int = 32, p: float = 0.2, seed: int = 1, vfs: int = 0) -> NodeInventory:
+    """``n`` GPUs, each pair linked with probability ``p`` (a fixed draw per ``seed``);
+    PCIe switches of 4, two NUMA nodes. Link groups are the maximal cliques of a random
+    graph: many, overlapping, of 2-4 GPUs."""
+    rng = random.Random(seed)
+    pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
+    return build(
+        n,
+        switch_of=[i // 4 for i in range(n)],
+        numa_of=[0 if i < n // 2 else 1 for i in range(n)],
+        link_groups=[],
+        links=[pair for pair in pairs if rng.random() < p],
         vfs=vfs,
     )
 

@@ -77,7 +77,8 @@ spec:
       priorityClassName: system-node-critical
       {{- with include "gpuk8s.imagePullSecrets" $root | trim }}{{ . | nindent 6 }}{{ end }}
       affinity:
-        {{- include "gpuk8s.requireLabels" . | nindent 8 }}
+        {{- /* a node labelled gpuk8s.io/allocation-mode=dra is gpu-dra's, never both */}}
+        {{- include "gpuk8s.requireLabels" (merge (dict "excludedLabels" (dict (include "gpuk8s.draModeLabel" .) "dra")) .) | nindent 8 }}
       tolerations:
         {{- include "gpuk8s.nodeAgentTolerations" $root | nindent 8 }}
       securityContext:

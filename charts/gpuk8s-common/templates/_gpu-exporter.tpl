@@ -118,6 +118,7 @@ spec:
             - --proc-dir=/host-proc
             - --port={{ $v.port }}
             - --interval={{ $v.interval }}
+            - --state-file=/var/lib/gpuk8s/exporter/gpus.json
             {{- range $name, $kind := $v.resourceKinds }}
             - {{ printf "--resource-kind=%s=%s" $name $kind | quote }}
             {{- end }}
@@ -160,6 +161,10 @@ spec:
             - name: host-proc
               mountPath: /host-proc
               readOnly: true
+            # the book of known GPUs (stable gpu labels, lost GPUs): where a restarted
+            # exporter finds it, and `gpuk8s exporter forget` (kubectl exec) edits it
+            - name: state
+              mountPath: /var/lib/gpuk8s/exporter
             {{- with include "gpuk8s.logVolumeMount" $ctx | trim }}{{ . | nindent 12 }}{{ end }}
       volumes:
         - name: pod-resources
@@ -174,6 +179,10 @@ spec:
           hostPath:
             path: {{ $root.Values.hostPaths.proc | quote }}
             type: Directory
+        - name: state
+          hostPath:
+            path: {{ include "gpuk8s.hostPath" (dict "root" $root "path" "/var/lib/gpuk8s/exporter") }}
+            type: DirectoryOrCreate
         {{- with include "gpuk8s.logVolume" $ctx | trim }}{{ . | nindent 8 }}{{ end }}
 {{- if $monitor }}
 ---

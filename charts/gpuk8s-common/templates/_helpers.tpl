@@ -46,6 +46,22 @@ Context: root, component, values (may lack imageTag).
 {{- end -}}
 
 {{/*
+An image reference given by the user (a payload image): <registry>/<ref>, unless ref
+already names a registry, then ref as it is. As in Docker's reference grammar, the first
+path component names a registry when it holds a "." or a ":" or is "localhost"
+(cr.metax-tech.com/cloud/maca-c500:2.18, localhost:5000/x:1; not maca-c500:2.18).
+Context: registry, ref.
+*/}}
+{{- define "gpuk8s.imageRef" -}}
+{{- $first := splitList "/" .ref | first -}}
+{{- if and (contains "/" .ref) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- .ref -}}
+{{- else -}}
+{{- printf "%s/%s" (trimSuffix "/" .registry) .ref -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 Effective log options of a component as YAML: every key of the component's own `log`
 that is set wins over the global `log` (key by key; an explicit "" counts as set, so
 `gpuLabel.log.dir=""` turns file logging off for gpu-label alone).
@@ -169,6 +185,11 @@ nodeAffinity:
 {{- range $key, $value := .requiredLabels }}
           - key: {{ $key }}
             operator: In
+            values: [{{ $value | quote }}]
+{{- end }}
+{{- range $key, $value := .excludedLabels }}
+          - key: {{ $key }}
+            operator: NotIn
             values: [{{ $value | quote }}]
 {{- end }}
 {{- end -}}

@@ -28,11 +28,29 @@ The operator installs the driver and the SDK first: follow the readiness labels 
 VF counts per node: kubectl edit configmap driver-config -n {{ $ns }}   (key node-vfnums)
 {{- end }}
 {{- if $root.Values.deployExtenderGPUAware }}
+{{- $tls := $root.Values.gpuAware.tls.enabled }}
 
-gpu-aware is deployed; kube-scheduler must be configured to call it (SPEC §7):
-  kubectl get service gpu-aware -n {{ $ns }} -o jsonpath='{.spec.clusterIP}'
+gpu-aware is deployed; kube-scheduler must be configured to call it (SPEC §7, docs/extender.md):
+  ansible-playbook -i <inventory> playbooks/gpu_aware.yml{{ if not $tls }} -e gpu_aware_tls=false{{ end }}
+  # or by hand: kubectl get service gpu-aware -n {{ $ns }} -o jsonpath='{.spec.clusterIP}'
+{{- if $tls }}
+  # -> urlPrefix https://<that IP>:8080, enableHTTPS: true, tlsConfig {serverName:
+  #    gpu-aware.{{ $ns }}.svc, caFile, certFile, keyFile} from Secret gpu-aware-scheduler-client
+  #    (ca.crt, tls.crt, tls.key) in /etc/metax/extender.yaml on every control-plane node.
+  # Certificates are renewed by a `helm upgrade` within {{ $root.Values.gpuAware.tls.renewBeforeDays }} days of their expiry;
+  # run playbooks/gpu_aware.yml after it (kube-scheduler reads its files only at start).
+{{- else }}
   # -> urlPrefix http://<that IP>:8080 in /etc/metax/extender.yaml on every control-plane node
-  # weights: kubectl edit configmap gpu-aware -n {{ $ns }}
+  #    (gpuAware.tls.enabled=false: plain HTTP, any client that reaches the port may call it)
+{{- end }}
+  # weights: kubectl edit configmap gpu-aware-plugin -n {{ $ns }}
+{{- range (include "gpuk8s.gpuAwareWeights" $root | fromYaml).notes }}
+  # {{ . }}
+{{- end }}
+{{- if and $root.Values.gpuAware.networkPolicy.enabled (not (include "gpuk8s.gpuAwareControlPlaneCIDRs" $root | fromJsonArray)) }}
+  # WARNING: no NetworkPolicy for gpu-aware: no control-plane node (label
+  # node-role.kubernetes.io/control-plane) was found; set gpuAware.networkPolicy.controlPlaneCIDRs
+{{- end }}
 {{- end }}
 
 Uninstall{{ if .operator }} (--wait is mandatory: it lets everything the operator deployed go){{ end }}:

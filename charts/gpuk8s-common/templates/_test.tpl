@@ -91,7 +91,8 @@ spec:
         - name: READY_LABELS
           value: {{ join "," .readyLabels | quote }}
         - name: EXTENDER_URL
-          value: {{ if $root.Values.deployExtenderGPUAware }}{{ printf "gpu-aware.%s.svc:8080" $root.Release.Namespace | quote }}{{ else }}""{{ end }}
+          # its health port: the extender port admits only kube-scheduler (TLS, NetworkPolicy)
+          value: {{ if $root.Values.deployExtenderGPUAware }}{{ printf "gpu-aware.%s.svc:%v" $root.Release.Namespace $root.Values.gpuAware.healthPort | quote }}{{ else }}""{{ end }}
       command: ["python3", "-c"]
       args:
         - |

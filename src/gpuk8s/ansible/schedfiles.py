@@ -9,8 +9,10 @@ caller (the module's ``main()``) writes them atomically.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
+import re
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,22 +58,39 @@ class YamlDoc:
     data: Any
     style: tuple[int, int, int] = _STYLES[0]
     exact: bool = True  # False when no known style reproduced the original bytes
+    # what comes before the document (directives, comments, its ``---`` line) and after
+    # it (a ``...`` line and comments), kept as written: ruamel drops both
+    header: str = ""
+    footer: str = ""
 
     def render(self) -> str:
         buffer = io.StringIO()
         _yaml(self.style).dump(self.data, buffer)
-        return buffer.getvalue()
+        return self.header + buffer.getvalue() + self.footer
+
+
+# blank, comment and directive lines, then the document start marker on a line of its own
+# (a comment on the marker's line stays with the document: ruamel keeps that one)
+_HEADER = re.compile(r"(?:[ \t]*(?:[#%][^\n]*)?\n)*---[ \t]*\n")
+# the document end marker on a line of its own, then blank and comment lines only
+_FOOTER = re.compile(r"(?m)^\.\.\.[ \t]*(?:#[^\n]*)?(?:\n[ \t]*(?:#[^\n]*)?)*\n?\Z")
 
 
 def parse(text: str, path: str) -> YamlDoc:
-    """Parse ``text`` (ManifestError when it is not YAML or not one document)."""
+    """Parse ``text`` (ManifestError when it is not YAML or not one document). A
+    leading ``---`` (with the comments and directives before it) and a trailing
+    ``...`` are kept as they are, so an unchanged document renders byte for byte."""
+    head = _HEADER.match(text)
+    header = head.group(0) if head else ""
+    foot = _FOOTER.search(text, len(header))
+    footer = foot.group(0) if foot else ""
     try:
         data = _yaml(_STYLES[0]).load(text)
     except YAMLError as err:
         raise ManifestError(f"{path} is not valid YAML: {err}".replace("\n", " ")) from err
     except Exception as err:  # ruamel raises assorted errors on odd input
         raise ManifestError(f"{path} cannot be parsed: {err}".replace("\n", " ")) from err
-    doc = YamlDoc(path=path, text=text, data=data)
+    doc = YamlDoc(path=path, text=text, data=data, header=header, footer=footer)
     for style in _STYLES:
         doc.style = style
         if doc.render() == text:
@@ -218,7 +237,8 @@ def plan(request: Request) -> Plan:
         )
         result.changes += schedconf.set_marker(
             manifest.data,
-            schedconf.Marker(schedconf.config_hash(text), request.spec.url_prefix, True),
+            schedconf.Marker(schedconf.config_hash(text), request.spec.url_prefix, True,
+                             tls_hash=tls_hash(request)),
         )
     else:
         config_file = under_root(root, request.config_path)
@@ -233,6 +253,27 @@ def plan(request: Request) -> Plan:
     for change in result.files:
         check(change, request, result)
     return result
+
+
+def tls_hash(request: Request) -> str:
+    """The content of the tlsConfig files on the host (``Marker.tls_hash``); "" without
+    them. ManifestError when one is missing: the scheduler pod mounts each with type
+    File and would not start."""
+    assert request.spec is not None
+    files = request.spec.tls_files()
+    if not files:
+        return ""
+    digest = hashlib.sha256()
+    for name, path in sorted(files.items()):
+        try:
+            with open(under_root(request.host_root, path), "rb") as handle:
+                digest.update(name.encode() + b"\0" + handle.read() + b"\0")
+        except OSError as err:
+            raise ManifestError(
+                f"tls_config file {path} cannot be read on the host ({err.strerror or err}): "
+                "write the certificate files before pointing the scheduler at them"
+            ) from err
+    return "sha256:" + digest.hexdigest()
 
 
 def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> None:
@@ -250,34 +291,67 @@ def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> N
     assert isinstance(doc.data, MutableMapping)
     result.api_version = str(doc.data.get("apiVersion"))
     marker = schedconf.read_marker(manifest)
+    ours = schedconf.our_extender(doc.data, marker)
     if request.state == "present":
         assert request.spec is not None
-        previous = marker.url_prefix if marker else None
-        if previous and previous.rstrip("/") != request.spec.url_prefix.rstrip("/") and (
-            schedconf.remove_extender(doc.data, previous)
-        ):
-            result.changes.append(f"{host}: removed extender {previous} (URL changed)")
-        if schedconf.upsert_extender(doc.data, request.spec):
-            result.changes.append(f"{host}: extender {request.spec.url_prefix}")
+        url = request.spec.url_prefix
+        if ours is None:
+            same = [i for i, e in enumerate(doc.data.get("extenders") or [])
+                    if isinstance(e, MutableMapping)
+                    and str(e.get("urlPrefix", "")).rstrip("/") == url.rstrip("/")]
+            for position in same:
+                result.warnings.append(
+                    f"{host}: extenders[{position}] calls {url} too and was not written by "
+                    "gpuk8s: it is left as it is and ours is added beside it, so "
+                    "kube-scheduler calls that extender twice; remove one of them"
+                )
+        elif marker is not None and marker.url_prefix.rstrip("/") != url.rstrip("/"):
+            result.changes.append(f"{host}: extender {marker.url_prefix} -> {url} (URL changed)")
+        if schedconf.upsert_extender(doc.data, request.spec, ours):
+            result.changes.append(f"{host}: extender {url}")
         text = doc.render()
+        entries = doc.data["extenders"]
+        if ours is None:  # appended: the last main entry at our URL (the second follows it)
+            entry = [e for e in entries if isinstance(e, MutableMapping)
+                     and str(e.get("urlPrefix", "")).rstrip("/") == url.rstrip("/")
+                     and e.get("prioritizeVerb") != schedconf.NOGPU_VERB][-1]
+        else:
+            entry = entries[ours]
         result.changes += schedconf.patch_manifest(
             manifest, result.config_path, request.kubeconfig, request.spec.tls_files(),
             own_config=False,
         )
         result.changes += schedconf.set_marker(
-            manifest, schedconf.Marker(schedconf.config_hash(text), request.spec.url_prefix, False)
+            manifest,
+            schedconf.Marker(schedconf.config_hash(text), url, False,
+                             entry_hash=schedconf.entry_hash(entry),
+                             tls_hash=tls_hash(request)),
         )
     else:
-        url = request.url_prefix or (marker.url_prefix if marker else None)
-        if not url and request.managed_resources:
-            url = schedconf.find_by_resources(doc.data, request.managed_resources)
-        if not url and marker is None and not request.managed_resources:
+        target = request.url_prefix or (marker.url_prefix if marker else None)
+        if not target and request.managed_resources:
+            target = schedconf.find_by_resources(doc.data, request.managed_resources)
+        if not target and marker is None and not request.managed_resources:
             raise ConfigError(
                 f"cannot tell which extender of {host} (the administrator's own --config) is "
                 "ours: the manifest has no record of it; pass url_prefix or managed_resources"
             )
-        if url and schedconf.remove_extender(doc.data, url):
-            result.changes.append(f"{host}: removed extender {url}")
+        where: int | None
+        if marker is not None and marker.entry_hash:
+            # the entry present wrote, and only that one (a hand-written one stays)
+            where = ours
+            if ours is None and any(
+                isinstance(e, MutableMapping) and e.get("urlPrefix") == marker.url_prefix
+                for e in doc.data.get("extenders") or []
+            ):
+                result.warnings.append(
+                    f"{host}: the entry at {marker.url_prefix} differs from the one gpuk8s "
+                    "wrote (edited by hand?): left in place; remove it yourself"
+                )
+        else:  # no record of which: the entry at the URL (a manifest marked before)
+            where = schedconf.BY_URL
+        if target and schedconf.remove_extender(doc.data, target, where):
+            result.changes.append(f"{host}: removed extender {target}")
         result.changes += schedconf.unpatch_manifest(manifest, request.config_path,
                                                      remove_flag=False)
         if not marker and any(c.startswith(f"{host}: removed") for c in result.changes):

@@ -11,6 +11,14 @@ is computed here once, as :class:`ContainerEdits`, and rendered for each consume
 * ``docker run`` arguments (``docker_args``), used by ``metax-docker``;
 * the device plugin's ``Allocate`` answer (``edits_for_units``) when CDI names cannot be used.
 
+On NVIDIA nodes the spec also gives every GPU container the driver's user space
+(``driver_edits``), found on the host the way nvidia-container-toolkit's ``nvidia-ctk cdi
+generate`` finds it (``discovery.nvidia.driver_files``): the libraries ``*.so.<driver
+version>`` of the driver's library directories, its programs, GSP firmware and IPC sockets,
+each bind-mounted at its host path, and two ``createContainer`` hooks that make the soname
+links and update the container's ld.so cache (``host.cdihook``, or the toolkit's own
+``nvidia-cdi-hook`` where it is installed, same arguments).
+
 CDI facts (cncf-tags/container-device-interface SPEC.md, REFERENCE §F): kind
 ``vendor/class``; device names start with a letter or digit and may contain ``_ - . :``;
 ``containerEdits`` of the spec apply when any of its devices is requested; unknown fields
@@ -66,6 +74,22 @@ class Mount:
     host_path: str
     container_path: str
     read_only: bool = True
+    options: tuple[str, ...] = ()  # the bind mount's options; () : MOUNT_OPTIONS / rw
+
+
+HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart",
+              "poststop")
+
+
+@dataclass(frozen=True)
+class Hook:
+    """An OCI hook (CDI ``containerEdits.hooks``): ``args[0]`` is the program's name."""
+
+    hook_name: str
+    path: str
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    timeout: int | None = None
 
 
 @dataclass(frozen=True)
@@ -75,13 +99,16 @@ class ContainerEdits:
     env: tuple[str, ...] = ()
     device_nodes: tuple[DeviceNode, ...] = ()
     mounts: tuple[Mount, ...] = ()
+    hooks: tuple[Hook, ...] = ()
 
     def merged(self, *others: ContainerEdits) -> ContainerEdits:
         """These edits followed by ``others``: a later env value for the same name wins;
-        device nodes are unique by container path, mounts by container path (first wins)."""
+        device nodes are unique by container path, mounts by container path (first wins),
+        hooks are kept once each, in order."""
         env: dict[str, str] = {}
         nodes: dict[str, DeviceNode] = {}
         mounts: dict[str, Mount] = {}
+        hooks: list[Hook] = []
         for edits in (self, *others):
             for item in edits.env:
                 name, _, value = item.partition("=")
@@ -91,8 +118,10 @@ class ContainerEdits:
                 nodes.setdefault(node.path, node)
             for mount in edits.mounts:
                 mounts.setdefault(mount.container_path, mount)
+            hooks.extend(h for h in edits.hooks if h not in hooks)
         return ContainerEdits(
-            tuple(f"{k}={v}" for k, v in env.items()), tuple(nodes.values()), tuple(mounts.values())
+            tuple(f"{k}={v}" for k, v in env.items()), tuple(nodes.values()),
+            tuple(mounts.values()), tuple(hooks),
         )
 
     def env_map(self) -> dict[str, str]:
@@ -250,6 +279,54 @@ def shared_edits(
     return edits_for_units(inventory, units, host_prefix, sdk).merged(own)
 
 
+# ---------------------------------------------------------------- NVIDIA driver files
+
+# nvidia-container-toolkit's mount options (internal/discover: mounts.go, ipc.go)
+DRIVER_MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+IPC_MOUNT_OPTIONS = ("nosuid", "nodev", "rbind", "rprivate", "noexec")
+
+
+@dataclass(frozen=True)
+class DriverFiles:
+    """An NVIDIA driver's user space on a host (``discovery.nvidia.driver_files``); paths
+    are the host's, relative to its root, and the same inside the container."""
+
+    version: str
+    libraries: tuple[str, ...] = ()  # every *.so.<version> of the driver's library dirs
+    links: tuple[tuple[str, str], ...] = ()  # (target, link): the soname and .so links
+    library_dirs: tuple[str, ...] = ()  # where the libraries are: the ld.so cache's folders
+    binaries: tuple[str, ...] = ()  # nvidia-smi, nvidia-debugdump, ...
+    firmware: tuple[str, ...] = ()  # /lib/firmware/nvidia/<version>/gsp*.bin
+    ipc: tuple[str, ...] = ()  # sockets (persistenced, fabric manager), the MPS pipe dir
+    toolkit_hook: str | None = None  # nvidia-container-toolkit's nvidia-cdi-hook, if present
+    problems: tuple[str, ...] = ()
+
+
+def driver_hooks(files: DriverFiles, hook_path: str) -> tuple[Hook, ...]:
+    """The ``createContainer`` hooks: soname / ``.so`` links, then the ld.so cache over the
+    library folders. ``hook_path`` runs them with nvidia-cdi-hook's arguments (its own, or
+    gpuk8s' runtime wrapper whose ``hook`` subcommand takes the same)."""
+    name = hook_path.rsplit("/", 1)[-1]
+    prefix = (name,) if name == "nvidia-cdi-hook" else (name, "hook")
+    hooks = []
+    if files.links:
+        args = [a for target, link in files.links for a in ("--link", f"{target}::{link}")]
+        hooks.append(Hook("createContainer", hook_path, (*prefix, "create-symlinks", *args)))
+    if files.library_dirs:
+        args = [a for folder in files.library_dirs for a in ("--folder", folder)]
+        hooks.append(Hook("createContainer", hook_path, (*prefix, "update-ldcache", *args)))
+    return tuple(hooks)
+
+
+def driver_edits(files: DriverFiles, hook_path: str, host_prefix: str = "") -> ContainerEdits:
+    """What every container on an NVIDIA node gets of the driver: the files read-only at
+    their host paths, the IPC sockets read-write (``noexec``) and the hooks."""
+    mounts = [Mount(_host(host_prefix, p), p, True, DRIVER_MOUNT_OPTIONS)
+              for p in (*files.libraries, *files.binaries, *files.firmware)]
+    mounts += [Mount(_host(host_prefix, p), p, False, IPC_MOUNT_OPTIONS) for p in files.ipc]
+    return ContainerEdits(mounts=tuple(mounts), hooks=driver_hooks(files, hook_path))
+
+
 # ---------------------------------------------------------------- CDI specs
 
 
@@ -285,6 +362,12 @@ def split_qualified(device: str) -> tuple[str, str]:
     return kind, name
 
 
+def mount_options(mount: Mount) -> list[str]:
+    if mount.options:
+        return list(mount.options)
+    return list(MOUNT_OPTIONS if mount.read_only else ("nosuid", "nodev", "rbind"))
+
+
 def _edits_to_cdi(edits: ContainerEdits) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if edits.env:
@@ -300,11 +383,29 @@ def _edits_to_cdi(edits: ContainerEdits) -> dict[str, Any]:
                 "hostPath": m.host_path,
                 "containerPath": m.container_path,
                 "type": "bind",
-                "options": list(MOUNT_OPTIONS if m.read_only else ("nosuid", "nodev", "rbind")),
+                "options": mount_options(m),
             }
             for m in edits.mounts
         ]
+    if edits.hooks:
+        out["hooks"] = [_hook_to_cdi(h) for h in edits.hooks]
     return out
+
+
+def _hook_entry(hook: Hook) -> dict[str, Any]:
+    """The hook as OCI's ``hooks.<name>[]`` entry (CDI adds ``hookName``)."""
+    out: dict[str, Any] = {"path": hook.path}
+    if hook.args:
+        out["args"] = list(hook.args)
+    if hook.env:
+        out["env"] = list(hook.env)
+    if hook.timeout is not None:
+        out["timeout"] = hook.timeout
+    return out
+
+
+def _hook_to_cdi(hook: Hook) -> dict[str, Any]:
+    return {"hookName": hook.hook_name, **_hook_entry(hook)}
 
 
 def build_spec(
@@ -314,10 +415,12 @@ def build_spec(
     sdk: SdkSource | None = None,
     units: Sequence[Unit] | None = None,
     annotations: Mapping[str, str] | None = None,
+    extra: ContainerEdits | None = None,
 ) -> dict[str, Any]:
     """The node's CDI spec: one device per allocatable unit, named by its device id (the
     id the kubelet knows), plus ``all``; spec-level edits are the common edits (control
-    devices, SDK). ``units`` defaults to every unit of the inventory."""
+    devices, SDK) and ``extra`` (an NVIDIA driver's files: ``driver_edits``). ``units``
+    defaults to every unit of the inventory."""
 
     kind = kind or DEFAULT_KIND.get(inventory.backend, "")
     check_kind(kind)
@@ -337,7 +440,39 @@ def build_spec(
     if annotations:
         spec["annotations"] = dict(annotations)
     spec["devices"] = devices
-    common = _edits_to_cdi(common_edits(inventory, host_prefix, sdk))
+    common = _edits_to_cdi(common_edits(inventory, host_prefix, sdk).merged(
+        extra or ContainerEdits()))
+    if common:
+        spec["containerEdits"] = common
+    return spec
+
+
+def build_claim_spec(
+    inventory: NodeInventory,
+    kind: str,
+    devices: Sequence[tuple[str, Sequence[Unit]]],
+    env: Mapping[str, str],
+    host_prefix: str = "",
+    sdk: SdkSource | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A CDI spec for one DRA claim (gpu-dra writes one per prepared claim): a device per
+    ``(name, units)`` with the units' device nodes, and spec-level edits (applied once
+    when any of them is requested) holding the common edits and the claim's ``env``
+    (visible devices, sharing limits)."""
+    check_kind(kind)
+    out: list[dict[str, Any]] = []
+    for name, units in devices:
+        edits = ContainerEdits().merged(*(unit_edits(inventory, u, host_prefix) for u in units))
+        out.append({"name": check_device_name(name), "containerEdits": _edits_to_cdi(edits)})
+    if not out:
+        raise CdiError("a claim's CDI spec needs at least one device")
+    spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": kind}
+    if annotations:
+        spec["annotations"] = dict(annotations)
+    spec["devices"] = out
+    own = ContainerEdits(env=tuple(f"{k}={v}" for k, v in env.items()))
+    common = _edits_to_cdi(common_edits(inventory, host_prefix, sdk).merged(own))
     if common:
         spec["containerEdits"] = common
     return spec
@@ -366,7 +501,7 @@ def _parse_edits(raw: Any, where: str) -> ContainerEdits:
     unknown = set(raw) - _EDIT_KEYS
     if unknown:
         raise CdiError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
-    unsupported = {k for k in ("hooks", "additionalGids", "intelRdt", "netDevices") if raw.get(k)}
+    unsupported = {k for k in ("additionalGids", "intelRdt", "netDevices") if raw.get(k)}
     if unsupported:
         # valid CDI, but this runtime wrapper applies only what gpuk8s writes
         raise CdiError(f"{where}: {', '.join(sorted(unsupported))} not supported by gpuk8s")
@@ -397,8 +532,38 @@ def _parse_edits(raw: Any, where: str) -> ContainerEdits:
         options = mount.get("options") or []
         if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
             raise CdiError(f"{where}.mounts[{i}].options must be a list of strings")
-        mounts.append(Mount(host, ctr, "ro" in options))
-    return ContainerEdits(tuple(env), tuple(nodes), tuple(mounts))
+        mount = Mount(host, ctr, "ro" in options)
+        if list(options) != mount_options(mount):  # the defaults stay implicit
+            mount = replace(mount, options=tuple(options))
+        mounts.append(mount)
+    hooks = []
+    for i, hook in enumerate(_type(raw.get("hooks", []), list, f"{where}.hooks")):
+        hooks.append(_parse_hook(_type(hook, dict, f"{where}.hooks[{i}]"), f"{where}.hooks[{i}]"))
+    return ContainerEdits(tuple(env), tuple(nodes), tuple(mounts), tuple(hooks))
+
+
+def _parse_hook(raw: dict[str, Any], where: str) -> Hook:
+    unknown = set(raw) - {"hookName", "path", "args", "env", "timeout"}
+    if unknown:
+        raise CdiError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    name, path = raw.get("hookName"), raw.get("path")
+    if name not in HOOK_NAMES:
+        raise CdiError(f"{where}.hookName {name!r}: one of {', '.join(HOOK_NAMES)}")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise CdiError(f"{where}.path must be an absolute path")
+    lists = {}
+    for key in ("args", "env"):
+        value = raw.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise CdiError(f"{where}.{key} must be a list of strings")
+        lists[key] = tuple(value)
+    if any(not _ENV_RE.match(e) for e in lists["env"]):
+        raise CdiError(f"{where}.env: entries are NAME=value")
+    timeout = raw.get("timeout")
+    if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool)
+                                or timeout <= 0):
+        raise CdiError(f"{where}.timeout must be a positive number of seconds")
+    return Hook(str(name), path, lists["args"], lists["env"], timeout)
 
 
 def parse_spec(raw: Any, where: str = "CDI spec") -> CdiSpec:
@@ -434,31 +599,29 @@ def parse_spec(raw: Any, where: str = "CDI spec") -> CdiSpec:
 
 
 def resolve(specs: Iterable[CdiSpec], names: Iterable[str]) -> ContainerEdits:
-    """Merged edits for fully qualified device names: each spec's common edits once
-    (when any of its devices is requested), then every device's own edits."""
-    by_kind: dict[str, CdiSpec] = {}
-    for spec in specs:
-        if spec.kind in by_kind:
-            # two specs of one kind: devices must not clash (as the CDI cache requires)
-            clash = set(spec.devices) & set(by_kind[spec.kind].devices)
-            if clash:
-                raise CdiError(f"CDI kind {spec.kind}: device(s) {sorted(clash)} defined twice")
-            merged = dict(by_kind[spec.kind].devices)
-            merged.update(spec.devices)
-            spec = CdiSpec(spec.kind, merged, by_kind[spec.kind].edits.merged(spec.edits))
-        by_kind[spec.kind] = spec
+    """Merged edits for fully qualified device names, as the CDI library injects them: the
+    spec-level edits of each spec (file) once when any of its devices is requested, then
+    every device's own edits. Specs may share a kind (gpu-dra writes one per claim) but not
+    a device name within it (the CDI cache refuses such a conflict)."""
+    specs = list(specs)
+    owner: dict[tuple[str, str], int] = {}
+    for i, spec in enumerate(specs):
+        for name in spec.devices:
+            if (spec.kind, name) in owner:
+                raise CdiError(f"CDI kind {spec.kind}: device {name!r} defined twice")
+            owner[(spec.kind, name)] = i
     common: list[ContainerEdits] = []
     own: list[ContainerEdits] = []
-    seen_kinds: list[str] = []
+    seen: list[int] = []
     for device in names:
         kind, name = split_qualified(device.strip())
-        found = by_kind.get(kind)
-        if found is None or name not in found.devices:
+        found = owner.get((kind, name))
+        if found is None:
             raise CdiError(f"unresolvable CDI device {device}: no spec on this node defines it")
-        if kind not in seen_kinds:
-            seen_kinds.append(kind)
-            common.append(found.edits)
-        own.append(found.devices[name])
+        if found not in seen:
+            seen.append(found)
+            common.append(specs[found].edits)
+        own.append(specs[found].devices[name])
     return ContainerEdits().merged(*common, *own)
 
 
@@ -482,7 +645,8 @@ def apply_to_oci(config: dict[str, Any], edits: ContainerEdits, stat: StatFn) ->
 
     Env entries replace a variable of the same name; a device node already in the spec
     (same container path) is kept; a mount at a container path already mounted is kept
-    (the container's own choice wins). Device cgroup rules allow each added node.
+    (the container's own choice wins). Device cgroup rules allow each added node. Hooks are
+    appended to ``hooks.<hookName>`` (once each).
     """
     process = config.setdefault("process", {})
     env = list(process.get("env") or [])
@@ -514,11 +678,17 @@ def apply_to_oci(config: dict[str, Any], edits: ContainerEdits, stat: StatFn) ->
     for mount in edits.mounts:
         if mount.container_path in mounted:
             continue
-        options = list(MOUNT_OPTIONS if mount.read_only else ("nosuid", "nodev", "rbind"))
         mounts.append({"destination": mount.container_path, "type": "bind",
-                       "source": mount.host_path, "options": options})
+                       "source": mount.host_path, "options": mount_options(mount)})
         mounted.add(mount.container_path)
     config["mounts"] = mounts
+    if edits.hooks:
+        hooks = config.setdefault("hooks", {})
+        for hook in edits.hooks:
+            entry = _hook_entry(hook)
+            have_hooks = hooks.setdefault(hook.hook_name, [])
+            if entry not in have_hooks:
+                have_hooks.append(entry)
     return config
 
 

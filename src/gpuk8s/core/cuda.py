@@ -2,7 +2,9 @@
 
 A node's NVIDIA driver supports CUDA up to some version (NVML
 ``nvmlSystemGetCudaDriverVersion``, published by gpu-label as the node labels
-``metax-tech.com/cuda-major-version`` / ``cuda-minor-version``). A pod states the CUDA
+``metax-tech.com/cuda-major-version`` / ``cuda-minor-version`` and, for the accelerator
+manual's nodeAffinity examples, under the bare keys ``cuda-major-version`` /
+``cuda-minor-version`` with the same values: ``labels``). A pod states the CUDA
 runtime it was built against with the annotation ``gpuk8s.io/cuda-runtime: "12.4"``.
 The driver must be at least the runtime (an older driver fails with
 ``CUDA_ERROR_UNKNOWN (999)``); the manual recommends a major-version gap of at most 1
@@ -19,8 +21,11 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 LABEL_PREFIX = "metax-tech.com/"
-MAJOR_LABEL = LABEL_PREFIX + "cuda-major-version"
-MINOR_LABEL = LABEL_PREFIX + "cuda-minor-version"
+BARE_MAJOR_LABEL = "cuda-major-version"  # the accelerator manual's keys (002-07, 002-08)
+BARE_MINOR_LABEL = "cuda-minor-version"
+MAJOR_LABEL = LABEL_PREFIX + BARE_MAJOR_LABEL
+MINOR_LABEL = LABEL_PREFIX + BARE_MINOR_LABEL
+BARE_LABELS = (BARE_MAJOR_LABEL, BARE_MINOR_LABEL)
 RUNTIME_ANNOTATION = "gpuk8s.io/cuda-runtime"
 RECOMMENDED_MAJOR_GAP = 1
 
@@ -80,5 +85,8 @@ def check(driver: CudaVersion | None, runtime: CudaVersion) -> tuple[str | None,
 
 
 def labels(version: CudaVersion) -> dict[str, str]:
-    """The node labels that publish ``version``."""
-    return {MAJOR_LABEL: str(version.major), MINOR_LABEL: str(version.minor)}
+    """The node labels that publish ``version``: the prefixed pair and the manual's bare
+    pair, same values."""
+    major, minor = str(version.major), str(version.minor)
+    return {MAJOR_LABEL: major, MINOR_LABEL: minor,
+            BARE_MAJOR_LABEL: major, BARE_MINOR_LABEL: minor}

@@ -23,6 +23,15 @@ Attribution, per GPU *g* and container *c* holding at least one device on *g*:
   an *estimate*, flagged ``utilization_exact=False``. The whole GPU's value is never
   repeated for every pod, so per-pod values add up to at most the GPU's.
 
+Shared GPUs (``core.sharing``: sGPU, vcuda, MPS): the kubelet hands a pod of a sharing
+mode replica ids (``<GPU>::<n>``) that it picked at random among every shared GPU of the
+node; they do not say which GPU the pod got. The GPU is the one in the pod's
+``gpuk8s.io/sharing.assigned`` annotation (written by gpu-aware, served by gpu-device's
+``Allocate``): ``assigned`` maps (namespace, pod) to those GPU indexes. A holding of a
+mode's counted resource (``core.sharing.COUNTED_RESOURCE``) is attributed to the
+assigned GPUs, its ids spread evenly over them; without an assignment its ids name no
+GPU and count as unknown devices (never the replica's GPU, which is a guess).
+
 GPU kind (the accelerator suite's pGPU / vGPU / MPS filter): a holding's kind comes from
 its resource name (``resource_kinds``); a device ID that is an SR-IOV VF is vGPU. A
 GPU's kind is the strongest kind among its holdings (MPS > vGPU > pGPU), vGPU when it
@@ -35,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .model import Gpu, NodeInventory
+from .sharing import COUNTED_RESOURCE
 from .telemetry import ContainerDevices, ContainerRef, GpuSample, NodeTelemetry
 
 PGPU, VGPU, MPS = "pGPU", "vGPU", "MPS"
@@ -52,6 +62,8 @@ DEFAULT_RESOURCE_KINDS: dict[str, str] = {
     "tencent.com/vcuda-core": VGPU,
     "tencent.com/vcuda-memory": VGPU,
 }
+# the resources whose device ids are replicas of shared GPUs (the GPU is in the assignment)
+SHARED_RESOURCES = frozenset(COUNTED_RESOURCE.values())
 
 
 @dataclass(frozen=True)
@@ -125,22 +137,41 @@ def attribute(
     *,
     resource_kinds: Mapping[str, str] = DEFAULT_RESOURCE_KINDS,
     max_containers: int = 1024,
+    assigned: Mapping[tuple[str, str], Sequence[int]] | None = None,
 ) -> NodeUsage:
-    """Per-GPU and per-(container, GPU) usage; see the module doc for the rules."""
+    """Per-GPU and per-(container, GPU) usage; see the module doc for the rules.
+    ``assigned``: (namespace, pod) -> GPU indexes of the pods on shared GPUs."""
     index = device_index(inventory)
+    present = {gpu.index for gpu in inventory.gpus}
     by_gpu: dict[int, dict[ContainerRef, tuple[str, int]]] = {}
     unknown: list[str] = []
+
+    def hold(position: int, container: ContainerRef, kind: str, count: int) -> None:
+        held = by_gpu.setdefault(position, {})
+        old_kind, old_count = held.get(container, (PGPU, 0))
+        strongest = kind if _RANK[kind] >= _RANK[old_kind] else old_kind
+        held[container] = (strongest, old_count + count)
+
     for holding in holdings:
+        if holding.resource in SHARED_RESOURCES:
+            ref = holding.container
+            targets = sorted(g for g in (assigned or {}).get((ref.namespace, ref.pod), ())
+                             if g in present)
+            if not targets:
+                unknown.extend(holding.device_ids)
+                continue
+            kind = resource_kinds.get(holding.resource, PGPU)
+            share, extra = divmod(len(holding.device_ids), len(targets))
+            for n, target in enumerate(targets):
+                hold(target, ref, kind, share + (1 if n < extra else 0))
+            continue
         for device_id in holding.device_ids:
-            position = gpu_of(device_id, index)
-            if position is None:
+            found = gpu_of(device_id, index)
+            if found is None:
                 unknown.append(device_id)
                 continue
             kind = holding_kind(holding.resource, device_id, inventory, resource_kinds)
-            held = by_gpu.setdefault(position, {})
-            old_kind, count = held.get(holding.container, (PGPU, 0))
-            strongest = kind if _RANK[kind] >= _RANK[old_kind] else old_kind
-            held[holding.container] = (strongest, count + 1)
+            hold(found, holding.container, kind, 1)
 
     gpus: list[GpuUsage] = []
     containers: list[ContainerUsage] = []

@@ -1,17 +1,30 @@
 """Node labels of SPEC §4, computed from a node inventory.
 
-Every label lives under ``metax-tech.com/``. When the node has no vendor GPU only
+The SPEC §4 labels live under ``metax-tech.com/``. When the node has no vendor GPU only
 ``gpu.installed=false`` is produced. Values are rendered as Kubernetes label values
 (booleans as ``true``/``false``, integers in decimal).
+
+Outside that prefix (SPEC §14), from the same inventory:
+
+* the accelerator manual's bare ``cuda-major-version`` / ``cuda-minor-version`` beside the
+  prefixed pair (``core.cuda.labels``), on nodes whose NVIDIA driver says its CUDA version;
+* on NVIDIA nodes, the labels of NVIDIA's GPU Feature Discovery (GFD) with GFD's value
+  formats (``gfd_labels``), so selectors written for GFD keep working.
+
+``owned_labels`` names the keys outside the prefix that gpu-label manages on a node (adds,
+changes, removes): every GFD key it can write, and the bare CUDA keys on NVIDIA nodes only.
+On other nodes the bare keys are the administrator's, set by hand as the manual's 002-07
+shows, and left alone.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from .model import NodeInventory, SriovState
+from . import cuda
+from .model import Gpu, NodeInventory, SriovState
 
 PREFIX = "metax-tech.com/"
 
@@ -41,7 +54,41 @@ READINESS_KEYS: tuple[str, ...] = ("maca.ready", "runtime.ready")
 # Labels under the prefix that another component owns: gpu-label never adds, changes or
 # removes them (operator-controller's rolling upgrade state, SPEC/issue 11).
 UPGRADE_STATE_LABEL = PREFIX + "driver.upgrade-state"
+# Its values, in the order operator-controller walks a node through an upgrade
+# (driver-manager reads it too: it upgrades only at UPGRADE_UPGRADING).
+UPGRADE_REQUIRED = "upgrade-required"
+UPGRADE_CORDONED = "cordoned"
+UPGRADE_EVICTED = "pods-evicted"
+UPGRADE_UPGRADING = "upgrading"
+UPGRADE_VALIDATING = "validating"
+UPGRADE_DONE = "done"
+UPGRADE_FAILED = "failed"
+UPGRADE_STATES = (UPGRADE_REQUIRED, UPGRADE_CORDONED, UPGRADE_EVICTED, UPGRADE_UPGRADING,
+                  UPGRADE_VALIDATING, UPGRADE_DONE, UPGRADE_FAILED)
 FOREIGN_LABELS: tuple[str, ...] = (UPGRADE_STATE_LABEL,)
+
+# NVIDIA GPU Feature Discovery's labels (k8s-device-plugin internal/lm: resource.go
+# NewGPUResourceLabeler, nvml.go newVersionLabeler), the ones gpu-label writes.
+GFD_LABELS: tuple[str, ...] = (
+    "nvidia.com/gpu.product",
+    "nvidia.com/gpu.memory",
+    "nvidia.com/gpu.count",
+    "nvidia.com/gpu.family",
+    "nvidia.com/gpu.compute.major",
+    "nvidia.com/gpu.compute.minor",
+    "nvidia.com/cuda.driver.major",
+    "nvidia.com/cuda.driver.minor",
+    "nvidia.com/cuda.driver.rev",
+    "nvidia.com/cuda.runtime.major",
+    "nvidia.com/cuda.runtime.minor",
+    "nvidia.com/cuda.driver-version.major",
+    "nvidia.com/cuda.driver-version.minor",
+    "nvidia.com/cuda.driver-version.revision",
+    "nvidia.com/cuda.driver-version.full",
+    "nvidia.com/cuda.runtime-version.major",
+    "nvidia.com/cuda.runtime-version.minor",
+    "nvidia.com/cuda.runtime-version.full",
+)
 
 _VALUE_OK = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -64,13 +111,84 @@ def _most_common(values: list[str]) -> str:
     return next(v for v in values if counts[v] == best)
 
 
+def gfd_family(major: int, minor: int) -> str:
+    """GFD's ``gpu.family`` for a compute capability (its getArchFamily table)."""
+    families = {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper",
+                10: "blackwell", 12: "blackwell", 13: "rubin"}
+    if major == 7:
+        return "volta" if minor < 5 else "turing"
+    if major == 8:
+        return "ampere" if minor < 9 else "ada-lovelace"
+    return families.get(major, "undefined")
+
+
+def gfd_product(name: str) -> str:
+    """GFD's ``gpu.product``: the NVML name without characters outside ``[A-Za-z0-9-_. ]``,
+    blanks collapsed into '-' (``NVIDIA H100 80GB HBM3`` -> ``NVIDIA-H100-80GB-HBM3``)."""
+    return "-".join(re.sub(r"[^A-Za-z0-9\-_. ]", "", name).split())
+
+
+def gfd_labels(inventory: NodeInventory) -> dict[str, str]:
+    """GFD's labels for an NVIDIA node whose driver is loaded (empty otherwise): product,
+    memory (MiB), count, family and compute capability of the node's GPUs (the most common
+    model's), the driver version split (``550.54.15`` -> 550 / 54 / 15; ``rev`` is empty
+    for a two-part version) and the CUDA version the driver supports."""
+    if inventory.backend != "nvidia" or not inventory.has_gpus or not inventory.driver.loaded:
+        return {}
+    gpus = sorted(inventory.gpus, key=lambda g: g.index)
+    names = [g.name or g.product for g in gpus]
+    model = _most_common(names)
+    first: Gpu = next(g for g in gpus if (g.name or g.product) == model)
+    out: dict[str, str] = {"nvidia.com/gpu.count": str(len(gpus))}
+    product = label_value(gfd_product(model))
+    if product:
+        out["nvidia.com/gpu.product"] = product
+    if first.memory_mib:
+        out["nvidia.com/gpu.memory"] = str(first.memory_mib)
+    if first.compute_capability is not None and first.compute_capability[0] > 0:
+        major, minor = first.compute_capability
+        out["nvidia.com/gpu.family"] = gfd_family(major, minor)
+        out["nvidia.com/gpu.compute.major"] = str(major)
+        out["nvidia.com/gpu.compute.minor"] = str(minor)
+    version = (inventory.driver.version or "").strip()
+    parts = version.split(".")
+    if 2 <= len(parts) <= 3 and all(label_value(p) == p for p in parts) and len(version) <= 63:
+        rev = parts[2] if len(parts) == 3 else ""
+        out.update({
+            "nvidia.com/cuda.driver.major": parts[0],
+            "nvidia.com/cuda.driver.minor": parts[1],
+            "nvidia.com/cuda.driver.rev": rev,
+            "nvidia.com/cuda.driver-version.major": parts[0],
+            "nvidia.com/cuda.driver-version.minor": parts[1],
+            "nvidia.com/cuda.driver-version.revision": rev,
+            "nvidia.com/cuda.driver-version.full": version,
+        })
+    version_cuda = inventory.driver.cuda
+    if version_cuda is not None:
+        out.update({
+            "nvidia.com/cuda.runtime.major": str(version_cuda.major),
+            "nvidia.com/cuda.runtime.minor": str(version_cuda.minor),
+            "nvidia.com/cuda.runtime-version.major": str(version_cuda.major),
+            "nvidia.com/cuda.runtime-version.minor": str(version_cuda.minor),
+            "nvidia.com/cuda.runtime-version.full": str(version_cuda),
+        })
+    return out
+
+
+def owned_labels(inventory: NodeInventory) -> tuple[str, ...]:
+    """Keys outside ``PREFIX`` that gpu-label manages on this node (module doc)."""
+    if inventory.backend == "nvidia":
+        return (*cuda.BARE_LABELS, *GFD_LABELS)
+    return GFD_LABELS
+
+
 def compute_labels(
     inventory: NodeInventory,
     *,
     readiness: Mapping[str, bool] | None = None,
     prefix: str = PREFIX,
 ) -> dict[str, str]:
-    """Labels for a node.
+    """Labels for a node: SPEC §4's under ``prefix``, then those of ``owned_labels``.
 
     ``readiness`` carries the operator scheme's component states, e.g.
     ``{"maca.ready": True, "runtime.ready": False}``; only those two keys are
@@ -106,34 +224,54 @@ def compute_labels(
         state = SriovState.FORBIDDEN
     labels["gpu.sriov"] = str(state)
     labels["gpu.vfnum"] = str(max(g.sriov.num_vfs for g in gpus))
-    cuda = inventory.driver.cuda if inventory.driver.loaded else None
-    if cuda is not None:  # NVIDIA: the CUDA version the driver supports (SPEC §11)
-        labels["cuda-major-version"] = str(cuda.major)
-        labels["cuda-minor-version"] = str(cuda.minor)
+    outside: dict[str, str] = {}
+    version = inventory.driver.cuda if inventory.driver.loaded else None
+    if version is not None:  # NVIDIA: the CUDA version the driver supports (SPEC §11, §14)
+        for key, value in cuda.labels(version).items():
+            if key.startswith(cuda.LABEL_PREFIX):
+                labels[key[len(cuda.LABEL_PREFIX):]] = value
+            else:
+                outside[key] = value
+    outside.update(gfd_labels(inventory))
     for key, ready in (readiness or {}).items():
         if key not in READINESS_KEYS:
             raise ValueError(
                 f"readiness key {key!r} is not one of {', '.join(READINESS_KEYS)}"
             )
         labels[key] = _bool(ready)
-    return {f"{prefix}{k}": v for k, v in sorted(labels.items())}
+    ours = {f"{prefix}{k}": v for k, v in sorted(labels.items())}
+    return {**ours, **dict(sorted(outside.items()))}
+
+
+def is_managed(key: str, owned: Iterable[str] = (), prefix: str = PREFIX) -> bool:
+    """Whether gpu-label manages ``key``: under ``prefix`` (but not a ``FOREIGN_LABELS``
+    key) or one of ``owned`` (``owned_labels`` of the node)."""
+    if key in FOREIGN_LABELS:
+        return False
+    return key.startswith(prefix) or key in set(owned)
 
 
 def label_diff(
-    current: Mapping[str, str], wanted: Mapping[str, str], prefix: str = PREFIX
+    current: Mapping[str, str],
+    wanted: Mapping[str, str],
+    prefix: str = PREFIX,
+    owned: Iterable[str] = (),
 ) -> dict[str, str | None]:
-    """The patch that turns ``current`` into ``wanted`` for labels under ``prefix``.
+    """The patch that turns ``current`` into ``wanted`` for the labels gpu-label manages:
+    those under ``prefix`` and the keys ``owned`` (``owned_labels`` of the node).
 
-    Keys mapped to None are to be removed; labels outside the prefix, and
-    ``FOREIGN_LABELS`` (owned by operator-controller), are never touched.
+    Keys mapped to None are to be removed; other labels, and ``FOREIGN_LABELS`` (owned by
+    operator-controller), are never touched.
     """
+    owned = frozenset(owned)
     patch: dict[str, str | None] = {}
     for key, value in wanted.items():
-        if not key.startswith(prefix):
-            raise ValueError(f"label {key!r} is outside the managed prefix {prefix!r}")
+        if not is_managed(key, owned, prefix):
+            raise ValueError(f"label {key!r} is outside the managed prefix {prefix!r} and not "
+                             "one of the labels gpu-label owns on this node")
         if current.get(key) != value:
             patch[key] = value
     for key in current:
-        if key.startswith(prefix) and key not in wanted and key not in FOREIGN_LABELS:
+        if is_managed(key, owned, prefix) and key not in wanted:
             patch[key] = None
     return patch

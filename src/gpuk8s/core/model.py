@@ -86,11 +86,15 @@ class Gpu:
     uuid: str | None = None
     numa_node: int | None = None
     pcie_switch: str | None = None  # PCI address of the upstream switch port
+    pcie_root: str | None = None  # PCIe root complex, sysfs name (pci0000:00)
     link_group: int | None = None  # MetaXLink / NVLink group id (None: no links)
     sriov: Sriov = field(default_factory=Sriov)
     device_nodes: tuple[str, ...] = ()  # e.g. /dev/dri/card1, /dev/dri/renderD129
     driver_bound: bool = False
     fault: str | None = None  # reason reported by the vendor tool, None when fine
+    name: str | None = None  # the vendor tool's full name ("NVIDIA H100 80GB HBM3")
+    # NVIDIA: CUDA compute capability (major, minor), e.g. (9, 0) for an H100
+    compute_capability: tuple[int, int] | None = None
 
     @property
     def memory_label(self) -> str | None:
@@ -198,6 +202,7 @@ def gpu_to_dict(gpu: Gpu) -> dict[str, Any]:
         "uuid": gpu.uuid,
         "numa_node": gpu.numa_node,
         "pcie_switch": gpu.pcie_switch,
+        "pcie_root": gpu.pcie_root,
         "link_group": gpu.link_group,
         "sriov": {
             "state": str(gpu.sriov.state),
@@ -209,4 +214,7 @@ def gpu_to_dict(gpu: Gpu) -> dict[str, Any]:
         "device_nodes": list(gpu.device_nodes),
         "driver_bound": gpu.driver_bound,
         "fault": gpu.fault,
+        "name": gpu.name,
+        "compute_capability": None if gpu.compute_capability is None
+        else "{}.{}".format(*gpu.compute_capability),
     }

@@ -203,6 +203,12 @@ class ExtenderSpec:
             raise ConfigError(
                 f"http_timeout {self.http_timeout!r} is not a duration (e.g. '5s', '1m30s')"
             )
+        if self.bind_verb and not self.managed_resources:
+            raise ConfigError(
+                f"bind_verb {self.bind_verb!r} needs managed_resources: without them "
+                "kube-scheduler sends every pod to the extender to bind, and gpu-aware binds "
+                "only the GPU pods it placed"
+            )
         names = [r.name for r in self.managed_resources]
         for name in names:
             if not name:
@@ -348,6 +354,7 @@ def check_config(config: Any, where: str) -> None:
     if not isinstance(extenders, MutableSequence):
         raise ManifestError(f"{where}: extenders is not a list")
     binders = 0
+    managed: dict[Any, int] = {}
     for position, entry in enumerate(extenders):
         if not isinstance(entry, MutableMapping):
             raise ManifestError(f"{where}: extenders[{position}] is not a mapping")
@@ -362,6 +369,13 @@ def check_config(config: Any, where: str) -> None:
                  if isinstance(r, MutableMapping)]
         if len(names) != len(set(names)):
             raise ManifestError(f"{where}: extenders[{position}] repeats a managed resource")
+        for name in names:  # kube-scheduler: unique across all extenders, too
+            if name in managed:
+                raise ManifestError(
+                    f"{where}: extenders[{managed[name]}] and extenders[{position}] both "
+                    f"manage {name}; kube-scheduler refuses a resource managed twice"
+                )
+            managed[name] = position
     if binders > 1:
         raise ManifestError(f"{where}: only one extender may have a bindVerb, found {binders}")
 
@@ -374,6 +388,35 @@ def _find_extender(extenders: Sequence[Any], url_prefix: str, nogpu: bool = Fals
             and str(entry.get("urlPrefix", "")).rstrip("/") == url_prefix.rstrip("/")
             and (entry.get("prioritizeVerb") == NOGPU_VERB) == nogpu
         ):
+            return position
+    return None
+
+
+def entry_hash(entry: Mapping[str, Any]) -> str:
+    """The content of an extender entry as the marker records it (``Marker.entry_hash``)."""
+    text = json.dumps(entry, sort_keys=True, separators=(",", ":"), default=str)
+    return config_hash(text)
+
+
+def our_extender(config: Mapping[str, Any], marker: Marker | None) -> int | None:
+    """Position of the entry ``present`` wrote in a configuration file the administrator
+    owns: the one at the marker's URL whose content is the marker's entry hash (a
+    manifest marked before the hash was recorded: the one at its URL). None when the
+    marker claims none -- an entry written by hand, even at our URL, is not ours."""
+    extenders = config.get("extenders")
+    if marker is None or not marker.url_prefix or not isinstance(extenders, Sequence):
+        return None
+    at_url = [
+        position
+        for position, entry in enumerate(extenders)
+        if isinstance(entry, Mapping)
+        and str(entry.get("urlPrefix", "")).rstrip("/") == marker.url_prefix.rstrip("/")
+        and entry.get("prioritizeVerb") != NOGPU_VERB  # the second entry follows the main one
+    ]
+    if not marker.entry_hash:
+        return at_url[0] if at_url else None
+    for position in at_url:
+        if entry_hash(extenders[position]) == marker.entry_hash:
             return position
     return None
 
@@ -391,9 +434,18 @@ def _update_mapping(target: MutableMapping[str, Any], wanted: dict[str, Any]) ->
     return changed
 
 
-def upsert_extender(config: MutableMapping[str, Any], spec: ExtenderSpec) -> bool:
-    """Add our entries to ``config['extenders']`` (appending) or update them in place;
-    the entry for pods without GPUs goes when ``spec.rank_nogpu`` is off."""
+BY_URL = -1  # upsert_extender / remove_extender: our entry is the one at the URL
+
+
+def upsert_extender(
+    config: MutableMapping[str, Any], spec: ExtenderSpec, position: int | None = BY_URL
+) -> bool:
+    """Add our entries to ``config['extenders']`` (appending) or update them in place:
+    the main entry at ``position`` (``our_extender``; None: none is ours, append ours
+    beside the others -- the manual's "if the file already has extenders, append this
+    one"; by default the one at our URL), the entry for pods without GPUs at our URL (by
+    its verb), which goes when ``spec.rank_nogpu`` is off."""
+    wanted = spec.to_yaml()
     extenders = config.get("extenders")
     if extenders is None:
         config["extenders"] = spec.entries()
@@ -401,17 +453,27 @@ def upsert_extender(config: MutableMapping[str, Any], spec: ExtenderSpec) -> boo
     if not isinstance(extenders, MutableSequence):
         raise ManifestError("extenders is not a list")
     changed = False
-    for nogpu, wanted in ((False, spec.to_yaml()), (True, spec.nogpu_yaml())):
-        position = _find_extender(extenders, spec.url_prefix, nogpu)
-        if wanted is None:
-            if position is not None:
-                del extenders[position]
-                changed = True
-        elif position is None:
-            extenders.append(wanted)
+    if position == BY_URL:
+        position = _find_extender(extenders, spec.url_prefix)
+    urls = [spec.url_prefix]  # where the second entry is: beside the main one, which may move
+    if position is None:
+        extenders.append(wanted)
+        changed = True
+    else:
+        urls.insert(0, str(extenders[position].get("urlPrefix", "")))
+        changed = _update_mapping(extenders[position], wanted)
+    second = spec.nogpu_yaml()
+    at = next((p for p in (_find_extender(extenders, u, nogpu=True) for u in urls)
+               if p is not None), None)
+    if second is None:
+        if at is not None:
+            del extenders[at]
             changed = True
-        else:
-            changed = _update_mapping(extenders[position], wanted) or changed
+    elif at is None:
+        extenders.append(second)
+        changed = True
+    else:
+        changed = _update_mapping(extenders[at], second) or changed
     return changed
 
 
@@ -427,18 +489,24 @@ def find_by_resources(config: Mapping[str, Any], names: Collection[str]) -> str 
     return found[0] if len(found) == 1 else None
 
 
-def remove_extender(config: MutableMapping[str, Any], url_prefix: str) -> bool:
-    """Drop our entries from ``config['extenders']``; True when something was removed."""
+def remove_extender(
+    config: MutableMapping[str, Any], url_prefix: str, position: int | None = BY_URL
+) -> bool:
+    """Drop our entries from ``config['extenders']``: the main one at ``position``
+    (``our_extender``; by default the one at ``url_prefix``) and the one for pods
+    without GPUs at ``url_prefix``; True when something was removed."""
     extenders = config.get("extenders")
     if not isinstance(extenders, MutableSequence):
         return False
-    removed = False
-    for nogpu in (False, True):
-        position = _find_extender(extenders, url_prefix, nogpu)
-        if position is not None:
-            del extenders[position]
-            removed = True
-    return removed
+    if position == BY_URL:
+        position = _find_extender(extenders, url_prefix)
+    if position is not None:  # the second entry sits at the main one's URL
+        url_prefix = str(extenders[position].get("urlPrefix", url_prefix))
+    found = {p for p in (position, _find_extender(extenders, url_prefix, nogpu=True))
+             if p is not None}
+    for at in sorted(found, reverse=True):
+        del extenders[at]
+    return bool(found)
 
 
 # --------------------------------------------------------------------------- manifest
@@ -552,13 +620,21 @@ class Marker:
     config_hash: str
     url_prefix: str
     config_flag: bool  # the --config argument is ours
+    # our entry in a configuration file the administrator owns (``entry_hash``), so an
+    # entry they wrote at the same URL is told apart; "" in our own file
+    entry_hash: str = ""
+    # the tlsConfig files' content: kube-scheduler reads them only at start, so renewed
+    # certificates change the manifest (the kubelet restarts it); "" without TLS
+    tls_hash: str = ""
 
     def render(self) -> str:
-        return json.dumps(
-            {"configHash": self.config_hash, "urlPrefix": self.url_prefix,
-             "configFlag": self.config_flag},
-            sort_keys=True, separators=(",", ":"),
-        )
+        data: dict[str, Any] = {"configHash": self.config_hash, "urlPrefix": self.url_prefix,
+                                "configFlag": self.config_flag}
+        if self.entry_hash:
+            data["entryHash"] = self.entry_hash
+        if self.tls_hash:
+            data["tlsHash"] = self.tls_hash
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 def config_hash(text: str) -> str:
@@ -584,6 +660,8 @@ def read_marker(manifest: Mapping[str, Any]) -> Marker | None:
         config_hash=str(data.get("configHash", "")),
         url_prefix=str(data.get("urlPrefix", "")),
         config_flag=data.get("configFlag") is True,
+        entry_hash=str(data.get("entryHash", "")),
+        tls_hash=str(data.get("tlsHash", "")),
     )
 
 

@@ -23,23 +23,41 @@ Resources (container ``resources.limits``; requests default to limits):
     percent of one GPU's compute, 0 to 100 (default 0: best effort, nothing reserved);
     100 = the GPU exclusively (nobody else may share it).
 ``metax-tech.com/vmemory``
-    GPU memory per GPU: a bare number is GiB (``8`` = 8 GiB), a binary or decimal
-    suffix is bytes as in any quantity (``2048Mi``) -- HAMi's rule, so its users can
-    move over; default 0 (nothing reserved).
+    GPU memory per GPU (grammar below: ``8`` = 8 GiB, ``2048Mi`` = 2 GiB); default 0
+    (nothing reserved).
 ``tencent.com/vcuda-core``
     1 to 99: that percent of one GPU; a multiple of 100: that many whole GPUs (placed
     by the topology allocator as in SPEC §3); anything else above 100 is refused.
 ``tencent.com/vcuda-memory``
-    units of 256 MiB (GPU-Manager's unit), per GPU; ignored for whole GPUs.
+    GPU memory per GPU in units of 256 MiB (GPU-Manager's unit: ``16`` = 4 GiB; grammar
+    below); ignored for whole GPUs.
 ``nvidia.com/mps-core``
     percent of one GPU's compute per process, 1 to 100; required (also with
     ``mps-memory``): it is the resource the device plugin serves, and the kubelet calls
     ``Allocate`` only for a positive count, so 0 would give the container no GPU.
 ``nvidia.com/mps-memory``
-    pinned device memory limit, same grammar as ``vmemory`` (bare number = GiB).
+    pinned device memory limit, as ``vmemory`` (``8`` = 8 GiB).
 
-One container per pod may ask for a sharing family (the device plugin maps one
-Allocate call to the pod); a pod may not mix families or mix them with whole GPUs.
+GPU memory quantities (``memory_mib``; every memory field above). The value is a
+Kubernetes quantity, read exactly as the API server reads it, so ``1000``, ``1e3`` and
+``1k`` are the same number, 1000, and ``0.5`` and ``500m`` are both one half. Its unit:
+
+* with a binary suffix (``Ki``, ``Mi``, ``Gi``, ``Ti``, ``Pi``, ``Ei``) the quantity is
+  bytes: ``2048Mi`` = ``2Gi`` = 2 GiB;
+* otherwise -- a plain number, an exponent (``e3``) or a decimal suffix (``k``, ``M``,
+  ``G``, ``m``...) -- the number counts the field's unit: GiB for ``vmemory`` and
+  ``mps-memory`` (``REFERENCE``: MetaX's ``MemoryFactor=1024``, HAMi's reading), 256 MiB
+  for ``vcuda-memory``. So ``1k`` = ``1e3`` = ``1000`` = 1000 GiB, ``0.5`` = 512 MiB,
+  and ``8G`` is 8 x 10^9 GiB (refused: more than ``MAX_MEMORY_MIB``), not 8 GB.
+
+The result is MiB, rounded up. The API server accepts only whole numbers for extended
+resources, so ``0.5`` or ``500m`` reach gpu-aware only from other clients; the rule is
+the same for them.
+
+One container per pod may ask for a sharing family -- an app container, an init
+container or a sidecar (the device plugin maps one Allocate call to the pod; the
+pod's effective request, ``core.effective``, is then that container's); a pod may
+not mix families, nor mix them with whole GPUs (``WHOLE_GPU_RESOURCES``).
 
 Pod annotations (the protocol, HAMi-like):
 
@@ -73,6 +91,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Mapping, NamedTuple, Sequence, Tuple
 
+from .effective import container_asks, containers_of
 from .errors import ConfigError
 from .quantity import QuantityError, parse_quantity
 
@@ -93,6 +112,9 @@ VCUDA_MEMORY_RESOURCE = "tencent.com/vcuda-memory"
 MPS_CORE_RESOURCE = "nvidia.com/mps-core"
 MPS_MEMORY_RESOURCE = "nvidia.com/mps-memory"
 
+# whole-GPU resources: a pod asks for these or for a sharing family, never both
+WHOLE_GPU_RESOURCES = ("metax-tech.com/gpu", "nvidia.com/gpu")
+
 ASSIGNED_ANNOTATION = "gpuk8s.io/sharing.assigned"
 BIND_TIME_ANNOTATION = "gpuk8s.io/sharing.bind-time"
 PHASE_ANNOTATION = "gpuk8s.io/sharing.phase"
@@ -103,6 +125,9 @@ PHASE_ALLOCATED = "allocated"
 
 FULL_CORE = 100
 VCUDA_MEMORY_UNIT_MIB = 256
+GIB_MIB = 1024
+# GPU memory per GPU above this (1 PiB) is refused as a mistake (``memory_mib``)
+MAX_MEMORY_MIB = 1 << 30
 MAX_SHARED_GPUS = 64
 # shares one GPU may hold at once (device ids advertised per GPU for the count resources)
 DEFAULT_SLOTS = 16
@@ -153,6 +178,14 @@ SHARING_RESOURCES: tuple[str, ...] = tuple(
     name for f in FAMILIES for name in ((f.count,) if f.count else ()) + (f.core, f.memory)
 )
 _FAMILY_OF = {name: f for f in FAMILIES for name in (f.count, f.core, f.memory) if name}
+# every resource that gives a container GPUs or a share of one
+GPU_RESOURCES: tuple[str, ...] = WHOLE_GPU_RESOURCES + SHARING_RESOURCES
+# the unit of a memory quantity without a binary suffix, MiB (``memory_mib``)
+MEMORY_UNIT_MIB = {
+    VMEMORY_RESOURCE: GIB_MIB,
+    MPS_MEMORY_RESOURCE: GIB_MIB,
+    VCUDA_MEMORY_RESOURCE: VCUDA_MEMORY_UNIT_MIB,
+}
 # the resources the device plugin advertises as device ids per GPU (kubelet Allocate)
 COUNTED_RESOURCE = {
     MODE_SGPU: SGPU_RESOURCE,
@@ -166,6 +199,14 @@ _COUNTED_MEANING = {
     MODE_VCUDA: "1-99 percent of one GPU, or a multiple of 100 for whole GPUs",
     MODE_MPS: "percent of one GPU's compute per process, 1 to 100",
 }
+
+
+# why a zero count of a counted resource is refused (the accelerator manual allows an MPS
+# compute limit of 0 %): the kubelet never calls the device plugin for a count of 0
+ZERO_COUNT_WHY = (
+    "the kubelet calls the device plugin's Allocate only for a positive count of a "
+    "resource, so with 0 the container would start without any GPU"
+)
 
 
 class SharingError(ConfigError):
@@ -223,13 +264,23 @@ def _percent(value: object, what: str, low: int = 0) -> int:
     return int(amount)
 
 
-def memory_mib(value: object, what: str) -> int:
-    """A memory amount in MiB (rounded up): bare number = GiB, suffixed = bytes."""
+_BINARY_SUFFIX = re.compile(r"[KMGTPE]i\Z")
+
+
+def memory_mib(value: object, what: str, unit_mib: int = GIB_MIB) -> int:
+    """GPU memory in MiB (rounded up) of a quantity (module doc): bytes with a binary
+    suffix, else that many ``unit_mib`` MiB. ``SharingError`` names ``what``."""
     text = _text(value, what)
     amount = _amount(text, what)
-    if re.fullmatch(r"[+]?[0-9]+", text):
-        return int(amount) * 1024
-    return -(-amount.numerator // (amount.denominator * 2**20))
+    mib = amount / 2**20 if _BINARY_SUFFIX.search(text) else amount * unit_mib
+    if mib > MAX_MEMORY_MIB:
+        unit = "GiB" if unit_mib == GIB_MIB else f"units of {unit_mib} MiB"
+        raise SharingError(
+            f"{what}: {text!r} is more than 1 PiB per GPU; a number without a binary suffix "
+            f"counts {unit} (8 = 8 {'GiB' if unit_mib == GIB_MIB else 'units'}, 1k = 1000), "
+            "bytes need a binary suffix (8Gi, 512Mi)"
+        )
+    return -(-mib.numerator // mib.denominator)
 
 
 def parse_share(
@@ -253,9 +304,9 @@ def parse_share(
 
     memory = 0
     if family.memory in asked:
-        memory = memory_mib(asked[family.memory], field_of(family.memory))
-        if family.mode == MODE_VCUDA:
-            memory = _whole(asked[family.memory], field_of(family.memory)) * VCUDA_MEMORY_UNIT_MIB
+        memory = memory_mib(
+            asked[family.memory], field_of(family.memory), MEMORY_UNIT_MIB[family.memory]
+        )
     counted = COUNTED_RESOURCE[family.mode]
     if counted not in asked:
         raise SharingError(
@@ -268,6 +319,7 @@ def parse_share(
         if not 1 <= gpus <= MAX_SHARED_GPUS:
             raise SharingError(
                 f"{field_of(SGPU_RESOURCE)}: must be 1 to {MAX_SHARED_GPUS}, got {gpus}"
+                + (f": {ZERO_COUNT_WHY}" if gpus == 0 else "")
             )
         core = (
             _percent(asked[VCORE_RESOURCE], field_of(VCORE_RESOURCE))
@@ -284,8 +336,13 @@ def parse_share(
         raise SharingError(
             f"{field_of(VCUDA_CORE_RESOURCE)}: must be 1-99 (percent of one GPU) or a "
             f"multiple of 100 up to {MAX_SHARED_GPUS * 100} (whole GPUs), got {core}"
+            + (f": {ZERO_COUNT_WHY}" if core == 0 else "")
         )
-    core = _percent(asked[MPS_CORE_RESOURCE], field_of(MPS_CORE_RESOURCE), low=1)
+    value, what = asked[MPS_CORE_RESOURCE], field_of(MPS_CORE_RESOURCE)
+    if _amount(value, what) == 0:  # the accelerator manual's "0-100 %" (manual-conformance.md)
+        raise SharingError(f"{what}: must be a whole percent 1 to 100, got {value!r}: "
+                           f"{ZERO_COUNT_WHY}; for no compute limit ask for 100, MPS's default")
+    core = _percent(value, what, low=1)
     return ShareRequest(MODE_MPS, 1, core, memory, False, container)
 
 
@@ -296,24 +353,63 @@ def _whole(value: object, what: str) -> int:
     return int(amount)
 
 
-def pod_share(
-    containers: Sequence[tuple[str, Mapping[str, object], Mapping[str, object]]],
-    where: str = "spec.containers",
-) -> ShareRequest | None:
-    """The share of a pod from its containers ``(name, limits, requests)``: limits win,
-    requests stand in where no limit is set (extended resources: they must be equal)."""
-    found: list[ShareRequest] = []
-    for i, (name, limits, requests) in enumerate(containers):
+# (container name, limits, requests, its path for messages, e.g. spec.containers[0])
+ContainerAsk = Tuple[str, Mapping[str, object], Mapping[str, object], str]
+
+
+def pod_share(containers: Sequence[ContainerAsk]) -> ShareRequest | None:
+    """The share of a pod from all its containers -- app, init and sidecar (module doc:
+    one of them may ask): limits win, requests stand in where no limit is set (extended
+    resources: they must be equal). A pod asking for shared GPUs and for whole GPUs
+    (``WHOLE_GPU_RESOURCES``) too is refused, whichever family and vendor."""
+    found: list[tuple[str, ShareRequest]] = []
+    whole: list[str] = []
+    for name, limits, requests, path in containers:
         merged = dict(requests)
         merged.update(limits)
-        share = parse_share(merged, name, f"{where}[{i}].resources.limits")
+        share = parse_share(merged, name, f"{path}.resources.limits")
         if share is not None:
-            found.append(share)
+            found.append((path, share))
+        for resource in WHOLE_GPU_RESOURCES:
+            if resource in merged and _positive(merged[resource]):
+                whole.append(f"{path}.resources.limits[{resource!r}]")
     if len(found) > 1:
         raise SharingError(
-            f"{where}: {len(found)} containers ask for shared GPUs; one container per pod may"
+            f"{' and '.join(p for p, _ in found)} ask for shared GPUs; one container per pod "
+            "may (app, init or sidecar container)"
         )
-    return found[0] if found else None
+    if found and whole:
+        mode = found[0][1].mode
+        raise SharingError(
+            f"{whole[0]}: whole GPUs, and {found[0][0]} asks for shared GPUs ({mode}); a pod "
+            f"asks for whole GPUs ({', '.join(WHOLE_GPU_RESOURCES)}) or for one sharing "
+            "family, not both"
+        )
+    return found[0][1] if found else None
+
+
+def _positive(value: object) -> bool:
+    try:
+        return _amount(value, "") > 0
+    except SharingError:
+        return False  # unreadable: its own check (the GPU count) names it
+
+
+def pod_share_json(pod: Mapping[str, object]) -> ShareRequest | None:
+    """``pod_share`` of a Pod in JSON form (gpu-device, the exporter; gpu-aware reads
+    its typed view of the same fields): every container, init and sidecar included."""
+    return pod_share(
+        [
+            (str(c.get("name", "")), _limits(c), container_asks(c), path)
+            for _, c, path in containers_of(pod)
+        ]
+    )
+
+
+def _limits(container: Mapping[str, object]) -> Mapping[str, object]:
+    resources = container.get("resources")
+    limits = resources.get("limits") if isinstance(resources, Mapping) else None
+    return limits if isinstance(limits, Mapping) else {}
 
 
 # -- capacity and usage -------------------------------------------------------------------
@@ -761,8 +857,8 @@ def memory_label_mib(value: str | None) -> int | None:
 
 # -- what a container gets -----------------------------------------------------------------
 def share_env(assignment: Assignment, uuids: Sequence[str] = ()) -> dict[str, str]:
-    """Environment for a container of the assigned pod (per mode; see the README's
-    "GPU sharing" section for what enforces it).
+    """Environment for a container of the assigned pod (per mode; see docs/sharing.md,
+    "What is enforced, per mode").
 
     * sgpu: ``METAX_SGPU_COMPUTE`` (percent) and ``METAX_SGPU_MEMORY_MIB``: assumed to be
       what MetaX's sGPU runtime reads (the vendor does not document it publicly); the

@@ -23,7 +23,7 @@ VFs of one GPU are *twins*: same relation to every other unit. Searches work on
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .errors import InventoryError
@@ -107,7 +107,14 @@ class Topology:
                 for unit in linked:
                     of[unit].append(index)
             self.groups_of[lv] = tuple(tuple(x) for x in of)
-        self._covers: dict[tuple[int, int], int] = {}
+        # per level and class: the group masks that contain the class
+        self.class_groups: dict[int, tuple[tuple[int, ...], ...]] = {
+            lv: tuple(
+                tuple(mask for mask in masks if mask >> c & 1) for c in range(len(self.classes))
+            )
+            for lv, masks in self.group_masks.items()
+        }
+        self._covers = Covers(self)
 
     # -- construction -------------------------------------------------------
     @classmethod
@@ -246,30 +253,14 @@ class Topology:
 
     def cover_number(self, level: int, members: Iterable[int]) -> int:
         """The fewest level-``level`` link groups that together contain ``members``."""
-        mask = self._class_mask(list(members))
-        if self.transitive[level]:
-            comp = self.comp[level]
-            return len({comp[self.classes[c][0]] for c in range(len(self.classes))
-                        if mask >> c & 1})
-        return self.cover_classes(level, mask)
+        return self.cover_classes(level, self._class_mask(list(members)))
 
     def cover_classes(self, level: int, mask: int) -> int:
-        """``cover_number`` of a set of classes given as a bitmask (memoised)."""
-        if mask == 0:
-            return 0
-        key = (level, mask)
-        known = self._covers.get(key)
-        if known is not None:
-            return known
-        low = (mask & -mask).bit_length() - 1
-        best = len(self.classes)
-        for group in self.group_masks[level]:
-            if group >> low & 1:
-                best = min(best, 1 + self.cover_classes(level, mask & ~group))
-        if len(self._covers) >= MAX_COVERS:
-            self._covers = {}  # bounded memo, small enough to drop in well under 1 ms
-        self._covers[key] = best
-        return best
+        """``cover_number`` of a set of classes given as a bitmask (exact, no budget:
+        the allocator counts its own cover steps with a ``Covers`` of its own)."""
+        if self._covers.size() >= MAX_COVERS:
+            self._covers = Covers(self)  # bounded memo, dropped in well under 1 ms
+        return self._covers.exact(level, mask)
 
     # -- queries ------------------------------------------------------------
     def __len__(self) -> int:
@@ -312,6 +303,143 @@ class Topology:
         lines.append("  NODE = Connection within one NUMA node")
         lines.append("  SYS  = Connection traversing the SMP interconnect between NUMA nodes")
         return "\n".join(line.rstrip() for line in lines)
+
+
+def _popcount(mask: int) -> int:
+    return bin(mask).count("1")
+
+
+popcount: Callable[[int], int] = getattr(int, "bit_count", _popcount)
+"""Number of set bits (``int.bit_count`` from Python 3.10)."""
+
+
+def bits(mask: int) -> Iterator[int]:
+    """The positions of the set bits of ``mask``, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+class Covers:
+    """Exact cover numbers of sets of classes (bitmasks), memoised.
+
+    The cover number of a set at a level is the fewest link groups (maximal cliques of
+    G_level) that contain it; as every clique lies in a maximal one, it is the fewest
+    cliques of G_level that partition the set: a minimum clique cover. On a level whose
+    groups are disjoint (``Topology.transitive``) it is the number of groups the set
+    touches. Elsewhere ``fits`` decides "at most t groups" by branch and bound: branch on
+    the class with the fewest neighbours in the set (it lies in the fewest groups) over
+    the groups that contain it, largest part first, parts inside another part dropped;
+    prune with a lower bound (a greedy independent set of G_level: classes no two of
+    which share a group) and remember per set the bounds proven so far. ``exact``
+    deepens t from the lower bound.
+
+    ``tick`` (optional) is called before each piece of work with its size in steps: a
+    set's bounds computed (one step, and one more per 4 classes), a branching (two); the
+    allocator counts these as search steps and raises from it when its budget is spent
+    (then the memo holds only what was proven: it stays valid).
+    """
+
+    def __init__(self, topo: Topology, tick: Callable[[int], None] | None = None) -> None:
+        self.topo = topo
+        self.tick = tick
+        self._exact: dict[tuple[int, int], int] = {}
+        self._nodes: dict[tuple[int, int], list[int]] = {}  # see _node
+
+    def size(self) -> int:
+        return len(self._exact) + len(self._nodes)
+
+    def exact(self, level: int, mask: int) -> int:
+        """The cover number of the classes in ``mask`` at ``level``."""
+        if mask == 0:
+            return 0
+        topo = self.topo
+        if topo.transitive[level]:
+            comp, classes = topo.comp[level], topo.classes
+            return len({comp[classes[c][0]] for c in bits(mask)})
+        key = (level, mask)
+        known = self._exact.get(key)
+        if known is None:
+            known = self._node(level, mask)[0]
+            while not self.fits(level, mask, known):
+                known += 1
+            self._exact[key] = known
+        return known
+
+    def fits(self, level: int, mask: int, t: int) -> bool:
+        """True when at most ``t`` groups of ``level`` contain the classes in ``mask``."""
+        if mask == 0 or self.topo.transitive[level]:
+            return self.exact(level, mask) <= t
+        if t <= 0:
+            return False
+        key = (level, mask)
+        known = self._exact.get(key)
+        if known is not None:
+            return known <= t
+        node = self._node(level, mask)
+        if t >= node[1]:
+            return True
+        if t < node[0]:
+            return False
+        if self.tick is not None:
+            self.tick(2)
+        parts: list[int] = []
+        for part in sorted(
+            {group & mask for group in self.topo.class_groups[level][node[2]]},
+            key=lambda m: (-popcount(m), m),
+        ):
+            if all(part & ~kept for kept in parts):  # not inside a larger part
+                parts.append(part)
+        for part in parts:
+            if self.fits(level, mask & ~part, t - 1):
+                node[1] = t
+                return True
+        node[0] = t + 1
+        return False
+
+    def first_fit(self, level: int, mask: int) -> int:
+        """An upper bound of the cover number without search: each class, lowest first,
+        joins the first clique it is linked to all of, else starts one."""
+        if mask == 0 or self.topo.transitive[level]:
+            return self.exact(level, mask)
+        adjacent = self.topo.class_adjacent[level]
+        commons: list[int] = []  # per clique: the classes linked to all its members
+        for c in bits(mask):
+            for i, common in enumerate(commons):
+                if common >> c & 1:
+                    commons[i] = common & adjacent[c]
+                    break
+            else:
+                commons.append(adjacent[c])
+        return len(commons)
+
+    def _node(self, level: int, mask: int) -> list[int]:
+        """[proven lower bound, proven upper bound, pivot] of a set: first a greedy
+        independent set (fewest neighbours first) and the number of classes; the pivot
+        is the class with the fewest neighbours in the set (it lies in fewest groups)."""
+        key = (level, mask)
+        node = self._nodes.get(key)
+        if node is None:
+            if self.tick is not None:
+                self.tick(1 + popcount(mask) // 4)
+            adjacent = self.topo.class_adjacent[level]
+            degrees = []
+            rest = mask
+            while rest:
+                low = rest & -rest
+                c = low.bit_length() - 1
+                rest ^= low
+                degrees.append((popcount(adjacent[c] & mask), c))
+            degrees.sort()
+            chosen = count = 0
+            for _, c in degrees:
+                if not adjacent[c] & chosen:
+                    chosen |= 1 << c
+                    count += 1
+            node = [count, len(degrees), degrees[0][1]]
+            self._nodes[key] = node
+        return node
 
 
 def units_for_inventory(inventory: NodeInventory) -> list[Unit]:

@@ -365,6 +365,7 @@ def discover(
                 uuid=_field(fields, "uuid", "gpu uuid"),
                 numa_node=dev.numa_node,
                 pcie_switch=dev.pcie_switch,
+                pcie_root=dev.pcie_root,
                 sriov=_with_vf_nodes(root, dev.sriov),
                 device_nodes=nodes,
                 driver_bound=bound,

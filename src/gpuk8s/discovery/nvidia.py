@@ -7,7 +7,10 @@ NVLink pairs come from ``nvidia-smi topo -m`` (``NV<n>`` cells) and count as ``M
 links in the model. Device nodes are ``/dev/nvidia<minor>`` (minor from
 ``/proc/driver/nvidia/gpus/<bdf>/information``). The CUDA version the driver supports
 comes from NVML (``nvmlSystemGetCudaDriverVersion_v2`` through ``ctypes``, the host's
-``libnvidia-ml.so.1`` loaded by its full path under the root).
+``libnvidia-ml.so.1`` loaded by its full path under the root), and so does each GPU's CUDA
+compute capability (``nvmlDeviceGetCudaComputeCapability``; where NVML cannot say, from
+``nvidia-smi --query-gpu=pci.bus_id,compute_cap``, a field nvidia-smi has since driver
+510, asked in a call of its own so that an older nvidia-smi still answers the main query).
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ import contextlib
 import ctypes
 import os
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+from ..core.cdi import DriverFiles
 from ..core.cuda import CudaVersion
 from ..core.model import NVIDIA_VENDOR_ID, DriverInfo, Gpu, NodeInventory, SdkInfo
 from ..core.telemetry import MIB, GpuProcess, GpuSample, NodeTelemetry, percent_to_ratio
-from . import sysfs
+from . import libraries, sysfs
 from .metax import parse_topo_matrix
 from .tools import Runner, find_tool, host_path, run_tool
 
@@ -65,6 +71,10 @@ DEVICE_IDS: dict[int, str] = {
     0x1DB4: "V100",
     0x1DB5: "V100",
     0x1DB6: "V100",
+    0x1EB8: "T4",
+    0x15F7: "P100",
+    0x15F8: "P100",
+    0x15F9: "P100",
 }
 ARCHITECTURES = (
     ("B", "Blackwell"),
@@ -73,6 +83,7 @@ ARCHITECTURES = (
     ("A", "Ampere"),
     ("T4", "Turing"),
     ("V", "Volta"),
+    ("P", "Pascal"),
 )
 
 
@@ -168,32 +179,87 @@ def _unload(lib: ctypes.CDLL) -> None:
             close(lib._handle)
 
 
-def cuda_driver_version(root: str) -> tuple[CudaVersion | None, str | None]:
-    """(the CUDA version the driver supports, why it is unknown) from NVML's
-    ``nvmlSystemGetCudaDriverVersion_v2`` (``1000 * major + 10 * minor``)."""
+@dataclass(frozen=True)
+class NvmlInfo:
+    """What NVML says about the node: the CUDA version the driver supports and each GPU's
+    compute capability by PCI address; ``problem`` says why something is missing."""
+
+    cuda: CudaVersion | None = None
+    compute: dict[str, tuple[int, int]] = field(default_factory=dict)
+    problem: str | None = None
+
+
+def nvml_info(root: str, addresses: Sequence[str] = ()) -> NvmlInfo:
+    """One NVML session: ``nvmlSystemGetCudaDriverVersion_v2`` (``1000 * major + 10 *
+    minor``) and, for each PCI address, ``nvmlDeviceGetCudaComputeCapability``."""
     path = nvml_library_path(root)
     if path is None and os.path.realpath(root) != "/":
-        return None, f"{NVML_SONAME} not found under {root}: no CUDA driver version"
+        return NvmlInfo(problem=f"{NVML_SONAME} not found under {root}: no CUDA driver version")
     try:
         lib = ctypes.CDLL(path or NVML_SONAME)
     except OSError as err:
-        return None, f"cannot load {NVML_SONAME}: {err}"
+        return NvmlInfo(problem=f"cannot load {NVML_SONAME}: {err}")
     value = ctypes.c_int(0)
+    compute: dict[str, tuple[int, int]] = {}
     try:
         rc = lib.nvmlInit_v2()
         if rc != 0:
-            return None, f"nvmlInit_v2 failed (NVML error {rc}): no CUDA driver version"
+            return NvmlInfo(problem=f"nvmlInit_v2 failed (NVML error {rc}): no CUDA driver "
+                                    "version")
         try:
             rc = lib.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(value))
+            for address in addresses:
+                found = _compute_capability(lib, address)
+                if found is not None:
+                    compute[address] = found
         finally:
             lib.nvmlShutdown()
     except AttributeError as err:  # an NVML too old for the call
-        return None, f"{NVML_SONAME} lacks {err}: no CUDA driver version"
+        return NvmlInfo(compute=compute, problem=f"{NVML_SONAME} lacks {err}: no CUDA driver "
+                                                 "version")
     finally:
         _unload(lib)
     if rc != 0 or value.value <= 0:
-        return None, f"nvmlSystemGetCudaDriverVersion_v2 failed (NVML error {rc})"
-    return CudaVersion(value.value // 1000, (value.value % 1000) // 10), None
+        return NvmlInfo(compute=compute,
+                        problem=f"nvmlSystemGetCudaDriverVersion_v2 failed (NVML error {rc})")
+    return NvmlInfo(CudaVersion(value.value // 1000, (value.value % 1000) // 10), compute)
+
+
+def _compute_capability(lib: ctypes.CDLL, address: str) -> tuple[int, int] | None:
+    handle = ctypes.c_void_p()
+    major, minor = ctypes.c_int(0), ctypes.c_int(0)
+    get_handle = getattr(lib, "nvmlDeviceGetHandleByPciBusId_v2", None)
+    get_cc = getattr(lib, "nvmlDeviceGetCudaComputeCapability", None)
+    if get_handle is None or get_cc is None:
+        return None
+    if get_handle(address.encode(), ctypes.byref(handle)) != 0:
+        return None
+    if get_cc(handle, ctypes.byref(major), ctypes.byref(minor)) != 0 or major.value <= 0:
+        return None
+    return major.value, minor.value
+
+
+def cuda_driver_version(root: str) -> tuple[CudaVersion | None, str | None]:
+    """(the CUDA version the driver supports, why it is unknown) from NVML."""
+    info = nvml_info(root)
+    return info.cuda, info.problem
+
+
+def parse_compute_caps(text: str) -> dict[str, tuple[int, int]]:
+    """``--query-gpu=pci.bus_id,compute_cap`` CSV -> address -> (major, minor)."""
+    found: dict[str, tuple[int, int]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 2:
+            continue
+        match = re.match(r"^(\d+)\.(\d+)$", cells[1])
+        if not match:
+            continue
+        try:
+            found[normalise_bus_id(cells[0])] = (int(match.group(1)), int(match.group(2)))
+        except ValueError:
+            continue
+    return found
 
 
 def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = None
@@ -222,6 +288,17 @@ def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = 
         else:
             problems.append(f"{result.problem}")
 
+    nvml = NvmlInfo()
+    if loaded and gpus_pci:
+        nvml = nvml_info(root, [d.address for d in gpus_pci])
+        if nvml.problem:
+            problems.append(nvml.problem)
+    compute = dict(nvml.compute)
+    if tool is not None and rows and any(d.address not in compute for d in gpus_pci):
+        result = run_tool(runner, [tool, "--query-gpu=pci.bus_id,compute_cap",
+                                   "--format=csv,noheader,nounits"])
+        compute = {**parse_compute_caps(result.stdout), **compute}
+
     gpus: list[Gpu] = []
     for index, dev in enumerate(gpus_pci):
         row = rows.get(dev.address, {})
@@ -245,22 +322,20 @@ def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = 
                 uuid=_value(row.get("uuid")),
                 numa_node=dev.numa_node,
                 pcie_switch=dev.pcie_switch,
+                pcie_root=dev.pcie_root,
                 sriov=dev.sriov,
                 device_nodes=nodes,
                 driver_bound=bound,
                 fault=bad.get(dev.address),
+                name=_value(row.get("name")),
+                compute_capability=compute.get(dev.address),
             )
         )
     controls = tuple(p for p in CONTROL_DEVICES if os.path.lexists(host_path(root, p)))
-    cuda: CudaVersion | None = None
-    if loaded and gpus_pci:
-        cuda, why = cuda_driver_version(root)
-        if why:
-            problems.append(why)
     return NodeInventory(
         backend=VENDOR,
         gpus=tuple(gpus),
-        driver=DriverInfo(loaded=loaded, version=version or None, cuda=cuda),
+        driver=DriverInfo(loaded=loaded, version=version or None, cuda=nvml.cuda),
         sdk=SdkInfo(),
         links=frozenset(links),
         control_devices=controls,
@@ -373,3 +448,176 @@ def telemetry(root: str, runner: Runner | None = None) -> NodeTelemetry:
         processes = None
     return NodeTelemetry(VENDOR, "nvidia-smi", gpus=tuple(sorted(samples, key=lambda s: s.address)),
                          processes=processes, driver_version=version, problems=tuple(problems))
+
+
+# ------------------------------------------------------------------ driver files (CDI)
+
+# Where nvidia-container-toolkit looks (pkg/lookup/library.go, executable.go, ipc.go,
+# driver-nvml.go); the ld.so cache of the root adds any other library directory.
+DRIVER_LIB_SEARCH = (
+    "/usr/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu/nvidia/current",
+    "/usr/lib/aarch64-linux-gnu/nvidia/current",
+    "/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/lib/x86_64-linux-gnu/nvidia/current",
+    "/lib/aarch64-linux-gnu/nvidia/current",
+    "/usr/local/nvidia/lib64",
+)
+LDCACHE = "/etc/ld.so.cache"
+DRIVER_BINARIES = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+    "nvidia-imex",
+    "nvidia-imex-ctl",
+)
+BINARY_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin",
+               "/usr/local/nvidia/bin")
+IPC_SOCKETS = ("/nvidia-persistenced/socket", "/nvidia-fabricmanager/socket")
+IPC_SOCKET_DIRS = ("/run", "/var/run")
+MPS_PIPE_DIR = "/tmp/nvidia-mps"
+FIRMWARE_CLASS_PATH = "/sys/module/firmware_class/parameters/path"
+OSRELEASE = "/proc/sys/kernel/osrelease"
+CDI_HOOK = "nvidia-cdi-hook"  # nvidia-container-toolkit's hook program
+
+
+def kernel_release(root: str) -> str | None:
+    """``uname -r`` of the host under ``root`` (its ``/proc/sys/kernel/osrelease``)."""
+    if os.path.realpath(root) == "/":
+        return os.uname().release
+    return sysfs.read_text(host_path(root, OSRELEASE)) or None
+
+
+def _real(root: str, path: str) -> str | None:
+    """``path`` (absolute, inside the root) with its symlinks resolved inside the root;
+    None when it does not exist."""
+    base = os.path.realpath(root)
+    resolved = os.path.realpath(host_path(root, path))
+    if base != "/" and not (resolved == base or resolved.startswith(base + "/")):
+        # an absolute link (e.g. /lib/modules/x/build -> /usr/src/...) read inside the root
+        link = host_path(root, path)
+        if os.path.islink(link) and os.readlink(link).startswith("/"):
+            return _real(root, os.readlink(link))
+        return None
+    if not os.path.exists(resolved):
+        return None
+    return "/" + os.path.relpath(resolved, base) if base != "/" else resolved
+
+
+def _so_link(soname: str) -> str:
+    """``libcuda.so.1`` -> ``libcuda.so`` (the development link's name)."""
+    name = soname
+    while not name.endswith(".so") and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name if name.endswith(".so") else ""
+
+
+def driver_library_dirs(root: str, version: str) -> list[str]:
+    """Directories holding ``libcuda.so.<version>`` or ``libnvidia-ml.so.<version>`` (the
+    search paths first, then the ld.so cache's other directories)."""
+    candidates = list(DRIVER_LIB_SEARCH)
+    for name, path in libraries.ldcache_entries(host_path(root, LDCACHE)):
+        if name.startswith(("libcuda.so", "libnvidia-ml.so")):
+            candidates.append(os.path.dirname(path))
+    found: list[str] = []
+    for directory in candidates:
+        real = _real(root, directory)
+        if real is None or real in found:
+            continue
+        if any(os.path.isfile(host_path(root, f"{real}/{lib}.so.{version}"))
+               for lib in ("libcuda", "libnvidia-ml")):
+            found.append(real)
+    return found
+
+
+def driver_files(root: str, version: str) -> DriverFiles:
+    """The user space of driver ``version`` on the host, found as ``nvidia-ctk cdi generate``
+    finds it: every ``*.so.<version>`` in the driver's library directories (and their
+    ``vdpau/``), with the soname and ``.so`` links the host has for them; the driver's
+    programs; GSP firmware ``nvidia/<version>/gsp*.bin`` on the kernel's firmware search
+    path; the persistenced / fabric manager sockets and the MPS pipe directory when
+    present; the toolkit's ``nvidia-cdi-hook`` when installed."""
+    problems: list[str] = []
+    dirs = driver_library_dirs(root, version)
+    if not dirs:
+        problems.append(f"no libcuda.so.{version} / libnvidia-ml.so.{version} in "
+                        f"{', '.join(DRIVER_LIB_SEARCH)} or the ld.so cache: no driver "
+                        "libraries for containers")
+    libs: list[str] = []
+    links: list[tuple[str, str]] = []
+    for directory in dirs:
+        for sub in (directory, f"{directory}/vdpau"):
+            try:
+                names = sorted(os.listdir(host_path(root, sub)))
+            except OSError:
+                continue
+            for name in names:
+                path = f"{sub}/{name}"
+                if not name.endswith(f".so.{version}") or not os.path.isfile(
+                        host_path(root, path)) or os.path.islink(host_path(root, path)):
+                    continue
+                libs.append(path)
+                links += _library_links(root, sub, name)
+    bins = []
+    for name in DRIVER_BINARIES:
+        for directory in BINARY_DIRS:
+            path = host_path(root, f"{directory}/{name}")
+            if os.path.isfile(path) and os.access(path, os.X_OK):
+                real = _real(root, f"{directory}/{name}")
+                if real is not None and real not in bins:
+                    bins.append(real)
+                break
+    firmware = _firmware(root, version)
+    ipc = []
+    for socket_path in IPC_SOCKETS:
+        for directory in IPC_SOCKET_DIRS:
+            if os.path.exists(host_path(root, directory + socket_path)):
+                ipc.append(directory + socket_path)
+                break
+    if os.path.isdir(host_path(root, MPS_PIPE_DIR)):
+        ipc.append(MPS_PIPE_DIR)
+    hook = next((f"{d}/{CDI_HOOK}" for d in BINARY_DIRS
+                 if os.access(host_path(root, f"{d}/{CDI_HOOK}"), os.X_OK)), None)
+    return DriverFiles(version, tuple(libs), tuple(dict.fromkeys(links)), tuple(dirs),
+                       tuple(bins), tuple(firmware), tuple(ipc), hook, tuple(problems))
+
+
+def _library_links(root: str, directory: str, name: str) -> list[tuple[str, str]]:
+    """(target, link) pairs for one driver library: its soname link and the ``.so`` link
+    where the host has them as symlinks, and always ``libcuda.so`` -> ``libcuda.so.1``."""
+    links: list[tuple[str, str]] = []
+    soname = libraries.elf_soname(host_path(root, f"{directory}/{name}")) or name
+    if soname != name and os.path.islink(host_path(root, f"{directory}/{soname}")):
+        links.append((name, f"{directory}/{soname}"))
+    dev = _so_link(soname)
+    if dev and dev != soname and os.path.islink(host_path(root, f"{directory}/{dev}")):
+        links.append((soname, f"{directory}/{dev}"))
+    if name.startswith("libcuda.so.") and ("libcuda.so.1", f"{directory}/libcuda.so") not in links:
+        links.append(("libcuda.so.1", f"{directory}/libcuda.so"))
+    return links
+
+
+def _firmware(root: str, version: str) -> list[str]:
+    release = kernel_release(root)
+    custom = (sysfs.read_text(host_path(root, FIRMWARE_CLASS_PATH)) or "").strip()
+    dirs = [custom] if custom.startswith("/") else []
+    if release:
+        dirs += [f"/lib/firmware/updates/{release}", "/lib/firmware/updates",
+                 f"/lib/firmware/{release}"]
+    dirs.append("/lib/firmware")
+    for directory in dirs:
+        base = f"{directory.rstrip('/')}/nvidia/{version}"
+        try:
+            names = sorted(os.listdir(host_path(root, base)))
+        except OSError:
+            continue
+        found = [f"{base}/{n}" for n in names if n.startswith("gsp") and n.endswith(".bin")]
+        if found:
+            return found
+    return []

@@ -49,6 +49,17 @@ class PciDevice:
             return self.ancestors[-2]
         return None
 
+    @property
+    def pcie_root(self) -> str | None:
+        """The PCIe root complex (host bridge) above the device, as sysfs names it
+        (``pci0000:00``): the first directory under ``/sys/devices`` on its path, the value
+        of Kubernetes' standard DRA attribute ``resource.kubernetes.io/pcieRoot``."""
+        parts = self.path.split(os.sep)
+        for before, part in zip(parts, parts[1:]):
+            if before == "devices" and part.startswith("pci") and not BDF_RE.match(part):
+                return part
+        return None
+
 
 @dataclass
 class PciScan:

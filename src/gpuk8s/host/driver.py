@@ -9,14 +9,21 @@ A *payload* is what gets installed: a directory laid out like the host (``opt/mx
   installs only where no driver is loaded (an existing driver is left alone, whatever its
   version); ``Always`` converges to the wanted version (install + reload unless that
   version is both installed and running).
-* ``converge`` runs it: checks the payload *before* touching the host (the version it
-  holds must be the wanted one), refuses to unload while processes hold GPU devices open,
-  unloads, installs, loads, reads the running version back. Directory payloads (and, under
-  a root other than ``/``, unpacked packages) are copied file by file with a backup and a
-  journal (``host.files``): any failure — or a crash, found by ``recover`` at the next
-  start — restores the previous files and loads the previous driver again. On ``/``, deb /
-  rpm / run payloads go through the package manager / installer (their own transaction);
-  a failure there still reloads the previous module.
+* ``converge`` runs it. First the checks, before anything on the host changes: the
+  payload holds the wanted version (``opt/mxdriver/Version.txt``, required), its kernel
+  module is there for the kernel release the node runs (``lib/modules/<release>/``) and
+  was built for it (``vermagic``, read from the module's ELF ``.modinfo``), ``depmod``
+  can run, and no process holds the GPU devices open. Then it records what runs now
+  (``TRANSACTION``), unloads, installs, runs ``depmod`` for the running release (as kmod's
+  ``modprobe`` finds modules only through ``modules.dep``), loads, reads the running
+  version back, and commits. Directory payloads (and, under a root other than ``/``,
+  packages, unpacked and checked before the unload) are copied file by file with a backup
+  and a journal (``host.files``): any failure — or a crash, found by ``recover`` at the
+  next start — restores the previous files, ``modules.dep`` and ownership record, unloads
+  whatever new module got loaded and loads the previous driver again. On ``/``, deb / rpm
+  / run payloads go through the package manager / installer (their own transaction; their
+  content is checked only after loading); a failure there still reloads the previous
+  module.
 * ``record_owner`` writes ``discovery.metax.OWNER_RECORD``: labels then say
   ``gpu.driver.mode=cloud`` while that driver runs.
 """
@@ -35,17 +42,24 @@ from ..core.errors import ConfigError, GpuK8sError
 from ..discovery import discover
 from ..discovery.metax import DRIVER_VERSION_FILE, OWNER_RECORD, read_version_file
 from ..discovery.tools import Runner, host_path
-from . import files
+from . import files, kmodule
 
 POLICIES = ("IfNotPresent", "Always", "Never")
 KINDS = ("dir", "deb", "rpm", "run")
 # What a GPU process holds open (REFERENCE §A: /dev/mxcd, /dev/dri/*; NVIDIA: /dev/nvidia*).
 GPU_DEVICE_PREFIXES = ("/dev/dri/", "/dev/mxcd", "/dev/mxnd", "/dev/mxgd", "/dev/nvidia")
 STATE_DIR = "/var/lib/gpuk8s"  # journal and backup of an install in progress
-JOURNAL = STATE_DIR + "/driver-install.json"
+JOURNAL = STATE_DIR + "/driver-install.json"  # the file journal (host.files)
 BACKUP = STATE_DIR + "/driver-backup"
+# what ran before the install in progress (module, version, ownership record); its
+# "committed" flag is the commit point: without it, recovery rolls everything back
+TRANSACTION = STATE_DIR + "/driver-transaction.json"
+STAGING_PREFIX = ".gpuk8s-driver-"  # packages unpacked under STATE_DIR
 DEFAULT_LOAD = ("modprobe", "{module}")
 DEFAULT_UNLOAD = ("modprobe", "-r", "{module}")
+# depmod for the running release; under a root other than / with that root as base dir
+DEFAULT_DEPMOD = ("depmod", "-a", "{kernel_release}")
+DEFAULT_DEPMOD_UNDER = ("depmod", "-a", "-b", "{host_root}", "{kernel_release}")
 VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+_~-]*$")
 
 
@@ -176,6 +190,46 @@ def check_payload(path: str, kind: str, wanted: str) -> None:
         )
 
 
+def check_tree(tree: str, wanted: str, module: str, root: str, source: str) -> str:
+    """Check a host-layout payload tree before anything is touched: its
+    ``opt/mxdriver/Version.txt`` says ``wanted``; it holds kernel module ``module`` under
+    ``lib/modules/<release>/`` (``release``: the kernel the host under ``root`` runs) and
+    every module there was built for that release (``vermagic``). Returns the module's
+    path in the tree; PayloadError naming what is wrong otherwise (nothing was changed)."""
+    release = kmodule.kernel_release(root)
+    osrelease = host_path(root, kmodule.OSRELEASE)
+    runs = f"this node runs kernel {release}" + (
+        "" if os.path.isfile(osrelease) else f" (uname -r here: no {osrelease})")
+    if payload_version(tree, "dir") is None:
+        raise PayloadError(f"payload {source} has no opt/mxdriver/Version.txt: not a driver "
+                           "payload (or a broken one); nothing was changed")
+    check_payload(tree, "dir", wanted)
+    found = kmodule.modules_in(tree)
+    name = module.replace("-", "_")
+    ours = [(r, rel) for r, rel in found if kmodule.module_name(rel) == name]
+    if not any(r == release for r, _ in ours):
+        where = ", ".join(f"{rel} (kernel {r})" for r, rel in ours)
+        held = f"holds {module} only for another kernel: {where}" if ours else \
+            f"holds no {module} kernel module (lib/modules/{release}/.../{module}.ko)"
+        raise PayloadError(f"payload {source} {held}, and {runs}: use the payload built for "
+                           "this kernel; nothing was changed")
+    for r, rel in found:
+        if r != release:
+            continue
+        try:
+            built = kmodule.built_for(os.path.join(tree, rel))
+        except kmodule.ModuleFormatError as err:
+            raise PayloadError(f"payload {source}: {err}; the kernel would refuse it; nothing "
+                               "was changed") from err
+        if built != release:
+            raise PayloadError(
+                f"payload {source}: {rel} was built for kernel {built} (its vermagic), but "
+                f"{runs}: the kernel would refuse it (Invalid module format); use the payload "
+                "built for this kernel; nothing was changed"
+            )
+    return next(rel for r, rel in ours if r == release)
+
+
 def install_commands(kind: str, payload: str, root: str,
                      run_args: tuple[str, ...] = ()) -> list[list[str]]:
     """argv lists that install a package payload onto ``root`` (``/``: package manager /
@@ -274,6 +328,8 @@ class InstallRequest:
     module: str = "metax"
     load_command: tuple[str, ...] = DEFAULT_LOAD
     unload_command: tuple[str, ...] = DEFAULT_UNLOAD
+    # None: DEFAULT_DEPMOD on /, DEFAULT_DEPMOD_UNDER elsewhere
+    depmod_command: tuple[str, ...] | None = None
     force: bool = False
     sdk_version: str | None = None
     owner: str | None = None  # record ownership (driver-manager: "driver-manager")
@@ -311,8 +367,29 @@ def plan(root: str, request: InstallRequest, runner: Runner | None = None
             raise ConfigError(f"payload is required to install {request.version} "
                               f"(deploy_policy {request.policy})")
         kind = payload_kind(request.payload, request.payload_kind)
-        check_payload(request.payload, kind, str(request.version))
+        if kind == "dir" and not request.install_command:
+            check_tree(request.payload, str(request.version), request.module, root,
+                       request.payload)
+        else:  # the install command's / package's own layout: the version when it says
+            check_payload(request.payload, kind, str(request.version))
+        _check_command(depmod_argv(root, request, "-"), "depmod",
+                       "install kmod, or set the depmod command")
     return before, decision, kind
+
+
+def depmod_argv(root: str, request: InstallRequest, release: str) -> list[str]:
+    default = DEFAULT_DEPMOD if os.path.realpath(root) == "/" else DEFAULT_DEPMOD_UNDER
+    return expand(request.depmod_command or default, host_root=root, kernel_release=release,
+                  module=request.module)
+
+
+def _check_command(argv: list[str], what: str, hint: str) -> None:
+    """The program of ``argv`` exists (checked before the host is touched)."""
+    program = argv[0] if argv else ""
+    found = os.access(program, os.X_OK) if "/" in program else shutil.which(program) is not None
+    if not found:
+        raise DriverError(f"{what} command `{' '.join(argv)}`: {program or 'nothing'} not "
+                          f"found ({hint}); nothing was changed")
 
 
 def planned_after(before: DriverState, decision: Decision, request: InstallRequest
@@ -344,28 +421,44 @@ def _run(runner: Runner, argv: list[str], what: str) -> None:
                           f"{(err or out).strip()[-500:]}")
 
 
-def _install_files(root: str, request: InstallRequest, kind: str, runner: Runner) -> None:
+def _stage(root: str, request: InstallRequest, kind: str, runner: Runner) -> str | None:
+    """Unpack a package payload (root other than /, no install command) into a staging
+    directory under STATE_DIR and check it like a directory payload; None when the payload
+    is not staged (a directory, the package manager on /, an install command)."""
+    if kind == "dir" or request.install_command or os.path.realpath(root) == "/":
+        return None
+    os.makedirs(host_path(root, STATE_DIR), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=host_path(root, STATE_DIR))
+    try:
+        for argv in install_commands(kind, str(request.payload), staging, request.run_args):
+            _run(runner, argv, "unpacking the payload")
+        check_tree(staging, str(request.version), request.module, root,
+                   f"{request.payload} (unpacked)")
+    except GpuK8sError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging
+
+
+def _install_files(root: str, request: InstallRequest, kind: str, runner: Runner,
+                   staged: str | None) -> None:
     payload = str(request.payload)
     journal, backup = host_path(root, JOURNAL), host_path(root, BACKUP)
     if request.install_command:
         _run(runner, expand(request.install_command, payload=payload, host_root=root),
              "install")
-        return
-    if kind == "dir":
-        files.install_tree(payload, root, journal, backup)
-        return
-    if os.path.realpath(root) == "/":
+    elif kind == "dir" or staged:
+        files.install_tree(staged or payload, root, journal, backup)
+    else:
         for argv in install_commands(kind, payload, root, request.run_args):
             _run(runner, argv, "install")
-        return
-    # a package onto a root that is not /: unpack aside, then the journalled copy
-    staging = tempfile.mkdtemp(prefix=".gpuk8s-driver-", dir=host_path(root, STATE_DIR))
-    try:
-        for argv in install_commands(kind, payload, staging, request.run_args):
-            _run(runner, argv, "unpacking the payload")
-        files.install_tree(staging, root, journal, backup)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    _depmod(root, request, runner)
+
+
+def _depmod(root: str, request: InstallRequest, runner: Runner) -> None:
+    """``depmod`` for the running kernel: kmod's modprobe finds a module only through
+    ``lib/modules/<release>/modules.dep``."""
+    _run(runner, depmod_argv(root, request, kmodule.kernel_release(root)), "depmod")
 
 
 def _load(root: str, request: InstallRequest, runner: Runner) -> None:
@@ -373,22 +466,52 @@ def _load(root: str, request: InstallRequest, runner: Runner) -> None:
          "loading the driver")
 
 
+def _begin(root: str, request: InstallRequest, before: DriverState) -> None:
+    """Record what runs now, before the first change (``TRANSACTION``)."""
+    files.write_json(host_path(root, TRANSACTION), {
+        "module": request.module, "loaded": before.loaded, "version": before.loaded_version,
+        "owner": files.read_json(host_path(root, OWNER_RECORD)), "committed": False,
+    })
+
+
+def _commit(root: str, request: InstallRequest) -> None:
+    """The install is final: ownership, the commit point, then forget the backup."""
+    if request.owner:
+        record_owner(root, str(request.version), request.owner)
+    else:
+        clear_owner(root)  # installed by the admin's own tooling: native again
+    path = host_path(root, TRANSACTION)
+    record = files.read_json(path)
+    files.write_json(path, {**(record if isinstance(record, dict) else {}), "committed": True})
+    files.commit(host_path(root, JOURNAL))
+    files.remove(path)
+
+
 def recover(root: str, request: InstallRequest, runner: Runner) -> str | None:
-    """Finish what a process that died during ``converge`` left: roll the files back and
-    load the driver that is then on disk. Returns what was done, None when nothing was."""
+    """Finish what a process that died during ``converge`` left: before the commit point
+    the files, ``modules.dep``, the ownership record and the running module are put back
+    as they were (the new module unloaded, the previous one loaded again); after it the
+    backup is dropped. Returns what was done, None when nothing was."""
+    state_dir = host_path(root, STATE_DIR)
+    stale = [n for n in _listdir(state_dir) if n.startswith(STAGING_PREFIX)]
+    for name in stale:
+        shutil.rmtree(os.path.join(state_dir, name), ignore_errors=True)
+    record = files.read_json(host_path(root, TRANSACTION))
     journal = host_path(root, JOURNAL)
-    if not os.path.lexists(journal):
-        return None
-    files.rollback(journal)
-    state = read_state(root, runner)
-    if state.loaded or state.installed_version is None:
-        return "rolled back an interrupted driver install"
+    if isinstance(record, dict) and record.get("committed"):
+        files.commit(journal)
+        files.remove(host_path(root, TRANSACTION))
+        return "finished committing an interrupted driver install"
+    if not isinstance(record, dict) and not os.path.lexists(journal):
+        return "removed an interrupted payload unpack" if stale else None
+    return "rolled back an interrupted driver install: " + _roll_back(root, request, runner)
+
+
+def _listdir(path: str) -> list[str]:
     try:
-        _load(root, request, runner)
-    except DriverError as err:
-        return ("rolled back an interrupted driver install; loading the previous driver "
-                f"failed: {err}")
-    return "rolled back an interrupted driver install and loaded the previous driver again"
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
 
 
 def converge(root: str, request: InstallRequest, runner: Runner,
@@ -411,63 +534,95 @@ def _converge(root: str, request: InstallRequest, runner: Runner, outcome: Outco
               on_step: Callable[[str], None]) -> None:
     before, decision, kind = outcome.before, outcome.decision, outcome.kind
     wanted = str(request.version)
-    unloaded = False  # whether a driver ran before (and was unloaded by us)
     if before.loaded:
         busy = gpu_processes(root)
         if busy and not request.force:
             raise GpuBusyError(busy_message(busy))
-        on_step("unload")
-        _run(runner, expand(request.unload_command, module=request.module, host_root=root),
-             "unloading the driver")
-        unloaded = True
-        outcome.actions.append("unload")
-    os.makedirs(host_path(root, STATE_DIR), exist_ok=True)
+    staged = _stage(root, request, str(kind), runner) if decision.install else None
     try:
-        if decision.install:
-            on_step("install")
-            _install_files(root, request, str(kind), runner)
-            outcome.actions.append("install")
-        on_step("load")
-        _load(root, request, runner)
-        outcome.actions.append("load")
-        after = read_state(root, runner)
-        if not same_version(after.loaded_version, wanted):
-            raise DriverError(
-                f"after loading, the running driver is {after.loaded_version or 'none'}, "
-                f"wanted {wanted}: the payload does not hold that version, or the kernel "
-                "refused it (check dmesg)"
-            )
-        if request.sdk_version and not same_version(after.sdk_version, request.sdk_version):
-            raise DriverError(
-                f"SDK version is {after.sdk_version or 'none'} after installing, wanted "
-                f"{request.sdk_version}: the payload lacks opt/maca/Version.txt or holds "
-                "another SDK"
-            )
-    except DriverError as err:
-        raise type(err)(f"{err}; {_undo(root, request, runner, unloaded)}") from err
-    files.commit(host_path(root, JOURNAL))
-    if request.owner:
-        record_owner(root, wanted, request.owner)
-    else:
-        clear_owner(root)  # installed by the admin's own tooling: native again
+        os.makedirs(host_path(root, STATE_DIR), exist_ok=True)
+        _begin(root, request, before)
+        try:
+            if before.loaded:
+                on_step("unload")
+                _run(runner, expand(request.unload_command, module=request.module,
+                                    host_root=root), "unloading the driver")
+                outcome.actions.append("unload")
+            if decision.install:
+                on_step("install")
+                _install_files(root, request, str(kind), runner, staged)
+                outcome.actions.append("install")
+            on_step("load")
+            _load(root, request, runner)
+            outcome.actions.append("load")
+            after = read_state(root, runner)
+            if not same_version(after.loaded_version, wanted):
+                raise DriverError(
+                    f"after loading, the running driver is {after.loaded_version or 'none'}, "
+                    f"wanted {wanted}: the payload does not hold that version, or the kernel "
+                    "refused it (check dmesg)"
+                )
+            if request.sdk_version and not same_version(after.sdk_version,
+                                                        request.sdk_version):
+                raise DriverError(
+                    f"SDK version is {after.sdk_version or 'none'} after installing, wanted "
+                    f"{request.sdk_version}: the payload lacks opt/maca/Version.txt or holds "
+                    "another SDK"
+                )
+        except DriverError as err:
+            raise type(err)(f"{err}; {_roll_back(root, request, runner)}") from err
+        on_step("commit")
+        _commit(root, request)
+    finally:
+        if staged:
+            shutil.rmtree(staged, ignore_errors=True)
     outcome.after = read_state(root, runner)
 
 
-def _undo(root: str, request: InstallRequest, runner: Runner, was_loaded: bool) -> str:
-    """Roll the files back, unload whatever got loaded, and load the previous driver again
-    when there was one running; says what happened."""
-    rolled = files.rollback(host_path(root, JOURNAL)) is not None
-    what = "the previous driver files were restored" if rolled else "no file had been changed"
-    if read_state(root, runner).loaded:
-        _run_quiet(runner, expand(request.unload_command, module=request.module,
-                                  host_root=root))
+def _roll_back(root: str, request: InstallRequest, runner: Runner) -> str:
+    """Undo an install from its records (``TRANSACTION``, the file journal): restore the
+    files and ``modules.dep``, unload whatever module runs that did not run before, load
+    the previous driver again, restore the ownership record. Idempotent (a crash half-way
+    is finished by the next ``recover``); says what happened."""
+    record = files.read_json(host_path(root, TRANSACTION))
+    known = isinstance(record, dict)
+    was_loaded = bool(record.get("loaded")) if isinstance(record, dict) else True
+    previous = record.get("version") if isinstance(record, dict) else None
+    said: list[str] = []
+    if files.rollback(host_path(root, JOURNAL)) is not None:
+        said.append("the previous driver files were restored")
+        if _run_quiet(runner, depmod_argv(root, request, kmodule.kernel_release(root))) != 0:
+            said.append("depmod failed (run `depmod -a` by hand)")
+    else:
+        said.append("no file had been changed")
+    now = read_state(root, runner)
+    if now.loaded and not (was_loaded and (not known or same_version(now.loaded_version,
+                                                                      previous))):
+        rc = _run_quiet(runner, expand(request.unload_command, module=request.module,
+                                       host_root=root))
+        said.append(f"driver {now.loaded_version or '?'} unloaded" if rc == 0 else
+                    f"unloading driver {now.loaded_version or '?'} failed")
+        now = read_state(root, runner)
+    if isinstance(record, dict):
+        owner = record.get("owner")
+        if isinstance(owner, dict):
+            files.write_json(host_path(root, OWNER_RECORD), owner)
+        else:
+            clear_owner(root)
     if not was_loaded:
-        return f"{what}; no driver was loaded before and none is loaded now"
-    rc = _run_quiet(runner, expand(request.load_command, module=request.module, host_root=root))
-    again = ("the previous driver was loaded again" if rc == 0 else
-             "loading the previous driver failed too: the node has no GPU driver now")
-    return (f"{what}; {again}. Fix the payload and retry, or run the maintenance playbook's "
-            "rescue steps")
+        said.append("no driver was loaded before" + (", none is loaded now" if not now.loaded
+                                                      else ""))
+    elif now.loaded:
+        said.append(f"the previous driver ({now.loaded_version or 'unknown version'}) runs")
+    else:
+        rc = _run_quiet(runner, expand(request.load_command, module=request.module,
+                                       host_root=root))
+        said.append("the previous driver was loaded again" if rc == 0 else
+                    "loading the previous driver failed too: the node has no GPU driver now")
+    files.remove(host_path(root, TRANSACTION))
+    tail = ("" if not was_loaded else ". Fix the cause and retry, or run the maintenance "
+            "playbook's rescue steps")
+    return "; ".join(said) + tail
 
 
 def _run_quiet(runner: Runner, argv: list[str]) -> int:

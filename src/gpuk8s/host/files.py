@@ -106,8 +106,13 @@ def _entries(source: str) -> tuple[list[str], list[str]]:
     return dirs, files
 
 
+def _temp_of(dest: str) -> str:
+    """Where ``_copy_entry`` writes ``dest`` before renaming it into place."""
+    return os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.gpuk8s-new")
+
+
 def _copy_entry(src: str, dest: str) -> None:
-    tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.gpuk8s-new")
+    tmp = _temp_of(dest)
     if os.path.lexists(tmp):
         os.unlink(tmp)
     if os.path.islink(src):
@@ -167,6 +172,10 @@ def rollback(journal_path: str) -> TreeJournal | None:
     if journal is None:
         return None
     try:
+        for rel in journal.created + journal.replaced:  # a copy killed before its rename
+            tmp = _temp_of(os.path.join(journal.root, rel))
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
         for rel in journal.created:
             path = os.path.join(journal.root, rel)
             if os.path.lexists(path):

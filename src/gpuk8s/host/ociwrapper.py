@@ -16,6 +16,10 @@ container's environment says ``MACA_FORCE=1``), apply the edits (``core.cdi.appl
 and write ``config.json`` back atomically. Any other command, and containers without the
 annotation, go to the runtime untouched. An unresolvable device fails the create with a
 message (the container does not start without its GPUs).
+
+``gpuk8s-oci-runtime hook ...`` is not a runtime command: it runs the CDI spec's
+``createContainer`` hooks for NVIDIA driver libraries (``host.cdihook``), which the OCI
+runtime calls with this program's path.
 """
 
 from __future__ import annotations
@@ -185,6 +189,10 @@ def retire(config: dict[str, Any], args: Sequence[str], wrapper: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["hook"]:
+        from . import cdihook
+
+        return cdihook.main(args[1:])
     here = os.path.dirname(os.path.realpath(sys.argv[0]))
     config = load_config(os.environ.get("GPUK8S_OCI_RUNTIME_CONFIG")
                          or os.path.join(here, CONFIG_NAME))

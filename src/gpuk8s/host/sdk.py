@@ -35,13 +35,19 @@ class SdkState:
     previous: str | None = None  # a version kept for rollback
 
 
-def node_platform(root: str, product: str) -> NodePlatform:
-    """The node's product, OS (``/etc/os-release`` ID, VERSION_ID) and architecture."""
+def os_release(root: str) -> dict[str, str]:
+    """The fields of the node's ``/etc/os-release`` (``ID``, ``VERSION_ID``, ``ID_LIKE`` ...)."""
     fields: dict[str, str] = {}
     for line in (read_text(host_path(root, "/etc/os-release")) or "").splitlines():
         key, sep, value = line.partition("=")
         if sep:
             fields[key.strip()] = value.strip().strip('"')
+    return fields
+
+
+def node_platform(root: str, product: str) -> NodePlatform:
+    """The node's product, OS (``/etc/os-release`` ID, VERSION_ID) and architecture."""
+    fields = os_release(root)
     return NodePlatform(product=product, os=fields.get("ID", "unknown"),
                         os_version=fields.get("VERSION_ID", ""), arch=platform.machine())
 
@@ -80,18 +86,21 @@ def _switch(root: str, version: str) -> None:
     os.replace(tmp, link)
 
 
-def install_sdk(root: str, staged: str, want_version: str | None = None) -> tuple[bool, str]:
+def install_sdk(root: str, staged: str, want_version: str | None = None,
+                want_source: str = "the wanted version") -> tuple[bool, str]:
     """Install the SDK tree ``staged`` (an image's ``/opt/maca``) as ``/opt/maca``.
 
     Returns (changed, version). PayloadError (nothing changed) when the payload has no
-    ``Version.txt`` or another version than ``want_version``, or when ``/opt/maca`` is an
-    administrator's directory.
+    ``Version.txt`` or another version than ``want_version`` (``want_source`` says where
+    that version comes from), or when ``/opt/maca`` is an administrator's directory.
     """
     version = read_version_file(os.path.join(staged, "Version.txt"))
     if not version:
         raise PayloadError(f"SDK payload {staged} has no Version.txt: not an MXMACA tree")
     if want_version and not same_version(version, want_version):
-        raise PayloadError(f"SDK payload holds {version}, not the wanted {want_version}")
+        raise PayloadError(f"SDK payload holds SDK {version} (its Version.txt), not "
+                           f"{want_version} ({want_source}): fix the payload; nothing was "
+                           "changed")
     if "/" in version or version.startswith("."):
         raise PayloadError(f"SDK payload version {version!r} is not usable as a directory name")
     state = read_sdk(root)
@@ -105,7 +114,9 @@ def install_sdk(root: str, staged: str, want_version: str | None = None) -> tupl
     incoming = os.path.join(store, f".incoming-{os.getpid()}")
     try:
         os.makedirs(store, exist_ok=True)
-        files.remove(incoming)
+        for name in os.listdir(store):  # copies a killed process left half-way
+            if name.startswith(".incoming-"):
+                files.remove(os.path.join(store, name))
         shutil.copytree(staged, incoming, symlinks=True)
         files.remove(final)
         os.rename(incoming, final)

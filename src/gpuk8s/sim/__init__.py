@@ -17,22 +17,40 @@ GPU, and processes (pid, memory, utilisation) on it, as ``mx-smi``, ``nvidia-smi
 the simulated ``libnvidia-ml.so.1`` (NVIDIA presets, compiled from ``fake/nvml.c`` when a
 C compiler is present) report them. Tests set a load and check every metric against it.
 
-Kernel-side stand-ins (the tree module is copied into the root so these work without
-gpuk8s installed): ``<root>/usr/sbin/modprobe [-r] metax`` loads/unloads the installed
-``lib/modules/*/**/metax.ko`` (refused while ``/sys/module/metax/refcnt`` > 0);
-``mx-smi vm --enable-vf N [-i 0,1] | --disable-vf | --show-vf`` and ``set_vfnum`` create
-or drop VFs; ``sync`` applies ``sriov_numvfs`` values written into sysfs.
+Kernel-side stand-ins (the tree module and ``gpuk8s.host.kmodule`` are copied into the
+root so these work without gpuk8s installed). The running kernel release is
+``/proc/sys/kernel/osrelease``. ``<root>/usr/sbin/depmod`` and ``modprobe`` link to the
+stand-in ``<root>/usr/bin/kmod``: depmod writes ``modules.dep`` for a release as kmod's
+does; ``modprobe [-r] metax`` finds the module through that ``modules.dep`` only, refuses
+what a kernel refuses (not an ELF module, a module built for another release: ``Invalid
+module format``, the reason in the simulated kernel log) and loads/unloads it (unload
+refused while ``/sys/module/metax/refcnt`` > 0). Modules are real-format ELF objects
+(``kobject``) that Debian's kmod reads. ``mx-smi vm --enable-vf N [-i 0,1] |
+--disable-vf | --show-vf`` and ``set_vfnum`` create or drop VFs; ``sync`` applies
+``sriov_numvfs`` values written into sysfs.
+
+NVIDIA roots carry the driver as a ``.run --dkms`` install leaves it (``fake/nvidia_driver``:
+versioned ELF libraries with their soname links, programs, GSP firmware, DKMS modules, the
+persistenced socket), a build environment (``gcc``, ``dkms``, the running kernel's headers)
+and a package manager stand-in (``apt-get``). ``nvidia-8-nodriver`` starts without driver
+and build environment; ``write_payload("nvidia-driver", VERSION, OUT)`` writes the matching
+stand-in ``NVIDIA-Linux-x86_64-VERSION.run`` that installs into such a root.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError
-from . import nvml, tree
+from ..host import kmodule
+from . import kobject, nvml, tree
+from .fake import nvidia_driver
 from .presets import PRESET_TABLE, PRESETS, build_state
 
 __all__ = [
@@ -53,7 +71,7 @@ __all__ = [
 ]
 
 FAIL_MODES = ("fault", "unbind", "remove")
-PAYLOAD_KINDS = ("driver", "maca")
+PAYLOAD_KINDS = ("driver", "maca", "nvidia-driver")
 OS_RELEASE = 'NAME="Ubuntu"\nVERSION_ID="22.04"\nID=ubuntu\nID_LIKE=debian\n'
 DEFAULT_REASON = "GPU hang detected: uncorrectable ECC error (simulated)"
 
@@ -97,10 +115,12 @@ def create(
 
 
 def tool_source(name: str) -> str:
-    """Text of a stand-in tool: ``mx-smi``, ``nvidia-smi``, ``nvidia-cuda-mps-control`` or
-    ``modprobe`` (for test payloads that install their own copy)."""
-    module = {"mx-smi": "mx_smi.py", "nvidia-smi": "nvidia_smi.py", "modprobe": "modprobe.py",
-              "nvidia-cuda-mps-control": "mps_control.py"}
+    """Text of a stand-in tool: ``mx-smi``, ``nvidia-smi``, ``nvidia-cuda-mps-control``,
+    ``apt-get``, ``dkms`` or ``kmod`` (``modprobe`` and ``depmod``; for test payloads that
+    install their own copy)."""
+    module = {"mx-smi": "mx_smi.py", "nvidia-smi": "nvidia_smi.py", "kmod": "kmod.py",
+              "nvidia-cuda-mps-control": "mps_control.py", "apt-get": "apt_get.py",
+              "dkms": "dkms.py"}
     if name not in module:
         raise ConfigError(f"no stand-in for {name!r}; choose one of {', '.join(module)}")
     # a plain path: importlib.resources.files() is 3.9+, and the host-Python tests run the
@@ -111,28 +131,61 @@ def tool_source(name: str) -> str:
 def _install_files(root: str, current: dict[str, Any]) -> None:
     """Files a real node has on disk: vendor tools, SDK, module file; plus the
     simulated kernel library the stand-in tools import."""
-    lib = os.path.join(root, tree.LIB_DIR, f"{tree.LIB_NAME}.py")
-    tree.write_file(lib, Path(tree.__file__).read_text(encoding="utf-8"))
+    for module, name in ((tree, tree.LIB_NAME), (kmodule, tree.KMODULE_NAME)):
+        tree.write_file(os.path.join(root, tree.LIB_DIR, f"{name}.py"),
+                        Path(str(module.__file__)).read_text(encoding="utf-8"))
     # the node's OS, as driver-manager reads it to pick an SDK image (SPEC §1: Ubuntu ...)
     tree.write_file(os.path.join(root, "etc/os-release"), OS_RELEASE)
+    # the running kernel (`uname -r`; kept: a test may have "upgraded" it) and what its
+    # package installs beside its modules, which depmod reads
+    osrelease = os.path.join(root, kmodule.OSRELEASE.lstrip("/"))
+    if not os.path.isfile(osrelease):
+        tree.write_file(osrelease, f"{tree.KERNEL_RELEASE}\n")
+    release = tree.kernel_release(root)
+    for name in ("modules.order", "modules.builtin", "modules.builtin.modinfo"):
+        path = os.path.join(root, f"lib/modules/{release}", name)
+        if not os.path.exists(path):
+            tree.write_file(path, "")
     driver = current["driver"]
     if current["vendor"] == "metax":
-        tree.write_file(os.path.join(root, tree.MODPROBE_PATH), tool_source("modprobe"), 0o755)
+        tree.write_file(os.path.join(root, tree.KMOD_PATH), tool_source("kmod"), 0o755)
+        for name in (tree.MODPROBE_PATH, tree.DEPMOD_PATH):
+            tree.symlink(os.path.join(root, name), os.path.join(root, tree.KMOD_PATH))
         if driver["loaded"]:
             tree.write_file(os.path.join(root, tree.MXSMI_PATH), tool_source("mx-smi"), 0o755)
             tree.write_file(os.path.join(root, "opt/mxdriver/Version.txt"),
                             f"Version:{driver['version']}\n")
-            tree.write_file(os.path.join(root, tree.METAX_KO),
-                            f"\x7fELF (simulated)\x00version={driver['version']}\x00"
-                            "license=GPL\x00name=metax\x00")
+            kobject.write_module(os.path.join(root, f"lib/modules/{release}/extra/metax.ko"),
+                                 "metax", driver["version"], release)
+    tree.depmod(root, release)
     if current["vendor"] == "metax" and current["sdk"]:
         tree.write_file(os.path.join(root, "opt/maca/Version.txt"), f"Version:{current['sdk']}\n")
         os.makedirs(os.path.join(root, "opt/maca/lib"), exist_ok=True)
-    if current["vendor"] == "nvidia" and driver["loaded"]:
-        tree.write_file(os.path.join(root, tree.NVSMI_PATH), tool_source("nvidia-smi"), 0o755)
-        tree.write_file(os.path.join(root, tree.MPS_CONTROL_PATH),
-                        tool_source("nvidia-cuda-mps-control"), 0o755)
-        nvml.install(root)
+    if current["vendor"] == "nvidia":
+        _install_nvidia(root, current)
+
+
+def _install_nvidia(root: str, current: dict[str, Any]) -> None:
+    """The stand-ins an NVIDIA root imports, its package manager and, when the preset has a
+    driver, the build environment and the driver as ``.run --dkms`` installs it."""
+    lib = os.path.join(root, tree.LIB_DIR)
+    tree.write_file(os.path.join(lib, "gpuk8s_sim_nvidia.py"),
+                    Path(nvidia_driver.__file__).read_text(encoding="utf-8"))
+    tree.write_file(os.path.join(lib, "gpuk8s_sim_dkms.py"), tool_source("dkms"))
+    tree.write_file(os.path.join(root, "usr/bin/apt-get"), tool_source("apt-get"), 0o755)
+    driver = current["driver"]
+    if not driver["loaded"]:
+        return
+    for package in ("build-essential", "dkms", f"linux-headers-{tree.KERNEL_RELEASE}"):
+        nvidia_driver.install_package(root, package)
+    library, _ = nvml.build()
+    nvidia_driver.install(root, driver["version"], nvml=library, tools=_nvidia_tools(),
+                          dkms=True)
+    nvidia_driver.start_persistenced(root)
+
+
+def _nvidia_tools() -> dict[str, str]:
+    return {name: tool_source(name) for name in nvidia_driver.TOOLS}
 
 
 def refresh(root: str) -> None:
@@ -143,28 +196,64 @@ def refresh(root: str) -> None:
     tree.save_state(root, current)
 
 
-def write_payload(kind: str, version: str, out: str) -> None:
+def write_payload(kind: str, version: str, out: str,
+                  kernel_release: str = tree.KERNEL_RELEASE) -> None:
     """A simulated vendor payload under ``out``, as the operator's payload images carry it.
 
     ``driver``: a host-layout tree (``opt/mxdriver/Version.txt``, the stand-in ``mx-smi``,
-    ``lib/modules/<release>/extra/metax.ko`` with ``version=<version>``), which the
-    simulator's ``modprobe`` loads once it is installed on a simulated root.
+    ``lib/modules/<kernel_release>/extra/metax.ko``: a kernel module in ELF format built
+    for that kernel, ``version=<version>``; see ``kobject``), which the simulator's
+    ``modprobe`` loads once it is installed on a simulated root running that kernel and
+    ``depmod`` has indexed it.
     ``maca``: an SDK tree (``Version.txt``, ``lib/``, ``bin/macainfo``), the content of an
     SDK image's ``/opt/maca``.
+    ``nvidia-driver``: ``NVIDIA-Linux-x86_64-<version>.run`` (``write_nvidia_installer``).
     """
     if kind not in PAYLOAD_KINDS:
         raise ConfigError(f"payload kind {kind!r}: choose one of {', '.join(PAYLOAD_KINDS)}")
+    if kind == "nvidia-driver":
+        write_nvidia_installer(version, out)
+        return
     if kind == "driver":
         tree.write_file(os.path.join(out, "opt/mxdriver/Version.txt"), f"Version:{version}\n")
         tree.write_file(os.path.join(out, tree.MXSMI_PATH), tool_source("mx-smi"), 0o755)
-        tree.write_file(os.path.join(out, tree.METAX_KO),
-                        f"\x7fELF (simulated)\x00version={version}\x00license=GPL\x00"
-                        "name=metax\x00")
+        kobject.write_module(os.path.join(out, f"lib/modules/{kernel_release}/extra/metax.ko"),
+                             "metax", version, kernel_release)
         return
     tree.write_file(os.path.join(out, "Version.txt"), f"Version:{version}\n")
     tree.write_file(os.path.join(out, "lib/libmcruntime.so"), "\x7fELF (simulated SDK)\n")
     tree.write_file(os.path.join(out, "bin/macainfo"),
                     f"#!/bin/sh\necho \"MXMACA {version} (simulated)\"\n", 0o755)
+
+
+def write_nvidia_installer(version: str, out: str) -> str:
+    """``OUT/NVIDIA-Linux-x86_64-VERSION.run``: the simulator's stand-in for NVIDIA's driver
+    installer (``fake/nvidia_run.py``), an executable zip carrying the driver's files.
+    Returns its path."""
+    if version not in nvidia_driver.DRIVER_CUDAS:
+        raise ConfigError(f"NVIDIA driver {version!r}: the simulator knows "
+                          f"{', '.join(nvidia_driver.DRIVER_CUDAS)}")
+    fake = Path(__file__).parent / "fake"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("__main__.py", (fake / "nvidia_run.py").read_bytes())
+        archive.writestr("gpuk8s_sim_nvidia.py", (fake / "nvidia_driver.py").read_bytes())
+        archive.writestr("gpuk8s_sim_tree.py", Path(tree.__file__).read_bytes())
+        archive.writestr(f"{tree.KMODULE_NAME}.py", Path(str(kmodule.__file__)).read_bytes())
+        archive.writestr("payload.json", json.dumps(
+            {"version": version, "cuda": nvidia_driver.DRIVER_CUDAS[version]}))
+        for name, text in _nvidia_tools().items():
+            archive.writestr(f"tools/{name}", text)
+        library, _ = nvml.build()
+        if library is not None:
+            archive.writestr("libnvidia-ml.so", library)
+    path = os.path.join(out, f"NVIDIA-Linux-x86_64-{version}.run")
+    os.makedirs(out, exist_ok=True)
+    with open(path + ".tmp", "wb") as handle:
+        handle.write(b"#!/usr/bin/env python3\n" + buffer.getvalue())
+    os.chmod(path + ".tmp", 0o644)  # downloaded: the manual's chmod a+x comes next
+    os.replace(path + ".tmp", path)
+    return path
 
 
 def set_vfnum(root: str, vfnum: int, gpus: list[int] | None = None) -> None:

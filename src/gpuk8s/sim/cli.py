@@ -10,6 +10,7 @@ from typing import Any
 from ..core.errors import ConfigError, GpuK8sError
 from . import (
     FAIL_MODES,
+    PAYLOAD_KINDS,
     PRESETS,
     clear_load,
     create,
@@ -20,6 +21,7 @@ from . import (
     set_vfnum,
     state,
     sync,
+    tree,
     write_payload,
 )
 
@@ -80,10 +82,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-processes", action="store_true", help="remove the GPU's processes")
 
     p = sub.add_parser("payload", help="write a simulated driver or SDK payload tree "
-                       "(what the operator's payload images carry)")
-    p.add_argument("kind", choices=("driver", "maca"))
+                       "(what the operator's payload images carry), or the stand-in "
+                       "NVIDIA-Linux-x86_64-<version>.run (nvidia-driver)")
+    p.add_argument("kind", choices=PAYLOAD_KINDS)
     p.add_argument("--version", required=True)
     p.add_argument("--out", required=True, help="directory to write into")
+    p.add_argument("--kernel-release", default=tree.KERNEL_RELEASE,
+                   help="driver: the kernel its module is built for (default "
+                   f"{tree.KERNEL_RELEASE}, a new simulated root's)")
 
     p = sub.add_parser("show", help="print the simulated state")
     p.add_argument("--root", required=True)
@@ -170,7 +176,7 @@ def main(argv: list[str]) -> int:
         elif args.command == "load":
             run_load(args)
         elif args.command == "payload":
-            write_payload(args.kind, args.version, args.out)
+            write_payload(args.kind, args.version, args.out, args.kernel_release)
             print(f"{args.kind} payload {args.version} at {args.out}")
         elif args.command == "sync":
             print("changed" if sync(args.root) else "unchanged")

@@ -20,12 +20,15 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from .fake.nvidia_driver import DRIVER_CUDAS
 from .tree import assign_cards, make_vfs
 
 METAX_DRIVER_VERSION = "2.32.0.6"
 MACA_VERSION = "2.32.0.6"
 NVIDIA_DRIVER_VERSION = "550.54.15"
 NVIDIA_DRIVER_CUDA = "12.4"  # the CUDA version driver 550.54.15 supports (nvidia-smi's header)
+# The newest CUDA each simulated NVIDIA driver supports (one table, with the fake installer)
+NVIDIA_DRIVER_CUDAS = DRIVER_CUDAS
 
 INTEL = 0x8086
 BROADCOM_PLX = 0x1000
@@ -41,6 +44,8 @@ class Product:
     total_vfs: int  # 0: no SR-IOV capability (sriov_totalvfs absent)
     vf_device_id: int = 0
     class_code: int = 0x038000
+    compute_capability: str = ""  # NVIDIA: CUDA compute capability, as nvidia-smi's compute_cap
+    min_driver: int = 0  # NVIDIA: the first driver branch that supports the product
 
 
 PRODUCTS = {
@@ -48,8 +53,18 @@ PRODUCTS = {
     "C500": Product("metax", 0x9999, 0x4001, "MXC500", 65536, 8, 0x4011),
     "C550": Product("metax", 0x9999, 0x4000, "MXC550", 65536, 8, 0x4010),
     "N260": Product("metax", 0x9999, 0x4083, "MXN260", 65536, 0),
+    # NVIDIA: names and memory as nvidia-smi prints them; compute capability per NVIDIA's
+    # CUDA GPUs table (H100 9.0, A100 8.0, T4 7.5, V100 7.0, P100 6.0)
     "H100": Product("nvidia", 0x10DE, 0x2330, "NVIDIA H100 80GB HBM3", 81559, 0,
-                    class_code=0x030200),
+                    class_code=0x030200, compute_capability="9.0", min_driver=525),
+    "A100": Product("nvidia", 0x10DE, 0x20B2, "NVIDIA A100-SXM4-80GB", 81920, 0,
+                    class_code=0x030200, compute_capability="8.0", min_driver=450),
+    "T4": Product("nvidia", 0x10DE, 0x1EB8, "Tesla T4", 15360, 0,
+                  class_code=0x030200, compute_capability="7.5", min_driver=418),
+    "V100": Product("nvidia", 0x10DE, 0x1DB5, "Tesla V100-SXM2-32GB", 32768, 0,
+                    class_code=0x030200, compute_capability="7.0", min_driver=384),
+    "P100": Product("nvidia", 0x10DE, 0x15F8, "Tesla P100-PCIE-16GB", 16384, 0,
+                    class_code=0x030200, compute_capability="6.0", min_driver=375),
 }
 
 
@@ -64,6 +79,7 @@ class Preset:
     vfnum: int = 0
     driver: bool = True  # kernel module loaded, GPUs bound, vendor tool installed
     nvswitches: int = 0
+    driver_version: str = ""  # NVIDIA: the installed driver (default NVIDIA_DRIVER_VERSION)
 
 
 PRESET_TABLE: dict[str, Preset] = {
@@ -94,6 +110,31 @@ PRESET_TABLE: dict[str, Preset] = {
     "nvidia-8": Preset(
         "8x H100 SXM, 2 PCIe switches x 4 (NUMA 0/1), NVLink all-to-all via 4 NVSwitches",
         "H100", 2, 4, (0, 1), (tuple(range(8)),), nvswitches=4,
+    ),
+    "nvidia-8-nodriver": Preset(
+        "nvidia-8 before its driver is installed: 8x H100 on the bus, no nvidia module, "
+        "nothing bound, no driver files (what the nvidia_host role starts from)",
+        "H100", 2, 4, (0, 1), (tuple(range(8)),), driver=False, nvswitches=4,
+    ),
+    "a100-8": Preset(
+        "8x A100 SXM4 80GB, 2 PCIe switches x 4, NVLink all-to-all via 6 NVSwitches, "
+        "driver 535.183.01 (CUDA 12.2)",
+        "A100", 2, 4, (0, 1), (tuple(range(8)),), nvswitches=6, driver_version="535.183.01",
+    ),
+    "v100-8": Preset(
+        "8x V100 SXM2 32GB, 2 PCIe switches x 4, NVLink within each four, driver 535.183.01 "
+        "(CUDA 12.2)",
+        "V100", 2, 4, (0, 1), ((0, 1, 2, 3), (4, 5, 6, 7)), driver_version="535.183.01",
+    ),
+    "t4-2": Preset(
+        "2x Tesla T4 (the accelerator manual's example card) under one PCIe switch, no NVLink, "
+        "driver 515.65.01 (CUDA 11.7)",
+        "T4", 1, 2, (0,), driver_version="515.65.01",
+    ),
+    "p100-4": Preset(
+        "4x Tesla P100 PCIe (Pascal: older than Volta), 2 PCIe switches x 2, no NVLink, "
+        "driver 470.256.02 (CUDA 11.4)",
+        "P100", 2, 2, (0, 1), driver_version="470.256.02",
     ),
 }
 
@@ -201,6 +242,9 @@ def build_state(name: str, vfnum: int | None = None, device_nodes: str = "files"
                 "status": "ok",
                 "reason": None,
             })
+            if product.compute_capability:
+                gpus[-1]["compute_capability"] = product.compute_capability
+                gpus[-1]["min_driver"] = product.min_driver
     gpus.sort(key=lambda g: g["bdf"])
     for position, gpu in enumerate(gpus):  # indices follow PCI order, like the tools
         gpu["index"] = position
@@ -215,6 +259,7 @@ def build_state(name: str, vfnum: int | None = None, device_nodes: str = "files"
         devices.append(_dev(address, f"pci0000:00/{rp}/{address}", 0x10DE, 0x22A3, 0x068000,
                             0))
     links = [[a, b] for group in preset.link_groups for a in group for b in group if a < b]
+    nvidia_version = preset.driver_version or NVIDIA_DRIVER_VERSION
     state: dict[str, Any] = {
         "format": 1,
         "preset": name,
@@ -224,7 +269,7 @@ def build_state(name: str, vfnum: int | None = None, device_nodes: str = "files"
         "device_nodes": device_nodes,
         "driver": {
             "loaded": bool(product) and preset.driver,
-            "version": (METAX_DRIVER_VERSION if vendor == "metax" else NVIDIA_DRIVER_VERSION)
+            "version": (METAX_DRIVER_VERSION if vendor == "metax" else nvidia_version)
             if product and preset.driver else None,
         },
         "sdk": MACA_VERSION if vendor == "metax" and preset.driver else None,
@@ -234,7 +279,7 @@ def build_state(name: str, vfnum: int | None = None, device_nodes: str = "files"
         "devices": devices,
     }
     if vendor == "nvidia" and state["driver"]["loaded"]:
-        state["driver"]["cuda"] = NVIDIA_DRIVER_CUDA
+        state["driver"]["cuda"] = NVIDIA_DRIVER_CUDAS[nvidia_version]
     if state["driver"]["loaded"]:
         assign_cards(state)
     return state

@@ -12,12 +12,17 @@ bind-mounted elsewhere (e.g. at /host in a container).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import re
 import shutil
 import stat
 from typing import Any
+
+if __package__:  # gpuk8s.sim.tree
+    from ..host import kmodule
+else:  # the copy inside a simulated root imports its sibling copy (``KMODULE_NAME``)
+    import gpuk8s_kmodule as kmodule  # type: ignore[import-not-found,no-redef]
 
 STATE_FILE = "var/lib/gpuk8s-sim/state.json"
 LIB_DIR = "var/lib/gpuk8s-sim/lib"
@@ -26,11 +31,14 @@ METAX_DRIVER = "METAX"  # PCI driver name; sysfs shows /sys/module/metax/drivers
 MXSMI_PATH = "opt/mxdriver/bin/mx-smi"
 NVSMI_PATH = "usr/bin/nvidia-smi"
 MPS_CONTROL_PATH = "usr/bin/nvidia-cuda-mps-control"
+KMOD_PATH = "usr/bin/kmod"  # the stand-in; modprobe and depmod link to it, as on Debian
 MODPROBE_PATH = "usr/sbin/modprobe"
 NVML_LIB_PATH = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 NVML_TABLE = "var/lib/gpuk8s-sim/nvml.txt"
-KERNEL_RELEASE = "5.15.0-91-generic"
-METAX_KO = f"lib/modules/{KERNEL_RELEASE}/extra/metax.ko"
+KMODULE_NAME = "gpuk8s_kmodule"  # gpuk8s.host.kmodule, copied next to this file in a root
+DEPMOD_PATH = "usr/sbin/depmod"
+KERNEL_RELEASE = "5.15.0-91-generic"  # a new root's (proc/sys/kernel/osrelease)
+KERNEL_LOG = "var/lib/gpuk8s-sim/kernel.log"  # what the simulated kernel says (dmesg)
 
 DRI_MAJOR = 226  # as on Linux
 MXCD_MAJOR = 511  # made up (dynamic char major range)
@@ -48,10 +56,14 @@ def _p(root: str, rel: str) -> str:
 
 
 def write_file(path: str, text: str, mode: int | None = None) -> None:
+    write_bytes(path, text.encode("utf-8"), mode)
+
+
+def write_bytes(path: str, data: bytes, mode: int | None = None) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    with open(tmp, "wb") as handle:
+        handle.write(data)
     if mode is not None:
         os.chmod(tmp, mode)
     os.replace(tmp, path)
@@ -114,7 +126,8 @@ def nvml_table(state: dict[str, Any]) -> str:
         driver <version>
         cuda <CUDA driver version as NVML encodes it: 1000 * major + 10 * minor>
         gpu <status> <bus id> <uuid> <total B> <used B> <util %> <mem util %> <temp C>
-            <power mW> <ecc corrected> <ecc uncorrected> <name>
+            <power mW> <ecc corrected> <ecc uncorrected> <compute capability major> <minor>
+            <PCI device id, NVML's pciDeviceId> <name>
         proc <gpu position> <pid> <used B> <sm util %> <mps 0|1> <name>
 
     Only GPUs on the bus appear (``ok`` or ``fault``), in PCI order; a ``proc`` names
@@ -134,7 +147,8 @@ def nvml_table(state: dict[str, Any]) -> str:
             f"{gpu['memory_mib'] * mib} {int(load['memory_used_mib']) * mib} "
             f"{int(load['utilization'])} 0 {int(load['temperature'])} "
             f"{round(float(load['power']) * 1000)} {int(load['ecc_corrected'])} "
-            f"{int(load['ecc_uncorrected'])} {gpu['name']}"
+            f"{int(load['ecc_uncorrected'])} {compute_capability(gpu)[0]} "
+            f"{compute_capability(gpu)[1]} 0x{gpu['device']:04x}{gpu['vendor']:04x} {gpu['name']}"
         )
     for proc in state.get("processes", []):
         if proc["gpu"] in position:
@@ -145,6 +159,13 @@ def nvml_table(state: dict[str, Any]) -> str:
                 f"{proc.get('name') or 'python3'}"
             )
     return "\n".join(lines) + "\n"
+
+
+def compute_capability(gpu: dict[str, Any]) -> tuple[int, int]:
+    """The GPU's CUDA compute capability (``"9.0"`` -> (9, 0)); (0, 0) when the state has
+    none (states written before it existed)."""
+    major, _, minor = str(gpu.get("compute_capability") or "0.0").partition(".")
+    return int(major), int(minor or 0)
 
 
 def cuda_version_code(version: str | None) -> int | None:
@@ -325,21 +346,117 @@ def write_tree(root: str, state: dict[str, Any]) -> None:
 # ------------------------------------------------------- kernel operations (stand-ins)
 
 
-def _ko_version(root: str) -> str | None:
-    """Version of an installed ``metax.ko`` (its ``version=`` modinfo string)."""
-    base = _p(root, "lib/modules")
-    for dirpath, _, files in sorted(os.walk(base)):
-        for name in files:
-            if name in ("metax.ko", "metax.ko.xz", "metax.ko.zst"):
-                with open(os.path.join(dirpath, name), "rb") as handle:
-                    match = re.search(rb"version=([0-9A-Za-z._+-]+)", handle.read())
-                if match:
-                    return match.group(1).decode()
-                text = _read(_p(root, "opt/mxdriver/Version.txt"))
-                if text and ":" in text:
-                    return text.split(":")[1].strip()
-                return "unknown"
-    return None
+def kernel_release(root: str) -> str:
+    """The simulated node's running kernel (``uname -r``), as product code reads it."""
+    return kmodule.kernel_release(root)
+
+
+def vermagic(release: str) -> str:
+    """The simulated kernel's version magic (an Ubuntu SMP kernel's, with modversions)."""
+    return f"{release} SMP mod_unload modversions "
+
+
+def layout_crc(release: str) -> int:
+    """The CRC of ``module_layout`` in kernel ``release`` (``__versions`` of its modules):
+    a module built for another release disagrees about it, as on a real kernel."""
+    return int(hashlib.sha256(release.encode()).hexdigest()[:8], 16)
+
+
+def _modules_dir(root: str, release: str) -> str:
+    return _p(root, f"lib/modules/{release}")
+
+
+def depmod(root: str, release: str) -> str:
+    """What ``depmod`` writes for ``release`` that ``modprobe`` reads: ``modules.dep``
+    (``path: dependencies``, paths relative to ``lib/modules/<release>``; dependencies
+    from each module's ``depends=``). Returns the file's path."""
+    top = _modules_dir(root, release)
+    paths: dict[str, str] = {}
+    for _, rel in kmodule.modules_in(root):
+        full = _p(root, rel)
+        if not full.startswith(top + os.sep):
+            continue
+        name, path = kmodule.module_name(rel), os.path.relpath(full, top)
+        # of two modules of one name, the one right in updates/ wins (kmod's default
+        # search order: "updates", then "built-in", every other directory)
+        if name not in paths or (os.path.dirname(path) == "updates"
+                                 and os.path.dirname(paths[name]) != "updates"):
+            paths[name] = path
+    lines = []
+    for rel in sorted(paths.values()):
+        try:
+            depends = (kmodule.modinfo(os.path.join(top, rel)).get("depends") or [""])[0]
+        except kmodule.ModuleFormatError:
+            depends = ""  # depmod lists it all the same; loading it fails
+        deps = [paths[d.replace("-", "_")] for d in depends.split(",")
+                if d.replace("-", "_") in paths]
+        lines.append(f"{rel}: {' '.join(deps)}".rstrip(" ") + "\n")
+    path = os.path.join(top, "modules.dep")
+    write_file(path, "".join(lines))
+    return path
+
+
+def resolve_module(root: str, name: str) -> list[str]:
+    """``modprobe``'s lookup: the files of module ``name`` and its dependencies (those
+    first), from ``lib/modules/<running release>/modules.dep``; never a scan of the
+    disk, so a module nobody ran ``depmod`` for is not found."""
+    release = kernel_release(root)
+    top = _modules_dir(root, release)
+    wanted = name.replace("-", "_")
+    entries: dict[str, list[str]] = {}
+    for line in (_read(os.path.join(top, "modules.dep")) or "").splitlines():
+        path, sep, deps = line.partition(":")
+        if sep:
+            entries[kmodule.module_name(path.strip())] = [path.strip(), *deps.split()]
+    if wanted not in entries:
+        raise SimError(f"modprobe: FATAL: Module {name} not found in directory "
+                       f"/lib/modules/{release}")
+    path, *deps = entries[wanted]
+    return [p if p.startswith("/") else os.path.join(top, p)
+            for p in [*reversed(deps), path]]
+
+
+def _kernel_log(root: str, line: str) -> None:
+    os.makedirs(os.path.dirname(_p(root, KERNEL_LOG)), exist_ok=True)
+    with open(_p(root, KERNEL_LOG), "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+
+
+def insert_module(root: str, path: str) -> dict[str, list[str]]:
+    """What the running kernel checks in ``init_module`` before it accepts a file (its
+    ``.modinfo`` is returned): an ELF relocatable object, a ``vermagic``, ``module_layout``
+    as this kernel has it, the same version magic. A refusal is ``modprobe``'s message
+    (``Invalid module format``: ENOEXEC), the reason goes to the kernel log (dmesg)."""
+    name = kmodule.module_name(path)
+    shown = _p("/", os.path.relpath(path, root)) if path.startswith(root) else path
+    refused = SimError(f"modprobe: ERROR: could not insert '{name}': Invalid module format")
+    if not os.path.isfile(path):
+        raise SimError(f"modprobe: ERROR: could not insert '{name}': No such file or "
+                       f"directory ({shown})")
+    release = kernel_release(root)
+    try:
+        found = kmodule.sections(kmodule.read_bytes(path), shown)
+        info = kmodule.modinfo(path)
+    except kmodule.ModuleFormatError as err:
+        _kernel_log(root, f"{name}: {err}")
+        raise refused from err
+    magic = (info.get("vermagic") or [""])[0]
+    if not magic:
+        _kernel_log(root, f"{name}: no version magic, refusing to load")
+        raise refused
+    crcs = found.get("__versions", b"")
+    for at in range(0, len(crcs) - 63, 64):
+        symbol = crcs[at + 8:at + 64].split(b"\0", 1)[0]
+        if symbol == b"module_layout" and \
+                int.from_bytes(crcs[at:at + 8], "little") != layout_crc(release):
+            _kernel_log(root, f"{name}: disagrees about version of symbol module_layout")
+            raise refused
+    ours = vermagic(release)
+    same = magic == ours if not crcs else magic.split(" ", 1)[-1] == ours.split(" ", 1)[-1]
+    if not same:
+        _kernel_log(root, f"{name}: version magic '{magic}' should be '{ours}'")
+        raise refused
+    return info
 
 
 def _read(path: str) -> str | None:
@@ -357,10 +474,10 @@ def load_module(root: str, params: dict[str, str] | None = None) -> bool:
         raise SimError("modprobe: FATAL: Module metax not found (no MetaX GPU simulated)")
     if state["driver"]["loaded"]:
         return False
-    version = _ko_version(root)
-    if version is None:
-        raise SimError(f"modprobe: FATAL: Module metax not found in directory "
-                       f"/lib/modules/{KERNEL_RELEASE}")
+    info: dict[str, list[str]] = {}
+    for path in resolve_module(root, "metax"):
+        info = insert_module(root, path)
+    version = (info.get("version") or ["unknown"])[0]
     state["driver"] = {"loaded": True, "version": version, "refcnt": 0,
                        "params": dict(params or {})}
     assign_cards(state)

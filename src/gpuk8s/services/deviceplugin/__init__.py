@@ -1,7 +1,7 @@
 """gpu-device: the Kubernetes device plugin (``gpuk8s serve device-plugin``).
 
-Modules: ``devices`` (what the node offers: ids, health, allocation specs),
-``health`` (health loop), ``grpcapi`` (gRPC glue over ``protos``), ``server``
-(serve/register/watch lifecycle), ``nodestate`` (PodResources in, node annotations
-out), ``metrics`` and ``main`` (flags, wiring, signals). See docs/deviceplugin.md.
+Modules: ``grpcapi`` (gRPC glue over ``node.protos``), ``server`` (serve/register/watch
+lifecycle), ``nodestate`` (PodResources in, node annotations out), ``sharing``,
+``metrics`` and ``main`` (flags, wiring, signals). What the node offers (``node.devices``)
+and its health loop (``node.health``) are shared with gpu-dra. See docs/deviceplugin.md.
 """

@@ -2,8 +2,8 @@
 
 Services are wired with gRPC's generic handlers from the generated message classes
 (``protos``), so no generated ``*_pb2_grpc`` module (and no grpcio version pin) is
-involved. Paths: ``/v1beta1.Registration/Register``, ``/v1beta1.DevicePlugin/<M>``,
-``/v1.PodResourcesLister/<M>`` (REFERENCE §B). The test harness (the fake kubelet)
+involved. Paths: ``/v1beta1.Registration/Register``, ``/v1beta1.DevicePlugin/<M>``
+(REFERENCE §B; PodResources is in ``node.grpcapi``). The test harness (the fake kubelet)
 uses the same handlers and stubs from the other side.
 """
 
@@ -17,34 +17,26 @@ from typing import Any
 import grpc
 
 from ...core.errors import AllocationError
-from . import protos
-from .devices import HEALTHY, UNHEALTHY, DeviceSet, DeviceView, UnknownDeviceError
+from ..node import protos
+from ..node.devices import HEALTHY, UNHEALTHY, DeviceSet, DeviceView, UnknownDeviceError
+from ..node.grpcapi import Handler, unary
 from .metrics import PluginMetrics
 from .sharing import SharedDevices
 
-dp, podres = protos.load()
+dp, _ = protos.load()
 
 API_VERSION = "v1beta1"
 DEVICE_PLUGIN_SERVICE = "v1beta1.DevicePlugin"
 REGISTRATION_SERVICE = "v1beta1.Registration"
-POD_RESOURCES_SERVICE = "v1.PodResourcesLister"
 
 log = logging.getLogger("gpuk8s.deviceplugin")
-
-Handler = Callable[[Any, grpc.ServicerContext], Any]
-
-
-def _unary(fn: Handler, request: Any, response: Any) -> grpc.RpcMethodHandler:
-    return grpc.unary_unary_rpc_method_handler(
-        fn, request_deserializer=request.FromString, response_serializer=response.SerializeToString
-    )
 
 
 def device_plugin_handler(servicer: DevicePluginServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(
         DEVICE_PLUGIN_SERVICE,
         {
-            "GetDevicePluginOptions": _unary(
+            "GetDevicePluginOptions": unary(
                 servicer.GetDevicePluginOptions, dp.Empty, dp.DevicePluginOptions
             ),
             "ListAndWatch": grpc.unary_stream_rpc_method_handler(
@@ -52,13 +44,13 @@ def device_plugin_handler(servicer: DevicePluginServicer) -> grpc.GenericRpcHand
                 request_deserializer=dp.Empty.FromString,
                 response_serializer=dp.ListAndWatchResponse.SerializeToString,
             ),
-            "GetPreferredAllocation": _unary(
+            "GetPreferredAllocation": unary(
                 servicer.GetPreferredAllocation,
                 dp.PreferredAllocationRequest,
                 dp.PreferredAllocationResponse,
             ),
-            "Allocate": _unary(servicer.Allocate, dp.AllocateRequest, dp.AllocateResponse),
-            "PreStartContainer": _unary(
+            "Allocate": unary(servicer.Allocate, dp.AllocateRequest, dp.AllocateResponse),
+            "PreStartContainer": unary(
                 servicer.PreStartContainer,
                 dp.PreStartContainerRequest,
                 dp.PreStartContainerResponse,
@@ -70,24 +62,7 @@ def device_plugin_handler(servicer: DevicePluginServicer) -> grpc.GenericRpcHand
 def registration_handler(register: Handler) -> grpc.GenericRpcHandler:
     """The kubelet side of registration (used by the test harness)."""
     return grpc.method_handlers_generic_handler(
-        REGISTRATION_SERVICE, {"Register": _unary(register, dp.RegisterRequest, dp.Empty)}
-    )
-
-
-def pod_resources_handler(list_fn: Handler, allocatable_fn: Handler) -> grpc.GenericRpcHandler:
-    """The kubelet side of PodResources (used by the test harness)."""
-    return grpc.method_handlers_generic_handler(
-        POD_RESOURCES_SERVICE,
-        {
-            "List": _unary(
-                list_fn, podres.ListPodResourcesRequest, podres.ListPodResourcesResponse
-            ),
-            "GetAllocatableResources": _unary(
-                allocatable_fn,
-                podres.AllocatableResourcesRequest,
-                podres.AllocatableResourcesResponse,
-            ),
-        },
+        REGISTRATION_SERVICE, {"Register": unary(register, dp.RegisterRequest, dp.Empty)}
     )
 
 
@@ -130,19 +105,6 @@ class RegistrationStub:
             request_serializer=dp.RegisterRequest.SerializeToString,
             response_deserializer=dp.Empty.FromString,
         )
-
-
-class PodResourcesStub:
-    def __init__(self, channel: grpc.Channel) -> None:
-        self.List = channel.unary_unary(
-            f"/{POD_RESOURCES_SERVICE}/List",
-            request_serializer=podres.ListPodResourcesRequest.SerializeToString,
-            response_deserializer=podres.ListPodResourcesResponse.FromString,
-        )
-
-
-def unix_target(path: str) -> str:
-    return f"unix://{path}"
 
 
 def list_response(views: Sequence[DeviceView]) -> Any:

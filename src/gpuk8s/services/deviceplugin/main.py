@@ -34,22 +34,18 @@ from ...core.sharing import (
 )
 from ..healthserver import serve_health
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
-from .devices import (
+from ..node.devices import (
     DEFAULT_RESOURCE,
     VISIBLE_DEVICES_MODES,
     AllocateOptions,
     DeviceSet,
 )
+from ..node.health import HealthCheck, HealthMonitor, liveness
+from ..node.nodeclient import KubernetesNodePatcher, NodePatcher
+from ..node.podresources import DEFAULT_POD_RESOURCES_SOCKET, PodResourcesClient
 from .grpcapi import DevicePluginServicer
-from .health import HealthCheck, HealthMonitor
 from .metrics import PluginMetrics
-from .nodestate import (
-    DEFAULT_POD_RESOURCES_SOCKET,
-    KubernetesNodePatcher,
-    NodePatcher,
-    NodeStatePublisher,
-    PodResourcesClient,
-)
+from .nodestate import NodeStatePublisher
 from .server import DEFAULT_PLUGIN_DIR, PluginServer, ServerOptions
 from .sharing import KubePendingPods, PendingPods, SharedDevices
 
@@ -422,13 +418,8 @@ class DevicePluginApp:
 
     def liveness(self) -> tuple[bool, dict[str, Any]]:
         """/healthz: the gRPC server loop and the health loop are running."""
-        problems = []
-        if self._server_thread is None or not self._server_thread.is_alive():
-            problems.append("plugin server loop not running")
-        ok, reason = self.health.alive()
-        if not ok and reason:
-            problems.append(reason)
-        return not problems, {"problems": problems, "healthChecks": self.health.checks_done}
+        running = self._server_thread is not None and self._server_thread.is_alive()
+        return liveness(self.health, {"plugin server loop not running": running})
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """/readyz: registered with the kubelet (serving the resource)."""

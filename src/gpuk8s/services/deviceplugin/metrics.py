@@ -75,7 +75,7 @@ class PluginMetrics:
         )
         self._search_cut = Counter(
             f"{PREFIX}_preferred_allocation_search_cut",
-            "GetPreferredAllocation answers where the search budget (20 ms) ran out and the "
+            "GetPreferredAllocation answers where the search step budget ran out and the "
             "best set found so far was returned",
             labels,
             registry=self.registry,

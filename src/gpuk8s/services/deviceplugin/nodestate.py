@@ -16,25 +16,17 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Collection, Mapping
-from typing import Any, Protocol
-
-import grpc
+from collections.abc import Callable
 
 from ...core.devicelist import DEVICES_ANNOTATION, format_device_list
 from ...core.errors import GpuK8sError
 from ...core.scoring import tables_as_annotations, topology_tables
-from ...core.telemetry import ContainerDevices, ContainerRef
-from .. import kube
-from .devices import DeviceSet
-from .grpcapi import PodResourcesStub, podres, unix_target
+from ..node.devices import DeviceSet
+from ..node.loop import NudgedLoop
+from ..node.nodeclient import NodePatcher
 from .metrics import PluginMetrics
 
 log = logging.getLogger("gpuk8s.deviceplugin.nodestate")
-
-DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-
 
 
 def published_annotations(devices: DeviceSet, allocated: set[str]) -> dict[str, str]:
@@ -51,84 +43,6 @@ def published_annotations(devices: DeviceSet, allocated: set[str]) -> dict[str, 
     out = tables_as_annotations(scores, losses)
     out[DEVICES_ANNOTATION] = format_device_list(devices.entries(allocated))
     return out
-
-class NodeStateError(GpuK8sError):
-    """Reading allocations or patching the node failed (temporary: retried)."""
-
-
-class NodePatcher(Protocol):
-    """Where node annotations go. Tests use a recording fake or a real apiserver."""
-
-    def get_annotations(self, node: str) -> dict[str, str]: ...
-
-    def patch_annotations(self, node: str, annotations: Mapping[str, str | None]) -> None: ...
-
-
-class KubernetesNodePatcher:
-    """``NodePatcher`` over the official client (``services.kube.api_client``: an
-    explicit kubeconfig, the in-cluster service account, or $KUBECONFIG)."""
-
-    def __init__(self, kubeconfig: str | None = None, api_client: Any = None) -> None:
-        from kubernetes import client
-
-        if api_client is None:
-            api_client = kube.api_client(kubeconfig)
-        self.api = client.CoreV1Api(api_client)
-
-    def get_annotations(self, node: str) -> dict[str, str]:
-        try:
-            obj = self.api.read_node(node)
-        except Exception as err:  # classified: temporary vs permanent ApiError
-            raise kube.classify(err, f"read node {node}") from err
-        meta = obj.metadata
-        return dict(meta.annotations or {}) if meta is not None else {}
-
-    def patch_annotations(self, node: str, annotations: Mapping[str, str | None]) -> None:
-        body = {"metadata": {"annotations": dict(annotations)}}
-        try:
-            self.api.patch_node(node, body, _content_type="application/merge-patch+json")
-        except Exception as err:
-            raise kube.classify(err, f"patch node {node}") from err
-
-
-class PodResourcesClient:
-    """The kubelet's PodResources ``List``: which container holds which devices.
-
-    The one client of that API: gpu-device reads the allocated ids of its resource
-    (``allocated``), gpu-exporter every container's devices (``assignments``).
-    A new channel per call: the socket is recreated whenever the kubelet restarts.
-    """
-
-    def __init__(self, socket_path: str = DEFAULT_POD_RESOURCES_SOCKET, timeout: float = 5.0):
-        self.socket_path = socket_path
-        self.timeout = timeout
-
-    def allocated(self, resource_name: str) -> set[str]:
-        ids: set[str] = set()
-        for held in self.assignments({resource_name}):
-            ids.update(held.device_ids)
-        return ids
-
-    def assignments(self, resources: Collection[str] | None = None) -> list[ContainerDevices]:
-        """Devices held by each container (of the given resources, or all)."""
-        try:
-            with grpc.insecure_channel(unix_target(self.socket_path)) as channel:
-                response = PodResourcesStub(channel).List(
-                    podres.ListPodResourcesRequest(), timeout=self.timeout
-                )
-        except grpc.RpcError as err:
-            raise NodeStateError(
-                f"PodResources List on {self.socket_path} failed: {err.code()}"
-            ) from err
-        found: list[ContainerDevices] = []
-        for pod in response.pod_resources:
-            for container in pod.containers:
-                ref = ContainerRef(pod.namespace, pod.name, container.name)
-                for devices in container.devices:
-                    if resources is None or devices.resource_name in resources:
-                        found.append(ContainerDevices(ref, devices.resource_name,
-                                                      tuple(devices.device_ids)))
-        return found
 
 
 AllocationsSource = Callable[[str], set[str]]
@@ -156,11 +70,7 @@ class NodeStatePublisher:
         self.published: dict[str, str] | None = None
         self.patches = 0
         self._lock = threading.Lock()  # one sync at a time
-        self._due_lock = threading.Lock()
-        self._due = 0.0
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._loop = NudgedLoop(self.sync_once, interval, "nodestate")
         self._pod_resources_failing = False
 
     def desired(self, allocated: set[str]) -> dict[str, str]:
@@ -214,36 +124,13 @@ class NodeStatePublisher:
 
     def nudge(self, delay: float = 0.0) -> None:
         """Ask for a sync in ``delay`` seconds (earlier requests win)."""
-        due = time.monotonic() + delay
-        with self._due_lock:
-            self._due = min(self._due, due)
-        self._wake.set()
+        self._loop.nudge(delay)
 
     def run(self, stop: threading.Event) -> None:
-        self._due = time.monotonic()
-        while not stop.is_set():
-            now = time.monotonic()
-            with self._due_lock:
-                due = now >= self._due
-                if due:
-                    self._due = now + self.interval
-            if due:
-                try:
-                    self.sync_once()
-                except Exception:  # never let a bug stop the loop; log and retry
-                    log.exception("node state sync failed")
-                continue
-            self._wake.wait(self._due - now)
-            self._wake.clear()
+        self._loop.run(stop)
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self.run, args=(self._stop,), name="nodestate", daemon=True
-        )
-        self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._loop.stop(timeout)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import grpc
 
 from ...core.errors import GpuK8sError
+from ..node.grpcapi import FileId, file_id, unix_target
 from .grpcapi import (
     API_VERSION,
     DevicePluginServicer,
@@ -31,7 +32,6 @@ from .grpcapi import (
     RegistrationStub,
     device_plugin_handler,
     dp,
-    unix_target,
 )
 from .metrics import PluginMetrics
 
@@ -39,9 +39,6 @@ log = logging.getLogger("gpuk8s.deviceplugin.server")
 
 KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-
-FileId = tuple[int, int, int]  # (st_dev, st_ino, st_ctime_ns)
-
 
 class RegistrationError(GpuK8sError):
     """Serving or registering failed (temporary: retried with back-off)."""
@@ -65,14 +62,6 @@ class ServerOptions:
     @property
     def kubelet_socket(self) -> str:
         return os.path.join(self.plugin_dir, KUBELET_SOCKET)
-
-
-def file_id(path: str) -> FileId | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 ServicerFactory = Callable[[threading.Event], DevicePluginServicer]

@@ -10,7 +10,9 @@ of whole GPUs. Each GPU is advertised as ``REPLICAS[mode]`` device ids
 The kubelet picks replica ids at random: they say nothing about which GPU the pod
 gets. The GPU was chosen by gpu-aware's ``bind`` verb and written on the pod
 (``core.sharing`` annotations). ``Allocate`` therefore lists the live pods bound to
-this node whose ``gpuk8s.io/sharing.phase`` is ``allocating`` in this mode, takes the
+this node whose ``gpuk8s.io/sharing.phase`` is ``allocating`` in this mode -- and whose
+assignment is the share the pod itself asks for (``core.sharing.pod_share_json``: app,
+init or sidecar container), so a hand-written annotation gets no more -- takes the
 oldest by bind time whose request matches the number of ids (``allocate_ids``; the
 extender binds one such pod per node and number of ids at a time, so there is one
 candidate, the pod the kubelet is admitting), builds its container edits
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from ...core.allocator import Allocation
@@ -45,9 +48,10 @@ from ...core.sharing import (
     SharingError,
     allocate_ids,
     parse_assignment,
+    pod_share_json,
 )
 from ...core.topology import Unit
-from .devices import ContainerSpec, DeviceSet, DeviceView, UnknownDeviceError
+from ..node.devices import ContainerSpec, DeviceSet, DeviceView, UnknownDeviceError
 
 log = logging.getLogger("gpuk8s.deviceplugin")
 
@@ -117,6 +121,10 @@ def pending_assignments(
             continue
         if assignment is None or assignment.node != node or assignment.share.mode != mode:
             continue
+        why = _not_asked(pod, assignment)
+        if why is not None:
+            log.warning("pod assignment skipped", extra={"pod": meta.get("name"), "error": why})
+            continue
         try:
             when = int(ann.get(BIND_TIME_ANNOTATION, "0"))
         except ValueError:
@@ -124,6 +132,26 @@ def pending_assignments(
         found.append((when, str(meta.get("namespace", "")), str(meta.get("name", "")), assignment))
     found.sort(key=lambda item: (item[0], item[1], item[2]))
     return [(ns, name, a) for _, ns, name, a in found]
+
+
+def _not_asked(pod: dict[str, Any], assignment: Assignment) -> str | None:
+    """Why ``assignment`` is not the share the pod itself asks for (its effective
+    request, init and sidecar containers included: ``core.sharing.pod_share_json``), or
+    None. gpu-device serves a pod no more than its own request, whoever wrote the
+    annotation."""
+    try:
+        asked = pod_share_json(pod)
+    except SharingError as err:
+        return f"the pod's request is not valid: {err}"
+    held = assignment.share
+    if asked is None or replace(asked, container="") != replace(held, container=""):
+        return (
+            f"annotation {ASSIGNED_ANNOTATION} holds {held.gpus} GPU(s) x {held.core} percent, "
+            f"{held.memory_mib} MiB; the pod asks for "
+            + ("no shared GPU" if asked is None else
+               f"{asked.gpus} x {asked.core} percent, {asked.memory_mib} MiB")
+        )
+    return None
 
 
 class SharedDevices:

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.errors import ConfigError, GpuK8sError
+from ...core.labels import UPGRADE_STATE_LABEL as STATE_LABEL
+from ...core.labels import UPGRADE_UPGRADING as UPGRADING
 from ...core.labels import compute_labels
 from ...core.payloads import select_sdk_image
 from ...discovery import discover
@@ -43,7 +45,6 @@ from ...host import sdk, vf
 from ...host.files import atomic_write
 from ...host.readiness import write_readiness
 from ..nodeagent import VFNUM_DESIRED, Report, Reporter
-from ..operator.upgrade import STATE_LABEL, UPGRADING
 
 log = logging.getLogger("gpuk8s.driver-manager")
 
@@ -296,8 +297,11 @@ class MacaAgent:
                 return Report("failed", f"SDK payload {image.ref} unavailable ({why})", details)
             return Report("pending", f"waiting for SDK payload {image.ref}: {why}", details)
         try:
-            changed, version = sdk.install_sdk(self.root,
-                                               os.path.join(self.payload.directory, "maca"))
+            # the tag says which SDK the image holds (2.33.0.4-ubuntu22.04-amd64): a tree
+            # holding another one is refused before /opt/maca changes
+            changed, version = sdk.install_sdk(
+                self.root, os.path.join(self.payload.directory, "maca"), image.version,
+                f"what its image tag {image.tag} says")
         except GpuK8sError as err:
             return Report("failed", f"SDK from {image.ref}: {err}", details)
         verb = "installed" if changed else "in place:"

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "{module})")
     p.add_argument("--unload-command", default="chroot {host_root} modprobe -r {module}",
                    help="driver: command that unloads the module")
+    p.add_argument("--depmod-command", default="chroot {host_root} depmod -a {kernel_release}",
+                   help="driver: command that indexes the installed module for the running "
+                   "kernel (placeholders {host_root}, {kernel_release}, {module})")
     p.add_argument("--vf-command", default="",
                    help="driver: program setting a GPU's VF count instead of writing "
                    "sriov_numvfs ({address}, {index}, {vfnum}, {host_root})")
@@ -125,7 +128,8 @@ def build_agent(args: argparse.Namespace, api: KubeNodeApi | None) -> DriverAgen
         request = drv.InstallRequest(
             policy=args.deploy_policy, version=args.driver_version or None,
             module=args.module_name, load_command=tuple(args.load_command.split()),
-            unload_command=tuple(args.unload_command.split()), owner="driver-manager",
+            unload_command=tuple(args.unload_command.split()),
+            depmod_command=tuple(args.depmod_command.split()), owner="driver-manager",
         )
         payload = None
         if args.deploy_policy != "Never":
@@ -172,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         max(300.0, 10 * args.interval))
     if uninstalling(api):
         # helm uninstall: take back what this agent published (the driver and the SDK stay
-        # on the host: running workloads use them; see the README)
+        # on the host: running workloads use them; see docs/operator.md)
         if args.payload == "maca":
             clear_readiness(args.host_root, "maca.ready", args.status_dir)
         agent.reporter.clear()

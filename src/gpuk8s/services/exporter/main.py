@@ -4,7 +4,7 @@ Samples the node's GPUs every ``--interval`` seconds (mx-smi on MetaX nodes, NVM
 NVIDIA nodes, nvidia-smi when NVML cannot be loaded), attributes the load to the
 containers holding each GPU (kubelet PodResources API + each GPU process's cgroup +
 the node's pods from the API server) and serves the last sample on ``/metrics``;
-``/healthz`` is the liveness endpoint. Flags: ``--help`` and the README.
+``/healthz`` is the liveness endpoint. Flags: ``--help`` and docs/exporter.md.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from ...core.errors import ConfigError, GpuK8sError
 from ...core.gpuusage import DEFAULT_RESOURCE_KINDS, KINDS
 from ...core.model import NodeInventory
 from ...core.telemetry import NodeTelemetry
-from ..deviceplugin.nodestate import DEFAULT_POD_RESOURCES_SOCKET, PodResourcesClient
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
+from ..node.podresources import DEFAULT_POD_RESOURCES_SOCKET, PodResourcesClient
+from .knowngpus import STATE_DIR, STATE_NAME, KnownGpus
 from .metrics import registry_for
 from .nvml import NvmlReader
 from .pods import PodDirectory, kubernetes_lister
@@ -67,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="at most this many (container, GPU) pairs are exported (default 1024)")
     p.add_argument("--rediscover", type=float, default=60.0,
                    help="seconds between GPU inventory refreshes (default 60)")
+    p.add_argument("--state-file", default=None,
+                   help="the book of known GPUs (stable gpu labels, lost GPUs), kept where a "
+                   "restarted exporter finds it (default <host-root>"
+                   f"{STATE_DIR}/{STATE_NAME}; the chart mounts {STATE_DIR} of the host); "
+                   "'' keeps it in memory only")
     add_log_arguments(p)
     return p
 
@@ -125,7 +131,7 @@ def telemetry_source(backend: str, root: str,
 
 
 def build_sampler(args: argparse.Namespace, *, pods: PodDirectory | None = None) -> Sampler:
-    from ...discovery import check_health, discover
+    from ...discovery import check_health, discover, sysfs
 
     root = args.host_root
     first = discover(root)
@@ -144,6 +150,9 @@ def build_sampler(args: argparse.Namespace, *, pods: PodDirectory | None = None)
     if pods is None and args.node_name:
         pods = PodDirectory(kubernetes_lister(args.node_name, args.kubeconfig or None))
     proc_dir = args.proc_dir or os.path.join(root, "proc")
+    state_file = args.state_file
+    if state_file is None:
+        state_file = os.path.join(root, STATE_DIR.lstrip("/"), STATE_NAME)
     return Sampler(
         inventory=inventory,
         telemetry=telemetry_source(args.backend, root, first),
@@ -155,6 +164,8 @@ def build_sampler(args: argparse.Namespace, *, pods: PodDirectory | None = None)
         rediscover=args.rediscover,
         resource_kinds=resource_kinds(args.resource_kind),
         max_containers=args.max_container_series,
+        known=KnownGpus(state_file),
+        on_bus=lambda gpu: sysfs.device_present(root, gpu.pci_address),
     )
 
 

@@ -1,12 +1,18 @@
 """Prometheus exposition of the last snapshot (a custom collector: no global registry,
 no label sets left behind when a pod goes away).
 
-Series per node, the cardinality bound: ``G`` GPUs give ``10·G`` series (eight gauges, one
-info series and two ECC counters each), plus 8 for the node (driver info, the exporter's
-own); each (container, GPU) pair gives 4 series, and the pairs are capped by
-``--max-container-series`` (default 1024; the kubelet cannot hand out more device IDs
-than the node advertises, so the cap only bites with misbehaving plugins). Processes
-(PIDs) are never labels. 8 GPUs with 8 pods: 120 series; 64 VFs with 64 pods: 344.
+GPU series carry the GPU's entry in the book of known GPUs (``knowngpus``): its
+``gpu`` label is fixed at first sight, so it does not move when another GPU leaves the
+bus, and a GPU that left stays as ``gpuk8s_gpu_lost 1`` / ``gpuk8s_gpu_healthy 0`` (with
+``gpuk8s_gpu_info``) under its own labels until it returns or is forgotten.
+
+Series per node, the cardinality bound: ``G`` GPUs give ``11·G`` series (nine gauges, one
+info series and two ECC counters each; a lost GPU 3), plus 8 for the node (driver info,
+the exporter's own); each (container, GPU) pair gives 4 series, and the pairs are
+capped by ``--max-container-series`` (default 1024; the kubelet cannot hand out more
+device IDs than the node advertises, so the cap only bites with misbehaving plugins).
+Processes (PIDs) are never labels. 8 GPUs with 8 pods: 128 series; 64 VFs with 64 pods
+(8 GPUs): 352.
 """
 
 from __future__ import annotations
@@ -18,12 +24,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from .knowngpus import KnownGpu
 from .sampler import Sampler
 
 GPU_LABELS = ["node", "gpu", "uuid", "kind"]
 CONTAINER_LABELS = ["node", "namespace", "pod", "container", "gpu", "uuid", "kind"]
 
-# name, type, help, labels: the table the README shows (tests check they agree)
+# name, type, help, labels: the table docs/exporter.md shows (tests check they agree)
 METRICS: list[tuple[str, str, str, list[str]]] = [
     ("gpuk8s_gpu_utilization_ratio", "gauge",
      "Share of time the GPU was busy, 0..1 (vendor utilisation %/100)", GPU_LABELS),
@@ -34,6 +41,9 @@ METRICS: list[tuple[str, str, str, list[str]]] = [
     ("gpuk8s_gpu_power_watts", "gauge", "Board power draw, watts", GPU_LABELS),
     ("gpuk8s_gpu_healthy", "gauge",
      "1 when the GPU is healthy (on the bus, bound, not reported unavailable), else 0",
+     GPU_LABELS),
+    ("gpuk8s_gpu_lost", "gauge",
+     "1 when the GPU left the bus (kept until it returns or `gpuk8s exporter forget`), else 0",
      GPU_LABELS),
     ("gpuk8s_gpu_ecc_errors_total", "counter",
      "ECC errors since the driver loaded, by type (corrected, uncorrected)",
@@ -109,13 +119,21 @@ class SnapshotCollector:
         own["gpuk8s_gpu_driver_info"].add_metric(
             [node, backend, telemetry.driver_version or snapshot.inventory.driver.version or "",
              telemetry.source], 1)
+        known = snapshot.known
         for usage in snapshot.usage.gpus:
             gpu = usage.gpu
-            labels = [node, str(gpu.index), gpu.uuid or "", usage.kind]
+            entry = known.get(gpu.index)
+            if entry is None:  # a snapshot made without the book (tests, benchmarks)
+                entry = KnownGpu(gpu.index, gpu.pci_address, gpu.uuid or "", gpu.product,
+                                 gpu.vendor, usage.kind)
+            if entry.lost:
+                continue  # off the bus though discovery still lists it: below, as lost
+            labels = [node, str(entry.label), entry.uuid, usage.kind]
             own["gpuk8s_gpu_info"].add_metric(
-                [node, str(gpu.index), gpu.uuid or "", gpu.pci_address, gpu.product, gpu.vendor],
+                [node, str(entry.label), entry.uuid, gpu.pci_address, gpu.product, gpu.vendor],
                 1)
             own["gpuk8s_gpu_healthy"].add_metric(labels, 0 if usage.fault else 1)
+            own["gpuk8s_gpu_lost"].add_metric(labels, 0)
             own["gpuk8s_gpu_containers"].add_metric(labels, usage.holders)
             sample = usage.sample
             if sample is None:
@@ -133,10 +151,19 @@ class SnapshotCollector:
                                 ("uncorrected", sample.ecc_uncorrected)):
                 if count is not None:
                     own["gpuk8s_gpu_ecc_errors_total"].add_metric([*labels, kind], count)
+        for entry in snapshot.lost:
+            labels = [node, str(entry.label), entry.uuid, entry.kind]
+            own["gpuk8s_gpu_info"].add_metric(
+                [node, str(entry.label), entry.uuid, entry.pci_address, entry.product,
+                 entry.vendor], 1)
+            own["gpuk8s_gpu_healthy"].add_metric(labels, 0)
+            own["gpuk8s_gpu_lost"].add_metric(labels, 1)
         for c in snapshot.usage.containers:
             ref = c.container
-            labels = [node, ref.namespace, ref.pod, ref.container, str(c.gpu.index),
-                      c.gpu.uuid or "", c.kind]
+            entry = known.get(c.gpu.index)
+            gpu_label, uuid = ((str(entry.label), entry.uuid) if entry is not None
+                               else (str(c.gpu.index), c.gpu.uuid or ""))
+            labels = [node, ref.namespace, ref.pod, ref.container, gpu_label, uuid, c.kind]
             own["gpuk8s_container_gpu_devices"].add_metric(labels, c.devices)
             if c.utilization_ratio is not None:
                 own["gpuk8s_container_gpu_utilization_ratio"].add_metric(

@@ -1,9 +1,11 @@
-"""Container ID -> (namespace, pod, container) for the pods on this node.
+"""Container ID -> (namespace, pod, container) for the pods on this node, and the GPUs
+each pod on shared GPUs was assigned (``gpuk8s.io/sharing.assigned``, ``core.sharing``).
 
 From the API server: ``list pods`` with ``fieldSelector=spec.nodeName=<node>``; each
 running container's ``status.containerStatuses[].containerID`` (``containerd://<id>``)
-and the pod's UID. In a pod the call is made with ``kube.InClusterReader`` (stdlib: the
-official client alone would take half the exporter's memory budget); with
+and the pod's UID; the assignment annotation of pods on shared GPUs. In a pod the call
+is made with ``kube.InClusterReader`` (stdlib: the official client alone would take half
+the exporter's memory budget); with
 ``--kubeconfig`` through the official client. Refreshed when a process names a
 container not seen yet, at most once per ``min_refresh`` seconds, and every ``max_age``
 seconds anyway.
@@ -15,17 +17,33 @@ import logging
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple, Protocol
 
+from ...core.effective import pod_requests
 from ...core.errors import GpuK8sError
+from ...core.sharing import (
+    ASSIGNED_ANNOTATION,
+    GPU_RESOURCES,
+    SharingError,
+    parse_assignment,
+)
 from ...core.telemetry import ContainerRef
 from .. import kube
 
 log = logging.getLogger("gpuk8s.exporter.pods")
 
-# (container ID -> container, pod UID -> [containers]) of the node's pods
-PodIndex = tuple[dict[str, ContainerRef], dict[str, list[ContainerRef]]]
+PodKey = tuple[str, str]  # (namespace, pod)
+
+
+class PodIndex(NamedTuple):
+    """The node's pods: container ID -> container, pod UID -> its containers, and
+    (namespace, pod) -> the GPU indexes of its sharing assignment."""
+
+    by_id: dict[str, ContainerRef]
+    by_uid: dict[str, list[ContainerRef]]
+    assigned: Mapping[PodKey, tuple[int, ...]] = MappingProxyType({})
 
 
 class PodLister(Protocol):
@@ -36,20 +54,35 @@ def index_pods(pods: list[dict[str, Any]]) -> PodIndex:
     """Index pods in their JSON form (``metadata``, ``status.containerStatuses``)."""
     by_id: dict[str, ContainerRef] = {}
     by_uid: dict[str, list[ContainerRef]] = {}
+    assigned: dict[PodKey, tuple[int, ...]] = {}
     for pod in pods:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
         if not meta.get("uid"):
             continue
+        raw = (meta.get("annotations") or {}).get(ASSIGNED_ANNOTATION)
+        try:
+            assignment = parse_assignment(raw if isinstance(raw, str) else None)
+        except SharingError as err:
+            log.warning("pod assignment unreadable", extra={
+                "pod": f"{meta.get('namespace', '')}/{meta.get('name', '')}", "error": str(err)})
+            assignment = None
+        if assignment is not None:
+            assigned[(str(meta.get("namespace", "")), str(meta.get("name", "")))] = \
+                assignment.gpus
         refs = by_uid.setdefault(str(meta["uid"]).lower(), [])
         statuses = [*(status.get("containerStatuses") or []),
                     *(status.get("initContainerStatuses") or [])]
+        # a process known only by its pod goes to the one container asking for GPUs
+        # (app, init or sidecar), if the pod has one
+        holders = pod_requests(pod, GPU_RESOURCES).holders(GPU_RESOURCES)
         for cs in statuses:
             ref = ContainerRef(meta.get("namespace", ""), meta.get("name", ""), cs.get("name", ""))
-            refs.append(ref)
+            if not holders or ref.container in holders:
+                refs.append(ref)
             raw = cs.get("containerID") or ""
             if raw:
                 by_id[raw.split("://", 1)[-1].lower()] = ref
-    return by_id, by_uid
+    return PodIndex(by_id, by_uid, assigned)
 
 
 def in_cluster_lister(node_name: str, reader: kube.InClusterReader,
@@ -94,7 +127,7 @@ class PodDirectory:
         self.min_refresh = min_refresh
         self.max_age = max_age
         self.clock = clock
-        self._index: PodIndex = ({}, {})
+        self._index = PodIndex({}, {}, {})
         self._loaded_at: float | None = None
         self._lock = threading.Lock()
         self.failing = False
@@ -107,7 +140,7 @@ class PodDirectory:
             return
         self._loaded_at = now
         try:
-            self._index = self.lister()
+            self._index = PodIndex(*self.lister())
             self.refreshes += 1
             if self.failing:
                 log.info("pod list answers again")
@@ -127,8 +160,18 @@ class PodDirectory:
                 found = self._lookup(pod_uid, container_id)
             return found
 
+    def assignments(self, pods: Iterable[PodKey]) -> dict[PodKey, tuple[int, ...]]:
+        """The assigned GPUs of ``pods`` (pods on shared GPUs), relisting once (at most
+        every ``min_refresh`` seconds) when one of them is not known yet."""
+        wanted = set(pods)
+        with self._lock:
+            self._refresh(force=False)
+            if not wanted <= set(self._index.assigned):
+                self._refresh(force=True)  # a pod bound since the last list
+            return {key: gpus for key, gpus in self._index.assigned.items() if key in wanted}
+
     def _lookup(self, pod_uid: str, container_id: str) -> ContainerRef | None:
-        by_id, by_uid = self._index
+        by_id, by_uid, _ = self._index
         if container_id in by_id:
             return by_id[container_id]
         refs = by_uid.get(pod_uid, [])

@@ -1,5 +1,6 @@
 """The exporter's sampling loop: read the GPUs, the kubelet's allocations and the
-processes' owners, attribute, and keep the result as an immutable snapshot.
+processes' owners, attribute, record the GPUs in the book of known GPUs (stable labels,
+lost GPUs: ``knowngpus``), and keep the result as an immutable snapshot.
 
 Scrapes never touch a GPU: they render the last snapshot (``metrics.py``), so a scrape
 costs the same whether the vendor tool takes 5 ms or 5 s, and many scrapers cannot
@@ -15,10 +16,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ...core.errors import GpuK8sError
-from ...core.gpuusage import DEFAULT_RESOURCE_KINDS, NodeUsage, attribute
-from ...core.model import NodeInventory
+from ...core.gpuusage import DEFAULT_RESOURCE_KINDS, SHARED_RESOURCES, NodeUsage, attribute
+from ...core.model import Gpu, NodeInventory
 from ...core.telemetry import ContainerDevices, ContainerRef, NodeTelemetry
 from .cgroups import container_of
+from .knowngpus import KnownGpu, KnownGpus
 from .pods import PodDirectory
 
 log = logging.getLogger("gpuk8s.exporter")
@@ -37,6 +39,8 @@ class Snapshot:
     taken_at: float  # unix time
     duration: float  # seconds the sample took
     problems: tuple[str, ...] = ()
+    known: Mapping[int, KnownGpu] = field(default_factory=dict)  # discovery index -> entry
+    lost: tuple[KnownGpu, ...] = ()  # GPUs off the bus, kept until they return or are forgotten
 
 
 @dataclass
@@ -61,6 +65,8 @@ class Sampler:
         rediscover: float = 60.0,
         resource_kinds: Mapping[str, str] = DEFAULT_RESOURCE_KINDS,
         max_containers: int = 1024,
+        known: KnownGpus | None = None,
+        on_bus: Callable[[Gpu], bool] = lambda gpu: True,
     ) -> None:
         self.inventory_source = inventory
         self.telemetry_source = telemetry
@@ -72,6 +78,8 @@ class Sampler:
         self.rediscover = rediscover
         self.resource_kinds = dict(resource_kinds)
         self.max_containers = max_containers
+        self.known = known if known is not None else KnownGpus(None)
+        self.on_bus = on_bus
         self.stats = SamplerStats()
         self.snapshot: Snapshot | None = None
         self._inventory: NodeInventory | None = None
@@ -100,6 +108,14 @@ class Sampler:
             owners[proc.pid] = None if found is None else self.pods.resolve(*found)
         return owners
 
+    def _assigned(self) -> dict[tuple[str, str], tuple[int, ...]]:
+        """The assigned GPUs of the pods holding shared-GPU replica ids."""
+        pods = {(h.container.namespace, h.container.pod) for h in self._holdings
+                if h.resource in SHARED_RESOURCES}
+        if not pods or self.pods is None:
+            return {}
+        return self.pods.assignments(pods)
+
     def sample_once(self) -> Snapshot:
         started = time.monotonic()
         problems: list[str] = []
@@ -119,10 +135,14 @@ class Sampler:
                 self.stats.holdings_failing = True
                 problems.append(str(err))
         usage = attribute(inventory, telemetry, self._holdings, self._owners(telemetry), health,
-                          resource_kinds=self.resource_kinds, max_containers=self.max_containers)
+                          resource_kinds=self.resource_kinds, max_containers=self.max_containers,
+                          assigned=self._assigned())
+        known, lost, state_problems = self.known.observe(
+            [(u.gpu, u.kind) for u in usage.gpus], self.on_bus)
+        problems.extend(state_problems)
         snapshot = Snapshot(inventory, telemetry, usage, time.time(),
                             time.monotonic() - started,
-                            tuple([*telemetry.problems, *problems]))
+                            tuple([*telemetry.problems, *problems]), known, tuple(lost))
         self.snapshot = snapshot
         self.stats.samples += 1
         return snapshot

@@ -10,7 +10,14 @@ Sources (first that applies):
 
 The aggregation is the recording rules' (monitoring/generate.py): a node's utilisation is
 the mean over its GPUs, its memory the sum; a pod's utilisation is the mean over the GPUs
-it uses of its containers' summed share, its memory the sum over its containers.
+it uses of its containers' summed share, its memory the sum over its containers. A
+node's GPUs are every GPU its exporter knows (``gpuk8s_gpu_healthy``): unbound and lost
+ones count, and are shown as unhealthy / lost. GPUs are keyed by where they were read
+(the URL), node and ``gpu`` label, so several exporters never overwrite each other's
+rows; an exporter started without ``--node-name`` is shown under its URL's host:port.
+
+A source that is not a gpu-exporter (an HTTP error, text that is not the Prometheus
+format, or no ``gpuk8s_`` metric at all) is an error naming it.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from ...core.errors import ConfigError, GpuK8sError
 from .. import kube
 
 WANTED = (
+    "gpuk8s_gpu_healthy",
+    "gpuk8s_gpu_lost",
     "gpuk8s_gpu_utilization_ratio",
     "gpuk8s_gpu_memory_used_bytes",
     "gpuk8s_gpu_memory_total_bytes",
@@ -44,27 +53,41 @@ class Sample:
     name: str
     labels: dict[str, str]
     value: float
+    source: str = ""  # the exporter URL it was scraped from ("" for Prometheus, the API)
 
 
-def parse_exposition(text: str) -> list[Sample]:
-    """Samples of the metrics ``top`` needs from a Prometheus text exposition."""
+def parse_exposition(text: str, source: str = "") -> list[Sample]:
+    """Samples of the metrics ``top`` needs from a gpu-exporter's text exposition;
+    ``GpuK8sError`` naming ``source`` when it is not one."""
     out = []
+    exporter = False
     try:
         for family in text_string_to_metric_families(text):
+            exporter = exporter or family.name.startswith("gpuk8s_")
             for s in family.samples:
                 if s.name in WANTED:
-                    out.append(Sample(s.name, dict(s.labels), float(s.value)))
+                    out.append(Sample(s.name, dict(s.labels), float(s.value), source))
     except ValueError as err:
-        raise GpuK8sError(f"not a Prometheus exposition: {err}") from err
+        raise GpuK8sError(f"{source or 'the answer'} is not a Prometheus exposition "
+                          f"({str(err)[:120]}): not a gpu-exporter") from err
+    if not exporter:
+        raise GpuK8sError(f"{source or 'the answer'} serves no gpuk8s_* metric: "
+                          "not a gpu-exporter")
     return out
 
 
 def scrape(url: str, timeout: float = 10.0) -> list[Sample]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return parse_exposition(resp.read(32 * 1024 * 1024).decode())
+            text = resp.read(32 * 1024 * 1024).decode("utf-8", "replace")
     except OSError as err:
         raise GpuK8sError(f"cannot scrape {url}: {err}") from err
+    samples = parse_exposition(text, url)
+    host = urllib.parse.urlsplit(url).netloc
+    for s in samples:
+        if not s.labels.get("node"):  # an exporter without --node-name: its host:port
+            s.labels["node"] = host
+    return samples
 
 
 def from_prometheus(base: str, timeout: float = 10.0) -> list[Sample]:
@@ -107,7 +130,8 @@ def from_apiserver(kubeconfig: str | None, timeout: float = 10.0) -> list[Sample
         except Exception as err:
             raise kube.classify(err, f"scrape {pod.metadata.namespace}/{pod.metadata.name}") \
                 from err
-        out.extend(parse_exposition(str(text)))
+        out.extend(parse_exposition(str(text), f"pod {pod.metadata.namespace}/"
+                                                f"{pod.metadata.name}"))
     return out
 
 
@@ -120,16 +144,19 @@ def _matches(labels: dict[str, str], kind: str | None, namespace: str | None,
 
 def node_rows(samples: Iterable[Sample], kind: str | None = None,
               node: str | None = None) -> list[dict[str, Any]]:
-    gpus: dict[tuple[str, str], dict[str, float]] = {}
+    gpus: dict[tuple[str, str, str], dict[str, float]] = {}
     for s in samples:
         if s.name.startswith("gpuk8s_gpu_") and _matches(s.labels, kind, None, node):
-            key = (s.labels.get("node", ""), s.labels.get("gpu", ""))
+            key = (s.labels.get("node", ""), s.source, s.labels.get("gpu", ""))
             gpus.setdefault(key, {})[s.name] = s.value
-    rows: dict[str, dict[str, Any]] = {}
-    for (name, _gpu), values in sorted(gpus.items()):
-        row = rows.setdefault(name, {"node": name, "gpus": 0, "utilization": [],
-                                     "memory_used_bytes": 0.0, "memory_total_bytes": 0.0})
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for (name, source, _gpu), values in sorted(gpus.items()):
+        row = rows.setdefault((name, source), {
+            "node": name, "gpus": 0, "unhealthy": 0, "lost": 0, "utilization": [],
+            "memory_used_bytes": 0.0, "memory_total_bytes": 0.0})
         row["gpus"] += 1
+        row["unhealthy"] += 1 if values.get("gpuk8s_gpu_healthy") == 0 else 0
+        row["lost"] += 1 if values.get("gpuk8s_gpu_lost") == 1 else 0
         if "gpuk8s_gpu_utilization_ratio" in values:
             row["utilization"].append(values["gpuk8s_gpu_utilization_ratio"])
         row["memory_used_bytes"] += values.get("gpuk8s_gpu_memory_used_bytes", 0.0)
@@ -142,21 +169,23 @@ def node_rows(samples: Iterable[Sample], kind: str | None = None,
 
 def pod_rows(samples: Iterable[Sample], kind: str | None = None, namespace: str | None = None,
              node: str | None = None) -> list[dict[str, Any]]:
-    per_gpu: dict[tuple[str, str, str, str], dict[str, float]] = {}
-    kinds: dict[tuple[str, str, str], set[str]] = {}
+    per_gpu: dict[tuple[str, str, str, str, str], dict[str, float]] = {}
+    kinds: dict[tuple[str, str, str, str], set[str]] = {}
     for s in samples:
         if not s.name.startswith("gpuk8s_container_") or not _matches(s.labels, kind, namespace,
                                                                         node):
             continue
-        key = (s.labels.get("node", ""), s.labels.get("namespace", ""), s.labels.get("pod", ""))
+        key = (s.labels.get("node", ""), s.source, s.labels.get("namespace", ""),
+               s.labels.get("pod", ""))
         values = per_gpu.setdefault((*key, s.labels.get("gpu", "")), {})
         values[s.name] = values.get(s.name, 0.0) + s.value  # sum over the pod's containers
         kinds.setdefault(key, set()).add(s.labels.get("kind", ""))
-    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for (node_name, ns, pod_name, _gpu), values in sorted(per_gpu.items()):
-        row = rows.setdefault((node_name, ns, pod_name), {
+    rows: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    for (node_name, source, ns, pod_name, _gpu), values in sorted(per_gpu.items()):
+        key = (node_name, source, ns, pod_name)
+        row = rows.setdefault(key, {
             "namespace": ns, "pod": pod_name, "node": node_name,
-            "kind": ",".join(sorted(kinds[(node_name, ns, pod_name)])), "gpus": 0,
+            "kind": ",".join(sorted(kinds[key])), "gpus": 0,
             "utilization": [], "memory_used_bytes": None})
         row["gpus"] += 1
         if "gpuk8s_container_gpu_utilization_ratio" in values:
@@ -179,11 +208,12 @@ def _gib(value: float | None) -> str:
 
 
 def render_nodes(rows: Sequence[dict[str, Any]]) -> str:
-    lines = [f"{'NODE':<24} {'GPUS':>4} {'UTIL':>5} {'MEMORY (GiB)':>16}"]
+    lines = [f"{'NODE':<24} {'GPUS':>4} {'UNHEALTHY':>9} {'LOST':>4} {'UTIL':>5} "
+             f"{'MEMORY (GiB)':>16}"]
     for r in rows:
         memory = f"{_gib(r['memory_used_bytes'])}/{_gib(r['memory_total_bytes'])}"
-        lines.append(f"{r['node']:<24} {r['gpus']:>4} {_pct(r['utilization_ratio']):>5} "
-                     f"{memory:>16}")
+        lines.append(f"{r['node']:<24} {r['gpus']:>4} {r['unhealthy']:>9} {r['lost']:>4} "
+                     f"{_pct(r['utilization_ratio']):>5} {memory:>16}")
     return "\n".join(lines)
 
 

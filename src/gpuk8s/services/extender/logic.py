@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ...core.schedconf import NOGPU_VERB
 from .cuda import NodeCudaVersions, restrict
+from .filtered import FilterMemory
 from .nodes import (
     BoundPods,
     NodeCache,
@@ -40,7 +41,7 @@ from .packing import (
     rank_map,
     rank_scores,
 )
-from .share import Sharing, parse_bind
+from .share import BindArgs, Sharing, parse_bind
 from .weights import Weights, WeightSource
 from .wire import (
     MAX_EXTENDER_PRIORITY,
@@ -245,6 +246,8 @@ class Extender:
         self._host_heads: dict[str, str] = {}  # name -> '{"Host":"name","Score":'
         self.metrics = ExtenderMetrics(cache, pods, weights, sharing)
         self._clock = clock
+        # the nodes each pod passed in filter: bind checks its node is one of them
+        self.filtered = FilterMemory()
 
     # -- node states ----------------------------------------------------------
     def _candidates(self, args: ExtenderArgs) -> tuple[list[str], Iterable[NodeState | None]]:
@@ -437,6 +440,16 @@ class Extender:
         heads = _encoded(self._host_heads, names, _host_head)
         return _priority_answer(heads, raw, self.min_score)
 
+    def _answer(self, args: ExtenderArgs, result: dict[str, Any]) -> bytes:
+        """A filter answer built as a dict, encoded; its kept nodes recorded for bind."""
+        nodes = result.get("Nodes")
+        if nodes is not None:
+            kept = [str((n.get("metadata") or {}).get("name", "")) for n in nodes["items"]]
+        else:
+            kept = list(result.get("NodeNames") or ())
+        self.filtered.record(args.pod_uid, kept)
+        return _encode(result).encode()
+
     def prioritize_nogpu(self, args: ExtenderArgs) -> bytes:
         """The ``NOGPU_VERB`` answer: pods without GPUs ranked by ``Sharing.raw_nogpu``
         (where their CPU and memory strand the least GPU capacity); every node 0 for a
@@ -455,14 +468,15 @@ class Extender:
     def filter_json(self, args: ExtenderArgs) -> bytes:
         """The filter answer, encoded. With the node cache it is assembled from the
         index's pre-encoded members; with full nodes, the kept Node objects are the
-        request's own bytes; otherwise ``json.dumps`` of ``filter``."""
+        request's own bytes; otherwise ``json.dumps`` of ``filter``. The kept nodes are
+        recorded for the pod (``FilterMemory``: bind checks them)."""
         if args.share is not None:
             result = self._filter_shared(args)
             if args.cuda_runtime is not None:
                 result = restrict(result, args, self.cuda)
-            return _encode(result).encode()
+            return self._answer(args, result)
         if args.cuda_runtime is not None:  # the pod states its CUDA runtime (cuda.py)
-            return _encode(restrict(self.filter(args), args, self.cuda)).encode()
+            return self._answer(args, restrict(self.filter(args), args, self.cuda))
         if args.nodes is not None:
             return self._filter_nodes_json(args)
         cache = self.cache
@@ -480,6 +494,7 @@ class Extender:
                     self.metrics.rejected.labels("failed").inc(len(failed))
                 if unresolvable:
                     self.metrics.rejected.labels("unresolvable").inc(len(unresolvable))
+                self.filtered.record(args.pod_uid, keep, encoded=True)
                 return "".join(
                     (
                         '{"Nodes":null,"NodeNames":[',
@@ -491,7 +506,7 @@ class Extender:
                         '},"Error":""}',
                     )
                 ).encode()
-        return _encode(self.filter(args)).encode()
+        return self._answer(args, self.filter(args))
 
     def _filter_nodes_json(self, args: ExtenderArgs) -> bytes:
         """nodeCacheCapable: false -- the scheduler reads the surviving Node objects; they
@@ -507,6 +522,7 @@ class Extender:
         meta, raws = node_raws(args)
         kept = set(keep)
         items = [raw for node, raw in zip(args.nodes, raws, strict=True) if node.name in kept]
+        self.filtered.record(args.pod_uid, keep)
         return b"".join(
             (
                 b'{"Nodes":{"metadata":',
@@ -596,6 +612,22 @@ class Extender:
             raw = [MISSING] * len(names)
         return _priority_answer(heads, raw, self.min_score)
 
+    # -- bind -----------------------------------------------------------------------
+    def bind(self, args: BindArgs) -> tuple[int, str]:
+        """(HTTP status, ExtenderBindingResult Error): a node this pod's latest filter
+        (within ``FILTER_TTL_S``) did not keep is a 400 and nothing else happens; the
+        rest is ``Sharing.bind``."""
+        uid, node = args.PodUID, args.Node
+        if not self.filtered.passed(uid, node):
+            return 400, (
+                f"gpu-aware: node {node[:100]!r} did not pass gpu-aware's filter for pod "
+                f"{args.PodNamespace[:100]}/{args.PodName[:100]} (UID {uid[:60]}) in the last "
+                f"{self.filtered.ttl:g} s: nothing bound"
+            )
+        if self.sharing is None:
+            return 200, "gpu-aware: bind needs the pod watch and API access (GPU sharing off)"
+        return self.sharing.bind(args)
+
     # -- protocol -------------------------------------------------------------
     def handle(self, verb: str, body: bytes) -> Response:
         """Answer one extender call; never raises."""
@@ -619,12 +651,8 @@ class Extender:
                     ),
                 )
             elif kind == "bind":
-                parse_bind(body)  # a body that is not ExtenderBindingArgs: 400
-                if self.sharing is None:
-                    error = "gpu-aware: bind needs the pod watch and API access (GPU sharing off)"
-                else:
-                    error = self.sharing.bind(body)
-                response = Response(200, json.dumps({"Error": error}).encode())
+                status, error = self.bind(parse_bind(body))
+                response = Response(status, json.dumps({"Error": error}).encode())
             else:
                 args = parse_args(body)
                 try:

@@ -294,7 +294,7 @@ class NodeRooms(_Notifier):
         self._nodes: dict[str, NodeRoomInfo] = {}
         self._seen: dict[str, _Seen] = {}
         # name -> the raw JSON text its entry was built from (``observe_item``)
-        self._raw: dict[str, tuple[bytes, bytes, bytes]] = {}
+        self._raw: dict[str, tuple[bytes, ...]] = {}
         self._layouts: dict[tuple[tuple[Any, ...], ...], Layout] = {}
         self._parsed: dict[str, tuple[Layout, tuple[int, ...], tuple[int, ...]] | None] = {}
         self._after: dict[tuple[int, tuple[int, ...], int], tuple[int, tuple[int, ...]]] = {}
@@ -356,7 +356,8 @@ class NodeRooms(_Notifier):
         or the node watch), keyed on the JSON text of its device-list annotation and
         allocatable resources as sent: an unchanged node costs a bytes comparison, its
         annotation is neither decoded nor parsed again."""
-        raw = (bytes(item.raws[0]), bytes(item.allocatable[0]), bytes(item.allocatable[1]))
+        # all three annotations: an unusable one takes the node's room away
+        raw = (*map(bytes, item.raws), bytes(item.allocatable[0]), bytes(item.allocatable[1]))
         if self._raw.get(item.name) == raw:
             return
         self.observe(*item_room_fields(item))
@@ -425,11 +426,12 @@ def free_room_of(
 
 def item_room_fields(item: NodeItem) -> RoomFields:
     """(name, device list, allocatable) of a node as the extender decoded it (request
-    or node watch), for ``NodeRooms``."""
-    annotations, _ = item.annotations()
+    or node watch), for ``NodeRooms``. A node with an unusable GPU annotation has no
+    device list here, as filter excludes it (``NodeItem.annotations``): it scores 0."""
+    annotations, problem = item.annotations()
     return (
         item.name,
-        annotations.get(DEVICES_ANNOTATION),
+        None if problem is not None else annotations.get(DEVICES_ANNOTATION),
         (bytes(item.allocatable[0]), bytes(item.allocatable[1])),
     )
 

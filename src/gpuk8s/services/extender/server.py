@@ -1,8 +1,14 @@
 """HTTP transport for gpu-aware: stdlib ``ThreadingHTTPServer``, HTTP/1.1 keep-alive.
 
 Routes: ``POST /<prefix>/filter`` (or ``/predicates``), ``POST /<prefix>/prioritize``,
-``GET /healthz``, ``GET /readyz``, ``GET /metrics``; any other method is a 405 with an
-``Allow`` header. Every error body is ``{"Error": ...}``.
+``POST /<prefix>/bind``, ``GET /healthz``, ``GET /readyz``, ``GET /metrics``, ``GET
+/debug/ledger`` (read-only, ``debug.py``; main port only); any other
+method (GET of a verb included) is a 405 with an ``Allow`` header. Every error body is
+``{"Error": ...}``. With ``tls`` (``tls.py``) the port speaks HTTPS and admits only
+clients with a certificate of the client CA; the handshake runs in the connection's own
+thread, within the request timeout. A second instance with ``health_only`` serves the
+three GET paths alone (``--health-port``: the kubelet's probes, never behind the main
+port's clients).
 
 Bounds, so that no client can take the service down:
 
@@ -18,12 +24,17 @@ Bounds, so that no client can take the service down:
 * at most ``max_connections`` connections are served at once; at the cap a new one
   takes the place of the connection that has waited longest for its next request (so
   idle connections cannot lock kube-scheduler out), and gets a 503 only when every
-  connection is in the middle of a request.
+  connection is in the middle of a request;
+* at most ``max_per_client`` of them come from one client address: past it that
+  client's own idle connection gives way, or its new one gets a 503 (under TLS: is
+  closed), so one client's slow connections never take the others' places;
+* two different ``Content-Length`` headers are a 400 (which one frames the body?).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -35,9 +46,11 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
-from .logic import Extender, Response
+from .debug import ledger_document
+from .logic import BIND_VERBS, FILTER_VERBS, PRIORITIZE_VERBS, Extender, Response
+from .tls import ServerTls
 from .wire import error_body
 
 log = logging.getLogger("gpuk8s.extender")
@@ -45,9 +58,12 @@ log = logging.getLogger("gpuk8s.extender")
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
 DEFAULT_MAX_CONNECTIONS = 64
+# connections from one client address at once (kube-scheduler: a few at a time)
+DEFAULT_MAX_PER_CLIENT = 16
 IDLE_TIMEOUT_S = 120.0  # longer than Go's idle keep-alive (90 s), so the client closes first
 ONE_WRITE_MAX = 1024 * 1024  # bodies up to this size go out with the headers in one send
-GET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+GET_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/debug/ledger"})
+POST_VERBS = FILTER_VERBS | PRIORITIZE_VERBS | BIND_VERBS
 
 
 class _RequestTimeout(OSError):
@@ -135,18 +151,27 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         *,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_per_client: int = DEFAULT_MAX_PER_CLIENT,
         body_budget: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tls: ServerTls | None = None,
+        health_only: bool = False,
     ) -> None:
         self.extender = extender
         self.max_body = max_body
         self.request_timeout = request_timeout
         self.max_connections = max_connections
+        self.max_per_client = max_per_client
         self.budget = _ByteBudget(body_budget if body_budget is not None else 2 * max_body)
         self.clock = clock
+        # HTTPS with client certificates (tls.py); None: plain HTTP
+        self.tls = tls
+        # the health listener: GET /healthz, /readyz, /metrics only
+        self.health_only = health_only
         self._connections = threading.BoundedSemaphore(max_connections)
         self._idle_lock = threading.Lock()
-        self._idle: dict[socket.socket, float] = {}  # connection -> waiting since
+        self._idle: dict[socket.socket, tuple[float, str]] = {}  # connection -> (since, client)
+        self._clients: dict[str, set[socket.socket]] = {}  # client address -> connections
         self.refused_connections = 0
         self.evicted_connections = 0
         self.timed_out_requests = 0
@@ -162,38 +187,36 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
     def port(self) -> int:
         return int(self.server_address[1])
 
-    def connection_idle(self, sock: socket.socket, idle: bool) -> None:
+    def connection_idle(self, sock: socket.socket, idle: bool, client: str = "") -> None:
         """Handlers report when a connection waits for its next request (evictable)."""
         with self._idle_lock:
             if idle:
-                self._idle[sock] = self.clock()
+                self._idle[sock] = (self.clock(), client)
             else:
                 self._idle.pop(sock, None)
 
-    def _evict_idle(self) -> bool:
-        """At the cap, close the connection that has waited longest for a request, so
-        idle connections can never lock kube-scheduler out; False when none is idle."""
+    def _evict_idle(self, client: str | None = None) -> bool:
+        """Close the connection that has waited longest for a request (of ``client``, or
+        of anyone), so idle connections can never lock kube-scheduler out; False when
+        none is idle."""
         with self._idle_lock:
-            if not self._idle:
+            idle = [s for s, (_, c) in self._idle.items() if client is None or c == client]
+            if not idle:
                 return False
-            oldest = min(self._idle, key=self._idle.__getitem__)
+            oldest = min(idle, key=lambda s: self._idle[s][0])
             del self._idle[oldest]
         with contextlib.suppress(OSError):
-            oldest.shutdown(socket.SHUT_RDWR)  # its handler's read returns: it ends
+            # the plain socket's shutdown, also under TLS: its handler's read returns
+            socket.socket.shutdown(oldest, socket.SHUT_RDWR)
         self.evicted_connections += 1
         return True
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        admitted = self._connections.acquire(blocking=False)
-        if not admitted and self._evict_idle():
-            admitted = self._connections.acquire(timeout=1.0)
-        if not admitted:
-            self.refused_connections += 1
-            with contextlib.suppress(OSError):
+    def _refuse(self, request: Any, message: str) -> None:
+        self.refused_connections += 1
+        with contextlib.suppress(OSError):
+            if self.tls is None:  # a TLS client could not read a plain answer
                 request.settimeout(1.0)
-                body = error_body(
-                    f"gpu-aware: more than {self.max_connections} connections at once"
-                )
+                body = error_body(message)
                 request.sendall(
                     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                     b"Connection: close\r\nContent-Length: "
@@ -201,19 +224,77 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
                     + b"\r\n\r\n"
                     + body
                 )
-            self.shutdown_request(request)
+        self.shutdown_request(request)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        client = str(client_address[0]) if client_address else ""
+        with self._idle_lock:
+            mine = len(self._clients.get(client, ()))
+        if mine >= self.max_per_client and not self._evict_idle(client):
+            # one client's slow or stalled connections never take the others' places
+            self._refuse(
+                request, f"gpu-aware: more than {self.max_per_client} connections from {client}"
+            )
             return
+        admitted = self._connections.acquire(blocking=False)
+        if not admitted and self._evict_idle():
+            admitted = self._connections.acquire(timeout=1.0)
+        if not admitted:
+            self._refuse(
+                request, f"gpu-aware: more than {self.max_connections} connections at once"
+            )
+            return
+        with self._idle_lock:
+            self._clients.setdefault(client, set()).add(request)
         try:
             super().process_request(request, client_address)
         except BaseException:
+            self._forget(request, client)
             self._connections.release()
             raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def _forget(self, request: Any, client: str) -> None:
+        with self._idle_lock:
+            mine = self._clients.get(client)
+            if mine is not None:
+                mine.discard(request)
+                if not mine:
+                    del self._clients[client]
+
+    def _handshake(self, request: socket.socket) -> socket.socket | None:
+        """The TLS handshake, in the connection's own thread and within the request
+        timeout; None (the connection closed) when the client has no valid certificate
+        or is too slow."""
+        assert self.tls is not None
+        request.settimeout(self.request_timeout)
         try:
-            super().process_request_thread(request, client_address)
+            conn = self.tls.context().wrap_socket(
+                request, server_side=True, do_handshake_on_connect=False
+            )
+        except (OSError, ValueError):
+            return None
+        try:
+            conn.do_handshake()
+            return conn
+        except (OSError, ValueError) as err:  # ssl.SSLError, timeouts, resets
+            self.tls.handshake_failures += 1
+            log.debug("TLS handshake refused", extra={"error": str(err)[:200]})
+            with contextlib.suppress(OSError):
+                conn.close()
+            return None
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        conn = request
+        client = str(client_address[0]) if client_address else ""
+        try:
+            if self.tls is not None:
+                conn = self._handshake(request)
+                if conn is None:
+                    return
+            super().process_request_thread(conn, client_address)
         finally:
-            self.connection_idle(request, False)
+            self.connection_idle(conn, False)
+            self._forget(request, client)
             self._connections.release()
 
 
@@ -240,11 +321,13 @@ class ExtenderHandler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()  # connection, and wfile: unbuffered, every write a sendall
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client = str(self.client_address[0]) if self.client_address else ""
+        server = self.server
         self._reader = _DeadlineReader(
             self.connection,
-            self.server.request_timeout,
-            self.server.clock,
-            self.server.connection_idle,
+            server.request_timeout,
+            server.clock,
+            lambda sock, idle: server.connection_idle(sock, idle, client),
         )
         self.rfile.close()  # the plain reader: ours keeps the request deadline
         self.rfile = io.BufferedReader(self._reader, 64 * 1024)
@@ -260,7 +343,7 @@ class ExtenderHandler(BaseHTTPRequestHandler):
             self.request_version = self.protocol_version  # headers even before a request line
             with contextlib.suppress(OSError):
                 self._error(408, "request not received within the request timeout", close=True)
-        except (TimeoutError, ConnectionError):
+        except OSError:  # timeouts, resets, TLS errors (ssl.SSLError)
             self.close_connection = True
 
     def parse_request(self) -> bool:
@@ -304,7 +387,12 @@ class ExtenderHandler(BaseHTTPRequestHandler):
             if not colon or not name or name[0] in " \t" or name != name.strip():
                 self.send_error(400, f"malformed header line ({raw[:60]!r})")
                 return False
-            headers.setdefault(name.lower(), value.strip())
+            key, value = name.lower(), value.strip()
+            if key == "content-length" and headers.get(key, value) != value:
+                # which one frames the body? (request smuggling): refuse, as RFC 9112 6.3
+                self.send_error(400, "conflicting Content-Length headers")
+                return False
+            headers.setdefault(key, value)
         else:
             self.send_error(431, "Too many headers")
             return False
@@ -367,6 +455,14 @@ class ExtenderHandler(BaseHTTPRequestHandler):
         if self._path() in GET_PATHS:
             self._not_allowed()
             return
+        if self.server.health_only:
+            self._error(
+                404,
+                "this is gpu-aware's health port: GET /healthz, /readyz, /metrics; the "
+                "extender verbs are served on its main port",
+                close=True,
+            )
+            return
         if self.headers.get("Transfer-Encoding", "").lower() not in ("", "identity"):
             self._error(
                 411,
@@ -420,11 +516,15 @@ class ExtenderHandler(BaseHTTPRequestHandler):
         elif path == "/metrics":
             data = generate_latest(self.server.extender.metrics.registry)
             self._send(Response(200, data, CONTENT_TYPE_LATEST))
+        elif path == "/debug/ledger" and not self.server.health_only:  # read-only (debug.py)
+            self._send(Response(200, ledger_document(self.server.extender.sharing)))
+        elif self._verb() in POST_VERBS and not self.server.health_only:
+            self._not_allowed()  # GET /filter: a wrong method, like PUT /filter
         else:
             self._error(
                 404,
-                f"no such path {path[:60]!r}; GET /healthz, /readyz, /metrics; "
-                "POST .../filter, .../prioritize",
+                f"no such path {path[:60]!r}; GET /healthz, /readyz, /metrics, /debug/ledger; "
+                "POST .../filter, .../prioritize, .../bind",
             )
 
     def _not_allowed(self) -> None:
@@ -453,6 +553,36 @@ class ExtenderHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         if log.isEnabledFor(logging.DEBUG):  # called for every request: format only if kept
             log.debug("http " + format % args)
+
+
+def _count(server: ExtenderHTTPServer, attribute: str) -> float:
+    return float(getattr(server, attribute))
+
+
+def register_metrics(registry: CollectorRegistry, server: ExtenderHTTPServer) -> None:
+    """The main listener's connection and TLS counters, on gpu-aware's registry."""
+    for name, text, attribute in (
+        ("gpu_aware_refused_connections", "Connections refused at the connection caps "
+         "(--max-connections, --max-connections-per-client), since start",
+         "refused_connections"),
+        ("gpu_aware_evicted_connections", "Idle connections closed to admit new ones, "
+         "since start", "evicted_connections"),
+        ("gpu_aware_timed_out_requests", "Requests that did not arrive within "
+         "--request-timeout (408), since start", "timed_out_requests"),
+    ):
+        Gauge(name, text, registry=registry).set_function(
+            functools.partial(_count, server, attribute)
+        )
+    tls = server.tls
+    if tls is not None:
+        Gauge("gpu_aware_tls_handshake_failures", "TLS handshakes refused (no client "
+              "certificate, one from another CA, or too slow), since start",
+              registry=registry).set_function(lambda: float(tls.handshake_failures))
+        Gauge("gpu_aware_tls_reloads", "Certificate files re-read after a change, since start",
+              registry=registry).set_function(lambda: float(tls.reloads))
+        Gauge("gpu_aware_tls_reload_errors", "Changed certificate files that could not be "
+              "read (the previous ones stay in use)",
+              registry=registry).set_function(lambda: float(tls.reload_errors))
 
 
 def serve_in_thread(server: ExtenderHTTPServer) -> threading.Thread:

@@ -342,6 +342,11 @@ class Ledger:
         with self._lock:
             return dict(self._effective)
 
+    def reserved(self) -> list[str]:
+        """UIDs of our reservations the pod watch has not confirmed yet."""
+        with self._lock:
+            return list(self._pending)
+
     def get(self, uid: str) -> Assignment | None:
         return self._effective.get(uid)
 
@@ -455,6 +460,15 @@ def view_assignment(view: PodView) -> tuple[str, Assignment | None, float | None
     except (msgspec.DecodeError, SharingError) as err:
         log.warning("pod sharing annotation unreadable", extra={"uid": uid, "error": str(err)})
         return uid, None, None
+    bound = view.spec.nodeName if view.spec is not None else None
+    if assignment is not None and bound and bound != assignment.node:
+        # not an assignment bind wrote (bind annotates, then binds to that very node):
+        # it holds nothing anywhere
+        log.warning(
+            "pod sharing annotation names another node than the pod's; ignored",
+            extra={"uid": uid, "node": bound, "assigned": assignment.node},
+        )
+        return uid, None, None
     return uid, assignment, _awaiting_since(ann.phase, ann.bind_time)
 
 
@@ -468,6 +482,10 @@ def _awaiting_since(phase: msgspec.Raw, bind_time: msgspec.Raw) -> float | None:
         return int(raw) / 1e9 if isinstance(raw, str) and raw.isdigit() else 0.0
     except (msgspec.DecodeError, ValueError):
         return None
+
+
+# tries of the choice's write when the pod changed meanwhile for another reason
+_RECORD_ATTEMPTS = 3
 
 
 class PodApi(Protocol):
@@ -526,7 +544,7 @@ class KubePodApi:
         self._core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
 
 
-class _BindArgs(msgspec.Struct, forbid_unknown_fields=True):
+class BindArgs(msgspec.Struct, forbid_unknown_fields=True):
     """ExtenderBindingArgs as kube-scheduler spells it."""
 
     PodName: str
@@ -535,18 +553,25 @@ class _BindArgs(msgspec.Struct, forbid_unknown_fields=True):
     Node: str
 
 
-_BIND_ARGS = msgspec.json.Decoder(_BindArgs)
+_BIND_ARGS = msgspec.json.Decoder(BindArgs)
 _POD = msgspec.json.Decoder(PodView)
 
 
-def parse_bind(body: bytes) -> _BindArgs:
+def parse_bind(body: bytes) -> BindArgs:
+    """ExtenderBindingArgs; ``BadRequest`` when malformed or without a pod UID (the UID
+    is what ties the binding to the pod kube-scheduler placed)."""
     try:
-        return _BIND_ARGS.decode(body)
+        args = _BIND_ARGS.decode(body)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
         raise BadRequest(
             f"bind: body must be ExtenderBindingArgs {{PodName, PodNamespace, PodUID, Node}}: "
             f"{str(err)[:200]}"
         ) from None
+    for key in ("PodName", "PodNamespace", "PodUID", "Node"):
+        if not getattr(args, key):
+            raise BadRequest(f"bind: {key} is empty; ExtenderBindingArgs names the pod (and "
+                             "its UID) and the node")
+    return args
 
 
 # what the pod asks besides its share: CPU millicores, memory MiB
@@ -599,6 +624,9 @@ class Sharing:
         # binds refused after waiting ``bind_wait_s`` for another pod's Allocate
         self.bind_waits = 0
         self.bind_wait_s = BIND_WAIT_S
+        # with several replicas: "" while this one may book (the Lease holder), else why
+        # not (``leader.gate``); None: one replica, it always may
+        self.gate: Callable[[], str] | None = None
 
     def place(
         self,
@@ -780,36 +808,55 @@ class Sharing:
         return value
 
     # -- bind ---------------------------------------------------------------------
-    def bind(self, body: bytes) -> str:
-        """Bind one pod; returns the ExtenderBindingResult ``Error`` ("" on success)."""
-        args = parse_bind(body)
+    def bind(self, args: BindArgs) -> tuple[int, str]:
+        """Bind one pod: (HTTP status, the ExtenderBindingResult ``Error``, "" on
+        success). A binding kube-scheduler would never ask for is a 4xx and books
+        nothing: a pod that is not the one of that UID (404, 409), one already bound
+        (409), one asking for no GPUs (400); the caller (``Extender``) has checked that
+        the node passed this pod's filter. A failure of ours or of the API is a 200
+        with the Error (kube-scheduler retries the pod)."""
         if self.api is None:
-            return "gpu-aware: bind needs API access (the pod watch is off)"
+            return 200, "gpu-aware: bind needs API access (the pod watch is off)"
         if not self.ledger.synced:
-            return "gpu-aware: GPU sharing accounting not synced with the API server yet"
+            return 200, "gpu-aware: GPU sharing accounting not synced with the API server yet"
         ns, name, uid, node = args.PodNamespace, args.PodName, args.PodUID, args.Node
         try:
             pod = self.api.get_pod(ns, name)
         except Exception as err:
-            return f"gpu-aware: cannot read pod {ns}/{name}: {_short(err)}"
+            if getattr(err, "status", None) == 404:
+                return 404, f"gpu-aware: no pod {ns}/{name}"
+            return 200, f"gpu-aware: cannot read pod {ns}/{name}: {_short(err)}"
         try:
             view = _POD.decode(json.dumps(pod).encode())
             share = view_share(view)
-            _, cpu_milli, memory_mib = pod_totals(view, lenient=True)
+            gpus, cpu_milli, memory_mib = pod_totals(view, lenient=True)
         except (msgspec.DecodeError, BadRequest) as err:
-            return f"gpu-aware: pod {ns}/{name}: {err}"
+            return 400, f"gpu-aware: pod {ns}/{name}: {err}"
         meta = view.metadata
-        if meta is None or (uid and meta.uid != uid):
-            return f"gpu-aware: pod {ns}/{name} is not the pod {uid} any more"
-        if share is None:  # not a sharing pod: bind as the default binder would
-            return self._bind_plain(ns, name, uid, node)
+        if meta is None or meta.uid != uid:
+            found = meta.uid if meta is not None else None
+            return 409, f"gpu-aware: pod {ns}/{name} is not the pod {uid} (its UID: {found})"
+        bound = view.spec.nodeName if view.spec is not None else None
+        if bound:
+            return 409, f"gpu-aware: pod {ns}/{name} is already bound to {bound}"
+        if share is None and not gpus:
+            return 400, (
+                f"gpu-aware: pod {ns}/{name} asks for no GPUs: gpu-aware binds only the GPU "
+                "pods it places (list the GPU resources in the extender's managedResources, "
+                "so that kube-scheduler binds the other pods itself)"
+            )
+        if share is None:  # whole GPUs: bind as the default binder would
+            return 200, self._bind_plain(ns, name, uid, node)
         deadline = time.monotonic() + self.bind_wait_s
         while True:
             change = self.ledger.change
+            refused = self.gate() if self.gate is not None else ""
+            if refused:  # another replica books shared GPUs (leader.py)
+                return 200, refused
             with self._lock:  # choose and reserve atomically: no two binds share a choice
                 placed = self.place(node, share, uid, cpu_milli, memory_mib)
                 if placed.gpus is None:
-                    return f"{placed.reason} (pod {ns}/{name} on {node})"
+                    return 200, f"{placed.reason} (pod {ns}/{name} on {node})"
                 if not self.ledger.awaiting_allocate(node, share, uid):
                     assignment = Assignment(node, placed.gpus, share)
                     self.ledger.reserve(uid, assignment)
@@ -817,7 +864,7 @@ class Sharing:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.bind_waits += 1
-                return (
+                return 200, (
                     f"gpu-aware: another pod on {node} asking for {allocate_ids(share)} "
                     f"{COUNTED_RESOURCE[share.mode]} still waits for gpu-device's Allocate, "
                     "which tells such pods apart only by that number; retry "
@@ -830,24 +877,46 @@ class Sharing:
             PHASE_ANNOTATION: PHASE_ALLOCATING,
         }
         try:
-            self.api.annotate(ns, name, meta.resourceVersion or "", annotations)
+            self._record(ns, name, uid, meta.resourceVersion or "", annotations)
         except Exception as err:
             self.ledger.release(uid)
             self.bind_failures += 1
-            return f"gpu-aware: cannot record the GPU choice on {ns}/{name}: {_short(err)}"
+            return 200, f"gpu-aware: cannot record the GPU choice on {ns}/{name}: {_short(err)}"
         try:
             self.api.bind(ns, name, uid, node)
         except Exception as err:
             self.bind_failures += 1
             self._undo(ns, name, uid)
-            return f"gpu-aware: binding {ns}/{name} to {node} failed: {_short(err)}"
+            return 200, f"gpu-aware: binding {ns}/{name} to {node} failed: {_short(err)}"
         self.binds += 1
         self.requeue.forget(uid)
         log.info(
             "pod bound with shared GPUs",
             extra={"pod": f"{ns}/{name}", "node": node, "gpus": list(placed.gpus)},
         )
-        return ""
+        return 200, ""
+
+    def _record(
+        self, ns: str, name: str, uid: str, version: str, annotations: dict[str, str | None]
+    ) -> None:
+        """Write the choice onto the pod if it is still the pod ``bind`` read. A 409 from
+        a change that does not concern the choice (the requeue nudge of a pod this
+        extender turned away earlier, a label) is retried on the pod's new version; a
+        pod that meanwhile got another UID, a node or a choice keeps the 409."""
+        assert self.api is not None
+        for attempt in range(_RECORD_ATTEMPTS):
+            try:
+                self.api.annotate(ns, name, version, annotations)
+                return
+            except Exception as err:
+                if getattr(err, "status", None) != 409 or attempt + 1 == _RECORD_ATTEMPTS:
+                    raise
+                pod = self.api.get_pod(ns, name)
+                meta = pod.get("metadata") or {}
+                if (meta.get("uid") != uid or (pod.get("spec") or {}).get("nodeName")
+                        or ASSIGNED_ANNOTATION in (meta.get("annotations") or {})):
+                    raise
+                version = str(meta.get("resourceVersion") or "")
 
     def _bind_plain(self, ns: str, name: str, uid: str, node: str) -> str:
         assert self.api is not None

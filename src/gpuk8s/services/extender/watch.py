@@ -189,13 +189,16 @@ def node_handlers(
 
     def on_list(items: list[msgspec.Raw]) -> None:
         nodes = [node for node in (_node(raw, cache) for raw in items) if node]
-        cache.replace(nodes)
+        # the views derived from the list first, the cache last: its replace marks the
+        # node cache synced (readiness), and a ready gpu-aware must know every node in
+        # each of them (a sharing bind asked just after a restart found its node missing)
         if rooms is not None:
             rooms.replace(map(item_room_fields, nodes))
         if shared is not None:
             shared.replace(nodes)
         if cuda is not None:
             cuda.replace(nodes)
+        cache.replace(nodes)
         log.info(
             "node cache synced",
             extra={"nodes": len(cache), "unusable": cache.broken, "skipped": cache.unreadable},

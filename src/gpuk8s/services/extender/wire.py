@@ -36,6 +36,7 @@ from msgspec import Raw, Struct, field
 
 from ...core.cuda import MAJOR_LABEL, MINOR_LABEL, RUNTIME_ANNOTATION
 from ...core.devicelist import DEVICES_ANNOTATION
+from ...core.effective import APP, combine, kind_of
 from ...core.errors import GpuK8sError
 from ...core.quantity import QuantityError, parse_json_text, whole_count
 from ...core.scoring import LOSSES_ANNOTATION, SCORES_ANNOTATION
@@ -51,12 +52,13 @@ from ...core.sharing import (
     VCUDA_CORE_RESOURCE,
     VCUDA_MEMORY_RESOURCE,
     VMEMORY_RESOURCE,
+    WHOLE_GPU_RESOURCES,
     ShareRequest,
     SharingError,
     pod_share,
 )
 
-GPU_RESOURCE = "metax-tech.com/gpu"
+GPU_RESOURCE, NVIDIA_GPU_RESOURCE = WHOLE_GPU_RESOURCES
 GPU_MEMORY_LABEL = "metax-tech.com/gpu.memory"  # memory per GPU (gpu-label, SPEC §4)
 MAX_EXTENDER_PRIORITY = 10
 MIN_EXTENDER_PRIORITY = 0
@@ -79,6 +81,10 @@ class BadRequest(GpuK8sError):
     """The request body is not what the extender protocol allows (HTTP 400)."""
 
 
+class _Unreadable(BadRequest):
+    """The body is not JSON as msgspec reads it (``go_strings`` may make it so)."""
+
+
 # -- typed views: the only parts of a request that become Python objects ----------------
 # (gc=False: plain data without reference cycles, 16 bytes less per object)
 class _RawArgs(Struct, gc=False):
@@ -94,6 +100,7 @@ class _Quantities(Struct, gc=False):
     CPU and memory entries, each as its JSON text."""
 
     gpu: Raw = field(name=GPU_RESOURCE, default=_EMPTY)
+    nvidia_gpu: Raw = field(name=NVIDIA_GPU_RESOURCE, default=_EMPTY)
     cpu: Raw = _EMPTY
     memory: Raw = _EMPTY
     # GPU sharing (core.sharing): read only to build the pod's ShareRequest
@@ -106,9 +113,12 @@ class _Quantities(Struct, gc=False):
     mps_memory: Raw = field(name=MPS_MEMORY_RESOURCE, default=_EMPTY)
 
     def sharing(self) -> dict[str, str]:
-        """The sharing resources given, as quantity text (JSON quotes removed)."""
+        """The sharing resources given, and the whole-GPU ones (a pod asks for one or
+        the other: ``core.sharing.pod_share``), as quantity text (JSON quotes removed)."""
         out: dict[str, str] = {}
         for name, raw in (
+            (GPU_RESOURCE, self.gpu),
+            (NVIDIA_GPU_RESOURCE, self.nvidia_gpu),
             (SGPU_RESOURCE, self.sgpu),
             (VCORE_RESOURCE, self.vcore),
             (VMEMORY_RESOURCE, self.vmemory),
@@ -257,6 +267,8 @@ class NodeItem(Struct, frozen=True, gc=False):
     labels: tuple[Raw, Raw] = (_EMPTY, _EMPTY)
     # the CUDA major / minor version labels as sent (JSON text; empty when absent)
     cuda: tuple[Raw, Raw] = (_EMPTY, _EMPTY)
+    # why the node is unusable whatever its annotations (its name), else None
+    problem: str | None = None
 
     def label_values(self) -> tuple[str | None, str | None]:
         """(sharing mode label, gpu.memory label); None when absent or not a string."""
@@ -272,6 +284,8 @@ class NodeItem(Struct, frozen=True, gc=False):
     def annotations(self) -> tuple[dict[str, str], str | None]:
         """(the annotations that are strings, why the others are unusable or None)."""
         out: dict[str, str] = {}
+        if self.problem is not None:
+            return out, self.problem
         for key, raw in zip(READ_ANNOTATIONS, self.raws, strict=True):
             if not raw or bytes(raw) == b"null":
                 continue
@@ -415,31 +429,24 @@ def _container_amounts(container: _Container, where: str, lenient: bool) -> PodT
 
 
 def pod_totals(pod: PodView, root: str = "Pod", lenient: bool = False) -> PodTotals:
-    """(GPUs, CPU millicores, memory MiB) the scheduler reserves for the pod.
-
-    Regular containers and sidecars (init containers with ``restartPolicy: Always``)
-    run together and add up; every other init container runs alone, next to the
-    sidecars started before it. The pod needs the largest of these moments, plus its
-    ``overhead`` (CPU and memory). An unreadable GPU request is a ``BadRequest`` unless
-    ``lenient`` (then it counts as none).
+    """(GPUs, CPU millicores, memory MiB) the scheduler reserves for the pod: the
+    effective requests of its containers, init containers and sidecars
+    (``core.effective.combine``), plus its ``overhead`` (CPU and memory). An unreadable
+    GPU request is a ``BadRequest`` unless ``lenient`` (then it counts as none).
     """
     spec = pod.spec
     if spec is None:
         return (0, 0, 0)
-    running = [0, 0, 0]
-    for i, container in enumerate(spec.containers or ()):
-        amounts = _container_amounts(container, f"{root}.spec.containers[{i}]", lenient)
-        running = [a + b for a, b in zip(running, amounts, strict=True)]
-    sidecars = [0, 0, 0]
-    peak = [0, 0, 0]
-    for i, container in enumerate(spec.initContainers or ()):
-        amounts = _container_amounts(container, f"{root}.spec.initContainers[{i}]", lenient)
-        if container.restartPolicy == "Always":
-            sidecars = [a + b for a, b in zip(sidecars, amounts, strict=True)]
-            peak = [max(a, b) for a, b in zip(peak, sidecars, strict=True)]
-        else:
-            peak = [max(a, b + c) for a, b, c in zip(peak, sidecars, amounts, strict=True)]
-    total = [max(r + s, p) for r, s, p in zip(running, sidecars, peak, strict=True)]
+    amounts = [
+        (kind_of({"restartPolicy": c.restartPolicy}, True),
+         _container_amounts(c, f"{root}.spec.initContainers[{i}]", lenient))
+        for i, c in enumerate(spec.initContainers or ())
+    ]
+    amounts += [
+        (APP, _container_amounts(c, f"{root}.spec.containers[{i}]", lenient))
+        for i, c in enumerate(spec.containers or ())
+    ]
+    total = combine(amounts, 3)
     overhead = spec.overhead
     if overhead is not None:
         total[1] += cpu_milli(overhead.cpu)
@@ -454,19 +461,22 @@ def view_request(pod: PodView, root: str = "Pod") -> int:
 
 
 def view_share(pod: PodView, root: str = "Pod") -> ShareRequest | None:
-    """The pod's GPU-sharing request (``core.sharing.pod_share``); ``BadRequest`` naming
-    the field when it is invalid."""
+    """The pod's GPU-sharing request (``core.sharing.pod_share``: app, init and sidecar
+    containers); ``BadRequest`` naming the field when it is invalid."""
     spec = pod.spec
-    if spec is None or not spec.containers:
+    if spec is None:
         return None
     containers = []
-    for container in spec.containers:
-        res = container.resources
-        limits = res.limits.sharing() if res is not None and res.limits is not None else {}
-        requests = res.requests.sharing() if res is not None and res.requests is not None else {}
-        containers.append((container.name, limits, requests))
+    for key, items in (("initContainers", spec.initContainers), ("containers", spec.containers)):
+        for i, container in enumerate(items or ()):
+            res = container.resources
+            limits = res.limits.sharing() if res is not None and res.limits is not None else {}
+            requests = (
+                res.requests.sharing() if res is not None and res.requests is not None else {}
+            )
+            containers.append((container.name, limits, requests, f"{root}.spec.{key}[{i}]"))
     try:
-        return pod_share(containers, f"{root}.spec.containers")
+        return pod_share(containers)
     except SharingError as err:
         raise BadRequest(str(err)) from None
 
@@ -499,9 +509,7 @@ def _fold_case(body: bytes, unknown: str) -> _RawArgs:
             raise BadRequest(
                 f"request body: unknown field {key[:60]!r}; ExtenderArgs has Pod, Nodes, NodeNames"
             )
-        if canonical in found:
-            raise BadRequest(f"request body: field {canonical} given twice")
-        found[canonical] = value
+        found[canonical] = value  # a key given twice: the last wins, as in Go
     return _RawArgs(**found)
 
 
@@ -525,7 +533,9 @@ def _top(body: bytes) -> tuple[_Args, Raw]:
                     f"request body: must be a JSON object (ExtenderArgs), got {kind}"
                 ) from None
             raise _decode_error(err, "") from None
-    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
+    except (msgspec.DecodeError, UnicodeDecodeError) as err:
+        raise _Unreadable(str(_decode_error(err, ""))) from None
+    except RecursionError as err:
         raise _decode_error(err, "") from None
     raw = _fold_case(body, unknown["key"])
     return (
@@ -544,9 +554,47 @@ def _count_bound(raw: Raw, field_name: str) -> None:
         raise BadRequest(f"{field_name}: more than {MAX_NODES} nodes in one request")
 
 
+# what Go's decoder reads as U+FFFD in a JSON string: a UTF-16 surrogate escape that is
+# not half of a pair (escaped backslashes and pairs are matched to be passed over)
+_ESCAPES = re.compile(
+    rb"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+    rb"|\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
+)
+_LONE_ESCAPE = 6  # len(rb"\ud800")
+_REPLACED = "\ufffd"
+UNREADABLE_NAME = (
+    "node name with a lone UTF-16 surrogate or invalid UTF-8 (read as U+FFFD, as Go "
+    "reads it): not a Kubernetes node name"
+)
+
+
+def go_strings(body: bytes) -> bytes:
+    """``body`` with what Go's ``encoding/json`` replaces by U+FFFD replaced so: lone
+    surrogate escapes and invalid UTF-8 (kube-scheduler and the API server are Go; a
+    node name such as ``"\\ud800"`` then names no node, and only that node fails)."""
+    fixed = _ESCAPES.sub(
+        lambda m: b"\\ufffd" if len(m[0]) == _LONE_ESCAPE else m[0], body
+    )
+    return fixed.decode("utf-8", "replace").encode("utf-8")
+
+
 def parse_args(body: bytes) -> ExtenderArgs:
-    """Decode and check an ``ExtenderArgs`` body (filter and prioritize share it)."""
-    fields, nodes_raw = _top(body)
+    """Decode and check an ``ExtenderArgs`` body (filter and prioritize share it).
+
+    Duplicate keys: the last wins, at every level (Go's ``encoding/json``, which the
+    scheduler's side of the protocol uses). Strings are read as Go reads them
+    (``go_strings``: only a body that does not decode as it is pays for that)."""
+    try:
+        fields, nodes_raw = _top(body)
+    except _Unreadable:
+        fixed = go_strings(body)
+        if fixed == body:
+            raise
+        body = fixed
+        fields, nodes_raw = _top(body)
+        repaired = True
+    else:
+        repaired = False
     pod = fields.Pod
     if pod is None:
         raise BadRequest("Pod: required (an object)")
@@ -562,6 +610,11 @@ def parse_args(body: bytes) -> ExtenderArgs:
         if len(views) > MAX_NODES:  # before anything per node is built
             raise BadRequest(f"Nodes.items: more than {MAX_NODES} nodes in one request")
         nodes = [node_item(view) for view in views]
+        if repaired:
+            nodes = [
+                msgspec.structs.replace(n, problem=UNREADABLE_NAME) if _REPLACED in n.name else n
+                for n in nodes
+            ]
 
     node_names: list[str] | None = None
     if not _is_null(fields.NodeNames):
@@ -576,10 +629,6 @@ def parse_args(body: bytes) -> ExtenderArgs:
     annotations = meta.annotations
     cuda_runtime = annotations.cuda_runtime if annotations is not None else _EMPTY
     share = view_share(pod)
-    if share is not None and gpus:
-        raise BadRequest(
-            f"Pod: asks for {GPU_RESOURCE} and a shared-GPU resource; a pod asks for one"
-        )
     return ExtenderArgs(
         pod_uid=meta.uid or "",
         pod_ref=f"{namespace}/{meta.name or ''}",

@@ -23,6 +23,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from ...core.errors import ConfigError, GpuK8sError
+from ...core.labels import owned_labels
 from ..healthserver import serve_health as serve_health_endpoint
 from ..kube import ApiError, api_client
 from ..logging_setup import LogOptions, add_log_arguments, configure_logging
@@ -124,7 +125,8 @@ def make_pass(
 ) -> Callable[[], ReconcileResult]:
     def one_pass() -> ReconcileResult:
         wanted, inventory = wanted_labels(host_root, discover, status_dir)
-        return reconcile(store, node, wanted, dry_run=dry_run, problems=inventory.problems)
+        return reconcile(store, node, wanted, dry_run=dry_run, problems=inventory.problems,
+                         owned=owned_labels(inventory))
 
     return one_pass
 

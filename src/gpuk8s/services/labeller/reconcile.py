@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ...core.labels import PREFIX, compute_labels, label_diff
+from ...core.labels import compute_labels, is_managed, label_diff
 from ...core.model import NodeInventory
 from ...host.readiness import STATUS_DIR, read_readiness
 from ..kube import PermanentApiError, classify
@@ -150,11 +150,13 @@ def reconcile(
     *,
     dry_run: bool = False,
     problems: tuple[str, ...] = (),
+    owned: tuple[str, ...] = (),
 ) -> ReconcileResult:
-    """Bring the node's ``metax-tech.com/`` labels to ``wanted``; other labels untouched."""
+    """Bring the node's ``metax-tech.com/`` labels and the ``owned`` keys outside that
+    prefix (``core.labels.owned_labels``) to ``wanted``; other labels untouched."""
     labels, version = store.read(node)
-    changes = label_diff(labels, wanted)
-    ours = {k: v for k, v in labels.items() if k.startswith(PREFIX)}
+    changes = label_diff(labels, wanted, owned=owned)
+    ours = {k: v for k, v in labels.items() if is_managed(k, owned)}
     applied = False
     since = store.annotations(node).get(MAINTENANCE_ANNOTATION)
     if since is not None:

@@ -190,7 +190,7 @@ class KubeCluster:
         return left
 
     def uninstall(self, timeout: float) -> tuple[list[str], list[str]]:
-        """(done, left): see the README's uninstall section. Order: the controller first (it
+        """(done, left): see docs/operator.md, "Uninstall". Order: the controller first (it
         would recreate what is cleaned), then every node agent but container-runtime, then
         container-runtime (it takes the runtime handler away last)."""
         done: list[str] = []

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...core.errors import ConfigError
-from ...core.labels import PREFIX, UPGRADE_STATE_LABEL
+from ...core.labels import PREFIX, UPGRADE_STATE_LABEL, UPGRADE_STATES
 from ...core.model import DriverInfo
 from ...host.driver import same_version as _same_version
 from ..nodeagent import state_annotation
@@ -56,14 +56,8 @@ STATE_LABEL = UPGRADE_STATE_LABEL  # gpu-label leaves it alone (core.labels.FORE
 RECORD_ANNOTATION = PREFIX + "driver.upgrade"
 AGENT_REPORT = state_annotation("driver-manager.driver")  # driver-manager's report
 
-REQUIRED = "upgrade-required"
-CORDONED = "cordoned"
-EVICTED = "pods-evicted"
-UPGRADING = "upgrading"
-VALIDATING = "validating"
-DONE = "done"
-FAILED = "failed"
-STATES = (REQUIRED, CORDONED, EVICTED, UPGRADING, VALIDATING, DONE, FAILED)
+STATES = UPGRADE_STATES
+REQUIRED, CORDONED, EVICTED, UPGRADING, VALIDATING, DONE, FAILED = STATES
 ACTIVE = (CORDONED, EVICTED, UPGRADING, VALIDATING)  # counted against maxParallel
 GPU_RESOURCE = "metax-tech.com/gpu"
 _PERCENT = re.compile(r"^([0-9]{1,3})%$")

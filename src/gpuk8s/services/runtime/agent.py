@@ -3,15 +3,27 @@
 Each pass:
 
 1. the node's CDI spec (``core.cdi.build_spec``: every device with its nodes, the control
-   devices, the host SDK mounted read-only and its environment) is written to
-   ``<cdi dir>/metax-tech.com-gpu.json`` when it changed, after our own strict check
-   (``core.cdi.parse_spec``); no GPU device yet (driver not loaded) -> no spec;
+   devices, the host SDK mounted read-only and its environment; on NVIDIA nodes the
+   driver's libraries, programs, firmware and IPC sockets with the hooks that make the
+   libraries found, ``core.cdi.driver_edits``) is written to ``<cdi dir>/<kind>.json``
+   (``metax-tech.com-gpu.json``, ``nvidia.com-gpu.json``) when it changed, after our own
+   strict check (``core.cdi.parse_spec``); no GPU device yet (driver not loaded) -> no
+   spec. The hooks run this agent's wrapper (``hook`` subcommand), installed for them in
+   either mode, or nvidia-container-toolkit's ``nvidia-cdi-hook`` where it is installed;
 2. where the runtime lacks CDI (containerd < 2.0 without ``enable_cdi``), the wrapper
    (``host.ociwrapper`` packed into one executable zip run by the host's python3) and its
    config are installed under ``--install-dir``, registered as containerd runtime handler
-   ``--handler`` (optionally the default runtime) and containerd is restarted once;
-3. ``runtime.ready`` is marked true once 2 is done (it does not wait for the driver:
-   SPEC §12 orders container-runtime before driver-manager).
+   ``--handler`` (optionally the default runtime) and containerd is restarted once; where
+   it has CDI (containerd >= 2.0), its CRI must say so (``enable_cdi``);
+3. ``runtime.ready`` is marked true once containerd's CRI shows it serves 2 (the handler
+   with the wrapper, or CDI), read back over its socket every pass, never assumed (it does
+   not wait for the driver: SPEC §12 orders container-runtime before driver-manager).
+
+A restart that fails (containerd ignores SIGHUP, does not come back, or comes back without
+the handler) puts the config back as it was and reports ``failed`` with the reason; the
+same edit is not tried again until containerd (its pid) or its config changes, so a
+broken node is never restarted in a loop. With ``--restart-mode none`` the edit stays and
+the state is ``pending`` until someone restarts containerd.
 
 ``uninstall`` undoes 1-3. The wrapper file itself is removed only when no running
 container's shim still refers to it (they call it again to stop the container).
@@ -19,24 +31,36 @@ container's shim still refers to it (they call it again to stop the container).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
 import os
+import re
 import zipfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...core.cdi import DEFAULT_KIND, DEFAULT_SDK_PATHS, SdkSource, build_spec, parse_spec
+from ...core.cdi import (
+    DEFAULT_KIND,
+    DEFAULT_SDK_PATHS,
+    ContainerEdits,
+    SdkSource,
+    build_spec,
+    driver_edits,
+    parse_spec,
+)
 from ...core.errors import GpuK8sError
-from ...discovery import discover
+from ...discovery import discover, nvidia
 from ...discovery.tools import host_path
 from ...host import files, ociwrapper
 from ...host.ociwrapper import CONFIG_NAME
 from ...host.readiness import clear_readiness, write_readiness
 from ..nodeagent import Report, Reporter
-from . import containerd
+from . import containerd, docker
+from .containerd import Configured, RuntimeConfigError
 
 log = logging.getLogger("gpuk8s.container-runtime")
 
@@ -47,27 +71,74 @@ RUNC_CANDIDATES = ("/usr/sbin/runc", "/usr/bin/runc", "/usr/local/sbin/runc",
 TASKS_DIR = "/run/containerd/io.containerd.runtime.v2.task"
 # Packed into the wrapper: stdlib-only packages (Python 3.8+).
 WRAPPER_PACKAGES = ("core", "discovery", "host")
+RESTART_TIMEOUT = 60.0  # for the runtime to come back serving the new config
+
+
+class RestartPending(GpuK8sError):
+    """The config is edited; the runtime has not been restarted onto it (restart mode none)."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The container runtime whose config gets the wrapper: containerd or dockerd."""
+
+    name: str
+    config: str  # its config file (node path)
+    socket: str  # its API socket (node path)
+    option: str  # the chart option naming the config
+    configure: Callable[[str, str, str, bool, Mapping[str, str] | None], Configured]
+    unconfigure: Callable[[str, str, str | None], tuple[str, bool]]
+    served: Callable[..., Any]  # (socket[, timeout]) -> what it serves
+    not_served: Callable[[Any, str, str | None, bool], str | None]
+    restart: Callable[[str, str, str], tuple[str, int]]
+    new_process: bool  # containerd restarts (a new pid); dockerd reloads in place
+    # the text to load on the way back to ``text`` (dockerd: the keys it must unset spelled out)
+    loadable: Callable[[str], str] = str
 
 
 def spec_filename(kind: str) -> str:
     return kind.replace("/", "-") + ".json"
 
 
+def spec_text(spec: dict[str, Any]) -> str:
+    """The spec file's content as written (compared byte for byte before a write)."""
+    return json.dumps(spec, indent=2, sort_keys=True) + "\n"
+
+
 def wrapper_zip(python: str) -> bytes:
     """The wrapper as one executable zip: ``#!<python>``, gpuk8s' stdlib packages, and a
-    ``__main__`` calling ``gpuk8s.host.ociwrapper.main``."""
+    ``__main__`` calling ``gpuk8s.host.ociwrapper.main``. The same sources give the same
+    bytes (fixed timestamps), so an unchanged wrapper is not rewritten."""
+    sources = {"__main__.py": b"import sys\nfrom gpuk8s.host.ociwrapper import main\n"
+                              b"sys.exit(main())\n"}
+    for name, data in package_sources(Path(__file__).resolve().parents[2]).items():
+        sources[f"gpuk8s/{name}"] = data
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("__main__.py", "import sys\nfrom gpuk8s.host.ociwrapper import main\n"
-                                        "sys.exit(main())\n")
-        # read from the installed package's directory (importlib.resources would follow a
-        # module spec that aliasing importers, e.g. Ansible's module_utils, may replace)
-        package = Path(__file__).resolve().parents[2]
-        archive.writestr("gpuk8s/__init__.py", (package / "__init__.py").read_bytes())
-        for name in WRAPPER_PACKAGES:
-            for entry in sorted((package / name).glob("*.py")):
-                archive.writestr(f"gpuk8s/{name}/{entry.name}", entry.read_bytes())
+        for name, data in sources.items():
+            archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data,
+                             zipfile.ZIP_DEFLATED)
     return f"#!{python}\n".encode() + buffer.getvalue()
+
+
+def package_sources(package: Path) -> dict[str, bytes]:
+    """``__init__.py`` and the ``WRAPPER_PACKAGES``' modules (path under the package ->
+    bytes), read from the package's directory or, when it runs from a zip (an Ansible
+    module's AnsiballZ payload: the modules it imports), from that zip. (importlib.resources
+    would follow a module spec that aliasing importers, e.g. Ansible's module_utils, may
+    replace.)"""
+    wanted = re.compile(r"^(__init__\.py|(" + "|".join(WRAPPER_PACKAGES) + r")/[^/]+\.py)$")
+    if package.is_dir():
+        return {p.relative_to(package).as_posix(): p.read_bytes()
+                for p in sorted(package.rglob("*.py"))
+                if wanted.match(p.relative_to(package).as_posix())}
+    archive_path = package
+    while not archive_path.is_file() and archive_path != archive_path.parent:
+        archive_path = archive_path.parent
+    prefix = package.relative_to(archive_path).as_posix() + "/"
+    with zipfile.ZipFile(archive_path) as archive:
+        return {n[len(prefix):]: archive.read(n) for n in sorted(archive.namelist())
+                if n.startswith(prefix) and wanted.match(n[len(prefix):])}
 
 
 @dataclass
@@ -77,10 +148,12 @@ class RuntimeSettings:
     device_path_prefix: str = ""  # in front of root-relative paths in the spec
     cdi_dir: str = "/etc/cdi"
     cdi_kind: str = ""
-    runtime: str = "auto"  # auto | containerd | cdi (native CDI: spec only) | none
+    runtime: str = "auto"  # auto | containerd | docker | cdi (native CDI: spec only) | none
     runtime_version: str = ""  # Node status.nodeInfo.containerRuntimeVersion
     containerd_config: str = "/etc/containerd/config.toml"
     containerd_socket: str = "/run/containerd/containerd.sock"
+    docker_config: str = ""  # empty: docker nodes are not configured (reported failed)
+    docker_socket: str = "/var/run/docker.sock"
     restart_mode: str = "signal"
     handler: str = "metax"
     set_default: bool = True
@@ -117,6 +190,22 @@ class RuntimeAgent:
             return "native"
         return "native" if s.runtime == "auto" and kind != "docker" else "wrapper"
 
+    def backend(self) -> Backend:
+        """Whose config gets the wrapper: dockerd on a docker node, else containerd."""
+        s = self.settings
+        kind, _version = containerd.parse_runtime_version(s.runtime_version)
+        if s.runtime == "docker" or (s.runtime == "auto" and kind == "docker"):
+            return Backend(
+                "dockerd", s.docker_config, s.docker_socket, "runtime.docker.config",
+                lambda text, handler, binary, default, _imports: docker.configure(
+                    text, handler, binary, default),
+                docker.unconfigure, docker.docker_info, docker.not_served, docker.reload,
+                new_process=False, loadable=docker.explicit)
+        return Backend(
+            "containerd", s.containerd_config, s.containerd_socket,
+            "runtime.containerd.config", containerd.configure, containerd.unconfigure,
+            containerd.cri_config, containerd.not_served, containerd.restart, new_process=True)
+
     # ---------------------------------------------------------------------- passes
     def one_pass(self) -> Report:
         report = self._pass()
@@ -131,15 +220,36 @@ class RuntimeAgent:
         self.details["mode"] = mode
         try:
             spec_state = self.write_spec()
-            if mode == "wrapper" and not self._hook_done:
-                self.install_hook()
-            self._hook_done = True
+            if mode == "wrapper":
+                self.ensure_hook()
+            else:
+                self.check_native()
+        except RestartPending as err:
+            return Report("pending", str(err), dict(self.details))
         except GpuK8sError as err:
             return Report("failed", str(err), dict(self.details))
         how = (f"runtime handler {s.handler!r} (wrapper {s.install_dir}/bin/{WRAPPER_NAME})"
                if mode == "wrapper" else "the runtime's own CDI support")
         return Report("ready", f"{spec_state}; containers get it through {how}",
                       dict(self.details))
+
+    def _checks_containerd(self) -> bool:
+        kind, _version = containerd.parse_runtime_version(self.settings.runtime_version)
+        return self.settings.runtime == "containerd" or (
+            self.settings.runtime == "auto" and kind == "containerd")
+
+    def socket(self) -> str:
+        return self.settings.sys(self.backend().socket)
+
+    def check_native(self) -> None:
+        """containerd with CDI of its own: its CRI must really have it on."""
+        if not self._checks_containerd():
+            return
+        if not containerd.cri_cdi_enabled(containerd.cri_config(self.socket())):
+            raise RuntimeConfigError(
+                "containerd's CRI has CDI off (enable_cdi = false): containers would not get "
+                f"their GPUs; set enable_cdi = true in {self.settings.containerd_config} and "
+                "restart containerd")
 
     def spec(self) -> dict[str, Any] | None:
         s = self.settings
@@ -150,24 +260,41 @@ class RuntimeAgent:
                       if os.path.exists(host_path(s.host_root, p)))
         sdk = SdkSource(paths=paths) if paths else None
         kind = s.cdi_kind or DEFAULT_KIND.get(inventory.backend, "")
+        extra = ContainerEdits()
+        if inventory.backend == "nvidia" and inventory.driver.version:
+            found = nvidia.driver_files(s.host_root, inventory.driver.version)
+            for problem in found.problems:
+                log.warning(problem)
+            extra = driver_edits(found, found.toolkit_hook or self.wrapper_path(),
+                                 s.device_path_prefix)
+            self.details["driverFiles"] = len(extra.mounts)
         spec = build_spec(inventory, kind, s.device_path_prefix, sdk,
-                          annotations={"gpuk8s.io/generated-by": "container-runtime"})
+                          annotations={"gpuk8s.io/generated-by": "container-runtime"},
+                          extra=extra)
         parse_spec(spec, "generated CDI spec")  # never write what we would not read
         return spec
 
-    def spec_path(self) -> str:
+    def spec_path(self, kind: str) -> str:
         s = self.settings
-        kind = s.cdi_kind or DEFAULT_KIND["metax"]
         return os.path.join(s.sys(s.cdi_dir), spec_filename(kind))
+
+    def spec_paths(self) -> list[str]:
+        """Every spec file this agent may have written (its kind, or each backend's)."""
+        kinds = [self.settings.cdi_kind] if self.settings.cdi_kind else list(DEFAULT_KIND.values())
+        return [self.spec_path(k) for k in kinds]
 
     def write_spec(self) -> str:
         spec = self.spec()
-        path = self.spec_path()
         if spec is None:
-            files.remove(path)
+            for path in self.spec_paths():
+                files.remove(path)
             self.details["devices"] = 0
             return "no GPU device on this node yet (driver not loaded): no CDI spec"
-        text = json.dumps(spec, indent=2, sort_keys=True) + "\n"
+        path = self.spec_path(spec["kind"])
+        if any(h.get("path") == self.wrapper_path()
+               for h in (spec.get("containerEdits") or {}).get("hooks") or []):
+            self.write_wrapper()  # the hooks run it, whatever the mode
+        text = spec_text(spec)
         if _read(path) != text:
             files.atomic_write(path, text)
             log.info("CDI spec written", extra={"path": path, "devices": len(spec["devices"])})
@@ -182,20 +309,10 @@ class RuntimeAgent:
     def wrapper_path(self) -> str:
         return f"{self.settings.install_dir}/bin/{WRAPPER_NAME}"
 
-    def install_hook(self) -> None:
+    def write_wrapper(self) -> str:
+        """The wrapper executable (also the CDI hooks' program) in ``<install dir>/bin``;
+        that directory."""
         s = self.settings
-        if not os.path.exists(s.sys(s.host_python)):
-            raise GpuK8sError(f"{s.host_python} not found on the node: the runtime wrapper needs "
-                              "python3 >= 3.8 there (or use a runtime with CDI: containerd >= "
-                              "1.7 with enable_cdi, CRI-O)")
-        config_path = s.sys(s.containerd_config)
-        text = _read(config_path)
-        if text is None:
-            raise GpuK8sError(f"containerd config {s.containerd_config} not found on the node "
-                              "(chart option runtime.containerd.config)")
-        result = containerd.configure(text, s.handler, self.wrapper_path(), s.set_default)
-        runc = result.base_binary or next(
-            (p for p in RUNC_CANDIDATES if os.path.exists(s.sys(p))), "runc")
         bin_dir = os.path.join(s.sys(s.install_dir), "bin")
         os.makedirs(bin_dir, exist_ok=True)
         wrapper = os.path.join(bin_dir, WRAPPER_NAME)
@@ -206,45 +323,192 @@ class RuntimeAgent:
                 handle.write(payload)
             os.chmod(tmp, 0o755)
             os.replace(tmp, wrapper)
+        return bin_dir
+
+    def ensure_hook(self) -> None:
+        """The wrapper installed and served: installed once, served checked every pass."""
+        s = self.settings
+        if self._hook_done:
+            b = self.backend()
+            reason = b.not_served(b.served(self.socket()), s.handler, self.wrapper_path(),
+                                  s.set_default)
+            if reason is None:
+                return
+            log.warning("runtime handler lost: installing it again", extra={"reason": reason})
+            self._hook_done = False
+        self.install_hook()
+        self._hook_done = True
+
+    def install_hook(self) -> None:
+        s = self.settings
+        b = self.backend()
+        if not os.path.exists(s.sys(s.host_python)):
+            raise GpuK8sError(f"{s.host_python} not found on the node: the runtime wrapper needs "
+                              "python3 >= 3.8 there (or use a runtime with CDI: containerd >= "
+                              "1.7 with enable_cdi, CRI-O)")
+        if not b.config:
+            raise GpuK8sError(f"the node's container runtime is docker ({s.runtime_version}): "
+                              "set the chart option runtime.docker.config (its daemon.json, "
+                              "e.g. /etc/docker/daemon.json) to install the wrapper there")
+        config_path = s.sys(b.config)
+        text = _read(config_path)
+        if text is None and b.name == "dockerd" and os.path.isdir(os.path.dirname(config_path)):
+            text = ""  # no daemon.json yet: dockerd's defaults
+        if text is None:
+            raise GpuK8sError(f"{b.name} config {b.config} not found on the node "
+                              f"(chart option {b.option})")
+        imported = containerd.resolve_imports(text, b.config, s.sys) \
+            if b.name == "containerd" else None
+        result = b.configure(text, s.handler, self.wrapper_path(), s.set_default, imported)
+        serving = b.served(self.socket())  # it must answer before any change
+        if result.version:
+            self.details.update(configVersion=result.version)
+        state = files.read_json(self._state_path()) or {}
+        digest = hashlib.sha256(result.text.encode()).hexdigest()
+        attempt = state.get("attempt") or {}
+        if attempt.get("digest") == digest and \
+                attempt.get("pid") == containerd.peer_pid_or_zero(self.socket()):
+            raise RuntimeConfigError(f"{attempt.get('reason')} (not tried again until "
+                                     f"{b.name} or its config changes)")
+        self._install_wrapper(result.base_binary)
+        if "previousDefault" not in state:
+            state["previousDefault"] = result.previous_default
+        state.update(handler=s.handler, config=b.config, runtime=b.name)
+        files.write_json(self._state_path(), state)
+        self.details.update(handler=s.handler, default=s.set_default)
+        backup = config_path + ".gpuk8s-backup"
+        made_backup = result.changed and not os.path.exists(backup)
+        if result.changed:
+            if made_backup:
+                files.atomic_write(backup, text)
+            files.atomic_write(config_path, result.text)
+        reason = b.not_served(serving, s.handler, self.wrapper_path(), s.set_default)
+        if reason is None:
+            self._forget_attempt()
+            return
+        try:
+            done = self._restart_onto(self.wrapper_path(), reason)
+        except RestartPending:
+            raise
+        except RuntimeConfigError as err:
+            message = str(err)
+            if result.changed:
+                message += self._put_back(config_path, text)
+                if made_backup:
+                    files.remove(backup)
+            state["attempt"] = {"digest": digest, "reason": message,
+                                "pid": containerd.peer_pid_or_zero(self.socket())}
+            files.write_json(self._state_path(), state)
+            raise RuntimeConfigError(message) from err
+        self._forget_attempt()
+        log.info("runtime configured", extra={"runtime": b.name, "handler": s.handler,
+                                              "restart": done})
+
+    def _install_wrapper(self, base_binary: str | None) -> None:
+        s = self.settings
+        runc = base_binary or next(
+            (p for p in RUNC_CANDIDATES if os.path.exists(s.sys(p))), "runc")
+        bin_dir = self.write_wrapper()
         sdk_paths = list(DEFAULT_SDK_PATHS["metax"][:1])
         files.write_json(os.path.join(bin_dir, CONFIG_NAME), {
             "runtime": runc, "specDirs": [s.cdi_dir, "/var/run/cdi"], "sdkPaths": sdk_paths,
         })
+        self.details.update(runc=runc)
+
+    def _forget_attempt(self) -> None:
         state = files.read_json(self._state_path()) or {}
-        if "previousDefault" not in state:
-            state["previousDefault"] = result.previous_default
-        state.update(handler=s.handler, config=s.containerd_config)
-        files.write_json(self._state_path(), state)
-        self.details.update(handler=s.handler, default=s.set_default, runc=runc)
-        if result.changed:
-            backup = config_path + ".gpuk8s-backup"
-            if not os.path.exists(backup):
-                files.atomic_write(backup, text)
-            files.atomic_write(config_path, result.text)
-            done = containerd.restart(s.restart_mode, s.sys(s.containerd_socket), s.system_root)
-            log.info("containerd configured", extra={"handler": s.handler, "restart": done})
+        if state.pop("attempt", None) is not None:
+            files.write_json(self._state_path(), state)
+
+    def _restart_onto(self, binary: str | None, reason: str) -> str:
+        """Restart (containerd) or reload (dockerd) the runtime and wait until it serves the
+        handler (``binary`` None: no longer serves it); what was done. ``reason``: why."""
+        s = self.settings
+        b = self.backend()
+        done, old = b.restart(s.restart_mode, self.socket(), s.system_root)
+        if s.restart_mode == "none":
+            raise RestartPending(f"{done} ({reason})")
+
+        def served() -> str | None:
+            pid = containerd.peer_pid_or_zero(self.socket())
+            if b.new_process and (pid <= 0 or (old > 0 and pid == old)):
+                return f"{b.name} (pid {old}) has not been replaced"
+            try:
+                config = b.served(self.socket(), timeout=2.0)
+            except RuntimeConfigError as err:
+                return str(err)
+            why = b.not_served(config, s.handler, binary, s.set_default)
+            if why is None:
+                return None
+            return f"{why}: does it read {b.config}? (chart option {b.option})"
+
+        containerd.wait_for(f"after {done}, {b.name} serving its new config", served,
+                            RESTART_TIMEOUT)
+        return f"{done}; now pid {containerd.peer_pid_or_zero(self.socket())}"
+
+    def _put_back(self, config_path: str, text: str) -> str:
+        """The config as it was before our edit; containerd back on it (its service manager
+        restarts it, if it exited refusing the edit). What happened, for the report."""
+        files.atomic_write(config_path, text)
+
+        b = self.backend()
+
+        def answers() -> str | None:
+            try:
+                b.served(self.socket(), timeout=2.0)
+            except RuntimeConfigError as err:
+                return str(err)
+            return None
+
+        try:
+            if not b.new_process:  # dockerd: reload it onto the old file again
+                files.atomic_write(config_path, b.loadable(text))
+                b.restart(self.settings.restart_mode, self.socket(), self.settings.system_root)
+                containerd.wait_for(f"{b.name} back on the previous config", lambda: b.not_served(
+                    b.served(self.socket(), timeout=2.0), self.settings.handler, None,
+                    self.settings.set_default), RESTART_TIMEOUT)
+                files.atomic_write(config_path, text)
+            containerd.wait_for(f"{b.name} back on the previous config", answers,
+                                RESTART_TIMEOUT)
+        except RuntimeConfigError as err:
+            files.atomic_write(config_path, text)
+            return f"; {b.config} is as it was, but {err}"
+        return f"; {b.config} is as it was"
 
     # ------------------------------------------------------------------ uninstall
     def uninstall(self) -> list[str]:
         """Take back everything this agent put on the node; what was done."""
         s = self.settings
         done = []
-        if files.remove(self.spec_path()):
+        if any([files.remove(p) for p in self.spec_paths()]):
             done.append("CDI spec removed")
         state = files.read_json(self._state_path()) or {}
-        config_path = s.sys(s.containerd_config)
+        b = self.backend()
+        config_path = s.sys(b.config)
         text = _read(config_path)
         backup = _read(config_path + ".gpuk8s-backup")
+        keep_wrapper = False
         if text is not None and state:
-            after, changed = containerd.unconfigure(text, s.handler, state.get("previousDefault"))
-            if backup is not None and containerd.configure(
-                    backup, s.handler, self.wrapper_path(), s.set_default).text == text:
+            after, changed = b.unconfigure(text, s.handler, state.get("previousDefault"))
+            if backup is not None and self._untouched_since_install(backup, text):
                 after = backup  # untouched since we wrote it: back byte for byte
             if changed:
-                files.atomic_write(config_path, after)
-                done.append(containerd.restart(s.restart_mode, s.sys(s.containerd_socket),
-                                               s.system_root))
+                files.atomic_write(config_path, b.loadable(after))
+                try:
+                    done.append(self._restart_onto(None, "handler removed"))
+                except RestartPending as err:
+                    done.append(str(err))
+                except RuntimeConfigError as err:
+                    # the runtime may still create containers through the wrapper
+                    keep_wrapper = True
+                    done.append(f"{err}: the wrapper stays in {s.install_dir}")
+                finally:
+                    files.atomic_write(config_path, after)
         files.remove(config_path + ".gpuk8s-backup")
+        if keep_wrapper:
+            if clear_readiness(s.host_root, "runtime.ready", s.status_dir):
+                done.append("runtime.ready marker removed")
+            return done
         users = ociwrapper.users(s.sys(TASKS_DIR), self.wrapper_path())
         install = s.sys(s.install_dir)
         if users:
@@ -266,6 +530,15 @@ class RuntimeAgent:
         if clear_readiness(s.host_root, "runtime.ready", s.status_dir):
             done.append("runtime.ready marker removed")
         return done
+
+    def _untouched_since_install(self, backup: str, text: str) -> bool:
+        s = self.settings
+        try:
+            return self.backend().configure(backup, s.handler, self.wrapper_path(),
+                                            s.set_default, None).text == text
+        except RuntimeConfigError:
+            return False
+
 
 def _read(path: str) -> str | None:
     try:

@@ -1,24 +1,46 @@
-"""containerd's side of the runtime wrapper: a runtime handler in its config, and a restart.
+"""containerd's side of the runtime wrapper: a runtime handler in its config, a restart, and
+proof that containerd serves it.
 
-``configure`` adds ``[plugins.<cri>.containerd.runtimes.<handler>]`` to the top-level
-config (a copy of the default runtime's table, ``options.BinaryName`` = the wrapper,
-``container_annotations`` += ``cdi.k8s.io/*``) and, with ``set_default``, points
-``default_runtime_name`` at it; ``unconfigure`` takes exactly that back (restoring the
-previous default). The file is edited in place with tomlkit, so the administrator's
-comments and layout stay. We do not use a drop-in under ``imports``: containerd 1.x
-replaces a whole plugin section per imported file (containerd#5837; NVIDIA's toolkit
-works around it by copying the entire CRI section into its drop-in, which then shadows
-later edits of the main file).
+``configure`` adds the runtime handler ``<handler>`` to the top-level config (a copy of
+the default runtime's table, ``options.BinaryName`` = the wrapper, ``container_annotations``
++= ``cdi.k8s.io/*``) and, with ``set_default``, points ``default_runtime_name`` at it;
+``unconfigure`` takes exactly that back (restoring the previous default). The file is
+edited in place with tomlkit, in its own config version, so the administrator's comments
+and layout stay:
+
+* version 1 (no ``version`` key: containerd 1.x reads it so): ``[plugins.cri.containerd]``.
+  It is not converted: a faithful conversion needs every plugin's URI, which only
+  containerd's plugin registry knows (1.x has no ``config migrate``), and adding
+  ``version = 2`` to a file with short plugin keys makes containerd refuse it;
+* version 2 (containerd 1.x; 2.x migrates it): ``[plugins."io.containerd.grpc.v1.cri".containerd]``;
+* versions 3 and 4 (containerd 2.x; 2.4 writes 4):
+  ``[plugins."io.containerd.cri.v1.runtime".containerd]``.
+
+A config the edit cannot be made safe in raises ``RuntimeConfigError`` before anything is
+written: it does not parse, its version is unknown, it mixes plugin key styles (containerd
+refuses it), its default runtime is not runc, it uses the deprecated ``default_runtime``
+table (containerd 1.x then ignores ``default_runtime_name``), a runtime of the handler's
+name is someone else's, or an imported file defines the CRI section (it would shadow
+the edit). We do not use a drop-in under ``imports``: containerd 1.x replaces a whole
+plugin section per imported file (containerd#5837; NVIDIA's toolkit works around it by
+copying the entire CRI section into its drop-in, which then shadows later edits of the
+main file).
 
 A changed config takes effect when containerd restarts (it does not reload): ``restart``
 sends SIGHUP to the process serving the socket (found through the socket's peer
-credentials; containerd exits and its service manager restarts it, as NVIDIA's
-container toolkit does), or runs ``systemctl restart containerd`` on the host. Running
-containers are not affected: their shims keep running.
+credentials; containerd exits and its service manager restarts it, as NVIDIA's container
+toolkit does), or runs ``systemctl restart containerd`` on the host. A containerd started
+with SIGHUP ignored (``nohup``, some job runners) ignores it for good: that is read from
+``/proc/<pid>/status`` and refused up front. Running containers are not affected: their
+shims keep running. Whether containerd really serves the handler is read back through its
+CRI (``RuntimeService/Status``, verbose: the CRI plugin's config as containerd loaded it),
+never assumed.
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import re
 import signal
@@ -26,6 +48,7 @@ import socket
 import struct
 import subprocess
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,11 +59,17 @@ from ...core.errors import ConfigError, GpuK8sError
 
 ANNOTATIONS = (CDI_ANNOTATION_PREFIX + "*",)
 RESTART_MODES = ("signal", "systemd", "none")
+# the CRI plugin's key per config version
+CRI_PLUGINS = {1: "cri", 2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime",
+               4: "io.containerd.cri.v1.runtime"}
+RUNC_TYPES = ("io.containerd.runc.v2", "io.containerd.runc.v1")
+CRI_STATUS = "/runtime.v1.RuntimeService/Status"
 _VERSION_RE = re.compile(r"^(?P<kind>[a-z-]+)://v?(?P<major>\d+)\.(?P<minor>\d+)")
 
 
 class RuntimeConfigError(GpuK8sError):
-    """The container runtime's config cannot be changed safely; nothing was written."""
+    """The container runtime's config cannot be changed safely, or the runtime does not
+    serve it; nothing was left half-done."""
 
 
 def parse_runtime_version(value: str) -> tuple[str, tuple[int, int] | None]:
@@ -51,22 +80,81 @@ def parse_runtime_version(value: str) -> tuple[str, tuple[int, int] | None]:
     return match.group("kind"), (int(match.group("major")), int(match.group("minor")))
 
 
-def _cri_plugin(doc: Any) -> str:
+# ------------------------------------------------------------------------- the config file
+def _parse(text: str) -> Any:
+    try:
+        return tomlkit.parse(text)
+    except Exception as err:  # tomlkit raises its own parse errors
+        raise RuntimeConfigError(f"containerd config does not parse as TOML ({err}); nothing "
+                                 "was changed") from err
+
+
+def config_version(doc: Any) -> int:
+    """The config version as containerd reads it (no ``version`` key: 1)."""
     version = doc.get("version", 1)
-    if version == 2:
-        return "io.containerd.grpc.v1.cri"
-    if version == 3:
-        return "io.containerd.cri.v1.runtime"
-    raise RuntimeConfigError(
-        f"containerd config version {version}: only versions 2 (containerd 1.x) and 3 (2.x) "
-        "are supported; run `containerd config migrate` (2.x) or add `version = 2`"
-    )
+    if isinstance(version, bool) or not isinstance(version, int) or version not in CRI_PLUGINS:
+        raise RuntimeConfigError(
+            f"containerd config version {version!r}: only versions 1 and 2 (containerd 1.x) "
+            "and 3 and 4 (containerd 2.x) are known; nothing was changed")
+    return int(version)
 
 
-def _table(parent: Any, key: str) -> Any:
+def _cri_plugin(doc: Any) -> str:
+    """The CRI plugin's key under ``plugins`` for this document; refuses mixed styles."""
+    version = config_version(doc)
+    plugins = doc.get("plugins", {})
+    if not isinstance(plugins, Mapping):
+        raise RuntimeConfigError("containerd config: `plugins` is not a table; nothing was changed")
+    for key in plugins:
+        uri = str(key).startswith("io.containerd.")
+        if version == 1 and uri:
+            raise RuntimeConfigError(
+                f"containerd config has no `version` key, so containerd reads it as version 1, "
+                f"which names plugins by id (`cri`), yet it has [plugins.\"{key}\"]: containerd "
+                "would ignore that section; add `version = 2` yourself if that is what you "
+                "meant; nothing was changed")
+        if version > 1 and not uri:
+            raise RuntimeConfigError(
+                f"containerd config version {version} names a plugin by id ([plugins.{key}]): "
+                f"containerd refuses it (invalid plugin key URI {key!r}); nothing was changed")
+    return CRI_PLUGINS[version]
+
+
+def _table(parent: Any, key: str, where: str) -> Any:
     if key not in parent:
         parent[key] = tomlkit.table()
-    return parent[key]
+    value = parent[key]
+    if not isinstance(value, Mapping):
+        raise RuntimeConfigError(f"containerd config: {where}.{key} is not a table; nothing "
+                                 "was changed")
+    return value
+
+
+def cri_section_name(doc: Any) -> str:
+    key = _cri_plugin(doc)
+    return f"plugins.{key}" if "." not in key else f'plugins."{key}"'
+
+
+def import_patterns(text: str) -> list[str]:
+    """The config's ``imports`` (globs; relative ones are relative to the config's dir)."""
+    doc = _parse(text)
+    imports = doc.get("imports") or []
+    return [str(p) for p in imports] if isinstance(imports, list) else []
+
+
+def resolve_imports(text: str, config_path: str, to_host: Callable[[str], str]) -> dict[str, str]:
+    """Imported file (node path) -> its text, read through ``to_host``."""
+    found: dict[str, str] = {}
+    for pattern in import_patterns(text):
+        path = pattern if pattern.startswith("/") else os.path.join(
+            os.path.dirname(config_path), pattern)
+        for match in sorted(glob.glob(to_host(path))):
+            try:
+                with open(match, encoding="utf-8") as handle:
+                    found[match] = handle.read()
+            except OSError:
+                continue
+    return found
 
 
 @dataclass(frozen=True)
@@ -75,27 +163,54 @@ class Configured:
     changed: bool
     previous_default: str | None  # default_runtime_name before (to restore)
     base_binary: str | None  # the default runtime's BinaryName (what the wrapper execs)
+    version: int  # the config version the file was edited in
 
 
-def configure(text: str, handler: str, binary: str, set_default: bool) -> Configured:
-    """``text`` with the runtime handler added (see the module doc). Pure."""
-    try:
-        doc = tomlkit.parse(text or "version = 2\n")
-    except Exception as err:  # tomlkit raises its own parse errors
-        raise RuntimeConfigError(f"containerd config does not parse as TOML: {err}") from err
-    if "version" not in doc:
-        doc["version"] = 2
-    cri = _table(_table(doc, "plugins"), _cri_plugin(doc))
-    containerd = _table(cri, "containerd")
-    runtimes = _table(containerd, "runtimes")
+def configure(text: str, handler: str, binary: str, set_default: bool,
+              imported: Mapping[str, str] | None = None) -> Configured:
+    """``text`` with the runtime handler added (see the module doc). Pure; raises
+    ``RuntimeConfigError`` for a config the edit cannot be made safe in."""
+    doc = _parse(text) if text.strip() else _parse("version = 2\n")
+    plugin = _cri_plugin(doc)
+    where = cri_section_name(doc)
+    for path, imported_text in (imported or {}).items():
+        sub = _parse(imported_text)
+        if plugin in (sub.get("plugins") or {}):
+            raise RuntimeConfigError(
+                f"containerd config imports {path}, which defines [{where}]: it would shadow "
+                "the runtime handler in the main file; nothing was changed")
+    cri = _table(_table(doc, "plugins", ""), plugin, "plugins")
+    containerd = _table(cri, "containerd", where)
+    legacy = containerd.get("default_runtime")
+    if isinstance(legacy, Mapping) and legacy.get("runtime_type"):
+        raise RuntimeConfigError(
+            f"containerd config sets [{where}.containerd.default_runtime] (deprecated): "
+            "containerd 1.x then ignores default_runtime_name; move it to "
+            "runtimes.<name> and name it in default_runtime_name; nothing was changed")
+    runtimes = _table(containerd, "runtimes", f"{where}.containerd")
     previous = containerd.get("default_runtime_name")
     base_name = str(previous) if previous and previous != handler else "runc"
     base = runtimes.get(base_name)
+    if base is not None and not isinstance(base, Mapping):
+        raise RuntimeConfigError(f"containerd config: runtime {base_name!r} is not a table; "
+                                 "nothing was changed")
+    existing = runtimes.get(handler)
+    if existing is not None and (
+            not isinstance(existing, Mapping)
+            or (existing.get("options") or {}).get("BinaryName") != binary):
+        raise RuntimeConfigError(
+            f"containerd config already has a runtime {handler!r} that is not the wrapper "
+            f"{binary}: choose another handler name (chart option runtime.handler); nothing "
+            "was changed")
     entry = tomlkit.table()
     if base is not None:
-        for key, value in base.unwrap().items():
+        for key, value in (base.unwrap() if hasattr(base, "unwrap") else dict(base)).items():
             entry[key] = value
     entry.setdefault("runtime_type", "io.containerd.runc.v2")
+    if entry["runtime_type"] not in RUNC_TYPES:
+        raise RuntimeConfigError(
+            f"containerd's default runtime {base_name!r} is of type {entry['runtime_type']}: "
+            f"the wrapper wraps runc ({' or '.join(RUNC_TYPES)}); nothing was changed")
     options = entry.get("options") or {}
     base_binary = options.get("BinaryName") or None
     entry["options"] = {**options, "BinaryName": binary}
@@ -107,16 +222,13 @@ def configure(text: str, handler: str, binary: str, set_default: bool) -> Config
     after = tomlkit.dumps(doc)
     previous_default = None if previous == handler else (str(previous) if previous else None)
     return Configured(after, after != text, previous_default,
-                      str(base_binary) if base_binary else None)
+                      str(base_binary) if base_binary else None, config_version(doc))
 
 
 def unconfigure(text: str, handler: str, previous_default: str | None) -> tuple[str, bool]:
     """``text`` without the handler; ``default_runtime_name`` back to ``previous_default``
     when it points at the handler. Pure."""
-    try:
-        doc = tomlkit.parse(text)
-    except Exception as err:
-        raise RuntimeConfigError(f"containerd config does not parse as TOML: {err}") from err
+    doc = _parse(text)
     try:
         containerd = doc["plugins"][_cri_plugin(doc)]["containerd"]
     except (KeyError, RuntimeConfigError):
@@ -136,13 +248,106 @@ def unconfigure(text: str, handler: str, previous_default: str | None) -> tuple[
 def cdi_enabled(text: str) -> bool:
     """Whether the config turns containerd's own CDI support on (``enable_cdi``)."""
     try:
-        doc = tomlkit.parse(text)
+        doc = _parse(text)
         cri = doc["plugins"][_cri_plugin(doc)]
     except Exception:
         return False
     return bool(cri.get("enable_cdi", False))
 
 
+# ------------------------------------------------------------------ what containerd serves
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, pos
+
+
+def _fields(data: bytes) -> Iterator[tuple[int, Any]]:
+    """(field number, value) of a protobuf message: varints and length-delimited only,
+    which is all ``StatusResponse`` holds; a fixed-width field ends the walk."""
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            number_value, pos = _varint(data, pos)
+            yield number, number_value
+        elif wire == 2:
+            size, pos = _varint(data, pos)
+            yield number, data[pos:pos + size]
+            pos += size
+        else:
+            return
+
+
+def status_info(response: bytes) -> dict[str, str]:
+    """``StatusResponse.info`` (field 2, ``map<string, string>``) of CRI's runtime.v1."""
+    info: dict[str, str] = {}
+    for number, entry in _fields(response):
+        if number == 2 and isinstance(entry, bytes):
+            pair = {n: v for n, v in _fields(entry) if isinstance(v, bytes)}
+            info[pair.get(1, b"").decode()] = pair.get(2, b"").decode()
+    return info
+
+
+def cri_config(socket_path: str, timeout: float = 5.0) -> dict[str, Any]:
+    """The CRI plugin's config as the running containerd loaded it (CRI ``Status`` with
+    ``verbose``; ``info["config"]``, JSON). Raises ``RuntimeConfigError`` when the CRI does
+    not answer."""
+    import grpc
+
+    try:
+        with grpc.insecure_channel(f"unix://{socket_path}") as channel:
+            call = channel.unary_unary(CRI_STATUS, request_serializer=None,
+                                       response_deserializer=None)
+            response = call(b"\x08\x01", timeout=timeout)  # StatusRequest{verbose: true}
+    except grpc.RpcError as err:
+        raise RuntimeConfigError(f"containerd's CRI on {socket_path} does not answer: "
+                                 f"{err.code().name} {err.details()}") from err
+    raw = status_info(response).get("config")
+    try:
+        config = json.loads(raw) if raw else None
+    except ValueError:
+        config = None
+    if not isinstance(config, dict):
+        raise RuntimeConfigError(f"containerd's CRI on {socket_path} did not report its config "
+                                 "(CRI Status, verbose)")
+    return config
+
+
+def not_served(config: Mapping[str, Any], handler: str, binary: str | None,
+               set_default: bool) -> str | None:
+    """Why the CRI ``config`` (``cri_config``) does not serve the handler; None when it
+    does (``binary`` None: the handler must be absent, as after uninstall)."""
+    section = config.get("containerd") or {}
+    runtimes = section.get("runtimes") or {}
+    entry = runtimes.get(handler)
+    if binary is None:
+        return f"containerd still serves runtime handler {handler!r}" if entry else None
+    if not entry:
+        return f"containerd does not serve runtime handler {handler!r}"
+    served = (entry.get("options") or {}).get("BinaryName")
+    if served != binary:
+        return f"containerd's runtime handler {handler!r} runs {served!r}, not {binary}"
+    default = section.get("defaultRuntimeName")
+    if set_default and default != handler:
+        return f"containerd's default runtime is {default!r}, not {handler!r}"
+    return None
+
+
+def cri_cdi_enabled(config: Mapping[str, Any]) -> bool:
+    """Whether the running containerd's CRI injects CDI devices itself: ``enable_cdi``
+    (1.7, 2.0; default on in 2.x), always on where the option is gone (2.4 reports only
+    ``cdiSpecDirs``); 1.6 has neither."""
+    return bool(config.get("enableCDI", "cdiSpecDirs" in config))
+
+
+# ------------------------------------------------------------------------------ restart
 def socket_peer_pid(path: str) -> int:
     """pid of the process serving a unix socket (SO_PEERCRED); 0 when not visible here."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -153,43 +358,79 @@ def socket_peer_pid(path: str) -> int:
     return int(pid)
 
 
-def wait_for_socket(path: str, old_pid: int, timeout: float = 60.0) -> int:
-    """Wait until a new process serves ``path``; its pid."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            pid = socket_peer_pid(path)
-            if pid and pid != old_pid:
-                return pid
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeConfigError(f"containerd did not come back on {path} within {timeout:.0f}s "
-                             "after the restart: check its service manager")
+def peer_pid_or_zero(path: str) -> int:
+    try:
+        return socket_peer_pid(path)
+    except OSError:
+        return 0
 
 
-def restart(mode: str, socket_path: str, system_root: str) -> str:
-    """Make containerd read its config again; says what was done."""
+def ignores_sighup(pid: int, proc: str = "/proc") -> bool:
+    """Whether ``pid`` ignores SIGHUP (``SigIgn`` in /proc/<pid>/status): a Go program such
+    as containerd keeps a SIGHUP it was started with ignored, and then never exits on it."""
+    try:
+        with open(os.path.join(proc, str(pid), "status"), encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("SigIgn:"):
+                    return bool(int(line.split()[1], 16) & (1 << (signal.SIGHUP - 1)))
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def check_mode(mode: str) -> None:
     if mode not in RESTART_MODES:
         raise ConfigError(f"restart mode {mode!r}: choose one of {', '.join(RESTART_MODES)}")
+
+
+def systemctl(system_root: str, verb: str, unit: str) -> None:
+    """``systemctl VERB UNIT`` on the host (chroot into its /)."""
+    argv = ["chroot", system_root, "systemctl", verb, unit]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise RuntimeConfigError(f"{' '.join(argv)} exited with {done.returncode}: "
+                                 f"{(done.stderr or done.stdout).strip()}")
+
+
+def signal_daemon(mode: str, socket_path: str, system_root: str, daemon: str, unit: str,
+                  verb: str) -> tuple[str, int]:
+    """Make ``daemon`` (the process serving ``socket_path``; systemd's ``unit``) read its
+    config again: ``verb`` is ``restart`` (containerd exits on SIGHUP and its service manager
+    starts it again) or ``reload`` (dockerd reloads on SIGHUP). (What was done, the pid that
+    served the socket before.) Raises ``RuntimeConfigError`` when it cannot be done; the
+    caller waits for the result (``wait_for``)."""
+    check_mode(mode)
+    old = peer_pid_or_zero(socket_path)
     if mode == "none":
-        return "containerd not restarted (--restart-mode none): restart it to apply the config"
+        return f"{daemon} not {verb}ed (--restart-mode none): {verb} it to apply the config", old
     if mode == "systemd":
-        argv = ["chroot", system_root, "systemctl", "restart", "containerd"]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-        if done.returncode != 0:
-            raise RuntimeConfigError(f"{' '.join(argv)} exited with {done.returncode}: "
-                                     f"{(done.stderr or done.stdout).strip()}")
-        return "containerd restarted with systemctl"
-    try:
-        pid = socket_peer_pid(socket_path)
-    except OSError as err:
-        raise RuntimeConfigError(f"cannot reach containerd on {socket_path}: {err}") from err
-    if pid <= 0:
+        systemctl(system_root, verb, unit)
+        return f"{daemon} {verb}ed with systemctl", old
+    if old <= 0:
         raise RuntimeConfigError(
-            "containerd's pid is not visible from this pod: the signal restart mode needs "
-            "hostPID (the chart sets it), or use --restart-mode systemd"
-        )
-    os.kill(pid, signal.SIGHUP)
-    new = wait_for_socket(socket_path, pid)
-    return f"containerd restarted (SIGHUP to pid {pid}; now pid {new})"
+            f"{daemon}'s pid is not visible from here (socket {socket_path}): the signal "
+            "restart mode needs hostPID (the chart sets it), or use --restart-mode systemd")
+    if verb == "restart" and ignores_sighup(old):
+        raise RuntimeConfigError(
+            f"{daemon} (pid {old}) ignores SIGHUP: it was started with SIGHUP ignored (e.g. "
+            "under nohup), so the signal restart mode cannot restart it; restart "
+            f"{daemon} from its service manager, or use --restart-mode systemd")
+    os.kill(old, signal.SIGHUP)
+    return f"{daemon} {verb}ed (SIGHUP to pid {old})", old
+
+
+def restart(mode: str, socket_path: str, system_root: str) -> tuple[str, int]:
+    """containerd restarted onto its config (``signal_daemon``)."""
+    return signal_daemon(mode, socket_path, system_root, "containerd", "containerd", "restart")
+
+
+def wait_for(what: str, check: Callable[[], str | None], timeout: float) -> None:
+    """Poll ``check`` (None: done; else why not yet) until done or ``timeout``; raises
+    ``RuntimeConfigError`` with the last reason."""
+    deadline = time.monotonic() + timeout
+    reason = check()
+    while reason is not None:
+        if time.monotonic() >= deadline:
+            raise RuntimeConfigError(f"{what}: not within {timeout:.0f}s ({reason})")
+        time.sleep(0.5)
+        reason = check()

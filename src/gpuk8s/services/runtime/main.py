@@ -56,12 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefix of the spec's host paths (the simulator root in the lab)")
     p.add_argument("--cdi-dir", default="/etc/cdi", help="CDI spec directory on the node")
     p.add_argument("--cdi-kind", default="", help="CDI kind (default metax-tech.com/gpu)")
-    p.add_argument("--runtime", default="auto", choices=("auto", "containerd", "cdi", "none"),
+    p.add_argument("--runtime", default="auto",
+                   choices=("auto", "containerd", "docker", "cdi", "none"),
                    help="auto: from the Node's containerRuntimeVersion; cdi/none: spec only")
     p.add_argument("--containerd-config", default="/etc/containerd/config.toml")
     p.add_argument("--containerd-socket", default="/run/containerd/containerd.sock")
+    p.add_argument("--docker-config", default="",
+                   help="dockerd's daemon.json on docker nodes, e.g. /etc/docker/daemon.json "
+                   "(empty: docker nodes are reported failed, not configured)")
+    p.add_argument("--docker-socket", default="/var/run/docker.sock")
     p.add_argument("--restart-mode", default="signal", choices=RESTART_MODES,
-                   help="how containerd picks up its changed config (default signal)")
+                   help="how the runtime picks up its changed config: containerd restarts, "
+                   "dockerd reloads (default signal: SIGHUP)")
     p.add_argument("--handler", default="metax", help="runtime handler / RuntimeClass name")
     p.add_argument("--set-as-default", type=_bool, default=True,
                    help="make the handler containerd's default runtime (default true)")
@@ -92,8 +98,9 @@ def _validate(args: argparse.Namespace) -> None:
     if args.no_api and args.runtime == "auto":
         raise ConfigError("--runtime auto reads the Node's runtime version: it needs the API "
                           "(choose containerd, cdi or none with --no-api)")
-    for flag in ("cdi_dir", "containerd_config", "install_dir", "host_python"):
-        if not str(getattr(args, flag)).startswith("/"):
+    for flag in ("cdi_dir", "containerd_config", "docker_config", "install_dir", "host_python"):
+        if not str(getattr(args, flag)).startswith("/") and (flag, getattr(args, flag)) != (
+                "docker_config", ""):
             raise ConfigError(f"--{flag.replace('_', '-')} must be an absolute path")
     if not args.interval > 0:
         raise ConfigError(f"--interval: {args.interval} must be positive")
@@ -116,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             device_path_prefix=args.device_path_prefix.rstrip("/"), cdi_dir=args.cdi_dir,
             cdi_kind=args.cdi_kind, runtime=args.runtime, runtime_version=runtime_version,
             containerd_config=args.containerd_config, containerd_socket=args.containerd_socket,
+            docker_config=args.docker_config, docker_socket=args.docker_socket,
             restart_mode=args.restart_mode, handler=args.handler,
             set_default=args.set_as_default, install_dir=args.install_dir.rstrip("/"),
             host_python=args.host_python, status_dir=args.status_dir,

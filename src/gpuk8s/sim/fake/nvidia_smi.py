@@ -2,11 +2,20 @@
 """Simulated ``nvidia-smi``, installed as ``<root>/usr/bin/nvidia-smi``.
 
 Standalone (stdlib only): finds the simulated root from its own location and reads
-``<root>/var/lib/gpuk8s-sim/state.json``. Answers ``-L``, ``--query-gpu=... --format=csv
-[,noheader][,nounits]``, ``--query-compute-apps=...`` and ``topo -m``; load set with
-``gpuk8s sim load`` shows in the utilisation, memory, temperature, power, ECC and
-process fields. A GPU in fault is reported like a GPU that fell
-off the bus ("Unable to determine the device handle ...", exit status 15).
+``<root>/var/lib/gpuk8s-sim/state.json``. Answers with no argument (the status table the
+accelerator manual shows: ``Driver Version: ...  CUDA Version: ...``), ``-L``,
+``--query-gpu=... --format=csv[,noheader][,nounits]`` (``compute_cap``, ``driver_version``
+included; ``-l SEC`` repeats it every SEC seconds until interrupted, the heading once),
+``--query-compute-apps=...`` and ``topo -m``; load set with ``gpuk8s sim load``
+shows in the utilisation, memory, temperature, power, ECC and process fields. A GPU in
+fault is reported like a GPU that fell off the bus ("Unable to determine the device handle
+...", exit status 15).
+
+Like the real one, it is an NVML client: without ``libnvidia-ml.so.1`` (under the root; in
+a container, through the dynamic loader's cache) it exits 12, while the driver is not
+loaded it exits 9 ("couldn't communicate with the NVIDIA driver"), it sees only the GPUs
+whose ``/dev/nvidia<minor>`` it can reach (in a container: the ones it was given), and
+with none it prints "No devices were found" (exit 6).
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 UNITS = {"memory.total": "MiB", "memory.used": "MiB", "utilization.gpu": "%",
@@ -25,6 +35,28 @@ def root_dir() -> str:
     for _ in range(3):  # <root>/usr/bin/nvidia-smi
         here = os.path.dirname(here)
     return here
+
+
+NVML_SONAME = "libnvidia-ml.so.1"
+NVML_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib/aarch64-linux-gnu", "usr/lib")
+NO_NVML = ("NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure "
+           "that the NVIDIA Display Driver is properly installed and present in your system.\n"
+           "Please also try adding directory that contains libnvidia-ml.so to your system PATH.")
+NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+             "Make sure that the latest NVIDIA driver is installed and running.")
+
+
+def has_nvml(root: str) -> bool:
+    """Whether NVML can be found the way the real nvidia-smi looks for it."""
+    if root != "/":
+        return any(os.path.isfile(os.path.join(root, d, NVML_SONAME)) for d in NVML_DIRS)
+    import ctypes  # the whole host (or a container): the dynamic loader decides
+
+    try:
+        ctypes.CDLL(NVML_SONAME)
+    except OSError:
+        return False
+    return True
 
 
 def load() -> dict[str, Any]:
@@ -61,6 +93,8 @@ def value(state: dict[str, Any], gpu: dict[str, Any], n: int, name: str) -> str:
         "uuid": gpu["uuid"],
         "driver_version": state["driver"]["version"],
         "minor_number": gpu["index"],
+        "compute_cap": gpu.get("compute_capability", "[N/A]"),
+        "pci.device_id": f"0x{gpu['device']:04X}{gpu['vendor']:04X}",
     }
     return str(values.get(name, "[N/A]"))
 
@@ -91,14 +125,97 @@ def csv_query(query: str, fmt: str, rows: list[dict[str, object]]) -> int:
     return 0
 
 
+def table(state: dict[str, Any], gpus: list[dict[str, Any]]) -> None:
+    """The status table of ``nvidia-smi`` with no argument (the layout of driver 550)."""
+    driver = state["driver"]
+    print(time.strftime("%a %b %d %H:%M:%S %Y"))
+    rule = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
+    print("+" + "-" * 89 + "+")
+    head = (f"| NVIDIA-SMI {driver['version']:<22}Driver Version: {driver['version']:<15}"
+            f"CUDA Version: {driver.get('cuda') or 'N/A':<9}")
+    print(head.ljust(90) + "|")
+    print(rule.replace("+", "|", 1)[:-1] + "+")
+    print("| GPU  Name                 Persistence-M | Bus-Id          Disp.A |"
+          " Volatile Uncorr. ECC |")
+    print("| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage |"
+          " GPU-Util  Compute M. |")
+    print("|                                         |                        |"
+          "               MIG M. |")
+    print("|" + "=" * 41 + "+" + "=" * 24 + "+" + "=" * 22 + "|")
+    for n, gpu in enumerate(gpus):
+        load_ = gpu_load(gpu)
+        print(f"| {n:>3}  {gpu['name'][:28]:<28}   On  | {bus_id(gpu):>18} Off |"
+              f" {load_['ecc_uncorrected']:>20} |")
+        power = f"{round(float(load_['power']))}W /  700W"
+        memory = f"{int(load_['memory_used_mib'])}MiB / {gpu['memory_mib']}MiB"
+        print(f"| N/A   {int(load_['temperature']):>2}C    P0 {power:>23} | {memory:>22} |"
+              f" {int(load_['utilization']):>6}%      Default |")
+        print("|                                         |                        |"
+              "             Disabled |")
+        print(rule)
+    print()
+    print("+" + "-" * 89 + "+")
+    print("| Processes:".ljust(90) + "|")
+    print("|  GPU   GI   CI        PID   Type   Process name".ljust(79) + "GPU Memory |")
+    print("|        ID   ID".ljust(79) + "Usage      |")
+    print("|" + "=" * 89 + "|")
+    positions = {g["index"]: n for n, g in enumerate(gpus)}
+    procs = [p for p in state.get("processes", []) if p["gpu"] in positions]
+    if not procs:
+        print("|  No running processes found".ljust(90) + "|")
+    for proc in procs:
+        print(f"|  {positions[proc['gpu']]:>3}   N/A  N/A  {proc['pid']:>9}      C   "
+              f"{(proc.get('name') or 'python3')[:40]:<40} {int(proc['memory_mib']):>8}MiB |")
+    print("+" + "-" * 89 + "+")
+
+
+def loop_seconds(argv: list[str]) -> tuple[float | None, list[str]]:
+    """``-l [SEC]`` / ``--loop=SEC`` (nvidia-smi's default 5 s): the period, and argv
+    without it."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--loop="):
+            return float(arg.split("=", 1)[1]), argv[:i] + argv[i + 1:]
+        if arg in ("-l", "--loop"):
+            given = argv[i + 1] if i + 1 < len(argv) else ""
+            if given.replace(".", "", 1).isdigit():
+                return float(given), argv[:i] + argv[i + 2:]
+            return 5.0, argv[:i] + argv[i + 1:]
+    return None, argv
+
+
 def main(argv: list[str]) -> int:
+    seconds, argv = loop_seconds(argv)
+    if seconds is None:
+        return once(argv)
+    # repeat until interrupted, as the real one does; the CSV heading only once
+    later = [a + ",noheader" if a.startswith("--format=") else a for a in argv]
+    rc = once(argv)
+    while rc == 0:
+        sys.stdout.flush()
+        time.sleep(seconds)
+        rc = once(later)
+    return rc
+
+
+def once(argv: list[str]) -> int:
+    if not has_nvml(root_dir()):
+        print(NO_NVML)
+        return 12
     try:
         state = load()
-    except (OSError, ValueError) as err:
-        print(f"NVIDIA-SMI has failed: {err}", file=sys.stderr)
+    except (OSError, ValueError):
+        print(NO_DRIVER)
         return 9
-    present = [g for g in state["gpus"] if g["status"] in ("ok", "fault")]
+    if not state["driver"].get("loaded"):
+        print(NO_DRIVER)
+        return 9
+    root = root_dir()
+    present = [g for g in state["gpus"] if g["status"] in ("ok", "fault")
+               and os.path.lexists(os.path.join(root, f"dev/nvidia{g['index']}"))]
     gpus = [g for g in present if g["status"] == "ok"]
+    if not gpus and not present:
+        print("No devices were found")
+        return 6
     broken = [g for g in present if g["status"] == "fault"]
     for gpu in broken:
         print(f"Unable to determine the device handle for GPU{bus_id(gpu)}: "
@@ -142,7 +259,10 @@ def main(argv: list[str]) -> int:
               "a NUMA node\n  PIX  = Connection traversing at most a single PCIe bridge\n"
               "  NV#  = Connection traversing a bonded set of # NVLinks")
         return rc
-    if argv[:1] == ["-L"] or not argv:
+    if not argv:
+        table(state, gpus)
+        return rc
+    if argv[:1] == ["-L"]:
         for n, gpu in enumerate(gpus):
             print(f"GPU {n}: {gpu['name']} (UUID: {gpu['uuid']})")
         return rc

@@ -64,7 +64,8 @@ typedef struct {
 struct gpu {
     char status[16], bus_id[32], uuid[96], name[96];
     unsigned long long total, used, ecc_corrected, ecc_uncorrected;
-    unsigned int util, mem_util, temp, power_mw;
+    unsigned int util, mem_util, temp, power_mw, pci_device_id;
+    int cc_major, cc_minor; /* CUDA compute capability */
 };
 
 struct proc {
@@ -112,9 +113,11 @@ static nvmlReturn_t load(struct table *t) {
         } else if (!strncmp(line, "gpu ", 4) && t->ngpus < MAX_GPUS) {
             struct gpu *g = &t->gpus[t->ngpus];
             int used = 0;
-            if (sscanf(line + 4, "%15s %31s %95s %llu %llu %u %u %u %u %llu %llu %n", g->status,
-                       g->bus_id, g->uuid, &g->total, &g->used, &g->util, &g->mem_util, &g->temp,
-                       &g->power_mw, &g->ecc_corrected, &g->ecc_uncorrected, &used) >= 11) {
+            if (sscanf(line + 4, "%15s %31s %95s %llu %llu %u %u %u %u %llu %llu %d %d %x %n",
+                       g->status, g->bus_id, g->uuid, &g->total, &g->used, &g->util,
+                       &g->mem_util, &g->temp, &g->power_mw, &g->ecc_corrected,
+                       &g->ecc_uncorrected, &g->cc_major, &g->cc_minor, &g->pci_device_id,
+                       &used) >= 14) {
                 snprintf(g->name, sizeof g->name, "%s", line + 4 + used);
                 t->ngpus++;
             }
@@ -220,6 +223,40 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *han
     return NVML_SUCCESS;
 }
 
+/* "0000:18:00.0" and "00000000:18:00.0" name the same function, as in NVML. */
+static int same_bus_id(const char *a, const char *b) {
+    unsigned int d1, b1, v1, f1, d2, b2, v2, f2;
+    if (sscanf(a, "%x:%x:%x.%x", &d1, &b1, &v1, &f1) != 4) return 0;
+    if (sscanf(b, "%x:%x:%x.%x", &d2, &b2, &v2, &f2) != 4) return 0;
+    return d1 == d2 && b1 == b2 && v1 == v2 && f1 == f2;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDevice_t *handle) {
+    static struct table t;
+    nvmlReturn_t rc;
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!bus_id || !handle) return NVML_ERROR_INVALID_ARGUMENT;
+    if ((rc = load(&t)) != NVML_SUCCESS) return rc;
+    for (int i = 0; i < t.ngpus; i++) {
+        if (!same_bus_id(t.gpus[i].bus_id, bus_id)) continue;
+        if (strcmp(t.gpus[i].status, "ok") != 0) return NVML_ERROR_GPU_IS_LOST;
+        *handle = (nvmlDevice_t)(uintptr_t)(i + 1);
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t handle, int *major, int *minor) {
+    static struct table t;
+    nvmlReturn_t rc;
+    struct gpu *g = device(handle, &t, &rc);
+    if (!g) return rc;
+    if (!major || !minor) return NVML_ERROR_INVALID_ARGUMENT;
+    *major = g->cc_major;
+    *minor = g->cc_minor;
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t handle, char *name, unsigned int length) {
     static struct table t;
     nvmlReturn_t rc;
@@ -246,7 +283,7 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t handle, nvmlPciInfo_t *pci) {
     pci->domain = domain;
     pci->bus = bus;
     pci->device = dev;
-    pci->pciDeviceId = 0x233010de;
+    pci->pciDeviceId = g->pci_device_id;
     snprintf(pci->busId, sizeof pci->busId, "%s", g->bus_id);
     snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04x:%02x:%02x.%x", domain, bus, dev, fn);
     return NVML_SUCCESS;

@@ -21,15 +21,24 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from ...core.model import NodeInventory
 from ...discovery import check_health, sysfs
 from .devices import DeviceSet
-from .metrics import PluginMetrics
 
 log = logging.getLogger("gpuk8s.deviceplugin.health")
 
 HealthCheck = Callable[[str, NodeInventory], Mapping[int, str | None]]
+
+
+class HealthMetrics(Protocol):
+    """What the loop reports (gpu-device's ``PluginMetrics`` has these)."""
+
+    last_health_check: Any
+    health_changes: Any
+
+    def set_devices(self, healthy: int, unhealthy: int) -> None: ...
 
 
 def _default_check(root: str, inventory: NodeInventory) -> Mapping[int, str | None]:
@@ -42,7 +51,7 @@ class HealthMonitor:
         devices: DeviceSet,
         root: str,
         interval: float,
-        metrics: PluginMetrics,
+        metrics: HealthMetrics,
         *,
         removal_poll: float = 0.5,
         check: HealthCheck = _default_check,
@@ -156,3 +165,13 @@ class HealthMonitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+def liveness(health: HealthMonitor, loops: Mapping[str, bool]) -> tuple[bool, dict[str, Any]]:
+    """A node plugin's /healthz: every loop runs (``loops``: what to say when one does not
+    -> whether it runs) and the health loop is alive."""
+    problems = [problem for problem, running in loops.items() if not running]
+    ok, reason = health.alive()
+    if not ok and reason:
+        problems.append(reason)
+    return not problems, {"problems": problems, "healthChecks": health.checks_done}

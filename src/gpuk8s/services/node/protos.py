@@ -1,4 +1,6 @@
-"""Python modules for the kubelet gRPC APIs, generated from ``proto/*.proto``.
+"""Python modules for the kubelet gRPC APIs, generated from ``proto/*.proto``: the device
+plugin and PodResources APIs (written for gpuk8s), and the DRA plugin, DRA health and plugin
+registration APIs (vendored from k8s.io/kubelet).
 
 Generated code is never committed. It is produced
 
@@ -8,7 +10,8 @@ Generated code is never committed. It is produced
   older than the ``.proto`` files and grpcio-tools is importable (the dev extra).
 
 Only message modules (``*_pb2``) are generated: the services are wired with gRPC's
-generic handlers (``grpcapi.py``), so the generated code never pins a grpcio version.
+generic handlers (``node/grpcapi.py``, ``deviceplugin/grpcapi.py``), so the generated code
+never pins a grpcio version.
 
 This module imports only the stdlib at module level: ``setup.py`` loads it by path.
 """
@@ -25,8 +28,15 @@ from types import ModuleType
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO_DIR = os.path.join(HERE, "proto")
 API_DIR = os.path.join(HERE, "api")
-API_PACKAGE = "gpuk8s.services.deviceplugin.api"
-PROTOS: tuple[str, ...] = ("deviceplugin_v1beta1.proto", "podresources_v1.proto")
+API_PACKAGE = "gpuk8s.services.node.api"
+PROTOS: tuple[str, ...] = (
+    "deviceplugin_v1beta1.proto",
+    "podresources_v1.proto",
+    "dra_v1.proto",
+    "dra_v1beta1.proto",
+    "drahealth_v1alpha1.proto",
+    "pluginregistration_v1.proto",
+)
 STAMP = "_source.sha256"
 
 
@@ -100,16 +110,25 @@ def _stale(api_dir: str) -> bool:
 
 def load() -> tuple[ModuleType, ModuleType]:
     """``(deviceplugin_v1beta1_pb2, podresources_v1_pb2)``, generating them if needed."""
+    deviceplugin, podresources = load_modules("deviceplugin_v1beta1", "podresources_v1")
+    return deviceplugin, podresources
+
+
+def load_modules(*stems: str) -> tuple[ModuleType, ...]:
+    """The generated ``<stem>_pb2`` modules (stems of ``PROTOS``), generating them if
+    needed."""
+    unknown = [s for s in stems if f"{s}.proto" not in PROTOS]
+    if unknown:
+        raise ProtoBuildError(f"no such kubelet API: {', '.join(unknown)}")
     if _stale(API_DIR):
         try:
             generate(API_DIR)
         except (ProtoBuildError, OSError) as err:
-            if not os.path.exists(os.path.join(API_DIR, "deviceplugin_v1beta1_pb2.py")):
+            if not all(os.path.exists(os.path.join(API_DIR, f"{s}_pb2.py")) for s in stems):
                 raise ProtoBuildError(f"kubelet API modules are missing: {err}") from err
         importlib.invalidate_caches()
     try:
-        deviceplugin = importlib.import_module(f"{API_PACKAGE}.deviceplugin_v1beta1_pb2")
-        podresources = importlib.import_module(f"{API_PACKAGE}.podresources_v1_pb2")
+        return tuple(importlib.import_module(f"{API_PACKAGE}.{s}_pb2") for s in stems)
     except ImportError as err:
         raise ProtoBuildError(f"kubelet API modules are missing: {err}") from err
     except Exception as err:  # protobuf's VersionError: gencode newer than the runtime
@@ -119,4 +138,3 @@ def load() -> tuple[ModuleType, ModuleType]:
             f"{runtime} ({err}); install a protobuf matching the grpcio-tools used at build "
             "time, or rebuild in this environment (pip install --no-build-isolation .)"
         ) from err
-    return deviceplugin, podresources

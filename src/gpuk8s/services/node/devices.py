@@ -244,6 +244,31 @@ class DeviceSet:
             self.topology, list(available), size, list(must_include), unhealthy=sick
         )
 
+    def in_host_order(self, units: Sequence[Unit]) -> list[Unit]:
+        return sorted(set(units), key=lambda u: self.topology.position[u.id])
+
+    def device_env(self, units: Sequence[Unit]) -> dict[str, str]:
+        """What a container holding ``units`` (in host order) learns of them: the vendor's
+        visible-devices variable (``options.visible_devices``) and ``GPUK8S_DEVICE_IDS``."""
+        env: dict[str, str] = {}
+        name = VISIBLE_ENV.get(self.backend)
+        value = visible_value(
+            self.inventory, units, self.options.visible_devices, self.topology.position
+        )
+        if name and value is not None:
+            env[name] = value
+        env["GPUK8S_DEVICE_IDS"] = ",".join(u.id for u in units)
+        return env
+
+    def sdk_source(self) -> SdkSource | None:
+        """The host SDK to mount (``options.mount_sdk``; the backend's default paths)."""
+        opts = self.options
+        if not opts.mount_sdk:
+            return None
+        paths = opts.sdk_paths if opts.sdk_paths is not None else DEFAULT_SDK_PATHS.get(
+            self.backend, ())
+        return SdkSource(paths=tuple(paths)) if paths else None
+
     def container_spec(self, device_ids: Sequence[str]) -> ContainerSpec:
         """What the runtime must give a container holding ``device_ids``.
 
@@ -258,22 +283,11 @@ class DeviceSet:
         if sick:
             detail = "; ".join(f"{uid}: {why}" for uid, why in sick)
             raise UnhealthyDeviceError(f"unhealthy device(s) requested: {detail}")
-        units = sorted(set(units), key=lambda u: self.topology.position[u.id])
+        units = self.in_host_order(units)
         opts = self.options
         spec = ContainerSpec()
-        env = VISIBLE_ENV.get(self.backend)
-        value = visible_value(self.inventory, units, opts.visible_devices, self.topology.position)
-        if env and value is not None:
-            spec.envs[env] = value
-        spec.envs["GPUK8S_DEVICE_IDS"] = ",".join(u.id for u in units)
-        sdk = None
-        if opts.mount_sdk:
-            paths = (
-                opts.sdk_paths
-                if opts.sdk_paths is not None
-                else DEFAULT_SDK_PATHS.get(self.backend, ())
-            )
-            sdk = SdkSource(paths=tuple(paths)) if paths else None
+        spec.envs.update(self.device_env(units))
+        sdk = self.sdk_source()
         if opts.cdi:
             kind = opts.cdi_kind or self.resource_name
             spec.cdi_devices = [qualified(kind, u.id) for u in units]

@@ -1,0 +1,262 @@
+{{/*
+gpu-dra: the DRA driver gpu.metax-tech.com (resource.k8s.io/v1), its DeviceClasses, RBAC and
+the admission policy that limits it to its own node's ResourceSlices.
+It runs only on nodes labelled gpuk8s.io/allocation-mode=dra (and gpu.installed /
+driver.ready, as gpu-device); gpu-device stays off those nodes (gpuk8s.gpuDevice), so a
+node is served by one of them, never both.
+Context: root, requiredLabels, schemeArgs (flags the scheme adds, e.g. --mount-sdk).
+*/}}
+{{- define "gpuk8s.draModeLabel" -}}gpuk8s.io/allocation-mode{{- end -}}
+
+{{- define "gpuk8s.gpuDra" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values.gpuDra -}}
+{{- $ctx := dict "root" $root "component" "gpu-dra" "values" $v -}}
+{{- $pluginDir := printf "%s/gpu.metax-tech.com" (trimSuffix "/" $root.Values.hostPaths.kubeletPlugins) -}}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: gpu-dra
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+automountServiceAccountToken: true
+---
+# gpu-dra publishes its node's ResourceSlices, reads the claims the kubelet asks it to
+# prepare, and reads its Node (the gpuk8s.io/sharing-mode label): nothing else.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: {{ include "gpuk8s.clusterName" $ctx }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+rules:
+  - apiGroups: ["resource.k8s.io"]
+    resources: ["resourceslices"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  - apiGroups: ["resource.k8s.io"]
+    resources: ["resourceclaims"]
+    verbs: ["get"]
+  - apiGroups: [""]
+    resources: ["nodes"]
+    verbs: ["get"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: {{ include "gpuk8s.clusterName" $ctx }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: {{ include "gpuk8s.clusterName" $ctx }}
+subjects:
+  - kind: ServiceAccount
+    name: gpu-dra
+    namespace: {{ $root.Release.Namespace }}
+{{- if $root.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" }}
+{{- $user := printf "system:serviceaccount:%s:gpu-dra" $root.Release.Namespace }}
+---
+# RBAC cannot say "only your own node's slices": gpu-dra may write ResourceSlices of
+# driver gpu.metax-tech.com whose nodeName is the node its pod runs on (from the
+# pod-bound token, as the own-node Node policy does), nothing else.
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {{ include "gpuk8s.clusterName" (dict "root" $root "component" "dra-own-node") }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: ["resource.k8s.io"]
+        apiVersions: ["*"]
+        operations: ["CREATE", "UPDATE", "DELETE"]
+        resources: ["resourceslices"]
+  matchConditions:
+    - name: gpu-dra
+      expression: {{ printf "request.userInfo.username == %q" $user | quote }}
+  variables:
+    - name: slice
+      expression: "request.operation == 'DELETE' ? oldObject : object"
+    - name: node
+      expression: >-
+        has(request.userInfo.extra) &&
+        'authentication.kubernetes.io/node-name' in request.userInfo.extra ?
+        request.userInfo.extra['authentication.kubernetes.io/node-name'][0] : ''
+  validations:
+    - expression: >-
+        variables.node != '' && has(variables.slice.spec.nodeName) &&
+        variables.slice.spec.nodeName == variables.node &&
+        variables.slice.spec.driver == 'gpu.metax-tech.com' &&
+        (request.operation != 'UPDATE' || (has(oldObject.spec.nodeName) &&
+         oldObject.spec.nodeName == variables.node))
+      messageExpression: >-
+        request.userInfo.username + ' may write only ResourceSlices of driver
+        gpu.metax-tech.com for the node its pod runs on (' + variables.node + '), not ' +
+        variables.slice.metadata.name
+      reason: Forbidden
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {{ include "gpuk8s.clusterName" (dict "root" $root "component" "dra-own-node") }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+spec:
+  policyName: {{ include "gpuk8s.clusterName" (dict "root" $root "component" "dra-own-node") }}
+  validationActions: [Deny]
+{{- end }}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: metax-gpu-dra
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+spec:
+  selector:
+    matchLabels:
+      {{- include "gpuk8s.selectorLabels" $ctx | nindent 6 }}
+  updateStrategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxUnavailable: 1
+  template:
+    metadata:
+      labels:
+        {{- include "gpuk8s.labels" $ctx | nindent 8 }}
+    spec:
+      serviceAccountName: gpu-dra
+      priorityClassName: system-node-critical
+      {{- with include "gpuk8s.imagePullSecrets" $root | trim }}{{ . | nindent 6 }}{{ end }}
+      affinity:
+        {{- include "gpuk8s.requireLabels" (dict "requiredLabels" (merge (dict (include "gpuk8s.draModeLabel" .) "dra") .requiredLabels)) | nindent 8 }}
+      tolerations:
+        {{- include "gpuk8s.nodeAgentTolerations" $root | nindent 8 }}
+      securityContext:
+        {{- include "gpuk8s.podSecurityContext" $root | nindent 8 }}
+      containers:
+        - name: gpu-dra
+          image: {{ include "gpuk8s.image" $ctx | quote }}
+          imagePullPolicy: {{ $root.Values.pullPolicy | quote }}
+          command: ["gpuk8s"]
+          args:
+            - serve
+            - dra-plugin
+            - --host-root=/host
+            - {{ printf "--healthy-interval=%v" $v.healthyInterval | quote }}
+            - {{ printf "--plugin-dir=%s" $pluginDir | quote }}
+            - {{ printf "--registry-dir=%s" (trimSuffix "/" $root.Values.hostPaths.pluginsRegistry) | quote }}
+            - {{ printf "--cdi-dir=%s" (trimSuffix "/" $root.Values.hostPaths.cdi) | quote }}
+            - {{ printf "--group-devices=%s" (ternary "on" "off" $v.groupDevices) | quote }}
+            - {{ printf "--unhealthy-devices=%s" $v.unhealthyDevices | quote }}
+            - --sharing-mode=auto
+            {{- with trimSuffix "/" $root.Values.hostPaths.root }}
+            # the host tree is not the node's /: device paths in CDI specs live under it
+            - {{ printf "--device-path-prefix=%s" . | quote }}
+            {{- end }}
+            - --health-port=8083
+            {{- range .schemeArgs }}
+            - {{ . | quote }}
+            {{- end }}
+            {{- range $v.extraArgs }}
+            - {{ . | quote }}
+            {{- end }}
+            {{- include "gpuk8s.logArgs" $ctx | nindent 12 }}
+          env:
+            {{- include "gpuk8s.nodeNameEnv" $root | nindent 12 }}
+          ports:
+            - name: health
+              containerPort: 8083
+              protocol: TCP
+          # live: the socket server, the slice publisher and the health loop run;
+          # ready: registered with the kubelet and the slices published
+          livenessProbe:
+            httpGet:
+              path: /healthz
+              port: health
+            initialDelaySeconds: 30
+            periodSeconds: 30
+            timeoutSeconds: 5
+          readinessProbe:
+            httpGet:
+              path: /readyz
+              port: health
+            periodSeconds: 10
+            timeoutSeconds: 5
+          # Privileged: the health check opens the GPU device nodes, and the plugin serves
+          # its sockets in the kubelet's root-owned directories and writes CDI specs.
+          securityContext:
+            privileged: true
+            readOnlyRootFilesystem: true
+          {{- with include "gpuk8s.resources" $ctx | trim }}{{ . | nindent 10 }}{{ end }}
+          volumeMounts:
+            # the kubelet dials the socket path gpu-dra registers: same path inside and out
+            - name: plugin
+              mountPath: {{ $pluginDir | quote }}
+            - name: plugins-registry
+              mountPath: {{ trimSuffix "/" $root.Values.hostPaths.pluginsRegistry | quote }}
+            - name: cdi
+              mountPath: {{ trimSuffix "/" $root.Values.hostPaths.cdi | quote }}
+            {{- include "gpuk8s.hostReadMounts" $root | trim | nindent 12 }}
+            {{- with include "gpuk8s.logVolumeMount" $ctx | trim }}{{ . | nindent 12 }}{{ end }}
+      volumes:
+        - name: plugin
+          hostPath:
+            path: {{ $pluginDir | quote }}
+            type: DirectoryOrCreate
+        - name: plugins-registry
+          hostPath:
+            path: {{ trimSuffix "/" $root.Values.hostPaths.pluginsRegistry | quote }}
+            type: Directory
+        - name: cdi
+          hostPath:
+            path: {{ trimSuffix "/" $root.Values.hostPaths.cdi | quote }}
+            type: DirectoryOrCreate
+        {{- include "gpuk8s.hostReadVolumes" $root | trim | nindent 8 }}
+        {{- with include "gpuk8s.logVolume" $ctx | trim }}{{ . | nindent 8 }}{{ end }}
+{{- if $v.deviceClasses }}
+{{- include "gpuk8s.draDeviceClasses" $root }}
+{{- end }}
+{{- end -}}
+
+{{/*
+DeviceClasses of gpu.metax-tech.com (cluster-scoped). `gpu.metax-tech.com` is what
+`metax-tech.com/gpu` means on a device-plugin node (a GPU, or a VF where VFs are on) and,
+with gpuDra.extendedResource, serves pods that still ask for that extended resource.
+Context: root.
+*/}}
+{{- define "gpuk8s.draDeviceClasses" -}}
+{{- $v := .Values.gpuDra -}}
+{{- $ctx := dict "root" . "component" "gpu-dra" -}}
+{{- $driver := "device.driver == 'gpu.metax-tech.com'" -}}
+{{- $type := "device.attributes['gpu.metax-tech.com'].type" -}}
+{{- $classes := list
+  (dict "name" "gpu.metax-tech.com" "cel" (printf "%s && %s in ['gpu', 'vf']" $driver $type) "extended" $v.extendedResource)
+  (dict "name" "vf.gpu.metax-tech.com" "cel" (printf "%s && %s == 'vf'" $driver $type))
+  (dict "name" "sgpu.gpu.metax-tech.com" "cel" (printf "%s && %s == 'gpu' && 'vcore' in device.capacity['gpu.metax-tech.com']" $driver $type))
+-}}
+{{- range $size := list 2 4 8 }}
+{{- $classes = append $classes (dict "name" (printf "group-%d.gpu.metax-tech.com" $size) "cel" (printf "%s && %s == 'group' && device.attributes['gpu.metax-tech.com'].groupSize == %d" $driver $type $size)) }}
+{{- end }}
+{{- range $classes }}
+---
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: {{ .name }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+spec:
+  selectors:
+    - cel:
+        expression: {{ .cel | quote }}
+  {{- if .extended }}
+  extendedResourceName: metax-tech.com/gpu
+  {{- end }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,403 @@
+"""What gpu-dra publishes: a node's GPUs as DRA devices in ResourceSlices (resource.k8s.io/v1).
+
+One device per allocatable unit (``core.topology.units_for_inventory``: a GPU, or a VF
+when VFs are configured), named ``gpu-<index>`` / ``gpu-<index>-vf-<n>``, with the
+attributes of SPEC §14 under the driver's domain (``gpu.metax-tech.com``) and Kubernetes'
+standard ``resource.kubernetes.io/pcieRoot`` and ``pciBusID``; capacity ``memory``.
+
+Two optional shapes, each needing an alpha feature of Kubernetes 1.35:
+
+* **Group devices** (``DRAPartitionableDevices``): a link-complete 2-, 4- or 8-GPU set
+  (every pair joined by MetaXLink / NVLink) as one device ``group-<i>-<j>...``. A counter
+  set ``gpus`` (in a slice of its own: the API allows counters or devices per slice) has
+  one counter per GPU; each GPU device consumes its GPU's counter and a group device its
+  members', so a GPU is never handed out twice. Groups are the aligned 2- and 4-blocks of
+  each link group in index order and the whole group when its size is 2, 4 or 8, so
+  that pairs do not straddle quads (SPEC §3 rule 3).
+* **sGPU** (``DRAConsumableCapacity``; the node's ``gpuk8s.io/sharing-mode`` is ``sgpu``):
+  each GPU device allows multiple allocations and offers consumable ``vcore`` (percent,
+  1-100), ``vmemory`` (MiB steps) and ``shares`` (16 slots, one per allocation), the
+  accounting ``core.sharing.fits`` applies for gpu-aware. A claim without capacity
+  requests takes the defaults: all of ``vcore`` and ``vmemory``, the GPU exclusively.
+
+Unhealthy devices carry a ``NoSchedule`` taint (``DRADeviceTaints``) or are left out.
+
+Device order inside a slice is the order the scheduler's first-fit allocator tries
+(``steering_order``). Pure: stdlib only, Python 3.8+.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+from .model import Gpu, LinkKind, NodeInventory
+from .sharing import DEFAULT_SLOTS, FULL_CORE, MODE_EXCLUSIVE, MODE_SGPU
+from .topology import Topology, Unit, units_for_inventory
+
+DRIVER = "gpu.metax-tech.com"
+API_VERSION = "resource.k8s.io/v1"
+STANDARD = "resource.kubernetes.io/"
+PCIE_ROOT = STANDARD + "pcieRoot"
+PCI_BUS_ID = STANDARD + "pciBusID"
+
+TYPE_GPU = "gpu"
+TYPE_VF = "vf"
+TYPE_GROUP = "group"
+GROUP_SIZES = (2, 4, 8)
+COUNTER_SET = "gpus"
+MAX_COUNTERS = 32  # per counter set (ResourceSliceMaxCountersPerCounterSet)
+MAX_DEVICES = 64  # per slice when devices consume counters or carry taints
+UNHEALTHY_TAINT = DRIVER + "/unhealthy"
+UNHEALTHY_MODES = ("taint", "remove")
+DRA_SHARING_MODES = (MODE_EXCLUSIVE, MODE_SGPU)
+
+# attribute and capacity names (the driver's domain is implied)
+ATTRIBUTE_NAMES = (
+    "type", "productName", "uuid", "serial", "index", "driverVersion", "sdkVersion",
+    "linkGroup", "pcieSwitch", "numaNode", "parentIndex", "vfIndex", "groupSize", "members",
+    PCIE_ROOT, PCI_BUS_ID,
+)  # fmt: skip
+CAPACITY_MEMORY = "memory"
+CAPACITY_VCORE = "vcore"
+CAPACITY_VMEMORY = "vmemory"
+CAPACITY_SHARES = "shares"
+
+SELF = int(LinkKind.SELF)
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class DraError(ConfigError):
+    """Slices cannot be built as asked (the message names the option)."""
+
+
+@dataclass(frozen=True)
+class DraDevice:
+    """One device of the node's pool."""
+
+    name: str
+    type: str  # TYPE_GPU | TYPE_VF | TYPE_GROUP
+    units: tuple[Unit, ...]  # what a claim of it gets (one unit; a group's members)
+    attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    capacity: dict[str, dict[str, Any]] = field(default_factory=dict)
+    counters: tuple[str, ...] = ()  # counters of COUNTER_SET it consumes (1 each)
+    shared: bool = False  # allowMultipleAllocations (sGPU)
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(sorted({u.gpu for u in self.units}))
+
+    def to_api(self, taint: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "attributes": dict(self.attributes)}
+        if self.capacity:
+            out["capacity"] = dict(self.capacity)
+        if self.counters:
+            out["consumesCounters"] = [{
+                "counterSet": COUNTER_SET,
+                "counters": {c: {"value": "1"} for c in self.counters},
+            }]
+        if self.shared:
+            out["allowMultipleAllocations"] = True
+        if taint is not None:
+            out["taints"] = [{"key": UNHEALTHY_TAINT, "value": _taint_value(taint),
+                              "effect": "NoSchedule"}]
+        return out
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """How a node's pool is shaped (gpu-dra's flags)."""
+
+    sharing: str = MODE_EXCLUSIVE  # exclusive | sgpu (the node's gpuk8s.io/sharing-mode)
+    groups: bool = True  # group devices (needs DRAPartitionableDevices)
+    unhealthy: str = "taint"  # taint | remove (taints need DRADeviceTaints)
+
+    def __post_init__(self) -> None:
+        if self.sharing not in DRA_SHARING_MODES:
+            raise DraError(
+                f"sharing-mode: {self.sharing!r} is not served by gpu-dra; one of "
+                f"{', '.join(DRA_SHARING_MODES)}"
+            )
+        if self.unhealthy not in UNHEALTHY_MODES:
+            raise DraError(
+                f"unhealthy-devices: {self.unhealthy!r} is not one of {', '.join(UNHEALTHY_MODES)}"
+            )
+
+
+def _str(value: str) -> dict[str, Any]:
+    return {"string": value}
+
+
+def _int(value: int) -> dict[str, Any]:
+    return {"int": value}
+
+
+def _taint_value(reason: str) -> str:
+    """A taint value is a label value: at most 63 characters of ``[A-Za-z0-9_.-]``."""
+    text = re.sub(r"[^A-Za-z0-9_.-]+", "-", reason).strip("-_.")[:63].rstrip("-_.")
+    return text or "unhealthy"
+
+
+def gpu_device_name(gpu: int, vf: int | None = None) -> str:
+    return f"gpu-{gpu}" if vf is None else f"gpu-{gpu}-vf-{vf}"
+
+
+def group_device_name(members: Sequence[int]) -> str:
+    return "group-" + "-".join(str(m) for m in members)
+
+
+def counter_name(gpu: int) -> str:
+    return f"gpu-{gpu}"
+
+
+def _common(inventory: NodeInventory, gpu: Gpu) -> dict[str, dict[str, Any]]:
+    attrs: dict[str, dict[str, Any]] = {"productName": _str(gpu.product or "unknown")}
+    if inventory.driver.version:
+        attrs["driverVersion"] = _str(inventory.driver.version)
+    if inventory.sdk.version:
+        attrs["sdkVersion"] = _str(inventory.sdk.version)
+    if gpu.link_group is not None:
+        attrs["linkGroup"] = _int(gpu.link_group)
+    if gpu.pcie_switch:
+        attrs["pcieSwitch"] = _str(gpu.pcie_switch)
+    if gpu.numa_node is not None and gpu.numa_node >= 0:
+        attrs["numaNode"] = _int(gpu.numa_node)
+    if gpu.pcie_root:
+        attrs[PCIE_ROOT] = _str(gpu.pcie_root)
+    return attrs
+
+
+def mib_quantity(mib: int) -> str:
+    """MiB as the API server writes the quantity back (canonical binary SI: the largest
+    suffix that keeps an integer), so a published slice compares equal to what is read."""
+    for suffix, factor in (("Pi", 1024**3), ("Ti", 1024**2), ("Gi", 1024)):
+        if mib and mib % factor == 0:
+            return f"{mib // factor}{suffix}"
+    return f"{mib}Mi"
+
+
+def _memory(mib: int | None) -> dict[str, dict[str, Any]]:
+    return {} if mib is None else {CAPACITY_MEMORY: {"value": mib_quantity(mib)}}
+
+
+def _sgpu_capacity(mib: int | None) -> dict[str, dict[str, Any]]:
+    """Consumable capacity with gpu-aware's sGPU rules (``core.sharing.fits``)."""
+    cap: dict[str, dict[str, Any]] = {
+        CAPACITY_VCORE: {"value": str(FULL_CORE), "requestPolicy": {
+            "default": str(FULL_CORE),
+            "validRange": {"min": "1", "max": str(FULL_CORE), "step": "1"}}},
+        CAPACITY_SHARES: {"value": str(DEFAULT_SLOTS), "requestPolicy": {
+            "default": "1", "validValues": ["1"]}},
+    }
+    if mib is not None:
+        cap[CAPACITY_VMEMORY] = {"value": mib_quantity(mib), "requestPolicy": {
+            "default": mib_quantity(mib), "validRange": {"min": "1Mi", "step": "1Mi"}}}
+    return cap
+
+
+def unit_devices(inventory: NodeInventory, options: PoolOptions) -> list[DraDevice]:
+    """One device per allocatable unit, in unit order."""
+    units = units_for_inventory(inventory)
+    has_vfs = any(u.vf is not None for u in units)
+    if options.sharing == MODE_SGPU and has_vfs:
+        raise DraError("sharing-mode sgpu: the node has VFs (VFs cannot be shared)")
+    counters = options.groups and options.sharing == MODE_EXCLUSIVE and not has_vfs
+    out: list[DraDevice] = []
+    for position, unit in enumerate(units):
+        gpu = inventory.gpu(unit.gpu)
+        attrs = _common(inventory, gpu)
+        if unit.vf is None:
+            attrs["type"] = _str(TYPE_GPU)
+            attrs["index"] = _int(gpu.index)
+            if gpu.uuid:
+                attrs["uuid"] = _str(gpu.uuid)
+            if gpu.serial:
+                attrs["serial"] = _str(gpu.serial)
+            attrs[PCI_BUS_ID] = _str(gpu.pci_address)
+            mib = gpu.memory_mib
+        else:
+            attrs["type"] = _str(TYPE_VF)
+            attrs["index"] = _int(position)
+            attrs["parentIndex"] = _int(gpu.index)
+            attrs["vfIndex"] = _int(unit.vf)
+            if _is_bdf(unit.id):
+                attrs[PCI_BUS_ID] = _str(unit.id)
+            vfs = max(gpu.sriov.num_vfs, 1)
+            mib = None if gpu.memory_mib is None else gpu.memory_mib // vfs
+        shared = options.sharing == MODE_SGPU
+        out.append(DraDevice(
+            name=gpu_device_name(gpu.index, unit.vf),
+            type=TYPE_GPU if unit.vf is None else TYPE_VF,
+            units=(unit,),
+            attributes=attrs,
+            capacity=_sgpu_capacity(mib) if shared else _memory(mib),
+            counters=(counter_name(gpu.index),) if counters else (),
+            shared=shared,
+        ))
+    return out
+
+
+def _is_bdf(text: str) -> bool:
+    return re.match(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$", text) is not None
+
+
+def link_complete_sets(inventory: NodeInventory) -> list[tuple[int, ...]]:
+    """The GPU sets published as group devices: for each link group (GPUs whose pairs are
+    all joined by a vendor link), the aligned blocks of 2 and 4 in index order and the
+    whole group when it has 2, 4 or 8 GPUs. Sorted by size, then first member."""
+    by_group: dict[int, list[int]] = {}
+    for gpu in inventory.gpus:
+        if gpu.link_group is not None:
+            by_group.setdefault(gpu.link_group, []).append(gpu.index)
+    sets: list[tuple[int, ...]] = []
+    for members in by_group.values():
+        members = sorted(members)
+        if not _linked(inventory, members):
+            continue  # a partial mesh: only its complete sub-cliques could be groups
+        for size in GROUP_SIZES:
+            if size < len(members):
+                sets.extend(tuple(members[i:i + size])
+                            for i in range(0, len(members) - size + 1, size))
+            elif size == len(members):
+                sets.append(tuple(members))
+    return sorted(set(sets), key=lambda s: (len(s), s))
+
+
+def _linked(inventory: NodeInventory, members: Sequence[int]) -> bool:
+    return all(frozenset((a, b)) in inventory.links
+               for i, a in enumerate(members) for b in members[i + 1:])
+
+
+def group_devices(inventory: NodeInventory, options: PoolOptions) -> list[DraDevice]:
+    """Group devices (exclusive mode, whole GPUs, at most MAX_COUNTERS GPUs)."""
+    if not options.groups or options.sharing != MODE_EXCLUSIVE:
+        return []
+    if any(g.sriov.num_vfs > 0 for g in inventory.gpus) or len(inventory.gpus) > MAX_COUNTERS:
+        return []
+    out: list[DraDevice] = []
+    for members in link_complete_sets(inventory):
+        gpus = [inventory.gpu(i) for i in members]
+        attrs = _common(inventory, gpus[0])
+        for key in ("numaNode", "pcieSwitch", PCIE_ROOT):
+            if any(_common(inventory, g).get(key) != attrs.get(key) for g in gpus[1:]):
+                attrs.pop(key, None)
+        attrs["type"] = _str(TYPE_GROUP)
+        attrs["groupSize"] = _int(len(members))
+        attrs["members"] = _str(",".join(str(i) for i in members))
+        memory = [g.memory_mib for g in gpus]
+        total = None if any(m is None for m in memory) else sum(m or 0 for m in memory)
+        out.append(DraDevice(
+            name=group_device_name(members),
+            type=TYPE_GROUP,
+            units=tuple(Unit(g.pci_address, g.index) for g in gpus),
+            attributes=attrs,
+            capacity=_memory(total),
+            counters=tuple(counter_name(i) for i in members),
+        ))
+    return out
+
+
+def pool_devices(inventory: NodeInventory, options: PoolOptions) -> list[DraDevice]:
+    """Every device of the node's pool: units first, then group devices."""
+    devices = unit_devices(inventory, options) + group_devices(inventory, options)
+    for device in devices:
+        if not _DNS_LABEL.match(device.name):
+            raise DraError(f"device name {device.name!r} is not a DNS label")
+    return devices
+
+
+def counter_set(inventory: NodeInventory) -> dict[str, Any]:
+    return {"name": COUNTER_SET,
+            "counters": {counter_name(g.index): {"value": "1"} for g in inventory.gpus}}
+
+
+def steering_order(topology: Topology, devices: Sequence[DraDevice],
+                   busy_gpus: Sequence[int] = ()) -> list[DraDevice]:
+    """The device order that steers kube-scheduler's first-fit allocator toward SPEC §3's
+    choice: best fit at every level. A unit device's key is, for each level from the
+    coarsest (NUMA node) to the finest (link group), the free GPUs in its group there and
+    the group's number, then its position: the devices of a group stay together, and the
+    fullest group that still has free GPUs comes first, so a partly used group fills up
+    before a whole one is broken (rule 3). kube-scheduler tries devices in slice order and
+    backtracks for ``matchAttribute``, so a claim for k GPUs in one link group lands in
+    the fullest link group that still has k free. Group devices follow the same key (of
+    their first member), smaller groups first.
+
+    ``busy_gpus``: GPU indices allocated (or unhealthy) now."""
+    busy = set(busy_gpus)
+    levels = sorted(topology.comp)  # SYS (coarse) ... SELF (fine: one GPU, no fit to weigh)
+    free: dict[tuple[int, int], int] = {}  # (level, group) -> free units
+    for position, unit in enumerate(topology.units):
+        if unit.gpu not in busy:
+            for level in levels:
+                group = (level, topology.comp[level][position])
+                free[group] = free.get(group, 0) + 1
+
+    def key(device: DraDevice) -> tuple[Any, ...]:
+        position = topology.position.get(device.units[0].id, 0)
+        fit = tuple(
+            (free.get((level, topology.comp[level][position]), 0) if level < SELF else 0,
+             topology.comp[level][position])
+            for level in levels
+        )
+        size = len(device.units) if device.type == TYPE_GROUP else 0
+        return (size, fit, position)
+
+    return sorted(devices, key=key)
+
+
+def slice_name(node: str, part: str) -> str:
+    return f"{node}-{DRIVER.replace('.', '-')}-{part}"
+
+
+def build_slices(
+    node: str,
+    inventory: NodeInventory,
+    options: PoolOptions,
+    *,
+    generation: int = 1,
+    unhealthy: Mapping[int, str] | None = None,
+    order: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+    """The ResourceSlices of the node's pool (``apiVersion``, ``kind``, ``metadata.name``,
+    ``spec``), devices in ``order`` (device names; others after, in pool order).
+
+    ``unhealthy``: GPU index -> reason; the devices holding such a GPU are tainted or
+    left out (``options.unhealthy``)."""
+    devices = pool_devices(inventory, options)
+    if order is not None:
+        rank = {name: i for i, name in enumerate(order)}
+        devices = sorted(devices, key=lambda d: rank.get(d.name, len(rank)))
+    sick = dict(unhealthy or {})
+    entries: list[dict[str, Any]] = []
+    for device in devices:
+        reasons = [sick[g] for g in device.gpus if g in sick]
+        if reasons and options.unhealthy == "remove":
+            continue
+        entries.append(device.to_api(reasons[0] if reasons else None))
+    counted = any(d.counters for d in devices)
+    chunks = [entries[i:i + MAX_DEVICES] for i in range(0, len(entries), MAX_DEVICES)] or [[]]
+    specs: list[tuple[str, dict[str, Any]]] = []
+    if counted:
+        specs.append(("counters", {"sharedCounters": [counter_set(inventory)]}))
+    for i, chunk in enumerate(chunks):
+        specs.append((f"devices-{i}", {"devices": chunk} if chunk else {}))
+    out = []
+    for part, body in specs:
+        spec: dict[str, Any] = {
+            "driver": DRIVER,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": len(specs)},
+            "nodeName": node,
+        }
+        spec.update(body)
+        out.append({"apiVersion": API_VERSION, "kind": "ResourceSlice",
+                    "metadata": {"name": slice_name(node, part)}, "spec": spec})
+    return out
+
+
+def device_index(inventory: NodeInventory, options: PoolOptions) -> dict[str, DraDevice]:
+    """Device name -> device, for NodePrepareResources."""
+    return {d.name: d for d in pool_devices(inventory, options)}

@@ -1,0 +1,96 @@
+"""The openb replay (benchmarks/replay.py) in small: a few dozen fake nodes, a few hundred
+pods through the lab's real kube-scheduler and this checkout's gpu-aware, churn, and one
+gpu-aware SIGKILL under load. Asserts behaviour only (the full replay, with its timings,
+is a benchmark: docs/benchmarks.md):
+
+* every pod of the fill is placed or fails once (FGD's protocol), and some of each kind
+  are placed (the trace has whole, fractional and multi-GPU pods);
+* after every phase gpu-aware's ledger, the device plugin's view (its Allocate code, run
+  for the fake nodes) and the pods' annotations in the API agree: no stale booking, none
+  missing, no GPU booked beyond 100 %;
+* churn: every pod that waited for a release was bound after it;
+* gpu-aware killed: GPU pods waited while it was down, pods without GPUs were scheduled
+  meanwhile, and after the restart it served again and the GPU pods were bound.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.e2e
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import replay  # noqa: E402  (benchmarks/replay.py)
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
+
+
+def trace() -> Path:
+    """The openb trace next to the checkouts, or where OPENB_DIR says."""
+    data = replay.packing.DATA
+    for candidate in (data, DATA):
+        if (candidate / "openb_node_list_gpu_node.csv").is_file():
+            return candidate
+    raise AssertionError(f"the openb trace is not at {data} or {DATA} (set OPENB_DIR)")
+
+
+@pytest.fixture(scope="module")
+def report(lab: dict[str, str]) -> replay.Report:
+    options = replay.Options(
+        data=trace(),
+        every=40,  # 31 nodes of every shape the trace has, about 160 GPUs
+        window=4,
+        churn=40,
+        churn_parallel=8,
+        faults=("extender-kill",),
+        extender_port=18095,
+    )
+    work = Path(tempfile.mkdtemp(prefix="gpuk8s-replay-smoke-"))
+    result = replay.Replay(options, work).run()
+    print(replay.render(result))
+    return result
+
+
+def test_fill_places_or_fails_each_pod_once(report: replay.Report) -> None:
+    fill = report.fill
+    assert fill is not None
+    assert report.placed_or_failed_once
+    assert fill.pods >= 150, fill.pods
+    assert fill.placed + sum(fill.failed.values()) == fill.pods
+    assert fill.placed > fill.pods // 2
+    assert fill.arrived_milli >= fill.capacity_milli  # the fill went to arrived 100 %
+    assert 0 < fill.allocated_milli <= fill.capacity_milli
+
+
+def test_ledger_device_plugin_and_api_agree_after_every_phase(report: replay.Report) -> None:
+    phases = [c.phase for c in report.checks]
+    assert phases == ["after fill", "after churn", "after extender-kill"], phases
+    for check in report.checks:
+        assert check.ok, check.line()
+        assert check.api_bookings > 0 and check.ledger_bookings >= check.api_bookings
+
+
+def test_churn_binds_every_waiting_pod_after_its_release(report: replay.Report) -> None:
+    churn = report.churn
+    assert churn is not None
+    assert churn.cycles == 40
+    assert not churn.stuck, churn.stuck
+    assert churn.measured + churn.fit_at_once == churn.cycles
+    assert churn.measured > 0  # the packed nodes made some arrivals wait
+
+
+def test_gpu_aware_killed_gpu_pods_wait_others_do_not_and_it_recovers(
+    report: replay.Report,
+) -> None:
+    [fault] = report.faults
+    details = fault.details
+    assert details["gpu_pods_bound_while_down"] == 0, details
+    assert details["cpu_pods_bound_while_down"] == 5, details
+    assert details["gpu_pods_bound_after_restart"] == 5, details
+    assert fault.recovery_s is not None and fault.ok, details

@@ -1,0 +1,485 @@
+"""gpu-dra's ResourceSlices and DeviceClasses judged by the real kube-apiserver 1.35 (with
+the lab's DRA feature gates), the own-node admission policy of the chart, and the real
+kube-scheduler's DRA allocator choosing from the slices.
+
+No kubelet here: nodes are API objects, so pods are bound but never run; what is checked
+is what the scheduler allocated (``status.allocation`` of the claims). The kubelet side
+(prepare, CDI, what a container sees) is tests/e2e/test_dra.py on the lab.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuk8s import sim
+from gpuk8s.core.dra import DRIVER, PoolOptions, build_slices
+from gpuk8s.discovery import discover
+from gpuk8s.services.dra.publisher import KubeSlices, SlicePublisher, _canonical
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.integration
+
+GROUP = "resource.k8s.io"
+VERSION = "v1"
+
+
+@pytest.fixture(scope="module")
+def inventories(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = {}
+    for preset in ("c500-8", "c500-8-vf4", "mixed-16", "nvidia-8"):
+        root = str(tmp_path_factory.mktemp("sim") / preset)
+        sim.create(root, preset)
+        out[preset] = discover(root)
+    return out
+
+
+def _custom(apiserver: Any, user: str = "admin") -> Any:
+    from kubernetes import client
+
+    from gpuk8s.services.kube import api_client
+
+    return client.CustomObjectsApi(api_client(apiserver.kubeconfig(user)))
+
+
+def _slices_api(apiserver: Any, user: str = "admin", kubeconfig: str | None = None) -> Any:
+    from gpuk8s.services.kube import api_client
+
+    return KubeSlices(api_client(kubeconfig or apiserver.kubeconfig(user)))
+
+
+def _delete_node_slices(apiserver: Any, node: str) -> None:
+    api = _slices_api(apiserver)
+    for body in api.list(node):
+        api.delete(body["metadata"]["name"])
+
+
+def device_classes(helm_binary: str) -> list[dict[str, Any]]:
+    """The chart's DeviceClasses (gpuDra.enabled), as helm renders them."""
+    proc = subprocess.run(
+        [helm_binary, "template", "r", str(REPO / "charts" / "metax-gpu-extensions"),
+         "--kube-version", "1.35.0", "--set", "gpuDra.enabled=true",
+         "--show-only", "templates/gpu-dra.yaml"],
+        capture_output=True, text=True, check=True)
+    return [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "DeviceClass"]
+
+
+@pytest.mark.parametrize(("preset", "options"), [
+    ("c500-8", PoolOptions()),
+    ("c500-8", PoolOptions(sharing="sgpu")),
+    ("c500-8-vf4", PoolOptions()),
+    ("mixed-16", PoolOptions()),
+    ("nvidia-8", PoolOptions(unhealthy="remove")),
+], ids=["groups", "sgpu", "vf", "mixed-16", "nvidia"])  # fmt: skip
+def test_every_slice_shape_is_valid_and_kept_whole(
+    apiserver: Any, inventories: dict[str, Any], preset: str, options: PoolOptions
+) -> None:
+    """The API server accepts each shape and keeps every field (the gates are on): what is
+    read back compares equal to what was sent, so the publisher does not churn."""
+    node = f"shape-{preset}-{options.sharing}"
+    api = _slices_api(apiserver)
+    try:
+        for body in build_slices(node, inventories[preset], options, unhealthy={1: "ECC"}):
+            kept = api.create(copy.deepcopy(body))
+            assert _canonical(kept["spec"], True) == _canonical(body["spec"], True), \
+                body["metadata"]["name"]
+        devices = [d for s in api.list(node) for d in s["spec"].get("devices") or []]
+        if options.unhealthy == "taint":
+            assert [d["name"] for d in devices if d.get("taints")][:1] in (
+                ["gpu-1"], ["gpu-1-vf-0"])
+    finally:
+        _delete_node_slices(apiserver, node)
+
+
+def test_the_chart_device_classes_compile(apiserver: Any, helm_binary: str) -> None:
+    custom = _custom(apiserver)
+    created = []
+    try:
+        for body in device_classes(helm_binary):
+            kept = custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", body)
+            created.append(body["metadata"]["name"])
+            assert kept["spec"] == body["spec"], "the API server dropped a field"
+        assert sorted(created) == sorted([
+            "gpu.metax-tech.com", "vf.gpu.metax-tech.com", "sgpu.gpu.metax-tech.com",
+            "group-2.gpu.metax-tech.com", "group-4.gpu.metax-tech.com",
+            "group-8.gpu.metax-tech.com"])
+    finally:
+        for name in created:
+            custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", name)
+
+
+def test_publisher_syncs_and_keeps_the_generation_when_nothing_changed(
+    apiserver: Any, inventories: dict[str, Any]
+) -> None:
+    node = "publisher-node"
+    sick: dict[int, str] = {}
+    core = apiserver.core()
+    uid = core.create_node({"apiVersion": "v1", "kind": "Node",
+                            "metadata": {"name": node}}).metadata.uid
+    publisher = SlicePublisher(node, inventories["c500-8"], PoolOptions(),
+                               _slices_api(apiserver, "gpu-dra"), unhealthy=lambda: sick,
+                               node_uid=uid)
+    try:
+        assert publisher.sync_once() is True
+        assert publisher.generation == 1
+        assert publisher.sync_once() is False, "read back equal: nothing to write"
+        sick[2] = "gone"
+        assert publisher.sync_once() is True and publisher.generation == 2
+        slices = _slices_api(apiserver).list(node)
+        assert {s["spec"]["pool"]["generation"] for s in slices} == {2}
+        assert all(s["metadata"]["ownerReferences"][0]["uid"] == uid for s in slices), \
+            "owned by the Node: the garbage collector deletes them with it"
+        tainted = {d["name"] for s in slices for d in s["spec"].get("devices") or []
+                   if d.get("taints")}
+        assert tainted == {"gpu-2", "group-2-3", "group-0-1-2-3"}
+        assert publisher.sync_once() is False, "timeAdded stamped by the server is not a change"
+        assert publisher.problems == []
+        publisher.start()  # a starting kubelet deletes the node's slices: they come back
+        admin = _slices_api(apiserver)
+        time.sleep(1)  # the watch is established
+        for body in admin.list(node):
+            admin.delete(body["metadata"]["name"])
+        deadline = time.monotonic() + 5
+        while len(admin.list(node)) != 2:
+            assert time.monotonic() < deadline, "the deleted slices were not published again"
+            time.sleep(0.1)
+        publisher.stop()
+    finally:
+        _delete_node_slices(apiserver, node)
+        core.delete_node(node)
+
+
+def test_gpu_dra_may_write_only_its_own_nodes_slices(
+    apiserver: Any, helm: Any, charts: dict[str, str], inventories: dict[str, Any]
+) -> None:
+    """The chart's ValidatingAdmissionPolicy: gpu-dra's token bound to its pod on node A
+    publishes A's slices and is denied B's (RBAC alone allows both)."""
+    from kubernetes.client.rest import ApiException
+
+    ns, rel = "dra-vap", "dra"
+    helm("install", rel, charts["metax-gpu-extensions"], "-n", ns, "--create-namespace",
+         "--set", "gpuDra.enabled=true")
+    core = apiserver.core()
+    a, b = "dra-node-a", "dra-node-b"
+    try:
+        for name in (a, b):
+            core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+        pod = core.create_namespaced_pod(ns, {
+            "metadata": {"name": "gpu-dra-a"},
+            "spec": {"nodeName": a, "serviceAccountName": "gpu-dra",
+                     "containers": [{"name": "c", "image": "x"}]}})
+        token = core.create_namespaced_service_account_token("gpu-dra", ns, {
+            "spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 600,
+                     "boundObjectRef": {"kind": "Pod", "apiVersion": "v1",
+                                        "name": pod.metadata.name, "uid": pod.metadata.uid}}})
+        as_dra = _slices_api(apiserver, kubeconfig=apiserver.token_kubeconfig(
+            "dra-a", token.status.token))
+        inv = inventories["c500-8"]
+        [_, theirs] = build_slices(b, inv, PoolOptions())
+        _slices_api(apiserver).create(copy.deepcopy(theirs))  # B's, written by its own driver
+
+        def denied(fn: Any) -> str:
+            try:
+                fn()
+            except Exception as err:
+                cause = err.__cause__
+                if isinstance(cause, ApiException) and cause.status == 403:
+                    return str(cause.body)
+                raise
+            return ""
+
+        deadline = time.monotonic() + 30
+        while not denied(lambda: as_dra.create(build_slices(b, inv, PoolOptions())[0])):
+            assert time.monotonic() < deadline, "the slice policy never took effect"
+            _delete_node_slices(apiserver, b)
+            _slices_api(apiserver).create(copy.deepcopy(theirs))
+            time.sleep(0.5)
+        publisher = SlicePublisher(a, inv, PoolOptions(), as_dra)
+        assert publisher.sync_once() is True, "its own node: allowed"
+        assert len(_slices_api(apiserver).list(a)) == 2
+        current = _slices_api(apiserver).list(b)[0]
+        message = denied(lambda: as_dra.update(current))
+        assert "may write only ResourceSlices of driver gpu.metax-tech.com for the node its " \
+               f"pod runs on ({a})" in message
+        assert denied(lambda: as_dra.delete(current["metadata"]["name"]))
+    finally:
+        for name in (a, b):
+            _delete_node_slices(apiserver, name)
+            core.delete_node(name)
+        helm("uninstall", rel, "-n", ns, "--wait", "--timeout", "120s")
+
+
+# -- the real kube-scheduler -----------------------------------------------------------------
+NS = "dra-sched"
+
+
+class Cluster:
+    """kube-scheduler and kube-controller-manager (resource claims) of the lab's build on the
+    integration apiserver, fake nodes with gpu-dra's slices, the chart's DeviceClasses."""
+
+    def __init__(self, apiserver: Any, work: Path) -> None:
+        from kubernetes import client
+
+        from gpuk8s.services.kube import api_client
+
+        self.apiserver = apiserver
+        self.work = work
+        admin = api_client(apiserver.kubeconfig("admin"))
+        self.core = client.CoreV1Api(admin)
+        self.custom = client.CustomObjectsApi(admin)
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, gates: str) -> None:
+        kubeconfig = self.apiserver.kubeconfig("admin")
+        config = self.work / "scheduler.yaml"
+        config.write_text(json.dumps({
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": kubeconfig},
+            "leaderElection": {"leaderElect": False},
+        }))
+        for name, args in (
+            ("kube-scheduler", [f"--config={config}", "--secure-port=0", "--v=5"]),
+            ("kube-controller-manager", [
+                f"--kubeconfig={kubeconfig}", "--controllers=resourceclaim-controller",
+                "--leader-elect=false", "--secure-port=0",
+                "--use-service-account-credentials=false"]),
+        ):
+            binary = self.apiserver.binary(name)
+            assert binary, f"{name} of the lab's build (lab/tools.sh kube)"
+            log = open(self.work / f"{name}.log", "wb")  # noqa: SIM115 (lives with the process)
+            self.procs.append(subprocess.Popen([binary, *args, f"--feature-gates={gates}",
+                                                *(["--v=2"] if name != "kube-scheduler" else [])],
+                                               stdout=log, stderr=subprocess.STDOUT))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+            proc.wait(20)
+
+    def node(self, name: str, preset_inventory: Any, options: PoolOptions) -> None:
+        self.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": name, "labels": {"kubernetes.io/hostname": name}}})
+        self.core.patch_node_status(name, {"status": {
+            "capacity": {"cpu": "64", "memory": "256Gi", "pods": "110"},
+            "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "fake", "lastHeartbeatTime": _now(),
+                            "lastTransitionTime": _now()}]}})
+        # the TaintNodesByCondition admission put not-ready on it; no node controller here
+        self.core.patch_node(name, {"spec": {"taints": None}})
+        from gpuk8s.services.kube import api_client
+
+        SlicePublisher(name, preset_inventory, options,
+                       KubeSlices(api_client(self.apiserver.kubeconfig("admin")))).sync_once()
+
+    def claim(self, name: str, requests: list[dict[str, Any]],
+              constraints: list[dict[str, Any]] | None = None) -> None:
+        spec: dict[str, Any] = {"devices": {"requests": requests}}
+        if constraints:
+            spec["devices"]["constraints"] = constraints
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "resourceclaims", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaim",
+            "metadata": {"name": name}, "spec": spec})
+
+    def template(self, name: str, requests: list[dict[str, Any]],
+                 constraints: list[dict[str, Any]] | None = None) -> None:
+        spec: dict[str, Any] = {"devices": {"requests": requests}}
+        if constraints:
+            spec["devices"]["constraints"] = constraints
+        self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, NS, "resourceclaimtemplates",
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaimTemplate",
+             "metadata": {"name": name}, "spec": {"spec": spec}})
+
+    def claim_of(self, pod: str, timeout: float = 30.0) -> str:
+        """The claim the resource-claim controller made from the pod's template."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.core.read_namespaced_pod(pod, NS).status
+            for found in (status.resource_claim_statuses or []) if status else []:
+                if found.resource_claim_name:
+                    return str(found.resource_claim_name)
+            time.sleep(0.2)
+        raise AssertionError(f"no claim made for pod {pod}")
+
+    def pod(self, name: str, node: str, claim: str | None = None,
+            limits: dict[str, str] | None = None, template: str | None = None) -> None:
+        container: dict[str, Any] = {"name": "c", "image": "x"}
+        spec: dict[str, Any] = {"nodeSelector": {"kubernetes.io/hostname": node},
+                                "containers": [container]}
+        if claim or template:
+            source = {"resourceClaimTemplateName": template} if template else {
+                "resourceClaimName": claim}
+            spec["resourceClaims"] = [{"name": "gpus", **source}]
+            container["resources"] = {"claims": [{"name": "gpus"}]}
+        if limits:
+            container["resources"] = {"limits": limits}
+        self.core.create_namespaced_pod(NS, {"metadata": {"name": name}, "spec": spec})
+
+    def allocated(self, claim: str) -> list[dict[str, Any]]:
+        obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, "resourceclaims",
+                                                       claim)
+        allocation = (obj.get("status") or {}).get("allocation") or {}
+        return list((allocation.get("devices") or {}).get("results") or [])
+
+    def devices(self, claim: str, timeout: float = 30.0) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.allocated(claim)
+            if found:
+                return sorted((r["device"] for r in found), key=_natural)
+            time.sleep(0.2)
+        raise AssertionError(f"claim {claim} not allocated within {timeout}s; scheduler log: "
+                             + (self.work / "kube-scheduler.log").read_text()[-3000:])
+
+    def bound(self, pod: str) -> str | None:
+        return self.core.read_namespaced_pod(pod, NS).spec.node_name
+
+
+def _natural(name: str) -> tuple[Any, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in name.split("-"))
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@pytest.fixture(scope="module")
+def cluster(apiserver: Any, helm_binary: str, inventories: dict[str, Any],
+            lab_versions: dict[str, str]) -> Iterator[Cluster]:
+    work = Path(tempfile.mkdtemp(prefix="dra-sched-"))
+    cluster = Cluster(apiserver, work)
+    cluster.core.create_namespace({"metadata": {"name": NS}})
+    cluster.core.create_namespaced_service_account(NS, {"metadata": {"name": "default"}})
+    classes = []
+    for body in device_classes(helm_binary):
+        cluster.custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", body)
+        classes.append(body["metadata"]["name"])
+    cluster.node("dra-excl", inventories["c500-8"], PoolOptions())
+    cluster.node("dra-sgpu", inventories["c500-8"], PoolOptions(sharing="sgpu"))
+    cluster.node("dra-vf", inventories["c500-8-vf4"], PoolOptions())
+    cluster.node("dra-legacy", inventories["c500-8"], PoolOptions())
+    cluster.node("dra-tmpl", inventories["c500-8"], PoolOptions())
+    cluster.start(lab_versions["KUBE_FEATURE_GATES"])
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        cluster.core.delete_namespace(NS)
+        for node in ("dra-excl", "dra-sgpu", "dra-vf", "dra-legacy", "dra-tmpl"):
+            _delete_node_slices(apiserver, node)
+            cluster.core.delete_node(node)
+        for name in classes:
+            cluster.custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", name)
+
+
+def gpu_request(name: str = "gpus", count: int = 1, cls: str = DRIVER,
+                cel: str | None = None, **extra: Any) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": cls, "count": count, **extra}
+    if cel:
+        exactly["selectors"] = [{"cel": {"expression": cel}}]
+    return {"name": name, "exactly": exactly}
+
+
+def index_is(i: int) -> str:
+    return f"device.attributes['{DRIVER}'].index == {i}"
+
+
+def test_scheduler_keeps_a_matchattribute_claim_in_one_link_group(cluster: Cluster) -> None:
+    """GPUs 0 and 4 busy on a c500-8 ({0-3}, {4-7} MetaXLinked): a 4-GPU claim with
+    matchAttribute linkGroup waits (no group has 4 free) instead of straddling groups;
+    once GPU 0 is free it lands on 0-3."""
+    for i in (0, 4):
+        cluster.claim(f"busy-{i}", [gpu_request(cel=index_is(i))])
+        cluster.pod(f"busy-{i}", "dra-excl", f"busy-{i}")
+        assert cluster.devices(f"busy-{i}") == [f"gpu-{i}"]
+    cluster.claim("quad", [gpu_request(count=4)],
+                  [{"matchAttribute": f"{DRIVER}/linkGroup"}])
+    cluster.pod("quad", "dra-excl", "quad")
+    time.sleep(5)
+    assert cluster.allocated("quad") == [] and cluster.bound("quad") is None
+    cluster.core.delete_namespaced_pod("busy-0", NS, grace_period_seconds=0)
+    assert cluster.devices("quad", 60) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+
+
+def test_claims_from_templates_free_their_gpus_when_the_pod_goes(cluster: Cluster) -> None:
+    """As the e2e test on the lab does it: claims made from templates by the resource-claim
+    controller; deleting the pod holding GPU 0 lets the waiting 4-GPU claim land on 0-3."""
+    for i in (0, 4):
+        cluster.template(f"t-busy-{i}", [gpu_request(cel=index_is(i))])
+        cluster.pod(f"t-busy-{i}", "dra-tmpl", template=f"t-busy-{i}")
+        assert cluster.devices(cluster.claim_of(f"t-busy-{i}")) == [f"gpu-{i}"]
+    cluster.template("t-quad", [gpu_request(count=4)], [{"matchAttribute": f"{DRIVER}/linkGroup"}])
+    cluster.pod("t-quad", "dra-tmpl", template="t-quad")
+    quad = cluster.claim_of("t-quad")
+    time.sleep(5)
+    assert cluster.allocated(quad) == []
+    cluster.core.delete_namespaced_pod("t-busy-0", NS, grace_period_seconds=0)
+    assert cluster.devices(quad, 60) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+
+
+def test_group_devices_consume_their_members(cluster: Cluster) -> None:
+    """A group-2 claim gets one link-complete pair; its GPUs are not handed out again."""
+    cluster.claim("pair", [gpu_request(cls="group-2.gpu.metax-tech.com")])
+    cluster.pod("pair", "dra-excl", "pair")
+    [pair] = cluster.devices("pair")
+    assert pair.startswith("group-") and pair.count("-") == 2
+    members = [int(i) for i in pair.split("-")[1:]]
+    cluster.claim("member", [gpu_request(cel=index_is(members[0]))])
+    cluster.pod("member", "dra-excl", "member")
+    time.sleep(5)
+    assert cluster.allocated("member") == [], f"{pair} holds GPU {members[0]} already"
+
+
+def test_sgpu_shares_are_accounted_by_consumable_capacity(cluster: Cluster) -> None:
+    """Two 50-percent shares fit one GPU (first fit puts both on gpu-0); a 60-percent
+    share does not fit beside them and goes to the next GPU."""
+    got = {}
+    for name, core in (("half-a", "50"), ("half-b", "50"), ("sixty", "60")):
+        cluster.claim(name, [gpu_request(cls="sgpu.gpu.metax-tech.com", capacity={
+            "requests": {"vcore": core, "vmemory": "8Gi"}})])
+        cluster.pod(name, "dra-sgpu", name)
+        cluster.devices(name)
+        [result] = cluster.allocated(name)
+        got[name] = result
+    assert got["half-a"]["device"] == got["half-b"]["device"] != got["sixty"]["device"]
+    assert got["half-a"]["consumedCapacity"]["vcore"] == "50"
+    assert got["half-a"]["consumedCapacity"]["vmemory"] == "8Gi"
+    assert got["half-a"]["shareID"] != got["half-b"]["shareID"]
+
+
+def test_vf_claims_get_vfs(cluster: Cluster) -> None:
+    cluster.claim("vfs", [gpu_request(cls="vf.gpu.metax-tech.com", count=2)])
+    cluster.pod("vfs", "dra-vf", "vfs")
+    assert all("-vf-" in d for d in cluster.devices("vfs"))
+
+
+def test_a_legacy_extended_resource_pod_is_served_by_dra(cluster: Cluster) -> None:
+    """`limits: metax-tech.com/gpu: 2` on a node without that resource in its allocatable:
+    the scheduler maps it to the class gpu.metax-tech.com (DRAExtendedResource) and
+    allocates two of gpu-dra's devices in a claim it creates for the pod."""
+    cluster.pod("legacy", "dra-legacy", limits={"metax-tech.com/gpu": "2"})
+    deadline = time.monotonic() + 60
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        pod = cluster.core.api_client.sanitize_for_serialization(
+            cluster.core.read_namespaced_pod("legacy", NS))
+        status = pod.get("status", {}).get("extendedResourceClaimStatus") or {}
+        if status and pod["spec"].get("nodeName"):
+            break
+        time.sleep(0.3)
+    assert status, "the scheduler created no extended-resource claim"
+    results = cluster.allocated(status["resourceClaimName"])
+    assert len(results) == 2 and all(r["driver"] == DRIVER for r in results)
+    assert all(r["device"].startswith("gpu-") and "-vf-" not in r["device"] for r in results)

@@ -1,0 +1,355 @@
+"""container-runtime against the real containerd that reads each config shape (issue 28):
+Debian's containerd 1.6 for config versions 1 and 2, containerd 2.x built from Go modules
+(``lab/tools.sh containerd2``) for versions 3 and 4 (2.4's own) and the 1 and 2 it
+migrates.
+
+Each case starts a private containerd (its own root, state and sockets under a temp dir;
+the lab's /run/containerd is never touched) under lab/supervise, as the lab and systemd
+run it, with the original config; runs container-runtime's agent (restart mode signal)
+on that node root; and checks what containerd itself says: the agent is ready only once
+the restarted containerd (a new pid) serves the handler over its CRI, ``containerd -c FILE
+config dump`` accepts the edited file and shows the handler, and uninstall restores the
+file byte for byte and containerd stops serving the handler. Configs the agent cannot
+edit safely, a containerd that ignores SIGHUP, and a containerd reading another file are
+left as they were and reported failed.
+
+Needs root; scripts/prereqs integration installs containerd 1.6 and builds 2.x.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomlkit
+
+from gpuk8s import sim
+from gpuk8s.host.readiness import read_readiness
+from gpuk8s.services.nodeagent import Reporter
+from gpuk8s.services.runtime import containerd
+from gpuk8s.services.runtime.agent import WRAPPER_NAME, RuntimeAgent, RuntimeSettings
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+WRAPPER = f"/usr/local/gpuk8s/bin/{WRAPPER_NAME}"
+DEBIAN = "/usr/bin/containerd"
+
+CRI_V1 = """# no `version` key: containerd reads version 1
+[plugins.cri]
+  sandbox_image = "registry.k8s.io/pause:3.6"
+  [plugins.cri.containerd]
+    default_runtime_name = "runc"
+    [plugins.cri.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.cri.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins.cri.cni]
+    bin_dir = "/opt/cni/bin"
+"""
+CRI_V2 = """[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "registry.k8s.io/pause:3.10"
+  # the lab's quirk: no CAP_SYS_RESOURCE on this machine kind
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+"""
+CRI_V3 = """[plugins."io.containerd.cri.v1.runtime"]
+  # containerd 2.x: CDI always on; the handler still works for a forced wrapper
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+"""
+
+
+def containerd2() -> str:
+    pinned = (REPO / "lab/versions.env").read_text()
+    version = pinned.split("CONTAINERD2_VERSION=", 1)[1].split()[0]
+    directory = subprocess.run([str(REPO / "lab/tools.sh"), "containerd2"], check=True,
+                               capture_output=True, text=True, timeout=3600).stdout.strip()
+    binary = os.path.join(directory, "containerd")
+    assert version in subprocess.run([binary, "--version"], capture_output=True, text=True,
+                                     check=True).stdout
+    return binary
+
+
+LAB_SOCKETS = ("/run/containerd/containerd.sock", "/run/containerd/containerd.sock.ttrpc")
+
+
+def config(base: Path, version: int | None, cri: str = "") -> str:
+    """A private containerd's config: ``version`` (None: no key), paths under ``base``.
+    (Version 4 moved the server addresses into plugins: containerd 2.4 ignores a [grpc]
+    table there and would serve the lab's socket.)"""
+    sock = f"{base}/run/containerd/containerd.sock"
+    if version == 4:
+        servers = "".join(
+            f'[plugins."io.containerd.server.v1.{name}"]\n  address = "{address}"\n'
+            for name, address in (("grpc", sock), ("ttrpc", sock + ".ttrpc"), ("debug", ""),
+                                  ("metrics", "")))
+    else:
+        servers = (f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n'
+                   '[debug]\n  address = ""\n[metrics]\n  address = ""\n')
+    opt = "plugins.opt" if version is None else 'plugins."io.containerd.internal.v1.opt"'
+    return ("" if version is None else f"version = {version}\n") + (
+        f'root = "{base}/var/lib/containerd"\nstate = "{base}/run/containerd/state"\n'
+        f'{servers}[{opt}]\n  path = "{base}/opt/containerd"\n') + cri
+
+
+def _ignore_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup does
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s"
+        time.sleep(0.1)
+    return value
+
+
+@dataclass
+class Node:
+    """A node root (``base``) with a private containerd serving its socket."""
+
+    base: Path
+    binary: str
+    procs: list[subprocess.Popen[bytes]]
+
+    @property
+    def config(self) -> Path:
+        return self.base / "etc/containerd/config.toml"
+
+    @property
+    def socket(self) -> str:
+        return str(self.base / "run/containerd/containerd.sock")
+
+    def pid(self) -> int:
+        return containerd.peer_pid_or_zero(self.socket)
+
+    def start(self, supervised: bool = True, ignore_sighup: bool = False,
+              config: Path | None = None) -> int:
+        dump = subprocess.run([self.binary, "-c", str(config or self.config), "config", "dump"],
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+        for lab in LAB_SOCKETS:  # never start one that would take the lab's sockets
+            assert f"'{lab}'" not in dump and f'"{lab}"' not in dump, dump
+        assert str(self.base / "run/containerd/containerd.sock") in dump, dump
+        argv = [self.binary, "--config", str(config or self.config)]
+        if supervised:
+            argv = [str(REPO / "lab/supervise"), *argv]
+        log = (self.base / "containerd.log").open("ab")
+        self.procs.append(subprocess.Popen(
+            argv, stdout=log, stderr=log, preexec_fn=_ignore_sighup if ignore_sighup else None))
+        return int(wait_for("containerd serving its CRI", self.serving))
+
+    def serving(self) -> int:
+        try:
+            containerd.cri_config(self.socket, timeout=2)
+        except containerd.RuntimeConfigError:
+            return 0
+        return self.pid()
+
+    def served(self) -> dict[str, Any]:
+        return containerd.cri_config(self.socket)
+
+    def dump(self) -> subprocess.CompletedProcess[str]:
+        """``containerd -c FILE config dump``: containerd's own reading of the file."""
+        return subprocess.run([self.binary, "-c", str(self.config), "config", "dump"],
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    def agent(self, tmp_path: Path, **settings: Any) -> RuntimeAgent:
+        gpu_root = tmp_path / "gpu"
+        if not gpu_root.exists():
+            sim.create(str(gpu_root), "c500-8", device_nodes="char")
+        values = {"runtime": "containerd", "runtime_version": "", "restart_mode": "signal",
+                  "device_path_prefix": str(gpu_root), **settings}
+        return RuntimeAgent(RuntimeSettings(host_root=str(gpu_root), system_root=str(self.base),
+                                            **values),
+                            Reporter(None, "container-runtime", "Runtime"))
+
+
+@pytest.fixture
+def node() -> Iterator[Callable[[str, str], Node]]:
+    if os.geteuid() != 0:
+        pytest.fail("containerd needs root (scripts/test runs the tiers as root)")
+    made: list[Node] = []
+
+    def make(binary: str, text: str) -> Node:
+        assert os.path.exists(binary), f"{binary}: scripts/prereqs integration installs it"
+        base = Path(tempfile.mkdtemp(prefix="ctd", dir="/tmp"))  # short: unix socket paths
+        for directory in ("etc/containerd", "usr/bin", "run/containerd"):
+            (base / directory).mkdir(parents=True)
+        (base / "usr/bin/python3").symlink_to(sys.executable)
+        fresh = Node(base, binary, [])
+        fresh.config.write_text(text.replace("@BASE@", str(base)))
+        made.append(fresh)
+        return fresh
+
+    yield make
+    for each in made:
+        for proc in reversed(each.procs):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        subprocess.run(["umount", "-R", str(each.base / "run/containerd/state")],
+                       capture_output=True, check=False)
+        shutil.rmtree(each.base, ignore_errors=True)
+
+
+def _cri_table(dump: str) -> Any:
+    """The CRI runtime section of a ``config dump`` (1.6: version 2; 2.x: version 4)."""
+    plugins = tomlkit.parse(dump)["plugins"]
+    section = plugins.get("io.containerd.cri.v1.runtime") or plugins["io.containerd.grpc.v1.cri"]
+    return section["containerd"]
+
+
+CASES = [  # (containerd, config version, CRI section as written)
+    ("1.6", None, CRI_V1),
+    ("1.6", None, ""),  # version 1 without any CRI section: containerd's defaults
+    ("1.6", 2, CRI_V2),
+    ("2.x", 2, CRI_V2),  # migrated by 2.x
+    ("2.x", 3, CRI_V3),
+    ("2.x", 4, CRI_V3),  # what 2.4 writes (`containerd config default`)
+    ("2.x", None, CRI_V1),  # 2.x still migrates version 1
+]
+
+
+@pytest.mark.parametrize(("generation", "version", "cri"), CASES)
+def test_real_containerd_serves_the_edited_config_and_uninstall_restores_it(
+    node: Callable[[str, str], Node], tmp_path: Path, generation: str, version: int | None,
+    cri: str,
+) -> None:
+    binary = DEBIAN if generation == "1.6" else containerd2()
+    n = node(binary, config(Path("@BASE@"), version, cri))
+    original = n.config.read_bytes()
+    before = n.start()
+    assert containerd.not_served(n.served(), "metax", WRAPPER, True)  # not there yet
+    agent = n.agent(tmp_path)
+    assert agent.mode() == "wrapper"
+    report = agent.one_pass()
+    assert report.state == "ready", report.message
+    after = n.pid()
+    assert after not in (0, before)  # really restarted: a new containerd serves the socket
+    assert containerd.not_served(n.served(), "metax", WRAPPER, True) is None
+    assert read_readiness(agent.settings.host_root) == {"runtime.ready": True}
+    edited = n.config.read_text()
+    assert ("version" in tomlkit.parse(edited)) == (version is not None)  # its own shape
+    dump = n.dump()
+    assert dump.returncode == 0, dump.stderr
+    section = _cri_table(dump.stdout)
+    assert section["default_runtime_name"] == "metax"
+    assert section["runtimes"]["metax"]["options"]["BinaryName"] == WRAPPER
+    assert "cdi.k8s.io/*" in section["runtimes"]["metax"]["container_annotations"]
+    assert agent.one_pass().state == "ready" and n.pid() == after  # no second restart
+    done = agent.uninstall()
+    assert n.config.read_bytes() == original, done  # byte for byte
+    assert n.pid() not in (0, after)
+    assert containerd.not_served(n.served(), "metax", None, True) is None  # gone
+    assert not (n.base / "usr/local/gpuk8s").exists()
+
+
+def test_a_containerd_that_ignores_sighup_is_reported_and_its_config_left_alone(
+    node: Callable[[str, str], Node], tmp_path: Path,
+) -> None:
+    """Issue 28 item 0 with the real containerd 1.6, started as the lab's first lab/up
+    started it from a SIGHUP-ignoring parent (no supervisor that resets it)."""
+    n = node(DEBIAN, config(Path("@BASE@"), 2, CRI_V2))
+    original = n.config.read_bytes()
+    pid = n.start(supervised=False, ignore_sighup=True)
+    agent = n.agent(tmp_path)
+    for _ in range(2):
+        report = agent.one_pass()
+        assert report.state == "failed", report.message
+        assert f"containerd (pid {pid}) ignores SIGHUP" in report.message
+        assert read_readiness(agent.settings.host_root) == {"runtime.ready": False}
+        assert n.config.read_bytes() == original
+        assert n.pid() == pid
+    os.kill(pid, signal.SIGHUP)  # proof: the real containerd does ignore it
+    time.sleep(1)
+    assert n.pid() == pid
+    # the same containerd under lab/supervise from the same parent: it restarts
+    n.procs[-1].terminate()
+    n.procs[-1].wait()
+    first = n.start(supervised=True, ignore_sighup=True)
+    report = agent.one_pass()
+    assert report.state == "ready", report.message
+    assert n.pid() not in (0, first)
+
+
+def test_an_unsafe_config_is_left_untouched_and_containerd_not_restarted(
+    node: Callable[[str, str], Node], tmp_path: Path,
+) -> None:
+    """No `version` key (so version 1) but a CRI section named by URI: containerd 1.6 runs
+    on it (ignoring that section); the agent refuses to guess."""
+    n = node(DEBIAN, config(Path("@BASE@"), None, CRI_V2))
+    original = n.config.read_bytes()
+    pid = n.start()
+    report = n.agent(tmp_path).one_pass()
+    assert report.state == "failed" and "reads it as version 1" in report.message, report.message
+    assert n.config.read_bytes() == original
+    assert sorted(p.name for p in n.config.parent.iterdir()) == ["config.toml"]
+    assert n.pid() == pid  # not restarted
+
+
+def test_a_containerd_reading_another_file_is_restarted_once_then_the_edit_undone(
+    node: Callable[[str, str], Node], tmp_path: Path,
+) -> None:
+    n = node(DEBIAN, config(Path("@BASE@"), 2, CRI_V2))
+    original = n.config.read_bytes()
+    other = n.base / "etc/containerd/other.toml"
+    other.write_bytes(original)
+    n.start(config=other)  # the chart's runtime.containerd.config names the wrong file
+    agent = n.agent(tmp_path)
+    report = agent.one_pass()
+    assert report.state == "failed", report.message
+    assert "does not serve runtime handler 'metax'" in report.message
+    assert "does it read /etc/containerd/config.toml?" in report.message
+    assert n.config.read_bytes() == original  # put back
+    restarted = n.pid()
+    assert restarted and n.serving()
+    report = agent.one_pass()  # the same containerd, the same config: not restarted again
+    assert report.state == "failed" and "not tried again" in report.message
+    assert n.pid() == restarted and n.config.read_bytes() == original
+
+
+def test_native_cdi_on_containerd_2_is_read_from_its_cri(
+    node: Callable[[str, str], Node], tmp_path: Path,
+) -> None:
+    n = node(containerd2(), config(Path("@BASE@"), 3, CRI_V3))
+    original = n.config.read_bytes()
+    pid = n.start()
+    version = subprocess.run([n.binary, "--version"], capture_output=True, text=True,
+                             check=True).stdout.split()[2]
+    agent = n.agent(tmp_path, runtime="auto", runtime_version=f"containerd://{version}")
+    assert agent.mode() == "native"
+    report = agent.one_pass()
+    assert report.state == "ready", report.message
+    assert n.config.read_bytes() == original and n.pid() == pid  # nothing to edit
+    assert containerd.cri_cdi_enabled(n.served())
+    # containerd 1.6 has no CDI: told it is 2.x (a wrong Node status), the agent says so
+    old = node(DEBIAN, config(Path("@BASE@"), 2, CRI_V2))
+    old.start()
+    agent = old.agent(tmp_path, runtime="auto", runtime_version="containerd://2.0.0")
+    report = agent.one_pass()
+    assert report.state == "failed" and "CDI off" in report.message

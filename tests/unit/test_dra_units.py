@@ -1,0 +1,269 @@
+"""gpu-dra's building blocks without sockets: slices (``core.dra``), the claim CDI spec,
+the vendored protos, the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuk8s import sim
+from gpuk8s.core import cdi, dra
+from gpuk8s.core.errors import ConfigError
+from gpuk8s.core.model import NodeInventory
+from gpuk8s.core.topology import Topology, units_for_inventory
+from gpuk8s.discovery import discover
+from gpuk8s.services.node import protos
+
+pytestmark = pytest.mark.usefixtures("fast_python3")
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    out = {}
+    for preset in ("c500-8", "c550-8", "c500-8-vf4", "mixed-16", "n260-2", "nvidia-8"):
+        root = str(tmp_path_factory.mktemp("sim") / preset)
+        sim.create(root, preset)
+        out[preset] = root
+    return out
+
+
+def inventory(roots: dict[str, str], preset: str) -> NodeInventory:
+    return discover(roots[preset])
+
+
+def names(devices: list[dra.DraDevice]) -> list[str]:
+    return [d.name for d in devices]
+
+
+def test_gpu_devices_carry_every_attribute_and_memory(roots: dict[str, str]) -> None:
+    inv = inventory(roots, "c500-8")
+    devices = dra.unit_devices(inv, dra.PoolOptions())
+    assert names(devices) == [f"gpu-{i}" for i in range(8)]
+    gpu5 = inv.gpu(5)
+    attrs = devices[5].attributes
+    assert attrs == {
+        "type": {"string": "gpu"}, "productName": {"string": "C500"},
+        "uuid": {"string": gpu5.uuid}, "serial": {"string": gpu5.serial},
+        "index": {"int": 5}, "driverVersion": {"string": inv.driver.version},
+        "sdkVersion": {"string": inv.sdk.version}, "linkGroup": {"int": 1},
+        "pcieSwitch": {"string": gpu5.pcie_switch}, "numaNode": {"int": 1},
+        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:80"},
+        "resource.kubernetes.io/pciBusID": {"string": gpu5.pci_address},
+    }  # fmt: skip
+    assert devices[5].capacity == {"memory": {"value": "64Gi"}}
+    assert devices[5].counters == ("gpu-5",)
+
+
+def test_vfs_are_the_devices_when_configured(roots: dict[str, str]) -> None:
+    inv = inventory(roots, "c500-8-vf4")
+    devices = dra.pool_devices(inv, dra.PoolOptions())
+    assert len(devices) == 32 and all(d.type == "vf" for d in devices), "no group of VFs"
+    vf = devices[6]  # GPU 1, VF 2
+    assert vf.name == "gpu-1-vf-2"
+    assert vf.attributes["parentIndex"] == {"int": 1} and vf.attributes["vfIndex"] == {"int": 2}
+    assert vf.attributes["index"] == {"int": 6}
+    assert vf.attributes["resource.kubernetes.io/pciBusID"]["string"] == \
+        inv.gpu(1).sriov.vf_addresses[2]
+    assert vf.capacity == {"memory": {"value": "16Gi"}}
+    assert not vf.counters
+    with pytest.raises(dra.DraError, match="VFs cannot be shared"):
+        dra.pool_devices(inv, dra.PoolOptions(sharing="sgpu"))
+
+
+@pytest.mark.parametrize(("preset", "groups"), [
+    ("c500-8", ["group-0-1", "group-2-3", "group-4-5", "group-6-7", "group-0-1-2-3",
+                "group-4-5-6-7"]),
+    ("c550-8", ["group-0-1", "group-2-3", "group-4-5", "group-6-7", "group-0-1-2-3",
+                "group-4-5-6-7", "group-0-1-2-3-4-5-6-7"]),
+    ("nvidia-8", ["group-0-1", "group-2-3", "group-4-5", "group-6-7", "group-0-1-2-3",
+                  "group-4-5-6-7", "group-0-1-2-3-4-5-6-7"]),
+    ("n260-2", []),
+])  # fmt: skip
+def test_group_devices_are_link_complete_aligned_blocks(
+    roots: dict[str, str], preset: str, groups: list[str]
+) -> None:
+    inv = inventory(roots, preset)
+    found = dra.group_devices(inv, dra.PoolOptions())
+    assert names(found) == groups
+    for group in found:
+        members = group.gpus
+        assert all(frozenset((a, b)) in inv.links for a in members for b in members if a < b)
+        assert group.counters == tuple(f"gpu-{i}" for i in members)
+        assert group.attributes["groupSize"] == {"int": len(members)}
+    assert not dra.group_devices(inv, dra.PoolOptions(groups=False))
+    assert not dra.group_devices(inv, dra.PoolOptions(sharing="sgpu"))
+
+
+def test_mixed_16_groups_of_eight(roots: dict[str, str]) -> None:
+    found = names(dra.group_devices(inventory(roots, "mixed-16"), dra.PoolOptions()))
+    assert "group-0-1-2-3-4-5-6-7" in found and "group-8-9-10-11-12-13-14-15" in found
+    assert len(found) == 8 + 4 + 2
+
+
+def test_slices_hold_counters_apart_and_respect_the_limits(roots: dict[str, str]) -> None:
+    inv = inventory(roots, "c500-8")
+    slices = dra.build_slices("n1", inv, dra.PoolOptions(), generation=7)
+    counters, devices = slices
+    assert counters["spec"]["sharedCounters"] == [
+        {"name": "gpus", "counters": {f"gpu-{i}": {"value": "1"} for i in range(8)}}]
+    assert "devices" not in counters["spec"] and "sharedCounters" not in devices["spec"]
+    for body in slices:
+        assert body["spec"]["pool"] == {"name": "n1", "generation": 7, "resourceSliceCount": 2}
+        assert body["spec"]["nodeName"] == "n1" and body["spec"]["driver"] == dra.DRIVER
+    vf = dra.build_slices("n1", inventory(roots, "c500-8-vf4"), dra.PoolOptions())
+    assert [len(s["spec"]["devices"]) for s in vf] == [32]
+
+
+def test_unhealthy_devices_are_tainted_or_left_out(roots: dict[str, str]) -> None:
+    inv = inventory(roots, "c500-8")
+    [_, tainted] = dra.build_slices("n", inv, dra.PoolOptions(), unhealthy={2: "PCIe: gone!"})
+    by_name = {d["name"]: d for d in tainted["spec"]["devices"]}
+    assert by_name["gpu-2"]["taints"] == [
+        {"key": "gpu.metax-tech.com/unhealthy", "value": "PCIe-gone", "effect": "NoSchedule"}]
+    assert "taints" in by_name["group-2-3"] and "taints" not in by_name["group-0-1"]
+    [_, removed] = dra.build_slices("n", inv, dra.PoolOptions(unhealthy="remove"),
+                                    unhealthy={2: "gone"})
+    left = {d["name"] for d in removed["spec"]["devices"]}
+    assert "gpu-2" not in left and "group-0-1-2-3" not in left and "gpu-3" in left
+
+
+def test_sgpu_capacity_follows_gpu_awares_accounting(roots: dict[str, str]) -> None:
+    [only] = dra.build_slices("n", inventory(roots, "c500-8"), dra.PoolOptions(sharing="sgpu"))
+    gpu = only["spec"]["devices"][0]
+    assert gpu["allowMultipleAllocations"] is True
+    assert gpu["capacity"]["shares"] == {"value": "16", "requestPolicy": {
+        "default": "1", "validValues": ["1"]}}
+    assert gpu["capacity"]["vcore"]["requestPolicy"]["default"] == "100"
+
+
+def test_bad_options_name_the_flag() -> None:
+    with pytest.raises(dra.DraError, match="sharing-mode: 'mps' is not served by gpu-dra"):
+        dra.PoolOptions(sharing="mps")
+    with pytest.raises(dra.DraError, match="unhealthy-devices: 'hide'"):
+        dra.PoolOptions(unhealthy="hide")
+
+
+@pytest.mark.parametrize(("busy", "first"), [
+    ((), ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]),
+    ((0, 1), ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]),  # the partly used group fills first
+    ((5,), ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]),
+    ((0, 4, 5), ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]),  # 2 free beat 3 free
+])  # fmt: skip
+def test_steering_order_is_best_fit_per_link_group(
+    roots: dict[str, str], busy: tuple[int, ...], first: list[str]
+) -> None:
+    inv = inventory(roots, "c500-8")
+    topo = Topology.from_inventory(inv, units_for_inventory(inv))
+    order = names(dra.steering_order(topo, dra.pool_devices(inv, dra.PoolOptions()), busy))
+    assert order[:4] == first
+    assert order[8:] == sorted(order[8:], key=lambda n: n.count("-")), "groups after units"
+
+
+def test_claim_spec_is_valid_cdi_with_per_claim_env(roots: dict[str, str]) -> None:
+    inv = inventory(roots, "c500-8")
+    units = units_for_inventory(inv)
+    spec = cdi.build_claim_spec(inv, "gpu.metax-tech.com/claim",
+                                [("uid-0-gpu-1", (units[1],))], {"A": "1"}, "/sim")
+    parsed = cdi.parse_spec(spec)
+    edits = cdi.resolve([parsed], ["gpu.metax-tech.com/claim=uid-0-gpu-1"])
+    assert edits.env_map() == {"A": "1"}
+    assert {n.host_path for n in edits.device_nodes} == {
+        "/sim/dev/mxcd", *("/sim" + p for p in inv.gpu(1).device_nodes)}
+    with pytest.raises(cdi.CdiError, match="at least one device"):
+        cdi.build_claim_spec(inv, "gpu.metax-tech.com/claim", [], {})
+
+
+def test_two_specs_of_one_kind_keep_their_own_spec_level_edits() -> None:
+    a = cdi.CdiSpec("v.com/c", {"a": cdi.ContainerEdits()}, cdi.ContainerEdits(env=("X=a",)))
+    b = cdi.CdiSpec("v.com/c", {"b": cdi.ContainerEdits()}, cdi.ContainerEdits(env=("X=b",)))
+    assert cdi.resolve([a, b], ["v.com/c=a"]).env_map() == {"X": "a"}
+    assert cdi.resolve([a, b], ["v.com/c=b"]).env_map() == {"X": "b"}
+    with pytest.raises(cdi.CdiError, match="defined twice"):
+        cdi.resolve([a, a], ["v.com/c=a"])
+
+
+DRA_FIELDS = {
+    "NodePrepareResourcesRequest": {"claims": 1},
+    "NodePrepareResourcesResponse": {"claims": 1},
+    "NodePrepareResourceResponse": {"devices": 1, "error": 2},
+    "Device": {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4},
+    "NodeUnprepareResourcesRequest": {"claims": 1},
+    "NodeUnprepareResourceResponse": {"error": 1},
+    "Claim": {"namespace": 1, "uid": 2, "name": 3},
+}  # fmt: skip
+
+
+def test_vendored_protos_match_the_kubelet_wire_format() -> None:
+    v1, v1beta1, health, reg = protos.load_modules(
+        "dra_v1", "dra_v1beta1", "drahealth_v1alpha1", "pluginregistration_v1")
+    assert v1.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1"
+    assert v1beta1.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1beta1"
+    for module in (v1, v1beta1):
+        for message, fields in DRA_FIELDS.items():
+            descriptor = module.DESCRIPTOR.message_types_by_name[message]
+            assert {f.name: f.number for f in descriptor.fields if f.name in fields} == fields
+    assert v1.DESCRIPTOR.message_types_by_name["Device"].fields_by_name["share_id"].number == 5
+    assert "share_id" not in v1beta1.DESCRIPTOR.message_types_by_name["Device"].fields_by_name
+    watch = health.DESCRIPTOR.services_by_name["DRAResourceHealth"].methods_by_name[
+        "NodeWatchResources"]
+    assert watch.server_streaming and health.DESCRIPTOR.package == "v1alpha1"
+    info = reg.DESCRIPTOR.message_types_by_name["PluginInfo"]
+    assert {f.name: f.number for f in info.fields} == {
+        "type": 1, "name": 2, "endpoint": 3, "supported_versions": 4}
+    assert reg.DESCRIPTOR.services_by_name["Registration"].full_name == \
+        "pluginregistration.Registration"
+    with pytest.raises(protos.ProtoBuildError, match="no such kubelet API: dra_v9"):
+        protos.load_modules("dra_v9")
+
+
+def test_vendored_protos_keep_their_license_header() -> None:
+    for name in ("dra_v1", "dra_v1beta1", "drahealth_v1alpha1", "pluginregistration_v1"):
+        text = (Path(protos.PROTO_DIR) / f"{name}.proto").read_text()
+        assert "Licensed under the Apache License, Version 2.0" in text.split("syntax")[0]
+        assert "Vendored from k8s.io/kubelet v0.35.4" in text
+
+
+def test_cli_prints_the_slices_as_yaml_and_json(roots: dict[str, str]) -> None:
+    def run(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "gpuk8s.cli", "dra", "slices", "--root",
+                               roots["c500-8"], "--node-name", "gpu-7", *args],
+                              capture_output=True, text=True, check=True)
+        return done.stdout
+
+    as_json = json.loads(run("--json"))
+    as_yaml = yaml.safe_load(run())
+    assert as_yaml["kind"] == "List" and as_yaml["items"] == as_json
+    assert as_json == dra.build_slices("gpu-7", inventory(roots, "c500-8"), dra.PoolOptions())
+    plain = json.loads(run("--json", "--group-devices", "off"))
+    assert [len(s["spec"]["devices"]) for s in plain] == [8]
+    bad = subprocess.run([sys.executable, "-m", "gpuk8s.cli", "dra", "slices", "--root",
+                          roots["c500-8"]], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--node-name" in bad.stderr
+
+
+def test_bad_flags_are_refused_before_anything_is_read(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "KUBECONFIG": str(tmp_path / "none")}
+    for args, message in (
+        (["--node-name", "n1", "--sharing-mode", "mps"],
+         "sharing-mode: 'mps' is not one of exclusive, sgpu, auto"),
+        (["--sharing-mode", "sgpu"], "node-name: required"),
+        (["--node-name", "n1", "--resync-interval", "0"],
+         "resync-interval: must be a positive number of seconds"),
+    ):
+        done = subprocess.run([sys.executable, "-m", "gpuk8s.cli", "serve", "dra-plugin",
+                               *args], capture_output=True, text=True, env=env)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_the_nodes_sharing_label_picks_the_pool_shape() -> None:
+    from gpuk8s.services.dra.main import resolve_sharing
+
+    assert resolve_sharing("auto", {}) == "exclusive"
+    assert resolve_sharing("auto", {"gpuk8s.io/sharing-mode": "sgpu"}) == "sgpu"
+    with pytest.raises(ConfigError, match="vcuda and mps need gpu-device"):
+        resolve_sharing("auto", {"gpuk8s.io/sharing-mode": "mps"})

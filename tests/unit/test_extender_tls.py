@@ -1,0 +1,203 @@
+"""gpu-aware over HTTPS with client certificates, the health listener and the
+per-client connection cap (issue 26, items 1 and 4): every test here failed on the code
+before the fix (there was no TLS, no health listener, no per-client cap)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuk8s.core.errors import ConfigError
+from gpuk8s.services.extender.main import build_parser, build_service
+from gpuk8s.services.extender.server import ExtenderHTTPServer, serve_in_thread
+from gpuk8s.services.extender.tls import ServerTls, TlsFiles
+
+from .test_extender import node, pod
+from .test_extender_hostile import GOOD, extender
+from .tls_certs import SERVER_NAME, issue, server_set
+
+FILTER = json.dumps({"Pod": pod(1), "Nodes": {"items": [node("good", GOOD)]}}).encode()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return server_set(tmp_path_factory.mktemp("certs"))
+
+
+def client_context(certs: dict[str, Path], who: str | None = "client") -> ssl.SSLContext:
+    """What kube-scheduler's tlsConfig makes: trust the CA, present ``who``'s certificate
+    (None: none), check the server name."""
+    context = ssl.create_default_context(cafile=str(certs["ca"]))
+    if who is not None:
+        context.load_cert_chain(str(certs[who]), str(certs[f"{who}_key"]))
+    return context
+
+
+def https_filter(port: int, context: ssl.SSLContext) -> tuple[int, Any]:
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+    conn._tunnel_host = None
+    try:
+        # connect to the IP, verify the certificate's DNS name (tlsConfig.serverName)
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        conn.sock = context.wrap_socket(sock, server_hostname=SERVER_NAME)
+        conn.request("POST", "/filter", body=FILTER)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+@pytest.fixture()
+def tls_server(certs: dict[str, Path]) -> Iterator[ExtenderHTTPServer]:
+    tls = ServerTls(TlsFiles(str(certs["server"]), str(certs["server_key"]), str(certs["ca"])))
+    srv = ExtenderHTTPServer(("127.0.0.1", 0), extender(), tls=tls)
+    serve_in_thread(srv)
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_client_with_a_certificate_of_the_ca_is_served(
+    tls_server: ExtenderHTTPServer, certs: dict[str, Path]
+) -> None:
+    status, result = https_filter(tls_server.port, client_context(certs))
+    assert status == 200 and [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["good"]
+
+
+@pytest.mark.parametrize("who", [None, "stranger"])
+def test_clients_without_a_valid_certificate_are_refused(
+    tls_server: ExtenderHTTPServer, certs: dict[str, Path], who: str | None
+) -> None:
+    assert tls_server.tls is not None
+    before = tls_server.tls.handshake_failures
+    with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
+        https_filter(tls_server.port, client_context(certs, who))
+    deadline = time.monotonic() + 10
+    while tls_server.tls.handshake_failures == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert tls_server.tls.handshake_failures == before + 1
+    # and a plain HTTP request on the TLS port is never read
+    with socket.create_connection(("127.0.0.1", tls_server.port), timeout=10) as sock:
+        sock.sendall(b"POST /filter HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (
+            len(FILTER), FILTER))
+        try:
+            answer = sock.makefile("rb").read()
+        except ConnectionError:
+            answer = b""  # reset: what the handshake made of an HTTP request line
+        assert not answer.startswith(b"HTTP/1.1 200")
+
+
+def test_renewed_certificate_files_are_served_without_a_restart(
+    certs: dict[str, Path], tmp_path: Path
+) -> None:
+    live = {name: tmp_path / f"{name}.pem" for name in ("cert", "key", "ca")}
+    shutil.copy(certs["server"], live["cert"])
+    shutil.copy(certs["server_key"], live["key"])
+    shutil.copy(certs["ca"], live["ca"])
+    tls = ServerTls(TlsFiles(*(str(p) for p in live.values())), check_every=0)
+    srv = ExtenderHTTPServer(("127.0.0.1", 0), extender(), tls=tls)
+    serve_in_thread(srv)
+
+    def served_serial() -> str:
+        context = client_context(certs)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock, \
+                context.wrap_socket(sock, server_hostname=SERVER_NAME) as conn:
+            return str(conn.getpeercert()["serialNumber"])  # type: ignore[index]
+
+    try:
+        first = served_serial()
+        renewed = issue(tmp_path, (certs["ca"], certs["ca_key"]), "renewed", "serverAuth",
+                        f"DNS:{SERVER_NAME}")
+        # as the kubelet updates a Secret volume: new files in place
+        shutil.copy(renewed[1], live["key"])
+        live["cert"].write_bytes(b"-----BEGIN CERTIFICATE-----\nhalf")  # caught mid-write
+        assert served_serial() == first and tls.reload_errors >= 1  # the old one stays
+        shutil.copy(renewed[0], live["cert"])
+        assert served_serial() != first and tls.reloads == 1
+        assert https_filter(srv.port, client_context(certs))[0] == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_service_flags_tls_and_health_port(certs: dict[str, Path]) -> None:
+    tls_args = ["--tls-cert-file", str(certs["server"]), "--tls-key-file",
+                str(certs["server_key"]), "--tls-client-ca-file", str(certs["ca"])]
+    base = ["--port", "0", "--address", "127.0.0.1", "--no-pod-watch"]
+    with pytest.raises(ConfigError, match="go together"):
+        build_service(build_parser().parse_args([*base, *tls_args[:4]]))
+    with pytest.raises(ConfigError, match="cannot load"):
+        build_service(build_parser().parse_args([*base, *tls_args[:5], str(certs["server"])[:-1]]))
+    with pytest.raises(ConfigError, match="--max-connections-per-client"):
+        build_service(build_parser().parse_args([*base, "--max-connections-per-client", "0"]))
+    service = build_service(build_parser().parse_args([*base, *tls_args, "--health-port", "0"]))
+    service.start()
+    try:
+        assert service.health is not None
+        # the kubelet's probes: plain HTTP on the health port, no client certificate
+        conn = http.client.HTTPConnection("127.0.0.1", service.health.port, timeout=10)
+        conn.request("GET", "/healthz")
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.read()
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        assert "gpu_aware_tls_handshake_failures 0.0" in text
+        assert "gpu_aware_refused_connections 0.0" in text
+        conn.request("POST", "/filter", body=FILTER)  # the verbs are not served there
+        resp = conn.getresponse()
+        assert resp.status == 404 and "health port" in json.loads(resp.read())["Error"]
+        conn.close()
+        status, _ = https_filter(service.port, client_context(certs))
+        assert status == 200  # served over TLS
+    finally:
+        service.close()
+
+
+def test_300_slow_connections_from_one_client_starve_nobody() -> None:
+    """Before: 300 connections stuck mid-request took the 64 places, and every other
+    request, /healthz included, answered 503 until their deadline."""
+    srv = ExtenderHTTPServer(("127.0.0.1", 0), extender(), request_timeout=60)
+    health = ExtenderHTTPServer(("127.0.0.1", 0), extender(), health_only=True, max_body=0,
+                                max_connections=16, max_per_client=4)
+    serve_in_thread(srv)
+    serve_in_thread(health)
+    slow: list[socket.socket] = []
+    try:
+        for _ in range(300):
+            sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            sock.sendall(b"POST /filter HTTP/1.1\r\nContent-Len")  # and then nothing
+            slow.append(sock)
+        deadline = time.monotonic() + 120  # generous: a loaded CI host accepts slowly
+        while srv.refused_connections < 300 - srv.max_per_client and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.refused_connections == 300 - srv.max_per_client == 284
+        # another client (another address) is served on the main port...
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10,
+                                          source_address=("127.0.0.2", 0))
+        conn.request("POST", "/filter", body=FILTER)
+        resp = conn.getresponse()
+        assert resp.status == 200 and json.loads(resp.read())["Nodes"]["items"]
+        conn.request("GET", "/healthz")
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.read()
+        conn.close()
+        # ...and the health listener answers whoever asks, the slow client too
+        conn = http.client.HTTPConnection("127.0.0.1", health.port, timeout=10)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        for sock in slow:
+            sock.close()
+        for server in (srv, health):
+            server.shutdown()
+            server.server_close()

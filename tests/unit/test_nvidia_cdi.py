@@ -1,0 +1,250 @@
+"""NVIDIA containers get CUDA (issue 28 item 6): the driver's user space found on a
+simulated node laid out like a real ``.run --dkms`` install, the way ``nvidia-ctk cdi
+generate`` finds it; the CDI spec that carries it (named for its kind); the hooks that
+make the libraries found; the real ``readelf`` / ``ldconfig`` as judges of the simulated
+libraries and of our readers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuk8s import sim
+from gpuk8s.core.cdi import (
+    DRIVER_MOUNT_OPTIONS,
+    CdiError,
+    ContainerEdits,
+    Hook,
+    apply_to_oci,
+    driver_edits,
+    parse_spec,
+)
+from gpuk8s.discovery import libraries, nvidia
+from gpuk8s.host import cdihook
+from gpuk8s.services.runtime.agent import RuntimeAgent, RuntimeSettings
+
+pytestmark = pytest.mark.usefixtures("fast_python3")
+
+VERSION = "550.54.15"
+LIB = "/usr/lib/x86_64-linux-gnu"
+LIBS = ("libcuda", "libcudadebugger", "libnvcuvid", "libnvidia-allocator", "libnvidia-cfg",
+        "libnvidia-encode", "libnvidia-gpucomp", "libnvidia-ml", "libnvidia-nvvm",
+        "libnvidia-opencl", "libnvidia-ptxjitcompiler")
+
+
+class Reports:
+    def publish(self, report: object) -> None:
+        pass
+
+
+def agent(root: str, system: Path, **kw: object) -> RuntimeAgent:
+    settings = RuntimeSettings(host_root=root, system_root=str(system), runtime="cdi",
+                               device_path_prefix=root, **kw)  # type: ignore[arg-type]
+    return RuntimeAgent(settings, Reports())  # type: ignore[arg-type]
+
+
+def test_driver_files_are_found_as_nvidia_ctk_finds_them(nvidia_sim_root: str) -> None:
+    files = nvidia.driver_files(nvidia_sim_root, VERSION)
+    assert files.problems == ()
+    assert files.libraries == tuple(f"{LIB}/{name}.so.{VERSION}" for name in LIBS)
+    assert files.library_dirs == (LIB,)
+    assert (f"libcuda.so.{VERSION}", f"{LIB}/libcuda.so.1") in files.links
+    assert ("libcuda.so.1", f"{LIB}/libcuda.so") in files.links
+    assert (f"libnvidia-nvvm.so.{VERSION}", f"{LIB}/libnvidia-nvvm.so.4") in files.links
+    # libnvidia-gpucomp's soname is its versioned name: no link for it
+    assert not any("gpucomp" in link for _, link in files.links)
+    assert files.binaries == ("/usr/bin/nvidia-smi", "/usr/bin/nvidia-debugdump",
+                              "/usr/bin/nvidia-persistenced", "/usr/bin/nvidia-cuda-mps-control",
+                              "/usr/bin/nvidia-cuda-mps-server")
+    assert files.firmware == (f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin",
+                              f"/lib/firmware/nvidia/{VERSION}/gsp_tu10x.bin")
+    assert files.ipc == ("/run/nvidia-persistenced/socket",)
+    assert files.toolkit_hook is None
+
+
+def test_another_driver_version_finds_nothing(nvidia_sim_root: str) -> None:
+    files = nvidia.driver_files(nvidia_sim_root, "535.183.01")
+    assert files.libraries == () and files.problems
+    assert "libcuda.so.535.183.01" in files.problems[0]
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="binutils: scripts/prereqs unit")
+def test_the_simulated_libraries_are_real_shared_objects(nvidia_sim_root: str) -> None:
+    """readelf and our reader agree on every library's soname; dlopen loads them."""
+    import ctypes
+
+    for name in LIBS:
+        path = f"{nvidia_sim_root}{LIB}/{name}.so.{VERSION}"
+        out = subprocess.run(["readelf", "-d", path], capture_output=True, text=True,
+                             check=True).stdout
+        soname = libraries.elf_soname(path)
+        assert f"Library soname: [{soname}]" in out
+        ctypes.CDLL(path)
+    assert libraries.elf_soname(f"{nvidia_sim_root}/etc/os-release") is None
+
+
+def test_a_library_dir_named_only_by_the_ld_cache_is_found(tmp_path: Path) -> None:
+    """A driver installed outside the usual directories, registered in ld.so.cache by the
+    real ldconfig: found through the cache, as nvidia-ctk's locator does."""
+    root = str(tmp_path / "node")
+    sim.create(root, "nvidia-8")
+    moved = Path(root) / "opt/nvidia/lib"
+    moved.mkdir(parents=True)
+    for entry in sorted(Path(root, LIB.lstrip("/")).iterdir()):
+        if "nvidia" in entry.name or "cuda" in entry.name or "nvcuvid" in entry.name:
+            shutil.move(str(entry), moved / entry.name)
+    assert nvidia.driver_files(root, VERSION).libraries == ()
+    (Path(root) / "etc/ld.so.conf").write_text("/opt/nvidia/lib\n")
+    subprocess.run(["ldconfig", "-r", root], check=True, capture_output=True)
+    assert ("libcuda.so.1", "/opt/nvidia/lib/libcuda.so.1") in libraries.ldcache_entries(
+        f"{root}/etc/ld.so.cache")
+    files = nvidia.driver_files(root, VERSION)
+    assert files.library_dirs == ("/opt/nvidia/lib",)
+    assert f"/opt/nvidia/lib/libcuda.so.{VERSION}" in files.libraries
+
+
+def test_driver_edits_mount_read_only_and_hook_with_the_toolkit_arguments(
+    nvidia_sim_root: str,
+) -> None:
+    files = nvidia.driver_files(nvidia_sim_root, VERSION)
+    edits = driver_edits(files, "/usr/local/gpuk8s/bin/gpuk8s-oci-runtime", "/sim")
+    lib = next(m for m in edits.mounts if m.container_path == f"{LIB}/libcuda.so.{VERSION}")
+    assert lib.host_path == f"/sim{LIB}/libcuda.so.{VERSION}"
+    assert lib.options == DRIVER_MOUNT_OPTIONS
+    ipc = next(m for m in edits.mounts if m.container_path.endswith("persistenced/socket"))
+    assert not ipc.read_only and "noexec" in ipc.options
+    links, ldcache = edits.hooks
+    assert links.hook_name == ldcache.hook_name == "createContainer"
+    assert links.args[:3] == ("gpuk8s-oci-runtime", "hook", "create-symlinks")
+    assert f"libcuda.so.{VERSION}::{LIB}/libcuda.so.1" in links.args
+    assert ldcache.args == ("gpuk8s-oci-runtime", "hook", "update-ldcache", "--folder", LIB)
+    # the toolkit's own hook program takes the same arguments after its name
+    toolkit = driver_edits(files, "/usr/bin/nvidia-cdi-hook").hooks[1]
+    assert toolkit.args == ("nvidia-cdi-hook", "update-ldcache", "--folder", LIB)
+
+
+def test_the_nvidia_spec_is_named_for_its_kind_and_carries_the_driver(
+    tmp_path: Path,
+) -> None:
+    root = str(tmp_path / "node")
+    sim.create(root, "nvidia-8")
+    system = tmp_path / "system"
+    system.mkdir()
+    runtime = agent(root, system)
+    runtime.write_spec()
+    path = system / "etc/cdi/nvidia.com-gpu.json"
+    assert not (system / "etc/cdi/metax-tech.com-gpu.json").exists()
+    spec = json.loads(path.read_text())
+    assert spec["kind"] == "nvidia.com/gpu"
+    common = parse_spec(spec).edits
+    mounted = {m.container_path for m in common.mounts}
+    assert {f"{LIB}/libcuda.so.{VERSION}", f"{LIB}/libnvidia-ml.so.{VERSION}",
+            f"{LIB}/libnvidia-ptxjitcompiler.so.{VERSION}", "/usr/bin/nvidia-smi",
+            f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"} <= mounted
+    assert {n.path for n in common.device_nodes} == {
+        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"}
+    # the hooks run the wrapper, which the agent installed even though the runtime has CDI
+    assert {h.path for h in common.hooks} == {"/usr/local/gpuk8s/bin/gpuk8s-oci-runtime"}
+    assert os.access(system / "usr/local/gpuk8s/bin/gpuk8s-oci-runtime", os.X_OK)
+    assert "CDI spec removed" in runtime.uninstall() and not path.exists()
+
+
+def test_the_toolkits_hook_program_is_used_where_it_is_installed(tmp_path: Path) -> None:
+    root = str(tmp_path / "node")
+    sim.create(root, "nvidia-8")
+    hook = Path(root) / "usr/bin/nvidia-cdi-hook"
+    hook.write_text("#!/bin/sh\n")
+    hook.chmod(0o755)
+    system = tmp_path / "system"
+    system.mkdir()
+    runtime = agent(root, system)
+    runtime.write_spec()
+    spec = json.loads((system / "etc/cdi/nvidia.com-gpu.json").read_text())
+    assert {h["path"] for h in spec["containerEdits"]["hooks"]} == {"/usr/bin/nvidia-cdi-hook"}
+    assert not (system / "usr/local/gpuk8s").exists()
+
+
+def test_metax_nodes_keep_their_spec_file_and_get_no_hooks(tmp_path: Path) -> None:
+    root = str(tmp_path / "node")
+    sim.create(root, "c500-8")
+    system = tmp_path / "system"
+    system.mkdir()
+    agent(root, system).write_spec()
+    spec = json.loads((system / "etc/cdi/metax-tech.com-gpu.json").read_text())
+    assert "hooks" not in spec.get("containerEdits", {})
+
+
+def test_hooks_round_trip_and_reach_the_oci_spec() -> None:
+    hook = Hook("createContainer", "/usr/bin/nvidia-cdi-hook",
+                ("nvidia-cdi-hook", "update-ldcache", "--folder", LIB))
+    spec = {"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu",
+            "devices": [{"name": "0", "containerEdits": {}}],
+            "containerEdits": {"hooks": [{"hookName": "createContainer", "path": hook.path,
+                                          "args": list(hook.args)}]}}
+    assert parse_spec(spec).edits.hooks == (hook,)
+    config = apply_to_oci({}, ContainerEdits(hooks=(hook, hook)), lambda p: ("c", 0, 0))
+    assert config["hooks"] == {"createContainer": [{"path": hook.path, "args": list(hook.args)}]}
+    for bad, why in (({"hookName": "later", "path": "/x"}, "hookName"),
+                     ({"hookName": "createContainer", "path": "x"}, "absolute"),
+                     ({"hookName": "createContainer", "path": "/x", "args": [1]}, "strings"),
+                     ({"hookName": "createContainer", "path": "/x", "when": {}}, "when")):
+        spec["containerEdits"]["hooks"] = [bad]
+        with pytest.raises(CdiError, match=why):
+            parse_spec(spec)
+
+
+def test_hook_arguments_parse_strictly() -> None:
+    assert cdihook.parse(["create-symlinks", "--link", "a.so.1::/usr/lib/a.so",
+                          "--link=b::/b"]) == (
+        "create-symlinks", [("a.so.1", "/usr/lib/a.so"), ("b", "/b")], [])
+    assert cdihook.parse(["update-ldcache", "--folder", "/usr/lib", "--ldconfig-path",
+                          "@/sbin/ldconfig"]) == ("update-ldcache", [], ["/usr/lib"])
+    for bad in (["chmod"], ["create-symlinks", "--link", "nolink"],
+                ["update-ldcache", "--folder", "relative"], ["create-symlinks", "--link"],
+                ["create-symlinks", "--bogus", "x"]):
+        with pytest.raises(cdihook.HookError):
+            cdihook.parse(bad)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the hook chroots: root only")
+def test_hooks_edit_the_container_root_and_nothing_outside_it(tmp_path: Path) -> None:
+    """As runc runs them: OCI state on stdin, the bundle's root. A symlink the image plants
+    (``/evil -> /outside``) is followed inside the container's root, never on the host."""
+    rootfs = tmp_path / "bundle/rootfs"
+    (rootfs / "usr/lib/x86_64-linux-gnu").mkdir(parents=True)
+    (rootfs / "etc").mkdir()
+    lib = rootfs / "usr/lib/x86_64-linux-gnu" / f"libcuda.so.{VERSION}"
+    shutil.copy(f"{sim_root_lib(tmp_path)}/libcuda.so.{VERSION}", lib)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (rootfs / "evil").symlink_to(outside)  # absolute: the host's /tmp/... path
+    (tmp_path / "bundle/config.json").write_text(json.dumps({"root": {"path": "rootfs"}}))
+    state = json.dumps({"ociVersion": "1.0.2", "id": "c", "pid": os.getpid(),
+                        "bundle": str(tmp_path / "bundle")})
+    assert cdihook.main(["create-symlinks", "--link", f"libcuda.so.{VERSION}::{LIB}/libcuda.so.1",
+                         "--link", f"x::{outside}/planted", "--link", "y::/evil/planted"],
+                        stdin=state) == 0
+    assert os.readlink(rootfs / LIB.lstrip("/") / "libcuda.so.1") == f"libcuda.so.{VERSION}"
+    assert not (outside / "planted").exists() and not os.path.lexists(outside / "planted")
+    assert cdihook.main(["update-ldcache", "--folder", LIB], stdin=state) == 0
+    assert (rootfs / "etc/ld.so.conf.d/00-gpuk8s-nvidia.conf").read_text() == f"{LIB}\n"
+    entries = libraries.ldcache_entries(str(rootfs / "etc/ld.so.cache"))
+    assert ("libcuda.so.1", f"{LIB}/libcuda.so.1") in entries
+    # the runtime wrapper's `hook` subcommand is this code
+    proc = subprocess.run([sys.executable, "-c", "import sys; from gpuk8s.host.ociwrapper "
+                           "import main; sys.exit(main(['hook', 'chmod']))"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 1 and "usage: hook" in proc.stderr
+
+
+def sim_root_lib(tmp_path: Path) -> str:
+    root = str(tmp_path / "simnode")
+    if not os.path.isdir(root):
+        sim.create(root, "nvidia-8")
+    return f"{root}{LIB}"

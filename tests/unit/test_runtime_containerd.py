@@ -1,0 +1,201 @@
+"""container-runtime's containerd config edits, shape by shape, and what it reads back from
+containerd's CRI. The real containerd 1.6 and 2.x judge the same shapes in
+tests/integration/test_runtime_containerd.py."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuk8s.services.runtime import containerd
+from gpuk8s.services.runtime.containerd import RuntimeConfigError, configure, unconfigure
+
+from .fake_cri import FakeCri, cri_config, status_response
+
+WRAPPER = "/usr/local/gpuk8s/bin/gpuk8s-oci-runtime"
+
+V1 = """# containerd 1.x reads a file without `version` as version 1
+root = "/var/lib/containerd"
+[plugins.cri]
+  sandbox_image = "registry.k8s.io/pause:3.6"
+  [plugins.cri.containerd]
+    default_runtime_name = "runc"
+    [plugins.cri.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.cri.containerd.runtimes.runc.options]
+        SystemdCgroup = true
+  [plugins.cri.cni]
+    bin_dir = "/opt/cni/bin"
+"""
+V2 = """version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "runc"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+"""
+V3 = """version = 3
+[plugins."io.containerd.cri.v1.runtime".containerd]
+  default_runtime_name = "runc"
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+"""
+V4 = V3.replace("version = 3", "version = 4")  # containerd 2.4's own default
+
+
+def runtimes(text: str, *path: str) -> dict:
+    table = containerd.tomlkit.parse(text)["plugins"]
+    for key in path:
+        table = table[key]
+    return table["containerd"]
+
+
+@pytest.mark.parametrize(("text", "plugin", "version"), [
+    (V1, "cri", 1),
+    ("root = \"/var/lib/containerd\"\n", "cri", 1),  # version 1 too: no plugins at all
+    (V2, "io.containerd.grpc.v1.cri", 2),
+    ("", "io.containerd.grpc.v1.cri", 2),  # empty: containerd's defaults, made version 2
+    (V3, "io.containerd.cri.v1.runtime", 3),
+    (V4, "io.containerd.cri.v1.runtime", 4),
+])
+def test_each_config_version_is_edited_in_its_own_shape(text: str, plugin: str,
+                                                         version: int) -> None:
+    done = configure(text, "metax", WRAPPER, set_default=True)
+    assert done.changed and done.version == version
+    doc = containerd.tomlkit.parse(done.text)
+    assert doc.get("version") == (None if version == 1 and text else version)
+    assert list(doc["plugins"]) == [plugin]  # never a second CRI section of another style
+    section = runtimes(done.text, plugin)
+    assert section["default_runtime_name"] == "metax"
+    assert section["runtimes"]["metax"]["options"]["BinaryName"] == WRAPPER
+    assert section["runtimes"]["metax"]["container_annotations"] == ["cdi.k8s.io/*"]
+    if text:
+        assert unconfigure(done.text, "metax", done.previous_default)[0] != done.text
+
+
+def test_a_version_1_config_stays_version_1_with_the_default_runtime_copied() -> None:
+    done = configure(V1, "metax", WRAPPER, set_default=True)
+    assert "version" not in containerd.tomlkit.parse(done.text)  # no hybrid: containerd
+    assert "io.containerd.grpc" not in done.text  # refuses `version = 2` with [plugins.cri]
+    assert done.text.startswith("# containerd 1.x reads a file without `version`")
+    metax = runtimes(done.text, "cri")["runtimes"]["metax"]
+    assert metax["options"]["SystemdCgroup"] is True  # copied from runc
+    assert done.previous_default == "runc"
+    back, changed = unconfigure(done.text, "metax", "runc")
+    assert changed and runtimes(back, "cri")["default_runtime_name"] == "runc"
+    assert "metax" not in runtimes(back, "cri")["runtimes"]
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("version = 2\n[plugins\n", "does not parse as TOML"),
+    ("version = 5\n", "version 5"),
+    ('version = "2"\n', "version '2'"),
+    # no version: version 1 for containerd, whose sections are named by id
+    ('[plugins."io.containerd.grpc.v1.cri".containerd]\n  default_runtime_name = "runc"\n',
+     "reads it as version 1"),
+    # what the old code wrote: containerd refuses it (invalid plugin key URI "cri")
+    ('version = 2\n[plugins.cri]\n  sandbox_image = "x"\n', "refuses it"),
+    ("version = 2\nplugins = 3\n", "not a table"),
+    ('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.default_runtime]\n'
+     '  runtime_type = "io.containerd.runc.v2"\n', "default_runtime] (deprecated)"),
+    ('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.metax]\n'
+     '  runtime_type = "io.containerd.kata.v2"\n', "not the wrapper"),
+    ('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+     '  default_runtime_name = "kata"\n'
+     '  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata]\n'
+     '    runtime_type = "io.containerd.kata.v2"\n', "the wrapper wraps runc"),
+])
+def test_a_config_that_cannot_be_edited_safely_is_refused(text: str, reason: str) -> None:
+    with pytest.raises(RuntimeConfigError, match="nothing was changed") as err:
+        configure(text, "metax", WRAPPER, set_default=True)
+    assert reason in str(err.value)
+
+
+def test_an_import_that_defines_the_cri_section_would_shadow_the_edit() -> None:
+    drop_in = '[plugins."io.containerd.grpc.v1.cri".containerd]\n  default_runtime_name = "x"\n'
+    text = 'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n' + V2.split("\n", 1)[1]
+    with pytest.raises(RuntimeConfigError, match=r"imports /etc/containerd/conf\.d/99\.toml"):
+        configure(text, "metax", WRAPPER, True, {"/etc/containerd/conf.d/99.toml": drop_in})
+    # an import that leaves the CRI alone is fine
+    assert configure(text, "metax", WRAPPER, True, {"/x.toml": "[metrics]\n"}).changed
+
+
+def test_resolve_imports_reads_globs_relative_to_the_config(tmp_path: Path) -> None:
+    (tmp_path / "etc/containerd/conf.d").mkdir(parents=True)
+    (tmp_path / "etc/containerd/conf.d/a.toml").write_text("[metrics]\n")
+    text = 'version = 2\nimports = ["conf.d/*.toml", "/none/*.toml"]\n'
+    found = containerd.resolve_imports(text, "/etc/containerd/config.toml",
+                                       lambda p: str(tmp_path) + p)
+    assert found == {str(tmp_path / "etc/containerd/conf.d/a.toml"): "[metrics]\n"}
+
+
+# ------------------------------------------------------------------- what containerd serves
+@pytest.fixture
+def cri() -> Iterator[tuple[FakeCri, str]]:
+    """A CRI on a short socket path (unix socket paths are short)."""
+    base = Path(tempfile.mkdtemp(prefix="cri", dir="/tmp"))
+    fake = FakeCri(str(base / "c.sock"))
+    yield fake, str(base / "c.sock")
+    fake.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_cri_config_is_read_from_the_status_info(cri: tuple[FakeCri, str]) -> None:
+    fake, sock = cri
+    fake.config = cri_config({"runc": "", "metax": WRAPPER}, default="metax")
+    served = containerd.cri_config(sock)
+    assert containerd.not_served(served, "metax", WRAPPER, True) is None
+    assert containerd.not_served(served, "metax", None, True) == \
+        "containerd still serves runtime handler 'metax'"
+    fake.config = cri_config({"runc": "", "metax": "/other"}, default="runc")
+    served = containerd.cri_config(sock)
+    assert "runs '/other'" in str(containerd.not_served(served, "metax", WRAPPER, True))
+    fake.config = cri_config({"runc": "", "metax": WRAPPER}, default="runc")
+    served = containerd.cri_config(sock)
+    assert "default runtime is 'runc'" in str(containerd.not_served(served, "metax", WRAPPER,
+                                                                    True))
+    assert containerd.not_served(served, "metax", WRAPPER, False) is None
+    fake.config = cri_config({"runc": ""})
+    assert containerd.not_served(containerd.cri_config(sock), "metax", WRAPPER, True) == \
+        "containerd does not serve runtime handler 'metax'"
+
+
+def test_cri_that_does_not_answer_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeConfigError, match="does not answer"):
+        containerd.cri_config(str(tmp_path / "none.sock"), timeout=1)
+
+
+def test_status_info_decodes_the_wire_format() -> None:
+    raw = status_response({"config": '{"a": 1}', "golang": "go1.26"})
+    assert containerd.status_info(raw) == {"config": '{"a": 1}', "golang": "go1.26"}
+
+
+@pytest.mark.parametrize(("config", "enabled"), [
+    ({"containerd": {}}, False),  # 1.6: no CDI
+    ({"enableCDI": False, "cdiSpecDirs": ["/etc/cdi"]}, False),  # 1.7/2.0 turned off
+    ({"enableCDI": True, "cdiSpecDirs": ["/etc/cdi"]}, True),
+    ({"cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"]}, True),  # 2.4: always on, no option
+])
+def test_cri_cdi_enabled(config: dict, enabled: bool) -> None:
+    assert containerd.cri_cdi_enabled(config) is enabled
+
+
+def _ignore_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def test_a_process_ignoring_sighup_is_seen_and_not_signalled() -> None:
+    plain = subprocess.Popen(["sleep", "60"])
+    nohup = subprocess.Popen(["sleep", "60"], preexec_fn=_ignore_sighup)
+    try:
+        assert not containerd.ignores_sighup(plain.pid)
+        assert containerd.ignores_sighup(nohup.pid)
+    finally:
+        for proc in (plain, nohup):
+            proc.kill()
+            proc.wait()
