@@ -21,7 +21,11 @@ GPUs and honours CPU and memory):
   counted resource, the extender's ``filter`` / ``prioritize`` (``Extender.handle``) and
   its ``bind`` verb (``Sharing.bind``: GPU choice, pod annotation, binding) against an
   in-memory pod store, the pod watch feeding the ledger from the annotations. Pods
-  without GPUs: see ``--taint-cores-per-gpu``.
+  without GPUs: the scheduler asks the second extender entry (``prioritize-nogpu``,
+  the role's default ``rank_pods_without_gpus``) through ``Extender.handle``, then
+  its own scorers break ties; ``--no-rank-nogpu`` leaves them to the scorers alone,
+  ``--taint-cores-per-gpu N`` puts the ``PreferNoSchedule`` taint of the whole-GPU
+  recipe on nodes with fewer than N cores per GPU (``docs/extender.md``).
 * ``fgd``, ``bestfit``, ``dotprod``, ``random`` -- the paper's policies as its simulator
   runs them (``benchmarks/paper_policies.py``: one score plugin, integer scores, ties to
   the first node of a random order drawn per run), written from the paper's description.
