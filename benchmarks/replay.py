@@ -664,6 +664,9 @@ def scheduler_config(path: Path, extender_url: str) -> None:
             ManagedResource(r["name"], bool(r["ignored_by_scheduler"]))
             for r in defaults["gpu_aware_managed_resources"]
         ),
+        # the second entry, through which gpu-aware ranks pods without GPUs (as packing.py
+        # models it by default)
+        rank_nogpu=bool(defaults["gpu_aware_rank_pods_without_gpus"]),
     )
     spec.validate()
     cfg = new_config(spec, api_version_for(versions()["KUBE_VERSION"]), KUBECONFIG)

@@ -76,8 +76,11 @@ def test_scheduler_configuration_is_the_roles(tmp_path: Path) -> None:
 
     replay.scheduler_config(tmp_path / "s.json", "http://127.0.0.1:1")
     cfg = json.loads((tmp_path / "s.json").read_text())
-    [ext] = cfg["extenders"]
     role = yaml.safe_load(replay.ROLE_DEFAULTS.read_text())
+    assert role["gpu_aware_rank_pods_without_gpus"] is True  # the role's default: two entries
+    ext, nogpu = cfg["extenders"]
+    assert nogpu["prioritizeVerb"] == "prioritize-nogpu" and nogpu["ignorable"] is True
+    assert "managedResources" not in nogpu and "filterVerb" not in nogpu
     assert ext["bindVerb"] == "bind" and ext["nodeCacheCapable"] is True
     assert ext["weight"] == role["gpu_aware_weight"] and ext["ignorable"] is False
     assert [r["name"] for r in ext["managedResources"]] == [
