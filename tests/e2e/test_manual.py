@@ -115,6 +115,10 @@ ARCH = platform.machine()
 LAB_VALUES: dict[str, Any] = {
     "hostPaths": {"root": str(SIM_ROOT), "extraReadPaths": ["/var/lib/gpuk8s-sim"]},
     "gpuDevice": {"extraArgs": [f"--device-path-prefix={SIM_ROOT}"]},
+    # the manual enables gpu-aware by hand over plain HTTP (001-20: urlPrefix http://...,
+    # no tlsConfig); the chart's default, mutual TLS, would refuse that scheduler
+    # (docs/manual-conformance.md)
+    "gpuAware": {"tls": {"enabled": False}},
 }
 OP_LAB_VALUES: dict[str, Any] = {
     "runtime": {"containerd": {"config": str(STATE / "containerd" / "config.toml")}},
@@ -367,7 +371,8 @@ def test_001_ch1_offline_package_push_and_load(
         # 001-03: push with docker alone (no skopeo on PATH): the same images lab/up
         # pushed, so the lab's references stay what they were
         proc = sh("001-03", fill(block("001-03").code), env, cwd=package)
-        assert f"pushed 7 images to {PROJECT}" in proc.stderr, f"001-03: {proc.stderr}"
+        # the eight component images (gpu-dra's included)
+        assert f"pushed 8 images to {PROJECT}" in proc.stderr, f"001-03: {proc.stderr}"
         for name in ("gpu-device", "gpu-label", "gpu-aware", "gpu-exporter", "driver-manager",
                      "container-runtime", "operator-controller"):
             assert v in tags(f"gpuk8s/{name}"), f"001-03: {PROJECT}/{name}:{v} not pushed"
@@ -560,7 +565,8 @@ def merge_listing(manifest: dict[str, Any], listing: dict[str, Any]) -> None:
 
 def gpu_aware_metric(address: str, name: str, **labels: str) -> float:
     """The sum of gpu-aware's samples of `name` that carry `labels` (its /metrics)."""
-    with urllib.request.urlopen(f"http://{address}:8080/metrics", timeout=5) as resp:
+    # the health port: plain HTTP whatever the extender port speaks
+    with urllib.request.urlopen(f"http://{address}:8081/metrics", timeout=5) as resp:
         text = resp.read().decode()
     total = 0.0
     for line in text.splitlines():
