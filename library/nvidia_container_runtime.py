@@ -260,7 +260,8 @@ def main():
             else:
                 actions = agent.uninstall()
             module.exit_json(changed=bool(actions), mode=agent.mode(), spec_path=None,
-                             restart_pending=False, actions=actions, message="; ".join(actions) or "nothing to remove")
+                             restart_pending=False, actions=actions,
+                             message="; ".join(actions) or "nothing to remove")
         actions, path = planned(agent)
         message = "; ".join(actions) or "up to date"
         pending = False
