@@ -15,6 +15,8 @@ is a benchmark: docs/benchmarks.md):
 
 from __future__ import annotations
 
+import csv
+import random
 import sys
 import tempfile
 from pathlib import Path
@@ -28,31 +30,50 @@ pytestmark = pytest.mark.e2e
 sys.path.insert(0, str(REPO / "benchmarks"))
 import replay  # noqa: E402  (benchmarks/replay.py)
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
 
-
-def trace() -> Path:
-    """The openb trace next to the checkouts, or where OPENB_DIR says."""
-    data = replay.packing.DATA
-    for candidate in (data, DATA):
-        if (candidate / "openb_node_list_gpu_node.csv").is_file():
-            return candidate
-    raise AssertionError(f"the openb trace is not at {data} or {DATA} (set OPENB_DIR)")
+def synthetic_trace(out: Path, seed: int = 42) -> Path:
+    """A small trace in the openb format (node list and pod list, the columns packing.load
+    reads), drawn with ``seed``: 31 nodes of every GPU count the openb cluster has (155
+    GPUs) and 400 pods -- without GPUs, fractional, whole, 2, 4 and 8 GPUs -- so that the
+    smoke test needs no copy of the Alibaba trace (not in this repository) and runs the same
+    everywhere."""
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    shapes = [(8, 96000)] * 15 + [(2, 104000)] * 13 + [(4, 96000)] * 2 + [(1, 32000)]
+    with open(out / "openb_node_list_gpu_node.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["sn", "cpu_milli", "memory_mib", "gpu", "model"])
+        for i, (gpus, cpu) in enumerate(shapes):
+            writer.writerow([f"smoke-node-{i:04d}", cpu, 786432, gpus, "G2"])
+    kinds = [(0, 0)] * 13 + [(1, m) for m in (100, 200, 250, 300, 460, 500, 700)] * 9 + \
+        [(1, 1000)] * 18 + [(2, 1000)] * 5 + [(4, 1000)] * 2 + [(8, 1000)]
+    with open(out / "openb_pod_list_default.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec",
+                         "qos", "pod_phase", "creation_time", "deletion_time",
+                         "scheduled_time"])
+        for i in range(400):
+            gpus, milli = rng.choice(kinds)
+            cpu = rng.choice((2000, 4000, 6000, 8000, 12000)) * max(gpus, 1)
+            writer.writerow([f"smoke-pod-{i:04d}", cpu, rng.choice((4096, 8192, 16384)),
+                             gpus, milli, "", "LS", "Running", i, i + 1000, i])
+    return out
 
 
 @pytest.fixture(scope="module")
 def report(lab: dict[str, str]) -> replay.Report:
+    work = Path(tempfile.mkdtemp(prefix="gpuk8s-replay-smoke-"))
     options = replay.Options(
-        data=trace(),
-        every=40,  # 31 nodes of every shape the trace has, about 160 GPUs
+        data=synthetic_trace(work / "trace"),
+        every=1,  # 31 nodes of every shape the openb cluster has, 155 GPUs
         window=4,
         churn=40,
         churn_parallel=8,
         faults=("extender-kill",),
         extender_port=18095,
     )
-    work = Path(tempfile.mkdtemp(prefix="gpuk8s-replay-smoke-"))
-    result = replay.Replay(options, work).run()
+    (work / "run").mkdir()
+    result = replay.Replay(options, work / "run").run()
     print(replay.render(result))
     return result
 
