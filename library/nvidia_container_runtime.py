@@ -70,7 +70,10 @@ options:
     choices: [signal, systemd, none]
     default: systemd
   containerd_socket:
-    description: containerd's socket (for O(restart_mode=signal)).
+    description:
+      - containerd's socket - what containerd serves is read back there, and the process
+        serving it is signalled with O(restart_mode=signal). With O(restart_mode=none), a
+        containerd that does not answer yet is reported in RV(restart_pending), not failed.
     type: path
     default: /run/containerd/containerd.sock
   handler:
@@ -141,8 +144,9 @@ actions:
     - register handler nvidia in /etc/containerd/config.toml and restart containerd
 restart_pending:
   description:
-    - True when O(restart_mode=none) left containerd running on its old config, so that it
-      does not serve the handler yet (a warning says so); restart containerd to apply it.
+    - True when O(restart_mode=none) left containerd running on its old config, or containerd
+      is not running yet, so that it does not serve the handler yet (a warning says so);
+      restart (or start) containerd to apply it.
   returned: always
   type: bool
   sample: false

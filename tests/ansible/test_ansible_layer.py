@@ -177,6 +177,8 @@ def nvidia_role_vars(tmp_path: Path, preset: str) -> dict[str, object]:
         "nvidia_host_driver_src": payload,
         "nvidia_host_containerd_config": str(scratch / "etc/containerd/config.toml"),
         "nvidia_host_containerd_restart": "none",
+        # no containerd serves the scratch system (the host's own, if any, is not asked)
+        "nvidia_host_containerd_socket": str(scratch / "run/containerd/containerd.sock"),
         "nvidia_host_cdi_dir": str(scratch / "etc/cdi"),
         "nvidia_host_install_dir": str(scratch / "usr/local/gpuk8s"),
         "nvidia_host_device_path_prefix": str(root),
@@ -212,6 +214,7 @@ def test_nvidia_host_role_four_steps(tmp_path: Path) -> None:
     assert (tmp_path / "system/etc/cdi/nvidia.com-gpu.json").exists()
     assert 'default_runtime_name = "nvidia"' in (
         tmp_path / "system/etc/containerd/config.toml").read_text()
+    assert "containerd is not running" in re.sub(r"\s+", " ", proc.stdout + proc.stderr)  # warned
     for check in (True, False):
         proc, changed = nvidia_play(extra, check=check)
         assert proc.returncode == 0 and changed == 0, proc.stdout[-5000:]

@@ -312,6 +312,22 @@ def test_an_unsafe_config_is_left_untouched_and_containerd_not_restarted(
     assert n.pid() == pid  # not restarted
 
 
+def test_restart_mode_none_before_containerd_runs_is_pending_then_served_when_it_starts(
+    node: Callable[[str, str], Node], tmp_path: Path,
+) -> None:
+    """A node provisioned before its runtime starts (restart mode none): the edit is made and
+    said as pending, not failed; the real containerd started afterwards serves it."""
+    n = node(DEBIAN, config(Path("@BASE@"), 2, CRI_V2))
+    agent = n.agent(tmp_path, restart_mode="none")
+    report = agent.one_pass()
+    assert report.state == "pending", report.message
+    assert "containerd is not running" in report.message, report.message
+    assert 'default_runtime_name = "metax"' in n.config.read_text()
+    n.start()
+    assert containerd.not_served(n.served(), "metax", WRAPPER, True) is None
+    assert agent.one_pass().state == "ready"
+
+
 def test_a_containerd_reading_another_file_is_restarted_once_then_the_edit_undone(
     node: Callable[[str, str], Node], tmp_path: Path,
 ) -> None:

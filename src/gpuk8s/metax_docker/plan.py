@@ -233,6 +233,10 @@ class Background(Generic[T]):
         except BaseException as err:  # handed to the caller of result()
             self._error = err
 
+    def wait(self) -> None:
+        """Until ``fn()`` has returned or raised."""
+        self._thread.join()
+
     def result(self) -> T:
         self._thread.join()
         if self._error is not None:
@@ -274,6 +278,10 @@ def wrapper_args(
     fresh = any(o.startswith("--platform=") or o == "--pull=always" for o in probe_options)
     image_ref = run.image
     found_local = Background(lambda: docker.local_image(image_ref)) if not fresh else None
+    # all of them done before any verdict: no docker call is left running behind an error
+    for pending in (chosen, version, found_local):
+        if pending is not None:
+            pending.wait()
     inventory, selection = chosen.result() if chosen is not None else (None, Selection(()))
     version.result()
     local = found_local.result() if found_local is not None else None

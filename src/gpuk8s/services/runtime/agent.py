@@ -360,7 +360,16 @@ class RuntimeAgent:
         imported = containerd.resolve_imports(text, b.config, s.sys) \
             if b.name == "containerd" else None
         result = b.configure(text, s.handler, self.wrapper_path(), s.set_default, imported)
-        serving = b.served(self.socket())  # it must answer before any change
+        down = ""
+        try:
+            serving: Any = b.served(self.socket())  # it must answer before any change
+        except RuntimeConfigError as err:
+            if s.restart_mode != "none":
+                raise
+            # restart mode none: the administrator starts or restarts it later (a node
+            # provisioned before its runtime runs); it loads the config then
+            serving, down = None, f"{b.name} is not running ({err}); it loads the handler " \
+                                  "when it starts"
         if result.version:
             self.details.update(configVersion=result.version)
         state = files.read_json(self._state_path()) or {}
@@ -382,7 +391,8 @@ class RuntimeAgent:
             if made_backup:
                 files.atomic_write(backup, text)
             files.atomic_write(config_path, result.text)
-        reason = b.not_served(serving, s.handler, self.wrapper_path(), s.set_default)
+        reason = down if serving is None else \
+            b.not_served(serving, s.handler, self.wrapper_path(), s.set_default)
         if reason is None:
             self._forget_attempt()
             return
