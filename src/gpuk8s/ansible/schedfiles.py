@@ -296,10 +296,7 @@ def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> N
         assert request.spec is not None
         url = request.spec.url_prefix
         if ours is None:
-            same = [i for i, e in enumerate(doc.data.get("extenders") or [])
-                    if isinstance(e, MutableMapping)
-                    and str(e.get("urlPrefix", "")).rstrip("/") == url.rstrip("/")]
-            for position in same:
+            for position in schedconf.entries_at(doc.data.get("extenders"), url, nogpu=None):
                 result.warnings.append(
                     f"{host}: extenders[{position}] calls {url} too and was not written by "
                     "gpuk8s: it is left as it is and ours is added beside it, so "
@@ -311,12 +308,8 @@ def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> N
             result.changes.append(f"{host}: extender {url}")
         text = doc.render()
         entries = doc.data["extenders"]
-        if ours is None:  # appended: the last main entry at our URL (the second follows it)
-            entry = [e for e in entries if isinstance(e, MutableMapping)
-                     and str(e.get("urlPrefix", "")).rstrip("/") == url.rstrip("/")
-                     and e.get("prioritizeVerb") != schedconf.NOGPU_VERB][-1]
-        else:
-            entry = entries[ours]
+        # appended (ours None): the last main entry at our URL (the second follows it)
+        entry = entries[ours if ours is not None else schedconf.entries_at(entries, url)[-1]]
         result.changes += schedconf.patch_manifest(
             manifest, result.config_path, request.kubeconfig, request.spec.tls_files(),
             own_config=False,
@@ -340,10 +333,8 @@ def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> N
         if marker is not None and marker.entry_hash:
             # the entry present wrote, and only that one (a hand-written one stays)
             where = ours
-            if ours is None and any(
-                isinstance(e, MutableMapping) and e.get("urlPrefix") == marker.url_prefix
-                for e in doc.data.get("extenders") or []
-            ):
+            if ours is None and schedconf.entries_at(doc.data.get("extenders"),
+                                                     marker.url_prefix):
                 result.warnings.append(
                     f"{host}: the entry at {marker.url_prefix} differs from the one gpuk8s "
                     "wrote (edited by hand?): left in place; remove it yourself"

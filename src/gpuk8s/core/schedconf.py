@@ -380,16 +380,24 @@ def check_config(config: Any, where: str) -> None:
         raise ManifestError(f"{where}: only one extender may have a bindVerb, found {binders}")
 
 
+def entries_at(extenders: Any, url_prefix: str, nogpu: bool | None = False) -> list[int]:
+    """Positions of the extender entries that call ``url_prefix`` (trailing slashes aside):
+    main entries (``nogpu`` False), entries for pods without GPUs (True), or both (None)."""
+    if not isinstance(extenders, Sequence) or isinstance(extenders, str):
+        return []
+    return [
+        position
+        for position, entry in enumerate(extenders)
+        if isinstance(entry, Mapping)
+        and str(entry.get("urlPrefix", "")).rstrip("/") == url_prefix.rstrip("/")
+        and (nogpu is None or (entry.get("prioritizeVerb") == NOGPU_VERB) == nogpu)
+    ]
+
+
 def _find_extender(extenders: Sequence[Any], url_prefix: str, nogpu: bool = False) -> int | None:
     """Position of our main entry (``nogpu``: of the entry for pods without GPUs)."""
-    for position, entry in enumerate(extenders):
-        if (
-            isinstance(entry, MutableMapping)
-            and str(entry.get("urlPrefix", "")).rstrip("/") == url_prefix.rstrip("/")
-            and (entry.get("prioritizeVerb") == NOGPU_VERB) == nogpu
-        ):
-            return position
-    return None
+    found = entries_at(extenders, url_prefix, nogpu)
+    return found[0] if found else None
 
 
 def entry_hash(entry: Mapping[str, Any]) -> str:
@@ -406,13 +414,7 @@ def our_extender(config: Mapping[str, Any], marker: Marker | None) -> int | None
     extenders = config.get("extenders")
     if marker is None or not marker.url_prefix or not isinstance(extenders, Sequence):
         return None
-    at_url = [
-        position
-        for position, entry in enumerate(extenders)
-        if isinstance(entry, Mapping)
-        and str(entry.get("urlPrefix", "")).rstrip("/") == marker.url_prefix.rstrip("/")
-        and entry.get("prioritizeVerb") != NOGPU_VERB  # the second entry follows the main one
-    ]
+    at_url = entries_at(extenders, marker.url_prefix)  # the second entry follows the main one
     if not marker.entry_hash:
         return at_url[0] if at_url else None
     for position in at_url:
