@@ -366,6 +366,9 @@ def main() -> int:
     ap.add_argument("--extender-port", type=int, default=18090)
     ap.add_argument("--timeout", type=float, default=600, help="per run, seconds")
     ap.add_argument("--keep-nodes", action="store_true")
+    ap.add_argument("--no-groups", action="store_true",
+                    help="fake nodes publish only their GPUs, no link-group devices (what "
+                         "partitionable devices cost the scheduler's allocator)")
     args = ap.parse_args()
     args.gates = scheduling.versions()["KUBE_FEATURE_GATES"]
     api = fake_nodes.Api(KUBECONFIG)
@@ -381,7 +384,8 @@ def main() -> int:
                                       stderr=subprocess.STDOUT))
         t0 = time.monotonic()
         subprocess.run(fake_nodes_cmd("ensure", str(args.nodes), "--variants", args.variants,
-                                      "--dra"), check=True)
+                                      "--dra", *(["--dra-no-groups"] if args.no_groups
+                                                 else [])), check=True)
         print(f"fake nodes: {args.nodes} with slices in {time.monotonic() - t0:.1f}s",
               flush=True)
         sample = args.placement_pods or args.nodes
@@ -411,7 +415,8 @@ def pct(part: int, whole: int) -> str:
 
 def report(args: argparse.Namespace, results: dict[str, Any], work: Path) -> None:
     print(f"\ngpu-dra, real kube-scheduler {scheduling.versions()['KUBE_VERSION']}, one run; "
-          f"{args.nodes} fake nodes ({args.variants})")
+          f"{args.nodes} fake nodes ({args.variants})"
+          f"{', GPUs only (no group devices)' if args.no_groups else ''}")
     sample = args.placement_pods or args.nodes
     print(f"placement of one k >= 2 claim on each of {sample} of the {args.nodes} nodes (sizes "
           f"{','.join(s for s in args.sizes.split(',') if int(s) >= 2)}):")

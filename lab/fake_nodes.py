@@ -4,7 +4,7 @@
 the device plugin's annotations, kept Ready by renewing their node Leases.
 
     fake_nodes.py ensure N [--variants c500-8,c500-8:used=0+1,...] [--prefix fake-gpu] [--no-taint]
-                  [--dra]
+                  [--dra [--dra-no-groups]]
     fake_nodes.py heartbeat            (loop: renew every fake node's Lease; run by lab/fake-nodes)
     fake_nodes.py delete               (delete every fake node and its Lease)
 
@@ -257,7 +257,8 @@ def build_node(
     }
 
 
-def dra_objects(name: str, variant: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+def dra_objects(name: str, variant: str, groups: bool = True
+                ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """(ResourceSlices, the used-GPU claim or None) of node ``name`` in DRA mode: what
     gpu-dra publishes on such a node once the used GPUs' claims are prepared."""
     from gpuk8s.core.dra import DRIVER, PoolOptions, build_slices, pool_devices, steering_order
@@ -265,7 +266,7 @@ def dra_objects(name: str, variant: str) -> tuple[list[dict[str, Any]], dict[str
 
     preset, used = parse_variant(variant)
     inventory = preset_inventory(preset)
-    options = PoolOptions()
+    options = PoolOptions(groups=groups)
     topology = Topology.from_inventory(inventory, units_for_inventory(inventory))
     order = steering_order(topology, pool_devices(inventory, options), sorted(used))
     slices = build_slices(name, inventory, options, order=[d.name for d in order])
@@ -286,8 +287,8 @@ def dra_objects(name: str, variant: str) -> tuple[list[dict[str, Any]], dict[str
     return slices, {"claim": claim, "allocation": allocation}
 
 
-def ensure_dra(api: Api, name: str, variant: str) -> None:
-    slices, used = dra_objects(name, variant)
+def ensure_dra(api: Api, name: str, variant: str, groups: bool = True) -> None:
+    slices, used = dra_objects(name, variant, groups)
     for body in slices:
         path = f"{RESOURCE_API}/resourceslices"
         status, got = api.request("POST", path, body)
@@ -391,7 +392,7 @@ def cmd_ensure(args: argparse.Namespace) -> int:
     def ensure(i: int) -> None:
         ensure_node(api, names[i], variants[i % len(variants)], not args.no_taint)
         if args.dra:
-            ensure_dra(api, names[i], variants[i % len(variants)])
+            ensure_dra(api, names[i], variants[i % len(variants)], not args.dra_no_groups)
 
     with ThreadPoolExecutor(args.threads) as pool:
         list(pool.map(ensure, range(len(names))))
@@ -482,6 +483,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-taint", action="store_true")
     p.add_argument("--dra", action="store_true",
                    help="also publish gpu-dra's ResourceSlices and the used GPUs' claims")
+    p.add_argument("--dra-no-groups", action="store_true",
+                   help="with --dra: slices without the link-group devices (gpu-dra's "
+                        "--group-devices off), only the GPUs")
     p.add_argument("--threads", type=int, default=8)
     p = sub.add_parser("heartbeat")
     p.add_argument("--interval", type=float, default=10.0)
