@@ -215,6 +215,7 @@ def placement(api: fake_nodes.Api, args: argparse.Namespace, nodes: list[tuple[s
         stop(sched)
     got = allocations(api)
     counted = in_group = group_possible = spec_equal = fits = 0
+    missed: collections.Counter[str] = collections.Counter()  # a free group, no allocation
     for name, (_node, variant, size) in want.items():
         preset, used = fake_nodes.parse_variant(variant)
         inventory = fake_nodes.preset_inventory(preset)
@@ -226,6 +227,8 @@ def placement(api: fake_nodes.Api, args: argparse.Namespace, nodes: list[tuple[s
         fits += len(free) >= size
         devices = got.get(name) or []
         if not devices:
+            if possible:
+                missed[f"{variant} k={size}"] += 1
             continue
         counted += 1
         gpus = sorted(int(d.split("-")[1]) for d in devices)
@@ -237,7 +240,8 @@ def placement(api: fake_nodes.Api, args: argparse.Namespace, nodes: list[tuple[s
             in_group += len({inventory.gpu(g).link_group for g in gpus}) == 1
     delete_namespace(api)
     return {"bound": bound, "pods": len(nodes), "fit": fits, "allocated": counted,
-            "group_possible": group_possible, "in_group": in_group, "spec_equal": spec_equal}
+            "group_possible": group_possible, "in_group": in_group, "spec_equal": spec_equal,
+            "missed": dict(missed)}
 
 
 # ----------------------------------------------------------------------------- 2: throughput
@@ -428,6 +432,9 @@ def report(args: argparse.Namespace, results: dict[str, Any], work: Path) -> Non
             print(f"  {label:<34} {pct(r['allocated'], r['pods']):>16} "
                   f"{pct(r['in_group'], r['group_possible']):>24} "
                   f"{pct(r['spec_equal'], r['allocated']):>22}")
+            if r.get("missed"):
+                print(f"    not allocated although a link group had k free GPUs: "
+                      f"{', '.join(f'{k} x{n}' for k, n in sorted(r['missed'].items()))}")
     print(f"scheduling throughput, {args.pods} pods, sizes {args.sizes}, free placement:")
     base = (results.get("none") or {}).get("rate")
     for key, label in (("none", "metax-tech.com/gpu, scheduler alone"),

@@ -109,6 +109,9 @@ def installed(node: str, lab: dict[str, str]) -> Iterator[dict[str, str]]:
          "--set", f"registry={REGISTRY}/gpuk8s", "--set", f"hostPaths.root={SIM_ROOT}",
          "--set", "hostPaths.extraReadPaths={/var/lib/gpuk8s-sim}",
          "--set", "gpuDra.enabled=true",
+         # the lab's 1.35.4: auto would leave group devices off (docs/dra.md, Benchmark);
+         # these tests prove they work where an administrator turns them on
+         "--set", "gpuDra.groupDevices=true",
          "--set", f"gpuDra.healthyInterval={HEALTHY_INTERVAL}")
     kubectl("create", "namespace", PODS, check=False)
     wait_until("default sa", lambda: kubectl("-n", PODS, "get", "sa", "default", check=False),

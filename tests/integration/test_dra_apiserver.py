@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from gpuk8s import sim
+from gpuk8s.core import dra
 from gpuk8s.core.dra import DRIVER, PoolOptions, build_slices
 from gpuk8s.discovery import discover
 from gpuk8s.services.dra.publisher import KubeSlices, SlicePublisher, _canonical
@@ -427,6 +428,47 @@ def test_claims_from_templates_free_their_gpus_when_the_pod_goes(cluster: Cluste
     assert cluster.allocated(quad) == []
     cluster.core.delete_namespaced_pod("t-busy-0", NS, grace_period_seconds=0)
     assert cluster.devices(quad, 60) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+
+
+def test_group_devices_auto_follows_what_the_real_scheduler_allocates(
+    cluster: Cluster, inventories: dict[str, Any]
+) -> None:
+    """Why ``--group-devices auto`` asks for Kubernetes >= 1.36.3: GPU 1 busy on a c500-8, a
+    4-GPU claim with matchAttribute linkGroup. Without group devices the real scheduler
+    gives it the free group 4-7. With them, a scheduler before 1.36.3 keeps the counters of
+    the GPUs 4-7 it rejected while trying the partly used group 0-3 first
+    (kubernetes/kubernetes#140436), and the claim stays pending although 4-7 is free."""
+    from gpuk8s.services.dra.main import _server_version
+    from gpuk8s.services.kube import api_client
+
+    version = _server_version(api_client(cluster.apiserver.kubeconfig("admin")))
+    assert version is not None and dra.kube_version(version) is not None, version
+    fixed, why = dra.group_devices_wanted("auto", version)
+    nodes = {"dra-gpus-only": PoolOptions(groups=False), "dra-with-groups": PoolOptions()}
+    try:
+        for node, options in nodes.items():
+            cluster.node(node, inventories["c500-8"], options)
+            cluster.claim(f"{node}-busy", [gpu_request(cel=index_is(1))])
+            cluster.pod(f"{node}-busy", node, f"{node}-busy")
+            assert cluster.devices(f"{node}-busy") == ["gpu-1"]
+            cluster.claim(f"{node}-quad", [gpu_request(count=4)],
+                          [{"matchAttribute": f"{DRIVER}/linkGroup"}])
+            cluster.pod(f"{node}-quad", node, f"{node}-quad")
+        assert cluster.devices("dra-gpus-only-quad") == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]
+        if fixed:
+            assert cluster.devices("dra-with-groups-quad") == [
+                "gpu-4", "gpu-5", "gpu-6", "gpu-7"]
+        else:
+            time.sleep(5)
+            assert cluster.allocated("dra-with-groups-quad") == [], (
+                f"{version}: the scheduler allocated it; revisit dra.GROUPS_SAFE_FROM")
+            assert why is not None and version in why
+    finally:
+        for node in nodes:
+            for pod in (f"{node}-busy", f"{node}-quad"):
+                cluster.core.delete_namespaced_pod(pod, NS, grace_period_seconds=0)
+            _delete_node_slices(cluster.apiserver, node)
+            cluster.core.delete_node(node)
 
 
 def test_group_devices_consume_their_members(cluster: Cluster) -> None:

@@ -1770,7 +1770,7 @@ def test_gpu_dra_daemonset_runs_only_on_dra_nodes_with_its_paths() -> None:
     assert f["cdi-dir"] == "/var/run/cdi"
     assert f["healthy-interval"] == "3" and f["device-path-prefix"] == "/srv/sim"
     assert (f["group-devices"], f["unhealthy-devices"], f["sharing-mode"]) == (
-        "on", "taint", "auto")
+        "auto", "taint", "auto")
     m = mounts(ds)
     # the kubelet dials the socket path gpu-dra registers: the same inside and outside
     assert volumes(ds)[m["/data/kubelet/plugins/gpu.metax-tech.com"]["name"]]["hostPath"][

@@ -267,3 +267,33 @@ def test_the_nodes_sharing_label_picks_the_pool_shape() -> None:
     assert resolve_sharing("auto", {"gpuk8s.io/sharing-mode": "sgpu"}) == "sgpu"
     with pytest.raises(ConfigError, match="vcuda and mps need gpu-device"):
         resolve_sharing("auto", {"gpuk8s.io/sharing-mode": "mps"})
+
+
+@pytest.mark.parametrize(("mode", "version", "groups", "said"), [
+    ("auto", "v1.35.4", False, "Kubernetes v1.35.4"),  # the lab's: the allocator leaks counters
+    ("auto", "v1.36.2", False, "kubernetes/kubernetes#140436"),
+    ("auto", "v1.36.3", True, None),  # the fixed allocator
+    ("auto", "v1.37.0-eks-1", True, None),
+    ("auto", "v2.0.0", True, None),
+    ("auto", None, False, "could not be read"),
+    ("auto", "garbage", False, "could not be read"),
+    ("on", "v1.35.4", True, None),  # the administrator's choice
+    ("off", "v1.37.2", False, None),
+])
+def test_group_devices_auto_waits_for_the_fixed_allocator(
+    mode: str, version: str | None, groups: bool, said: str | None
+) -> None:
+    got, why = dra.group_devices_wanted(mode, version)
+    assert got is groups
+    assert (why is None) == (said is None)
+    if said is not None:
+        assert why is not None and said in why and "--group-devices on" in why
+
+
+def test_group_devices_mode_is_checked() -> None:
+    with pytest.raises(dra.DraError, match="group-devices: 'yes' is not one of auto, on, off"):
+        dra.group_devices_wanted("yes", "v1.36.3")
+    done = subprocess.run([sys.executable, "-m", "gpuk8s.cli", "serve", "dra-plugin",
+                           "--node-name", "n1", "--group-devices", "yes"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "--group-devices" in done.stderr

@@ -53,6 +53,12 @@ MAX_COUNTERS = 32  # per counter set (ResourceSliceMaxCountersPerCounterSet)
 MAX_DEVICES = 64  # per slice when devices consume counters or carry taints
 UNHEALTHY_TAINT = DRIVER + "/unhealthy"
 UNHEALTHY_MODES = ("taint", "remove")
+GROUP_DEVICE_MODES = ("auto", "on", "off")
+# kube-scheduler's DRA allocator before Kubernetes 1.36.3 keeps the counters of a device it
+# rejected on a constraint (kubernetes/kubernetes#140436, fixed by #140431; no 1.35 release
+# has the fix): with group devices published, a claim with matchAttribute that meets a
+# partly used link group first never gets the whole group behind it
+GROUPS_SAFE_FROM = (1, 36, 3)
 DRA_SHARING_MODES = (MODE_EXCLUSIVE, MODE_SGPU)
 
 # attribute and capacity names (the driver's domain is implied)
@@ -125,6 +131,34 @@ class PoolOptions:
             raise DraError(
                 f"unhealthy-devices: {self.unhealthy!r} is not one of {', '.join(UNHEALTHY_MODES)}"
             )
+
+
+def kube_version(git_version: str) -> tuple[int, int, int] | None:
+    """(major, minor, patch) of a Kubernetes ``gitVersion`` such as ``v1.35.4`` or
+    ``v1.36.3-eks-1``; None when it is not one."""
+    found = re.match(r"^v?(\d+)\.(\d+)\.(\d+)", git_version.strip())
+    return (int(found[1]), int(found[2]), int(found[3])) if found else None
+
+
+def group_devices_wanted(mode: str, git_version: str | None) -> tuple[bool, str | None]:
+    """``--group-devices``: (publish group devices?, why not, where ``auto`` said no).
+    ``auto`` publishes them where the cluster's Kubernetes (``git_version``, the API
+    server's; None: unknown) has the allocator that releases a rejected device's counters
+    (``GROUPS_SAFE_FROM``)."""
+    if mode not in GROUP_DEVICE_MODES:
+        raise DraError(f"group-devices: {mode!r} is not one of {', '.join(GROUP_DEVICE_MODES)}")
+    if mode != "auto":
+        return mode == "on", None
+    version = kube_version(git_version or "")
+    safe = ".".join(str(n) for n in GROUPS_SAFE_FROM)
+    if version is not None and version >= GROUPS_SAFE_FROM:
+        return True, None
+    seen = f"Kubernetes {git_version}" if version is not None else \
+        "the cluster's Kubernetes version could not be read"
+    return False, (f"group devices off ({seen}): kube-scheduler before {safe} keeps the "
+                   "counters of a device a constraint rejected (kubernetes/kubernetes#140436), "
+                   "so a claim with matchAttribute could miss a free link group; "
+                   "--group-devices on (chart gpuDra.groupDevices: true) publishes them anyway")
 
 
 def _str(value: str) -> dict[str, Any]:

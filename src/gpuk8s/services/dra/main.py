@@ -24,7 +24,15 @@ from typing import Any
 
 import grpc
 
-from ...core.dra import DRA_SHARING_MODES, DRIVER, UNHEALTHY_MODES, PoolOptions, pool_devices
+from ...core.dra import (
+    DRA_SHARING_MODES,
+    DRIVER,
+    GROUP_DEVICE_MODES,
+    UNHEALTHY_MODES,
+    PoolOptions,
+    group_devices_wanted,
+    pool_devices,
+)
 from ...core.errors import ConfigError, GpuK8sError
 from ...core.model import NodeInventory
 from ...core.sharing import MODE_EXCLUSIVE, SHARING_MODE_LABEL, check_mode
@@ -101,9 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exclusive (whole GPUs and group devices), sgpu (GPUs shared by "
                         "consumable vcore/vmemory) or auto: the node's "
                         f"{SHARING_MODE_LABEL} label (default auto)")
-    p.add_argument("--group-devices", choices=("on", "off"), default="on",
+    p.add_argument("--group-devices", choices=GROUP_DEVICE_MODES,
+                   default=env.get("GROUP_DEVICES", "auto"),
                    help="publish link-complete 2/4/8-GPU group devices (needs the "
-                        "DRAPartitionableDevices feature gate; default on)")
+                        "DRAPartitionableDevices feature gate): on, off, or auto: on where "
+                        "the API server is Kubernetes >= 1.36.3, whose scheduler allocates "
+                        "them correctly next to matchAttribute claims (default auto)")
     p.add_argument("--unhealthy-devices", choices=UNHEALTHY_MODES, default="taint",
                    help="taint unhealthy devices NoSchedule (needs DRADeviceTaints) or "
                         "remove them from the slice (default taint; falls back to remove "
@@ -140,7 +151,7 @@ def config_from_args(args: argparse.Namespace, sharing: str) -> DraConfig:
     return DraConfig(
         host_root=args.host_root, node_name=args.node_name, kubeconfig=args.kubeconfig,
         plugin_dir=args.plugin_dir, registry_dir=args.registry_dir, cdi_dir=args.cdi_dir,
-        pool=PoolOptions(sharing=sharing, groups=args.group_devices == "on",
+        pool=PoolOptions(sharing=sharing, groups=args.group_devices != "off",
                          unhealthy=args.unhealthy_devices),
         allocate=AllocateOptions(device_path_prefix=args.device_path_prefix,
                                  visible_devices=args.visible_devices, mount_sdk=args.mount_sdk,
@@ -295,6 +306,17 @@ def _read_node(kubeconfig: str, node: str) -> tuple[dict[str, str], str]:
     return dict(meta.labels or {}), str(meta.uid or "")
 
 
+def _server_version(client: Any) -> str | None:
+    """The API server's ``gitVersion`` (``/version``); None when it cannot be read."""
+    from kubernetes.client import VersionApi
+
+    try:
+        return str(VersionApi(client).get_code().git_version)
+    except Exception as err:  # any failure: auto then keeps group devices off
+        log.warning("cannot read the API server's version", extra={"error": str(err)})
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
@@ -318,11 +340,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("discovery problem", extra={"problem": problem})
     try:
         client = api_client(config.kubeconfig or None)
+        groups_off = None
+        if args.group_devices == "auto":
+            groups, groups_off = group_devices_wanted("auto", _server_version(client))
+            config = replace(config, pool=replace(config.pool, groups=groups))
         app = DraApp(config, inventory, claims=KubeClaims(client), slices=KubeSlices(client),
                      node_uid=node_uid)
     except GpuK8sError as err:
         log.error("cannot start", extra={"error": str(err)})
         return 2
+    if groups_off:
+        app.publisher.problem(groups_off)  # logged, and listed by /readyz
     log.info("starting", extra={
         "driver": DRIVER, "node": config.node_name, "devices": len(app.driver.index),
         "backend": inventory.backend, "sharing": config.pool.sharing,

@@ -249,23 +249,24 @@ class SlicePublisher:
         again = False
         if self.options.groups and any("consumesCounters" in d for d in sent) and not any(
                 "consumesCounters" in d for d in got):
-            self._problem("the API server dropped consumesCounters (feature gate "
+            self.problem("the API server dropped consumesCounters (feature gate "
                           "DRAPartitionableDevices off): publishing without group devices")
             self.options = replace(self.options, groups=False)
             again = True
         if self.options.unhealthy == "taint" and any("taints" in d for d in sent) and not any(
                 "taints" in d for d in got):
-            self._problem("the API server dropped device taints (feature gate DRADeviceTaints "
+            self.problem("the API server dropped device taints (feature gate DRADeviceTaints "
                           "off): leaving unhealthy devices out of the slice instead")
             self.options = replace(self.options, unhealthy="remove")
             again = True
         if any(d.get("allowMultipleAllocations") for d in sent) and not any(
                 d.get("allowMultipleAllocations") for d in got):
-            self._problem("the API server dropped allowMultipleAllocations (feature gate "
+            self.problem("the API server dropped allowMultipleAllocations (feature gate "
                           "DRAConsumableCapacity off): sGPU devices are handed out whole")
         return again
 
-    def _problem(self, text: str) -> None:
+    def problem(self, text: str) -> None:
+        """Log ``text`` once and list it in ``problems`` (/readyz)."""
         if text not in self.problems:
             self.problems.append(text)
             log.warning(text)
