@@ -9,6 +9,10 @@ GPUs: docs/dra.md, "Runtimes"), so the module runs the lab node on containerd 2.
 (`lab/up --containerd 2`) and gives the lab back on the generation it found.
 
 Order matters inside this module (one install shared by the tests, torn down at the end).
+It is installed with the chart's defaults first (``gpuDra.groupDevices: auto``: no group
+devices on the lab's Kubernetes 1.35, whose scheduler mis-allocates matchAttribute claims
+beside them, docs/dra.md "Flags"); the group-device tests then turn them on
+(``groupDevices: true``), as an administrator of such a cluster would.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from gpuk8s.core.dra import group_devices_wanted
 
 from .conftest import (
     BUSYBOX,
@@ -109,16 +115,14 @@ def installed(node: str, lab: dict[str, str]) -> Iterator[dict[str, str]]:
          "--set", f"registry={REGISTRY}/gpuk8s", "--set", f"hostPaths.root={SIM_ROOT}",
          "--set", "hostPaths.extraReadPaths={/var/lib/gpuk8s-sim}",
          "--set", "gpuDra.enabled=true",
-         # the lab's 1.35.4: auto would leave group devices off (docs/dra.md, Benchmark);
-         # these tests prove they work where an administrator turns them on
-         "--set", "gpuDra.groupDevices=true",
          "--set", f"gpuDra.healthyInterval={HEALTHY_INTERVAL}")
     kubectl("create", "namespace", PODS, check=False)
     wait_until("default sa", lambda: kubectl("-n", PODS, "get", "sa", "default", check=False),
                30)
     try:
         wait_until("gpu-dra Ready", dra_ready, 180)
-        wait_until("14 devices published", lambda: len(devices(node)) == 14, 60)
+        want = 14 if groups_by_default() else 8  # 8 GPUs (+ 6 group devices)
+        wait_until(f"{want} devices published", lambda: len(devices(node)) == want, 60)
         yield lab
     finally:
         kubectl("delete", "namespace", PODS, "--wait=true", "--timeout=180s", check=False,
@@ -202,16 +206,39 @@ def index_is(i: int) -> str:
     return f"device.attributes['{DRIVER}'].index == {i}"
 
 
+def groups_by_default() -> bool:
+    """What ``--group-devices auto`` decides on the lab's Kubernetes."""
+    version = kubectl_json("version")["serverVersion"]["gitVersion"]
+    return group_devices_wanted("auto", version)[0]
+
+
+def set_group_devices(node: str, on: bool) -> None:
+    """``helm upgrade`` with gpuDra.groupDevices set; the new gpu-dra pod publishes."""
+    old = dra_pod()
+    helm("upgrade", RELEASE, str(REPO / "charts" / "metax-gpu-extensions"), "-n", NS,
+         "--reuse-values", "--wait", "--timeout", "5m",
+         "--set", f"gpuDra.groupDevices={'true' if on else 'auto'}")
+    wait_until("a new gpu-dra pod Ready", lambda: dra_ready() and dra_pod() != old, 180)
+    want = 14 if on else 8
+    wait_until(f"{want} devices published", lambda: len(devices(node)) == want, 60)
+
+
 def test_1_slices_are_what_gpuk8s_dra_slices_prints(dra: dict[str, str]) -> None:
+    """With the chart's defaults: what `gpuk8s dra slices` prints for what ``auto`` chose on
+    this cluster, and where it chose no group devices, gpu-dra says why."""
     node = dra["node"]
+    groups = groups_by_default()
     want = json.loads(gpuk8s("dra", "slices", "--root", str(SIM_ROOT), "--node-name", node,
-                             "--json"))
+                             "--json", "--group-devices", "on" if groups else "off"))
     want_devices = {d["name"]: d for s in want for d in s["spec"].get("devices") or []}
     assert set(devices(node)) == set(want_devices)
     assert devices(node)["gpu-5"]["attributes"] == want_devices["gpu-5"]["attributes"]
     assert devices(node)["gpu-5"]["attributes"]["linkGroup"] == {"int": 1}
     assert kubectl_json("get", "node", node)["status"]["allocatable"].get(
         "metax-tech.com/gpu", "0") == "0", "gpu-device left the node"
+    if not groups:
+        logs = kubectl("-n", NS, "logs", dra_pod())
+        assert "group devices off (Kubernetes v1." in logs and "#140436" in logs, logs[-3000:]
 
 
 def test_2_four_gpus_with_matchattribute_wait_for_a_whole_link_group(
@@ -240,6 +267,8 @@ def test_2_four_gpus_with_matchattribute_wait_for_a_whole_link_group(
 
 
 def test_3_a_group_device_claim_gets_a_whole_link_group(dra: dict[str, str]) -> None:
+    """Group devices turned on (``groupDevices: true``); they stay on for the tests after."""
+    set_group_devices(dra["node"], True)
     run_claim("group", [request(cls="group-4.gpu.metax-tech.com")])
     seen = gpus_seen("group")
     assert seen in ({0, 1, 2, 3}, {4, 5, 6, 7}), seen
