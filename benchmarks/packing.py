@@ -234,6 +234,24 @@ def load(data: Path, trace: str = "default") -> tuple[list[NodeSpec], list[PodSp
     return nodes, pods
 
 
+def save(data: Path, nodes: Sequence[NodeSpec], pods: Sequence[PodSpec],
+         trace: str = "default") -> Path:
+    """``load``'s inverse: a trace in the openb format (the columns ``load`` reads; the
+    model, QoS and time columns it ignores hold fixed values). ``data``."""
+    data.mkdir(parents=True, exist_ok=True)
+    with open(data / "openb_node_list_gpu_node.csv", "w", newline="") as handle:
+        out = csv.writer(handle)
+        out.writerow(["sn", "cpu_milli", "memory_mib", "gpu", "model"])
+        out.writerows([n.name, n.cpu, n.memory, n.gpus, ""] for n in nodes)
+    with open(data / f"openb_pod_list_{trace}.csv", "w", newline="") as handle:
+        out = csv.writer(handle)
+        out.writerow(["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec",
+                      "qos", "pod_phase", "creation_time", "deletion_time", "scheduled_time"])
+        out.writerows([p.name, p.cpu, p.memory, p.gpus, p.milli, "", "LS", "Running", 0, 0, 0]
+                      for p in pods)
+    return data
+
+
 def workload(
     pods: Sequence[PodSpec], capacity: int, seed: int, ratio: float = 1.3
 ) -> list[PodSpec]:

@@ -15,7 +15,6 @@ is a benchmark: docs/benchmarks.md):
 
 from __future__ import annotations
 
-import csv
 import random
 import sys
 import tempfile
@@ -38,26 +37,18 @@ def synthetic_trace(out: Path, seed: int = 42) -> Path:
     smoke test needs no copy of the Alibaba trace (not in this repository) and runs the same
     everywhere."""
     rng = random.Random(seed)
-    out.mkdir(parents=True, exist_ok=True)
     shapes = [(8, 96000)] * 15 + [(2, 104000)] * 13 + [(4, 96000)] * 2 + [(1, 32000)]
-    with open(out / "openb_node_list_gpu_node.csv", "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["sn", "cpu_milli", "memory_mib", "gpu", "model"])
-        for i, (gpus, cpu) in enumerate(shapes):
-            writer.writerow([f"smoke-node-{i:04d}", cpu, 786432, gpus, "G2"])
+    nodes = [replay.packing.NodeSpec(f"smoke-node-{i:04d}", cpu, 786432, gpus)
+             for i, (gpus, cpu) in enumerate(shapes)]
     kinds = [(0, 0)] * 13 + [(1, m) for m in (100, 200, 250, 300, 460, 500, 700)] * 9 + \
         [(1, 1000)] * 18 + [(2, 1000)] * 5 + [(4, 1000)] * 2 + [(8, 1000)]
-    with open(out / "openb_pod_list_default.csv", "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec",
-                         "qos", "pod_phase", "creation_time", "deletion_time",
-                         "scheduled_time"])
-        for i in range(400):
-            gpus, milli = rng.choice(kinds)
-            cpu = rng.choice((2000, 4000, 6000, 8000, 12000)) * max(gpus, 1)
-            writer.writerow([f"smoke-pod-{i:04d}", cpu, rng.choice((4096, 8192, 16384)),
-                             gpus, milli, "", "LS", "Running", i, i + 1000, i])
-    return out
+    pods: list[replay.packing.PodSpec] = []
+    for i in range(400):
+        gpus, milli = rng.choice(kinds)
+        cpu = rng.choice((2000, 4000, 6000, 8000, 12000)) * max(gpus, 1)
+        pods.append(replay.packing.PodSpec(f"smoke-pod-{i:04d}", cpu,
+                                           rng.choice((4096, 8192, 16384)), gpus, milli))
+    return replay.packing.save(out, nodes, pods)
 
 
 @pytest.fixture(scope="module")

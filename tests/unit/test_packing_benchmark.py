@@ -5,7 +5,6 @@ replay. Behaviour only: no test asserts an allocation figure."""
 
 from __future__ import annotations
 
-import csv
 import importlib.util
 import random
 import statistics
@@ -37,20 +36,13 @@ def write_trace(
     pods: list[tuple[int, int, int, int]],
     trace: str = "default",
 ) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / "openb_node_list_gpu_node.csv", "w", newline="") as handle:
-        out = csv.writer(handle)
-        out.writerow(["sn", "cpu_milli", "memory_mib", "gpu", "model"])
-        for i, (cpu, memory, gpus) in enumerate(nodes):
-            out.writerow([f"syn-node-{i:03d}", cpu, memory, gpus, "X"])
-    with open(directory / f"openb_pod_list_{trace}.csv", "w", newline="") as handle:
-        out = csv.writer(handle)
-        out.writerow(["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec",
-                      "qos", "pod_phase", "creation_time", "deletion_time", "scheduled_time"])
-        for i, (cpu, memory, gpus, milli) in enumerate(pods):
-            out.writerow([f"syn-pod-{i:04d}", cpu, memory, gpus, milli, "", "LS", "Running",
-                          0, 0, 0])
-    return directory
+    bench = load_benchmark()
+    return bench.save(
+        directory,
+        [bench.NodeSpec(f"syn-node-{i:03d}", *n) for i, n in enumerate(nodes)],
+        [bench.PodSpec(f"syn-pod-{i:04d}", *p) for i, p in enumerate(pods)],
+        trace,
+    )
 
 
 NODES = ([(96_000, 393_216, 8)] * 12 + [(96_000, 393_216, 4)] * 8
