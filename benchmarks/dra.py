@@ -374,6 +374,9 @@ def main() -> int:
                     help="fake nodes publish only their GPUs, no link-group devices (what "
                          "partitionable devices cost the scheduler's allocator)")
     args = ap.parse_args()
+    args.placement_pods = args.placement_pods or args.nodes
+    if not 0 < args.placement_pods <= args.nodes:
+        raise SystemExit(f"--placement-pods: 1..{args.nodes} (--nodes), or 0 for all")
     args.gates = scheduling.versions()["KUBE_FEATURE_GATES"]
     api = fake_nodes.Api(KUBECONFIG)
     work = Path(tempfile.mkdtemp(prefix="gpuk8s-bench-dra-"))
@@ -392,10 +395,8 @@ def main() -> int:
                                                  else [])), check=True)
         print(f"fake nodes: {args.nodes} with slices in {time.monotonic() - t0:.1f}s",
               flush=True)
-        sample = args.placement_pods or args.nodes
-        if not 0 < sample <= args.nodes:
-            raise SystemExit(f"--placement-pods: 1..{args.nodes} (--nodes), or 0 for all")
-        nodes = [(f"fake-gpu-{i:04d}", variants[i % len(variants)]) for i in range(sample)]
+        nodes = [(f"fake-gpu-{i:04d}", variants[i % len(variants)])
+                 for i in range(args.placement_pods)]
         results["plain"] = placement(api, args, nodes, work, link=False)
         results["link"] = placement(api, args, nodes, work, link=True)
         results["dra"] = dra_throughput(api, args, work)
@@ -421,8 +422,8 @@ def report(args: argparse.Namespace, results: dict[str, Any], work: Path) -> Non
     print(f"\ngpu-dra, real kube-scheduler {scheduling.versions()['KUBE_VERSION']}, one run; "
           f"{args.nodes} fake nodes ({args.variants})"
           f"{', GPUs only (no group devices)' if args.no_groups else ''}")
-    sample = args.placement_pods or args.nodes
-    print(f"placement of one k >= 2 claim on each of {sample} of the {args.nodes} nodes (sizes "
+    print(f"placement of one k >= 2 claim on each of {args.placement_pods} of the "
+          f"{args.nodes} nodes (sizes "
           f"{','.join(s for s in args.sizes.split(',') if int(s) >= 2)}):")
     print(f"  {'claim':<34} {'allocated':>16} {'in one link group':>24} "
           f"{'= SPEC §3 choice':>22}")

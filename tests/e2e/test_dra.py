@@ -83,7 +83,12 @@ def restart_gpu_dra(node: str, want: int) -> None:
     """gpu-dra reads the node's sharing mode and VFs at start: a new pod republishes."""
     old = dra_pod()
     kubectl("-n", NS, "delete", "pod", old, "--wait=true", "--timeout=60s")
-    wait_until("a new gpu-dra pod Ready", lambda: dra_ready() and dra_pod() != old, 120)
+    wait_replaced(old, node, want, 120)
+
+
+def wait_replaced(old: str, node: str, want: int, timeout: float) -> None:
+    """A gpu-dra pod other than ``old`` Ready, and ``want`` devices of ``node`` published."""
+    wait_until("a new gpu-dra pod Ready", lambda: dra_ready() and dra_pod() != old, timeout)
     wait_until(f"{want} devices published", lambda: len(devices(node)) == want, 60)
 
 
@@ -218,9 +223,7 @@ def set_group_devices(node: str, on: bool) -> None:
     helm("upgrade", RELEASE, str(REPO / "charts" / "metax-gpu-extensions"), "-n", NS,
          "--reuse-values", "--wait", "--timeout", "5m",
          "--set", f"gpuDra.groupDevices={'true' if on else 'auto'}")
-    wait_until("a new gpu-dra pod Ready", lambda: dra_ready() and dra_pod() != old, 180)
-    want = 14 if on else 8
-    wait_until(f"{want} devices published", lambda: len(devices(node)) == want, 60)
+    wait_replaced(old, node, 14 if on or groups_by_default() else 8, 180)
 
 
 def test_1_slices_are_what_gpuk8s_dra_slices_prints(dra: dict[str, str]) -> None:

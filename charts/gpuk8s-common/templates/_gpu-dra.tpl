@@ -152,7 +152,7 @@ spec:
             - {{ printf "--plugin-dir=%s" $pluginDir | quote }}
             - {{ printf "--registry-dir=%s" (trimSuffix "/" $root.Values.hostPaths.pluginsRegistry) | quote }}
             - {{ printf "--cdi-dir=%s" (trimSuffix "/" $root.Values.hostPaths.cdi) | quote }}
-            - {{ printf "--group-devices=%s" (eq (toString $v.groupDevices) "auto" | ternary "auto" (ternary "on" "off" (eq (toString $v.groupDevices) "true"))) | quote }}
+            - {{ printf "--group-devices=%s" (get (dict "true" "on" "false" "off" "auto" "auto") (toString $v.groupDevices)) | quote }}
             - {{ printf "--unhealthy-devices=%s" $v.unhealthyDevices | quote }}
             - --sharing-mode=auto
             {{- with trimSuffix "/" $root.Values.hostPaths.root }}

@@ -250,19 +250,19 @@ class SlicePublisher:
         if self.options.groups and any("consumesCounters" in d for d in sent) and not any(
                 "consumesCounters" in d for d in got):
             self.problem("the API server dropped consumesCounters (feature gate "
-                          "DRAPartitionableDevices off): publishing without group devices")
+                         "DRAPartitionableDevices off): publishing without group devices")
             self.options = replace(self.options, groups=False)
             again = True
         if self.options.unhealthy == "taint" and any("taints" in d for d in sent) and not any(
                 "taints" in d for d in got):
             self.problem("the API server dropped device taints (feature gate DRADeviceTaints "
-                          "off): leaving unhealthy devices out of the slice instead")
+                         "off): leaving unhealthy devices out of the slice instead")
             self.options = replace(self.options, unhealthy="remove")
             again = True
         if any(d.get("allowMultipleAllocations") for d in sent) and not any(
                 d.get("allowMultipleAllocations") for d in got):
             self.problem("the API server dropped allowMultipleAllocations (feature gate "
-                          "DRAConsumableCapacity off): sGPU devices are handed out whole")
+                         "DRAConsumableCapacity off): sGPU devices are handed out whole")
         return again
 
     def problem(self, text: str) -> None:
