@@ -246,7 +246,9 @@ def test_arrival_mix_counts_each_pod_once_failed_ones_too(annotations: dict[str,
         arrivals.observe(uid, ShareRequest(MODE_SGPU, 1, 0, 0, whole=True), 0)
     arrivals.observe("u6", ShareRequest(MODE_SGPU, 2, 100, 0, whole=True), 0)
     assert len(arrivals) == 3
-    assert dict(arrivals.mix()[1].classes) == {(1, 100, 0, 0): 0.5, (2, 100, 0, 0): 0.5}
+    # each pod weighs one, as FGD's typical pods: two 1-GPU pods outweigh one 2-GPU pod
+    mix = arrivals.mix()[1]
+    assert dict(mix.classes) == pytest.approx({(1, 100, 0, 0): 2 / 3, (2, 100, 0, 0): 1 / 3})
     # a pod that fits nowhere is still part of the workload the mix describes
     ext, _, _ = setup(annotations)
     assert ext.sharing is not None
@@ -547,14 +549,36 @@ def plain_pod(name: str, cpu: str, gpus: int = 0) -> dict[str, Any]:
             "spec": {"containers": [{"name": "main", "resources": resources}]}}
 
 
+def test_pods_without_gpus_take_cpu_where_the_fewest_gpus_need_it(
+    annotations: dict[str, str],
+) -> None:
+    """A pod without GPUs goes first where no GPU is left to feed (its CPU strands
+    nothing there, however little of it the node has), then where the most CPU is left
+    per free GPU; a GPU-dense node keeps its cores for GPU pods. Not by spare CPU beyond
+    the free GPUs' need: "rich" has more of that than "full"."""
+    free = {"full": (12_000, 65_536), "rich": (64_000, 65_536), "tight": (20_000, 65_536)}
+    arrivals = ArrivalMix()
+    ext, api, _ = over([node(n, annotations) for n in free],
+                       free_room=lambda name: free[name], arrivals=arrivals)
+    for i in range(40):  # the shares that arrive ask 8 cores for half a GPU
+        arrivals.observe(f"s{i}", HALF, 8000, 1024)
+    for name in ("f1", "f2"):  # both GPUs of "full" taken whole
+        assert bind(ext, api, pod(name, "100"), "full") == ""
+    nodes = {"items": [node(n, annotations) for n in free]}
+    status, result = call(ext, "prioritize-nogpu", {"Pod": plain_pod("p", "4"), "Nodes": nodes})
+    assert status == 200
+    scores = {h["Host"]: h["Score"] for h in result}
+    # after the pod: full 0 GPUs per core; rich 2 GPUs / 60 cores; tight 2 / 16
+    assert scores["full"] > scores["rich"] > scores["tight"]
+
+
 def test_pods_without_gpus_go_where_their_cpu_strands_no_gpu(
     annotations: dict[str, str],
 ) -> None:
     """The second extender entry (verb prioritize-nogpu): a pod without GPUs scores best
-    where its CPU leaves the node's free GPUs still fed at the arriving shares' CPU (FGD's
-    fragmentation rise), then where the most CPU is spare beyond what the free GPUs
-    need; a node gpu-aware does not know scores 0, and so does every node for a pod that
-    asks for GPUs (the main entry ranks it)."""
+    where the least free GPU capacity is left per free core after it (the same GPUs on
+    each node here: the most CPU first); a node gpu-aware does not know scores 0, and so
+    does every node for a pod that asks for GPUs (the main entry ranks it)."""
     free = {"a": (10_000, 65_536), "b": (64_000, 65_536), "c": (40_000, 65_536)}
     arrivals = ArrivalMix()
     ext, _, _ = over([node("a", annotations), node("b", annotations), node("c", annotations)],

@@ -654,6 +654,20 @@ def spare_cpu(free: int, room: Room, cpu_per_gpu: float | None) -> float | None:
     return (room.cpu - cpu_per_gpu * free / FULL_CORE) / 1000
 
 
+def gpus_per_core(free: int, room: Room) -> float | None:
+    """The free GPU capacity a node keeps per free core of CPU, in GPUs per core: what
+    each core left there must still feed (``free``: percent free over its GPUs;
+    ``room``: its free CPU). 0 when no GPU capacity is free, whatever the CPU; None
+    when the CPU is not known. A pod without GPUs taking CPU where this stays lowest
+    strands the least GPU capacity per core it takes, with no CPU-per-GPU threshold:
+    the nodes' own free CPU and GPUs decide."""
+    if room.cpu is None:
+        return None
+    if free <= 0:
+        return 0.0
+    return (free / FULL_CORE) / (max(room.cpu, 1) / 1000)
+
+
 def free_percent(caps: Sequence[GpuCapacity], usage: Mapping[int, GpuUsage]) -> dict[int, int]:
     """GPU index -> percent of it that shares may still take (usable GPUs only)."""
     out: dict[int, int] = {}

@@ -39,11 +39,12 @@ whose CPU is spent.
 
 Pods without GPUs reach gpu-aware only through the scheduler's second, prioritize-only
 entry (``core.schedconf.NOGPU_VERB``, ``ExtenderSpec.rank_nogpu``); ``raw_nogpu`` ranks
-them as FGD does: where their CPU and memory raise the node's fragmentation least (a
-node whose free GPUs the arriving shares could no longer be fed on strands them), then
-where the most CPU stays spare beyond what the node's free GPU capacity needs. No
-threshold sized for a cluster: the nodes' own CPU and GPUs and the arriving shares
-decide.
+them by the free GPU capacity left per free core (``core.sharing.gpus_per_core``), the
+least first: their CPU goes where it strands the least GPU capacity per core -- nodes
+whose GPUs are taken, then the CPU-rich ones -- and GPU-dense nodes keep their cores
+for GPU pods; among equals, where their CPU and memory raise the node's fragmentation
+least (FGD's measure). No threshold sized for a cluster: the nodes' own free CPU and
+GPUs decide.
 """
 
 from __future__ import annotations
@@ -86,10 +87,10 @@ from ...core.sharing import (
     choose_shared,
     cpu_balance,
     free_percent,
+    gpus_per_core,
     memory_label_mib,
     node_fragmentation,
     parse_assignment,
-    spare_cpu,
     whole_rise,
 )
 from ...core.topology import Topology
@@ -111,6 +112,9 @@ MIX_DRIFT = 0.05  # re-take the request mix after this share of its weight chang
 MIX_PRIOR = 0.1  # weight of DEFAULT_SHARE_MIX next to the arrived pods' requests
 ARRIVALS = 20_000  # sharing pods remembered for the request mix (the latest)
 TIE = 1e-3  # weight of "unshared GPUs left on the node" in the best-fit value
+# pods without GPUs: GPUs per free core (``gpus_per_core``, rounded to a millionth)
+# first, the rise of fragmentation only among equals
+LOAD_RANK = 1e6
 # weight of each core of CPU imbalance (``core.sharing.cpu_balance``) next to the rise
 # of fragmentation (percent of a GPU): a core in excess counts as 0.5 % of a GPU
 # stranded, a core short as 2 % (``BALANCE_SHORT``)
@@ -375,9 +379,12 @@ class ArrivalMix:
     the latest ``ARRIVALS`` of them -- pods that found no room included: FGD measures
     fragmentation against the workload that arrives, and a mix of the running pods
     alone forgets exactly the requests that failed -- blended with ``prior`` (weight
-    ``MIX_PRIOR``; CPU 0). A class is (GPUs, percent of each, CPU millicores) and
-    weighs the GPUs it asks for. The mix is re-taken when ``MIX_DRIFT`` of its weight
-    changed, so placements memoised per mix version stay valid meanwhile."""
+    ``MIX_PRIOR``; CPU 0). A class is (GPUs, percent of each, CPU millicores, memory
+    MiB) and weighs the number of its pods, as FGD's typical pods do (an 8-GPU pod counts
+    as much as a quarter-GPU one: weighing classes by the GPUs they ask let the rare
+    large pods decide, and fragmented the GPUs the many small ones use). The mix is
+    re-taken when ``MIX_DRIFT`` of its pods changed, so placements memoised per mix
+    version stay valid meanwhile."""
 
     def __init__(
         self,
@@ -386,8 +393,8 @@ class ArrivalMix:
     ) -> None:
         self._prior = prior
         self._window = window
-        self._seen: OrderedDict[str, tuple[ShareClass, float]] = OrderedDict()
-        self._weights: dict[ShareClass, float] = {}
+        self._seen: OrderedDict[str, ShareClass] = OrderedDict()
+        self._weights: dict[ShareClass, float] = {}  # class -> pods
         self._total = 0.0
         self._drift = 0.0
         self._lock = threading.Lock()
@@ -401,21 +408,20 @@ class ArrivalMix:
         if pct <= 0:
             return  # best effort: reserves nothing, strands nothing
         klass = (share.gpus, pct, max(cpu_milli, 0), max(memory_mib, 0))
-        weight = share.gpus * pct / FULL_CORE
         with self._lock:
-            self._seen[uid] = (klass, weight)
-            self._weights[klass] = self._weights.get(klass, 0.0) + weight
-            self._total += weight
-            self._drift += weight
+            self._seen[uid] = klass
+            self._weights[klass] = self._weights.get(klass, 0.0) + 1.0
+            self._total += 1.0
+            self._drift += 1.0
             while len(self._seen) > self._window:
-                _, (old, w) = self._seen.popitem(last=False)
-                left = self._weights.get(old, 0.0) - w
-                if left > 1e-9:
+                _, old = self._seen.popitem(last=False)
+                left = self._weights.get(old, 0.0) - 1.0
+                if left > 0.5:
                     self._weights[old] = left
                 else:
                     self._weights.pop(old, None)
-                self._total -= w
-                self._drift += w
+                self._total -= 1.0
+                self._drift += 1.0
 
     def _take(self) -> ShareMix:
         total = self._total
@@ -425,10 +431,11 @@ class ArrivalMix:
         for pct, w in self._prior:
             klass = (1, pct, 0, 0)
             blend[klass] = blend.get(klass, 0.0) + w * scale
-        # CPU per GPU of the arrived pods: a class (GPUs, percent, CPU) of weight w
-        # (GPUs asked) counts w / (GPUs x percent / 100) pods of CPU each
-        cpu = sum(w * c[2] * FULL_CORE / (c[0] * c[1]) for c, w in self._weights.items())
-        return ShareMix(blend, cpu_per_gpu=cpu / total if total > 0 else None)
+        # CPU per GPU of the arrived pods: their CPU over the GPUs they ask for, a class
+        # (GPUs, percent, CPU) of w pods asking w x GPUs x percent / 100 GPUs
+        cpu = sum(w * c[2] for c, w in self._weights.items())
+        gpus = sum(w * c[0] * c[1] / FULL_CORE for c, w in self._weights.items())
+        return ShareMix(blend, cpu_per_gpu=cpu / gpus if gpus > 0 else None)
 
     def mix(self) -> tuple[int, ShareMix]:
         """(version, mix)."""
@@ -775,12 +782,13 @@ class Sharing:
 
     def raw_nogpu(self, names: list[str], need: Need) -> list[float | None]:
         """Placement value per node for a pod without GPUs asking ``need`` (CPU
-        millicores, memory MiB), higher is better: the least rise of the node's
-        fragmentation that its CPU and memory cause (free GPU capacity there that the
-        arriving shares can no longer be fed: FGD's measure, which the paper applies to
-        pods without GPUs too), then the most spare CPU left (``core.sharing.spare_cpu``:
-        free CPU beyond what the node's free GPU capacity needs at the arriving pods' CPU
-        per GPU, ``TIE`` per core). None for a node gpu-aware has no usable view of."""
+        millicores, memory MiB), higher is better: the least free GPU capacity per free
+        core left after the pod (``core.sharing.gpus_per_core``: a node with no free GPU
+        capacity, or with much CPU for it, loses the least by feeding the pod; a
+        GPU-dense node whose cores its GPUs need, the most), then the least rise of the
+        node's fragmentation that its CPU and memory cause (FGD's measure, which the
+        paper applies to pods without GPUs too). None for a node gpu-aware has no usable
+        view of."""
         mix_version, mix = self.arrivals.mix()
         return [self._nogpu(name, need, mix_version, mix) for name in names]
 
@@ -797,10 +805,9 @@ class Sharing:
         room = Room(cpu, memory, *need)
         after = room.after()
         free = list(free_percent(node.gpus, self.ledger.usage(name)).values())
-        value = node_fragmentation(free, room, mix) - node_fragmentation(free, after, mix)
-        spare = spare_cpu(sum(free), after, mix.cpu_per_gpu)
-        if spare is not None:
-            value += TIE * spare
+        rise = node_fragmentation(free, after, mix) - node_fragmentation(free, room, mix)
+        load = gpus_per_core(sum(free), after)
+        value = -rise if load is None else -round(load, 6) * LOAD_RANK - rise
         value = round(value, 9)
         if len(self._nogpu_memo) >= MAX_MEMO:
             self._nogpu_memo.clear()
