@@ -42,9 +42,9 @@ entry (``core.schedconf.NOGPU_VERB``, ``ExtenderSpec.rank_nogpu``); ``raw_nogpu`
 them by the free GPU capacity left per free core (``core.sharing.gpus_per_core``), the
 least first: their CPU goes where it strands the least GPU capacity per core -- nodes
 whose GPUs are taken, then the CPU-rich ones -- and GPU-dense nodes keep their cores
-for GPU pods; among equals, where their CPU and memory raise the node's fragmentation
-least (FGD's measure). No threshold sized for a cluster: the nodes' own free CPU and
-GPUs decide.
+for GPU pods; among equal or near-equal loads (``LOAD_RANK``), where their CPU and
+memory raise the node's fragmentation least (FGD's measure). No threshold sized for a
+cluster: the nodes' own free CPU and GPUs decide.
 """
 
 from __future__ import annotations
@@ -112,8 +112,10 @@ MIX_DRIFT = 0.05  # re-take the request mix after this share of its weight chang
 MIX_PRIOR = 0.1  # weight of DEFAULT_SHARE_MIX next to the arrived pods' requests
 ARRIVALS = 20_000  # sharing pods remembered for the request mix (the latest)
 TIE = 1e-3  # weight of "unshared GPUs left on the node" in the best-fit value
-# pods without GPUs: GPUs per free core (``gpus_per_core``, rounded to a millionth)
-# first, the rise of fragmentation only among equals
+# pods without GPUs: the value is -(GPUs per free core, ``gpus_per_core``, in
+# millionths) - the rise of fragmentation (percent of a GPU), so the load decides and the
+# rise only among equal or near-equal loads (a rise of 50, half a GPU, weighs as much as
+# 0.00005 GPUs per core)
 LOAD_RANK = 1e6
 # weight of each core of CPU imbalance (``core.sharing.cpu_balance``) next to the rise
 # of fragmentation (percent of a GPU): a core in excess counts as 0.5 % of a GPU
@@ -394,9 +396,9 @@ class ArrivalMix:
         self._prior = prior
         self._window = window
         self._seen: OrderedDict[str, ShareClass] = OrderedDict()
-        self._weights: dict[ShareClass, float] = {}  # class -> pods
-        self._total = 0.0
-        self._drift = 0.0
+        self._pods: dict[ShareClass, int] = {}  # class -> pods in the window
+        self._total = 0
+        self._drift = 0
         self._lock = threading.Lock()
         self._mix: tuple[int, ShareMix] = (1, self._take())
 
@@ -410,31 +412,31 @@ class ArrivalMix:
         klass = (share.gpus, pct, max(cpu_milli, 0), max(memory_mib, 0))
         with self._lock:
             self._seen[uid] = klass
-            self._weights[klass] = self._weights.get(klass, 0.0) + 1.0
-            self._total += 1.0
-            self._drift += 1.0
+            self._pods[klass] = self._pods.get(klass, 0) + 1
+            self._total += 1
+            self._drift += 1
             while len(self._seen) > self._window:
                 _, old = self._seen.popitem(last=False)
-                left = self._weights.get(old, 0.0) - 1.0
-                if left > 0.5:
-                    self._weights[old] = left
+                left = self._pods.get(old, 0) - 1
+                if left > 0:
+                    self._pods[old] = left
                 else:
-                    self._weights.pop(old, None)
-                self._total -= 1.0
-                self._drift += 1.0
+                    self._pods.pop(old, None)
+                self._total -= 1
+                self._drift += 1
 
     def _take(self) -> ShareMix:
         total = self._total
-        blend = dict(self._weights)
+        blend: dict[ShareClass, float] = dict(self._pods)
         prior = sum(w for _, w in self._prior)
         scale = MIX_PRIOR * max(total, 1.0) / prior if prior > 0 else 0.0
         for pct, w in self._prior:
             klass = (1, pct, 0, 0)
             blend[klass] = blend.get(klass, 0.0) + w * scale
         # CPU per GPU of the arrived pods: their CPU over the GPUs they ask for, a class
-        # (GPUs, percent, CPU) of w pods asking w x GPUs x percent / 100 GPUs
-        cpu = sum(w * c[2] for c, w in self._weights.items())
-        gpus = sum(w * c[0] * c[1] / FULL_CORE for c, w in self._weights.items())
+        # (GPUs, percent, CPU) of n pods asking n x GPUs x percent / 100 GPUs
+        cpu = sum(n * c[2] for c, n in self._pods.items())
+        gpus = sum(n * c[0] * c[1] / FULL_CORE for c, n in self._pods.items())
         return ShareMix(blend, cpu_per_gpu=cpu / gpus if gpus > 0 else None)
 
     def mix(self) -> tuple[int, ShareMix]:
@@ -444,7 +446,7 @@ class ArrivalMix:
             return self._mix
         with self._lock:
             self._mix = (version + 1, self._take())
-            self._drift = 0.0
+            self._drift = 0
             return self._mix
 
     def __len__(self) -> int:
@@ -785,9 +787,10 @@ class Sharing:
         millicores, memory MiB), higher is better: the least free GPU capacity per free
         core left after the pod (``core.sharing.gpus_per_core``: a node with no free GPU
         capacity, or with much CPU for it, loses the least by feeding the pod; a
-        GPU-dense node whose cores its GPUs need, the most), then the least rise of the
-        node's fragmentation that its CPU and memory cause (FGD's measure, which the
-        paper applies to pods without GPUs too). None for a node gpu-aware has no usable
+        GPU-dense node whose cores its GPUs need, the most), then, among equal or
+        near-equal loads (``LOAD_RANK``), the least rise of the node's fragmentation that
+        its CPU and memory cause (FGD's measure, which the paper applies to pods without
+        GPUs too). None for a node gpu-aware has no usable
         view of."""
         mix_version, mix = self.arrivals.mix()
         return [self._nogpu(name, need, mix_version, mix) for name in names]
