@@ -182,7 +182,11 @@ options:
     type: path
     default: /etc/kubernetes/manifests/kube-scheduler.yaml
   config_path:
-    description: The configuration file this module owns, as a path on the host (and in the pod).
+    description:
+      - The configuration file this module owns, as a path on the host (and in the pod).
+      - A file already there that the manifest does not name in C(--config) and that this
+        module has no record of writing is never replaced (V(present) fails, naming it)
+        nor removed (V(absent) leaves it, with a warning).
     type: path
     default: /etc/metax/extender.yaml
   kubeconfig:

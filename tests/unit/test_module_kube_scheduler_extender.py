@@ -309,6 +309,29 @@ def test_invalid_options_fail_naming_the_field(root: Path) -> None:
     assert snapshot(root) == original
 
 
+def test_a_config_file_nobody_refers_to_is_not_overwritten_nor_removed(root: Path) -> None:
+    """The manual's own extender.yaml, written by hand before the manifest edit: the
+    module neither replaces it (present fails naming config_path, nothing written) nor
+    deletes it (absent warns and keeps it); once ours, it is ours to change."""
+    hand = "# mine\napiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"
+    (root / CONFIG).parent.mkdir(parents=True)
+    (root / CONFIG).write_text(hand)
+    original = snapshot(root)
+    result = run(root)
+    assert result["failed"] and "config_path /etc/metax/extender.yaml exists" in result["msg"]
+    assert snapshot(root) == original
+    result = run(root, state="absent")
+    assert not result.get("failed") and not result["changed"]
+    plan = schedfiles.plan(schedfiles.Request(state="absent", spec=None, url_prefix=URL,
+                                              host_root=str(root)))
+    assert any("left as it is" in w for w in plan.warnings) and plan.files == []
+    assert snapshot(root) == original
+    (root / CONFIG).unlink()
+    assert run(root)["changed"]  # ours now: a changed weight rewrites it, absent removes it
+    assert run(root, weight=7)["changed"]
+    assert run(root, state="absent")["changed"] and not (root / CONFIG).exists()
+
+
 def test_failing_validate_command_writes_nothing(root: Path) -> None:
     original = snapshot(root)
     result = run(root, validate="grep -q no-such-text %s")

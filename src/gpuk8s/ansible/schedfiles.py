@@ -228,6 +228,18 @@ def plan(request: Request) -> Plan:
             request.spec, result.api_version, request.kubeconfig, request.profile
         )
         text = current.text or ""
+        if (current.text is not None and current.data != wanted
+                and schedconf.read_marker(manifest.data) is None):
+            # no --config in the manifest and no record of ours: the file was written by
+            # someone else (the manual's step before its manifest edit, say)
+            raise ConfigError(
+                f"config_path {request.config_path} exists under host_root {root} and is "
+                "not one this module wrote (the manifest has neither --config nor the "
+                f"{schedconf.ANNOTATION} annotation); it is left as it is. Add "
+                f"--config={request.config_path} to the kube-scheduler manifest so that the "
+                "extender is added to that file, move the file away, or choose another "
+                "config_path"
+            )
         if current.data != wanted:
             text = fresh(config_file, wanted).render()
             result.files.append(FileChange(config_file, current.text, text, "config"))
@@ -243,7 +255,13 @@ def plan(request: Request) -> Plan:
     else:
         config_file = under_root(root, request.config_path)
         current = read(config_file)
-        if current.text is not None:
+        if current.text is not None and existing is None and (
+                schedconf.read_marker(manifest.data) is None):
+            result.warnings.append(
+                f"{request.config_path} is left as it is: no --config in the manifest refers "
+                "to it and this module has no record of writing it"
+            )
+        elif current.text is not None:
             result.files.append(FileChange(config_file, current.text, None, "config"))
             result.changes.append(f"{request.config_path}: removed")
         result.changes += schedconf.unpatch_manifest(manifest.data, request.config_path)
