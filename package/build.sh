@@ -25,6 +25,7 @@ set -euo pipefail
 
 PKG_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$PKG_DIR/.." && pwd)"
+DETECT_ENGINE="$REPO_DIR/roles/gpu_artifacts_images/files/detect-engine.sh"
 EXT_IMAGES=(gpu-device gpu-dra gpu-label gpu-aware gpu-exporter)
 DEFAULT_REGISTRY="cr.metax-tech.com/cloud"  # the charts' default `registry`
 OP_IMAGES=(driver-manager container-runtime operator-controller)
@@ -113,13 +114,19 @@ make_run() {
     # manifest.json: the same tar is also a docker archive (docker/podman load read it as is)
     "${PYTHON:-python3}" "$PKG_DIR/docker_manifest.py" "$payload" "$DEFAULT_REGISTRY"
     tar -C "$payload" "${TAR_FLAGS[@]}" -cf "$STAGE/payload.tar" images.txt manifest.json oci
-    local lines sha
-    lines="$(wc -l <"$PKG_DIR/images.run.in")"
+    local lines sha template="$STAGE/images.run.in" detect="$STAGE/detect-engine.sh"
+    # the engine detection is the role's own script (one implementation), inlined
+    sed -n '/^# >>> detect_engine$/,/^# <<< detect_engine$/p' "$DETECT_ENGINE" >"$detect"
+    grep -q '^detect_engine() {$' "$detect" || die "$DETECT_ENGINE: no detect_engine between its markers"
+    sed -e "/^@DETECT_ENGINE@$/{r $detect" -e 'd;}' "$PKG_DIR/images.run.in" >"$template"
+    grep -q '^detect_engine() {$' "$template" || die "images.run.in: no @DETECT_ENGINE@ line"
+    lines="$(wc -l <"$template")"
     sha="$(sha256sum "$STAGE/payload.tar" | cut -d' ' -f1)"
     sed -e "s/@VERSION@/$VERSION/g" -e "s/@PAYLOAD_LINE@/$((lines + 1))/g" \
         -e "s/@PAYLOAD_SHA256@/$sha/g" -e "s|@DEFAULT_REGISTRY@|$DEFAULT_REGISTRY|g" \
-        "$PKG_DIR/images.run.in" >"$out"
+        "$template" >"$out"
     [ "$(wc -l <"$out")" -eq "$lines" ] || die "images.run.in: substitution changed the line count"
+    rm -f "$template" "$detect"
     cat "$STAGE/payload.tar" >>"$out"
     chmod 0755 "$out"
     rm -rf "$payload" "$STAGE/payload.tar"

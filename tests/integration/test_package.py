@@ -659,9 +659,12 @@ def test_role_loads_the_run_into_containerd_under_the_charts_reference(
 @pytest.fixture
 def dockerd() -> Iterator[dict[str, str]]:
     """A private Debian dockerd (20.10: cannot `docker load` an OCI archive) on a private
-    containerd, no bridge, no iptables (tests/dockerd.py): DOCKER_HOST and DOCKER_CONFIG."""
+    containerd, no bridge, no iptables (tests/dockerd.py): DOCKER_HOST, DOCKER_CONFIG and
+    CONTAINERD_ADDRESS (its containerd, which has docker's namespace only)."""
     with private_dockerd_for_test() as daemon:
-        yield {k: daemon.env[k] for k in ("DOCKER_HOST", "DOCKER_CONFIG")}
+        env = {k: daemon.env[k] for k in ("DOCKER_HOST", "DOCKER_CONFIG")}
+        env["CONTAINERD_ADDRESS"] = str(daemon.base / "containerd/containerd.sock")
+        yield env
 
 
 def test_role_loads_into_docker_through_a_docker_archive(
@@ -673,8 +676,9 @@ def test_role_loads_into_docker_through_a_docker_archive(
     assert run([DOCKER, "load", "-i", str(archive)], env=env).returncode != 0
     variables = {"gpu_artifacts_images_mode": "load",
                  "gpu_artifacts_images_run": str(package / "x" / BASE / RUN),
-                 "gpu_artifacts_images_engine": "docker",
                  "gpu_artifacts_images_remote_dir": str(tmp_path / "staging")}
+    # engine auto: the containerd there has no k8s.io, so docker is the target (the .run's
+    # `load` decides the same way: one script, files/detect-engine.sh)
     _recap(_role(tmp_path, variables, environment=dockerd))
     listed = run([DOCKER, "images", "--format", "{{.Repository}}:{{.Tag}}"], env=env).stdout
     # no registry given: the charts' default one
