@@ -572,6 +572,31 @@ def test_pods_without_gpus_take_cpu_where_the_fewest_gpus_need_it(
     assert scores["full"] > scores["rich"] > scores["tight"]
 
 
+def test_pods_without_gpus_keep_the_cores_a_whole_node_pod_needs(
+    annotations: dict[str, str],
+) -> None:
+    """GPUs per core alone would send the pod to "pair" (2 GPUs over 38 cores left,
+    against 1 over 6 on "single"); but "pair" is the only node where a pod of both its
+    GPUs and 40 cores fits, and 4 cores less would strand both GPUs for that class. The
+    capacity a node filled with each class could no longer use decides first
+    (``core.sharing.fill_stranded``); "single" loses none: its one free GPU still gets
+    a 4-core pod."""
+    free = {"pair": (42_000, 65_536), "single": (10_000, 65_536)}
+    arrivals = ArrivalMix()
+    ext, api, _ = over([node(n, annotations) for n in free],
+                       free_room=lambda name: free[name], arrivals=arrivals)
+    for i in range(40):  # most pods ask one GPU and 4 cores, a few both GPUs and 40
+        arrivals.observe(f"o{i}", ShareRequest(MODE_SGPU, 1, 100, 0), 4000, 1024)
+    for i in range(4):
+        arrivals.observe(f"t{i}", ShareRequest(MODE_SGPU, 2, 100, 0), 40_000, 1024)
+    assert bind(ext, api, pod("taken", "100"), "single") == ""
+    nodes = {"items": [node(n, annotations) for n in free]}
+    status, result = call(ext, "prioritize-nogpu", {"Pod": plain_pod("p", "4"), "Nodes": nodes})
+    assert status == 200
+    scores = {h["Host"]: h["Score"] for h in result}
+    assert scores["single"] > scores["pair"]
+
+
 def test_pods_without_gpus_go_where_their_cpu_strands_no_gpu(
     annotations: dict[str, str],
 ) -> None:

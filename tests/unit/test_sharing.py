@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from gpuk8s.core import sharing as s
@@ -280,6 +282,50 @@ def test_node_fragmentation_is_fgds_measure_with_cpu() -> None:
     two = s.ShareMix({(2, 100, 0, 0): 1.0})
     assert s.node_fragmentation([100, 100, 100], s.NO_ROOM, two) == 0.0
     assert s.node_fragmentation([100, 40, 40], s.NO_ROOM, two) == pytest.approx(180.0)
+
+
+def test_fill_stranded_is_what_a_node_filled_with_one_class_leaves_unused() -> None:
+    """Each class fills the node alone: as many pods as its GPU slots, the free CPU and
+    the free memory allow; what it cannot use of the free GPU capacity counts, weighted."""
+    one = (1, 100, 4000, 0)
+    eight = (8, 100, 100_000, 0)
+    mix = s.ShareMix({one: 3.0, eight: 1.0})
+    empty = [100] * 8
+    # 128 cores: eight 1-GPU pods (32 cores) and one 8-GPU pod (100 cores) fit
+    assert s.fill_stranded(empty, s.Room(128_000), mix) == pytest.approx(0.0)
+    # 98 cores: the 8-GPU class can use nothing; fragmentation asks only whether one
+    # pod of each class fits and sees the same loss -- but at 24 cores, where six
+    # 1-GPU pods fit (two GPUs idle), fragmentation sees nothing of the 1-GPU loss
+    assert s.fill_stranded(empty, s.Room(98_000), mix) == pytest.approx(0.25 * 800)
+    assert s.fill_stranded(empty, s.Room(24_000), mix) == pytest.approx(0.75 * 200 + 0.25 * 800)
+    assert s.node_fragmentation(empty, s.Room(24_000), mix) == pytest.approx(0.25 * 800)
+    # fractional classes: slots per GPU; memory limits as CPU does; None limits nothing
+    half = s.ShareMix({(1, 50, 0, 2048): 1.0})
+    assert s.fill_stranded([100, 70, 40], s.NO_ROOM, half) == pytest.approx(60.0)
+    assert s.fill_stranded([100, 70, 40], s.Room(None, 4096), half) == pytest.approx(110.0)
+    assert s.fill_stranded([100, 100], s.Room(-1000, 0), half) == pytest.approx(200.0)
+    assert s.fill_stranded([0, 0], s.Room(0, 0), mix) == 0.0
+
+
+def test_fill_taken_is_the_difference_of_two_fill_stranded() -> None:
+    """What the extender computes per pod without GPUs (from the classes whose pods the
+    room left can no longer all feed) equals the plain difference, on random nodes."""
+    rng = random.Random(7)
+    for _ in range(500):
+        mix = s.ShareMix({
+            (rng.choice((1, 1, 2, 4, 8)) if pct >= 100 else 1, pct,
+             rng.choice((0, 1000, 4000, 16_000, 90_000)),
+             rng.choice((0, 2048, 65_536))): float(rng.randint(1, 9))
+            for pct in (rng.choice((10, 25, 50, 100, 100)) for _ in range(rng.randint(1, 12)))
+        })
+        free = [rng.choice((0, 20, 50, 75, 100, 100)) for _ in range(rng.choice((1, 2, 4, 8)))]
+        cpu = rng.choice((None, 0, 3000, 20_000, 100_000, 130_000))
+        memory = rng.choice((None, 1024, 100_000, 600_000))
+        room = s.Room(cpu, memory, rng.choice((0, 500, 4000, 40_000)), rng.choice((0, 4096)))
+        before = s.filled(free, room, mix)
+        assert before.lost == s.fill_stranded(free, room, mix)
+        want = s.fill_stranded(free, room.after(), mix) - before.lost
+        assert s.fill_taken(before, room.after(), mix) == pytest.approx(want, abs=1e-9)
 
 
 def test_cpu_balance_is_the_cpu_a_node_keeps_off_its_gpus_needs() -> None:

@@ -668,6 +668,103 @@ def gpus_per_core(free: int, room: Room) -> float | None:
     return (free / FULL_CORE) / (max(room.cpu, 1) / 1000)
 
 
+class Filled(NamedTuple):
+    """A node filled with each class of a mix alone (``filled``): the free GPU capacity
+    left unused, weighted (``fill_stranded``), and what ``fill_taken`` needs to tell how
+    much more a pod's CPU and memory would leave unused."""
+
+    lost: float
+    pods: tuple[int, ...]  # per class of ``mix.classes``: the pods that fill the node
+    # (CPU millicores those pods ask, class), the most first; memory MiB likewise
+    cpu_bound: tuple[tuple[int, int], ...] = ()
+    memory_bound: tuple[tuple[int, int], ...] = ()
+
+
+def _each(klass: ShareClass) -> int:
+    """Percent of a GPU one pod of the class takes."""
+    return klass[0] * FULL_CORE if klass[1] >= FULL_CORE else klass[1]
+
+
+def filled(free: Sequence[int], room: Room, mix: ShareMix) -> Filled:
+    """``fill_stranded`` and the pods per class behind it."""
+    total = sum(free)
+    if total <= 0 or not mix.classes:
+        return Filled(0.0, (0,) * len(mix.classes))
+    cpu, memory = room.cpu, room.memory
+    full = sum(1 for f in free if f >= FULL_CORE)
+    slots: dict[int, int] = {}
+    lost = 0.0
+    pods: list[int] = []
+    cpu_bound: list[tuple[int, int]] = []
+    memory_bound: list[tuple[int, int]] = []
+    for at, (klass, w) in enumerate(mix.classes):
+        k, pct, c, m = klass
+        if pct >= FULL_CORE:
+            n = full // k
+        else:
+            got = slots.get(pct)
+            if got is None:
+                got = slots[pct] = sum(f // pct for f in free)
+            n = got
+        if n and cpu is not None and c > 0:
+            n = min(n, max(cpu, 0) // c)
+        if n and memory is not None and m > 0:
+            n = min(n, max(memory, 0) // m)
+        lost += w * (total - n * _each(klass))
+        pods.append(n)
+        if n and cpu is not None and c > 0:
+            cpu_bound.append((n * c, at))
+        if n and memory is not None and m > 0:
+            memory_bound.append((n * m, at))
+    cpu_bound.sort(reverse=True)
+    memory_bound.sort(reverse=True)
+    return Filled(lost, tuple(pods), tuple(cpu_bound), tuple(memory_bound))
+
+
+def fill_stranded(free: Sequence[int], room: Room, mix: ShareMix) -> float:
+    """The free GPU capacity of a node that pods of one class could not use if the node
+    were filled with that class alone, weighted over the mix's classes, in percent of a
+    GPU. A class fills as many pods as the fewest of: its GPU slots (a fractional class:
+    per GPU, the free percent over what it asks, rounded down; ``k`` whole GPUs: the
+    wholly free GPUs over ``k``), the free CPU over its CPU, the free memory over its
+    memory (``room``: None limits nothing). Unlike ``node_fragmentation``, which asks only
+    whether one more pod fits, this sees CPU that feeds some but not all of the free GPUs:
+    an empty 8-GPU node whose cores fall below what one 8-GPU pod asks loses its whole
+    use to that class."""
+    return filled(free, room, mix).lost
+
+
+def fill_taken(before: Filled, after: Room, mix: ShareMix) -> float:
+    """``fill_stranded`` with the node's room ``after`` a pod minus ``before.lost`` (the
+    same free GPUs, ``before`` made with the room before it): the GPU capacity the pod's
+    CPU and memory take out of use. Only the classes whose pods need more CPU or memory
+    than is left are looked at (usually none), so this costs far less than a second
+    ``fill_stranded``."""
+    hit: set[int] = set()
+    if after.cpu is not None:
+        cpu = max(after.cpu, 0)
+        for need, at in before.cpu_bound:
+            if need <= cpu:
+                break
+            hit.add(at)
+    if after.memory is not None:
+        memory = max(after.memory, 0)
+        for need, at in before.memory_bound:
+            if need <= memory:
+                break
+            hit.add(at)
+    taken = 0.0
+    for at in sorted(hit):
+        klass, w = mix.classes[at]
+        had = n = before.pods[at]
+        if after.cpu is not None and klass[2] > 0:
+            n = min(n, max(after.cpu, 0) // klass[2])
+        if after.memory is not None and klass[3] > 0:
+            n = min(n, max(after.memory, 0) // klass[3])
+        taken += w * (had - n) * _each(klass)
+    return taken
+
+
 def free_percent(caps: Sequence[GpuCapacity], usage: Mapping[int, GpuUsage]) -> dict[int, int]:
     """GPU index -> percent of it that shares may still take (usable GPUs only)."""
     out: dict[int, int] = {}

@@ -39,12 +39,16 @@ whose CPU is spent.
 
 Pods without GPUs reach gpu-aware only through the scheduler's second, prioritize-only
 entry (``core.schedconf.NOGPU_VERB``, ``ExtenderSpec.rank_nogpu``); ``raw_nogpu`` ranks
-them by the free GPU capacity left per free core (``core.sharing.gpus_per_core``), the
-least first: their CPU goes where it strands the least GPU capacity per core -- nodes
-whose GPUs are taken, then the CPU-rich ones -- and GPU-dense nodes keep their cores
-for GPU pods; among equal or near-equal loads (``LOAD_RANK``), where their CPU and
-memory raise the node's fragmentation least (FGD's measure). No threshold sized for a
-cluster: the nodes' own free CPU and GPUs decide.
+them first by the free GPU capacity their CPU and memory take out of use when the node
+is filled with each request class of the mix alone (``core.sharing.fill_stranded``: an
+empty 8-GPU node whose cores would fall below what an 8-GPU pod asks loses that class's
+whole use), then by the free GPU capacity left per free core
+(``core.sharing.gpus_per_core``), the least first: their CPU goes where it strands the
+least GPU capacity per core -- nodes whose GPUs are taken, then the CPU-rich ones -- and
+GPU-dense nodes keep their cores for GPU pods; among equal or near-equal loads
+(``LOAD_RANK``), where their CPU and memory raise the node's fragmentation least (FGD's
+measure). No threshold sized for a cluster: the nodes' own free CPU and GPUs and the
+arriving pods decide.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ from ...core.sharing import (
     PHASE_ANNOTATION,
     SHARING_MODE_LABEL,
     Assignment,
+    Filled,
     GpuCapacity,
     GpuUsage,
     Room,
@@ -86,6 +91,8 @@ from ...core.sharing import (
     check_mode,
     choose_shared,
     cpu_balance,
+    fill_taken,
+    filled,
     free_percent,
     gpus_per_core,
     memory_label_mib,
@@ -112,10 +119,10 @@ MIX_DRIFT = 0.05  # re-take the request mix after this share of its weight chang
 MIX_PRIOR = 0.1  # weight of DEFAULT_SHARE_MIX next to the arrived pods' requests
 ARRIVALS = 20_000  # sharing pods remembered for the request mix (the latest)
 TIE = 1e-3  # weight of "unshared GPUs left on the node" in the best-fit value
-# pods without GPUs: the value is -(GPUs per free core, ``gpus_per_core``, in
-# millionths) - the rise of fragmentation (percent of a GPU), so the load decides and the
-# rise only among equal or near-equal loads (a rise of 50, half a GPU, weighs as much as
-# 0.00005 GPUs per core)
+# pods without GPUs, after the capacity taken out of use (``fill_stranded``, which
+# decides first): -(GPUs per free core, ``gpus_per_core``, in millionths) - the rise of
+# fragmentation (percent of a GPU), so the load decides and the rise only among equal or
+# near-equal loads (a rise of 50, half a GPU, weighs as much as 0.00005 GPUs per core)
 LOAD_RANK = 1e6
 # weight of each core of CPU imbalance (``core.sharing.cpu_balance``) next to the rise
 # of fragmentation (percent of a GPU): a core in excess counts as 0.5 % of a GPU
@@ -627,7 +634,11 @@ class Sharing:
         # version, node's free CPU and memory), placement)
         self._memo: dict[tuple[str, ShareRequest, int, int], tuple[_Version, Placement]] = {}
         # (node, pod CPU and memory) -> (same version, value) for pods without GPUs
-        self._nogpu_memo: dict[tuple[str, int, int], tuple[_Version, float]] = {}
+        self._nogpu_memo: dict[tuple[str, int, int], tuple[_Version, tuple[float, float]]] = {}
+        # per node: (its state, free percent per GPU, the node filled with each class and
+        # its fragmentation before a pod without GPUs) -- the same for every such pod
+        # until it changes
+        self._nogpu_base: dict[str, tuple[_Version, list[int], Filled, float]] = {}
         self.binds = 0
         self.bind_failures = 0
         # binds refused after waiting ``bind_wait_s`` for another pod's Allocate
@@ -784,18 +795,29 @@ class Sharing:
 
     def raw_nogpu(self, names: list[str], need: Need) -> list[float | None]:
         """Placement value per node for a pod without GPUs asking ``need`` (CPU
-        millicores, memory MiB), higher is better: the least free GPU capacity per free
-        core left after the pod (``core.sharing.gpus_per_core``: a node with no free GPU
-        capacity, or with much CPU for it, loses the least by feeding the pod; a
-        GPU-dense node whose cores its GPUs need, the most), then, among equal or
-        near-equal loads (``LOAD_RANK``), the least rise of the node's fragmentation that
-        its CPU and memory cause (FGD's measure, which the paper applies to pods without
-        GPUs too). None for a node gpu-aware has no usable
-        view of."""
+        millicores, memory MiB), higher is better (only the order counts: the values
+        are ranks among ``names``). First the least free GPU capacity its CPU and
+        memory take out of use, each request class of the mix filling the node alone
+        (``core.sharing.fill_stranded``: an empty 8-GPU node whose cores would fall
+        below what an 8-GPU pod asks loses that class's whole use). Then, among nodes
+        where that is equal, the least free GPU capacity per free core left after the
+        pod (``core.sharing.gpus_per_core``: a node with no free GPU capacity, or with
+        much CPU for it, loses the least by feeding the pod; a GPU-dense node whose
+        cores its GPUs need, the most), then, among equal or near-equal loads
+        (``LOAD_RANK``), the least rise of the node's fragmentation that its CPU and
+        memory cause (FGD's measure, which the paper applies to pods without GPUs too).
+        None for a node gpu-aware has no usable view of."""
         mix_version, mix = self.arrivals.mix()
-        return [self._nogpu(name, need, mix_version, mix) for name in names]
+        keys = [self._nogpu(name, need, mix_version, mix) for name in names]
+        known = sorted({key for key in keys if key is not None})
+        order = {key: float(at) for at, key in enumerate(known)}
+        return [None if key is None else order[key] for key in keys]
 
-    def _nogpu(self, name: str, need: Need, mix_version: int, mix: ShareMix) -> float | None:
+    def _nogpu(
+        self, name: str, need: Need, mix_version: int, mix: ShareMix
+    ) -> tuple[float, float] | None:
+        """(minus the capacity taken out of use, minus the load and rise), higher is
+        better; None for a node with no usable view."""
         node = self.nodes.get(name)
         if node is None or node.problem is not None:
             return None
@@ -807,15 +829,23 @@ class Sharing:
             return hit[1]
         room = Room(cpu, memory, *need)
         after = room.after()
-        free = list(free_percent(node.gpus, self.ledger.usage(name)).values())
-        rise = node_fragmentation(free, after, mix) - node_fragmentation(free, room, mix)
+        base = self._nogpu_base.get(name)
+        if base is None or base[0] != version:
+            free = list(free_percent(node.gpus, self.ledger.usage(name)).values())
+            base = (version, free, filled(free, room, mix), node_fragmentation(free, room, mix))
+            if len(self._nogpu_base) >= MAX_MEMO:
+                self._nogpu_base.clear()
+            self._nogpu_base[name] = base
+        _, free, fill_before, frag_before = base
+        stranded = fill_taken(fill_before, after, mix)
+        rise = node_fragmentation(free, after, mix) - frag_before
         load = gpus_per_core(sum(free), after)
         value = -rise if load is None else -round(load, 6) * LOAD_RANK - rise
-        value = round(value, 9)
+        ranked = (-round(stranded, 6), round(value, 9))
         if len(self._nogpu_memo) >= MAX_MEMO:
             self._nogpu_memo.clear()
-        self._nogpu_memo[key] = (version, value)
-        return value
+        self._nogpu_memo[key] = (version, ranked)
+        return ranked
 
     # -- bind ---------------------------------------------------------------------
     def bind(self, args: BindArgs) -> tuple[int, str]:
