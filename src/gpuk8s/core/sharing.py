@@ -741,16 +741,11 @@ def fill_taken(before: Filled, after: Room, mix: ShareMix) -> float:
     than is left are looked at (usually none), so this costs far less than a second
     ``fill_stranded``."""
     hit: set[int] = set()
-    if after.cpu is not None:
-        cpu = max(after.cpu, 0)
-        for need, at in before.cpu_bound:
-            if need <= cpu:
-                break
-            hit.add(at)
-    if after.memory is not None:
-        memory = max(after.memory, 0)
-        for need, at in before.memory_bound:
-            if need <= memory:
+    for left, bound in ((after.cpu, before.cpu_bound), (after.memory, before.memory_bound)):
+        if left is None:
+            continue
+        for need, at in bound:
+            if need <= max(left, 0):
                 break
             hit.add(at)
     taken = 0.0
