@@ -1463,8 +1463,17 @@ class Replay:
         )
         pod = self.cluster.pods.get(second)
         a = assignment_of(pod) if pod else None
-        device = {name: gpus for name, _, gpus in self.kubelet.view().values()}
-        own = a is not None and device.get(second) == tuple(sorted(a.gpus))
+
+        def device_gpus() -> tuple[int, ...] | None:
+            return {name: gpus for name, _, gpus in self.kubelet.view().values()}.get(second)
+
+        # the phase annotation is written inside Allocate; the fake kubelet records what
+        # Allocate returned only after it returns, so the watch can show "allocated" first
+        deadline = now() + timeout
+        while allocated and device_gpus() is None and now() < deadline:
+            time.sleep(0.05)
+        device = {second: device_gpus()}
+        own = a is not None and device[second] == tuple(sorted(a.gpus))
         fault.recovery_s = (t_bound - t0) if bound and t_bound is not None else None
         fault.details = {
             "node": node,
@@ -1472,6 +1481,9 @@ class Replay:
             "second_turned_away": second in self.cluster.unschedulable_at,
             "second_bound": bound,
             "second_allocated_its_own_gpus": own,
+            "second_allocated": allocated,
+            "assigned_gpus": None if a is None else sorted(a.gpus),
+            "device_plugin_gpus": device.get(second),
         }
         fault.ok = bool(waited and bound and allocated and own)
         self.delete(second)
