@@ -604,8 +604,13 @@ def test_legacy_patch_without_marker_is_still_removed(root: Path) -> None:
     original = (root / MANIFEST).read_text()
     run(root)
     (root / MANIFEST).write_text((root / MANIFEST).read_text().replace(marker_lines(root), ""))
+    # our --config names the file: still ours to change (a new weight), then to remove
+    changed = run(root, weight=7)
+    assert not changed.get("failed") and changed["changed"], changed.get("msg")
+    (root / MANIFEST).write_text((root / MANIFEST).read_text().replace(marker_lines(root), ""))
     run(root, state="absent")
     assert (root / MANIFEST).read_text() == original
+    assert not (root / CONFIG).exists()
 
 
 def lab_manifest(root: Path) -> None:

@@ -207,6 +207,9 @@ def plan(request: Request) -> Plan:
             "re-indented (content, comments and order are kept)"
         )
     result.flag_ours = schedconf.config_flag_is_ours(manifest.data, request.config_path)
+    # no --config names config_path and no record of ours: a file there is someone
+    # else's (the manual's step before its manifest edit, say), never replaced or removed
+    unclaimed = existing is None and schedconf.read_marker(manifest.data) is None
     if existing is not None and not result.flag_ours:
         assert existing is not None
         result.mode = "appended"
@@ -228,10 +231,7 @@ def plan(request: Request) -> Plan:
             request.spec, result.api_version, request.kubeconfig, request.profile
         )
         text = current.text or ""
-        if (current.text is not None and current.data != wanted
-                and schedconf.read_marker(manifest.data) is None):
-            # no --config in the manifest and no record of ours: the file was written by
-            # someone else (the manual's step before its manifest edit, say)
+        if unclaimed and current.text is not None and current.data != wanted:
             raise ConfigError(
                 f"config_path {request.config_path} exists under host_root {root} and is "
                 "not one this module wrote (the manifest has neither --config nor the "
@@ -255,8 +255,7 @@ def plan(request: Request) -> Plan:
     else:
         config_file = under_root(root, request.config_path)
         current = read(config_file)
-        if current.text is not None and existing is None and (
-                schedconf.read_marker(manifest.data) is None):
+        if unclaimed and current.text is not None:
             result.warnings.append(
                 f"{request.config_path} is left as it is: no --config in the manifest refers "
                 "to it and this module has no record of writing it"
