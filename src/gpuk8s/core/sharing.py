@@ -685,6 +685,15 @@ def _each(klass: ShareClass) -> int:
     return klass[0] * FULL_CORE if klass[1] >= FULL_CORE else klass[1]
 
 
+def _fed(n: int, room: Room, klass: ShareClass) -> int:
+    """At most ``n`` pods of the class: as many as the room's CPU and memory feed."""
+    if n and room.cpu is not None and klass[2] > 0:
+        n = min(n, max(room.cpu, 0) // klass[2])
+    if n and room.memory is not None and klass[3] > 0:
+        n = min(n, max(room.memory, 0) // klass[3])
+    return n
+
+
 def filled(free: Sequence[int], room: Room, mix: ShareMix) -> Filled:
     """``fill_stranded`` and the pods per class behind it."""
     total = sum(free)
@@ -706,10 +715,7 @@ def filled(free: Sequence[int], room: Room, mix: ShareMix) -> Filled:
             if got is None:
                 got = slots[pct] = sum(f // pct for f in free)
             n = got
-        if n and cpu is not None and c > 0:
-            n = min(n, max(cpu, 0) // c)
-        if n and memory is not None and m > 0:
-            n = min(n, max(memory, 0) // m)
+        n = _fed(n, room, klass)
         lost += w * (total - n * _each(klass))
         pods.append(n)
         if n and cpu is not None and c > 0:
@@ -751,12 +757,8 @@ def fill_taken(before: Filled, after: Room, mix: ShareMix) -> float:
     taken = 0.0
     for at in sorted(hit):
         klass, w = mix.classes[at]
-        had = n = before.pods[at]
-        if after.cpu is not None and klass[2] > 0:
-            n = min(n, max(after.cpu, 0) // klass[2])
-        if after.memory is not None and klass[3] > 0:
-            n = min(n, max(after.memory, 0) // klass[3])
-        taken += w * (had - n) * _each(klass)
+        had = before.pods[at]
+        taken += w * (had - _fed(had, after, klass)) * _each(klass)
     return taken
 
 
