@@ -1472,8 +1472,8 @@ class Replay:
         deadline = now() + timeout
         while allocated and device_gpus() is None and now() < deadline:
             time.sleep(0.05)
-        device = {second: device_gpus()}
-        own = a is not None and device[second] == tuple(sorted(a.gpus))
+        got = device_gpus()
+        own = a is not None and got == tuple(sorted(a.gpus))
         fault.recovery_s = (t_bound - t0) if bound and t_bound is not None else None
         fault.details = {
             "node": node,
@@ -1483,7 +1483,7 @@ class Replay:
             "second_allocated_its_own_gpus": own,
             "second_allocated": allocated,
             "assigned_gpus": None if a is None else sorted(a.gpus),
-            "device_plugin_gpus": device.get(second),
+            "device_plugin_gpus": got,
         }
         fault.ok = bool(waited and bound and allocated and own)
         self.delete(second)
