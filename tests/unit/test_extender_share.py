@@ -275,10 +275,10 @@ def cpu_fed(
     return ext, items, arrivals
 
 
-def scores_of(ext: Extender, items: list[dict[str, Any]], cpu: str = "4") -> dict[str, int]:
-    """Prioritize scores for a half-GPU pod asking ``cpu`` cores."""
+def scores_of(ext: Extender, items: list[dict[str, Any]]) -> dict[str, int]:
+    """Prioritize scores for a half-GPU pod asking 4 cores."""
     p = pod("p", "50")
-    p["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu}
+    p["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "4"}
     status, result = call(ext, "prioritize", {"Pod": p, "Nodes": {"items": items}})
     assert status == 200
     return {h["Host"]: h["Score"] for h in result}
@@ -298,23 +298,16 @@ def test_prioritize_weighs_the_cpu_a_node_keeps(annotations: dict[str, str]) -> 
 
 
 def test_prioritize_keeps_cpu_in_step_with_gpus(annotations: dict[str, str]) -> None:
-    """Equal fragmentation: the node whose CPU imbalance the pod lowers most wins (its
-    free CPU against what its free GPU capacity needs at the arriving pods' CPU per GPU,
-    a core short counting ``BALANCE_SHORT`` cores over). The change is the pod's doing;
-    the imbalance a node already has is not: a pod asking less CPU per GPU than the
-    arriving ones goes where CPU is short, one asking more where CPU is over."""
+    """Equal fragmentation: the node whose free CPU after the pod stays closest to
+    what its free GPU capacity needs (the arriving pods' CPU per GPU) wins; a node
+    short of CPU for its GPUs ranks below one as far over (a core short strands GPU
+    capacity, a core over only CPU)."""
     free: Room = {"a": (40_000, None), "b": (28_000, None), "c": (16_000, None)}
     ext, items, arrivals = cpu_fed(annotations, free)
     assert arrivals.mix()[1].cpu_per_gpu == pytest.approx(16_000)  # 8 cores per half GPU
-    # 200 % of GPU free on each needs 32 cores: a is 8 over, b 4 short, c 16 short.
-    # 4 cores for half a GPU: 4 closer to balance where short (b, c), 4 further where
-    # over (a). Ranked by the imbalance after the pod, c (still 12 short) came last.
     scores = scores_of(ext, items)
-    assert scores["b"] == scores["c"] > scores["a"]
-    # 16 cores for half a GPU: 8 closer where over (a), 8 further where short (b, c;
-    # c also keeps no core for its GPUs, so its fragmentation rises most)
-    scores = scores_of(ext, items, "16")
-    assert scores["a"] > scores["b"] > scores["c"]
+    # 150 % of GPU left on each needs 24 cores: b keeps 24, a 36 (12 over), c 12 (12 short)
+    assert scores["b"] > scores["a"] > scores["c"]
     free["a"] = free["b"] = free["c"] = (None, None)  # CPU not known: no preference
     scores = scores_of(ext, items)
     assert scores["a"] == scores["b"] == scores["c"]

@@ -31,13 +31,11 @@ the pods seen by ``filter``, placed or not), not only of those that run. Fractio
 shares pick their GPU by that measure (ties: best fit, then the link group with the
 fewest unshared GPUs); whole GPUs (``vcuda-core`` multiples of 100) are chosen among
 the unshared ones by the topology allocator, and the node by the same measure. Nodes
-are ranked by that rise plus ``CPU_BALANCE`` x the change the pod makes to the node's
-CPU imbalance (``core.sharing.cpu_balance``: how far its free CPU is from what its free
-GPU capacity needs at the arriving pods' CPU per GPU, a core short counting four in
-excess): on the openb trace the pods that fail at the end are those that find free GPUs
-only on nodes whose CPU is spent. Like the rise, the change is the pod's own doing; the
-imbalance a node already has is not (ranked by the imbalance after the pod, CPU-heavy
-pods broke the few nodes with CPU to spare, the only ones a large class fits on).
+are ranked by that rise plus ``CPU_BALANCE`` x the node's CPU imbalance after the pod
+(``core.sharing.cpu_balance``: how far its free CPU is from what its free GPU capacity
+needs at the arriving pods' CPU per GPU, a core short counting four in excess): on the
+openb trace the pods that fail at the end are those that find free GPUs only on nodes
+whose CPU is spent.
 
 Pods without GPUs reach gpu-aware only through the scheduler's second, prioritize-only
 entry (``core.schedconf.NOGPU_VERB``, ``ExtenderSpec.rank_nogpu``); ``raw_nogpu`` ranks
@@ -126,9 +124,9 @@ TIE = 1e-3  # weight of "unshared GPUs left on the node" in the best-fit value
 # fragmentation (percent of a GPU), so the load decides and the rise only among equal or
 # near-equal loads (a rise of 50, half a GPU, weighs as much as 0.00005 GPUs per core)
 LOAD_RANK = 1e6
-# weight of each core of change of the CPU imbalance (``core.sharing.cpu_balance``)
-# next to the rise of fragmentation (percent of a GPU): a core in excess counts as 0.5 %
-# of a GPU stranded, a core short as 2 % (``BALANCE_SHORT``)
+# weight of each core of CPU imbalance (``core.sharing.cpu_balance``) next to the rise
+# of fragmentation (percent of a GPU): a core in excess counts as 0.5 % of a GPU
+# stranded, a core short as 2 % (``BALANCE_SHORT``)
 CPU_BALANCE = 0.5
 MAX_MEMO = 200_000  # placements remembered (per node state and share)
 
@@ -731,16 +729,10 @@ class Sharing:
             placed = Placement(tuple(chosen), raw=-round(rise, 9) - TIE * (len(unshared) - fresh))
         if placed.gpus is None or mix.cpu_per_gpu is None or room.cpu is None:
             return placed
-        # and the node whose CPU imbalance the pod lowers most (raises least): the
-        # change, as the rise is one; a node's imbalance before the pod is not the pod's
-        # doing (ranking by the imbalance after it sent CPU-heavy pods to break the only
-        # nodes a large class fits on, because those had CPU to spare)
-        before = sum(free_percent(node.gpus, usage).values())
-        free = before - share.core * share.gpus
-        change = cpu_balance(free, room.after(), mix.cpu_per_gpu) - cpu_balance(
-            before, room, mix.cpu_per_gpu
-        )
-        return replace(placed, raw=round(placed.raw - CPU_BALANCE * change, 9))
+        # and the node whose free CPU stays in step with its free GPU capacity
+        free = sum(free_percent(node.gpus, usage).values()) - share.core * share.gpus
+        imbalance = cpu_balance(free, room.after(), mix.cpu_per_gpu)
+        return replace(placed, raw=round(placed.raw - CPU_BALANCE * imbalance, 9))
 
     @staticmethod
     def _place_whole(
