@@ -31,7 +31,7 @@ from gpuk8s.services.extender.logic import Extender
 from gpuk8s.services.extender.main import build_parser
 from gpuk8s.services.extender.nodes import BoundPods, NodeCache
 from gpuk8s.services.extender.packing import NO_ALLOCATABLE
-from gpuk8s.services.extender.server import ExtenderHTTPServer, serve_in_thread
+from gpuk8s.services.extender.server import ExtenderHTTPServer, _DeadlineReader, serve_in_thread
 from gpuk8s.services.extender.watch import list_watch, node_handlers
 from gpuk8s.services.extender.weights import Weights, WeightSource, parse_weight
 
@@ -417,6 +417,46 @@ def test_a_connection_whose_request_arrived_is_not_evicted_as_idle() -> None:
         for pair in pairs:
             for sock in pair:
                 sock.close()
+        srv.server_close()
+
+
+def test_a_request_read_is_never_evicted_with_its_connection() -> None:
+    """The handler takes its connection off the idle list before it reads a byte: an
+    eviction at the worst moment -- the request has arrived, the handler is about to
+    say it is no longer idle -- finds bytes waiting and leaves the connection alone.
+    (The handler used to read first and then leave the list: the connection of a
+    request already read looked idle and was shut under it.) Evicted while idle, the
+    read returns end of stream."""
+    srv = ExtenderHTTPServer(("127.0.0.1", 0), extender(), max_connections=4)
+    sock, peer = socket.socketpair()
+    evicted_at: list[bool] = []
+
+    def idle(s: socket.socket, now_idle: bool) -> bool:
+        if not now_idle:  # the worst moment for a new connection to need a slot
+            evicted_at.append(srv._evict_idle("c"))
+        return srv.connection_idle(s, now_idle, "c")
+
+    try:
+        reader = _DeadlineReader(sock, 5.0, time.monotonic, idle)
+        peer.sendall(b"POST /filter HTTP/1.1\r\n")
+        buffer = bytearray(64)
+        assert reader.readinto(buffer) == len(b"POST /filter HTTP/1.1\r\n")
+        assert evicted_at == [False] and srv.evicted_connections == 0
+        assert sock not in srv._idle
+
+        # nothing sent: the connection is idle and gives way; the handler sees the end
+        def idle_then_evicted(s: socket.socket, now_idle: bool) -> bool:
+            taken = srv.connection_idle(s, now_idle, "c")
+            if now_idle:
+                assert srv._evict_idle("c")
+            return taken
+
+        reader = _DeadlineReader(sock, 5.0, time.monotonic, idle_then_evicted)
+        assert reader.readinto(buffer) == 0
+        assert srv.evicted_connections == 1
+    finally:
+        sock.close()
+        peer.close()
         srv.server_close()
 
 

@@ -83,7 +83,7 @@ class _DeadlineReader(io.RawIOBase):
         sock: socket.socket,
         timeout: float,
         clock: Callable[[], float],
-        idle: Callable[[socket.socket, bool], None],
+        idle: Callable[[socket.socket, bool], bool],
     ):
         self._sock = sock
         self._timeout = timeout
@@ -96,12 +96,22 @@ class _DeadlineReader(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         if self.deadline is None:
-            self._sock.settimeout(IDLE_TIMEOUT_S)
+            # idle, evictable (``ExtenderHTTPServer._evict_idle``), only until the
+            # handler takes the connection off the idle list, which it does before it
+            # reads a byte: a request read is never lost to an eviction (reading first
+            # left a moment where a connection whose request had been read still looked
+            # idle and was closed under it)
             self._idle(self._sock, True)
             try:
-                count = self._sock.recv_into(buffer)
+                ready = _wait_input(self._sock, IDLE_TIMEOUT_S)
             finally:
-                self._idle(self._sock, False)
+                still = self._idle(self._sock, False)
+            if not still:
+                return 0  # evicted while idle: the server shut the connection down
+            if not ready:
+                raise TimeoutError("no request within the idle timeout")
+            self._sock.settimeout(IDLE_TIMEOUT_S)
+            count = self._sock.recv_into(buffer)
             if count:
                 self.deadline = self._clock() + self._timeout
             return count
@@ -188,13 +198,14 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
     def port(self) -> int:
         return int(self.server_address[1])
 
-    def connection_idle(self, sock: socket.socket, idle: bool, client: str = "") -> None:
-        """Handlers report when a connection waits for its next request (evictable)."""
+    def connection_idle(self, sock: socket.socket, idle: bool, client: str = "") -> bool:
+        """Handlers report when a connection waits for its next request (evictable);
+        taking it off, False when it was no longer on the list (evicted meanwhile)."""
         with self._idle_lock:
             if idle:
                 self._idle[sock] = (self.clock(), client)
-            else:
-                self._idle.pop(sock, None)
+                return True
+            return self._idle.pop(sock, None) is not None
 
     def _evict_idle(self, client: str | None = None) -> bool:
         """Close the connection that has waited longest for a request (of ``client``, or
@@ -561,6 +572,18 @@ class ExtenderHandler(BaseHTTPRequestHandler):
 
 def _count(server: ExtenderHTTPServer, attribute: str) -> float:
     return float(getattr(server, attribute))
+
+
+def _wait_input(sock: socket.socket, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``sock`` to become readable (bytes, the peer's
+    close or an error: the read that follows tells which); under TLS, bytes already
+    decrypted count. False when the time ran out."""
+    pending = getattr(sock, "pending", None)
+    if pending is not None and pending() > 0:
+        return True
+    poller = select.poll()  # not select(): no limit on the descriptor's number
+    poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(max(timeout, 0.0) * 1000))
 
 
 def _has_input(sock: socket.socket) -> bool:
