@@ -81,3 +81,42 @@ def test_uninstall_takes_every_label_and_annotation_of_ours_off_the_nodes(
     names = [c.metadata.name for c in core.list_namespaced_config_map(kube.namespace).items]
     assert CONFIG_NAME not in names and STATUS_NAME not in names
     assert any("removed from" in line for line in done)
+
+
+def test_uninstall_lifts_an_unfinished_upgrades_cordon_only_where_the_host_did_not_change(
+    cluster: Any,
+) -> None:
+    from kubernetes import client
+
+    from gpuk8s.services.operator import upgrade
+
+    kube, core, _node = cluster
+    record = upgrade.Record(version="2.33.0.6", started=1.0, since=1.0,
+                            message="cordoned: evicting GPU pods").to_json()
+    admin = upgrade.Record(version="2.33.0.6", admin_cordoned=True, started=1.0).to_json()
+    nodes = {f"{state}-{uuid.uuid4().hex[:6]}": (state, rec)
+             for state, rec in ((upgrade.EVICTED, record), (upgrade.UPGRADING, record),
+                                (upgrade.CORDONED, admin))}
+    for name, (state, rec) in nodes.items():
+        core.create_node(client.V1Node(
+            metadata=client.V1ObjectMeta(name=name, labels={
+                "metax-tech.com/gpu.installed": "true", upgrade.STATE_LABEL: state},
+                annotations={upgrade.RECORD_ANNOTATION: rec}),
+            spec=client.V1NodeSpec(unschedulable=True)))
+    try:
+        done, left = kube.uninstall(timeout=30)
+        assert left == [], left
+        got = {name: bool(core.read_node(name).spec.unschedulable) for name in nodes}
+        evicted, upgrading, admins = nodes
+        assert got == {evicted: False, upgrading: True, admins: True}, got
+        assert any("uncordoned 1 node(s)" in line and evicted in line for line in done), done
+        assert any(line.startswith(f"warning: node {upgrading} left cordoned") for line in done)
+        events = core.list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={upgrading}").items
+        assert [e.reason for e in events] == ["DriverUpgradeInterrupted"]
+        for name in nodes:  # the record went with the decision
+            meta = core.read_node(name).metadata
+            assert upgrade.RECORD_ANNOTATION not in (meta.annotations or {})
+    finally:
+        for name in nodes:
+            core.delete_node(name)

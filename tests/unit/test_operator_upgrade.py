@@ -769,3 +769,45 @@ def test_no_access_to_the_daemonset_stops_only_the_pod_replacement() -> None:
     assert set(cluster.states().values()) == {up.DONE}
     rollout = yaml.safe_load(cluster.configmaps["operator-status"]["data"]["rollout"])
     assert "403" in rollout["driverManagerPods"]["error"]
+
+
+def _node_after(step_: up.Step, unschedulable: bool) -> dict[str, Any]:
+    """The Node as the controller's patch for ``step_`` leaves it."""
+    body = up.node_patch(step_)
+    return {"metadata": {"name": "n1", "labels": body["metadata"]["labels"],
+                         "annotations": body["metadata"]["annotations"]},
+            "spec": {"unschedulable": body.get("spec", {}).get("unschedulable", unschedulable)}}
+
+
+def test_an_uninstall_lifts_the_upgrades_cordon_only_where_the_host_did_not_change() -> None:
+    now = 1000.0
+    f = facts(up.REQUIRED, record=up.Record(version=NEW))
+    s = up.step(f, TARGET, POLICY, now, may_start=True)
+    assert s.state == up.CORDONED and s.cordon is True  # the state machine's own cordon
+    assert up.cordon_at_uninstall(_node_after(s, True)) == (True, "")
+    evicted = replace(s, state=up.EVICTED, cordon=None)
+    assert up.cordon_at_uninstall(_node_after(evicted, True)) == (True, "")
+    for state in (up.UPGRADING, up.VALIDATING, up.FAILED):
+        lift, kept = up.cordon_at_uninstall(_node_after(replace(s, state=state, cordon=None), True))
+        assert not lift and f"state {state}" in kept and "kubectl uncordon n1" in kept
+    # a failed node relabelled for a retry is still cordoned by the failure
+    retry = replace(s, state=up.REQUIRED, cordon=None)
+    lift, kept = up.cordon_at_uninstall(_node_after(retry, True))
+    assert not lift and "upgrade-required" in kept
+
+
+def test_an_uninstall_leaves_an_admins_cordon_and_uncordoned_nodes_alone() -> None:
+    now = 1000.0
+    f = facts(up.REQUIRED, record=up.Record(version=NEW), unschedulable=True)
+    s = up.step(f, TARGET, POLICY, now, may_start=True)
+    assert s.state == up.CORDONED and s.record.admin_cordoned
+    assert up.cordon_at_uninstall(_node_after(s, True)) == (False, "")
+    plain: dict[str, Any] = {"metadata": {"name": "n2"}, "spec": {"unschedulable": True}}
+    assert up.cordon_at_uninstall(plain) == (False, "")  # never upgraded: not ours
+    waiting = replace(s, state=up.REQUIRED, record=up.Record(version=NEW), cordon=None)
+    assert up.cordon_at_uninstall(_node_after(waiting, True)) == (False, "")  # not started
+    done = replace(s, state=up.DONE, record=replace(s.record, admin_cordoned=False))
+    assert up.cordon_at_uninstall(_node_after(done, True)) == (False, "")
+    running = replace(s, state=up.UPGRADING, record=replace(s.record, admin_cordoned=False),
+                      cordon=None)
+    assert up.cordon_at_uninstall(_node_after(running, False)) == (False, "")  # not cordoned

@@ -214,15 +214,32 @@ class KubeCluster:
         except Exception as err:
             raise classify(err, "list nodes") from err
         cleaned = 0
+        lifted: list[str] = []
         for node in every:
             meta = node.get("metadata") or {}
+            name = str(meta["name"])
             labels = {k: None for k in meta.get("labels") or {} if k.startswith(PREFIX)}
             notes = {k: None for k in meta.get("annotations") or {} if k.startswith(PREFIX)}
-            if labels or notes:
-                self.patch_node(str(meta["name"]), {"metadata": {"labels": labels,
-                                                                 "annotations": notes}})
-                cleaned += 1
+            if not labels and not notes:
+                continue
+            # the upgrade's record goes with this patch: its cordon is decided now, in the
+            # same patch (a failure leaves both, and a second uninstall decides again)
+            lift, kept = upgrade.cordon_at_uninstall(node)
+            body: dict[str, Any] = {"metadata": {"labels": labels, "annotations": notes}}
+            if lift:
+                body["spec"] = {"unschedulable": False}
+            if kept:
+                self.event("Node", name, "DriverUpgradeInterrupted",
+                           f"operator uninstalled during a driver upgrade: node {kept}", True)
+                done.append(f"warning: node {name} {kept}")
+            self.patch_node(name, body)
+            cleaned += 1
+            if lift:
+                lifted.append(name)
         done.append(f"{PREFIX} labels and annotations removed from {cleaned} node(s)")
+        if lifted:
+            done.append(f"uncordoned {len(lifted)} node(s) an unfinished driver upgrade had "
+                        f"cordoned before changing anything: {', '.join(lifted)}")
         for name in (CONFIG_NAME, STATUS_NAME):
             try:
                 self.core.delete_namespaced_config_map(name, self.namespace)

@@ -532,3 +532,29 @@ def node_patch(step_: Step) -> dict[str, Any]:
     if step_.cordon is not None:
         body["spec"] = {"unschedulable": step_.cordon}
     return body
+
+
+def cordon_at_uninstall(node: Mapping[str, Any]) -> tuple[bool, str]:
+    """What an uninstall does with the cordon of a Node the upgrade may hold, the
+    controller gone for good (it cannot finish the upgrade): ``(lift, why_kept)``.
+
+    The upgrade's own cordon is lifted where nothing on the host changed yet
+    (``cordoned``, ``pods-evicted``: driver-manager was not replaced); it stays where the
+    host changed or may have (``upgrading``, ``validating``, ``failed`` cordoned, or a
+    failed node relabelled ``upgrade-required`` for a retry): its GPUs are not known
+    good, ``why_kept`` says so. An admin's cordon (the record's ``adminCordoned``) and a
+    node the upgrade never cordoned are left as they are, silently."""
+    meta = node.get("metadata") or {}
+    state = (meta.get("labels") or {}).get(STATE_LABEL)
+    rec = Record.from_json((meta.get("annotations") or {}).get(RECORD_ANNOTATION))
+    unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
+    if not unschedulable or rec.admin_cordoned or state in (None, DONE):
+        return False, ""
+    if state in (CORDONED, EVICTED):
+        return True, ""
+    if state == REQUIRED and rec.started is None:
+        return False, ""  # not started: the cordon is not the upgrade's
+    return False, (f"left cordoned: its driver upgrade stopped in state {state}"
+                   + (f" ({rec.message})" if rec.message else "")
+                   + "; the host's driver may have changed: check it (mx-smi), then "
+                   f"`kubectl uncordon {meta.get('name', '')}`")
