@@ -8,7 +8,7 @@
   kernel release (in that release's directory or in the running one's), a file that is
   not a module (text, an ELF program);
 * the simulator's ``depmod`` writes the ``modules.dep`` real ``depmod`` writes;
-* what gpuk8s.host.kmodule reads from a module is what real ``modinfo`` shows.
+* what gpuk8s.discovery.kmodule reads from a module is what real ``modinfo`` shows.
 
 Nothing is ever inserted into a kernel: ``modprobe -n`` is a dry run, and the real
 kernel's own check (``init_module``) is stood in for by ``modinfo``'s vermagic.
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from gpuk8s import sim
-from gpuk8s.host import kmodule
+from gpuk8s.discovery import kmodule
 from gpuk8s.sim import kobject
 
 from .simdriver import RELEASE, module_path

@@ -27,6 +27,7 @@ from ..core.cuda import CudaVersion
 from ..core.model import NVIDIA_VENDOR_ID, DriverInfo, Gpu, NodeInventory, SdkInfo
 from ..core.telemetry import MIB, GpuProcess, GpuSample, NodeTelemetry, percent_to_ratio
 from . import libraries, sysfs
+from .kmodule import kernel_release
 from .metax import parse_topo_matrix
 from .tools import Runner, find_tool, host_path, run_tool
 
@@ -483,15 +484,7 @@ IPC_SOCKETS = ("/nvidia-persistenced/socket", "/nvidia-fabricmanager/socket")
 IPC_SOCKET_DIRS = ("/run", "/var/run")
 MPS_PIPE_DIR = "/tmp/nvidia-mps"
 FIRMWARE_CLASS_PATH = "/sys/module/firmware_class/parameters/path"
-OSRELEASE = "/proc/sys/kernel/osrelease"
 CDI_HOOK = "nvidia-cdi-hook"  # nvidia-container-toolkit's hook program
-
-
-def kernel_release(root: str) -> str | None:
-    """``uname -r`` of the host under ``root`` (its ``/proc/sys/kernel/osrelease``)."""
-    if os.path.realpath(root) == "/":
-        return os.uname().release
-    return sysfs.read_text(host_path(root, OSRELEASE)) or None
 
 
 def _real(root: str, path: str) -> str | None:

@@ -39,10 +39,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..core.errors import ConfigError, GpuK8sError
-from ..discovery import discover
+from ..discovery import discover, kmodule
 from ..discovery.metax import DRIVER_VERSION_FILE, OWNER_RECORD, read_version_file
 from ..discovery.tools import Runner, host_path
-from . import files, kmodule
+from . import files
 
 POLICIES = ("IfNotPresent", "Always", "Never")
 KINDS = ("dir", "deb", "rpm", "run")

@@ -34,7 +34,8 @@ from ..core.cuda import CudaVersion, parse_version
 from ..core.cuda import check as cuda_check
 from ..core.errors import ConfigError
 from ..discovery import discover
-from ..discovery.nvidia import NVSMI_CANDIDATES, kernel_release
+from ..discovery.kmodule import kernel_release
+from ..discovery.nvidia import NVSMI_CANDIDATES
 from ..discovery.tools import Runner, find_tool, host_path, run_tool
 from .sdk import os_release
 

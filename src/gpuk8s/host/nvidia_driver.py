@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from ..core.errors import ConfigError, GpuK8sError
 from ..discovery import discover
-from ..discovery.nvidia import kernel_release
+from ..discovery.kmodule import kernel_release
 from ..discovery.tools import Runner, host_path, run_tool
 from . import files
 from .nvidia_checks import SmiStatus, headers_present, nvidia_smi_status, tool_path

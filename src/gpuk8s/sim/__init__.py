@@ -17,7 +17,7 @@ GPU, and processes (pid, memory, utilisation) on it, as ``mx-smi``, ``nvidia-smi
 the simulated ``libnvidia-ml.so.1`` (NVIDIA presets, compiled from ``fake/nvml.c`` when a
 C compiler is present) report them. Tests set a load and check every metric against it.
 
-Kernel-side stand-ins (the tree module and ``gpuk8s.host.kmodule`` are copied into the
+Kernel-side stand-ins (the tree module and ``gpuk8s.discovery.kmodule`` are copied into the
 root so these work without gpuk8s installed). The running kernel release is
 ``/proc/sys/kernel/osrelease``. ``<root>/usr/sbin/depmod`` and ``modprobe`` link to the
 stand-in ``<root>/usr/bin/kmod``: depmod writes ``modules.dep`` for a release as kmod's
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError
-from ..host import kmodule
+from ..discovery import kmodule
 from . import kobject, nvml, tree
 from .fake import nvidia_driver
 from .presets import PRESET_TABLE, PRESETS, build_state

@@ -20,7 +20,7 @@ import stat
 from typing import Any
 
 if __package__:  # gpuk8s.sim.tree
-    from ..host import kmodule
+    from ..discovery import kmodule
 else:  # the copy inside a simulated root imports its sibling copy (``KMODULE_NAME``)
     import gpuk8s_kmodule as kmodule  # type: ignore[import-not-found,no-redef]
 
@@ -35,7 +35,7 @@ KMOD_PATH = "usr/bin/kmod"  # the stand-in; modprobe and depmod link to it, as o
 MODPROBE_PATH = "usr/sbin/modprobe"
 NVML_LIB_PATH = "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 NVML_TABLE = "var/lib/gpuk8s-sim/nvml.txt"
-KMODULE_NAME = "gpuk8s_kmodule"  # gpuk8s.host.kmodule, copied next to this file in a root
+KMODULE_NAME = "gpuk8s_kmodule"  # gpuk8s.discovery.kmodule, copied next to this file in a root
 DEPMOD_PATH = "usr/sbin/depmod"
 KERNEL_RELEASE = "5.15.0-91-generic"  # a new root's (proc/sys/kernel/osrelease)
 KERNEL_LOG = "var/lib/gpuk8s-sim/kernel.log"  # what the simulated kernel says (dmesg)

@@ -73,7 +73,6 @@ PERSISTENCED_SOCKET = "run/nvidia-persistenced/socket"
 # What the installer installed (the real one keeps /var/log/nvidia-installer.log and a
 # backup under /var/lib/nvidia; this file is the simulator's record of the same).
 MANIFEST = "var/lib/nvidia/installed.json"
-OSRELEASE = "proc/sys/kernel/osrelease"
 GCC_VERSION = "gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0"
 DKMS_VERSION = "dkms-2.8.7"
 
@@ -88,11 +87,7 @@ def _p(root: str, rel: str) -> str:
 
 def kernel_release(root: str) -> str:
     """``uname -r`` of the simulated node (its ``/proc/sys/kernel/osrelease``)."""
-    try:
-        with open(_p(root, OSRELEASE), encoding="utf-8") as handle:
-            return handle.read().strip() or tree.KERNEL_RELEASE
-    except OSError:
-        return tree.KERNEL_RELEASE
+    return tree.kernel_release(root)
 
 
 # ----------------------------------------------------------------------------- ELF

@@ -118,7 +118,8 @@ def built_for(path: str) -> str:
 def kernel_release(root: str = "/") -> str:
     """The kernel release the host under ``root`` runs (``uname -r``): its
     ``/proc/sys/kernel/osrelease``; a container shares its host's kernel, so without that
-    file (no /proc under ``root``) it is this process's own."""
+    file (no /proc under ``root``) it is this process's own. The one reader of it (driver
+    installs, the NVIDIA checks and driver build, CDI firmware paths, the simulator)."""
     try:
         with open(os.path.join(root, OSRELEASE.lstrip("/")), encoding="utf-8") as handle:
             text = handle.read().strip()
