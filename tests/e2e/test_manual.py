@@ -862,8 +862,9 @@ def test_001_ch3_operator_install_sdk_injection_virtualisation_uninstall(
         set_vfnums(f"nodes:\n  {node}:\n    vfnum: 0\n")
         wait_until("capacity 8 again", lambda: gpus(node, "capacity") == 8, 240)
         # the VF change ends with validation and the uncordon; an uninstall before that
-        # leaves the node cordoned (the operator's uninstall does not lift an upgrade's
-        # cordon), and every later test's pods would stay Pending
+        # leaves the node cordoned (the host's VFs changed: the operator's uninstall
+        # reports such a node instead of uncordoning it), and every later test's pods
+        # would stay Pending
         wait_until("the VF change done, the node uncordoned", lambda: not kubectl_json(
             "get", "node", node)["spec"].get("unschedulable"), 180)
     finally:
