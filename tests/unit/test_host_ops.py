@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuk8s import sim
+from gpuk8s.ansible.harness import run_module
 from gpuk8s.core.errors import ConfigError
 from gpuk8s.core.payloads import NodePlatform, parse_sdk_image, select_sdk_image
 from gpuk8s.core.vfconfig import allowed_vfnums, check_node, parse_node_vfnums
@@ -187,6 +188,31 @@ def test_kill_9_after_loading_the_new_module_restores_the_old_driver_and_mode(
     assert leftovers(root) == [] and not (root / "opt/mxdriver/lib").exists()
     # modules.dep is the old files' again: the old module loads after a reboot too
     assert (root / f"lib/modules/{RELEASE}/modules.dep").read_text() == "extra/metax.ko:\n"
+
+
+def test_the_maintenance_playbooks_driver_task_rolls_back_a_killed_upgrade_then_installs(
+    tmp_path: Path,
+) -> None:
+    """After an operator uninstall no driver-manager is left to restart on the node;
+    playbooks/maintenance.yml's gpu_driver task (what the uninstall warning points to)
+    runs the same recovery first: the killed upgrade is rolled back, then the version
+    given is installed."""
+    root = tmp_path / "host"
+    sim.create(str(root), "c500-8")
+    kill_at(tmp_path, root, "load")
+    assert (root / drv.JOURNAL.lstrip("/")).exists()
+    result = run_module("gpu_driver", {
+        "host_root": str(root), "load_command": list(LOAD), "unload_command": list(UNLOAD),
+        "version": NEW, "payload": str(tmp_path / "payload" / "driver"),
+        "deploy_policy": "Always"})
+    assert result["changed"] and not result.get("failed"), result
+    assert result["before"]["loaded_version"] == OLD  # rolled back before the plan
+    assert discover(str(root)).driver.version == NEW
+    assert modprobe_log(root) == ["unload metax", f"load metax {NEW}", "unload metax",
+                                  f"load metax {OLD}", "unload metax", f"load metax {NEW}"]
+    assert leftovers(root) == []
+    assert not (root / drv.JOURNAL.lstrip("/")).exists()
+    assert not (root / drv.TRANSACTION.lstrip("/")).exists()
 
 
 def test_ownership_record_makes_the_driver_cloud_until_someone_replaces_it(

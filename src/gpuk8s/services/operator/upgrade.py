@@ -556,5 +556,7 @@ def cordon_at_uninstall(node: Mapping[str, Any]) -> tuple[bool, str]:
         return False, ""  # not started: the cordon is not the upgrade's
     return False, (f"left cordoned: its driver upgrade stopped in state {state}"
                    + (f" ({rec.message})" if rec.message else "")
-                   + "; the host's driver may have changed: check it (mx-smi), then "
+                   + "; the host's driver may have changed: check it (mx-smi; "
+                   "playbooks/maintenance.yml on this node rolls back an install left "
+                   "half-way and installs the version given), then "
                    f"`kubectl uncordon {meta.get('name', '')}`")
