@@ -17,6 +17,10 @@ description:
     alone, whatever its version; an installed O(version) that is not loaded is loaded);
     C(Always) converges to O(version) (install and reload unless it is both installed and
     running); C(Never) changes nothing and only reports.
+  - An install a killed run left behind (this module's or the operator's driver-manager's,
+    e.g. after an operator uninstall during a driver upgrade) is finished or rolled back
+    first; check mode reports it as a change (RV(recovered)), so node_maintenance's plan
+    does not skip such a node.
   - Refuses to unload while processes hold GPU devices open (C(/dev/dri/*),
     C(/dev/mxcd), ...) unless O(force=true) - drain the node first.
   - The payload is a directory laid out like the host (copied over O(host_root)), a
@@ -167,6 +171,14 @@ reason:
   returned: always
   type: str
   sample: installed 2.2.4, wanted 2.33.0.6
+recovered:
+  description:
+    - What was done first about a driver install a killed run left behind (the journal
+      under C(/var/lib/gpuk8s)), or in check mode what would be; empty when there was
+      none. Such a run counts as changed, and its actions start with C(recover).
+  returned: always
+  type: str
+  sample: "rolled back an interrupted driver install: the previous driver files were restored"
 payload_kind:
   description: Kind of payload used (null with deploy_policy Never).
   returned: always
@@ -217,7 +229,11 @@ def main():
         return module.run_command(argv)
 
     try:
-        if not module.check_mode:
+        # an install a killed run left (driver-manager's or this module's) comes first;
+        # check mode only says so: what follows is planned from the host as it is now
+        if module.check_mode:
+            recovered = drv.interrupted(root)
+        else:
             recovered = drv.recover(root, request, runner)
             if recovered:
                 module.warn(recovered)
@@ -232,11 +248,12 @@ def main():
         done = getattr(err, "outcome", None)
         module.fail_json(msg=str(err), actions=done.actions if done else [])
     result = dict(
-        changed=outcome.changed,
+        changed=outcome.changed or bool(recovered),
         before=outcome.before.to_dict(),
         after=outcome.after.to_dict(),
-        actions=outcome.actions,
+        actions=(["recover"] if recovered else []) + outcome.actions,
         reason=outcome.decision.reason,
+        recovered=recovered or "",
         payload_kind=outcome.kind,
     )
     if module._diff:

@@ -199,13 +199,22 @@ def test_the_maintenance_playbooks_driver_task_rolls_back_a_killed_upgrade_then_
     given is installed."""
     root = tmp_path / "host"
     sim.create(str(root), "c500-8")
+    assert drv.interrupted(str(root)) is None
     kill_at(tmp_path, root, "load")
     assert (root / drv.JOURNAL.lstrip("/")).exists()
-    result = run_module("gpu_driver", {
-        "host_root": str(root), "load_command": list(LOAD), "unload_command": list(UNLOAD),
-        "version": NEW, "payload": str(tmp_path / "payload" / "driver"),
-        "deploy_policy": "Always"})
+    args = {"host_root": str(root), "load_command": list(LOAD), "unload_command": list(UNLOAD),
+            "version": NEW, "payload": str(tmp_path / "payload" / "driver"),
+            "deploy_policy": "Always"}
+    # the role's plan (check mode): NEW runs, as wanted, but the install never committed;
+    # the plan says so, so the node is not skipped as "nothing to do"; nothing changes
+    plan = run_module("gpu_driver", args, check_mode=True)
+    assert plan["changed"] and plan["actions"][0] == "recover", plan
+    assert "interrupted" in plan["recovered"]
+    assert discover(str(root)).driver.version == NEW
+    assert (root / drv.JOURNAL.lstrip("/")).exists()
+    result = run_module("gpu_driver", args)
     assert result["changed"] and not result.get("failed"), result
+    assert result["actions"][0] == "recover" and "rolled back" in result["recovered"]
     assert result["before"]["loaded_version"] == OLD  # rolled back before the plan
     assert discover(str(root)).driver.version == NEW
     assert modprobe_log(root) == ["unload metax", f"load metax {NEW}", "unload metax",
@@ -213,6 +222,9 @@ def test_the_maintenance_playbooks_driver_task_rolls_back_a_killed_upgrade_then_
     assert leftovers(root) == []
     assert not (root / drv.JOURNAL.lstrip("/")).exists()
     assert not (root / drv.TRANSACTION.lstrip("/")).exists()
+    assert drv.interrupted(str(root)) is None
+    again = run_module("gpu_driver", args, check_mode=True)
+    assert not again["changed"] and again["recovered"] == "" and again["actions"] == []
 
 
 def test_ownership_record_makes_the_driver_cloud_until_someone_replaces_it(

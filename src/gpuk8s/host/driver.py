@@ -507,6 +507,19 @@ def recover(root: str, request: InstallRequest, runner: Runner) -> str | None:
     return "rolled back an interrupted driver install: " + _roll_back(root, request, runner)
 
 
+def interrupted(root: str) -> str | None:
+    """What ``recover`` would find, read only (check mode): a driver install a killed
+    process left behind (its transaction record or file journal; ``recover`` finishes
+    or rolls it back) or a payload it was unpacking; None when there is none."""
+    if (os.path.lexists(host_path(root, TRANSACTION))
+            or os.path.lexists(host_path(root, JOURNAL))):
+        return (f"a driver install was interrupted ({JOURNAL}): it is finished or rolled "
+                "back first")
+    if any(n.startswith(STAGING_PREFIX) for n in _listdir(host_path(root, STATE_DIR))):
+        return "an interrupted payload unpack is removed first"
+    return None
+
+
 def _listdir(path: str) -> list[str]:
     try:
         return sorted(os.listdir(path))
