@@ -265,3 +265,52 @@ def test_check_mode_of_an_upgrade_changes_nothing_and_waits_for_nothing(
     assert not cordoned and MARK not in annotations
     assert discover(str(node["root"])).driver.version == "2.32.0.6"
     assert not (node["root"] / "var/lib/gpuk8s-sim/modprobe.log").exists()
+
+
+class Killed(BaseException):
+    """kill -9 between the load and the commit: nothing of the installer's runs after it."""
+
+
+def test_an_upgrade_killed_before_its_commit_is_rolled_back_then_done(
+    apiserver: Any, node: dict[str, Any]
+) -> None:
+    """What an operator uninstall during a driver upgrade can leave on a host:
+    driver-manager gone with 2.33.0.6 loaded and nothing committed (the journal says what
+    to undo). The playbook towards that very version does not take the node for done:
+    its plan reports the install left behind, the run rolls it back (2.32.0.6 loads
+    again), upgrades as usual and gives the node back."""
+    from gpuk8s.discovery.tools import default_runner
+    from gpuk8s.host import driver as drv
+
+    name, root = node["name"], node["root"]
+    payload = node["tmp"] / "driver-2.33.0.6"
+    sim.write_payload("driver", "2.33.0.6", str(payload))
+    modprobe = (sys.executable, "{host_root}/usr/sbin/modprobe")
+    request = drv.InstallRequest(policy="Always", version="2.33.0.6", payload=str(payload),
+                                 load_command=(*modprobe, "{module}"),
+                                 unload_command=(*modprobe, "-r", "{module}"))
+
+    def killed_at_commit(step: str) -> None:
+        if step == "commit":
+            raise Killed
+
+    with pytest.raises(Killed):
+        drv.converge(str(root), request, default_runner, killed_at_commit)
+    assert discover(str(root)).driver.version == "2.33.0.6"
+    assert drv.interrupted(str(root)) is not None
+
+    run = driver_run(apiserver, node, "Always")
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "Nothing to do on " not in run.stdout
+    said = run.stdout + run.stderr  # the module's warning: Ansible prints it on stderr
+    assert "rolled back an interrupted driver install" in said, said[-4000:]
+    assert drv.interrupted(str(root)) is None
+    assert discover(str(root)).driver.version == "2.33.0.6"
+    log = (root / "var/lib/gpuk8s-sim/modprobe.log").read_text().splitlines()
+    assert log == ["unload metax", "load metax 2.33.0.6",  # the killed upgrade
+                   "unload metax", "load metax 2.32.0.6",  # rolled back
+                   "unload metax", "load metax 2.33.0.6"], log  # the playbook's upgrade
+    cordoned, annotations = state(apiserver, name)
+    assert not cordoned and MARK not in annotations
+    wait_for(lambda: labels(apiserver, name).get("metax-tech.com/gpu.installed") == "true",
+             "labels written again by gpu-label")
