@@ -227,6 +227,24 @@ def test_the_maintenance_playbooks_driver_task_rolls_back_a_killed_upgrade_then_
     assert not again["changed"] and again["recovered"] == "" and again["actions"] == []
 
 
+def test_check_mode_reports_what_recover_would_do_and_nothing_else(tmp_path: Path) -> None:
+    """``interrupted`` (check mode) and ``recover`` read the same leftovers: an unreadable
+    transaction record with no journal is nothing to recover for either (a plan that
+    said otherwise would report a change on every run)."""
+    root = tmp_path / "host"
+    sim.create(str(root), "c500-8")
+    record = root / drv.TRANSACTION.lstrip("/")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text("{not json")
+    assert drv.interrupted(str(root)) is None
+    assert drv.recover(str(root), drv.InstallRequest(), default_runner) is None
+    (root / drv.STATE_DIR.lstrip("/") / f"{drv.STAGING_PREFIX}x").mkdir()
+    assert drv.interrupted(str(root)) == "an interrupted payload unpack is removed first"
+    assert drv.recover(str(root), drv.InstallRequest(), default_runner) == (
+        "removed an interrupted payload unpack")
+    assert drv.interrupted(str(root)) is None
+
+
 def test_ownership_record_makes_the_driver_cloud_until_someone_replaces_it(
     tmp_path: Path,
 ) -> None:

@@ -487,37 +487,45 @@ def _commit(root: str, request: InstallRequest) -> None:
     files.remove(path)
 
 
+def _left_behind(root: str) -> tuple[str, list[str]]:
+    """What a process that died during ``converge`` left: ``"committed"`` (past the
+    commit point), ``"uncommitted"`` (a transaction record or file journal before it) or
+    ``""``; and the payload unpack directories left under ``STATE_DIR``. Reads only."""
+    stale = [n for n in _listdir(host_path(root, STATE_DIR)) if n.startswith(STAGING_PREFIX)]
+    record = files.read_json(host_path(root, TRANSACTION))
+    if isinstance(record, dict) and record.get("committed"):
+        return "committed", stale
+    if isinstance(record, dict) or os.path.lexists(host_path(root, JOURNAL)):
+        return "uncommitted", stale
+    return "", stale
+
+
 def recover(root: str, request: InstallRequest, runner: Runner) -> str | None:
     """Finish what a process that died during ``converge`` left: before the commit point
     the files, ``modules.dep``, the ownership record and the running module are put back
     as they were (the new module unloaded, the previous one loaded again); after it the
     backup is dropped. Returns what was done, None when nothing was."""
+    install, stale = _left_behind(root)
     state_dir = host_path(root, STATE_DIR)
-    stale = [n for n in _listdir(state_dir) if n.startswith(STAGING_PREFIX)]
     for name in stale:
         shutil.rmtree(os.path.join(state_dir, name), ignore_errors=True)
-    record = files.read_json(host_path(root, TRANSACTION))
-    journal = host_path(root, JOURNAL)
-    if isinstance(record, dict) and record.get("committed"):
-        files.commit(journal)
+    if install == "committed":
+        files.commit(host_path(root, JOURNAL))
         files.remove(host_path(root, TRANSACTION))
         return "finished committing an interrupted driver install"
-    if not isinstance(record, dict) and not os.path.lexists(journal):
+    if not install:
         return "removed an interrupted payload unpack" if stale else None
     return "rolled back an interrupted driver install: " + _roll_back(root, request, runner)
 
 
 def interrupted(root: str) -> str | None:
-    """What ``recover`` would find, read only (check mode): a driver install a killed
-    process left behind (its transaction record or file journal; ``recover`` finishes
-    or rolls it back) or a payload it was unpacking; None when there is none."""
-    if (os.path.lexists(host_path(root, TRANSACTION))
-            or os.path.lexists(host_path(root, JOURNAL))):
-        return (f"a driver install was interrupted ({JOURNAL}): it is finished or rolled "
-                "back first")
-    if any(n.startswith(STAGING_PREFIX) for n in _listdir(host_path(root, STATE_DIR))):
-        return "an interrupted payload unpack is removed first"
-    return None
+    """What ``recover`` would do, read only (check mode); None when it would do nothing."""
+    install, stale = _left_behind(root)
+    if install == "committed":
+        return "a driver install was interrupted after its commit point: it is finished first"
+    if install:
+        return f"a driver install was interrupted ({JOURNAL}): it is rolled back first"
+    return "an interrupted payload unpack is removed first" if stale else None
 
 
 def _listdir(path: str) -> list[str]:
