@@ -437,6 +437,21 @@ NV_TOPO = (
 )
 
 
+# nvidia-smi 580.159.04 on an H100 (the device machine, piped): the heading row is
+# underlined with ANSI escapes
+REAL_NV_TOPO_1GPU = (
+    "\t\x1b[4mGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+    "GPU0\t X \t0-15\t0\t\tN/A\n\nLegend:\n\n  X    = Self\n"
+)
+
+
+def test_parse_topo_matrix_reads_the_real_underlined_heading() -> None:
+    underlined = NV_TOPO.replace("\tGPU0", "\t\x1b[4mGPU0", 1).replace(
+        "GPU NUMA ID\n", "GPU NUMA ID\x1b[0m\n", 1)
+    assert metax.parse_topo_matrix(underlined) == {frozenset((0, 1))}
+    assert metax.parse_topo_matrix(REAL_NV_TOPO_1GPU) == set()
+
+
 def test_parse_topo_matrix() -> None:
     pairs = metax.parse_topo_matrix(REAL_TOPO)
     assert len(pairs) == 12
@@ -493,3 +508,22 @@ def test_runner_for_a_mounted_host_adds_vendor_libraries(tmp_path: Path) -> None
     rc, out, _ = runner_for(root)([str(probe)])
     assert rc == 0 and out.strip().split(":")[0] == os.path.join(root, "opt/maca/lib")
     assert runner_for("/") is default_runner
+
+
+def test_the_real_nvidia_smi_outputs_parse() -> None:
+    """What nvidia-smi 580.159.04 printed on an H100 (the device machine) for the queries
+    discovery and the nvidia-smi telemetry make; the third is under MPS (server + 2 clients)."""
+    rows = nvidia.parse_query("0, 00000000:00:06.0, NVIDIA H100 80GB HBM3, 81559, "
+                              "1652424049723, GPU-a28c422e-32c8-47ad-846f-d32ecde324c9\n")
+    assert rows["0000:00:06.0"]["name"] == "NVIDIA H100 80GB HBM3"
+    assert rows["0000:00:06.0"]["memory.total"] == "81559"
+    (load,) = nvidia.parse_load("00000000:00:06.0, 0, 0, 81559, 30, 70.98, 0, 0\n")
+    assert (load.address, load.utilization_ratio, load.memory_total_bytes, load.power_watts,
+            load.ecc_corrected) == ("0000:00:06.0", 0.0, 81559 * 1024 * 1024, 70.98, 0)
+    apps = nvidia.parse_compute_apps(
+        "00000000:00:06.0, 810, 66, nvidia-cuda-mps-server\n"
+        "00000000:00:06.0, 825, 714, /opt/torch/.venv/bin/python3\n"
+        "00000000:00:06.0, 824, 370, /opt/torch/.venv/bin/python3\n")
+    assert [(p.pid, p.memory_bytes) for p in apps] == [
+        (810, 66 * 1024 * 1024), (825, 714 * 1024 * 1024), (824, 370 * 1024 * 1024)]
+    assert nvidia.parse_compute_caps("00000000:00:06.0, 9.0\n") == {"0000:00:06.0": (9, 0)}

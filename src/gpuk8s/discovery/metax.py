@@ -73,6 +73,7 @@ _SECTION_RE = re.compile(
 _FIELD_RE = re.compile(r"^\s+(\S.*?)\s*:\s(.*)$")
 _PROCESS_RE = re.compile(r"^(\d+)\s+(\d+)\s+(.+?)\s+(\d+)$")
 _NUMBER_RE = re.compile(r"[-+]?\d+(\.\d+)?")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal styling a tool prints
 DMON_ARGS = ("dmon", "--show-temperature", "--show-board-power", "--show-usage", "--show-memory",
              "--total-memory", "--show-bdf", "--format", "csv", "-c", "1")
 
@@ -131,11 +132,13 @@ def parse_sections(text: str) -> dict[str, Section]:
 def parse_topo_matrix(text: str) -> set[frozenset[int]]:
     """Pairs of tool indices (``GPU<n>`` labels) whose matrix cell marks a link.
 
-    Works for ``mx-smi topo -m`` (``MX``) and ``nvidia-smi topo -m`` (``NV<n>``).
+    Works for ``mx-smi topo -m`` (``MX``) and ``nvidia-smi topo -m`` (``NV<n>``). The real
+    nvidia-smi underlines its heading row with ANSI escapes even when piped
+    (``\t\x1b[4mGPU0\tGPU1...\x1b[0m``); they are dropped before parsing.
     """
     columns: list[int] = []
     pairs: set[frozenset[int]] = set()
-    for line in text.splitlines():
+    for line in ANSI_ESCAPE.sub("", text).splitlines():
         tokens = line.split()
         if not tokens or not re.fullmatch(r"GPU\d+", tokens[0]):
             continue

@@ -164,7 +164,8 @@ def table(state: dict[str, Any], gpus: list[dict[str, Any]]) -> None:
     if not procs:
         print("|  No running processes found".ljust(90) + "|")
     for proc in procs:
-        print(f"|  {positions[proc['gpu']]:>3}   N/A  N/A  {proc['pid']:>9}      C   "
+        kind = "M+C" if proc.get("mps") else "C"  # an MPS client, as the real tool marks it
+        print(f"|  {positions[proc['gpu']]:>3}   N/A  N/A  {proc['pid']:>9}   {kind:>4}   "
               f"{(proc.get('name') or 'python3')[:40]:<40} {int(proc['memory_mib']):>8}MiB |")
     print("+" + "-" * 89 + "+")
 
@@ -236,8 +237,10 @@ def once(argv: list[str]) -> int:
                                       for n, g in enumerate(gpus)]) or rc
     if argv[:2] == ["topo", "-m"]:
         linked = {frozenset(p) for p in state["links"]}
-        print("\t" + "\t".join(f"GPU{n}" for n in range(len(gpus)))
-              + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID")
+        # the real tool underlines the heading with ANSI escapes, piped or not (seen with
+        # driver 580.159.04 on an H100)
+        print("\t\x1b[4m" + "\t".join(f"GPU{n}" for n in range(len(gpus)))
+              + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m")
         for n, a in enumerate(gpus):
             cells = []
             for b in gpus:
