@@ -109,6 +109,41 @@ def test_a_library_dir_named_only_by_the_ld_cache_is_found(tmp_path: Path) -> No
     assert f"/opt/nvidia/lib/libcuda.so.{VERSION}" in files.libraries
 
 
+def test_the_drivers_own_programs_are_bound_not_the_wrapper_scripts_on_path(
+        tmp_path: Path) -> None:
+    """The layout of the GPU machine this was checked on (driver 580.159.04): the driver in
+    /usr/local/nvidia/{lib64,bin}, and /usr/bin/nvidia-smi a shell script that execs the
+    real one. Bound alone, the script failed in the container ("/usr/local/nvidia/bin/
+    nvidia-smi: not found"); the spec now binds the driver's ELF program."""
+    root = str(tmp_path / "node")
+    sim.create(root, "nvidia-8")
+    driver = Path(root) / "usr/local/nvidia"
+    (driver / "lib64").mkdir(parents=True)
+    (driver / "bin").mkdir()
+    for entry in sorted(Path(root, LIB.lstrip("/")).iterdir()):
+        if "nvidia" in entry.name or "cuda" in entry.name or "nvcuvid" in entry.name:
+            shutil.move(str(entry), driver / "lib64" / entry.name)
+    for name in ("nvidia-smi", "nvidia-debugdump", "nvidia-cuda-mps-control"):
+        shutil.copy("/bin/true", driver / "bin" / name)  # an ELF executable
+        wrapper = Path(root) / "usr/bin" / name
+        wrapper.write_text(f'#!/bin/sh\nexec /usr/local/nvidia/bin/{name} "$@"\n')
+        wrapper.chmod(0o755)
+    files = nvidia.driver_files(root, VERSION)
+    assert files.library_dirs == ("/usr/local/nvidia/lib64",)
+    assert "/usr/local/nvidia/bin/nvidia-smi" in files.binaries
+    assert "/usr/local/nvidia/bin/nvidia-cuda-mps-control" in files.binaries
+    assert "/usr/bin/nvidia-smi" not in files.binaries
+    # a program that exists only as a script (the simulator's) is still bound
+    assert "/usr/bin/nvidia-persistenced" in files.binaries
+    # the driver's programs are also bound on the default PATH: a plain image (not a CUDA
+    # one, whose PATH has /usr/local/nvidia/bin) finds nvidia-smi too
+    mounts = {(m.host_path, m.container_path) for m in driver_edits(files, "/hook").mounts}
+    assert ("/usr/local/nvidia/bin/nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi") in mounts
+    assert ("/usr/local/nvidia/bin/nvidia-smi", "/usr/bin/nvidia-smi") in mounts
+    assert ("/usr/bin/nvidia-persistenced", "/usr/bin/nvidia-persistenced") in mounts
+    assert len([m for m in mounts if m[1] == "/usr/bin/nvidia-persistenced"]) == 1
+
+
 def test_driver_edits_mount_read_only_and_hook_with_the_toolkit_arguments(
     nvidia_sim_root: str,
 ) -> None:

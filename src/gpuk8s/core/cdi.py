@@ -27,6 +27,7 @@ make a spec invalid. Pure: stdlib only, no I/O (the wrapper passes ``stat``), Py
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -318,11 +319,22 @@ def driver_hooks(files: DriverFiles, hook_path: str) -> tuple[Hook, ...]:
     return tuple(hooks)
 
 
+# the PATH of a container whose image sets none (runc's, containerd's default)
+CONTAINER_PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin",
+                       "/bin")
+
+
 def driver_edits(files: DriverFiles, hook_path: str, host_prefix: str = "") -> ContainerEdits:
     """What every container on an NVIDIA node gets of the driver: the files read-only at
-    their host paths, the IPC sockets read-write (``noexec``) and the hooks."""
+    their host paths, the IPC sockets read-write (``noexec``) and the hooks. A program
+    outside the default PATH (``/usr/local/nvidia/bin/nvidia-smi``, which only CUDA images
+    put on their PATH) is also bound at ``/usr/bin/<name>``, so ``nvidia-smi`` runs in any
+    image."""
     mounts = [Mount(_host(host_prefix, p), p, True, DRIVER_MOUNT_OPTIONS)
               for p in (*files.libraries, *files.binaries, *files.firmware)]
+    mounts += [Mount(_host(host_prefix, p), f"/usr/bin/{posixpath.basename(p)}", True,
+                     DRIVER_MOUNT_OPTIONS)
+               for p in files.binaries if posixpath.dirname(p) not in CONTAINER_PATH_DIRS]
     mounts += [Mount(_host(host_prefix, p), p, False, IPC_MOUNT_OPTIONS) for p in files.ipc]
     return ContainerEdits(mounts=tuple(mounts), hooks=driver_hooks(files, hook_path))
 

@@ -559,13 +559,9 @@ def driver_files(root: str, version: str) -> DriverFiles:
                 links += _library_links(root, sub, name)
     bins = []
     for name in DRIVER_BINARIES:
-        for directory in BINARY_DIRS:
-            path = host_path(root, f"{directory}/{name}")
-            if os.path.isfile(path) and os.access(path, os.X_OK):
-                real = _real(root, f"{directory}/{name}")
-                if real is not None and real not in bins:
-                    bins.append(real)
-                break
+        real = _driver_program(root, name, dirs)
+        if real is not None and real not in bins:
+            bins.append(real)
     firmware = _firmware(root, version)
     ipc = []
     for socket_path in IPC_SOCKETS:
@@ -579,6 +575,37 @@ def driver_files(root: str, version: str) -> DriverFiles:
                  if os.access(host_path(root, f"{d}/{CDI_HOOK}"), os.X_OK)), None)
     return DriverFiles(version, tuple(libs), tuple(dict.fromkeys(links)), tuple(dirs),
                        tuple(bins), tuple(firmware), tuple(ipc), hook, tuple(problems))
+
+
+def _driver_program(root: str, name: str, lib_dirs: Sequence[str]) -> str | None:
+    """The driver's program ``name`` to bind into containers: looked for first in the
+    ``bin`` beside each driver library directory (``/usr/local/nvidia/lib64`` ->
+    ``/usr/local/nvidia/bin``), then in ``BINARY_DIRS``; an ELF executable is taken before a
+    script. A host may put a wrapper script on its PATH that execs the driver's real
+    program (``/usr/bin/nvidia-smi`` -> ``exec /usr/local/nvidia/bin/nvidia-smi``, seen on a
+    GPU machine with driver 580.159.04): bound alone into a container, such a script fails
+    with "not found". A script is used only when there is no ELF program of that name."""
+    dirs = [f"{os.path.dirname(d.rstrip('/'))}/bin" for d in lib_dirs] + list(BINARY_DIRS)
+    script = None
+    for directory in dict.fromkeys(dirs):
+        path = host_path(root, f"{directory}/{name}")
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            continue
+        real = _real(root, f"{directory}/{name}")
+        if real is None:
+            continue
+        if _is_elf(host_path(root, real)):
+            return real
+        script = script or real
+    return script
+
+
+def _is_elf(path: str) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"\x7fELF"
+    except OSError:
+        return False
 
 
 def _library_links(root: str, directory: str, name: str) -> list[tuple[str, str]]:
