@@ -861,7 +861,9 @@ def test_sim_refresh_brings_new_tools_into_an_old_root(tmp_path: Path) -> None:
 
 
 def test_nvml_lists_mps_clients(nvidia_root: str) -> None:
-    """Under MPS, NVML lists the client processes (the pods') apart from the compute ones."""
+    """Under MPS, NVML lists the client processes (the pods') in the MPS list and in the
+    compute list, and books their SM time to the MPS server's pid (as driver 580.159.04
+    does on an H100): a client's own utilisation is unknown (None), never 0."""
     sim.set_load(nvidia_root, 2, utilization=50, processes=[
         {"pid": 900, "memory_mib": 100, "utilization": 5},                      # MPS server
         {"pid": 901, "memory_mib": 300, "utilization": 30, "mps": True},
@@ -870,6 +872,20 @@ def test_nvml_lists_mps_clients(nvidia_root: str) -> None:
         got = NvmlReader(nvidia_root).read()
         on_gpu = [(p.pid, p.memory_bytes, p.utilization_ratio) for p in got.processes or ()
                   if p.address == "0000:05:00.0"]
-        assert on_gpu == [(900, 100 * MIB, 0.05), (901, 300 * MIB, 0.30), (902, 200 * MIB, 0.15)]
+        assert on_gpu == [(900, 100 * MIB, 0.5), (901, 300 * MIB, None), (902, 200 * MIB, None)]
+        # two pods holding the GPU through MPS: each gets an estimate, not the 0 % NVML
+        # gives their pids
+        inventory = discover(nvidia_root)
+        holdings = [ContainerDevices(A, "nvidia.com/mps-core", ("GPU-1::0",)),
+                    ContainerDevices(B, "nvidia.com/mps-core", ("GPU-2::1",))]
+        assigned = {("team-a", "train"): (2,), ("team-b", "serve"): (2,)}
+        owners: dict[int, ContainerRef | None] = {901: A, 902: B, 900: None}
+        usage = {u.container.namespace: u for u in attribute(
+            inventory, got, holdings, owners, {}, assigned=assigned).containers
+            if u.gpu.index == 2}
+        a, b = usage["team-a"], usage["team-b"]
+        assert (a.utilization_ratio, b.utilization_ratio) == (0.25, 0.25)
+        assert not a.utilization_exact and not b.utilization_exact
+        assert (a.memory_used_bytes, b.memory_used_bytes) == (300 * MIB, 200 * MIB)
     finally:
         sim.set_load(nvidia_root, 2, utilization=0, processes=[])

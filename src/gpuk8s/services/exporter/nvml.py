@@ -121,10 +121,12 @@ class NvmlReader:
         except nvml.NVMLError as err:
             problems.append(f"NVML {address} processes: {err}")
             return None
+        clients: set[int] = set()
         try:  # under MPS the clients (the pods' processes) are listed separately
             seen = {int(p.pid) for p in running}
-            running += [p for p in nvml.nvmlDeviceGetMPSComputeRunningProcesses(handle)
-                        if int(p.pid) not in seen]
+            listed = list(nvml.nvmlDeviceGetMPSComputeRunningProcesses(handle))
+            clients = {int(p.pid) for p in listed}  # also in the compute list (driver 580)
+            running += [p for p in listed if int(p.pid) not in seen]
         except nvml.NVMLError as err:
             if not isinstance(err, (nvml.NVMLError_NotSupported,
                                     nvml.NVMLError_FunctionNotFound)):
@@ -143,6 +145,11 @@ class NvmlReader:
             if not isinstance(err, nvml.NVMLError_NotSupported):
                 problems.append(f"NVML {address} process utilisation: {err}")
             busy = None
+        # NVML books the SM time of MPS clients to the MPS server's pid (seen with driver
+        # 580.159.04 on an H100: server 100 %, two busy clients 0 %): while no client has a
+        # sample of its own, a client's share is unknown, not 0 -- attribution estimates it
+        unmeasured = bool(clients) and busy is not None and not any(
+            busy.get(pid, 0.0) > 0 for pid in clients)
         out = []
         for proc in running:
             used = proc.usedGpuMemory
@@ -151,7 +158,8 @@ class NvmlReader:
                 pid=pid,
                 address=address,
                 memory_bytes=None if used is None else int(used),
-                utilization_ratio=None if busy is None else percent_to_ratio(busy.get(pid, 0.0)),
+                utilization_ratio=None if busy is None or (unmeasured and pid in clients)
+                else percent_to_ratio(busy.get(pid, 0.0)),
             ))
         return out
 

@@ -344,7 +344,9 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t handle, int error_type, in
     return NVML_SUCCESS;
 }
 
-/* Compute processes (mps = 0) or MPS client processes (mps = 1) of a GPU. */
+/* Compute processes (mps = 0: every process with a context, MPS clients included) or the
+ * MPS client processes (mps = 1) of a GPU -- as driver 580.159.04 lists them on an H100: the
+ * compute list held the MPS server and both clients, the MPS list the two clients. */
 static nvmlReturn_t processes(nvmlDevice_t handle, unsigned int mps, unsigned int *count,
                               nvmlProcessInfo_t *infos) {
     static struct table t;
@@ -355,7 +357,7 @@ static nvmlReturn_t processes(nvmlDevice_t handle, unsigned int mps, unsigned in
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     position = (unsigned int)(g - t.gpus);
     for (int i = 0; i < t.nprocs; i++) {
-        if (t.procs[i].gpu != position || t.procs[i].mps != mps) continue;
+        if (t.procs[i].gpu != position || (mps && !t.procs[i].mps)) continue;
         if (infos && found < *count) {
             infos[found].pid = t.procs[i].pid;
             infos[found].usedGpuMemory = t.procs[i].used;
@@ -399,13 +401,24 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t handle,
     gettimeofday(&now, NULL);
     stamp = (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_usec;
     position = (unsigned int)(g - t.gpus);
+    /* The SM time of MPS clients is booked to the MPS server (the GPU's first process that
+     * is not a client); the clients get no sample of their own (driver 580.159.04, H100:
+     * one sample, the server's, while two clients kept the GPU busy). */
+    unsigned int clients = 0;
+    int server = -1;
     for (int i = 0; i < t.nprocs; i++) {
         if (t.procs[i].gpu != position) continue;
+        if (t.procs[i].mps) clients += t.procs[i].sm_util;
+        else if (server < 0) server = i;
+    }
+    for (int i = 0; i < t.nprocs; i++) {
+        if (t.procs[i].gpu != position || t.procs[i].mps) continue;
         if (samples && found < *count) {
+            unsigned int sm = t.procs[i].sm_util + (i == server ? clients : 0);
             memset(&samples[found], 0, sizeof samples[found]);
             samples[found].pid = t.procs[i].pid;
             samples[found].timeStamp = stamp;
-            samples[found].smUtil = t.procs[i].sm_util;
+            samples[found].smUtil = sm > 100 ? 100 : sm;
         }
         found++;
     }
