@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -256,6 +257,36 @@ def sample_under(root: str, clients: list[subprocess.Popen[str]], exporter: Expo
             "samples": samples[-4:], "exporter": scraped,
             "nvidia_smi_process_lines": [line for line in out.splitlines()
                                          if "python" in line or "M+C" in line or " C " in line]}
+
+
+AS_POD = r"""
+import json, sys
+from gpuk8s.discovery import discover, telemetry
+from gpuk8s.services.exporter.nvml import NvmlReader
+inv = discover("/tmp/host")
+print(json.dumps({
+    "gpus": [[g.pci_address, g.name, g.memory_mib, g.uuid] for g in inv.gpus],
+    "cuda": None if inv.driver.cuda is None else str(inv.driver.cuda),
+    "problems": list(inv.problems),
+    "smi": [[s.address, s.memory_total_bytes] for s in telemetry("/tmp/host", "nvidia").gpus],
+    "nvml": [[s.address, s.memory_total_bytes] for s in NvmlReader("/tmp/host").read().gpus],
+}))
+"""
+
+
+def as_pod(root: str) -> dict[str, Any]:
+    """The services as they run in their pods: the host at /tmp/host (a recursive bind of
+    /), and the caller's own /usr/local/nvidia hidden (a pod has no driver of its own), so a
+    host tool that execs /usr/local/nvidia/... by its host path fails as it would there."""
+    if os.path.realpath(root) != "/":
+        return {"skipped": "only on a real host"}
+    script = ("mkdir -p /tmp/host && mount --rbind / /tmp/host && "
+              "mount -t tmpfs none /usr/local/nvidia && ls /usr/local/nvidia | wc -l && "
+              "{ /tmp/host/usr/bin/nvidia-smi -L; echo \"wrapper script: rc=$?\"; } && "
+              f"exec {shlex.quote(sys.executable)} -c {shlex.quote(AS_POD)}")
+    rc, out, err = sh(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                      timeout=120)
+    return {"rc": rc, "stdout": out[-4000:], "stderr": err[-3000:]}
 
 
 def raw_nvml() -> dict[str, Any]:
@@ -598,6 +629,7 @@ def main() -> int:
     run("facts", lambda: facts(root))
     run("product", lambda: product(root))
     run("nvml idle", lambda: nvml_read(root))
+    run("as a pod", lambda: as_pod(root))
     if "exporter" not in skip:
         exporter = Exporter(root, 19400)
         RESULT["exporter up"] = exporter.wait()

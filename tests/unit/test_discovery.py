@@ -527,3 +527,25 @@ def test_the_real_nvidia_smi_outputs_parse() -> None:
     assert [(p.pid, p.memory_bytes) for p in apps] == [
         (810, 66 * 1024 * 1024), (825, 714 * 1024 * 1024), (824, 370 * 1024 * 1024)]
     assert nvidia.parse_compute_caps("00000000:00:06.0, 9.0\n") == {"0000:00:06.0": (9, 0)}
+
+
+def test_a_mounted_host_s_tool_is_its_elf_program_not_a_wrapper_script(tmp_path: Path) -> None:
+    """Under /host, a wrapper script (/usr/bin/nvidia-smi -> exec /usr/local/nvidia/bin/
+    nvidia-smi, as on the H100 machine) would exec a path that is not in the pod; the
+    driver's ELF program is taken instead. A script alone is still used (the simulator's)."""
+    from gpuk8s.discovery.tools import find_tool
+
+    root = tmp_path / "host"
+    script = root / "usr/bin/nvidia-smi"
+    script.parent.mkdir(parents=True)
+    script.write_text('#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi "$@"\n')
+    script.chmod(0o755)
+    assert find_tool(str(root), "nvidia-smi", nvidia.NVSMI_CANDIDATES) == str(script)
+    real = root / "usr/local/nvidia/bin/nvidia-smi"
+    real.parent.mkdir(parents=True)
+    shutil.copy("/bin/true", real)
+    assert find_tool(str(root), "nvidia-smi", nvidia.NVSMI_CANDIDATES) == str(real)
+    # and its runner finds the driver's libnvidia-ml.so.1 beside it
+    (root / "usr/local/nvidia/lib64").mkdir()
+    rc, out, _ = runner_for(str(root))(["sh", "-c", "echo $LD_LIBRARY_PATH"])
+    assert rc == 0 and str(root / "usr/local/nvidia/lib64") in out.strip().split(":")

@@ -6,7 +6,8 @@ the PCI device-id table or else the first word of nvidia-smi's name after ``NVID
 NVLink pairs come from ``nvidia-smi topo -m`` (``NV<n>`` cells) and count as ``MX``
 links in the model. Device nodes are ``/dev/nvidia<minor>`` (minor from
 ``/proc/driver/nvidia/gpus/<bdf>/information``). The CUDA version the driver supports
-comes from NVML (``nvmlSystemGetCudaDriverVersion_v2`` through ``ctypes``, the host's
+comes from NVML (``nvmlSystemGetCudaDriverVersion_v2``, else the original call, through
+``ctypes``, the host's
 ``libnvidia-ml.so.1`` loaded by its full path under the root), and so does each GPU's CUDA
 compute capability (``nvmlDeviceGetCudaComputeCapability``; where NVML cannot say, from
 ``nvidia-smi --query-gpu=pci.bus_id,compute_cap``, a field nvidia-smi has since driver
@@ -29,7 +30,7 @@ from ..core.telemetry import MIB, GpuProcess, GpuSample, NodeTelemetry, percent_
 from . import libraries, sysfs
 from .kmodule import kernel_release
 from .metax import parse_topo_matrix
-from .tools import Runner, find_tool, host_path, run_tool
+from .tools import Runner, find_tool, host_path, is_elf, run_tool
 
 VENDOR = "nvidia"
 DRIVER_NAMES = frozenset({"nvidia"})
@@ -208,22 +209,41 @@ def nvml_info(root: str, addresses: Sequence[str] = ()) -> NvmlInfo:
             return NvmlInfo(problem=f"nvmlInit_v2 failed (NVML error {rc}): no CUDA driver "
                                     "version")
         try:
-            rc = lib.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(value))
+            rc, call = _cuda_driver_version(lib, value)
             for address in addresses:
                 found = _compute_capability(lib, address)
                 if found is not None:
                     compute[address] = found
         finally:
             lib.nvmlShutdown()
-    except AttributeError as err:  # an NVML too old for the call
+    except AttributeError as err:  # an NVML too old for the calls
         return NvmlInfo(compute=compute, problem=f"{NVML_SONAME} lacks {err}: no CUDA driver "
                                                  "version")
     finally:
         _unload(lib)
     if rc != 0 or value.value <= 0:
-        return NvmlInfo(compute=compute,
-                        problem=f"nvmlSystemGetCudaDriverVersion_v2 failed (NVML error {rc})")
+        return NvmlInfo(compute=compute, problem=f"{call} failed (NVML error {rc}): no CUDA "
+                                                 "driver version")
     return NvmlInfo(CudaVersion(value.value // 1000, (value.value % 1000) // 10), compute)
+
+
+def _cuda_driver_version(lib: ctypes.CDLL, value: ctypes.c_int) -> tuple[int, str]:
+    """(NVML return code, the call that gave it). ``_v2`` asks ``libcuda.so.1``, which a
+    service whose host is mounted at ``/host`` cannot load by soname: it fails there (NVML
+    error 6 with driver 580.159.04 on an H100, where the host itself got 13000); the
+    original call answers from NVML itself (13000 in the same place)."""
+    calls = [(c, getattr(lib, c, None)) for c in ("nvmlSystemGetCudaDriverVersion_v2",
+                                                   "nvmlSystemGetCudaDriverVersion")]
+    found = [(c, f) for c, f in calls if f is not None]
+    if not found:
+        raise AttributeError(calls[0][0])
+    rc, call = -1, found[0][0]
+    for name, function in found:
+        value.value = 0
+        rc, call = function(ctypes.byref(value)), name
+        if rc == 0 and value.value > 0:
+            break
+    return rc, call
 
 
 def _compute_capability(lib: ctypes.CDLL, address: str) -> tuple[int, int] | None:
@@ -594,18 +614,10 @@ def _driver_program(root: str, name: str, lib_dirs: Sequence[str]) -> str | None
         real = _real(root, f"{directory}/{name}")
         if real is None:
             continue
-        if _is_elf(host_path(root, real)):
+        if is_elf(host_path(root, real)):
             return real
         script = script or real
     return script
-
-
-def _is_elf(path: str) -> bool:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(4) == b"\x7fELF"
-    except OSError:
-        return False
 
 
 def _library_links(root: str, directory: str, name: str) -> list[tuple[str, str]]:

@@ -53,8 +53,11 @@ def runner_for(root: str) -> Runner:
     (``/host`` in a container) its vendor libraries are put on ``LD_LIBRARY_PATH``."""
     if os.path.realpath(root) == "/":
         return default_runner
-    # vendor libraries only: the host's libc must not leak into the container's loader
-    libs = [host_path(root, p) for p in ("/opt/mxdriver/lib", "/opt/maca/lib", "/opt/mxn100/lib")]
+    # vendor libraries only: the host's libc must not leak into the container's loader.
+    # /usr/local/nvidia/lib64 holds only the NVIDIA driver's (its nvidia-smi needs
+    # libnvidia-ml.so.1 from there on hosts that keep the driver in /usr/local/nvidia)
+    libs = [host_path(root, p) for p in ("/opt/mxdriver/lib", "/opt/maca/lib", "/opt/mxn100/lib",
+                                         "/usr/local/nvidia/lib64")]
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = ":".join(
         [p for p in libs if os.path.isdir(p)] + [v for v in [env.get("LD_LIBRARY_PATH")] if v]
@@ -67,14 +70,27 @@ def runner_for(root: str) -> Runner:
 
 
 def find_tool(root: str, name: str, candidates: Sequence[str]) -> str | None:
-    """First executable ``candidates`` entry under ``root``; on PATH only when root is /."""
-    for candidate in candidates:
-        path = host_path(root, candidate)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
+    """First executable ``candidates`` entry under ``root``; on PATH only when root is /.
+
+    Under a host mounted elsewhere (``/host``) an ELF program is taken before a script: a
+    host may put a wrapper script first on its PATH that execs the real program by its
+    absolute host path (``/usr/bin/nvidia-smi`` -> ``exec /usr/local/nvidia/bin/nvidia-smi``
+    on a GPU machine with driver 580.159.04), which does not exist in the caller's own
+    mount namespace. A script is still used when no candidate is ELF."""
+    found = [host_path(root, c) for c in candidates]
+    found = [p for p in found if os.path.isfile(p) and os.access(p, os.X_OK)]
     if os.path.realpath(root) == "/":
-        return shutil.which(name)
-    return None
+        return found[0] if found else shutil.which(name)
+    return next((p for p in found if is_elf(p)), found[0] if found else None)
+
+
+def is_elf(path: str) -> bool:
+    """An ELF file (a compiled program or library), not a script."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"\x7fELF"
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)

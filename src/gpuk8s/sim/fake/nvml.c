@@ -187,7 +187,8 @@ nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
 }
 
 /* The CUDA version the driver supports (12040 for 12.4), as in nvml.h. */
-nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
+/* The original call answers from NVML's own knowledge of the driver. */
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
     static struct table t;
     nvmlReturn_t rc;
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
@@ -197,8 +198,18 @@ nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
     *version = t.cuda;
     return NVML_SUCCESS;
 }
-nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
-    return nvmlSystemGetCudaDriverVersion_v2(version);
+
+/* _v2 asks libcuda.so.1, loaded by soname: where the caller's loader cannot find it (a
+ * service with the host mounted at /host) it fails with NVML_ERROR_NOT_FOUND, as the real
+ * library did with driver 580.159.04 on an H100. */
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
+    void *cuda;
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    cuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!cuda) return NVML_ERROR_NOT_FOUND;
+    dlclose(cuda);
+    return nvmlSystemGetCudaDriverVersion(version);
 }
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
