@@ -274,6 +274,30 @@ print(json.dumps({
 """
 
 
+AS_POD_MPS = r"""
+import json, os, subprocess, sys
+from gpuk8s.discovery import discover
+from gpuk8s.host.mps import MpsDaemons, MpsSettings, pipe_directory
+uuid = discover("/tmp/host").gpus[0].uuid
+settings = MpsSettings(host_root="/tmp/host", mps_dir="/run/gpuk8s-pod-mps")
+daemons = MpsDaemons(settings)
+out = {"tool": daemons.tool(), "pass": daemons.reconcile([uuid]).summary()}
+env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+env.update(CUDA_MPS_PIPE_DIRECTORY=pipe_directory(settings.mps_dir, uuid),
+           CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=2048M",
+           LD_LIBRARY_PATH="/tmp/host/usr/local/nvidia/lib64")
+for mib in ("1024", "3072"):
+    run = subprocess.run([sys.argv[1], "alloc", mib], env=env, capture_output=True, text=True,
+                         timeout=30)
+    out["alloc " + mib] = (run.returncode, run.stdout[-300:], run.stderr[-300:])
+log = settings.mps_dir + "/" + uuid + "/log"
+out["logs"] = {n: open(os.path.join(log, n)).read()[-1500:] for n in os.listdir(log)
+               if n.endswith(".log")} if os.path.isdir(log) else None
+out["stop"] = daemons.reconcile([]).summary()
+print(json.dumps(out))
+"""
+
+
 def as_pod(root: str) -> dict[str, Any]:
     """The services as they run in their pods: the host at /tmp/host (a recursive bind of
     /), and the caller's own /usr/local/nvidia hidden (a pod has no driver of its own), so a
@@ -283,10 +307,12 @@ def as_pod(root: str) -> dict[str, Any]:
     script = ("mkdir -p /tmp/host && mount --rbind / /tmp/host && "
               "mount -t tmpfs none /usr/local/nvidia && ls /usr/local/nvidia | wc -l && "
               "{ /tmp/host/usr/bin/nvidia-smi -L; echo \"wrapper script: rc=$?\"; } && "
-              f"exec {shlex.quote(sys.executable)} -c {shlex.quote(AS_POD)}")
+              f"{shlex.quote(sys.executable)} -c {shlex.quote(AS_POD)}; "
+              f"exec {shlex.quote(sys.executable)} -c {shlex.quote(AS_POD_MPS)} "
+              f"{shlex.quote(os.path.join(os.environ['GPUK8S_DEVICE_TOOLS'], 'cuda_probe'))}")
     rc, out, err = sh(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                      timeout=120)
-    return {"rc": rc, "stdout": out[-4000:], "stderr": err[-3000:]}
+                      timeout=150)
+    return {"rc": rc, "stdout": out[-8000:], "stderr": err[-3000:]}
 
 
 def raw_nvml() -> dict[str, Any]:

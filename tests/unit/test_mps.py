@@ -264,3 +264,43 @@ def gone_now(pid: int) -> bool:
     except OSError:
         return True
     return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+
+
+def test_under_a_mounted_host_the_daemon_finds_the_drivers_libraries(nvidia_sim_root: str,
+                                                                       mps_dir: str) -> None:
+    """gpu-mps reads the host at /host: the host's daemon needs libcuda.so.1 by soname (the
+    real one exited 244 without it in a pod-like namespace, as the simulator's now does).
+    A driver sharing its directory with the host's libc (the simulator's .run layout) is
+    linked into <mps dir>/driver-lib; a driver directory of its own goes on
+    LD_LIBRARY_PATH as it is (/usr/local/nvidia/lib64, as on the H100 machine)."""
+    daemons = MpsDaemons(MpsSettings(nvidia_sim_root, mps_dir))
+    (uuid,) = uuids(nvidia_sim_root, 1)
+    result = daemons.reconcile([uuid])
+    assert result.failed == {} and result.started == [uuid]
+    env = environ(result.running[uuid])
+    assert env["LD_LIBRARY_PATH"].split(":")[0] == f"{mps_dir}/driver-lib"
+    assert env["PATH"].split(":")[0] == f"{nvidia_sim_root}/usr/bin"
+    farm = Path(mps_dir, "driver-lib")
+    assert os.readlink(farm / "libcuda.so.1") == (
+        f"{nvidia_sim_root}/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
+    assert not any(p.name.startswith("libc.") for p in farm.iterdir())  # the driver's only
+    assert daemons.reconcile([]).stopped == [uuid]
+
+
+def test_a_driver_directory_of_its_own_goes_on_the_library_path(tmp_path: Path,
+                                                                mps_dir: str) -> None:
+    root = str(tmp_path / "node")
+    sim.create(root, "nvidia-8")
+    lib = "usr/lib/x86_64-linux-gnu"
+    own = Path(root, "usr/local/nvidia/lib64")
+    own.mkdir(parents=True)
+    for entry in sorted(Path(root, lib).iterdir()):
+        if "nvidia" in entry.name or "cuda" in entry.name or "nvcuvid" in entry.name:
+            shutil.move(str(entry), own / entry.name)
+    daemons = MpsDaemons(MpsSettings(root, mps_dir))
+    (uuid,) = uuids(root, 1)
+    assert daemons.env(uuid)["LD_LIBRARY_PATH"].split(":")[0] == str(own)
+    assert not Path(mps_dir, "driver-lib").exists()
+    result = daemons.reconcile([uuid])
+    assert result.failed == {} and result.started == [uuid]
+    assert daemons.reconcile([]).stopped == [uuid]

@@ -48,19 +48,26 @@ def default_runner(
     return proc.returncode, proc.stdout, proc.stderr
 
 
+# Directories that hold only a GPU vendor's libraries: safe on LD_LIBRARY_PATH for a host
+# program run from a container (the host's libc must not meet the container's loader).
+# /usr/local/nvidia/lib64: the NVIDIA driver where it is kept in /usr/local/nvidia.
+VENDOR_LIB_DIRS = ("/opt/mxdriver/lib", "/opt/maca/lib", "/opt/mxn100/lib",
+                   "/usr/local/nvidia/lib64")
+
+
+def vendor_library_dirs(root: str) -> list[str]:
+    """``VENDOR_LIB_DIRS`` that exist under ``root``, as paths under it."""
+    return [p for p in (host_path(root, d) for d in VENDOR_LIB_DIRS) if os.path.isdir(p)]
+
+
 def runner_for(root: str) -> Runner:
     """The default runner for tools under ``root``: when the host is mounted elsewhere
     (``/host`` in a container) its vendor libraries are put on ``LD_LIBRARY_PATH``."""
     if os.path.realpath(root) == "/":
         return default_runner
-    # vendor libraries only: the host's libc must not leak into the container's loader.
-    # /usr/local/nvidia/lib64 holds only the NVIDIA driver's (its nvidia-smi needs
-    # libnvidia-ml.so.1 from there on hosts that keep the driver in /usr/local/nvidia)
-    libs = [host_path(root, p) for p in ("/opt/mxdriver/lib", "/opt/maca/lib", "/opt/mxn100/lib",
-                                         "/usr/local/nvidia/lib64")]
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = ":".join(
-        [p for p in libs if os.path.isdir(p)] + [v for v in [env.get("LD_LIBRARY_PATH")] if v]
+        vendor_library_dirs(root) + [v for v in [env.get("LD_LIBRARY_PATH")] if v]
     )
 
     def run(argv: list[str]) -> tuple[int, str, str]:

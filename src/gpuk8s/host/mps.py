@@ -24,6 +24,7 @@ Stdlib only, Python 3.8+ (the ``host`` package is shipped to hosts by Ansible).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -44,7 +45,10 @@ from ..core.sharing import (
     mps_log_dir,
     mps_pipe_dir,
 )
-from ..discovery.tools import find_tool
+from ..discovery import nvidia
+from ..discovery.libraries import elf_soname
+from ..discovery.sysfs import read_text
+from ..discovery.tools import find_tool, host_path, vendor_library_dirs
 from .files import read_json, write_json
 
 log = logging.getLogger("gpuk8s.mps")
@@ -102,6 +106,17 @@ def run_command(argv: list[str], env: dict[str, str], stdin: str, timeout: float
     except OSError as err:
         return 127, "", str(err)
     return proc.returncode, proc.stdout, proc.stderr
+
+
+def _link(target: str, path: str) -> None:
+    """``path`` -> ``target``, replaced atomically when it points elsewhere."""
+    if os.path.islink(path) and os.readlink(path) == target:
+        return
+    temporary = f"{path}.tmp{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(temporary)
+    os.symlink(target, temporary)
+    os.replace(temporary, path)
 
 
 def _alive(pid: int) -> bool:
@@ -181,6 +196,47 @@ class MpsDaemons:
         env["CUDA_VISIBLE_DEVICES"] = uuid
         env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_directory(self.settings.mps_dir, uuid)
         env["CUDA_MPS_LOG_DIRECTORY"] = log_directory(self.settings.mps_dir, uuid)
+        env.update(self._host_driver_env())
+        return env
+
+    def _host_driver_env(self) -> dict[str, str]:
+        """With the host mounted elsewhere (``/host`` in gpu-mps' pod) the host's daemon
+        cannot load ``libcuda.so.1`` by soname: on a real H100 (driver 580.159.04, kept in
+        ``/usr/local/nvidia``) ``nvidia-cuda-mps-control -d`` exited 244 that way, and
+        started with the driver's directory under the mounted root on
+        ``LD_LIBRARY_PATH``. Directories holding only the driver's libraries go there as
+        they are (``discovery.tools.VENDOR_LIB_DIRS``); a driver in a directory shared with
+        the host's libc (``/usr/lib/x86_64-linux-gnu``) gets its libraries linked, by
+        soname and by name, into ``<mps dir>/driver-lib`` instead. The tool's directory
+        goes first on ``PATH``."""
+        root = self.settings.host_root
+        tool = self.tool()
+        if os.path.realpath(root) == "/" or tool is None:
+            return {}
+        env = {"PATH": os.pathsep.join([os.path.dirname(tool),
+                                        self.base_env.get("PATH", os.defpath)])}
+        dirs = vendor_library_dirs(root)
+        version = (read_text(host_path(root, f"{nvidia.MODULE_DIR}/version")) or "").strip()
+        shared = [d for d in (nvidia.driver_library_dirs(root, version) if version else [])
+                  if host_path(root, d) not in dirs]
+        if shared:
+            farm = os.path.join(self.settings.mps_dir, "driver-lib")
+            try:
+                os.makedirs(farm, exist_ok=True)
+                for library in nvidia.driver_files(root, version).libraries:
+                    if os.path.dirname(library) not in shared:
+                        continue
+                    target = host_path(root, library)
+                    for name in {os.path.basename(library), elf_soname(target)}:
+                        if name:
+                            _link(target, os.path.join(farm, name))
+                dirs.append(farm)
+            except OSError as err:
+                log.warning("cannot link the driver's libraries for the MPS daemons",
+                            extra={"dir": farm, "error": str(err)})
+        previous = self.base_env.get("LD_LIBRARY_PATH")
+        if dirs:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(dirs + ([previous] if previous else []))
         return env
 
     def recorded(self) -> dict[str, dict[str, object]]:

@@ -3,8 +3,10 @@
 
 Standalone (stdlib only). Behaves like the real control program for what gpuk8s uses:
 
-* ``nvidia-cuda-mps-control -d``: daemonises (the command returns once the daemon is
-  up) and serves the pipe directory ``$CUDA_MPS_PIPE_DIRECTORY`` (default
+* ``nvidia-cuda-mps-control -d``: exits 244 when ``libcuda.so.1`` cannot be loaded by
+  soname (as the real one did in a pod-like mount namespace); else daemonises (the
+  command returns once the daemon is up) and serves the pipe directory
+  ``$CUDA_MPS_PIPE_DIRECTORY`` (default
   ``/tmp/nvidia-mps``): the ``control`` socket, ``control_lock``, the ``log`` FIFO and
   ``nvidia-cuda-mps-control.pid``; it logs to ``$CUDA_MPS_LOG_DIRECTORY/control.log``
   (default ``/var/log/nvidia-mps``). A second ``-d`` on the same pipe directory fails.
@@ -124,8 +126,24 @@ def serve(server: socket.socket, directory: str) -> None:
     log("Exit")
 
 
+def driver_loadable() -> bool:
+    """The real daemon links ``libcuda.so.1``: started where the loader cannot find it (a
+    pod with the host at /host and no LD_LIBRARY_PATH for the driver), it exited 244 on an
+    H100 with driver 580.159.04, and started with the driver's directory on it."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
 def daemon() -> int:
     directory = pipe_dir()
+    if not driver_loadable():
+        print("libcuda.so.1: cannot open shared object file", file=sys.stderr)
+        return 244
     if running_pid(directory) is not None:
         print("An instance of this daemon is already running", file=sys.stderr)
         return 1
