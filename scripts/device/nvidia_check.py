@@ -12,9 +12,12 @@ the others still run. What it writes under ``--out``:
 * ``cdi.json``: the CDI spec container-runtime wrote and ``nvidia-ctk cdi generate``'s.
 
 Steps: host facts; the product's discovery, labels, host checks and telemetry (nvidia-smi
-and NVML); gpu-exporter as a process; the CDI spec and a container through the runtime
-wrapper and runc; MPS through gpu-mps and the device plugin's environment, on the host and
-in containers; NVML's per-process attribution under load, without and with MPS.
+and NVML); the same as the services run in a pod (the host bound at /tmp/host, the
+process's own /usr/local/nvidia hidden), gpu-mps' daemons included; gpu-exporter as a
+process; the CDI spec against ``nvidia-ctk cdi generate``, a container through the runtime
+wrapper and runc, and the nvidia_container_check module's code; MPS through gpu-mps and
+the device plugin's environment, on the host and in containers; NVML's per-process
+attribution under load, without and with MPS. ``--skip`` leaves steps out by name.
 """
 
 from __future__ import annotations
