@@ -189,11 +189,29 @@ def test_nvidia_8(tmp_path: Path) -> None:
 
 def test_nvidia_without_nvidia_smi(tmp_path: Path) -> None:
     root = make(tmp_path, "nvidia-8")
+    uuids = [g["uuid"] for g in sim.state(root)["gpus"]]
     os.unlink(os.path.join(root, "usr/bin/nvidia-smi"))
     inv = discover(root)
     assert len(inv.gpus) == 8 and inv.gpus[0].product == "H100"
-    assert inv.gpus[0].memory_mib is None and inv.links == frozenset()
+    assert inv.links == frozenset() and inv.gpus[0].serial is None
+    # name, memory and UUID from NVML (loaded by its full path under the root)
+    assert [g.uuid for g in inv.gpus] == uuids
+    assert {(g.name, g.memory_mib) for g in inv.gpus} == {("NVIDIA H100 80GB HBM3", 81559)}
     assert any("nvidia-smi not found" in p for p in inv.problems)
+
+
+def test_a_pods_nvidia_smi_that_cannot_load_nvml_is_stood_in_for(tmp_path: Path) -> None:
+    """A pod reading a host whose driver shares /usr/lib/x86_64-linux-gnu with the host's
+    libc: the host's nvidia-smi cannot load libnvidia-ml.so.1 (what the real one printed on
+    the H100 machine when the library was out of reach); NVML by full path answers."""
+    root = make(tmp_path, "nvidia-8")
+    tool = Path(root, "usr/bin/nvidia-smi")
+    tool.write_text("#!/bin/sh\necho \"NVIDIA-SMI couldn't find libnvidia-ml.so library in "
+                    "your system.\"\nexit 12\n")
+    inv = discover(root)
+    assert {g.memory_mib for g in inv.gpus} == {81559}
+    assert all(g.uuid and g.uuid.startswith("GPU-") for g in inv.gpus)
+    assert any("nvidia-smi" in p for p in inv.problems)  # still said
 
 
 def test_inventory_json_ready(tmp_path: Path) -> None:

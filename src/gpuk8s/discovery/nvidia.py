@@ -148,7 +148,8 @@ def query(root: str, runner: Runner | None) -> tuple[dict[str, dict[str, str]], 
     """(rows by address, unreachable GPUs by address, problem)."""
     tool = find_tool(root, "nvidia-smi", NVSMI_CANDIDATES)
     if tool is None:
-        return {}, {}, "nvidia-smi not found: no memory, serial, uuid or NVLink data"
+        return {}, {}, ("nvidia-smi not found: no serial or NVLink data (name, memory and "
+                        "UUID from NVML where it answers)")
     result = run_tool(runner, [tool, f"--query-gpu={','.join(QUERY_FIELDS)}",
                                "--format=csv,noheader,nounits"])
     rows = parse_query(result.stdout)
@@ -189,6 +190,9 @@ class NvmlInfo:
     cuda: CudaVersion | None = None
     compute: dict[str, tuple[int, int]] = field(default_factory=dict)
     problem: str | None = None
+    # address -> the --query-gpu fields NVML also has (name, memory.total in MiB, uuid), as
+    # nvidia-smi prints them: they stand in where nvidia-smi does not answer
+    rows: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def nvml_info(root: str, addresses: Sequence[str] = ()) -> NvmlInfo:
@@ -203,6 +207,7 @@ def nvml_info(root: str, addresses: Sequence[str] = ()) -> NvmlInfo:
         return NvmlInfo(problem=f"cannot load {NVML_SONAME}: {err}")
     value = ctypes.c_int(0)
     compute: dict[str, tuple[int, int]] = {}
+    rows: dict[str, dict[str, str]] = {}
     try:
         rc = lib.nvmlInit_v2()
         if rc != 0:
@@ -214,17 +219,49 @@ def nvml_info(root: str, addresses: Sequence[str] = ()) -> NvmlInfo:
                 found = _compute_capability(lib, address)
                 if found is not None:
                     compute[address] = found
+                facts = _device_row(lib, address)
+                if facts:
+                    rows[address] = facts
         finally:
             lib.nvmlShutdown()
     except AttributeError as err:  # an NVML too old for the calls
-        return NvmlInfo(compute=compute, problem=f"{NVML_SONAME} lacks {err}: no CUDA driver "
-                                                 "version")
+        return NvmlInfo(compute=compute, rows=rows,
+                        problem=f"{NVML_SONAME} lacks {err}: no CUDA driver version")
     finally:
         _unload(lib)
     if rc != 0 or value.value <= 0:
-        return NvmlInfo(compute=compute, problem=f"{call} failed (NVML error {rc}): no CUDA "
-                                                 "driver version")
-    return NvmlInfo(CudaVersion(value.value // 1000, (value.value % 1000) // 10), compute)
+        return NvmlInfo(compute=compute, rows=rows,
+                        problem=f"{call} failed (NVML error {rc}): no CUDA driver version")
+    return NvmlInfo(CudaVersion(value.value // 1000, (value.value % 1000) // 10), compute,
+                    rows=rows)
+
+
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                ("used", ctypes.c_ulonglong)]
+
+
+def _device_row(lib: ctypes.CDLL, address: str) -> dict[str, str]:
+    """Name, total memory (MiB) and UUID of the GPU at ``address`` from NVML, as
+    nvidia-smi's ``--query-gpu`` prints them. In a pod reading a host whose driver shares
+    ``/usr/lib/x86_64-linux-gnu`` with the host's libc, the host's nvidia-smi cannot load
+    ``libnvidia-ml.so.1`` (that directory is never put on its ``LD_LIBRARY_PATH``), while
+    NVML, loaded here by its full path, answers."""
+    handle = ctypes.c_void_p()
+    get_handle = getattr(lib, "nvmlDeviceGetHandleByPciBusId_v2", None)
+    if get_handle is None or get_handle(address.encode(), ctypes.byref(handle)) != 0:
+        return {}
+    row: dict[str, str] = {}
+    for key, call in (("name", "nvmlDeviceGetName"), ("uuid", "nvmlDeviceGetUUID")):
+        function = getattr(lib, call, None)
+        text = ctypes.create_string_buffer(96)
+        if function is not None and function(handle, text, ctypes.c_uint(96)) == 0 and text.value:
+            row[key] = text.value.decode(errors="replace")
+    memory = _NvmlMemory()
+    get_memory = getattr(lib, "nvmlDeviceGetMemoryInfo", None)
+    if get_memory is not None and get_memory(handle, ctypes.byref(memory)) == 0 and memory.total:
+        row["memory.total"] = str(memory.total // (1024 * 1024))
+    return row
 
 
 def _cuda_driver_version(lib: ctypes.CDLL, value: ctypes.c_int) -> tuple[int, str]:
@@ -322,7 +359,7 @@ def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = 
 
     gpus: list[Gpu] = []
     for index, dev in enumerate(gpus_pci):
-        row = rows.get(dev.address, {})
+        row = {**nvml.rows.get(dev.address, {}), **rows.get(dev.address, {})}
         product = DEVICE_IDS.get(dev.device_id or 0) or _product_from_name(row.get("name"))
         if product is None:
             product = f"unknown-0x{dev.device_id or 0:04x}"
