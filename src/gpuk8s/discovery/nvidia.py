@@ -216,10 +216,13 @@ def nvml_info(root: str, addresses: Sequence[str] = ()) -> NvmlInfo:
         try:
             rc, call = _cuda_driver_version(lib, value)
             for address in addresses:
-                found = _compute_capability(lib, address)
+                handle = _device_handle(lib, address)
+                if handle is None:
+                    continue
+                found = _compute_capability(lib, handle)
                 if found is not None:
                     compute[address] = found
-                facts = _device_row(lib, address)
+                facts = _device_row(lib, handle)
                 if facts:
                     rows[address] = facts
         finally:
@@ -241,16 +244,21 @@ class _NvmlMemory(ctypes.Structure):
                 ("used", ctypes.c_ulonglong)]
 
 
-def _device_row(lib: ctypes.CDLL, address: str) -> dict[str, str]:
-    """Name, total memory (MiB) and UUID of the GPU at ``address`` from NVML, as
-    nvidia-smi's ``--query-gpu`` prints them. In a pod reading a host whose driver shares
-    ``/usr/lib/x86_64-linux-gnu`` with the host's libc, the host's nvidia-smi cannot load
-    ``libnvidia-ml.so.1`` (that directory is never put on its ``LD_LIBRARY_PATH``), while
-    NVML, loaded here by its full path, answers."""
+def _device_handle(lib: ctypes.CDLL, address: str) -> ctypes.c_void_p | None:
+    """NVML's handle of the GPU at PCI ``address``; None when NVML has no such GPU or call."""
     handle = ctypes.c_void_p()
     get_handle = getattr(lib, "nvmlDeviceGetHandleByPciBusId_v2", None)
     if get_handle is None or get_handle(address.encode(), ctypes.byref(handle)) != 0:
-        return {}
+        return None
+    return handle
+
+
+def _device_row(lib: ctypes.CDLL, handle: ctypes.c_void_p) -> dict[str, str]:
+    """Name, total memory (MiB) and UUID of the GPU from NVML, as nvidia-smi's
+    ``--query-gpu`` prints them. In a pod reading a host whose driver shares
+    ``/usr/lib/x86_64-linux-gnu`` with the host's libc, the host's nvidia-smi cannot load
+    ``libnvidia-ml.so.1`` (that directory is never put on its ``LD_LIBRARY_PATH``), while
+    NVML, loaded here by its full path, answers."""
     row: dict[str, str] = {}
     for key, call in (("name", "nvmlDeviceGetName"), ("uuid", "nvmlDeviceGetUUID")):
         function = getattr(lib, call, None)
@@ -260,7 +268,7 @@ def _device_row(lib: ctypes.CDLL, address: str) -> dict[str, str]:
     memory = _NvmlMemory()
     get_memory = getattr(lib, "nvmlDeviceGetMemoryInfo", None)
     if get_memory is not None and get_memory(handle, ctypes.byref(memory)) == 0 and memory.total:
-        row["memory.total"] = str(memory.total // (1024 * 1024))
+        row["memory.total"] = str(memory.total // MIB)
     return row
 
 
@@ -283,14 +291,10 @@ def _cuda_driver_version(lib: ctypes.CDLL, value: ctypes.c_int) -> tuple[int, st
     return rc, call
 
 
-def _compute_capability(lib: ctypes.CDLL, address: str) -> tuple[int, int] | None:
-    handle = ctypes.c_void_p()
+def _compute_capability(lib: ctypes.CDLL, handle: ctypes.c_void_p) -> tuple[int, int] | None:
     major, minor = ctypes.c_int(0), ctypes.c_int(0)
-    get_handle = getattr(lib, "nvmlDeviceGetHandleByPciBusId_v2", None)
     get_cc = getattr(lib, "nvmlDeviceGetCudaComputeCapability", None)
-    if get_handle is None or get_cc is None:
-        return None
-    if get_handle(address.encode(), ctypes.byref(handle)) != 0:
+    if get_cc is None:
         return None
     if get_cc(handle, ctypes.byref(major), ctypes.byref(minor)) != 0 or major.value <= 0:
         return None

@@ -38,6 +38,16 @@ def atomic_write(path: str, text: str, mode: int = 0o644) -> None:
         raise HostFileError(f"writing {path} failed: {err.strerror or err}") from err
 
 
+def atomic_symlink(target: str, path: str) -> None:
+    """Make ``path`` a symlink to ``target`` in one rename (readers see the old link or the
+    new one, never none). Raises ``OSError``."""
+    tmp = f"{path}.gpuk8s-new"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, path)
+
+
 def read_json(path: str) -> Any:
     """Decoded JSON of ``path``; None when it does not exist or is not valid JSON."""
     try:

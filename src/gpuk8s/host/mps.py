@@ -24,7 +24,6 @@ Stdlib only, Python 3.8+ (the ``host`` package is shipped to hosts by Ansible).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -49,7 +48,7 @@ from ..discovery import nvidia
 from ..discovery.libraries import elf_soname
 from ..discovery.sysfs import read_text
 from ..discovery.tools import find_tool, host_path, vendor_library_dirs
-from .files import read_json, write_json
+from .files import atomic_symlink, read_json, write_json
 
 log = logging.getLogger("gpuk8s.mps")
 
@@ -106,17 +105,6 @@ def run_command(argv: list[str], env: dict[str, str], stdin: str, timeout: float
     except OSError as err:
         return 127, "", str(err)
     return proc.returncode, proc.stdout, proc.stderr
-
-
-def _link(target: str, path: str) -> None:
-    """``path`` -> ``target``, replaced atomically when it points elsewhere."""
-    if os.path.islink(path) and os.readlink(path) == target:
-        return
-    temporary = f"{path}.tmp{os.getpid()}"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(temporary)
-    os.symlink(target, temporary)
-    os.replace(temporary, path)
 
 
 def _alive(pid: int) -> bool:
@@ -180,6 +168,8 @@ class MpsDaemons:
         self.command: Command = command or run_command
         self.base_env = dict(os.environ if base_env is None else base_env)
         self._known: dict[str, int] = {}  # what this process has seen running
+        # (tool, driver version) -> the daemons' driver environment (_host_driver_env)
+        self._driver_env: dict[tuple[str, str], dict[str, str]] = {}
 
     # -- paths and state -------------------------------------------------------
     @property
@@ -213,10 +203,14 @@ class MpsDaemons:
         tool = self.tool()
         if os.path.realpath(root) == "/" or tool is None:
             return {}
+        version = (read_text(host_path(root, f"{nvidia.MODULE_DIR}/version")) or "").strip()
+        cached = self._driver_env.get((tool, version))
+        if cached is not None:  # every control command asks; the driver rarely changes
+            return dict(cached)
         env = {"PATH": os.pathsep.join([os.path.dirname(tool),
                                         self.base_env.get("PATH", os.defpath)])}
         dirs = vendor_library_dirs(root)
-        version = (read_text(host_path(root, f"{nvidia.MODULE_DIR}/version")) or "").strip()
+        complete = True
         shared = [d for d in (nvidia.driver_library_dirs(root, version) if version else [])
                   if host_path(root, d) not in dirs]
         if shared:
@@ -227,16 +221,20 @@ class MpsDaemons:
                     if os.path.dirname(library) not in shared:
                         continue
                     target = host_path(root, library)
-                    for name in {os.path.basename(library), elf_soname(target)}:
-                        if name:
-                            _link(target, os.path.join(farm, name))
+                    names = {os.path.basename(library), elf_soname(target) or ""} - {""}
+                    for link in (os.path.join(farm, n) for n in sorted(names)):
+                        if not (os.path.islink(link) and os.readlink(link) == target):
+                            atomic_symlink(target, link)
                 dirs.append(farm)
             except OSError as err:
+                complete = False  # tried again on the next call
                 log.warning("cannot link the driver's libraries for the MPS daemons",
                             extra={"dir": farm, "error": str(err)})
         previous = self.base_env.get("LD_LIBRARY_PATH")
         if dirs:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(dirs + ([previous] if previous else []))
+        if complete:
+            self._driver_env = {(tool, version): dict(env)}
         return env
 
     def recorded(self) -> dict[str, dict[str, object]]:

@@ -78,12 +78,7 @@ def _versions(root: str) -> list[str]:
 
 
 def _switch(root: str, version: str) -> None:
-    link = host_path(root, SDK_PATH)
-    tmp = f"{link}.gpuk8s-new"
-    if os.path.lexists(tmp):
-        os.unlink(tmp)
-    os.symlink(f"{os.path.basename(STORE)}/{version}", tmp)
-    os.replace(tmp, link)
+    files.atomic_symlink(f"{os.path.basename(STORE)}/{version}", host_path(root, SDK_PATH))
 
 
 def install_sdk(root: str, staged: str, want_version: str | None = None,
