@@ -95,5 +95,6 @@ def test_wrapper_edits_equal_the_reference_injection(
     assert set(ours["process"]["env"]) == set(theirs["process"]["env"])
     assert ours.get("hooks", {}) == theirs.get("hooks", {})
     if preset == "nvidia-8":
-        assert len(theirs["hooks"]["createContainer"]) == 2
+        assert [h["args"][2] for h in theirs["hooks"]["createContainer"]] == [
+            "create-symlinks", "enable-cuda-compat", "update-ldcache"]
         assert any(m["destination"].endswith("libcuda.so.550.54.15") for m in theirs["mounts"])

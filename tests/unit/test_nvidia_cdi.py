@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import shutil
 import subprocess
 import sys
@@ -154,14 +155,19 @@ def test_driver_edits_mount_read_only_and_hook_with_the_toolkit_arguments(
     assert lib.options == DRIVER_MOUNT_OPTIONS
     ipc = next(m for m in edits.mounts if m.container_path.endswith("persistenced/socket"))
     assert not ipc.read_only and "noexec" in ipc.options
-    links, ldcache = edits.hooks
-    assert links.hook_name == ldcache.hook_name == "createContainer"
+    links, compat, ldcache = edits.hooks
+    assert links.hook_name == compat.hook_name == ldcache.hook_name == "createContainer"
     assert links.args[:3] == ("gpuk8s-oci-runtime", "hook", "create-symlinks")
     assert f"libcuda.so.{VERSION}::{LIB}/libcuda.so.1" in links.args
+    # forward compatibility before the cache is built, as nvidia-ctk orders them
+    assert compat.args == ("gpuk8s-oci-runtime", "hook", "enable-cuda-compat",
+                           "--host-driver-version", VERSION)
     assert ldcache.args == ("gpuk8s-oci-runtime", "hook", "update-ldcache", "--folder", LIB)
-    # the toolkit's own hook program takes the same arguments after its name
-    toolkit = driver_edits(files, "/usr/bin/nvidia-cdi-hook").hooks[1]
-    assert toolkit.args == ("nvidia-cdi-hook", "update-ldcache", "--folder", LIB)
+    # the toolkit's own hook program takes the same arguments after its name; no
+    # enable-cuda-compat for it (nvidia-cdi-hook before v1.18 has no such command)
+    toolkit = driver_edits(files, "/usr/bin/nvidia-cdi-hook").hooks
+    assert [h.args[1] for h in toolkit] == ["create-symlinks", "update-ldcache"]
+    assert toolkit[1].args == ("nvidia-cdi-hook", "update-ldcache", "--folder", LIB)
 
 
 def test_the_nvidia_spec_is_named_for_its_kind_and_carries_the_driver(
@@ -236,13 +242,21 @@ def test_hooks_round_trip_and_reach_the_oci_spec() -> None:
 
 def test_hook_arguments_parse_strictly() -> None:
     assert cdihook.parse(["create-symlinks", "--link", "a.so.1::/usr/lib/a.so",
-                          "--link=b::/b"]) == (
+                          "--link=b::/b"])[:3] == (
         "create-symlinks", [("a.so.1", "/usr/lib/a.so"), ("b", "/b")], [])
     assert cdihook.parse(["update-ldcache", "--folder", "/usr/lib", "--ldconfig-path",
-                          "@/sbin/ldconfig"]) == ("update-ldcache", [], ["/usr/lib"])
+                          "@/sbin/ldconfig"])[:3] == ("update-ldcache", [], ["/usr/lib"])
+    compat = cdihook.parse(["enable-cuda-compat", "--host-driver-version=580.95.05",
+                            "--host-cuda-version", "13.0", "--cuda-compat-container-root",
+                            "/opt/cuda/compat"])
+    assert (compat.command, compat.host_driver, compat.compat_dir) == (
+        "enable-cuda-compat", "580.95.05", "/opt/cuda/compat")
     for bad in (["chmod"], ["create-symlinks", "--link", "nolink"],
                 ["update-ldcache", "--folder", "relative"], ["create-symlinks", "--link"],
-                ["create-symlinks", "--bogus", "x"]):
+                ["create-symlinks", "--bogus", "x"],
+                ["update-ldcache", "--host-driver-version", "580.95.05"],
+                ["enable-cuda-compat", "--folder", "/usr/lib"],
+                ["enable-cuda-compat", "--cuda-compat-container-root", "relative"]):
         with pytest.raises(cdihook.HookError):
             cdihook.parse(bad)
 
@@ -276,6 +290,47 @@ def test_hooks_edit_the_container_root_and_nothing_outside_it(tmp_path: Path) ->
                            "import main; sys.exit(main(['hook', 'chmod']))"],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 1 and "usage: hook" in proc.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the hook chroots: root only")
+@pytest.mark.parametrize(("host", "compat", "first"), [
+    ("550.54.15", ("575.57.08",), "/usr/local/cuda/compat"),  # newer branch: compat first
+    ("575.51.03", ("575.57.08",), LIB),  # same major: the driver's own library
+    ("580.95.05", ("575.57.08",), LIB),  # the host's driver is newer
+    ("550.54.15", ("575.57.08", "580.95.05"), LIB),  # two compat libraries: left alone
+    ("550.54.15", (), LIB),  # an image without them
+])
+def test_cuda_forward_compat_libraries_win_only_on_an_older_driver_branch(
+    tmp_path: Path, host: str, compat: tuple[str, ...], first: str,
+) -> None:
+    """The hooks as the spec orders them, the real ``ldconfig`` as judge: the image's
+    ``/usr/local/cuda/compat/libcuda.so.<version>`` comes first in the ld.so cache (the
+    loader takes the first entry of a name) only when its major version is above the
+    host driver's."""
+    rootfs = tmp_path / "bundle/rootfs"
+    (rootfs / LIB.lstrip("/")).mkdir(parents=True)
+    (rootfs / "etc").mkdir()
+    source = f"{sim_root_lib(tmp_path)}/libcuda.so.{VERSION}"  # an ELF, soname libcuda.so.1
+    shutil.copy(source, rootfs / LIB.lstrip("/") / f"libcuda.so.{host}")
+    compat_dir = rootfs / "usr/local/cuda/compat"
+    compat_dir.mkdir(parents=True)
+    for version in compat:
+        shutil.copy(source, compat_dir / f"libcuda.so.{version}")
+    (tmp_path / "bundle/config.json").write_text(json.dumps({"root": {"path": "rootfs"}}))
+    state = json.dumps({"ociVersion": "1.0.2", "id": "c", "pid": os.getpid(),
+                        "bundle": str(tmp_path / "bundle")})
+    assert cdihook.main(["create-symlinks", "--link", f"libcuda.so.{host}::{LIB}/libcuda.so.1"],
+                        stdin=state) == 0
+    assert cdihook.main(["enable-cuda-compat", "--host-driver-version", host], stdin=state) == 0
+    assert cdihook.main(["update-ldcache", "--folder", LIB], stdin=state) == 0
+    conf = rootfs / "etc/ld.so.conf.d/00-compat-gpuk8s.conf"
+    if first == LIB:
+        assert not conf.exists()
+    else:
+        assert conf.read_text() == "/usr/local/cuda/compat\n"
+    entries = libraries.ldcache_entries(str(rootfs / "etc/ld.so.cache"))
+    cuda = [path for name, path in entries if name == "libcuda.so.1"]
+    assert cuda and posixpath.dirname(cuda[0]) == first, cuda
 
 
 def sim_root_lib(tmp_path: Path) -> str:

@@ -15,9 +15,10 @@ On NVIDIA nodes the spec also gives every GPU container the driver's user space
 (``driver_edits``), found on the host the way nvidia-container-toolkit's ``nvidia-ctk cdi
 generate`` finds it (``discovery.nvidia.driver_files``): the libraries ``*.so.<driver
 version>`` of the driver's library directories, its programs, GSP firmware and IPC sockets,
-each bind-mounted at its host path, and two ``createContainer`` hooks that make the soname
-links and update the container's ld.so cache (``host.cdihook``, or the toolkit's own
-``nvidia-cdi-hook`` where it is installed, same arguments).
+each bind-mounted at its host path, and ``createContainer`` hooks that make the soname
+links, put an image's CUDA forward-compatibility libraries first where the host's driver
+branch is older, and update the container's ld.so cache (``host.cdihook``, or the
+toolkit's own ``nvidia-cdi-hook`` where it is installed, same arguments, no compat hook).
 
 CDI facts (cncf-tags/container-device-interface SPEC.md, REFERENCE §F): kind
 ``vendor/class``; device names start with a letter or digit and may contain ``_ - . :``;
@@ -304,15 +305,22 @@ class DriverFiles:
 
 
 def driver_hooks(files: DriverFiles, hook_path: str) -> tuple[Hook, ...]:
-    """The ``createContainer`` hooks: soname / ``.so`` links, then the ld.so cache over the
-    library folders. ``hook_path`` runs them with nvidia-cdi-hook's arguments (its own, or
-    gpuk8s' runtime wrapper whose ``hook`` subcommand takes the same)."""
+    """The ``createContainer`` hooks: soname / ``.so`` links, CUDA forward compatibility,
+    then the ld.so cache over the library folders. ``hook_path`` runs them with
+    nvidia-cdi-hook's arguments (its own, or gpuk8s' runtime wrapper whose ``hook``
+    subcommand takes the same). ``enable-cuda-compat`` only with gpuk8s' wrapper: an
+    ``nvidia-cdi-hook`` older than v1.18 has no such command, and a hook that fails stops
+    the container."""
     name = hook_path.rsplit("/", 1)[-1]
-    prefix = (name,) if name == "nvidia-cdi-hook" else (name, "hook")
+    toolkit = name == "nvidia-cdi-hook"
+    prefix = (name,) if toolkit else (name, "hook")
     hooks = []
     if files.links:
         args = [a for target, link in files.links for a in ("--link", f"{target}::{link}")]
         hooks.append(Hook("createContainer", hook_path, (*prefix, "create-symlinks", *args)))
+    if files.library_dirs and files.version and not toolkit:
+        hooks.append(Hook("createContainer", hook_path, (
+            *prefix, "enable-cuda-compat", "--host-driver-version", files.version)))
     if files.library_dirs:
         args = [a for folder in files.library_dirs for a in ("--folder", folder)]
         hooks.append(Hook("createContainer", hook_path, (*prefix, "update-ldcache", *args)))

@@ -4,6 +4,14 @@ nvidia-container-toolkit's ``nvidia-cdi-hook`` (so a spec may name either progra
 
 * ``create-symlinks --link TARGET::LINK ...``: symlinks in the container (the soname links
   ``libcuda.so.1 -> libcuda.so.<version>`` and the ``.so`` links a host has);
+* ``enable-cuda-compat --host-driver-version VERSION``: where the image carries CUDA's
+  forward-compatibility libraries (``/usr/local/cuda/compat/libcuda.so.<version>``, one of
+  them) of a newer driver branch than the host's (a higher major version), their folder
+  goes first into the container's ``/etc/ld.so.conf.d`` (``00-compat-gpuk8s.conf``, read
+  before ``00-gpuk8s-nvidia.conf``), so the ld.so cache that ``update-ldcache`` then builds
+  hands out the image's ``libcuda.so.1``; otherwise it does nothing. The decision by major
+  version is nvidia-cdi-hook's own where a library carries no CUDA ELF note (newer ones
+  list the host drivers they support in one; gpuk8s does not read it);
 * ``update-ldcache --folder DIR ...``: adds the folders to the container's
   ``/etc/ld.so.conf.d`` and rebuilds its ``/etc/ld.so.cache`` with the host's ``ldconfig
   -r`` (which chroots into the container's root), so ``dlopen("libcuda.so.1")`` finds the
@@ -19,13 +27,20 @@ Stdlib only, Python 3.8+ (packed into the runtime wrapper).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 CONF_NAME = "/etc/ld.so.conf.d/00-gpuk8s-nvidia.conf"
+# sorts before CONF_NAME: ldconfig reads the folders in that order, the first one of a
+# soname wins
+COMPAT_CONF_NAME = "/etc/ld.so.conf.d/00-compat-gpuk8s.conf"
+COMPAT_DIR = "/usr/local/cuda/compat"  # where CUDA images keep the forward-compat libraries
+COMMANDS = ("create-symlinks", "enable-cuda-compat", "update-ldcache")
 LDCONFIG_CANDIDATES = ("/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig")
 
 
@@ -97,6 +112,38 @@ def write_conf(folders: Sequence[str]) -> None:
                          + "include /etc/ld.so.conf.d/*.conf\n")
 
 
+def _major(version: str) -> int | None:
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def compat_folder(host_driver: str, compat_dir: str = COMPAT_DIR) -> str | None:
+    """The folder of the image's CUDA forward-compatibility ``libcuda.so.<version>`` where
+    its major version is above the host driver's, else None (no such library, more than
+    one, a version that does not parse, or a host driver as new). Paths are the
+    container's (called inside a chroot)."""
+    found = [p for p in glob.glob(os.path.join(compat_dir, "libcuda.so.*.*"))
+             if os.path.isfile(p)]
+    if len(found) != 1:
+        return None
+    compat = _major(os.path.basename(found[0])[len("libcuda.so."):])
+    host = _major(host_driver)
+    if compat is None or host is None or host >= compat:
+        return None
+    return os.path.dirname(found[0])
+
+
+def enable_compat(host_driver: str, compat_dir: str) -> None:
+    """``compat_folder``'s folder into ``COMPAT_CONF_NAME`` (inside a chroot), when there
+    is one."""
+    folder = compat_folder(host_driver, compat_dir)
+    if folder is None:
+        return
+    os.makedirs(os.path.dirname(COMPAT_CONF_NAME), exist_ok=True)
+    with open(COMPAT_CONF_NAME, "w", encoding="utf-8") as handle:
+        handle.write(f"{folder}\n")
+
+
 def ldconfig() -> str:
     for path in LDCONFIG_CANDIDATES:
         if os.access(path, os.X_OK):
@@ -104,13 +151,30 @@ def ldconfig() -> str:
     raise HookError(f"no ldconfig on the host ({', '.join(LDCONFIG_CANDIDATES)})")
 
 
-def parse(args: Sequence[str]) -> tuple[str, list[tuple[str, str]], list[str]]:
-    """(command, links, folders) from nvidia-cdi-hook's arguments."""
-    if not args or args[0] not in ("create-symlinks", "update-ldcache"):
+class HookArgs(NamedTuple):
+    """A hook's command and options (nvidia-cdi-hook's)."""
+
+    command: str
+    links: list[tuple[str, str]]
+    folders: list[str]
+    host_driver: str = ""  # enable-cuda-compat --host-driver-version
+    compat_dir: str = COMPAT_DIR  # enable-cuda-compat --cuda-compat-container-root
+
+
+def parse(args: Sequence[str]) -> HookArgs:
+    """The command and its options from nvidia-cdi-hook's arguments."""
+    if not args or args[0] not in COMMANDS:
         raise HookError("usage: hook create-symlinks --link TARGET::LINK ... | "
+                        "enable-cuda-compat --host-driver-version VERSION | "
                         "update-ldcache --folder DIR ...")
+    command = args[0]
+    allowed = {"create-symlinks": ("--link",), "update-ldcache": ("--folder",),
+               "enable-cuda-compat": ("--host-driver-version", "--host-cuda-version",
+                                      "--cuda-compat-container-root")}[command]
     links: list[tuple[str, str]] = []
     folders: list[str] = []
+    host_driver = ""
+    compat_dir = COMPAT_DIR
     rest = list(args[1:])
     while rest:
         flag = rest.pop(0)
@@ -121,6 +185,10 @@ def parse(args: Sequence[str]) -> tuple[str, list[tuple[str, str]], list[str]]:
             value = rest.pop(0)
         if value is None:
             raise HookError(f"{flag} needs a value")
+        if flag in ("--container-spec", "--ldconfig-path"):
+            continue  # nvidia-cdi-hook's options we do not need: accepted for compatibility
+        if flag not in allowed:
+            raise HookError(f"unknown option {flag} for {command}")
         if flag == "--link":
             target, sep, link = value.partition("::")
             if not sep or not target or not link:
@@ -130,20 +198,27 @@ def parse(args: Sequence[str]) -> tuple[str, list[tuple[str, str]], list[str]]:
             if not value.startswith("/"):
                 raise HookError(f"--folder {value}: an absolute path")
             folders.append(value)
-        elif flag in ("--container-spec", "--ldconfig-path"):
-            continue  # nvidia-cdi-hook's options we do not need: accepted for compatibility
-        else:
-            raise HookError(f"unknown option {flag}")
-    return args[0], links, folders
+        elif flag == "--host-driver-version":
+            host_driver = value
+        elif flag == "--host-cuda-version":
+            pass  # decides only with the CUDA ELF note, which gpuk8s does not read
+        elif flag == "--cuda-compat-container-root":
+            if not value.startswith("/"):
+                raise HookError(f"--cuda-compat-container-root {value}: an absolute path")
+            compat_dir = value
+    return HookArgs(command, links, folders, host_driver, compat_dir)
 
 
 def main(args: Sequence[str], stdin: str | None = None) -> int:
     try:
-        command, links, folders = parse(args)
+        command, links, folders, host_driver, compat_dir = parse(args)
         state = json.loads(sys.stdin.read() if stdin is None else stdin)
         root = container_root(state)
         if command == "create-symlinks":
             in_root(root, lambda: make_links(links))
+        elif command == "enable-cuda-compat":
+            if host_driver:
+                in_root(root, lambda: enable_compat(host_driver, compat_dir))
         elif folders:
             in_root(root, lambda: write_conf(folders))
             done = subprocess.run([ldconfig(), "-r", root], capture_output=True, text=True,
