@@ -193,7 +193,9 @@ def test_nvidia_without_nvidia_smi(tmp_path: Path) -> None:
     os.unlink(os.path.join(root, "usr/bin/nvidia-smi"))
     inv = discover(root)
     assert len(inv.gpus) == 8 and inv.gpus[0].product == "H100"
-    assert inv.links == frozenset() and inv.gpus[0].serial is None
+    assert inv.gpus[0].serial is None
+    # NVLink all-to-all (NVSwitch) from NVML's peer-to-peer status, as topo -m would say
+    assert len(inv.links) == 28 and [g.link_group for g in inv.gpus] == [0] * 8
     # name, memory and UUID from NVML (loaded by its full path under the root)
     assert [g.uuid for g in inv.gpus] == uuids
     assert {(g.name, g.memory_mib) for g in inv.gpus} == {("NVIDIA H100 80GB HBM3", 81559)}
@@ -212,6 +214,25 @@ def test_a_pods_nvidia_smi_that_cannot_load_nvml_is_stood_in_for(tmp_path: Path)
     assert {g.memory_mib for g in inv.gpus} == {81559}
     assert all(g.uuid and g.uuid.startswith("GPU-") for g in inv.gpus)
     assert any("nvidia-smi" in p for p in inv.problems)  # still said
+
+
+@pytest.mark.parametrize("preset", ["v100-8", "nvidia-8", "t4-2"])
+def test_nvlink_pairs_from_nvml_equal_nvidia_smis_where_it_cannot_run(
+    tmp_path: Path, preset: str,
+) -> None:
+    """The same links from NVML's peer-to-peer status over NVLink as from ``nvidia-smi
+    topo -m``: two groups of four (V100), all eight (NVSwitch), none (PCIe only). A pod
+    whose host driver shares /usr/lib/x86_64-linux-gnu with libc cannot run the host's
+    nvidia-smi; without this its multi-GPU pods lost their NVLink placement."""
+    root = make(tmp_path, preset)
+    with_smi = discover(root)
+    tool = Path(root, "usr/bin/nvidia-smi")
+    tool.write_text("#!/bin/sh\necho \"NVIDIA-SMI couldn't find libnvidia-ml.so library in "
+                    "your system.\"\nexit 12\n")
+    without = discover(root)
+    assert without.links == with_smi.links
+    assert [g.link_group for g in without.gpus] == [g.link_group for g in with_smi.gpus]
+    assert len(without.links) == {"v100-8": 12, "nvidia-8": 28, "t4-2": 0}[preset]
 
 
 def test_inventory_json_ready(tmp_path: Path) -> None:

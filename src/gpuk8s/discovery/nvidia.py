@@ -3,8 +3,9 @@
 Naming (our choice, stable): ``product`` is the short model (``H100``, ``A100``), from
 the PCI device-id table or else the first word of nvidia-smi's name after ``NVIDIA``;
 ``family`` is ``NVIDIA-<architecture>`` (``NVIDIA-Hopper``), ``NVIDIA`` when unknown.
-NVLink pairs come from ``nvidia-smi topo -m`` (``NV<n>`` cells) and count as ``MX``
-links in the model. Device nodes are ``/dev/nvidia<minor>`` (minor from
+NVLink pairs come from ``nvidia-smi topo -m`` (``NV<n>`` cells), or where nvidia-smi does
+not answer from NVML (``nvmlDeviceGetP2PStatus`` over NVLink, each pair of GPUs), and count
+as ``MX`` links in the model. Device nodes are ``/dev/nvidia<minor>`` (minor from
 ``/proc/driver/nvidia/gpus/<bdf>/information``). The CUDA version the driver supports
 comes from NVML (``nvmlSystemGetCudaDriverVersion_v2``, else the original call, through
 ``ctypes``, the host's
@@ -148,8 +149,8 @@ def query(root: str, runner: Runner | None) -> tuple[dict[str, dict[str, str]], 
     """(rows by address, unreachable GPUs by address, problem)."""
     tool = find_tool(root, "nvidia-smi", NVSMI_CANDIDATES)
     if tool is None:
-        return {}, {}, ("nvidia-smi not found: no serial or NVLink data (name, memory and "
-                        "UUID from NVML where it answers)")
+        return {}, {}, ("nvidia-smi not found: no serials (name, memory, UUID and NVLink "
+                        "pairs from NVML where it answers)")
     result = run_tool(runner, [tool, f"--query-gpu={','.join(QUERY_FIELDS)}",
                                "--format=csv,noheader,nounits"])
     rows = parse_query(result.stdout)
@@ -193,6 +194,8 @@ class NvmlInfo:
     # address -> the --query-gpu fields NVML also has (name, memory.total in MiB, uuid), as
     # nvidia-smi prints them: they stand in where nvidia-smi does not answer
     rows: dict[str, dict[str, str]] = field(default_factory=dict)
+    # pairs of addresses NVML reports peer to peer over NVLink (``nvmlDeviceGetP2PStatus``)
+    nvlink: frozenset[frozenset[str]] = frozenset()
 
 
 def nvml_info(root: str, addresses: Sequence[str] = ()) -> NvmlInfo:
@@ -208,6 +211,8 @@ def nvml_info(root: str, addresses: Sequence[str] = ()) -> NvmlInfo:
     value = ctypes.c_int(0)
     compute: dict[str, tuple[int, int]] = {}
     rows: dict[str, dict[str, str]] = {}
+    handles: dict[str, ctypes.c_void_p] = {}
+    nvlink: frozenset[frozenset[str]] = frozenset()
     try:
         rc = lib.nvmlInit_v2()
         if rc != 0:
@@ -225,18 +230,43 @@ def nvml_info(root: str, addresses: Sequence[str] = ()) -> NvmlInfo:
                 facts = _device_row(lib, handle)
                 if facts:
                     rows[address] = facts
+                handles[address] = handle
+            nvlink = _nvlink_pairs(lib, handles)
         finally:
             lib.nvmlShutdown()
     except AttributeError as err:  # an NVML too old for the calls
-        return NvmlInfo(compute=compute, rows=rows,
+        return NvmlInfo(compute=compute, rows=rows, nvlink=nvlink,
                         problem=f"{NVML_SONAME} lacks {err}: no CUDA driver version")
     finally:
         _unload(lib)
     if rc != 0 or value.value <= 0:
-        return NvmlInfo(compute=compute, rows=rows,
+        return NvmlInfo(compute=compute, rows=rows, nvlink=nvlink,
                         problem=f"{call} failed (NVML error {rc}): no CUDA driver version")
     return NvmlInfo(CudaVersion(value.value // 1000, (value.value % 1000) // 10), compute,
-                    rows=rows)
+                    rows=rows, nvlink=nvlink)
+
+
+P2P_CAPS_INDEX_NVLINK = 2  # nvml.h nvmlGpuP2PCapsIndex_t
+P2P_STATUS_OK = 0  # nvml.h nvmlGpuP2PStatus_t
+
+
+def _nvlink_pairs(lib: ctypes.CDLL, handles: dict[str, ctypes.c_void_p]
+                  ) -> frozenset[frozenset[str]]:
+    """The pairs of GPUs (by address) that NVML says reach each other peer to peer over
+    NVLink (directly or through NVSwitch); none where NVML lacks the call."""
+    get_status = getattr(lib, "nvmlDeviceGetP2PStatus", None)
+    if get_status is None:
+        return frozenset()
+    status = ctypes.c_int(-1)
+    pairs: set[frozenset[str]] = set()
+    ordered = sorted(handles.items())
+    for at, (first, one) in enumerate(ordered):
+        for second, other in ordered[at + 1:]:
+            status.value = -1
+            if (get_status(one, other, ctypes.c_int(P2P_CAPS_INDEX_NVLINK),
+                           ctypes.byref(status)) == 0 and status.value == P2P_STATUS_OK):
+                pairs.add(frozenset((first, second)))
+    return frozenset(pairs)
 
 
 class _NvmlMemory(ctypes.Structure):
@@ -337,9 +367,11 @@ def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = 
     if problem:
         problems.append(problem)
     links: set[frozenset[int]] = set()
+    topology = False  # whether nvidia-smi topo -m answered
     tool = find_tool(root, "nvidia-smi", NVSMI_CANDIDATES)
     if tool is not None and rows:
         result = run_tool(runner, [tool, "topo", "-m"])
+        topology = result.ok
         if result.ok:
             position = {d.address: i for i, d in enumerate(gpus_pci)}
             by_smi = {int(r["index"]): a for a, r in rows.items() if r["index"].isdigit()}
@@ -355,6 +387,10 @@ def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = 
         nvml = nvml_info(root, [d.address for d in gpus_pci])
         if nvml.problem:
             problems.append(nvml.problem)
+    if not topology:  # nvidia-smi absent or not answering: NVML's NVLink pairs
+        position = {d.address: i for i, d in enumerate(gpus_pci)}
+        links = {frozenset(position[a] for a in pair) for pair in nvml.nvlink
+                 if all(a in position for a in pair)}
     compute = dict(nvml.compute)
     if tool is not None and rows and any(d.address not in compute for d in gpus_pci):
         result = run_tool(runner, [tool, "--query-gpu=pci.bus_id,compute_cap",

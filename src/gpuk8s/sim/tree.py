@@ -129,9 +129,11 @@ def nvml_table(state: dict[str, Any]) -> str:
             <power mW> <ecc corrected> <ecc uncorrected> <compute capability major> <minor>
             <PCI device id, NVML's pciDeviceId> <name>
         proc <gpu position> <pid> <used B> <sm util %> <mps 0|1> <name>
+        link <gpu position> <gpu position>
 
     Only GPUs on the bus appear (``ok`` or ``fault``), in PCI order; a ``proc`` names
-    its GPU by position in that list.
+    its GPU by position in that list, and so does a ``link`` (an NVLink pair, the same
+    pairs ``nvidia-smi topo -m`` prints as ``NV<n>``).
     """
     lines = [f"driver {state['driver']['version'] or ''}"]
     cuda = cuda_version_code(state["driver"].get("cuda"))
@@ -150,6 +152,9 @@ def nvml_table(state: dict[str, Any]) -> str:
             f"{int(load['ecc_uncorrected'])} {compute_capability(gpu)[0]} "
             f"{compute_capability(gpu)[1]} 0x{gpu['device']:04x}{gpu['vendor']:04x} {gpu['name']}"
         )
+    for a, b in state.get("links", []):
+        if a in position and b in position:
+            lines.append(f"link {position[a]} {position[b]}")
     for proc in state.get("processes", []):
         if proc["gpu"] in position:
             used = int(proc["memory_mib"]) * 1024 * 1024

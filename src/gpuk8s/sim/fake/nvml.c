@@ -60,6 +60,11 @@ typedef struct {
 
 #define MAX_GPUS 256
 #define MAX_PROCS 4096
+#define MAX_LINKS 4096
+
+/* nvml.h: nvmlGpuP2PCapsIndex_t, nvmlGpuP2PStatus_t */
+enum { NVML_P2P_CAPS_INDEX_NVLINK = 2 };
+enum { NVML_P2P_STATUS_OK = 0, NVML_P2P_STATUS_NOT_SUPPORTED = 5 };
 
 struct gpu {
     char status[16], bus_id[32], uuid[96], name[96];
@@ -76,9 +81,10 @@ struct proc {
 struct table {
     char driver[80];
     int cuda; /* 1000 * major + 10 * minor; 0: unknown */
-    int ngpus, nprocs;
+    int ngpus, nprocs, nlinks;
     struct gpu gpus[MAX_GPUS];
     struct proc procs[MAX_PROCS];
+    unsigned int links[MAX_LINKS][2]; /* NVLink pairs, by position in gpus */
 };
 
 static int initialised;
@@ -121,6 +127,9 @@ static nvmlReturn_t load(struct table *t) {
                 snprintf(g->name, sizeof g->name, "%s", line + 4 + used);
                 t->ngpus++;
             }
+        } else if (!strncmp(line, "link ", 5) && t->nlinks < MAX_LINKS) {
+            if (sscanf(line + 5, "%u %u", &t->links[t->nlinks][0], &t->links[t->nlinks][1]) == 2)
+                t->nlinks++;
         } else if (!strncmp(line, "proc ", 5) && t->nprocs < MAX_PROCS) {
             struct proc *p = &t->procs[t->nprocs];
             if (sscanf(line + 5, "%u %u %llu %u %u", &p->gpu, &p->pid, &p->used, &p->sm_util,
@@ -439,5 +448,26 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t handle,
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
     *count = found;
+    return NVML_SUCCESS;
+}
+
+/* Whether two GPUs can reach each other peer to peer over the given path. Answers for
+ * NVLink only (NVML_P2P_CAPS_INDEX_NVLINK): OK for a pair the simulator links, else
+ * NOT_SUPPORTED, as for GPUs on PCIe alone; every other index is NOT_SUPPORTED here. */
+nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t first, nvmlDevice_t second, int caps,
+                                    int *status) {
+    static struct table t;
+    nvmlReturn_t rc;
+    unsigned int a = (unsigned int)(uintptr_t)first - 1, b = (unsigned int)(uintptr_t)second - 1;
+    if (!status) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!device(first, &t, &rc) || !device(second, &t, &rc)) return rc;
+    *status = NVML_P2P_STATUS_NOT_SUPPORTED;
+    if (caps != NVML_P2P_CAPS_INDEX_NVLINK) return NVML_SUCCESS;
+    for (int i = 0; i < t.nlinks; i++) {
+        if ((t.links[i][0] == a && t.links[i][1] == b) || (t.links[i][0] == b && t.links[i][1] == a)) {
+            *status = NVML_P2P_STATUS_OK;
+            break;
+        }
+    }
     return NVML_SUCCESS;
 }
