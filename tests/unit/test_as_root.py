@@ -39,6 +39,19 @@ def _script(tmp_path: Path) -> Path:
     return script
 
 
+def _fake_sudo(tmp_path: Path) -> tuple[Path, Path]:
+    """(a directory holding a ``sudo`` that records its arguments, the record)."""
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    record = tmp_path / "sudo.args"
+    record.touch()
+    record.chmod(0o666)
+    (fake / "sudo").write_text(
+        f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done >{record}\n')
+    (fake / "sudo").chmod(0o755)
+    return fake, record
+
+
 def _as_nobody(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     if os.getuid() != 0 or not RUNUSER:
         pytest.fail("this test runs as root (scripts/test does) and needs runuser (util-linux)")
@@ -58,14 +71,7 @@ def test_root_runs_directly_without_sudo(tmp_path: Path) -> None:
 
 def test_user_reruns_through_sudo_with_settings_and_arguments(tmp_path: Path) -> None:
     script = _script(tmp_path)
-    fake = tmp_path / "fakebin"
-    fake.mkdir()
-    record = tmp_path / "sudo.args"
-    record.touch()
-    record.chmod(0o666)
-    (fake / "sudo").write_text(
-        f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done >{record}\n')
-    (fake / "sudo").chmod(0o755)
+    fake, record = _fake_sudo(tmp_path)
     env = {"PATH": f"{fake}:/usr/bin:/bin", "GPUK8S_X": "two words", "UNRELATED": "no"}
     # started by a relative path from another directory: sudo gets the absolute one
     out = _as_nobody(["bin/thing", "a", "b c"], env, tmp_path)
@@ -73,15 +79,34 @@ def test_user_reruns_through_sudo_with_settings_and_arguments(tmp_path: Path) ->
     args = record.read_text().splitlines()
     assert args[:2] == ["--", "env"]
     assert "GPUK8S_X=two words" in args
-    assert f"PATH={fake}:/usr/bin:/bin" in args
+    # the caller's PATH, plus root's sbin directories a user's PATH on Debian lacks (lab/up
+    # runs sysctl: "command not found" through a real sudo before they were added)
+    assert f"PATH={fake}:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin" in args
     assert not any(a.startswith("UNRELATED=") for a in args)
     assert args[-3:] == [str(script), "a", "b c"]
     assert "ran as" not in out.stdout   # the user's own run stopped at the exec
 
 
+def test_a_path_with_the_sbin_directories_is_kept_as_it_is(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    fake, record = _fake_sudo(tmp_path)
+    path = f"/usr/sbin:{fake}:/usr/bin:/sbin:/bin:/usr/local/sbin"
+    out = _as_nobody([str(script)], {"PATH": path}, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert [a for a in record.read_text().splitlines() if a.startswith("PATH=")] == [
+        f"PATH={path}"]
+
+
 def test_user_without_sudo_gets_a_clear_error(tmp_path: Path) -> None:
     script = _script(tmp_path)
-    out = _as_nobody([str(script)], {"PATH": "/usr/bin:/bin"}, tmp_path)
+    # a PATH with what the script needs and no sudo, whether this machine has one or not
+    tools = tmp_path / "nosudo"
+    tools.mkdir()
+    for name in ("bash", "env", "id", "readlink"):
+        found = shutil.which(name)
+        assert found, name
+        (tools / name).symlink_to(found)
+    out = _as_nobody([str(script)], {"PATH": str(tools)}, tmp_path)
     assert out.returncode == 1
     assert "must run as root, and sudo is not installed" in out.stderr
     assert "ran as" not in out.stdout
