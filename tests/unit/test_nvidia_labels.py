@@ -99,7 +99,8 @@ def test_compute_capability_falls_back_to_nvidia_smi_when_nvml_cannot_say(
 ) -> None:
     # an NVML without nvmlDeviceGetCudaComputeCapability: nvidia-smi's compute_cap answers
     monkeypatch.setattr(nvidia, "nvml_info",
-                        lambda root, addresses=(): nvidia.NvmlInfo(cuda=None, compute={}))
+                        lambda root, addresses=(), nvlink=False: nvidia.NvmlInfo(cuda=None,
+                                                                                 compute={}))
     inventory = discover(nvidia_sim_root)
     assert {g.compute_capability for g in inventory.gpus} == {(9, 0)}
 

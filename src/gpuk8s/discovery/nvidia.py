@@ -198,9 +198,10 @@ class NvmlInfo:
     nvlink: frozenset[frozenset[str]] = frozenset()
 
 
-def nvml_info(root: str, addresses: Sequence[str] = ()) -> NvmlInfo:
+def nvml_info(root: str, addresses: Sequence[str] = (), nvlink: bool = False) -> NvmlInfo:
     """One NVML session: ``nvmlSystemGetCudaDriverVersion_v2`` (``1000 * major + 10 *
-    minor``) and, for each PCI address, ``nvmlDeviceGetCudaComputeCapability``."""
+    minor``) and, for each PCI address, ``nvmlDeviceGetCudaComputeCapability``; with
+    ``nvlink``, also the NVLink pairs among those GPUs (one call per pair)."""
     path = nvml_library_path(root)
     if path is None and os.path.realpath(root) != "/":
         return NvmlInfo(problem=f"{NVML_SONAME} not found under {root}: no CUDA driver version")
@@ -212,7 +213,7 @@ def nvml_info(root: str, addresses: Sequence[str] = ()) -> NvmlInfo:
     compute: dict[str, tuple[int, int]] = {}
     rows: dict[str, dict[str, str]] = {}
     handles: dict[str, ctypes.c_void_p] = {}
-    nvlink: frozenset[frozenset[str]] = frozenset()
+    pairs: frozenset[frozenset[str]] = frozenset()
     try:
         rc = lib.nvmlInit_v2()
         if rc != 0:
@@ -231,19 +232,20 @@ def nvml_info(root: str, addresses: Sequence[str] = ()) -> NvmlInfo:
                 if facts:
                     rows[address] = facts
                 handles[address] = handle
-            nvlink = _nvlink_pairs(lib, handles)
+            if nvlink:
+                pairs = _nvlink_pairs(lib, handles)
         finally:
             lib.nvmlShutdown()
     except AttributeError as err:  # an NVML too old for the calls
-        return NvmlInfo(compute=compute, rows=rows, nvlink=nvlink,
+        return NvmlInfo(compute=compute, rows=rows, nvlink=pairs,
                         problem=f"{NVML_SONAME} lacks {err}: no CUDA driver version")
     finally:
         _unload(lib)
     if rc != 0 or value.value <= 0:
-        return NvmlInfo(compute=compute, rows=rows, nvlink=nvlink,
+        return NvmlInfo(compute=compute, rows=rows, nvlink=pairs,
                         problem=f"{call} failed (NVML error {rc}): no CUDA driver version")
     return NvmlInfo(CudaVersion(value.value // 1000, (value.value % 1000) // 10), compute,
-                    rows=rows, nvlink=nvlink)
+                    rows=rows, nvlink=pairs)
 
 
 P2P_CAPS_INDEX_NVLINK = 2  # nvml.h nvmlGpuP2PCapsIndex_t
@@ -366,6 +368,7 @@ def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = 
     rows, bad, problem = query(root, runner)
     if problem:
         problems.append(problem)
+    position = {d.address: i for i, d in enumerate(gpus_pci)}
     links: set[frozenset[int]] = set()
     topology = False  # whether nvidia-smi topo -m answered
     tool = find_tool(root, "nvidia-smi", NVSMI_CANDIDATES)
@@ -373,7 +376,6 @@ def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = 
         result = run_tool(runner, [tool, "topo", "-m"])
         topology = result.ok
         if result.ok:
-            position = {d.address: i for i, d in enumerate(gpus_pci)}
             by_smi = {int(r["index"]): a for a, r in rows.items() if r["index"].isdigit()}
             for pair in parse_topo_matrix(result.stdout):
                 addresses = [by_smi.get(i) for i in pair]
@@ -384,11 +386,10 @@ def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = 
 
     nvml = NvmlInfo()
     if loaded and gpus_pci:
-        nvml = nvml_info(root, [d.address for d in gpus_pci])
+        nvml = nvml_info(root, [d.address for d in gpus_pci], nvlink=not topology)
         if nvml.problem:
             problems.append(nvml.problem)
     if not topology:  # nvidia-smi absent or not answering: NVML's NVLink pairs
-        position = {d.address: i for i, d in enumerate(gpus_pci)}
         links = {frozenset(position[a] for a in pair) for pair in nvml.nvlink
                  if all(a in position for a in pair)}
     compute = dict(nvml.compute)
