@@ -153,6 +153,29 @@ def test_nvml_reports_a_lost_gpu_as_a_problem(nvidia_root: str) -> None:
         sim.heal(nvidia_root)
 
 
+def test_nvml_reads_its_own_root_after_another_roots_library_was_loaded(
+    nvidia_root: str, tmp_path: Path
+) -> None:
+    """Another copy of libnvidia-ml.so.1 loaded earlier in the process (discovery's, a
+    test's, another root's) is not what the reader asks: by soname the loader would hand
+    out that first copy. Two roots with different loads, read one after the other."""
+    import ctypes
+
+    other = str(tmp_path / "other")
+    sim.create(other, "t4-2")
+    ctypes.CDLL(f"{other}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")  # stays loaded
+    first = NvmlReader(other).read()
+    assert first.problems == () and len(first.gpus) == 2
+    sim.set_load(nvidia_root, 2, utilization=70)
+    try:
+        got = NvmlReader(nvidia_root).read()
+        assert got.problems == () and len(got.gpus) == 8
+        assert got.gpu("0000:05:00.0").utilization_ratio == 0.70  # type: ignore[union-attr]
+        assert len(NvmlReader(other).read().gpus) == 2
+    finally:
+        sim.set_load(nvidia_root, 2, utilization=0)
+
+
 def test_nvml_without_a_library_says_so(tmp_path: Path) -> None:
     root = str(tmp_path / "node")
     sim.create(root, "nogpu")

@@ -8,10 +8,11 @@ Why here and not in ``discovery``: discovery is stdlib-only (Ansible ships it to
 and pynvml is a third-party package; the services layer may import it.
 
 Finding the library: pynvml opens ``libnvidia-ml.so.1`` by soname. When the host is
-mounted elsewhere (``/host`` in the DaemonSet) the host's library is loaded first by its
-full path from the usual directories under that root; the dynamic loader then hands
-pynvml the same object for the soname. NVML state is per process, so one process reads
-one host.
+mounted elsewhere (``/host`` in the DaemonSet) the host's library is loaded by its full
+path from the usual directories under that root and handed to pynvml (``_bind``): by
+soname, the dynamic loader would hand out whichever copy of that soname the process
+loaded first (discovery's, another root's). pynvml keeps one library per process, so
+one process reads one host at a time.
 """
 
 from __future__ import annotations
@@ -26,6 +27,18 @@ from ...discovery.nvidia import nvml_library_path as library_path
 
 SONAME = NVML_SONAME
 LIB_DIRS = NVML_LIB_DIRS
+
+
+def _bind(pynvml: Any, lib: ctypes.CDLL) -> None:
+    """Make ``lib`` the library pynvml calls (its module-level ``nvmlLib``, and the
+    function pointers it cached from another one dropped)."""
+    current = getattr(pynvml, "nvmlLib", None)
+    if current is not None and getattr(current, "_handle", None) == lib._handle:
+        return
+    pynvml.nvmlLib = lib
+    cache = getattr(pynvml, "_nvmlGetFunctionPointer_cache", None)
+    if isinstance(cache, dict):
+        cache.clear()
 
 
 class NvmlReader:
@@ -46,7 +59,7 @@ class NvmlReader:
         if path is None and os.path.realpath(self.root) != "/":
             raise RuntimeError(f"{SONAME} not found under {self.root} ({', '.join(LIB_DIRS)})")
         if path is not None:
-            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)  # pynvml then gets it by soname
+            _bind(pynvml, ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL))
         pynvml.nvmlInit()
         self._nvml = pynvml
         return pynvml
