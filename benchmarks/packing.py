@@ -71,6 +71,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import random
 import statistics
@@ -136,7 +137,7 @@ ALL_POLICIES = ("gpu-aware", SHARING, "gpu-aware-default-profile", *PAPER_POLICI
 VCUDA_CORE = "tencent.com/vcuda-core"
 POOLED = "pooled (no fragmentation)"
 POOLED_SHARED = "pooled, shared GPUs (no fragmentation)"
-SHARES_PACKED = "shares bin-packed offline (estimate)"
+SHARES_PACKED = "shares packed offline (LP bound)"
 BOUNDS = (POOLED, POOLED_SHARED, SHARES_PACKED)
 LABELS = {
     "gpu-aware": "gpu-aware, whole GPUs (no sharing)",
@@ -839,32 +840,123 @@ def pooled(
 
 
 def shares_packed(specs: list[NodeSpec], pods: Iterable[PodSpec], seed: int) -> Result:
-    """What the share sizes themselves strand: the fractional pods that arrived by
-    arrived 100 %, bin-packed offline onto GPUs (first-fit decreasing, no CPU or memory
-    limit), leave ``waste`` milli-GPUs that only smaller shares could use; the estimate
-    is ``100 % - waste / capacity``. Not a strict bound -- a policy may turn a share
-    away and place a whole GPU instead -- but the scale of the fragmentation that no
-    placement avoids (at 130 % not every share can be placed: no figure there)."""
+    """An upper bound on the allocation at arrived 100 % that no policy, online or
+    offline, can pass: the pods that arrived by then, with every whole-GPU pod placed
+    (a GPU it takes holds a whole GPU's worth, more than shares can), and the fractional
+    pods packed into the GPUs left, as well as the cutting-stock *configuration LP*
+    allows (``shares_lp``: any mix of GPUs each holding at most 100 % of shares, at
+    most the arrived count of each share size; an LP, so fractional GPUs allowed). CPU,
+    memory, nodes and link groups are left out, which can only raise it."""
     capacity = sum(s.gpus for s in specs) * MILLI
-    arrived = 0
-    shares: list[int] = []
+    arrived = whole = 0
+    shares: dict[int, int] = {}
     for pod in pods:
         if arrived >= capacity:
             break
         arrived += pod.requested
         if pod.gpus == 1 and pod.milli < MILLI:
-            shares.append(pod.milli)
-    left: list[int] = []  # milli-GPUs left on each GPU that holds shares
-    for milli in sorted(shares, reverse=True):
-        for i, room in enumerate(left):
-            if room >= milli:
-                left[i] -= milli
-                break
+            shares[pod.milli] = shares.get(pod.milli, 0) + 1
         else:
-            left.append(MILLI - milli)
+            whole += pod.requested
+    gpus_left = max(0, capacity - whole) // MILLI
+    bound = min(capacity, whole + shares_lp(shares, gpus_left))
     result = Result(SHARES_PACKED, seed)
-    result.allocation["100"] = 100 * (capacity - sum(left)) / capacity
+    result.allocation["100"] = 100 * bound / capacity
     return result
+
+
+def _knapsack(sizes: Sequence[int], values: Sequence[float], room: int) -> tuple[float, list[int]]:
+    """Unbounded knapsack: the most value of items (any number of each) whose sizes sum
+    to at most ``room``, and how many of each."""
+    best = [0.0] * (room + 1)
+    last = [-1] * (room + 1)
+    for r in range(1, room + 1):
+        best[r], last[r] = best[r - 1], -1
+        for i, size in enumerate(sizes):
+            if size <= r and best[r - size] + values[i] > best[r] + 1e-12:
+                best[r], last[r] = best[r - size] + values[i], i
+    counts = [0] * len(sizes)
+    r = room
+    while r > 0:
+        if last[r] < 0:
+            r -= 1
+        else:
+            counts[last[r]] += 1
+            r -= sizes[last[r]]
+    return best[room], counts
+
+
+def _simplex(columns: list[list[int]], values: list[float], limits: list[int]) -> list[float]:
+    """max values·x subject to sum_j columns[j][i]·x_j <= limits[i], x >= 0 (limits >= 0):
+    the dual prices of the rows at the optimum (dense tableau, Bland's rule)."""
+    rows, cols = len(limits), len(columns)
+    width = cols + rows + 1
+    table = [
+        [float(columns[j][i]) for j in range(cols)]
+        + [1.0 if k == i else 0.0 for k in range(rows)]
+        + [float(limits[i])]
+        for i in range(rows)
+    ]
+    cost = [-v for v in values] + [0.0] * (rows + 1)
+    basis = [cols + i for i in range(rows)]
+    eps = 1e-9
+    while True:
+        enter = next((j for j in range(width - 1) if cost[j] < -eps), -1)
+        if enter < 0:
+            return cost[cols:cols + rows]
+        leave, ratio = -1, 0.0
+        for i in range(rows):
+            a = table[i][enter]
+            if a > eps:
+                r = table[i][-1] / a
+                if leave < 0 or r < ratio - eps or (abs(r - ratio) <= eps
+                                                    and basis[i] < basis[leave]):
+                    leave, ratio = i, r
+        if leave < 0:  # unbounded: not possible with limits on every column
+            raise ValueError("configuration LP unbounded")
+        pivot = table[leave]
+        scale = pivot[enter]
+        pivot[:] = [x / scale for x in pivot]
+        for row in (*table[:leave], *table[leave + 1:], cost):
+            f = row[enter]
+            if abs(f) > 0.0:
+                row[:] = [x - f * y for x, y in zip(row, pivot, strict=True)]
+        basis[leave] = enter
+
+
+def shares_lp(shares: dict[int, int], gpus: int) -> float:
+    """The most milli-GPUs of ``shares`` (size -> count, sizes < ``MILLI``) that ``gpus``
+    GPUs can hold, as the configuration LP bounds it: column generation (a knapsack
+    prices each new configuration), the value returned is the dual objective of the
+    last prices with the GPU price recomputed, so it bounds the LP from above whatever
+    rounding the simplex did."""
+    sizes = sorted(s for s, n in shares.items() if n > 0)
+    if not sizes or gpus <= 0:
+        return 0.0
+    counts = [shares[s] for s in sizes]
+    step = MILLI
+    for s in sizes:
+        step = math.gcd(step, s)
+    units, room = [s // step for s in sizes], MILLI // step
+    columns = []
+    for i, s in enumerate(sizes):  # one configuration per size: as many as fit
+        column = [0] * len(sizes)
+        column[i] = min(counts[i], MILLI // s)
+        columns.append(column)
+    while True:
+        prices = _simplex(
+            [[*c, 1] for c in columns],
+            [float(sum(n * s for n, s in zip(c, sizes, strict=True))) for c in columns],
+            [*counts, gpus],
+        )
+        item, gpu = prices[:-1], prices[-1]
+        item = [max(0.0, p) for p in item]
+        gains = [max(0.0, s - p) for s, p in zip(sizes, item, strict=True)]
+        value, column = _knapsack(units, gains, room)
+        bound = sum(n * p for n, p in zip(counts, item, strict=True)) + gpus * value
+        if value <= gpu + 1e-6 or column in columns or len(columns) > 2000:
+            return min(bound, float(sum(n * s for n, s in zip(counts, sizes, strict=True))))
+        columns.append(column)
 
 
 # ----------------------------------------------------------------------------- driver

@@ -245,6 +245,8 @@ def test_sharing_replay_shares_gpus_in_the_product_and_the_baselines(
             assert rows[policy][f"alloc{mark}"] > rows[bench.POOLED][f"alloc{mark}"], policy
             assert rows[policy][f"alloc{mark}"] <= rows[bench.POOLED_SHARED][f"alloc{mark}"] \
                 + 1e-9, policy
+        # the configuration-LP bound holds for every policy at arrived 100 %
+        assert rows[policy]["alloc100"] <= rows[bench.SHARES_PACKED]["alloc100"] + 1e-9, policy
     inside, placed = rows[bench.SHARING]["inside"]
     assert placed > 0 and inside == placed
     # the pods without GPUs went through the extender's second entry (prioritize-nogpu)
@@ -252,6 +254,80 @@ def test_sharing_replay_shares_gpus_in_the_product_and_the_baselines(
     alone = rows_by_policy(bench.run([42], (bench.SHARING,), data=sharing_trace,
                                      trace="sharing", nogpu=False))
     assert "nogpu_ms_mean" not in alone[bench.SHARING]
+
+
+def _best_packing(items: list[int], gpus: int) -> int:
+    """The most milli-GPUs of ``items`` that ``gpus`` GPUs hold: every assignment tried."""
+    best = 0
+
+    def place(i: int, free: list[int], held: int) -> None:
+        nonlocal best
+        if i == len(items):
+            best = max(best, held)
+            return
+        place(i + 1, free, held)  # left out
+        for g in range(len(free)):
+            if free[g] >= items[i]:
+                free[g] -= items[i]
+                place(i + 1, free, held + items[i])
+                free[g] += items[i]
+
+    place(0, [MILLI] * gpus, 0)
+    return best
+
+
+@pytest.mark.parametrize(
+    ("shares", "gpus", "expected"),
+    [
+        ({600: 2, 400: 2}, 2, 2000),  # two perfect pairs
+        ({810: 3, 160: 1}, 2, 1780),  # one 81 % share finds its partner, one does not
+        ({510: 3}, 2, 1020),  # no two fit together
+        ({470: 4, 320: 2, 650: 2}, 4, 3820),  # 47+47 twice, 65+32 twice: all placed
+        ({250: 8}, 3, 2000),  # more than the GPUs hold
+        ({}, 3, 0),
+        ({500: 2}, 0, 0),
+    ],
+)
+def test_shares_lp_on_packings_worked_by_hand(
+    shares: dict[int, int], gpus: int, expected: int
+) -> None:
+    assert load_benchmark().shares_lp(shares, gpus) == pytest.approx(expected)
+
+
+def test_shares_lp_bounds_every_packing_from_above() -> None:
+    """On small random cases the LP is never below the best packing found by trying
+    every assignment, and never above the shares' total nor the GPUs' capacity; most
+    cases are tight (the LP's rounding gap is small)."""
+    bench = load_benchmark()
+    rng = random.Random(7)
+    tight = 0
+    for _ in range(40):
+        items = [rng.choice((110, 160, 230, 320, 370, 470, 550, 650, 810))
+                 for _ in range(rng.randint(2, 7))]
+        gpus = rng.randint(1, 3)
+        shares: dict[int, int] = {}
+        for m in items:
+            shares[m] = shares.get(m, 0) + 1
+        lp = bench.shares_lp(shares, gpus)
+        best = _best_packing(sorted(items, reverse=True), gpus)
+        assert best - 1e-6 <= lp <= min(sum(items), gpus * MILLI) + 1e-6, (items, gpus)
+        tight += lp < best + 1
+    assert tight >= 20
+
+
+def test_the_share_bound_places_every_whole_gpu_and_packs_the_shares() -> None:
+    """``shares_packed``: the pods up to arrived 100 %, whole GPUs all placed, the shares
+    in the GPUs left; CPU and memory play no part."""
+    bench = load_benchmark()
+    specs = [bench.NodeSpec("n0", 1000, 1024, 4)]
+    pods = [bench.PodSpec("w", 64_000, 1, 2, MILLI),  # 2 whole GPUs
+            bench.PodSpec("a", 64_000, 1, 1, 810), bench.PodSpec("b", 1, 1, 1, 810),
+            bench.PodSpec("c", 1, 1, 1, 160),
+            bench.PodSpec("d", 1, 1, 1, MILLI),  # arrived 100 %: 4,780 of 4,000
+            bench.PodSpec("late", 1, 1, 1, 190)]  # after the mark: not counted
+    result = bench.shares_packed(specs, pods, 42)
+    # three whole GPUs, then 81 + 16 % on the last one
+    assert result.allocation["100"] == pytest.approx(100 * (3000 + 970) / 4000)
 
 
 @pytest.mark.parametrize("policy", ["gpu-aware-sharing", "fgd", "bestfit", "dotprod"])
