@@ -10,6 +10,7 @@ import json
 import os
 import posixpath
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ from gpuk8s.core.cdi import (
 from gpuk8s.discovery import libraries, nvidia
 from gpuk8s.host import cdihook
 from gpuk8s.services.runtime.agent import RuntimeAgent, RuntimeSettings
+from gpuk8s.sim.nvml import compiler
 
 pytestmark = pytest.mark.usefixtures("fast_python3")
 
@@ -249,8 +251,8 @@ def test_hook_arguments_parse_strictly() -> None:
     compat = cdihook.parse(["enable-cuda-compat", "--host-driver-version=580.95.05",
                             "--host-cuda-version", "13.0", "--cuda-compat-container-root",
                             "/opt/cuda/compat"])
-    assert (compat.command, compat.host_driver, compat.compat_dir) == (
-        "enable-cuda-compat", "580.95.05", "/opt/cuda/compat")
+    assert (compat.command, compat.host_driver, compat.compat_dir, compat.host_cuda) == (
+        "enable-cuda-compat", "580.95.05", "/opt/cuda/compat", "13.0")
     for bad in (["chmod"], ["create-symlinks", "--link", "nolink"],
                 ["update-ldcache", "--folder", "relative"], ["create-symlinks", "--link"],
                 ["create-symlinks", "--bogus", "x"],
@@ -292,42 +294,110 @@ def test_hooks_edit_the_container_root_and_nothing_outside_it(tmp_path: Path) ->
     assert proc.returncode == 1 and "usage: hook" in proc.stderr
 
 
+COMPAT = "/usr/local/cuda/compat"
+NOTE_575 = '{"format":1,"CUDA version":"12.9","driver":[535,550,570,575],"device":[7,8,9]}'
+
+
+def compat_library(path: Path, note: str | None = None) -> Path:
+    """A shared object with the soname ``libcuda.so.1`` built by the C compiler at
+    ``path`` and, with ``note``, the CUDA forward-compatibility ELF note added with the
+    real ``objcopy`` (a section named ``.note.*`` becomes SHT_NOTE): owner ``NVIDIA
+    Corporation``, type 0, the JSON NUL-terminated, as CUDA's compat libcuda carries it."""
+    cc = compiler()
+    if cc is None:
+        pytest.fail("a C compiler is needed to build a libcuda.so.1 stand-in")
+    source = path.with_name(path.name + ".c")
+    source.write_text("int cuInit(unsigned int flags) { return (int)flags * 0; }\n")
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(path),
+                    str(source)], check=True, capture_output=True)
+    source.unlink()
+    if note is not None:
+        owner, desc = b"NVIDIA Corporation\0", note.encode() + b"\0"
+        blob = struct.pack("<III", len(owner), len(desc), 0) + owner
+        blob += b"\0" * ((-len(blob)) % 4) + desc
+        blob += b"\0" * ((-len(blob)) % 4)
+        data = path.with_name(path.name + ".note")
+        data.write_bytes(blob)
+        subprocess.run(["objcopy", "--add-section", f".note.cuda.fwd_compatibility={data}",
+                        "--set-section-flags", ".note.cuda.fwd_compatibility=alloc,readonly",
+                        str(path)], check=True, capture_output=True)
+        data.unlink()
+    return path
+
+
+@pytest.mark.skipif(shutil.which("objcopy") is None, reason="binutils: scripts/prereqs unit")
+def test_the_cuda_compat_note_reads_as_readelf_shows_it(tmp_path: Path) -> None:
+    """``readelf -n`` as judge: the note our test writes is a well-formed ELF note, and
+    ``compat_note`` reads back its JSON; a library without one has none; a note that is
+    not JSON is an error the hook turns into the fallback."""
+    plain = compat_library(tmp_path / "libcuda.so.580.95.05")
+    assert cdihook.compat_note(str(plain)) is None
+    lib = compat_library(tmp_path / "libcuda.so.575.57.08", NOTE_575)
+    shown = subprocess.run(["readelf", "-n", "-W", str(lib)], capture_output=True, text=True,
+                           check=True).stdout
+    section = shown[shown.index(".note.cuda.fwd_compatibility"):]
+    assert "NVIDIA Corporation" in section
+    data = section.split("description data:", 1)[1].split("\n", 1)[0].split()
+    assert bytes(int(b, 16) for b in data).rstrip(b"\0").decode() == NOTE_575
+    assert cdihook.compat_note(str(lib)) == {
+        "format": 1, "cuda version": "12.9", "driver": [535, 550, 570, 575], "device": [7, 8, 9]}
+    bad = compat_library(tmp_path / "libcuda.so.99.88", '{"format":1,"CUDA version":12.9,')
+    with pytest.raises(ValueError, match="not JSON"):
+        cdihook.compat_note(str(bad))
+    assert not cdihook.use_compat(str(bad), "550.54.15")  # not newer by major: no
+    (tmp_path / "text").write_text("not ELF")
+    with pytest.raises(ValueError, match="not an ELF file"):
+        cdihook.compat_note(str(tmp_path / "text"))
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the hook chroots: root only")
-@pytest.mark.parametrize(("host", "compat", "first"), [
-    ("550.54.15", ("575.57.08",), "/usr/local/cuda/compat"),  # newer branch: compat first
-    ("575.51.03", ("575.57.08",), LIB),  # same major: the driver's own library
-    ("580.95.05", ("575.57.08",), LIB),  # the host's driver is newer
-    ("550.54.15", ("575.57.08", "580.95.05"), LIB),  # two compat libraries: left alone
-    ("550.54.15", (), LIB),  # an image without them
+@pytest.mark.skipif(shutil.which("objcopy") is None, reason="binutils: scripts/prereqs unit")
+@pytest.mark.parametrize(("host", "compat", "note", "first"), [
+    ("550.54.15", ("575.57.08",), None, COMPAT),  # newer branch: compat first
+    ("575.51.03", ("575.57.08",), None, LIB),  # same major: the driver's own library
+    ("580.95.05", ("575.57.08",), None, LIB),  # the host's driver is newer
+    ("550.54.15", ("575.57.08", "580.95.05"), None, LIB),  # two compat libraries: left alone
+    ("550.54.15", (), None, LIB),  # an image without them
+    # with the CUDA ELF note (toolkit v1.18's rules): the branches it lists decide
+    ("550.54.15", ("575.57.08",), NOTE_575, COMPAT),  # a listed older branch
+    ("560.35.03", ("575.57.08",), NOTE_575, LIB),  # an older branch the note leaves out
+    ("575.51.03", ("575.57.08",), NOTE_575, COMPAT),  # the same branch, an older release
+    ("575.64.05", ("575.57.08",), NOTE_575, LIB),  # the same branch, a newer release
+    ("--host-cuda-version=12.8", ("575.57.08",), NOTE_575, COMPAT),  # CUDA 12.9 > 12.8
+    ("--host-cuda-version=12.9", ("575.57.08",), NOTE_575, LIB),
+    ("--host-cuda-version=12.8", ("575.57.08",), None, LIB),  # no note: no CUDA version
 ])
 def test_cuda_forward_compat_libraries_win_only_on_an_older_driver_branch(
-    tmp_path: Path, host: str, compat: tuple[str, ...], first: str,
+    tmp_path: Path, host: str, compat: tuple[str, ...], note: str | None, first: str,
 ) -> None:
     """The hooks as the spec orders them, the real ``ldconfig`` as judge: the image's
     ``/usr/local/cuda/compat/libcuda.so.<version>`` comes first in the ld.so cache (the
-    loader takes the first entry of a name) only when its major version is above the
-    host driver's."""
+    loader takes the first entry of a name) only when nvidia-cdi-hook would take it: its
+    major version above the host driver's, or, with the CUDA ELF note, the host's
+    branch listed there and the library newer."""
     rootfs = tmp_path / "bundle/rootfs"
     (rootfs / LIB.lstrip("/")).mkdir(parents=True)
     (rootfs / "etc").mkdir()
     source = f"{sim_root_lib(tmp_path)}/libcuda.so.{VERSION}"  # an ELF, soname libcuda.so.1
-    shutil.copy(source, rootfs / LIB.lstrip("/") / f"libcuda.so.{host}")
+    driver = "550.54.15" if host.startswith("--") else host
+    shutil.copy(source, rootfs / LIB.lstrip("/") / f"libcuda.so.{driver}")
     compat_dir = rootfs / "usr/local/cuda/compat"
     compat_dir.mkdir(parents=True)
     for version in compat:
-        shutil.copy(source, compat_dir / f"libcuda.so.{version}")
+        compat_library(compat_dir / f"libcuda.so.{version}", note)
     (tmp_path / "bundle/config.json").write_text(json.dumps({"root": {"path": "rootfs"}}))
     state = json.dumps({"ociVersion": "1.0.2", "id": "c", "pid": os.getpid(),
                         "bundle": str(tmp_path / "bundle")})
-    assert cdihook.main(["create-symlinks", "--link", f"libcuda.so.{host}::{LIB}/libcuda.so.1"],
-                        stdin=state) == 0
-    assert cdihook.main(["enable-cuda-compat", "--host-driver-version", host], stdin=state) == 0
+    assert cdihook.main(["create-symlinks", "--link",
+                         f"libcuda.so.{driver}::{LIB}/libcuda.so.1"], stdin=state) == 0
+    known = [host] if host.startswith("--") else ["--host-driver-version", host]
+    assert cdihook.main(["enable-cuda-compat", *known], stdin=state) == 0
     assert cdihook.main(["update-ldcache", "--folder", LIB], stdin=state) == 0
     conf = rootfs / "etc/ld.so.conf.d/00-compat-gpuk8s.conf"
     if first == LIB:
         assert not conf.exists()
     else:
-        assert conf.read_text() == "/usr/local/cuda/compat\n"
+        assert conf.read_text() == f"{COMPAT}\n"
     entries = libraries.ldcache_entries(str(rootfs / "etc/ld.so.cache"))
     cuda = [path for name, path in entries if name == "libcuda.so.1"]
     assert cuda and posixpath.dirname(cuda[0]) == first, cuda

@@ -9,9 +9,12 @@ nvidia-container-toolkit's ``nvidia-cdi-hook`` (so a spec may name either progra
   them) of a newer driver branch than the host's (a higher major version), their folder
   goes first into the container's ``/etc/ld.so.conf.d`` (``00-compat-gpuk8s.conf``, read
   before ``00-gpuk8s-nvidia.conf``), so the ld.so cache that ``update-ldcache`` then builds
-  hands out the image's ``libcuda.so.1``; otherwise it does nothing. The decision by major
-  version is nvidia-cdi-hook's own where a library carries no CUDA ELF note (newer ones
-  list the host drivers they support in one; gpuk8s does not read it);
+  hands out the image's ``libcuda.so.1``; otherwise it does nothing. The decision is
+  nvidia-cdi-hook's (toolkit v1.18+): where the library carries the CUDA ELF note
+  (``.note.cuda.fwd_compatibility``: JSON naming the CUDA version and the host driver
+  branches it supports), the host's branch must be listed and the compat library newer
+  than the host's driver (or, given only ``--host-cuda-version``, its CUDA version
+  newer); without the note, a higher major version than the host driver's;
 * ``update-ldcache --folder DIR ...``: adds the folders to the container's
   ``/etc/ld.so.conf.d`` and rebuilds its ``/etc/ld.so.cache`` with the host's ``ldconfig
   -r`` (which chroots into the container's root), so ``dlopen("libcuda.so.1")`` finds the
@@ -30,6 +33,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import struct
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -112,31 +116,129 @@ def write_conf(folders: Sequence[str]) -> None:
                          + "include /etc/ld.so.conf.d/*.conf\n")
 
 
-def _major(version: str) -> int | None:
-    head = version.split(".", 1)[0]
-    return int(head) if head.isdigit() else None
+COMPAT_NOTE_SECTION = ".note.cuda.fwd_compatibility"
+COMPAT_NOTE_OWNER = "NVIDIA Corporation"
+_SHT_NOTE = 7
 
 
-def compat_folder(host_driver: str, compat_dir: str = COMPAT_DIR) -> str | None:
+def _version(text: str) -> tuple[int, int, int] | None:
+    """``575.57.08`` -> (575, 57, 8); one to three numeric parts; None otherwise."""
+    parts = text.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    numbers = [int(p) for p in parts] + [0, 0]
+    return numbers[0], numbers[1], numbers[2]
+
+
+def compat_note(path: str) -> dict[str, object] | None:
+    """The JSON of the ELF note CUDA's forward-compatibility ``libcuda.so`` carries in
+    section ``.note.cuda.fwd_compatibility`` (owner ``NVIDIA Corporation``; what
+    ``readelf -p .note.cuda.fwd_compatibility`` shows), keys lower-cased; None when the
+    file has no such note. ``ValueError`` when the file is not ELF or the note is not a
+    JSON object."""
+    with open(path, "rb") as handle:
+        head = handle.read(64)
+        if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) \
+                or head[5] not in (1, 2):
+            raise ValueError(f"{path}: not an ELF file")
+        wide, order = head[4] == 2, "<" if head[5] == 1 else ">"
+        if wide:
+            shoff, = struct.unpack_from(order + "Q", head, 40)
+            shentsize, shnum, shstrndx = struct.unpack_from(order + "HHH", head, 58)
+            layout = order + "IIQQQQIIQQ"
+        else:
+            shoff, = struct.unpack_from(order + "I", head, 32)
+            shentsize, shnum, shstrndx = struct.unpack_from(order + "HHH", head, 46)
+            layout = order + "IIIIIIIIII"
+        if not shoff or not shnum or shstrndx >= shnum \
+                or shentsize < struct.calcsize(layout):
+            return None
+        handle.seek(shoff)
+        table = handle.read(shentsize * shnum)
+        if len(table) < shentsize * shnum:
+            raise ValueError(f"{path}: truncated section headers")
+        # (name, type, offset, size, align) per section
+        sections = []
+        for i in range(shnum):
+            f = struct.unpack_from(layout, table, i * shentsize)
+            sections.append((f[0], f[1], f[4], f[5], f[8]))
+
+        def read(offset: int, size: int) -> bytes:
+            if size > 1 << 20:
+                raise ValueError(f"{path}: section of {size} bytes")
+            handle.seek(offset)
+            return handle.read(size)
+
+        names = read(sections[shstrndx][2], sections[shstrndx][3])
+        for name, kind, offset, size, align in sections:
+            if kind != _SHT_NOTE or names[name:names.find(b"\0", name)] != \
+                    COMPAT_NOTE_SECTION.encode():
+                continue
+            data = read(offset, size)
+            if len(data) < 12:
+                return None
+            namesz, descsz, _ = struct.unpack_from(order + "III", data, 0)
+            step = align if align in (4, 8) else 4
+            padded = (namesz + step - 1) // step * step
+            owner = data[12:12 + namesz].rstrip(b"\0").decode("utf-8", "replace")
+            if not namesz or not descsz or owner != COMPAT_NOTE_OWNER:
+                return None
+            desc = data[12 + padded:12 + padded + descsz].strip(b"\0")
+            try:
+                found = json.loads(desc.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise ValueError(f"{path}: the CUDA compat note is not JSON: {err}") from None
+            if not isinstance(found, dict):
+                raise ValueError(f"{path}: the CUDA compat note is not a JSON object")
+            return {str(k).lower(): v for k, v in found.items()}
+    return None
+
+
+def use_compat(library: str, host_driver: str, host_cuda: str = "") -> bool:
+    """Whether the container should take its forward-compatibility ``library``
+    (``.../libcuda.so.<version>``) over the host driver's, as nvidia-cdi-hook decides:
+    with the CUDA ELF note, the host driver's branch (major version) must be one the
+    note lists and the library's version above the host driver's; given no host driver
+    version, the note's CUDA version above ``host_cuda``. Without a readable note: never
+    when only the CUDA version is known, else when the library's major version is above
+    the host driver's."""
+    compat = _version(os.path.basename(library)[len("libcuda.so."):])
+    host = _version(host_driver) if host_driver else None
+    cuda = _version(host_cuda) if host_cuda else None
+    try:
+        note = compat_note(library)
+    except (OSError, ValueError):
+        note = None
+    if note is not None:
+        if compat is None or host is None:
+            mine = _version(str(note.get("cuda version", "")))
+            return cuda is not None and mine is not None and mine > cuda
+        branches = note.get("driver")
+        if not isinstance(branches, list) or host[0] not in branches:
+            return False
+        return compat > host
+    if host_cuda or compat is None or host is None:
+        return False
+    return host[0] < compat[0]
+
+
+def compat_folder(
+    host_driver: str, compat_dir: str = COMPAT_DIR, host_cuda: str = ""
+) -> str | None:
     """The folder of the image's CUDA forward-compatibility ``libcuda.so.<version>`` where
-    its major version is above the host driver's, else None (no such library, more than
-    one, a version that does not parse, or a host driver as new). Paths are the
-    container's (called inside a chroot)."""
+    ``use_compat`` says to take it, else None (also with no such library or more than
+    one). Paths are the container's (called inside a chroot)."""
     found = [p for p in glob.glob(os.path.join(compat_dir, "libcuda.so.*.*"))
              if os.path.isfile(p)]
-    if len(found) != 1:
-        return None
-    compat = _major(os.path.basename(found[0])[len("libcuda.so."):])
-    host = _major(host_driver)
-    if compat is None or host is None or host >= compat:
+    if len(found) != 1 or not use_compat(found[0], host_driver, host_cuda):
         return None
     return os.path.dirname(found[0])
 
 
-def enable_compat(host_driver: str, compat_dir: str) -> None:
+def enable_compat(host_driver: str, compat_dir: str, host_cuda: str = "") -> None:
     """``compat_folder``'s folder into ``COMPAT_CONF_NAME`` (inside a chroot), when there
     is one."""
-    folder = compat_folder(host_driver, compat_dir)
+    folder = compat_folder(host_driver, compat_dir, host_cuda)
     if folder is None:
         return
     os.makedirs(os.path.dirname(COMPAT_CONF_NAME), exist_ok=True)
@@ -159,6 +261,7 @@ class HookArgs(NamedTuple):
     folders: list[str]
     host_driver: str = ""  # enable-cuda-compat --host-driver-version
     compat_dir: str = COMPAT_DIR  # enable-cuda-compat --cuda-compat-container-root
+    host_cuda: str = ""  # enable-cuda-compat --host-cuda-version
 
 
 def parse(args: Sequence[str]) -> HookArgs:
@@ -173,7 +276,7 @@ def parse(args: Sequence[str]) -> HookArgs:
                                       "--cuda-compat-container-root")}[command]
     links: list[tuple[str, str]] = []
     folders: list[str] = []
-    host_driver = ""
+    host_driver = host_cuda = ""
     compat_dir = COMPAT_DIR
     rest = list(args[1:])
     while rest:
@@ -201,24 +304,24 @@ def parse(args: Sequence[str]) -> HookArgs:
         elif flag == "--host-driver-version":
             host_driver = value
         elif flag == "--host-cuda-version":
-            pass  # decides only with the CUDA ELF note, which gpuk8s does not read
+            host_cuda = value
         elif flag == "--cuda-compat-container-root":
             if not value.startswith("/"):
                 raise HookError(f"--cuda-compat-container-root {value}: an absolute path")
             compat_dir = value
-    return HookArgs(command, links, folders, host_driver, compat_dir)
+    return HookArgs(command, links, folders, host_driver, compat_dir, host_cuda)
 
 
 def main(args: Sequence[str], stdin: str | None = None) -> int:
     try:
-        command, links, folders, host_driver, compat_dir = parse(args)
+        command, links, folders, host_driver, compat_dir, host_cuda = parse(args)
         state = json.loads(sys.stdin.read() if stdin is None else stdin)
         root = container_root(state)
         if command == "create-symlinks":
             in_root(root, lambda: make_links(links))
         elif command == "enable-cuda-compat":
-            if host_driver:
-                in_root(root, lambda: enable_compat(host_driver, compat_dir))
+            if host_driver or host_cuda:
+                in_root(root, lambda: enable_compat(host_driver, compat_dir, host_cuda))
         elif folders:
             in_root(root, lambda: write_conf(folders))
             done = subprocess.run([ldconfig(), "-r", root], capture_output=True, text=True,
