@@ -6,7 +6,7 @@ nvidia-container-toolkit's ``nvidia-cdi-hook`` (so a spec may name either progra
   ``libcuda.so.1 -> libcuda.so.<version>`` and the ``.so`` links a host has);
 * ``enable-cuda-compat --host-driver-version VERSION``: where the image carries CUDA's
   forward-compatibility libraries (``/usr/local/cuda/compat/libcuda.so.<version>``, one of
-  them) of a newer driver branch than the host's (a higher major version), their folder
+  them) that should win over the host's driver (see below), their folder
   goes first into the container's ``/etc/ld.so.conf.d`` (``00-compat-gpuk8s.conf``, read
   before ``00-gpuk8s-nvidia.conf``), so the ld.so cache that ``update-ldcache`` then builds
   hands out the image's ``libcuda.so.1``; otherwise it does nothing. The decision is
