@@ -91,6 +91,7 @@ from paper_policies import PAPER_POLICIES, PaperScheduler, typical_pods
 
 from gpuk8s import sim
 from gpuk8s.core.allocator import allocate
+from gpuk8s.core.binpack import knapsack, simplex
 from gpuk8s.core.model import DriverInfo, Gpu, NodeInventory
 from gpuk8s.core.schedconf import NOGPU_VERB, packing_profile
 from gpuk8s.core.scoring import LinkGroups
@@ -865,65 +866,6 @@ def shares_packed(specs: list[NodeSpec], pods: Iterable[PodSpec], seed: int) -> 
     return result
 
 
-def _knapsack(sizes: Sequence[int], values: Sequence[float], room: int) -> tuple[float, list[int]]:
-    """Unbounded knapsack: the most value of items (any number of each) whose sizes sum
-    to at most ``room``, and how many of each."""
-    best = [0.0] * (room + 1)
-    last = [-1] * (room + 1)
-    for r in range(1, room + 1):
-        best[r], last[r] = best[r - 1], -1
-        for i, size in enumerate(sizes):
-            if size <= r and best[r - size] + values[i] > best[r] + 1e-12:
-                best[r], last[r] = best[r - size] + values[i], i
-    counts = [0] * len(sizes)
-    r = room
-    while r > 0:
-        if last[r] < 0:
-            r -= 1
-        else:
-            counts[last[r]] += 1
-            r -= sizes[last[r]]
-    return best[room], counts
-
-
-def _simplex(columns: list[list[int]], values: list[float], limits: list[int]) -> list[float]:
-    """max values·x subject to sum_j columns[j][i]·x_j <= limits[i], x >= 0 (limits >= 0):
-    the dual prices of the rows at the optimum (dense tableau, Bland's rule)."""
-    rows, cols = len(limits), len(columns)
-    width = cols + rows + 1
-    table = [
-        [float(columns[j][i]) for j in range(cols)]
-        + [1.0 if k == i else 0.0 for k in range(rows)]
-        + [float(limits[i])]
-        for i in range(rows)
-    ]
-    cost = [-v for v in values] + [0.0] * (rows + 1)
-    basis = [cols + i for i in range(rows)]
-    eps = 1e-9
-    while True:
-        enter = next((j for j in range(width - 1) if cost[j] < -eps), -1)
-        if enter < 0:
-            return cost[cols:cols + rows]
-        leave, ratio = -1, 0.0
-        for i in range(rows):
-            a = table[i][enter]
-            if a > eps:
-                r = table[i][-1] / a
-                if leave < 0 or r < ratio - eps or (abs(r - ratio) <= eps
-                                                    and basis[i] < basis[leave]):
-                    leave, ratio = i, r
-        if leave < 0:  # unbounded: not possible with limits on every column
-            raise ValueError("configuration LP unbounded")
-        pivot = table[leave]
-        scale = pivot[enter]
-        pivot[:] = [x / scale for x in pivot]
-        for row in (*table[:leave], *table[leave + 1:], cost):
-            f = row[enter]
-            if abs(f) > 0.0:
-                row[:] = [x - f * y for x, y in zip(row, pivot, strict=True)]
-        basis[leave] = enter
-
-
 def shares_lp(shares: dict[int, int], gpus: int) -> float:
     """The most milli-GPUs of ``shares`` (size -> count, sizes < ``MILLI``) that ``gpus``
     GPUs can hold, as the configuration LP bounds it: column generation (a knapsack
@@ -944,7 +886,7 @@ def shares_lp(shares: dict[int, int], gpus: int) -> float:
         column[i] = min(counts[i], MILLI // s)
         columns.append(column)
     while True:
-        prices = _simplex(
+        _, prices = simplex(
             [[*c, 1] for c in columns],
             [float(sum(n * s for n, s in zip(c, sizes, strict=True))) for c in columns],
             [*counts, gpus],
@@ -952,7 +894,8 @@ def shares_lp(shares: dict[int, int], gpus: int) -> float:
         item, gpu = prices[:-1], prices[-1]
         item = [max(0.0, p) for p in item]
         gains = [max(0.0, s - p) for s, p in zip(sizes, item, strict=True)]
-        value, column = _knapsack(units, gains, room)
+        reach, column = knapsack(units, gains, room)
+        value = reach[room]
         bound = sum(n * p for n, p in zip(counts, item, strict=True)) + gpus * value
         if value <= gpu + 1e-6 or column in columns or len(columns) > 2000:
             return min(bound, float(sum(n * s for n, s in zip(counts, sizes, strict=True))))
