@@ -627,3 +627,29 @@ def test_pods_without_gpus_go_where_their_cpu_strands_no_gpu(
         "Pod": plain_pod("p", "4"),
         "Nodes": {"items": [node("a", annotations)]}})
     assert status == 200 and [h["Score"] for h in result] == [0]
+
+
+def test_prioritize_follows_the_mix_packing_before_fragmentation(
+    annotations: dict[str, str],
+) -> None:
+    """Arriving shares of 32 % (three to a GPU), 20 % and 50 %; on node a a 20 % share
+    and a whole-GPU one, on node b a 32 % share and a whole-GPU one. A 50 % pod: FGD's
+    rise alone prefers b (18 % left that no class uses, against 30 % on a that the 32 %
+    and 50 % classes cannot use), but beside the 32 % share it loses a sixth of a GPU
+    against the LP packing of the mix, beside the 20 % one a tenth (a 20 % share still
+    fits): a ranks first, and bind books it there."""
+    arrivals = ArrivalMix(prior=())
+    for i, pct in enumerate((32, 32, 32, 20, 50)):
+        arrivals.observe(f"seen-{i}", ShareRequest(MODE_SGPU, 1, pct, 0), 0)
+    assert arrivals.mix()[1].prices.price == pytest.approx({20: 0.2, 32: 1 / 3, 50: 0.5})
+    ext, api, _ = over([node("a", annotations), node("b", annotations)], arrivals=arrivals)
+    for name, where, vcore in (("wa", "a", "100"), ("sa", "a", "20"),
+                               ("wb", "b", "100"), ("sb", "b", "32")):
+        assert not bind(ext, api, pod(name, vcore), where)
+    items = [node("a", annotations), node("b", annotations)]
+    status, result = call(ext, "prioritize", {"Pod": pod("half", "50"), "Nodes": {"items": items}})
+    assert status == 200
+    scores = {h["Host"]: h["Score"] for h in result}
+    assert scores["a"] > scores["b"]
+    assert ext.sharing is not None
+    assert ext.sharing.place("b", HALF).raw < ext.sharing.place("a", HALF).raw

@@ -163,11 +163,11 @@ def test_fit_and_best_fit() -> None:
     half = s.ShareRequest(s.MODE_SGPU, 1, 50, 1024)
     usage: dict[int, s.GpuUsage] = {}
     # first pod: lowest index; second: onto the already-shared GPU
-    chosen, _, _ = s.choose_shared(caps, usage, half)
+    chosen = s.choose_shared(caps, usage, half).gpus
     assert chosen == [0]
     usage.setdefault(0, s.GpuUsage()).add(half)
     usage.setdefault(1, s.GpuUsage()).add(s.ShareRequest(s.MODE_SGPU, 1, 70, 0))
-    chosen, _, _ = s.choose_shared(caps, usage, s.ShareRequest(s.MODE_SGPU, 1, 30, 0))
+    chosen = s.choose_shared(caps, usage, s.ShareRequest(s.MODE_SGPU, 1, 30, 0)).gpus
     assert chosen == [1]  # best fit: 0 % left on GPU 1, 20 % on GPU 0
     usage[0].add(half)
     assert s.fits(caps[0], usage[0], half) == "0 percent compute left, the pod needs 50 percent"
@@ -175,7 +175,7 @@ def test_fit_and_best_fit() -> None:
     assert "exclusively" in (s.fits(caps[1], usage[1], excl) or "")
     big = s.ShareRequest(s.MODE_SGPU, 1, 10, 70000)
     assert "MiB memory left" in (s.fits(caps[2], None, big) or "")
-    chosen, why, _ = s.choose_shared(caps, usage, s.ShareRequest(s.MODE_SGPU, 2, 90, 0))
+    chosen, why, _, _ = s.choose_shared(caps, usage, s.ShareRequest(s.MODE_SGPU, 2, 90, 0))
     assert chosen is None and "1 of 3 GPU(s)" in why
     nomem = s.GpuCapacity(3, None)
     assert "memory unknown" in (s.fits(nomem, None, half) or "")
@@ -355,9 +355,35 @@ def test_choose_shared_keeps_room_the_mix_can_use() -> None:
     small = s.ShareRequest(s.MODE_SGPU, 1, 30, 0)
     assert s.choose_shared(caps, usage, small)[0] == [0]  # best fit
     mix = s.ShareMix({(1, 50, 0, 0): 1.0})
-    chosen, _, rise = s.choose_shared(caps, usage, small, mix=mix)
-    assert chosen == [1] and rise == pytest.approx(0.0)
+    chosen, _, rise, waste = s.choose_shared(caps, usage, small, mix=mix)
+    assert chosen == [1] and rise == pytest.approx(0.0) and waste == pytest.approx(0.0)
     # the pod's own CPU counts: a node left with too little CPU strands its GPUs
     cpu_mix = s.ShareMix({(1, 50, 3000, 0): 1.0})
-    _, _, rise = s.choose_shared(caps, usage, small, mix=cpu_mix, room=s.Room(4000, None, 2000))
+    rise = s.choose_shared(caps, usage, small, mix=cpu_mix, room=s.Room(4000, None, 2000)).rise
     assert rise == pytest.approx(50 + 50)  # both GPUs' 50 % left, useless without CPU
+
+
+def test_choose_shared_follows_the_mix_packing_before_fragmentation() -> None:
+    """A 50 % share, with one GPU holding 20 % and another 32 %, for a mix of 32 %
+    shares (three to a GPU), 20 % (five) and 50 % (two). FGD alone takes the 32 % GPU:
+    18 % left that no class uses, against 30 % left on the other, which the 32 % and
+    50 % classes cannot use (24 % expected). The LP packing of the mix prices the 32 %
+    share at a third of a GPU, the 20 % at a fifth, the 50 % at a half: beside the 32 %
+    one the share loses a sixth of a GPU for good, beside the 20 % one a tenth (a 20 %
+    share still fits), so that GPU is chosen."""
+    caps = [s.GpuCapacity(0, 65536), s.GpuCapacity(1, 65536)]
+    usage = {0: s.GpuUsage(), 1: s.GpuUsage()}
+    usage[0].add(s.ShareRequest(s.MODE_SGPU, 1, 20, 0))
+    usage[1].add(s.ShareRequest(s.MODE_SGPU, 1, 32, 0))
+    mix = s.ShareMix({(1, 32, 0, 0): 3.0, (1, 20, 0, 0): 1.0, (1, 50, 0, 0): 1.0})
+    assert mix.prices.price == pytest.approx({20: 0.2, 32: 1 / 3, 50: 0.5})
+    half = s.ShareRequest(s.MODE_SGPU, 1, 50, 0)
+    chosen = s.choose_shared(caps, usage, half, mix=mix)
+    assert chosen.gpus == [0]
+    assert chosen.waste == pytest.approx(0.1)
+    assert chosen.rise == pytest.approx(24.0)  # 30 % the 32 % and 50 % shares cannot use
+    # FGD's own measure prefers the other GPU: what the waste overrules
+    after_1 = s.node_fragmentation([80, 18], s.NO_ROOM, mix)
+    after_0 = s.node_fragmentation([30, 68], s.NO_ROOM, mix)
+    assert after_1 == pytest.approx(18.0) and after_0 == pytest.approx(24.0)
+    assert s.ShareMix({(1, 100, 0, 0): 1.0}).prices.price == {}  # whole GPUs: no prices

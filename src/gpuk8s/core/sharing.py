@@ -91,6 +91,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Mapping, NamedTuple, Sequence, Tuple
 
+from .binpack import NO_PRICES, Prices, bin_prices
 from .effective import container_asks, containers_of
 from .errors import ConfigError
 from .quantity import QuantityError, parse_quantity
@@ -522,6 +523,12 @@ class ShareMix:
     """The request mix that fragmentation is measured against: request classes
     ``(GPUs, percent, CPU millicores)`` with weights (the ``MIX_CLASSES`` heaviest).
 
+    ``prices``: the fewest-GPUs packing of the mix's fractional shares as the
+    configuration LP finds it (``core.binpack.bin_prices``; a class of ``k`` GPUs counts
+    ``k`` shares of its percent): what one GPU's worth each share size is in a packing
+    of the mix as tight as the LP allows. ``Prices.waste`` says what a placement loses
+    for good against that packing.
+
     Precomputed per CPU threshold (the classes' distinct CPU requests), so that
     ``node_fragmentation`` costs one bisection plus one step per GPU: the weight of the
     classes a node's free CPU cannot feed, per free percent of a GPU the weight of the
@@ -572,6 +579,11 @@ class ShareMix:
             self.partial.append(list(per))
             self.whole.append(tuple(whole[k] for k in self.sizes))
 
+        demand: dict[int, float] = {}
+        for (k, pct, _, _), w in self.classes:
+            if pct < FULL_CORE:
+                demand[pct] = demand.get(pct, 0.0) + w * k
+        self.prices: Prices = bin_prices(demand, FULL_CORE) if demand else NO_PRICES
         # (memory, CPU, GPUs, percent, weight), the largest memory first
         self.by_memory: tuple[tuple[int, int, int, int, float], ...] = tuple(
             sorted(((c[3], c[2], c[0], c[1], w) for c, w in self.classes), reverse=True)
@@ -772,6 +784,17 @@ def free_percent(caps: Sequence[GpuCapacity], usage: Mapping[int, GpuUsage]) -> 
     return out
 
 
+class Chosen(NamedTuple):
+    """``choose_shared``'s answer: the GPU indexes (None: the share does not fit), why
+    not, the rise of the node's fragmentation, and the share of a GPU the placement
+    loses against the mix's LP packing (``ShareMix.prices``); both 0.0 without a mix."""
+
+    gpus: list[int] | None
+    why: str = ""
+    rise: float = 0.0
+    waste: float = 0.0
+
+
 def choose_shared(
     caps: Sequence[GpuCapacity],
     usage: Mapping[int, GpuUsage],
@@ -779,16 +802,18 @@ def choose_shared(
     prefer: Mapping[int, int] | None = None,
     mix: ShareMix | None = None,
     room: Room = NO_ROOM,
-) -> tuple[list[int] | None, str, float]:
-    """GPU indexes for a fractional share, or (None, why not), and the rise of the
-    node's fragmentation (``node_fragmentation``, 0.0 without a mix).
+) -> Chosen:
+    """The GPUs for a fractional share, or why it does not fit.
 
-    With the request ``mix``: the GPUs after which the node's fragmentation is the
-    least (``room``: the node's free CPU and memory and the pod's requests, so that
-    classes the node can no longer feed count); ties, and without a mix: best fit (already-shared
-    GPUs with the least left over first). Then the lowest ``prefer`` value -- the
-    caller's topology rank, e.g. how many unshared GPUs the GPU's link group still has,
-    so that opening a GPU breaks the fewest whole groups -- then the lowest index."""
+    With the request ``mix``: first the GPUs where the share loses least against the
+    mix's LP packing (``Prices.waste``: 0 where it completes or opens a GPU as a tight
+    packing of the mix would), then those after which the node's fragmentation is the
+    least (``node_fragmentation``; ``room``: the node's free CPU and memory and the
+    pod's requests, so that classes the node can no longer feed count); ties, and
+    without a mix: best fit (already-shared GPUs with the least left over first). Then
+    the lowest ``prefer`` value -- the caller's topology rank, e.g. how many unshared
+    GPUs the GPU's link group still has, so that opening a GPU breaks the fewest whole
+    groups -- then the lowest index."""
     ok: list[GpuCapacity] = []
     reasons: dict[str, int] = {}
     for cap in caps:
@@ -799,13 +824,10 @@ def choose_shared(
             reasons[why] = reasons.get(why, 0) + 1
     if len(ok) < share.gpus:
         detail = "; ".join(f"{n} GPU(s): {why}" for why, n in sorted(reasons.items()))
-        return (
+        return Chosen(
             None,
-            (
-                f"{len(ok)} of {len(caps)} GPU(s) can take the share, the pod needs "
-                f"{share.gpus}" + (f" ({detail})" if detail else "")
-            ),
-            0.0,
+            f"{len(ok)} of {len(caps)} GPU(s) can take the share, the pod needs "
+            f"{share.gpus}" + (f" ({detail})" if detail else ""),
         )
 
     def best_fit(cap: GpuCapacity) -> tuple[int, Fraction, int, int]:
@@ -816,30 +838,36 @@ def choose_shared(
 
     ok.sort(key=best_fit)
     if not mix:
-        return sorted(c.index for c in ok[: share.gpus]), "", 0.0
+        return Chosen(sorted(c.index for c in ok[: share.gpus]))
     free = free_percent(caps, usage)
     after_room = room.after()
     before = node_fragmentation(list(free.values()), room, mix)
-    seen: dict[int, float] = {}  # free percent -> fragmentation after (same for equal GPUs)
-    scored: list[tuple[float, int, int]] = []
+    # free percent -> (waste, fragmentation after): the same for equal GPUs
+    seen: dict[int, tuple[float, float]] = {}
+    scored: list[tuple[float, float, int, int]] = []
     for order, cap in enumerate(ok):
         left = free.get(cap.index, 0)
-        value = seen.get(left)
-        if value is None:
+        known = seen.get(left)
+        if known is None:
             after = dict(free)
             after[cap.index] = left - share.core
-            value = seen[left] = node_fragmentation(list(after.values()), after_room, mix)
-        scored.append((value, order, cap.index))
+            known = seen[left] = (
+                round(mix.prices.waste(left, share.core), 9),
+                node_fragmentation(list(after.values()), after_room, mix),
+            )
+        scored.append((*known, order, cap.index))
     scored.sort()
-    chosen = [index for _, _, index in scored[: share.gpus]]
+    top = scored[: share.gpus]
+    chosen = [item[3] for item in top]
+    waste = sum(item[0] for item in top)
     if share.gpus > 1:  # several GPUs: the state after all of them
         after = dict(free)
         for index in chosen:
             after[index] -= share.core
         rise = node_fragmentation(list(after.values()), after_room, mix) - before
     else:
-        rise = scored[0][0] - before
-    return sorted(chosen), "", rise
+        rise = top[0][1] - before
+    return Chosen(sorted(chosen), "", rise, waste)
 
 
 def whole_rise(

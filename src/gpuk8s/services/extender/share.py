@@ -28,14 +28,18 @@ fragmentation rises least (``core.sharing.node_fragmentation``: the free GPU cap
 that the request mix cannot use, a node's free CPU being a hard limit for each request
 class), measured against the mix of the sharing pods that *arrive* (``ArrivalMix``,
 the pods seen by ``filter``, placed or not), not only of those that run. Fractional
-shares pick their GPU by that measure (ties: best fit, then the link group with the
-fewest unshared GPUs); whole GPUs (``vcuda-core`` multiples of 100) are chosen among
-the unshared ones by the topology allocator, and the node by the same measure. Nodes
-are ranked by that rise plus ``CPU_BALANCE`` x the node's CPU imbalance after the pod
-(``core.sharing.cpu_balance``: how far its free CPU is from what its free GPU capacity
-needs at the arriving pods' CPU per GPU, a core short counting four in excess): on the
-openb trace the pods that fail at the end are those that find free GPUs only on nodes
-whose CPU is spent.
+shares go first where they lose least against the tightest packing of that mix
+(``ShareMix.prices``: the configuration LP of the mix's share sizes, ``core.binpack``;
+a share that completes or opens a GPU as that packing would loses nothing, one that
+leaves a GPU with room the mix can no longer fill as well loses the difference), node
+and GPU alike (``WASTE_RANK``), then by the rise of fragmentation (ties: best fit, then
+the link group with the fewest unshared GPUs); whole GPUs (``vcuda-core`` multiples of
+100) are chosen among the unshared ones by the topology allocator, and the node by the
+same rise. Nodes are ranked by that rise plus ``CPU_BALANCE`` x the node's CPU
+imbalance after the pod (``core.sharing.cpu_balance``: how far its free CPU is from
+what its free GPU capacity needs at the arriving pods' CPU per GPU, a core short
+counting four in excess): on the openb trace the pods that fail at the end are those
+that find free GPUs only on nodes whose CPU is spent.
 
 Pods without GPUs reach gpu-aware only through the scheduler's second, prioritize-only
 entry (``core.schedconf.NOGPU_VERB``, ``ExtenderSpec.rank_nogpu``); ``raw_nogpu`` ranks
@@ -128,6 +132,11 @@ LOAD_RANK = 1e6
 # of fragmentation (percent of a GPU): a core in excess counts as 0.5 % of a GPU
 # stranded, a core short as 2 % (``BALANCE_SHORT``)
 CPU_BALANCE = 0.5
+# fractional shares: the waste against the mix's LP packing (``core.sharing.ShareMix``,
+# in GPUs) ranks nodes before the rise of fragmentation (percent of a GPU) and the CPU
+# balance: a hundred-thousandth of a GPU wasted (1,000) outweighs any rise on a node of
+# 8 GPUs (at most 800)
+WASTE_RANK = 1e8
 MAX_MEMO = 200_000  # placements remembered (per node state and share)
 
 
@@ -720,13 +729,19 @@ class Sharing:
             placed = self._place_whole(node, usage, share, len(unshared), room, mix)
         else:
             prefer = {i: per_group.get(node.groups.get(i), 0) for i in unshared}
-            chosen, why, rise = choose_shared(node.gpus, usage, share, prefer, mix, room)
-            if chosen is None:
-                return Placement(None, f"gpu-aware: {why}")
-            fresh = sum(1 for i in chosen if i in prefer)
-            # least rise of the node's fragmentation first; then, opening a GPU, the
-            # node with the fewest unshared GPUs after it (whole nodes stay whole)
-            placed = Placement(tuple(chosen), raw=-round(rise, 9) - TIE * (len(unshared) - fresh))
+            chosen = choose_shared(node.gpus, usage, share, prefer, mix, room)
+            if chosen.gpus is None:
+                return Placement(None, f"gpu-aware: {chosen.why}")
+            fresh = sum(1 for i in chosen.gpus if i in prefer)
+            # least waste against the mix's LP packing first, then the least rise of
+            # the node's fragmentation; then, opening a GPU, the node with the fewest
+            # unshared GPUs after it (whole nodes stay whole)
+            placed = Placement(
+                tuple(chosen.gpus),
+                raw=-WASTE_RANK * chosen.waste
+                - round(chosen.rise, 9)
+                - TIE * (len(unshared) - fresh),
+            )
         if placed.gpus is None or mix.cpu_per_gpu is None or room.cpu is None:
             return placed
         # and the node whose free CPU stays in step with its free GPU capacity
