@@ -387,3 +387,14 @@ def test_choose_shared_follows_the_mix_packing_before_fragmentation() -> None:
     after_0 = s.node_fragmentation([30, 68], s.NO_ROOM, mix)
     assert after_1 == pytest.approx(18.0) and after_0 == pytest.approx(24.0)
     assert s.ShareMix({(1, 100, 0, 0): 1.0}).prices.price == {}  # whole GPUs: no prices
+
+
+def test_share_mix_prices_only_the_heaviest_sizes() -> None:
+    """The LP's time grows steeply with the number of share sizes: a mix of 64 sizes
+    (a cluster where every pod asks its own percent) prices the ``PRICED_SIZES``
+    heaviest, and the lighter ones are worth nothing in it."""
+    weights = {(1, pct, 0, 0): float(pct) for pct in range(30, 94)}  # 64 sizes
+    mix = s.ShareMix(weights)
+    assert len(mix.classes) == 64
+    assert sorted(mix.prices.price) == list(range(94 - s.PRICED_SIZES, 94))
+    assert mix.prices.waste(100, 30) == pytest.approx(mix.prices.reach[100] - mix.prices.reach[70])

@@ -490,6 +490,10 @@ def leftover(cap: GpuCapacity, use: GpuUsage | None, share: ShareRequest) -> Fra
 # the request mix when nothing has been seen yet: percent of a GPU -> weight
 DEFAULT_SHARE_MIX: tuple[tuple[int, float], ...] = ((25, 1.0), (50, 1.0), (100, 1.0))
 MIX_CLASSES = 64  # request classes kept in a ShareMix (the heaviest)
+# share sizes (percent) the mix's LP packing prices, the heaviest: the LP's time grows
+# steeply with them (24 sizes: under 0.1 s at worst, 32: seconds -- too long for a call
+# kube-scheduler waits on); a size left out is worth nothing in it
+PRICED_SIZES = 24
 BALANCE_MIN_FREE = 5  # percent: a node keeping less GPU capacity has no CPU balance
 # in ``cpu_balance``, a core short of what a node's free GPUs need counts this many
 # cores in excess: a core short strands GPU capacity, a core in excess only CPU
@@ -525,9 +529,9 @@ class ShareMix:
 
     ``prices``: the fewest-GPUs packing of the mix's fractional shares as the
     configuration LP finds it (``core.binpack.bin_prices``; a class of ``k`` GPUs counts
-    ``k`` shares of its percent): what one GPU's worth each share size is in a packing
-    of the mix as tight as the LP allows. ``Prices.waste`` says what a placement loses
-    for good against that packing.
+    ``k`` shares of its percent; the ``PRICED_SIZES`` heaviest sizes): what one GPU's
+    worth each share size is in a packing of the mix as tight as the LP allows.
+    ``Prices.waste`` says what a placement loses for good against that packing.
 
     Precomputed per CPU threshold (the classes' distinct CPU requests), so that
     ``node_fragmentation`` costs one bisection plus one step per GPU: the weight of the
@@ -583,7 +587,8 @@ class ShareMix:
         for (k, pct, _, _), w in self.classes:
             if pct < FULL_CORE:
                 demand[pct] = demand.get(pct, 0.0) + w * k
-        self.prices: Prices = bin_prices(demand, FULL_CORE) if demand else NO_PRICES
+        priced = sorted(demand.items(), key=lambda item: (-item[1], item[0]))[:PRICED_SIZES]
+        self.prices: Prices = bin_prices(dict(priced), FULL_CORE) if priced else NO_PRICES
         # (memory, CPU, GPUs, percent, weight), the largest memory first
         self.by_memory: tuple[tuple[int, int, int, int, float], ...] = tuple(
             sorted(((c[3], c[2], c[0], c[1], w) for c, w in self.classes), reverse=True)
