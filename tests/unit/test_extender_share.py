@@ -5,6 +5,8 @@ against a real kube-apiserver)."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 
 import msgspec
@@ -653,3 +655,27 @@ def test_prioritize_follows_the_mix_packing_before_fragmentation(
     assert scores["a"] > scores["b"]
     assert ext.sharing is not None
     assert ext.sharing.place("b", HALF).raw < ext.sharing.place("a", HALF).raw
+
+
+def test_arrival_mix_is_retaken_once_when_threads_ask_at_once() -> None:
+    """Re-taking the mix solves an LP: threads that found it stale while another was
+    re-taking it use that one instead of solving again."""
+
+    class Counted(ArrivalMix):
+        takes = 0
+
+        def _take(self) -> Any:
+            Counted.takes += 1
+            time.sleep(0.05)
+            return super()._take()
+
+    arrivals = Counted(prior=())
+    start = Counted.takes
+    for i in range(10):
+        arrivals.observe(f"u{i}", HALF, 0)
+    threads = [threading.Thread(target=arrivals.mix) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert Counted.takes == start + 1

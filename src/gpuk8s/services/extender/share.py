@@ -457,11 +457,12 @@ class ArrivalMix:
 
     def mix(self) -> tuple[int, ShareMix]:
         """(version, mix)."""
-        version = self._mix[0]
         if self._drift <= MIX_DRIFT * max(self._total, 1.0):
             return self._mix
         with self._lock:
-            self._mix = (version + 1, self._take())
+            if self._drift <= MIX_DRIFT * max(self._total, 1.0):
+                return self._mix  # another thread re-took it while this one waited
+            self._mix = (self._mix[0] + 1, self._take())
             self._drift = 0
             return self._mix
 
