@@ -657,6 +657,34 @@ def test_prioritize_follows_the_mix_packing_before_fragmentation(
     assert ext.sharing.place("b", HALF).raw < ext.sharing.place("a", HALF).raw
 
 
+def test_breaking_a_scarce_home_costs_its_shortage(annotations: dict[str, str]) -> None:
+    """Nine in ten arriving pods ask 2 whole GPUs: a 1-GPU pod on an empty node strands
+    a GPU for the 2-GPU class (FGD's rise, 0.9 x 100). Once b and c are taken, the 3
+    free GPUs are filled by about 1.6 pods, 1.4 of them 2-GPU ones, and a is their only
+    home: breaking it costs about 1.4 times as much (``whole_scarcity``, rounded to
+    2 ** 0.5)."""
+    arrivals = ArrivalMix(prior=())
+    for i in range(10):
+        arrivals.observe(f"seen-{i}", ShareRequest(MODE_SGPU, 2 if i else 1, 100, 0, True), 0)
+    ext, api, _ = over(
+        [node(n, annotations) for n in ("a", "b", "c")], arrivals=arrivals
+    )
+    assert ext.sharing is not None
+    one = ShareRequest(MODE_SGPU, 1, 100, 0, True)
+    # 6 free GPUs, about 2.8 2-GPU pods to come for 3 homes: no shortage
+    plenty = ext.sharing.place("a", one).raw
+    assert plenty == pytest.approx(-0.9 * 100, abs=0.01)
+    # 5 free, 2.4 to come for 2 homes: 1.18, rounded to 2 ** 0.25
+    assert not bind(ext, api, pod("pb", "100"), "b")
+    assert ext.sharing.place("a", one).raw == pytest.approx(-0.9 * 100 * 2**0.25, abs=0.01)
+    assert not bind(ext, api, pod("pc1", "100"), "c")
+    assert not bind(ext, api, pod("pc2", "100"), "c")
+    scarce = ext.sharing.place("a", one).raw
+    assert scarce == pytest.approx(-0.9 * 100 * 2**0.5, abs=0.01)
+    # b's last GPU breaks no home: the same either way
+    assert ext.sharing.place("b", one).raw > scarce
+
+
 def test_arrival_mix_is_retaken_once_when_threads_ask_at_once() -> None:
     """Re-taking the mix solves an LP: threads that found it stale while another was
     re-taking it use that one instead of solving again."""

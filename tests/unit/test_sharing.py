@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -326,6 +327,45 @@ def test_fill_taken_is_the_difference_of_two_fill_stranded() -> None:
         assert before.lost == s.fill_stranded(free, room, mix)
         want = s.fill_stranded(free, room.after(), mix) - before.lost
         assert s.fill_taken(before, room.after(), mix) == pytest.approx(want, abs=1e-9)
+
+
+def test_whole_scarcity_is_the_k_gpu_pods_to_come_over_their_homes() -> None:
+    """Half the pods ask 1 GPU, half 8: the free capacity is filled by about
+    free / 4.5 pods, half of them 8-GPU ones, each needing a node with 8 GPUs free."""
+    mix = s.ShareMix({(1, 100, 0, 0): 1.0, (8, 100, 0, 0): 1.0})
+    empty = [100] * 8
+    broken = [100] * 7 + [0]
+    # 4 empty nodes: 32 GPUs, ~7.1 pods to come, 3.6 of 8 GPUs for 4 homes
+    assert s.whole_scarcity([empty] * 4, mix) == {1: 1.0, 8: 1.0}
+    # 3 of them broken by a 1-GPU pod each: 3.4 8-GPU pods to come, 1 home left
+    short = 29 / 4.5 / 2
+    factors = s.whole_scarcity([empty] + [broken] * 3, mix)
+    assert factors[1] == 1.0
+    assert factors[8] == pytest.approx(2.0 ** (round(4 * math.log2(short)) / 4))
+    assert 2.0 ** -0.125 < factors[8] / short < 2.0**0.125  # rounded to quarter steps
+    # no home left at all: nothing to break, no factor
+    assert s.whole_scarcity([broken] * 4, mix)[8] == 1.0
+    # a mix without whole-GPU classes has no factors
+    assert s.whole_scarcity([empty], s.ShareMix({(1, 50, 0, 0): 1.0})) == {}
+
+
+def test_scaled_mix_weighs_breaking_a_scarce_home_more() -> None:
+    mix = s.ShareMix({(1, 100, 0, 0): 9.0, (8, 100, 0, 0): 1.0})
+    assert mix.scaled({1: 1.0, 8: 1.0}) is mix
+    scaled = mix.scaled({8: 3.0})
+    empty, broken = [100] * 8, [100] * 7 + [0]
+    # taking one GPU of an empty 8-GPU node strands the other 7 for the 8-GPU class
+    rise = s.node_fragmentation(broken, s.NO_ROOM, mix) - s.node_fragmentation(
+        empty, s.NO_ROOM, mix
+    )
+    assert rise == pytest.approx(0.1 * 700)
+    rise = s.node_fragmentation(broken, s.NO_ROOM, scaled) - s.node_fragmentation(
+        empty, s.NO_ROOM, scaled
+    )
+    assert rise == pytest.approx(3 * 0.1 * 700)
+    # the original is untouched, the rest shared
+    assert s.node_fragmentation(broken, s.NO_ROOM, mix) == pytest.approx(70.0)
+    assert scaled.classes == mix.classes and scaled.prices is mix.prices
 
 
 def test_cpu_balance_is_the_cpu_a_node_keeps_off_its_gpus_needs() -> None:

@@ -84,12 +84,14 @@ per-GPU usage from these annotations (``usage_from_assignments``).
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import re
 from bisect import bisect_right
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Mapping, NamedTuple, Sequence, Tuple
+from typing import Iterable, Mapping, NamedTuple, Sequence, Tuple
 
 from .binpack import NO_PRICES, Prices, bin_prices
 from .effective import container_asks, containers_of
@@ -596,6 +598,51 @@ class ShareMix:
 
     def __bool__(self) -> bool:
         return bool(self.classes)
+
+    def scaled(self, factors: Mapping[int, float]) -> ShareMix:
+        """This mix with the weight of each whole-GPU size ``k`` in ``factors`` (a
+        ``whole_scarcity`` result) multiplied by its factor, where fragmentation is
+        measured (``node_fragmentation``); the rest is shared. ``self`` when no factor
+        differs from 1."""
+        if all(f == 1.0 for f in factors.values()):
+            return self
+        out = copy.copy(self)
+        scale = [factors.get(k, 1.0) for k in self.sizes]
+        out.whole = [tuple(w * f for w, f in zip(row, scale)) for row in self.whole]
+        return out
+
+
+def whole_scarcity(nodes: Iterable[Sequence[int]], mix: ShareMix) -> dict[int, float]:
+    """Per whole-GPU size ``k`` of the mix: how many more ``k``-GPU pods are to come
+    than the cluster has homes for, as a factor of at least 1 (``ShareMix.scaled``).
+    ``nodes``: each node's percent free per GPU (``free_percent``). The pods still to
+    come are those that fill its free GPU capacity at the mix's GPUs per pod, the
+    ``k``-GPU ones the mix's share of them; a home is ``k`` wholly free GPUs of one node.
+    A factor over 1 means those homes run out before the cluster fills: breaking one
+    then costs a pod that will find none, not only the node's own fragments. Rounded to
+    quarter steps of a doubling, so that it moves (and placements memoised against it
+    change) only when the shortage does."""
+    if not mix.sizes:
+        return {}
+    per_pod = sum(w * k * pct / FULL_CORE for (k, pct, _, _), w in mix.classes)
+    if per_pod <= 0:
+        return {}
+    free = 0
+    full: list[int] = []
+    for gpus in nodes:
+        free += sum(gpus)
+        full.append(sum(1 for f in gpus if f >= FULL_CORE))
+    to_come = free / FULL_CORE / per_pod
+    weight = dict.fromkeys(mix.sizes, 0.0)
+    for (k, pct, _, _), w in mix.classes:
+        if pct >= FULL_CORE:
+            weight[k] += w
+    out: dict[int, float] = {}
+    for k in mix.sizes:
+        homes = sum(n // k for n in full)
+        short = weight[k] * to_come / homes if homes else 0.0
+        out[k] = 2.0 ** (round(4 * math.log2(short)) / 4) if short > 1.0 else 1.0
+    return out
 
 
 def node_fragmentation(free: Sequence[int], room: Room, mix: ShareMix) -> float:

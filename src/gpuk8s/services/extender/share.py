@@ -27,7 +27,12 @@ Placement follows FGD (Weng et al., ATC '23): the node and GPU where the node's
 fragmentation rises least (``core.sharing.node_fragmentation``: the free GPU capacity
 that the request mix cannot use, a node's free CPU being a hard limit for each request
 class), measured against the mix of the sharing pods that *arrive* (``ArrivalMix``,
-the pods seen by ``filter``, placed or not), not only of those that run. Fractional
+the pods seen by ``filter``, placed or not), not only of those that run, each of its
+whole-GPU sizes weighing more by its shortage across the cluster
+(``core.sharing.whole_scarcity``: the ``k``-GPU pods still to come, at the mix's GPUs
+per pod, over the nodes' homes of ``k`` wholly free GPUs; 1 while the homes suffice):
+FGD's rise sees one node, and without it 1-GPU pods broke the 8-GPU nodes that 8-GPU
+pods needed (openb ``multigpu40``: 8-GPU homes ran out at arrived ~88 %). Fractional
 shares go first where they lose least against the tightest packing of that mix
 (``ShareMix.prices``: the configuration LP of the mix's share sizes, ``core.binpack``;
 a share that completes or opens a GPU as that packing would loses nothing, one that
@@ -103,6 +108,7 @@ from ...core.sharing import (
     node_fragmentation,
     parse_assignment,
     whole_rise,
+    whole_scarcity,
 )
 from ...core.topology import Topology
 from .requeue import Requeue
@@ -183,6 +189,7 @@ class SharedNodes:
     def __init__(self) -> None:
         self._nodes: dict[str, tuple[Any, SharedNode]] = {}
         self._lock = threading.Lock()
+        self.generation = 0  # moves whenever a node's view changes
 
     def observe(self, item: NodeItem) -> SharedNode:
         key = (bytes(item.raws[0]), bytes(item.labels[0]), bytes(item.labels[1]))
@@ -192,11 +199,13 @@ class SharedNodes:
         node = shared_node(item)
         with self._lock:
             self._nodes[item.name] = (key, node)
+            self.generation += 1
         return node
 
     def forget(self, name: str) -> None:
         with self._lock:
             self._nodes.pop(name, None)
+            self.generation += 1
 
     def replace(self, items: Iterable[NodeItem]) -> None:
         fresh = {}
@@ -205,10 +214,14 @@ class SharedNodes:
             fresh[item.name] = (key, shared_node(item))
         with self._lock:
             self._nodes = fresh
+            self.generation += 1
 
     def get(self, name: str) -> SharedNode | None:
         hit = self._nodes.get(name)
         return hit[1] if hit is not None else None
+
+    def all(self) -> list[SharedNode]:
+        return [node for _, node in list(self._nodes.values())]
 
 
 class Ledger:
@@ -604,7 +617,7 @@ def parse_bind(body: bytes) -> BindArgs:
 Need = tuple[int, int]
 # what a memoised placement depends on: node identity, ledger version of the node,
 # mix version, the node's free CPU and memory
-_Version = tuple[int, int, int, int | None, int | None]
+_Version = tuple[int, int, object, int | None, int | None]
 
 
 @dataclass(frozen=True)
@@ -649,6 +662,11 @@ class Sharing:
         # its fragmentation before a pod without GPUs) -- the same for every such pod
         # until it changes
         self._nogpu_base: dict[str, tuple[_Version, list[int], Filled, float]] = {}
+        # the mix with whole-GPU sizes weighted by their shortage (``whole_scarcity``):
+        # ((ledger change, node generation, mix version), (version, scaled mix)), and
+        # per node ((node identity, ledger version), percent free per GPU)
+        self._scarce: tuple[tuple[int, int, int], tuple[Any, ShareMix]] | None = None
+        self._free_of: dict[str, tuple[tuple[int, int], list[int]]] = {}
         self.binds = 0
         self.bind_failures = 0
         # binds refused after waiting ``bind_wait_s`` for another pod's Allocate
@@ -665,15 +683,17 @@ class Sharing:
         without: str = "",
         cpu_milli: int = 0,
         memory_mib: int = 0,
+        mixed: tuple[Any, ShareMix] | None = None,
     ) -> Placement:
         """Where ``share`` goes on node ``name`` for a pod requesting ``cpu_milli`` and
         ``memory_mib`` (memoised per node state and request; ``without``: a pod whose
-        own assignment does not count, e.g. on a re-bind)."""
+        own assignment does not count, e.g. on a re-bind; ``mixed``: ``_scarce_mix()``
+        when the caller took it once for many nodes)."""
         node = self.nodes.get(name)
         own = self.ledger.get(without) if without else None
         cpu, memory = self._free_room(name) if self._free_room is not None else (None, None)
         room = Room(cpu, memory, cpu_milli, memory_mib)
-        mix_version, mix = self.arrivals.mix()
+        mix_version, mix = mixed if mixed is not None else self._scarce_mix()
         if node is None or (own is not None and own.node == name):
             return self._place(node, name, share, without, room, mix)
         key = (name, share, cpu_milli, memory_mib)
@@ -686,6 +706,37 @@ class Sharing:
             self._memo.clear()
         self._memo[key] = (version, placed)
         return placed
+
+    def _scarce_mix(self) -> tuple[Any, ShareMix]:
+        """The arrival mix with each whole-GPU size weighted by its shortage across the
+        cluster (``core.sharing.whole_scarcity``), and its version."""
+        version, mix = self.arrivals.mix()
+        key = (self.ledger.change, self.nodes.generation, version)
+        hit = self._scarce
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        frees: list[list[int]] = []
+        for node in self.nodes.all():
+            if node.problem is not None or node.mode == MODE_EXCLUSIVE:
+                continue  # sharing pods do not go there
+            at = (id(node), self.ledger.version(node.name))
+            known = self._free_of.get(node.name)
+            if known is None or known[0] != at:
+                free = list(free_percent(node.gpus, self.ledger.usage(node.name)).values())
+                known = (at, free)
+                if len(self._free_of) >= MAX_MEMO:
+                    self._free_of.clear()
+                self._free_of[node.name] = known
+            frees.append(known[1])
+        factors = whole_scarcity(frees, mix)
+        scaled = (
+            (version, tuple(sorted(factors.items()))),
+            mix.scaled(factors),
+        )
+        if hit is not None and hit[1][0] == scaled[0]:
+            scaled = hit[1]  # the same factors: keep the memoised placements valid
+        self._scarce = (key, scaled)
+        return scaled
 
     def _place(
         self,
@@ -789,8 +840,9 @@ class Sharing:
         keep: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
+        mixed = self._scarce_mix()
         for name in names:
-            placed = self.place(name, share, uid, *need)
+            placed = self.place(name, share, uid, *need, mixed=mixed)
             if placed.gpus is not None:
                 keep.append(name)
             elif placed.unresolvable:
@@ -804,8 +856,9 @@ class Sharing:
     ) -> list[float | None]:
         """Placement value per node, higher is better (None where the share does not fit)."""
         out: list[float | None] = []
+        mixed = self._scarce_mix()
         for name in names:
-            placed = self.place(name, share, uid, *need)
+            placed = self.place(name, share, uid, *need, mixed=mixed)
             out.append(placed.raw if placed.gpus is not None else None)
         return out
 
