@@ -664,7 +664,8 @@ class Sharing:
         self._nogpu_base: dict[str, tuple[_Version, list[int], Filled, float]] = {}
         # the mix with whole-GPU sizes weighted by their shortage (``whole_scarcity``):
         # ((ledger change, node generation, mix version), (version, scaled mix)), and
-        # per node ((node identity, ledger version), percent free per GPU)
+        # per node ((node identity, ledger version), percent free per GPU), which pods
+        # without GPUs read too (``_free_percents``)
         self._scarce: tuple[tuple[int, int, int], tuple[Any, ShareMix]] | None = None
         self._free_of: dict[str, tuple[tuple[int, int], list[int]]] = {}
         self.binds = 0
@@ -715,28 +716,32 @@ class Sharing:
         hit = self._scarce
         if hit is not None and hit[0] == key:
             return hit[1]
-        frees: list[list[int]] = []
-        for node in self.nodes.all():
-            if node.problem is not None or node.mode == MODE_EXCLUSIVE:
-                continue  # sharing pods do not go there
-            at = (id(node), self.ledger.version(node.name))
-            known = self._free_of.get(node.name)
-            if known is None or known[0] != at:
-                free = list(free_percent(node.gpus, self.ledger.usage(node.name)).values())
-                known = (at, free)
-                if len(self._free_of) >= MAX_MEMO:
-                    self._free_of.clear()
-                self._free_of[node.name] = known
-            frees.append(known[1])
+        frees = [
+            self._free_percents(node)
+            for node in self.nodes.all()
+            # sharing pods do not go to these
+            if node.problem is None and node.mode != MODE_EXCLUSIVE
+        ]
         factors = whole_scarcity(frees, mix)
-        scaled = (
-            (version, tuple(sorted(factors.items()))),
-            mix.scaled(factors),
-        )
-        if hit is not None and hit[1][0] == scaled[0]:
-            scaled = hit[1]  # the same factors: keep the memoised placements valid
+        scaled_version = (version, tuple(sorted(factors.items())))
+        if hit is not None and hit[1][0] == scaled_version:
+            scaled = hit[1]  # the same factors: the same scaled mix
+        else:
+            scaled = (scaled_version, mix.scaled(factors))
         self._scarce = (key, scaled)
         return scaled
+
+    def _free_percents(self, node: SharedNode) -> list[int]:
+        """Percent free per usable GPU of ``node`` (``core.sharing.free_percent``),
+        cached until the node's view or its ledger version changes."""
+        at = (id(node), self.ledger.version(node.name))
+        known = self._free_of.get(node.name)
+        if known is None or known[0] != at:
+            known = (at, list(free_percent(node.gpus, self.ledger.usage(node.name)).values()))
+            if len(self._free_of) >= MAX_MEMO:
+                self._free_of.clear()
+            self._free_of[node.name] = known
+        return known[1]
 
     def _place(
         self,
@@ -900,7 +905,7 @@ class Sharing:
         after = room.after()
         base = self._nogpu_base.get(name)
         if base is None or base[0] != version:
-            free = list(free_percent(node.gpus, self.ledger.usage(name)).values())
+            free = self._free_percents(node)
             base = (version, free, filled(free, room, mix), node_fragmentation(free, room, mix))
             if len(self._nogpu_base) >= MAX_MEMO:
                 self._nogpu_base.clear()
