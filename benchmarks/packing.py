@@ -111,6 +111,7 @@ from gpuk8s.services.extender.packing import (
     RunningPods,
     free_room_of,
     node_room_fields,
+    room_version_of,
     running_fields,
 )
 from gpuk8s.services.extender.share import Ledger, SharedNodes, Sharing, view_assignment
@@ -610,7 +611,11 @@ class Replay:
             self.ledger.replace([])
             self.store = PodStore(self.ledger)
             sharing = Sharing(
-                shared, self.ledger, self.store, free_room=free_room_of(self.rooms, self.running)
+                shared,
+                self.ledger,
+                self.store,
+                free_room=free_room_of(self.rooms, self.running),
+                room_version=room_version_of(self.rooms, self.running),
             )
         self.extender = Extender(
             WeightSource(None, Weights(1, 1)),

@@ -685,6 +685,34 @@ def test_breaking_a_scarce_home_costs_its_shortage(annotations: dict[str, str]) 
     assert ext.sharing.place("b", one).raw > scarce
 
 
+def test_a_home_whose_cpu_is_taken_is_no_home(annotations: dict[str, str]) -> None:
+    """Nine in ten arriving pods ask 2 whole GPUs and 60 cores. While every node has
+    the cores, each is a home and a 1-GPU pod on a strands one GPU for them (0.9 x
+    100). Once pods without GPUs took the cores of b and c (the room moves), a is the
+    only home for the 2.8 such pods its 6 free GPUs draw: breaking it costs 2.8 times
+    as much (``whole_scarcity``, rounded to 2 ** 1.5)."""
+    arrivals = ArrivalMix(prior=())
+    for i in range(10):
+        arrivals.observe(
+            f"seen-{i}", ShareRequest(MODE_SGPU, 2 if i else 1, 100, 0, True), 60_000 if i else 0
+        )
+    room = dict.fromkeys("abc", 128_000)
+    changes = [0]
+    ext, _, _ = over(
+        [node(n, annotations) for n in "abc"],
+        arrivals=arrivals,
+        free_room=lambda name: (room[name], None),
+        room_version=lambda: changes[0],
+    )
+    assert ext.sharing is not None
+    one = ShareRequest(MODE_SGPU, 1, 100, 0, True)
+    plenty = ext.sharing.place("a", one).raw
+    room["b"] = room["c"] = 30_000
+    changes[0] += 1
+    scarce = ext.sharing.place("a", one).raw
+    assert scarce - plenty == pytest.approx(-0.9 * 100 * (2**1.5 - 1), abs=0.01)
+
+
 def test_arrival_mix_is_retaken_once_when_threads_ask_at_once() -> None:
     """Re-taking the mix solves an LP: threads that found it stale while another was
     re-taking it use that one instead of solving again."""

@@ -329,30 +329,67 @@ def test_fill_taken_is_the_difference_of_two_fill_stranded() -> None:
         assert s.fill_taken(before, room.after(), mix) == pytest.approx(want, abs=1e-9)
 
 
-def test_whole_scarcity_is_the_k_gpu_pods_to_come_over_their_homes() -> None:
+def _scarcity(nodes: list[tuple[list[int], s.Room]], mix: s.ShareMix) -> dict[s.ShareClass, float]:
+    """``whole_scarcity`` over ``nodes`` (free percents and room each)."""
+    homes = [s.whole_homes(free, room, mix) for free, room in nodes]
+    totals = [sum(column) for column in zip(*homes, strict=True)] if homes else []
+    return s.whole_scarcity(totals, sum(sum(free) for free, _ in nodes), mix)
+
+
+def test_whole_scarcity_is_the_pods_to_come_over_their_homes() -> None:
     """Half the pods ask 1 GPU, half 8: the free capacity is filled by about
     free / 4.5 pods, half of them 8-GPU ones, each needing a node with 8 GPUs free."""
-    mix = s.ShareMix({(1, 100, 0, 0): 1.0, (8, 100, 0, 0): 1.0})
-    empty = [100] * 8
-    broken = [100] * 7 + [0]
+    one, eight = (1, 100, 0, 0), (8, 100, 0, 0)
+    mix = s.ShareMix({one: 1.0, eight: 1.0})
+    empty = ([100] * 8, s.NO_ROOM)
+    broken = ([100] * 7 + [0], s.NO_ROOM)
     # 4 empty nodes: 32 GPUs, ~7.1 pods to come, 3.6 of 8 GPUs for 4 homes
-    assert s.whole_scarcity([empty] * 4, mix) == {1: 1.0, 8: 1.0}
+    assert _scarcity([empty] * 4, mix) == {}
     # 3 of them broken by a 1-GPU pod each: 3.4 8-GPU pods to come, 1 home left
     short = 29 / 4.5 / 2
-    factors = s.whole_scarcity([empty] + [broken] * 3, mix)
-    assert factors[1] == 1.0
-    assert factors[8] == pytest.approx(2.0 ** (round(4 * math.log2(short)) / 4))
-    assert 2.0 ** -0.125 < factors[8] / short < 2.0**0.125  # rounded to quarter steps
+    factors = _scarcity([empty] + [broken] * 3, mix)
+    assert one not in factors
+    assert factors[eight] == pytest.approx(2.0 ** (round(4 * math.log2(short)) / 4))
+    assert 2.0 ** -0.125 < factors[eight] / short < 2.0**0.125  # rounded to quarter steps
     # no home left at all: nothing to break, no factor
-    assert s.whole_scarcity([broken] * 4, mix)[8] == 1.0
+    assert eight not in _scarcity([broken] * 4, mix)
     # a mix without whole-GPU classes has no factors
-    assert s.whole_scarcity([empty], s.ShareMix({(1, 50, 0, 0): 1.0})) == {}
+    assert _scarcity([empty], s.ShareMix({(1, 50, 0, 0): 1.0})) == {}
+
+
+def test_whole_scarcity_counts_the_cpu_and_memory_that_feed_a_home() -> None:
+    """8-GPU pods asking 120 cores fit only on 128-core nodes; those asking 60 fit on
+    96-core nodes too: they count together with the 120-core ones, whose homes are
+    theirs too, and a shortage of that pair weighs on both classes."""
+    big, small = (8, 100, 120_000, 0), (8, 100, 60_000, 0)
+    mix = s.ShareMix({big: 1.0, small: 1.0})
+    rich = ([100] * 8, s.Room(128_000, None))
+    poor = ([100] * 8, s.Room(96_000, None))
+    homes = {c: at for at, (c, _) in enumerate(mix.classes)}
+    assert s.whole_homes(*rich, mix) == (1, 1)
+    assert s.whole_homes(*poor, mix)[homes[big]] == 0
+    assert s.whole_homes(*poor, mix)[homes[small]] == 1
+    assert s.whole_homes([100] * 8, s.Room(50_000, None), mix) == (0, 0)
+    hungry = s.ShareMix({(8, 100, 0, 4096): 1.0})
+    assert s.whole_homes([100] * 8, s.Room(128_000, 1024), hungry) == (0,)
+    # 32 GPUs free: 4 pods to come, 2 of each class; 2 homes for the 120-core class,
+    # 4 for both classes together: no shortage
+    assert _scarcity([rich, rich, poor, poor], mix) == {}
+    # another pod took CPU from a 128-core node: 1 home left for 2 pods of 120 cores
+    taken = ([100] * 8, s.Room(100_000, None))
+    assert _scarcity([rich, taken, poor, poor], mix) == {big: 2.0}
+    # and from a 96-core one: 3 homes for the 4 pods of both classes together; the
+    # 120-core class has its 2 homes for its 2 pods, but it is in that shortage too
+    short = 2.0 ** (round(4 * math.log2(4 / 3)) / 4)
+    got = _scarcity([rich, rich, poor, ([100] * 8, s.Room(50_000, None))], mix)
+    assert got == {small: short, big: short}
 
 
 def test_scaled_mix_weighs_breaking_a_scarce_home_more() -> None:
-    mix = s.ShareMix({(1, 100, 0, 0): 9.0, (8, 100, 0, 0): 1.0})
-    assert mix.scaled({1: 1.0, 8: 1.0}) is mix
-    scaled = mix.scaled({8: 3.0})
+    one, eight = (1, 100, 0, 0), (8, 100, 0, 0)
+    mix = s.ShareMix({one: 9.0, eight: 1.0})
+    assert mix.scaled({one: 1.0, eight: 1.0}) is mix
+    scaled = mix.scaled({eight: 3.0})
     empty, broken = [100] * 8, [100] * 7 + [0]
     # taking one GPU of an empty 8-GPU node strands the other 7 for the 8-GPU class
     rise = s.node_fragmentation(broken, s.NO_ROOM, mix) - s.node_fragmentation(
@@ -366,6 +403,19 @@ def test_scaled_mix_weighs_breaking_a_scarce_home_more() -> None:
     # the original is untouched, the rest shared
     assert s.node_fragmentation(broken, s.NO_ROOM, mix) == pytest.approx(70.0)
     assert scaled.classes == mix.classes and scaled.prices is mix.prices
+
+
+def test_scaled_mix_weighs_starving_a_scarce_home_more() -> None:
+    """Taking the CPU an 8-GPU pod of 120 cores needs leaves the node's 8 GPUs to the
+    other classes: with the class's weight tripled, that costs three times as much."""
+    big, one = (8, 100, 120_000, 0), (1, 100, 4_000, 0)
+    mix = s.ShareMix({big: 1.0, one: 9.0})
+    scaled = mix.scaled({big: 3.0})
+    free = [100] * 8
+    for m, weight in ((mix, 0.1), (scaled, 0.3)):
+        fed = s.node_fragmentation(free, s.Room(128_000, None), m)
+        starved = s.node_fragmentation(free, s.Room(100_000, None), m)
+        assert starved - fed == pytest.approx(weight * 800)
 
 
 def test_cpu_balance_is_the_cpu_a_node_keeps_off_its_gpus_needs() -> None:

@@ -91,7 +91,7 @@ import re
 from bisect import bisect_right
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Iterable, Mapping, NamedTuple, Sequence, Tuple
+from typing import Mapping, NamedTuple, Sequence, Tuple
 
 from .binpack import NO_PRICES, Prices, bin_prices
 from .effective import container_asks, containers_of
@@ -563,10 +563,52 @@ class ShareMix:
         )
         # thresholds: CPU values at which the set of classes a node can feed changes
         self.cpus: tuple[int, ...] = tuple(sorted({max(c[2], 0) for c, _ in self.classes}))
+        self._tables([w for _, w in self.classes], 1.0)
+        # whole-GPU classes (index in ``classes``) and, per one, the whole-GPU classes of
+        # its GPU count whose pods fit only where it fits too (as much CPU and memory or
+        # more: their homes are among its homes), itself included (``whole_scarcity``)
+        self.wholes: tuple[int, ...] = tuple(
+            at for at, (c, _) in enumerate(self.classes) if c[1] >= FULL_CORE
+        )
+        self.nests: tuple[tuple[int, ...], ...] = tuple(
+            tuple(
+                j
+                for j in self.wholes
+                if self.classes[j][0][0] == self.classes[i][0][0]
+                and self.classes[j][0][2] >= self.classes[i][0][2]
+                and self.classes[j][0][3] >= self.classes[i][0][3]
+            )
+            for i in self.wholes
+        )
+        self.nest_weights: tuple[float, ...] = tuple(
+            sum(self.classes[j][1] for j in nest) for nest in self.nests
+        )
+        # per whole-GPU class: the nests it is in (positions in ``wholes``)
+        self.within: tuple[tuple[int, ...], ...] = tuple(
+            tuple(n for n, nest in enumerate(self.nests) if i in nest) for i in self.wholes
+        )
+        # GPUs per pod of the mix (a share counts its percent)
+        self.per_pod = sum(w * k * pct / FULL_CORE for (k, pct, _, _), w in self.classes)
+
+        demand: dict[int, float] = {}
+        for (k, pct, _, _), w in self.classes:
+            if pct < FULL_CORE:
+                demand[pct] = demand.get(pct, 0.0) + w * k
+        priced = sorted(demand.items(), key=lambda item: (-item[1], item[0]))[:PRICED_SIZES]
+        self.prices: Prices = bin_prices(dict(priced), FULL_CORE) if priced else NO_PRICES
+
+    def __bool__(self) -> bool:
+        return bool(self.classes)
+
+    def _tables(self, weights: Sequence[float], total: float) -> None:
+        """The per-threshold tables for the classes weighted by ``weights`` (in the
+        order of ``classes``; ``total``: their sum)."""
         self.starved: list[float] = []  # per threshold: weight of classes needing more CPU
         self.partial: list[list[float]] = []  # per threshold, per free %: weight stranded
         self.whole: list[tuple[float, ...]] = []  # per threshold, per size in ``sizes``
-        by_cpu = sorted(self.classes, key=lambda item: item[0][2])
+        by_cpu = sorted(
+            ((c, w) for (c, _), w in zip(self.classes, weights)), key=lambda item: item[0][2]
+        )
         per = [0.0] * (FULL_CORE + 1)
         whole = dict.fromkeys(self.sizes, 0.0)
         fed = 0.0
@@ -581,67 +623,79 @@ class ShareMix:
                     whole[k] += w
                 fed += w
                 at += 1
-            self.starved.append(max(0.0, 1.0 - fed))
+            self.starved.append(max(0.0, total - fed))
             self.partial.append(list(per))
             self.whole.append(tuple(whole[k] for k in self.sizes))
-
-        demand: dict[int, float] = {}
-        for (k, pct, _, _), w in self.classes:
-            if pct < FULL_CORE:
-                demand[pct] = demand.get(pct, 0.0) + w * k
-        priced = sorted(demand.items(), key=lambda item: (-item[1], item[0]))[:PRICED_SIZES]
-        self.prices: Prices = bin_prices(dict(priced), FULL_CORE) if priced else NO_PRICES
         # (memory, CPU, GPUs, percent, weight), the largest memory first
         self.by_memory: tuple[tuple[int, int, int, int, float], ...] = tuple(
-            sorted(((c[3], c[2], c[0], c[1], w) for c, w in self.classes), reverse=True)
+            sorted(((c[3], c[2], c[0], c[1], w) for (c, _), w in zip(self.classes, weights)),
+                   reverse=True)
         )
 
-    def __bool__(self) -> bool:
-        return bool(self.classes)
-
-    def scaled(self, factors: Mapping[int, float]) -> ShareMix:
-        """This mix with the weight of each whole-GPU size ``k`` in ``factors`` (a
-        ``whole_scarcity`` result) multiplied by its factor, where fragmentation is
-        measured (``node_fragmentation``); the rest is shared. ``self`` when no factor
-        differs from 1."""
+    def scaled(self, factors: Mapping[ShareClass, float]) -> ShareMix:
+        """This mix with the weight of each class in ``factors`` (a ``whole_scarcity``
+        result) multiplied by its factor where fragmentation is measured
+        (``node_fragmentation``); the classes, their shares and the prices stay.
+        ``self`` when no factor differs from 1."""
         if all(f == 1.0 for f in factors.values()):
             return self
         out = copy.copy(self)
-        scale = [factors.get(k, 1.0) for k in self.sizes]
-        out.whole = [tuple(w * f for w, f in zip(row, scale)) for row in self.whole]
+        weights = [w * factors.get(c, 1.0) for c, w in self.classes]
+        out._tables(weights, sum(weights))
         return out
 
 
-def whole_scarcity(nodes: Iterable[Sequence[int]], mix: ShareMix) -> dict[int, float]:
-    """Per whole-GPU size ``k`` of the mix: how many more ``k``-GPU pods are to come
-    than the cluster has homes for, as a factor of at least 1 (``ShareMix.scaled``).
-    ``nodes``: each node's percent free per GPU (``free_percent``). The pods still to
-    come are those that fill its free GPU capacity at the mix's GPUs per pod, the
-    ``k``-GPU ones the mix's share of them; a home is ``k`` wholly free GPUs of one node.
-    A factor over 1 means those homes run out before the cluster fills: breaking one
-    then costs a pod that will find none, not only the node's own fragments. Rounded to
-    quarter steps of a doubling, so that it moves (and placements memoised against it
-    change) only when the shortage does."""
-    if not mix.sizes:
+def whole_homes(free: Sequence[int], room: Room, mix: ShareMix) -> tuple[int, ...]:
+    """Per whole-GPU class of the mix (``mix.wholes``): how many of its pods the node
+    could take at once -- its wholly free GPUs over the class's count, as far as its
+    free CPU and memory (``room``; None: not known, limits nothing) feed them."""
+    full = sum(1 for f in free if f >= FULL_CORE)
+    if not full:
+        return (0,) * len(mix.wholes)
+    cpu, memory = room.cpu, room.memory
+    out = []
+    for at in mix.wholes:
+        k, _, need_cpu, need_memory = mix.classes[at][0]
+        homes = full // k
+        if homes and cpu is not None and need_cpu > 0:
+            homes = min(homes, max(cpu, 0) // need_cpu)
+        if homes and memory is not None and need_memory > 0:
+            homes = min(homes, max(memory, 0) // need_memory)
+        out.append(homes)
+    return tuple(out)
+
+
+def whole_scarcity(homes: Sequence[int], free: int, mix: ShareMix) -> dict[ShareClass, float]:
+    """Per whole-GPU class of the mix: how many more of its pods are to come than the
+    cluster has homes for, as a factor over 1 (``ShareMix.scaled``); classes without a
+    shortage are left out. ``homes``: per class of ``mix.wholes``, the sum over the
+    nodes of ``whole_homes``; ``free``: the nodes' free GPU capacity in percent.
+
+    The pods still to come are those that fill the free capacity at the mix's GPUs per
+    pod, each class's share of them. A class counts together with the classes of its
+    GPU count that need at least its CPU and memory (its nest, ``mix.nests``): their
+    homes are among its homes. Each class takes the largest shortage of the nests it is
+    in (``mix.within``): when a nest's homes run short, all of its classes compete for
+    them. A factor over 1 means those homes run out before the cluster fills:
+    breaking one, by its GPUs or by the CPU or memory that feeds them, then costs a pod
+    that will find none, not only the node's own fragments. Rounded to quarter steps of
+    a doubling, so that it moves (and placements memoised against it change) only when
+    the shortage does."""
+    if not mix.wholes or mix.per_pod <= 0:
         return {}
-    per_pod = sum(w * k * pct / FULL_CORE for (k, pct, _, _), w in mix.classes)
-    if per_pod <= 0:
-        return {}
-    free = 0
-    full: list[int] = []
-    for gpus in nodes:
-        free += sum(gpus)
-        full.append(sum(1 for f in gpus if f >= FULL_CORE))
-    to_come = free / FULL_CORE / per_pod
-    weight = dict.fromkeys(mix.sizes, 0.0)
-    for (k, pct, _, _), w in mix.classes:
-        if pct >= FULL_CORE:
-            weight[k] += w
-    out: dict[int, float] = {}
-    for k in mix.sizes:
-        homes = sum(n // k for n in full)
-        short = weight[k] * to_come / homes if homes else 0.0
-        out[k] = 2.0 ** (round(4 * math.log2(short)) / 4) if short > 1.0 else 1.0
+    to_come = free / FULL_CORE / mix.per_pod
+    # per nest: its pods to come over its homes (no home left: nothing to break)
+    shorts = [
+        weight * to_come / count if count else 0.0
+        for weight, count in zip(mix.nest_weights, homes)
+    ]
+    out: dict[ShareClass, float] = {}
+    for at, within in zip(mix.wholes, mix.within):
+        short = max(shorts[n] for n in within)
+        if short > 1.0:
+            factor = 2.0 ** (round(4 * math.log2(short)) / 4)
+            if factor != 1.0:
+                out[mix.classes[at][0]] = factor
     return out
 
 

@@ -53,7 +53,7 @@ from .leader import (
 )
 from .logic import Extender
 from .nodes import BoundPods, NodeCache
-from .packing import NodeRooms, RunningPods, free_room_of, parse_prior
+from .packing import NodeRooms, RunningPods, free_room_of, parse_prior, room_version_of
 from .requeue import Requeue
 from .server import (
     DEFAULT_MAX_BODY,
@@ -331,6 +331,7 @@ def build_service(
             pod_api,
             free_room=free_room_of(rooms, running),
             requeue=requeue,
+            room_version=room_version_of(rooms, running),
         )
         if ledger is not None
         else None

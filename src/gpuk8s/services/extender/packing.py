@@ -114,11 +114,13 @@ class _Notifier:
 
     def __init__(self) -> None:
         self._listeners: list[Callable[[str | None], None]] = []
+        self.changes = 0  # moves at every change
 
     def listen(self, callback: Callable[[str | None], None]) -> None:
         self._listeners.append(callback)
 
     def _notify(self, name: str | None) -> None:
+        self.changes += 1
         for callback in self._listeners:
             callback(name)
 
@@ -422,6 +424,14 @@ def free_room_of(
         )
 
     return free_room
+
+
+def room_version_of(rooms: NodeRooms, running: RunningPods | None) -> Callable[[], int]:
+    """A number that moves whenever a node's free CPU or memory (``free_room_of``) may
+    have changed."""
+    if running is None:
+        return lambda: rooms.changes
+    return lambda: rooms.changes + running.changes
 
 
 def item_room_fields(item: NodeItem) -> RoomFields:

@@ -28,11 +28,13 @@ fragmentation rises least (``core.sharing.node_fragmentation``: the free GPU cap
 that the request mix cannot use, a node's free CPU being a hard limit for each request
 class), measured against the mix of the sharing pods that *arrive* (``ArrivalMix``,
 the pods seen by ``filter``, placed or not), not only of those that run, each of its
-whole-GPU sizes weighing more by its shortage across the cluster
-(``core.sharing.whole_scarcity``: the ``k``-GPU pods still to come, at the mix's GPUs
-per pod, over the nodes' homes of ``k`` wholly free GPUs; 1 while the homes suffice):
-FGD's rise sees one node, and without it 1-GPU pods broke the 8-GPU nodes that 8-GPU
-pods needed (openb ``multigpu40``: 8-GPU homes ran out at arrived ~88 %). Fractional
+whole-GPU classes weighing more by its shortage across the cluster
+(``core.sharing.whole_scarcity``: a class's pods still to come, at the mix's GPUs per
+pod, with those of its GPU count that need as much CPU and memory or more, over the
+nodes' homes for it -- ``k`` wholly free GPUs and the free CPU and memory to feed
+them, ``_Homes`` --; 1 while the homes suffice): FGD's rise sees one node, and without
+it 1-GPU pods broke the 8-GPU nodes that 8-GPU pods needed (openb ``multigpu40``:
+8-GPU homes ran out at arrived ~88 %). Fractional
 shares go first where they lose least against the tightest packing of that mix
 (``ShareMix.prices``: the configuration LP of the mix's share sizes, ``core.binpack``;
 a share that completes or opens a GPU as that packing would loses nothing, one that
@@ -107,6 +109,7 @@ from ...core.sharing import (
     memory_label_mib,
     node_fragmentation,
     parse_assignment,
+    whole_homes,
     whole_rise,
     whole_scarcity,
 )
@@ -630,6 +633,44 @@ class Placement:
     raw: float = 0.0  # best fit: higher is better
 
 
+class _Homes:
+    """Homes per whole-GPU class of one mix version (``core.sharing.whole_homes``),
+    summed over the nodes, with each node's part and the state it was counted in, so
+    that a recount adds up only the nodes that changed."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.version: Any = None
+        self.totals: list[int] = []
+        self.free = 0  # percent free over the nodes counted
+        self._parts: dict[str, tuple[Any, int, tuple[int, ...]]] = {}
+
+    def reset(self, version: Any, classes: int) -> None:
+        self.version, self.totals, self.free, self._parts = version, [0] * classes, 0, {}
+
+    def at(self, name: str) -> Any:
+        part = self._parts.get(name)
+        return part[0] if part is not None else None
+
+    def set(self, name: str, at: Any, free: int, homes: tuple[int, ...]) -> None:
+        self._drop(name)
+        self._parts[name] = (at, free, homes)
+        self.free += free
+        self.totals = [t + h for t, h in zip(self.totals, homes, strict=True)]
+
+    def keep(self, names: set[str]) -> None:
+        """Forget the nodes not in ``names``."""
+        if len(names) < len(self._parts):
+            for name in [n for n in self._parts if n not in names]:
+                self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        part = self._parts.pop(name, None)
+        if part is not None:
+            self.free -= part[1]
+            self.totals = [t - h for t, h in zip(self.totals, part[2], strict=True)]
+
+
 class Sharing:
     """The extender's GPU-sharing decisions."""
 
@@ -642,6 +683,7 @@ class Sharing:
         free_room: Callable[[str], tuple[int | None, int | None]] | None = None,
         arrivals: ArrivalMix | None = None,
         requeue: Requeue | None = None,
+        room_version: Callable[[], int] | None = None,
     ) -> None:
         self.nodes = nodes
         # pods turned away, nudged when the ledger frees a share (requeue.py)
@@ -651,6 +693,9 @@ class Sharing:
         self._clock = clock
         # a node's free CPU millicores and memory MiB (None: not known, limits nothing)
         self._free_room = free_room
+        # moves whenever a node's free CPU or memory may have changed (None with
+        # ``free_room``: not known, taken as changed at every request)
+        self._room_version = room_version
         self.arrivals = arrivals if arrivals is not None else ArrivalMix()
         self._lock = threading.Lock()
         # (node, share, pod CPU and memory) -> ((node identity, ledger version, mix
@@ -662,11 +707,13 @@ class Sharing:
         # its fragmentation before a pod without GPUs) -- the same for every such pod
         # until it changes
         self._nogpu_base: dict[str, tuple[_Version, list[int], Filled, float]] = {}
-        # the mix with whole-GPU sizes weighted by their shortage (``whole_scarcity``):
-        # ((ledger change, node generation, mix version), (version, scaled mix)), and
-        # per node ((node identity, ledger version), percent free per GPU), which pods
-        # without GPUs read too (``_free_percents``)
-        self._scarce: tuple[tuple[int, int, int], tuple[Any, ShareMix]] | None = None
+        # the mix with whole-GPU classes weighted by their shortage (``whole_scarcity``):
+        # ((ledger change, node generation, mix version, room version), (version,
+        # scaled mix)); the homes counted for it (``_Homes``); per node ((node
+        # identity, ledger version), percent free per GPU), which pods without GPUs
+        # read too (``_free_percents``)
+        self._scarce: tuple[tuple[Any, ...], tuple[Any, ShareMix]] | None = None
+        self._homes = _Homes()
         self._free_of: dict[str, tuple[tuple[int, int], list[int]]] = {}
         self.binds = 0
         self.bind_failures = 0
@@ -709,20 +756,33 @@ class Sharing:
         return placed
 
     def _scarce_mix(self) -> tuple[Any, ShareMix]:
-        """The arrival mix with each whole-GPU size weighted by its shortage across the
-        cluster (``core.sharing.whole_scarcity``), and its version."""
+        """The arrival mix with each whole-GPU class weighted by its shortage of homes
+        across the cluster (``core.sharing.whole_scarcity``), and its version."""
         version, mix = self.arrivals.mix()
-        key = (self.ledger.change, self.nodes.generation, version)
+        rooms: Any = None
+        if self._free_room is not None:
+            rooms = self._room_version() if self._room_version is not None else object()
+        key = (self.ledger.change, self.nodes.generation, version, rooms)
         hit = self._scarce
         if hit is not None and hit[0] == key:
             return hit[1]
-        frees = [
-            self._free_percents(node)
-            for node in self.nodes.all()
-            # sharing pods do not go to these
-            if node.problem is None and node.mode != MODE_EXCLUSIVE
-        ]
-        factors = whole_scarcity(frees, mix)
+        homes = self._homes
+        with homes.lock:  # requests run in threads: one recount at a time
+            if homes.version != version:
+                homes.reset(version, len(mix.wholes))
+            seen = set()
+            for node in self.nodes.all():
+                if node.problem is not None or node.mode == MODE_EXCLUSIVE:
+                    continue  # sharing pods do not go to these
+                name = node.name
+                seen.add(name)
+                cpu, memory = self._free_room(name) if self._free_room is not None else (None, None)
+                at = (id(node), self.ledger.version(name), cpu, memory)
+                if homes.at(name) != at:
+                    free = self._free_percents(node)
+                    homes.set(name, at, sum(free), whole_homes(free, Room(cpu, memory), mix))
+            homes.keep(seen)
+            factors = whole_scarcity(homes.totals, homes.free, mix)
         scaled_version = (version, tuple(sorted(factors.items())))
         if hit is not None and hit[1][0] == scaled_version:
             scaled = hit[1]  # the same factors: the same scaled mix
