@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from .healthserver import Page, serve_health
@@ -112,7 +113,8 @@ def record_event(core: Any, namespace: str, component: str, kind: str, name: str
 
     if not object_namespace:
         namespace = NODE_EVENTS_NAMESPACE
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    # the client writes a datetime as RFC 3339, which the API's metav1.Time reads
+    now = datetime.now(UTC).replace(microsecond=0)
     body = client.CoreV1Event(
         metadata=client.V1ObjectMeta(name=event_name, namespace=namespace,
                                      generate_name=None if event_name else f"{name}."),
