@@ -107,11 +107,10 @@ from gpuk8s.services.deviceplugin.nodestate import published_annotations
 from gpuk8s.services.extender.logic import Extender
 from gpuk8s.services.extender.nodes import BoundPods, NodeCache
 from gpuk8s.services.extender.packing import (
+    FreeRoom,
     NodeRooms,
     RunningPods,
-    free_room_of,
     node_room_fields,
-    room_version_of,
     running_fields,
 )
 from gpuk8s.services.extender.share import Ledger, SharedNodes, Sharing, view_assignment
@@ -610,12 +609,9 @@ class Replay:
             self.ledger = Ledger()
             self.ledger.replace([])
             self.store = PodStore(self.ledger)
+            room = FreeRoom(self.rooms, self.running)
             sharing = Sharing(
-                shared,
-                self.ledger,
-                self.store,
-                free_room=free_room_of(self.rooms, self.running),
-                room_version=room_version_of(self.rooms, self.running),
+                shared, self.ledger, self.store, free_room=room, room_version=room.version
             )
         self.extender = Extender(
             WeightSource(None, Weights(1, 1)),

@@ -30,6 +30,7 @@ from gpuk8s.services.extender.share import (
     Ledger,
     SharedNodes,
     Sharing,
+    _Homes,
 )
 from gpuk8s.services.extender.weights import Weights, WeightSource
 from gpuk8s.services.extender.wire import NodeView, node_item
@@ -683,6 +684,31 @@ def test_breaking_a_scarce_home_costs_its_shortage(annotations: dict[str, str]) 
     assert scarce == pytest.approx(-0.9 * 100 * 2**0.5, abs=0.01)
     # b's last GPU breaks no home: the same either way
     assert ext.sharing.place("b", one).raw > scarce
+
+
+def test_homes_totals_stay_the_sum_of_the_parts_counted() -> None:
+    """``_Homes`` adds up only the nodes that changed: after any mix of first counts,
+    recounts and forgotten nodes, its totals equal a sum over what is left."""
+    import random
+
+    rng = random.Random(7)
+    homes, parts = _Homes(), {}
+    homes.reset("v1", 3)
+    for step in range(400):
+        name = f"n{rng.randrange(12)}"
+        if step % 50 == 49:
+            keep = {n for n in parts if rng.random() < 0.7}
+            homes.keep(keep)
+            parts = {n: p for n, p in parts.items() if n in keep}
+        else:
+            part = (rng.randrange(800), tuple(rng.randrange(5) for _ in range(3)))
+            homes.count(name, step, *part)
+            parts[name] = part
+            assert homes.at(name) == step
+        assert homes.free == sum(p[0] for p in parts.values())
+        assert homes.totals == [sum(p[1][i] for p in parts.values()) for i in range(3)]
+    homes.reset("v2", 2)
+    assert homes.totals == [0, 0] and homes.free == 0 and homes.at("n1") is None
 
 
 def test_a_home_whose_cpu_is_taken_is_no_home(annotations: dict[str, str]) -> None:

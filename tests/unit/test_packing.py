@@ -14,6 +14,7 @@ from gpuk8s.services.extender.logic import Extender
 from gpuk8s.services.extender.packing import (
     MISSING,
     NO_ALLOCATABLE,
+    FreeRoom,
     NodeRooms,
     Ranker,
     RunningPods,
@@ -165,6 +166,23 @@ def test_node_rooms_follow_the_device_list_and_allocatable() -> None:
     rooms.forget("n1")
     rooms.replace([("n3", node_annotations(C500)[DEVICES], NO_ALLOCATABLE)])
     assert rooms.get("n1") is None and len(rooms) == 1 and changed[-1] is None
+
+
+def test_free_room_is_allocatable_minus_bound_requests_and_versions_both() -> None:
+    rooms, running = NodeRooms(), RunningPods({1: 1.0}, prior_gpus=1.0)
+    room = FreeRoom(rooms, running)
+    assert room("n1") == (None, None)  # not known
+    rooms.observe(*node_room_fields(node_object("n1", node_annotations(C500), "64", "256Gi")))
+    rooms.observe("n2", node_annotations(C500)[DEVICES])  # no allocatable
+    before = room.version()
+    running.set("p", "n1", (1, 10_000, 1024))
+    assert room.version() != before  # a bind moves it
+    assert room("n1") == (54_000, 261_120) and room("n2") == (None, None)
+    before = room.version()
+    rooms.observe(*node_room_fields(node_object("n1", node_annotations(C500), "32", "256Gi")))
+    assert room.version() != before and room("n1") == (22_000, 261_120)  # so does a node
+    alone = FreeRoom(rooms, None)  # no pod watch: allocatable is free
+    assert alone("n1") == (32_000, 262_144) and alone.version() == rooms.changes
 
 
 def test_ranker_recomputes_only_what_events_changed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -53,7 +53,7 @@ from .leader import (
 )
 from .logic import Extender
 from .nodes import BoundPods, NodeCache
-from .packing import NodeRooms, RunningPods, free_room_of, parse_prior, room_version_of
+from .packing import FreeRoom, NodeRooms, RunningPods, parse_prior
 from .requeue import Requeue
 from .server import (
     DEFAULT_MAX_BODY,
@@ -324,14 +324,15 @@ def build_service(
     pod_api = KubePodApi(client) if client is not None else None
     requeue = Requeue(pod_api) if pods is not None else None
     ledger = Ledger(on_free=requeue.freed) if requeue is not None else None
+    room = FreeRoom(rooms, running)
     sharing = (
         Sharing(
             shared,
             ledger,
             pod_api,
-            free_room=free_room_of(rooms, running),
+            free_room=room,
             requeue=requeue,
-            room_version=room_version_of(rooms, running),
+            room_version=room.version,
         )
         if ledger is not None
         else None

@@ -407,31 +407,29 @@ class NodeRooms(_Notifier):
         return len(self._nodes)
 
 
-def free_room_of(
-    rooms: NodeRooms, running: RunningPods | None
-) -> Callable[[str], tuple[int | None, int | None]]:
+class FreeRoom:
     """A node's free CPU millicores and memory MiB (allocatable minus the bound pods'
-    requests; None where allocatable is not known): the room GPU sharing weighs."""
+    requests; None where allocatable is not known), the room GPU sharing weighs, and a
+    version that moves whenever any node's free room may have changed: both read the
+    same ``rooms`` and ``running``, so a caller wires one object."""
 
-    def free_room(name: str) -> tuple[int | None, int | None]:
-        info = rooms.get(name)
+    def __init__(self, rooms: NodeRooms, running: RunningPods | None) -> None:
+        self._rooms = rooms
+        self._running = running
+
+    def __call__(self, name: str) -> tuple[int | None, int | None]:
+        info = self._rooms.get(name)
         if info is None:
             return None, None
-        cpu, memory = running.requested(name) if running is not None else (0, 0)
+        cpu, memory = self._running.requested(name) if self._running is not None else (0, 0)
         return (
             None if info.cpu_milli is None else info.cpu_milli - cpu,
             None if info.memory_mib is None else info.memory_mib - memory,
         )
 
-    return free_room
-
-
-def room_version_of(rooms: NodeRooms, running: RunningPods | None) -> Callable[[], int]:
-    """A number that moves whenever a node's free CPU or memory (``free_room_of``) may
-    have changed."""
-    if running is None:
-        return lambda: rooms.changes
-    return lambda: rooms.changes + running.changes
+    def version(self) -> int:
+        changes = self._rooms.changes
+        return changes if self._running is None else changes + self._running.changes
 
 
 def item_room_fields(item: NodeItem) -> RoomFields:

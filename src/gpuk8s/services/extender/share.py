@@ -652,11 +652,15 @@ class _Homes:
         part = self._parts.get(name)
         return part[0] if part is not None else None
 
-    def set(self, name: str, at: Any, free: int, homes: tuple[int, ...]) -> None:
-        self._drop(name)
+    def count(self, name: str, at: Any, free: int, homes: tuple[int, ...]) -> None:
+        old = self._parts.get(name)
         self._parts[name] = (at, free, homes)
-        self.free += free
-        self.totals = [t + h for t, h in zip(self.totals, homes, strict=True)]
+        if old is None:
+            self.free += free
+            self.totals = [t + h for t, h in zip(self.totals, homes, strict=True)]
+        else:  # one pass: the node's old part out, its new part in
+            self.free += free - old[1]
+            self.totals = [t + h - o for t, h, o in zip(self.totals, homes, old[2], strict=True)]
 
     def keep(self, names: set[str]) -> None:
         """Forget the nodes not in ``names``."""
@@ -780,7 +784,7 @@ class Sharing:
                 at = (id(node), self.ledger.version(name), cpu, memory)
                 if homes.at(name) != at:
                     free = self._free_percents(node)
-                    homes.set(name, at, sum(free), whole_homes(free, Room(cpu, memory), mix))
+                    homes.count(name, at, sum(free), whole_homes(free, Room(cpu, memory), mix))
             homes.keep(seen)
             factors = whole_scarcity(homes.totals, homes.free, mix)
         scaled_version = (version, tuple(sorted(factors.items())))
