@@ -225,6 +225,7 @@ def test_whole_gpu_mode_keeps_multi_gpu_pods_in_link_groups(multi_gpu_trace: Pat
     assert placed > 50 and inside == placed
     assert set(aware["inside_by_size"]) == {2, 4, 8}
     assert aware["prioritize_ms_mean"] > 0 and "prioritize_ms_mean" not in rows["bestfit-whole"]
+    assert aware["filter_ms_mean"] > 0 and "bind_ms_mean" not in aware  # no bind verb here
     table = bench.table(list(rows.values()))
     assert "| BestFit, whole GPUs (no sharing) |" in table
     assert "| FirstFit, whole GPUs (no sharing) |" in table
@@ -251,6 +252,10 @@ def test_sharing_replay_shares_gpus_in_the_product_and_the_baselines(
     assert placed > 0 and inside == placed
     # the pods without GPUs went through the extender's second entry (prioritize-nogpu)
     assert rows[bench.SHARING]["nogpu_ms_mean"] > 0
+    # the cost of every verb gpu-aware answers for a GPU pod is measured and printed
+    shared = rows[bench.SHARING]
+    assert min(shared[f"{v}_ms_mean"] for v in ("filter", "prioritize", "bind")) > 0
+    assert "| filter " in bench.table([shared]) and "; bind " in bench.table([shared])
     alone = rows_by_policy(bench.run([42], (bench.SHARING,), data=sharing_trace,
                                      trace="sharing", nogpu=False))
     assert "nogpu_ms_mean" not in alone[bench.SHARING]
