@@ -612,9 +612,8 @@ class Replay:
             self.ledger = Ledger()
             self.ledger.replace([])
             self.store = PodStore(self.ledger)
-            room = FreeRoom(self.rooms, self.running)
             sharing = Sharing(
-                shared, self.ledger, self.store, free_room=room, room_version=room.version
+                shared, self.ledger, self.store, free_room=FreeRoom(self.rooms, self.running)
             )
         self.extender = Extender(
             WeightSource(None, Weights(1, 1)),

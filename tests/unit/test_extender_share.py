@@ -686,6 +686,89 @@ def test_breaking_a_scarce_home_costs_its_shortage(annotations: dict[str, str]) 
     assert ext.sharing.place("b", one).raw > scarce
 
 
+class DictRoom:
+    """A ``share.RoomView`` over a dict: name -> free CPU millicores and memory MiB."""
+
+    def __init__(self, free: dict[str, tuple[int | None, int | None]]) -> None:
+        self.free = free
+        self.changes = 0
+        self.listeners: list[Any] = []
+
+    def __call__(self, name: str) -> tuple[int | None, int | None]:
+        return self.free.get(name, (None, None))
+
+    def version(self) -> int:
+        return self.changes
+
+    def listen(self, callback: Any) -> None:
+        self.listeners.append(callback)
+
+    def set(self, name: str, room: tuple[int | None, int | None]) -> None:
+        self.free[name] = room
+        for callback in self.listeners:
+            callback(name)
+        self.changes += 1
+
+
+def test_homes_recount_only_touched_nodes_and_match_a_full_count(
+    annotations: dict[str, str],
+) -> None:
+    """The homes are recounted only for the nodes whose booking, view or room moved
+    (``_Touched``); after any run of such changes they equal a count from scratch, and
+    an unchanged node is not counted again."""
+    import random
+
+    from gpuk8s.services.extender import share
+
+    rng = random.Random(11)
+    names = [f"n{i}" for i in range(6)]
+    arrivals = ArrivalMix(prior=())
+    for i in range(10):
+        arrivals.observe(f"seen-{i}", ShareRequest(MODE_SGPU, 1 + i % 2, 100, 0, True), 8_000)
+    room = DictRoom({n: (64_000, 65_536) for n in names})
+    ext, _, ledger = over([node(n, annotations) for n in names], arrivals=arrivals,
+                          free_room=room)
+    sharing = ext.sharing
+    assert sharing is not None
+    counted: list[str] = []
+    real = share.Sharing._recount
+
+    def recount(self: Any, view: Any, mix: Any) -> bool:
+        counted.append(view.name)
+        return real(self, view, mix)
+
+    share.Sharing._recount = recount  # type: ignore[method-assign]
+    try:
+        sharing._scarce_mix()
+        assert sorted(counted) == names  # the first count sees every node
+        for step in range(60):
+            counted.clear()
+            name = rng.choice(names)
+            what = rng.randrange(4)
+            if what == 0:
+                room.set(name, (rng.choice((4_000, 16_000, 64_000)), 65_536))
+            elif what == 1:
+                gpu = rng.randrange(2)
+                ledger.set(f"u{step}", Assignment(name, (gpu,), ShareRequest(MODE_SGPU, 1, 100, 0)))
+            elif what == 2 and ledger.assignments():
+                uid = rng.choice(sorted(ledger.assignments()))
+                name = ledger.assignments()[uid].node
+                ledger.release(uid)
+            else:  # the node's view: exclusive, then back to sharing
+                mode = rng.choice(("sgpu", None))
+                sharing.nodes.observe(node_item(msgspec.json.decode(
+                    json.dumps(node(name, annotations, mode)), type=NodeView)))
+            factors, _ = sharing._scarce_mix()  # (mix version, scarcity factors), mix
+            assert set(counted) <= {name}  # only the node touched
+            fresh = Sharing(sharing.nodes, ledger, free_room=room, arrivals=arrivals)
+            again, _ = fresh._scarce_mix()
+            assert sharing._homes.totals == fresh._homes.totals, step
+            assert sharing._homes.free == fresh._homes.free, step
+            assert again == factors
+    finally:
+        share.Sharing._recount = real  # type: ignore[method-assign]
+
+
 def test_homes_totals_stay_the_sum_of_the_parts_counted() -> None:
     """``_Homes`` adds up only the nodes that changed: after any mix of first counts,
     recounts and forgotten nodes, its totals equal a sum over what is left."""
@@ -722,19 +805,13 @@ def test_a_home_whose_cpu_is_taken_is_no_home(annotations: dict[str, str]) -> No
         arrivals.observe(
             f"seen-{i}", ShareRequest(MODE_SGPU, 2 if i else 1, 100, 0, True), 60_000 if i else 0
         )
-    room = dict.fromkeys("abc", 128_000)
-    changes = [0]
-    ext, _, _ = over(
-        [node(n, annotations) for n in "abc"],
-        arrivals=arrivals,
-        free_room=lambda name: (room[name], None),
-        room_version=lambda: changes[0],
-    )
+    room = DictRoom(dict.fromkeys("abc", (128_000, None)))
+    ext, _, _ = over([node(n, annotations) for n in "abc"], arrivals=arrivals, free_room=room)
     assert ext.sharing is not None
     one = ShareRequest(MODE_SGPU, 1, 100, 0, True)
     plenty = ext.sharing.place("a", one).raw
-    room["b"] = room["c"] = 30_000
-    changes[0] += 1
+    room.set("b", (30_000, None))
+    room.set("c", (30_000, None))
     scarce = ext.sharing.place("a", one).raw
     assert scarce - plenty == pytest.approx(-0.9 * 100 * (2**1.5 - 1), abs=0.01)
 

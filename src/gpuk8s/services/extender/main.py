@@ -324,15 +324,13 @@ def build_service(
     pod_api = KubePodApi(client) if client is not None else None
     requeue = Requeue(pod_api) if pods is not None else None
     ledger = Ledger(on_free=requeue.freed) if requeue is not None else None
-    room = FreeRoom(rooms, running)
     sharing = (
         Sharing(
             shared,
             ledger,
             pod_api,
-            free_room=room,
+            free_room=FreeRoom(rooms, running),
             requeue=requeue,
-            room_version=room.version,
         )
         if ledger is not None
         else None

@@ -120,9 +120,10 @@ class _Notifier:
         self._listeners.append(callback)
 
     def _notify(self, name: str | None) -> None:
-        self.changes += 1
+        # listeners first: whoever reads ``changes`` moved has been told which node
         for callback in self._listeners:
             callback(name)
+        self.changes += 1
 
 
 # -- pods -----------------------------------------------------------------------------
@@ -409,9 +410,10 @@ class NodeRooms(_Notifier):
 
 class FreeRoom:
     """A node's free CPU millicores and memory MiB (allocatable minus the bound pods'
-    requests; None where allocatable is not known), the room GPU sharing weighs, and a
-    version that moves whenever any node's free room may have changed: both read the
-    same ``rooms`` and ``running``, so a caller wires one object."""
+    requests; None where allocatable is not known), the room GPU sharing weighs; a
+    version that moves whenever any node's free room may have changed, and the nodes
+    whose room changed (``listen``): all read the same ``rooms`` and ``running``, so a
+    caller wires one object (``share.RoomView``)."""
 
     def __init__(self, rooms: NodeRooms, running: RunningPods | None) -> None:
         self._rooms = rooms
@@ -430,6 +432,13 @@ class FreeRoom:
     def version(self) -> int:
         changes = self._rooms.changes
         return changes if self._running is None else changes + self._running.changes
+
+    def listen(self, callback: Callable[[str | None], None]) -> None:
+        """``callback(name)`` when a node's room may have changed, ``callback(None)``
+        when any may have; called before ``version`` moves."""
+        self._rooms.listen(callback)
+        if self._running is not None:
+            self._running.listen(callback)
 
 
 def item_room_fields(item: NodeItem) -> RoomFields:

@@ -71,7 +71,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
@@ -186,6 +186,44 @@ def shared_node(item: NodeItem) -> SharedNode:
     return SharedNode(item.name, mode, gpus, topology, groups=groups)
 
 
+Touch = Callable[[str | None], None]  # a node that may have changed (None: any)
+
+
+@runtime_checkable
+class RoomView(Protocol):
+    """Nodes' free CPU millicores and memory MiB (``packing.FreeRoom``), a version that
+    moves whenever any may have changed, and which node changed (``listen``: called
+    before the version moves)."""
+
+    def __call__(self, name: str) -> tuple[int | None, int | None]: ...
+
+    def version(self) -> int: ...
+
+    def listen(self, callback: Touch) -> None: ...
+
+
+class _Touched:
+    """The nodes that may have changed since the last ``take`` (a ``Touch``); its lock
+    is taken alone, so a source may touch while holding its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._names: set[str] | None = None  # None: any node (nothing taken yet)
+
+    def __call__(self, name: str | None) -> None:
+        with self._lock:
+            if name is None:
+                self._names = None
+            elif self._names is not None:
+                self._names.add(name)
+
+    def take(self) -> set[str] | None:
+        """The names touched since the last take (None: any node may have changed)."""
+        with self._lock:
+            names, self._names = self._names, set()
+        return names
+
+
 class SharedNodes:
     """Node name -> ``SharedNode``; re-parsed only when its inputs change."""
 
@@ -193,6 +231,17 @@ class SharedNodes:
         self._nodes: dict[str, tuple[Any, SharedNode]] = {}
         self._lock = threading.Lock()
         self.generation = 0  # moves whenever a node's view changes
+        self._listeners: list[Touch] = []
+
+    def listen(self, callback: Touch) -> None:
+        """``callback(name)`` after a node's view changed (None: any may have), before
+        ``generation`` moves."""
+        self._listeners.append(callback)
+
+    def _moved(self, name: str | None) -> None:
+        for callback in self._listeners:
+            callback(name)
+        self.generation += 1
 
     def observe(self, item: NodeItem) -> SharedNode:
         key = (bytes(item.raws[0]), bytes(item.labels[0]), bytes(item.labels[1]))
@@ -202,13 +251,13 @@ class SharedNodes:
         node = shared_node(item)
         with self._lock:
             self._nodes[item.name] = (key, node)
-            self.generation += 1
+            self._moved(item.name)
         return node
 
     def forget(self, name: str) -> None:
         with self._lock:
             self._nodes.pop(name, None)
-            self.generation += 1
+            self._moved(name)
 
     def replace(self, items: Iterable[NodeItem]) -> None:
         fresh = {}
@@ -217,7 +266,7 @@ class SharedNodes:
             fresh[item.name] = (key, shared_node(item))
         with self._lock:
             self._nodes = fresh
-            self.generation += 1
+            self._moved(None)
 
     def get(self, name: str) -> SharedNode | None:
         hit = self._nodes.get(name)
@@ -249,6 +298,7 @@ class Ledger:
         self._effective: dict[str, Assignment] = {}
         self._by_node: dict[str, dict[str, Assignment]] = {}
         self._versions: dict[str, int] = {}
+        self._listeners: list[Touch] = []
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._change = 0  # moves at every update (``wait_for_change``)
@@ -257,6 +307,16 @@ class Ledger:
     @property
     def synced(self) -> bool:
         return self._synced.is_set()
+
+    def listen(self, callback: Touch) -> None:
+        """``callback(node)`` (under the ledger's lock) whenever what the pods hold on
+        ``node`` changed (its ``version``), before ``change`` moves."""
+        self._listeners.append(callback)
+
+    def _bump(self, node: str) -> None:
+        self._versions[node] = self._versions.get(node, 0) + 1
+        for callback in self._listeners:
+            callback(node)
 
     def wait_synced(self, timeout: float) -> bool:
         return self._synced.wait(timeout)
@@ -274,7 +334,7 @@ class Ledger:
                 on.pop(uid, None)
                 if not on:
                     del self._by_node[before.node]
-            self._versions[before.node] = self._versions.get(before.node, 0) + 1
+            self._bump(before.node)
             if self._on_free is not None:
                 self._on_free()
         if now is None:
@@ -282,7 +342,7 @@ class Ledger:
         else:
             self._effective[uid] = now
             self._by_node.setdefault(now.node, {})[uid] = now
-            self._versions[now.node] = self._versions.get(now.node, 0) + 1
+            self._bump(now.node)
 
     def _changed_all(self) -> None:
         self._change += 1
@@ -666,9 +726,9 @@ class _Homes:
         """Forget the nodes not in ``names``."""
         if len(names) < len(self._parts):
             for name in [n for n in self._parts if n not in names]:
-                self._drop(name)
+                self.forget(name)
 
-    def _drop(self, name: str) -> None:
+    def forget(self, name: str) -> None:
         part = self._parts.pop(name, None)
         if part is not None:
             self.free -= part[1]
@@ -687,7 +747,6 @@ class Sharing:
         free_room: Callable[[str], tuple[int | None, int | None]] | None = None,
         arrivals: ArrivalMix | None = None,
         requeue: Requeue | None = None,
-        room_version: Callable[[], int] | None = None,
     ) -> None:
         self.nodes = nodes
         # pods turned away, nudged when the ledger frees a share (requeue.py)
@@ -695,11 +754,11 @@ class Sharing:
         self.ledger = ledger
         self.api = api
         self._clock = clock
-        # a node's free CPU millicores and memory MiB (None: not known, limits nothing)
+        # a node's free CPU millicores and memory MiB (None: not known, limits nothing);
+        # a ``RoomView`` also says when and where it changed, a plain function is taken
+        # as changed everywhere at every request
         self._free_room = free_room
-        # moves whenever a node's free CPU or memory may have changed (None with
-        # ``free_room``: not known, taken as changed at every request)
-        self._room_version = room_version
+        self._room = free_room if isinstance(free_room, RoomView) else None
         self.arrivals = arrivals if arrivals is not None else ArrivalMix()
         self._lock = threading.Lock()
         # (node, share, pod CPU and memory) -> ((node identity, ledger version, mix
@@ -718,6 +777,12 @@ class Sharing:
         # read too (``_free_percents``)
         self._scarce: tuple[tuple[Any, ...], tuple[Any, ShareMix]] | None = None
         self._homes = _Homes()
+        # the nodes whose homes may have moved since the last recount
+        self._touched = _Touched()
+        nodes.listen(self._touched)
+        ledger.listen(self._touched)
+        if self._room is not None:
+            self._room.listen(self._touched)
         self._free_of: dict[str, tuple[tuple[int, int], list[int]]] = {}
         self.binds = 0
         self.bind_failures = 0
@@ -765,27 +830,28 @@ class Sharing:
         version, mix = self.arrivals.mix()
         rooms: Any = None
         if self._free_room is not None:
-            rooms = self._room_version() if self._room_version is not None else object()
+            rooms = self._room.version() if self._room is not None else object()
         key = (self.ledger.change, self.nodes.generation, version, rooms)
         hit = self._scarce
         if hit is not None and hit[0] == key:
             return hit[1]
         homes = self._homes
         with homes.lock:  # requests run in threads: one recount at a time
+            touched = self._touched.take()
             if homes.version != version:
                 homes.reset(version, len(mix.wholes))
-            seen = set()
-            for node in self.nodes.all():
-                if node.problem is not None or node.mode == MODE_EXCLUSIVE:
-                    continue  # sharing pods do not go to these
-                name = node.name
-                seen.add(name)
-                cpu, memory = self._free_room(name) if self._free_room is not None else (None, None)
-                at = (id(node), self.ledger.version(name), cpu, memory)
-                if homes.at(name) != at:
-                    free = self._free_percents(node)
-                    homes.count(name, at, sum(free), whole_homes(free, Room(cpu, memory), mix))
-            homes.keep(seen)
+                touched = None
+            if touched is None or (self._free_room is not None and self._room is None):
+                seen = set()
+                for node in self.nodes.all():
+                    if self._recount(node, mix):
+                        seen.add(node.name)
+                homes.keep(seen)
+            else:  # only the nodes whose ledger, view or room moved
+                for name in touched:
+                    view = self.nodes.get(name)
+                    if view is None or not self._recount(view, mix):
+                        homes.forget(name)
             factors = whole_scarcity(homes.totals, homes.free, mix)
         scaled_version = (version, tuple(sorted(factors.items())))
         if hit is not None and hit[1][0] == scaled_version:
@@ -794,6 +860,19 @@ class Sharing:
             scaled = (scaled_version, mix.scaled(factors))
         self._scarce = (key, scaled)
         return scaled
+
+    def _recount(self, node: SharedNode, mix: ShareMix) -> bool:
+        """Count ``node``'s homes again if its state moved since (under the homes'
+        lock); False: sharing pods do not go there (problem, exclusive mode)."""
+        if node.problem is not None or node.mode == MODE_EXCLUSIVE:
+            return False
+        name = node.name
+        cpu, memory = self._free_room(name) if self._free_room is not None else (None, None)
+        at = (id(node), self.ledger.version(name), cpu, memory)
+        if self._homes.at(name) != at:
+            free = self._free_percents(node)
+            self._homes.count(name, at, sum(free), whole_homes(free, Room(cpu, memory), mix))
+        return True
 
     def _free_percents(self, node: SharedNode) -> list[int]:
         """Percent free per usable GPU of ``node`` (``core.sharing.free_percent``),
