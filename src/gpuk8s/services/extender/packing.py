@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import filterfalse, repeat
 from typing import Any
@@ -48,6 +48,7 @@ from ...core.scoring import (
     topology_from_devices,
 )
 from ...core.topology import Topology
+from .notify import Notifier, Touch
 from .wire import (
     BadRequest,
     NodeItem,
@@ -108,26 +109,8 @@ def parse_prior(text: str) -> dict[int, float]:
     return prior
 
 
-class _Notifier:
-    """Change callbacks: ``callback(name)`` after one node changed, ``callback(None)``
-    after a relist (anything may have changed)."""
-
-    def __init__(self) -> None:
-        self._listeners: list[Callable[[str | None], None]] = []
-        self.changes = 0  # moves at every change
-
-    def listen(self, callback: Callable[[str | None], None]) -> None:
-        self._listeners.append(callback)
-
-    def _notify(self, name: str | None) -> None:
-        # listeners first: whoever reads ``changes`` moved has been told which node
-        for callback in self._listeners:
-            callback(name)
-        self.changes += 1
-
-
 # -- pods -----------------------------------------------------------------------------
-class RunningPods(_Notifier):
+class RunningPods(Notifier):
     """Bound, unfinished pods: CPU/memory requested per node, and the learned pod mix."""
 
     def __init__(
@@ -288,7 +271,7 @@ _Seen = tuple[str | None, bytes, bytes]
 RoomFields = tuple[str, str | None, Allocatable]
 
 
-class NodeRooms(_Notifier):
+class NodeRooms(Notifier):
     """Node name -> ``NodeRoomInfo`` from the device-list annotation and the Node's
     allocatable resources; placements per (layout, free devices, k) memoised."""
 
@@ -433,7 +416,7 @@ class FreeRoom:
         changes = self._rooms.changes
         return changes if self._running is None else changes + self._running.changes
 
-    def listen(self, callback: Callable[[str | None], None]) -> None:
+    def listen(self, callback: Touch) -> None:
         """``callback(name)`` when a node's room may have changed, ``callback(None)``
         when any may have; called before ``version`` moves."""
         self._rooms.listen(callback)

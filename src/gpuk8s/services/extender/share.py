@@ -114,6 +114,7 @@ from ...core.sharing import (
     whole_scarcity,
 )
 from ...core.topology import Topology
+from .notify import Notifier, Touch
 from .requeue import Requeue
 from .wire import BadRequest, NodeItem, PodView, pod_totals, view_share
 
@@ -186,9 +187,6 @@ def shared_node(item: NodeItem) -> SharedNode:
     return SharedNode(item.name, mode, gpus, topology, groups=groups)
 
 
-Touch = Callable[[str | None], None]  # a node that may have changed (None: any)
-
-
 @runtime_checkable
 class RoomView(Protocol):
     """Nodes' free CPU millicores and memory MiB (``packing.FreeRoom``), a version that
@@ -224,24 +222,14 @@ class _Touched:
         return names
 
 
-class SharedNodes:
-    """Node name -> ``SharedNode``; re-parsed only when its inputs change."""
+class SharedNodes(Notifier):
+    """Node name -> ``SharedNode``; re-parsed only when its inputs change (``changes``
+    moves and the listeners hear of the node whenever its view changes)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._nodes: dict[str, tuple[Any, SharedNode]] = {}
         self._lock = threading.Lock()
-        self.generation = 0  # moves whenever a node's view changes
-        self._listeners: list[Touch] = []
-
-    def listen(self, callback: Touch) -> None:
-        """``callback(name)`` after a node's view changed (None: any may have), before
-        ``generation`` moves."""
-        self._listeners.append(callback)
-
-    def _moved(self, name: str | None) -> None:
-        for callback in self._listeners:
-            callback(name)
-        self.generation += 1
 
     def observe(self, item: NodeItem) -> SharedNode:
         key = (bytes(item.raws[0]), bytes(item.labels[0]), bytes(item.labels[1]))
@@ -251,13 +239,13 @@ class SharedNodes:
         node = shared_node(item)
         with self._lock:
             self._nodes[item.name] = (key, node)
-            self._moved(item.name)
+            self._notify(item.name)
         return node
 
     def forget(self, name: str) -> None:
         with self._lock:
             self._nodes.pop(name, None)
-            self._moved(name)
+            self._notify(name)
 
     def replace(self, items: Iterable[NodeItem]) -> None:
         fresh = {}
@@ -266,7 +254,7 @@ class SharedNodes:
             fresh[item.name] = (key, shared_node(item))
         with self._lock:
             self._nodes = fresh
-            self._moved(None)
+            self._notify(None)
 
     def get(self, name: str) -> SharedNode | None:
         hit = self._nodes.get(name)
@@ -771,7 +759,7 @@ class Sharing:
         # until it changes
         self._nogpu_base: dict[str, tuple[_Version, list[int], Filled, float]] = {}
         # the mix with whole-GPU classes weighted by their shortage (``whole_scarcity``):
-        # ((ledger change, node generation, mix version, room version), (version,
+        # ((ledger change, node views' changes, mix version, room version), (version,
         # scaled mix)); the homes counted for it (``_Homes``); per node ((node
         # identity, ledger version), percent free per GPU), which pods without GPUs
         # read too (``_free_percents``)
@@ -831,7 +819,7 @@ class Sharing:
         rooms: Any = None
         if self._free_room is not None:
             rooms = self._room.version() if self._room is not None else object()
-        key = (self.ledger.change, self.nodes.generation, version, rooms)
+        key = (self.ledger.change, self.nodes.changes, version, rooms)
         hit = self._scarce
         if hit is not None and hit[0] == key:
             return hit[1]
