@@ -636,6 +636,14 @@ class Replay:
         self.running.set(uid, name, shape)
 
     # -- choosing ---------------------------------------------------------------------
+    def _timed(self, verb: str, body: bytes, into: list[float]) -> Any:
+        """gpu-aware's answer to ``verb``; its CPU time (ms) appended to ``into``."""
+        assert self.extender is not None
+        started = time.thread_time()
+        answer = self.extender.handle(verb, body)
+        into.append((time.thread_time() - started) * 1000)
+        return answer
+
     def choose(self, pod: PodSpec, uid: str) -> int | None:
         candidates = self.scheduler.feasible(pod, self.sharing and pod.gpus > 0)
         if not candidates:
@@ -655,16 +663,12 @@ class Replay:
         names = [self.nodes[i].spec.name for i in candidates]
         obj = pod_object(pod, uid, sharing=self.sharing)
         body = json.dumps({"Pod": obj, "NodeNames": names}).encode()
-        started = time.thread_time()
-        answer = self.extender.handle("filter", body)
-        self.result.filter_ms.append((time.thread_time() - started) * 1000)
+        answer = self._timed("filter", body, self.result.filter_ms)
         kept = json.loads(answer.body)["NodeNames"]
         if not kept:
             return None
         body = json.dumps({"Pod": obj, "NodeNames": kept}).encode()
-        started = time.thread_time()
-        answer = self.extender.handle("prioritize", body)
-        self.result.prioritize_ms.append((time.thread_time() - started) * 1000)
+        answer = self._timed("prioritize", body, self.result.prioritize_ms)
         scores = {h["Host"]: h["Score"] for h in json.loads(answer.body)}
         keep = set(kept)
         return self.scheduler.pick(
@@ -682,9 +686,7 @@ class Replay:
             return None
         names = [self.nodes[i].spec.name for i in candidates]
         body = json.dumps({"Pod": pod_object(pod, uid), "NodeNames": names}).encode()
-        started = time.thread_time()
-        answer = self.extender.handle(NOGPU_VERB, body)
-        self.result.nogpu_ms.append((time.thread_time() - started) * 1000)
+        answer = self._timed(NOGPU_VERB, body, self.result.nogpu_ms)
         scores = {h["Host"]: h["Score"] for h in json.loads(answer.body)}
         return {name: scores.get(name, 0) for name in names}
 
@@ -698,9 +700,7 @@ class Replay:
         body = json.dumps(
             {"PodName": uid, "PodNamespace": "openb", "PodUID": uid, "Node": node.spec.name}
         ).encode()
-        started = time.thread_time()
-        answer = json.loads(self.extender.handle("bind", body).body)
-        self.result.bind_ms.append((time.thread_time() - started) * 1000)
+        answer = json.loads(self._timed("bind", body, self.result.bind_ms).body)
         if answer["Error"]:
             self.store.drop(uid)
             return False
