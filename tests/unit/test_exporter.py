@@ -770,7 +770,8 @@ def second_exporter(tmp_path: Path) -> Iterator[Any]:
         args = exporter_main.build_parser().parse_args([
             "--host-root", root, "--node-name", node_name, "--pod-resources-socket", "",
             "--log-dir", ""])
-        sampler = exporter_main.build_sampler(args)
+        # no pods on these nodes: no API server (nor kubeconfig) is asked
+        sampler = exporter_main.build_sampler(args, pods=PodDirectory(lambda: PodIndex({}, {})))
         sampler.sample_once()
         server = ExporterHTTPServer(("127.0.0.1", 0), registry_for(sampler, node_name),
                                     sampler, stale_after=30.0)

@@ -254,7 +254,15 @@ def test_service_with_injected_watch_loops(tmp_path: Path) -> None:
         pods_fed.set()
         stop.wait()
 
-    service = build_service(args, node_watch=node_watch, pod_watch=pod_watch)
+    def ledger_watch(stop: threading.Event) -> None:  # no pod holds a share
+        sharing = service.extender.sharing
+        assert sharing is not None
+        sharing.ledger.replace([])
+        stop.wait()
+
+    # every watch injected: no API server (nor kubeconfig) is needed
+    service = build_service(args, node_watch=node_watch, pod_watch=pod_watch,
+                            ledger_watch=ledger_watch)
     service.start()
     try:
         assert fed.wait(10) and pods_fed.wait(10)
