@@ -10,6 +10,11 @@ library's process-wide default configuration, from (first that applies):
 ``classify(err)`` turns whatever the client raised into a ``TemporaryApiError`` (retry
 with backoff: timeouts, connection failures, 409/429/5xx) or a ``PermanentApiError``
 (retrying the same call will not help: 400/401/403/404/422, unparsable answers).
+
+``body(resp)`` reads the answer of a call made with ``_preload_content=False`` and gives
+its connection back to the client's pool. An answer nobody reads keeps its connection, so
+the next call opens a new one (a TCP and TLS handshake on both ends); every such call
+goes through it, writes included.
 """
 
 from __future__ import annotations
@@ -124,6 +129,16 @@ def classify(err: BaseException, action: str) -> ApiError:
     if isinstance(err, network):
         return TemporaryApiError(f"{action}: cannot reach the API server: {err}")
     return PermanentApiError(f"{action}: {type(err).__name__}: {err}")
+
+
+def body(resp: Any) -> bytes:
+    """The body of a ``_preload_content=False`` answer (urllib3's ``HTTPResponse``), read
+    to its end; its connection goes back to the pool for the next call to reuse."""
+    try:
+        data: bytes = resp.data
+    finally:
+        resp.release_conn()
+    return data
 
 
 IN_CLUSTER_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"

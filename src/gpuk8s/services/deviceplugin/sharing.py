@@ -51,6 +51,7 @@ from ...core.sharing import (
     pod_share_json,
 )
 from ...core.topology import Unit
+from .. import kube
 from ..node.devices import ContainerSpec, DeviceSet, DeviceView, UnknownDeviceError
 
 log = logging.getLogger("gpuk8s.deviceplugin")
@@ -84,16 +85,18 @@ class KubePendingPods:
         resp: Any = self._core.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={self.node}", _preload_content=False
         )
-        items: list[dict[str, Any]] = json.loads(resp.data).get("items") or []
+        items: list[dict[str, Any]] = json.loads(kube.body(resp)).get("items") or []
         return items
 
     def mark_allocated(self, namespace: str, name: str) -> None:
-        self._core.patch_namespaced_pod(
-            name,
-            namespace,
-            {"metadata": {"annotations": {PHASE_ANNOTATION: PHASE_ALLOCATED}}},
-            _content_type="application/merge-patch+json",
-            _preload_content=False,
+        kube.body(
+            self._core.patch_namespaced_pod(
+                name,
+                namespace,
+                {"metadata": {"annotations": {PHASE_ANNOTATION: PHASE_ALLOCATED}}},
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )
         )
 
 

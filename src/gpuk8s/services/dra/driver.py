@@ -71,7 +71,7 @@ class KubeClaims:
                                                                  _preload_content=False)
         except Exception as err:
             raise kube.classify(err, f"get resourceclaim {namespace}/{name}") from err
-        data: Mapping[str, Any] = json.loads(resp.data)
+        data: Mapping[str, Any] = json.loads(kube.body(resp))
         return data
 
 

@@ -71,7 +71,8 @@ class KubeSlices:
             resp = fn(*args, _preload_content=False, **kwargs)
         except Exception as err:
             raise kube.classify(err, what) from err
-        return json.loads(resp.data) if resp.data else {}
+        data = kube.body(resp)
+        return json.loads(data) if data else {}
 
     def list(self, node: str) -> list[dict[str, Any]]:
         found = self._call("list resourceslices", self._api.list_resource_slice,

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .. import kube
+
 log = logging.getLogger("gpuk8s.extender")
 
 LEADER_LABEL = "gpuk8s.io/gpu-aware-leader"
@@ -261,7 +263,7 @@ class KubeLeaseApi:
             if err.status == 404:
                 return None
             raise
-        data: dict[str, Any] = json.loads(resp.data)
+        data: dict[str, Any] = json.loads(kube.body(resp))
         return data
 
     def create(self, lease: dict[str, Any]) -> None:
@@ -289,7 +291,7 @@ class KubeLeaseApi:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            call()
+            kube.body(call())
         except ApiException as err:
             if err.status == 409:
                 raise Conflict(str(err.reason)) from None
@@ -308,11 +310,13 @@ class KubePodLabeler:
 
     def label(self, leader: bool) -> None:
         value = "true" if leader else None
-        self._core.patch_namespaced_pod(
-            self.pod,
-            self.namespace,
-            {"metadata": {"labels": {LEADER_LABEL: value}}},
-            _content_type="application/merge-patch+json",
-            _preload_content=False,
-            _request_timeout=API_TIMEOUT_S,
+        kube.body(
+            self._core.patch_namespaced_pod(
+                self.pod,
+                self.namespace,
+                {"metadata": {"labels": {LEADER_LABEL: value}}},
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+                _request_timeout=API_TIMEOUT_S,
+            )
         )

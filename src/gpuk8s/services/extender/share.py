@@ -114,6 +114,7 @@ from ...core.sharing import (
     whole_scarcity,
 )
 from ...core.topology import Topology
+from .. import kube
 from .notify import Notifier, Touch
 from .requeue import Requeue
 from .wire import BadRequest, NodeItem, PodView, pod_totals, view_share
@@ -600,7 +601,7 @@ class KubePodApi:
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         resp: Any = self._core.read_namespaced_pod(name, namespace, _preload_content=False)
-        data: dict[str, Any] = json.loads(resp.data)
+        data: dict[str, Any] = json.loads(kube.body(resp))
         return data
 
     def annotate(
@@ -616,12 +617,14 @@ class KubePodApi:
         self._patch_metadata(namespace, name, {"annotations": annotations})
 
     def _patch_metadata(self, namespace: str, name: str, metadata: dict[str, Any]) -> None:
-        self._core.patch_namespaced_pod(
-            name,
-            namespace,
-            {"metadata": metadata},
-            _content_type="application/merge-patch+json",
-            _preload_content=False,
+        kube.body(
+            self._core.patch_namespaced_pod(
+                name,
+                namespace,
+                {"metadata": metadata},
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )
         )
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
@@ -631,7 +634,9 @@ class KubePodApi:
             "metadata": {"name": name, "namespace": namespace, "uid": uid},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        self._core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
+        kube.body(
+            self._core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
+        )
 
 
 class BindArgs(msgspec.Struct, forbid_unknown_fields=True):
