@@ -91,7 +91,7 @@ from paper_policies import PAPER_POLICIES, PaperScheduler, typical_pods
 
 from gpuk8s import sim
 from gpuk8s.core.allocator import allocate
-from gpuk8s.core.binpack import knapsack, simplex
+from gpuk8s.core.binpack import MAX_CONFIGURATIONS, knapsack, simplex
 from gpuk8s.core.model import DriverInfo, Gpu, NodeInventory
 from gpuk8s.core.schedconf import NOGPU_VERB, packing_profile
 from gpuk8s.core.scoring import LinkGroups
@@ -904,7 +904,7 @@ def shares_lp(shares: dict[int, int], gpus: int) -> float:
         reach, column = knapsack(units, gains, room)
         value = reach[room]
         bound = sum(n * p for n, p in zip(counts, item, strict=True)) + gpus * value
-        if value <= gpu + 1e-6 or column in columns or len(columns) > 2000:
+        if value <= gpu + 1e-6 or column in columns or len(columns) >= MAX_CONFIGURATIONS:
             return min(bound, float(sum(n * s for n, s in zip(counts, sizes, strict=True))))
         columns.append(column)
 
