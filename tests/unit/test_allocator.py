@@ -511,3 +511,27 @@ def test_groups_are_cliques_not_components(
     # was in one group per level, so criteria 2-3 could not see any of this
     topo = Topology.from_inventory(topologies.PARTIAL_MESHES[name]())
     assert search(topo, free, size, budget=STEPS_ONLY).chosen == expected, why
+
+
+def test_best_sets_answer_as_best_set_and_share_answers_across_one_shape() -> None:
+    """``BestSets`` gives ``best_set``'s answer; two nodes of one model (other device
+    ids, the same shape) share one remembered answer; other shapes do not."""
+    from gpuk8s.core.allocator import BestSets
+
+    a = Topology.from_inventory(topologies.dgx1_cube_mesh())
+    b = Topology([Unit(id=f"other-{u.id}", gpu=u.gpu, vf=u.vf) for u in a.units], a.level)
+    ring = Topology.from_inventory(topologies.nvlink_ring())
+    assert a.shape == b.shape != ring.shape
+    sets = BestSets()
+    rng = random.Random(7)
+    for _ in range(200):
+        topo = rng.choice([a, b, ring])
+        free = sorted(rng.sample(range(len(topo)), rng.randint(1, len(topo))))
+        size = rng.randint(1, len(free))
+        assert sets(topo, free, size) == best_set(topo, free, size)
+    shapes = {at[0] for at in sets._known}
+    assert shapes == {a.shape, ring.shape}
+    small = BestSets(limit=3)
+    for size in range(1, 6):
+        small(a, list(range(8)), size)
+    assert len(small._known) <= 3

@@ -263,6 +263,26 @@ def best_set(
     return result.chosen, result.key
 
 
+class BestSets:
+    """``best_set`` remembered per topology shape (``Topology.shape``), free positions and
+    size, so that the nodes of one model share their answers; at most ``limit``
+    answers (all forgotten when full)."""
+
+    def __init__(self, limit: int = 8192) -> None:
+        self.limit = limit
+        self._known: dict[tuple[object, tuple[int, ...], int], tuple[tuple[int, ...], Key]] = {}
+
+    def __call__(self, topo: Topology, free: Sequence[int], size: int) -> tuple[list[int], Key]:
+        at = (topo.shape, tuple(free), size)
+        hit = self._known.get(at)
+        if hit is None:
+            chosen, key = best_set(topo, free, size)
+            if len(self._known) >= self.limit:
+                self._known.clear()
+            hit = self._known[at] = (tuple(chosen), key)
+        return list(hit[0]), hit[1]
+
+
 def search(
     topo: Topology,
     free: Sequence[int],

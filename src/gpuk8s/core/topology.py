@@ -72,6 +72,12 @@ class Topology:
         self.units: tuple[Unit, ...] = tuple(units)
         self.position: dict[str, int] = {uid: i for i, uid in enumerate(ids)}
         self.level: tuple[tuple[int, ...], ...] = tuple(tuple(row) for row in level_matrix)
+        # all that the structure below is derived from (the units' GPUs and the levels,
+        # not their ids): topologies of one shape get the same answers from the searches
+        self.shape: tuple[tuple[int, ...], tuple[tuple[int, ...], ...]] = (
+            tuple(u.gpu for u in self.units),
+            self.level,
+        )
         # component id of every unit at every level: comp[level][unit] -> group number
         self.comp: dict[int, tuple[int, ...]] = {
             int(lv): self._components(int(lv)) for lv in LinkKind

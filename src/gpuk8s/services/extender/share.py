@@ -75,7 +75,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
-from ...core.allocator import best_set
+from ...core.allocator import BestSets
 from ...core.devicelist import DEVICES_ANNOTATION, parse_device_list
 from ...core.errors import GpuK8sError
 from ...core.scoring import topology_from_devices
@@ -777,6 +777,8 @@ class Sharing:
         if self._room is not None:
             self._room.listen(self._touched)
         self._free_of: dict[str, tuple[tuple[int, int], list[int]]] = {}
+        # the allocator's best sets, shared by the nodes of one topology
+        self._sets = BestSets()
         self.binds = 0
         self.bind_failures = 0
         # binds refused after waiting ``bind_wait_s`` for another pod's Allocate
@@ -919,7 +921,7 @@ class Sharing:
             key = node.groups.get(index)
             per_group[key] = per_group.get(key, 0) + 1
         if share.whole:
-            placed = self._place_whole(node, usage, share, len(unshared), room, mix)
+            placed = self._place_whole(node, usage, share, len(unshared), room, mix, self._sets)
         else:
             prefer = {i: per_group.get(node.groups.get(i), 0) for i in unshared}
             chosen = choose_shared(node.gpus, usage, share, prefer, mix, room)
@@ -950,6 +952,7 @@ class Sharing:
         unshared: int,
         room: Room,
         mix: ShareMix,
+        sets: BestSets,
     ) -> Placement:
         free = [
             pos
@@ -962,7 +965,7 @@ class Sharing:
                 f"gpu-aware: {len(free)} whole GPU(s) unshared and free; "
                 f"the pod needs {share.gpus}",
             )
-        chosen, key = best_set(node.topology, free, share.gpus)
+        chosen, key = sets(node.topology, free, share.gpus)
         gpus = tuple(sorted(node.gpus[p].index for p in chosen))
         score = float(key[0]) if key else 0.0
         rise = whole_rise(node.gpus, usage, gpus, mix, room) if mix else 0.0
