@@ -135,6 +135,13 @@ PHASES = ("fill", "churn", "faults")
 FAULTS = ("extender-kill", "kubelet-restart", "node-delete", "delete-before-allocate")
 LEADER_FAULTS = ("leader-loss",)  # with --replicas 2
 PREFIX = {"fill": "f", "churn": "c", "fault": "x", "load": "l"}  # of the pods' names
+# seconds between two renewals of every fake node's Lease. A kubelet renews every 10 s;
+# the node controller marks a node unhealthy 50 s after the last renewal
+# (--node-monitor-grace-period), which 25 s plus one pass over every node (a few seconds
+# under load) stays well inside. Each renewal costs the API server and etcd about 3 ms of
+# CPU here, so 1,213 nodes every 10 s would take a third of a core of this 2-core machine
+# from what the replay measures; a cluster that size has a control plane of its own.
+HEARTBEAT_S = 25
 
 
 def now() -> float:
@@ -974,7 +981,7 @@ class Replay:
         heartbeat = open(self.work / "heartbeat.log", "wb")  # noqa: SIM115 (as the process)
         self.procs.append(
             subprocess.Popen(
-                [sys.executable, str(LAB / "fake_nodes.py"), "heartbeat", "--interval", "15"],
+                [sys.executable, str(LAB / "fake_nodes.py"), "heartbeat", "--interval", str(HEARTBEAT_S)],
                 stdout=heartbeat,
                 stderr=subprocess.STDOUT,
             )
