@@ -5,6 +5,7 @@ against a real kube-apiserver)."""
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from typing import Any
@@ -20,6 +21,7 @@ from gpuk8s.core.sharing import (
     Assignment,
     ShareRequest,
     parse_assignment,
+    poisson_tail,
 )
 from gpuk8s.discovery import discover
 from gpuk8s.services.deviceplugin.nodestate import published_annotations
@@ -658,30 +660,42 @@ def test_prioritize_follows_the_mix_packing_before_fragmentation(
     assert ext.sharing.place("b", HALF).raw < ext.sharing.place("a", HALF).raw
 
 
-def test_breaking_a_scarce_home_costs_its_shortage(annotations: dict[str, str]) -> None:
-    """Nine in ten arriving pods ask 2 whole GPUs: a 1-GPU pod on an empty node strands
-    a GPU for the 2-GPU class (FGD's rise, 0.9 x 100). Once b and c are taken, the 3
-    free GPUs are filled by about 1.6 pods, 1.4 of them 2-GPU ones, and a is their only
-    home: breaking it costs about 1.4 times as much (``whole_scarcity``, rounded to
-    2 ** 0.5)."""
+def _factor(chance: float, share: float) -> float:
+    """``whole_scarcity``'s factor: the chance over the share, in quarter steps of a
+    doubling, where over 1."""
+    ratio = chance / share
+    return 2.0 ** (round(4 * math.log2(ratio)) / 4) if ratio > 1 else 1.0
+
+
+def test_breaking_a_scarce_home_costs_a_pod_with_the_chance_it_is_needed(
+    annotations: dict[str, str],
+) -> None:
+    """One in five arriving pods asks 2 whole GPUs, the rest 1: a 1-GPU pod on an empty
+    node strands a GPU for the 2-GPU class (FGD's rise, 0.2 x 100). While the homes
+    are many against the 2-GPU pods to come, that is all. Once b and c are taken, a is
+    the only home left for the 2-GPU pods that its 2 free GPUs draw (Poisson, mean
+    2 / 1.2 x 0.2): breaking it costs such a pod with the chance one comes, over the
+    class's share (``whole_scarcity``)."""
     arrivals = ArrivalMix(prior=())
     for i in range(10):
-        arrivals.observe(f"seen-{i}", ShareRequest(MODE_SGPU, 2 if i else 1, 100, 0, True), 0)
+        arrivals.observe(f"seen-{i}", ShareRequest(MODE_SGPU, 2 if i < 2 else 1, 100, 0, True), 0)
     ext, api, _ = over(
         [node(n, annotations) for n in ("a", "b", "c")], arrivals=arrivals
     )
     assert ext.sharing is not None
     one = ShareRequest(MODE_SGPU, 1, 100, 0, True)
-    # 6 free GPUs, about 2.8 2-GPU pods to come for 3 homes: no shortage
+    # 6 free GPUs, 5 pods to come, 2-GPU ones Poisson with mean 1 for 3 homes
+    assert poisson_tail(1.0, 3) < 0.2
     plenty = ext.sharing.place("a", one).raw
-    assert plenty == pytest.approx(-0.9 * 100, abs=0.01)
-    # 5 free, 2.4 to come for 2 homes: 1.18, rounded to 2 ** 0.25
+    assert plenty == pytest.approx(-0.2 * 100, abs=0.01)
     assert not bind(ext, api, pod("pb", "100"), "b")
-    assert ext.sharing.place("a", one).raw == pytest.approx(-0.9 * 100 * 2**0.25, abs=0.01)
     assert not bind(ext, api, pod("pc1", "100"), "c")
     assert not bind(ext, api, pod("pc2", "100"), "c")
+    # 3 free GPUs, mean 0.5 for 1 home
+    factor = _factor(poisson_tail(3 / 1.2 * 0.2, 1), 0.2)
+    assert factor > 1.5
     scarce = ext.sharing.place("a", one).raw
-    assert scarce == pytest.approx(-0.9 * 100 * 2**0.5, abs=0.01)
+    assert scarce == pytest.approx(-0.2 * 100 * factor, abs=0.01)
     # b's last GPU breaks no home: the same either way
     assert ext.sharing.place("b", one).raw > scarce
 
@@ -795,15 +809,16 @@ def test_homes_totals_stay_the_sum_of_the_parts_counted() -> None:
 
 
 def test_a_home_whose_cpu_is_taken_is_no_home(annotations: dict[str, str]) -> None:
-    """Nine in ten arriving pods ask 2 whole GPUs and 60 cores. While every node has
-    the cores, each is a home and a 1-GPU pod on a strands one GPU for them (0.9 x
+    """One in five arriving pods asks 2 whole GPUs and 60 cores. While every node has
+    the cores, each is a home and a 1-GPU pod on a strands one GPU for them (0.2 x
     100). Once pods without GPUs took the cores of b and c (the room moves), a is the
-    only home for the 2.8 such pods its 6 free GPUs draw: breaking it costs 2.8 times
-    as much (``whole_scarcity``, rounded to 2 ** 1.5)."""
+    only home for the 2-GPU pods that the 6 free GPUs draw (Poisson, mean 6 / 1.2 x
+    0.2): breaking it costs more by ``whole_scarcity``'s factor."""
     arrivals = ArrivalMix(prior=())
     for i in range(10):
         arrivals.observe(
-            f"seen-{i}", ShareRequest(MODE_SGPU, 2 if i else 1, 100, 0, True), 60_000 if i else 0
+            f"seen-{i}", ShareRequest(MODE_SGPU, 2 if i < 2 else 1, 100, 0, True),
+            60_000 if i < 2 else 0,
         )
     room = DictRoom(dict.fromkeys("abc", (128_000, None)))
     ext, _, _ = over([node(n, annotations) for n in "abc"], arrivals=arrivals, free_room=room)
@@ -812,8 +827,10 @@ def test_a_home_whose_cpu_is_taken_is_no_home(annotations: dict[str, str]) -> No
     plenty = ext.sharing.place("a", one).raw
     room.set("b", (30_000, None))
     room.set("c", (30_000, None))
+    factor = _factor(poisson_tail(6 / 1.2 * 0.2, 1), 0.2)
+    assert factor > 2
     scarce = ext.sharing.place("a", one).raw
-    assert scarce - plenty == pytest.approx(-0.9 * 100 * (2**1.5 - 1), abs=0.01)
+    assert scarce - plenty == pytest.approx(-0.2 * 100 * (factor - 1), abs=0.01)
 
 
 def test_arrival_mix_is_retaken_once_when_threads_ask_at_once() -> None:

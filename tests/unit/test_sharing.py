@@ -336,53 +336,113 @@ def _scarcity(nodes: list[tuple[list[int], s.Room]], mix: s.ShareMix) -> dict[s.
     return s.whole_scarcity(totals, sum(sum(free) for free, _ in nodes), mix)
 
 
-def test_whole_scarcity_is_the_pods_to_come_over_their_homes() -> None:
+def _quarter(x: float) -> float:
+    """``x`` rounded to quarter steps of a doubling, as ``whole_scarcity`` rounds."""
+    return 2.0 ** (round(4 * math.log2(x)) / 4)
+
+
+def test_poisson_tail_against_the_sum_of_its_terms() -> None:
+    for mean in (0.3, 1.0, 3.5, 12.0, 40.0, 95.0):
+        for k in (0, 1, 2, 5, 12, 30, 60, 120):
+            pmf = [math.exp(-mean + n * math.log(mean) - math.lgamma(n + 1)) for n in range(k)]
+            assert s.poisson_tail(mean, k) == pytest.approx(max(0.0, 1 - sum(pmf)), abs=1e-12)
+    assert s.poisson_tail(0.0, 3) == 0.0 and s.poisson_tail(5.0, 0) == 1.0
+    # far out either way: no overflow, no negative
+    assert s.poisson_tail(5000.0, 10) == 1.0
+    assert s.poisson_tail(10.0, 5000) == 0.0
+    assert 0.49 < s.poisson_tail(5000.0, 5000) < 0.51
+
+
+def test_whole_scarcity_is_the_chance_that_the_pods_to_come_need_every_home() -> None:
     """Half the pods ask 1 GPU, half 8: the free capacity is filled by about
-    free / 4.5 pods, half of them 8-GPU ones, each needing a node with 8 GPUs free."""
+    free / 4.5 pods, how many of them 8-GPU ones is Poisson with half that mean, and
+    each needs a node with 8 GPUs free."""
     one, eight = (1, 100, 0, 0), (8, 100, 0, 0)
     mix = s.ShareMix({one: 1.0, eight: 1.0})
     empty = ([100] * 8, s.NO_ROOM)
     broken = ([100] * 7 + [0], s.NO_ROOM)
-    # 4 empty nodes: 32 GPUs, ~7.1 pods to come, 3.6 of 8 GPUs for 4 homes
+    # 4 empty nodes: 32 GPUs, 3.6 8-GPU pods to come for 4 homes: breaking one costs
+    # a pod with a chance under the class's share (a half): no factor
+    assert s.poisson_tail(32 / 4.5 / 2, 4) < 0.5
     assert _scarcity([empty] * 4, mix) == {}
-    # 3 of them broken by a 1-GPU pod each: 3.4 8-GPU pods to come, 1 home left
-    short = 29 / 4.5 / 2
+    # 3 of them broken by a 1-GPU pod each: 3.2 8-GPU pods to come, 1 home left
     factors = _scarcity([empty] + [broken] * 3, mix)
     assert one not in factors
-    assert factors[eight] == pytest.approx(2.0 ** (round(4 * math.log2(short)) / 4))
-    assert 2.0 ** -0.125 < factors[eight] / short < 2.0**0.125  # rounded to quarter steps
+    chance = 1 - math.exp(-29 / 4.5 / 2)
+    assert factors[eight] == pytest.approx(_quarter(chance / 0.5))
     # no home left at all: nothing to break, no factor
     assert eight not in _scarcity([broken] * 4, mix)
     # a mix without whole-GPU classes has no factors
     assert _scarcity([empty], s.ShareMix({(1, 50, 0, 0): 1.0})) == {}
 
 
+def test_whole_scarcity_of_a_rare_class_is_up_to_one_over_its_share() -> None:
+    """8-GPU pods are 1 in 20: FGD weighs breaking their home by 1/20 of the 7 GPUs it
+    strands. While the homes are many that is about right; when they are just enough,
+    breaking one costs a pod with a chance of about a half, ten times as much; when they
+    are too few, nearly twenty times."""
+    one, eight = (1, 100, 0, 0), (8, 100, 0, 0)
+    mix = s.ShareMix({one: 19.0, eight: 1.0})
+    empty = ([100] * 8, s.NO_ROOM)
+    per_pod = (19 + 8) / 20
+
+    def factor(nodes: list[tuple[list[int], s.Room]]) -> float:
+        return _scarcity(nodes, mix).get(eight, 1.0)
+
+    # 100 empty nodes: 800 GPUs, 29.6 8-GPU pods to come for 100 homes
+    assert factor([empty] * 100) == 1.0
+    # 30 homes, and 570 GPUs free on one-GPU nodes (no home): 30.0 8-GPU pods to come
+    singles = [([100], s.NO_ROOM)] * 570
+    to_come = 810 / per_pod / 20
+    assert 0.4 < s.poisson_tail(to_come, 30) < 0.6
+    assert factor([empty] * 30 + singles) == pytest.approx(
+        _quarter(s.poisson_tail(to_come, 30) / 0.05)
+    )
+    assert 8 < factor([empty] * 30 + singles) < 12
+    # 10 homes for 24.1 pods to come: nearly 1 / 0.05
+    assert factor([empty] * 10 + singles) == pytest.approx(
+        _quarter(20 * s.poisson_tail(650 / per_pod / 20, 10))
+    )
+    assert factor([empty] * 10 + singles) > 16
+    # more homes never weigh more
+    got = [factor([empty] * n + singles) for n in (10, 20, 30, 40, 60)]
+    assert got == sorted(got, reverse=True)
+
+
 def test_whole_scarcity_counts_the_cpu_and_memory_that_feed_a_home() -> None:
     """8-GPU pods asking 120 cores fit only on 128-core nodes; those asking 60 fit on
     96-core nodes too: they count together with the 120-core ones, whose homes are
     theirs too, and a shortage of that pair weighs on both classes."""
-    big, small = (8, 100, 120_000, 0), (8, 100, 60_000, 0)
-    mix = s.ShareMix({big: 1.0, small: 1.0})
+    big, small, one = (8, 100, 120_000, 0), (8, 100, 60_000, 0), (1, 100, 0, 0)
+    mix = s.ShareMix({big: 1.0, small: 1.0, one: 2.0})
     rich = ([100] * 8, s.Room(128_000, None))
     poor = ([100] * 8, s.Room(96_000, None))
-    homes = {c: at for at, (c, _) in enumerate(mix.classes)}
-    assert s.whole_homes(*rich, mix) == (1, 1)
-    assert s.whole_homes(*poor, mix)[homes[big]] == 0
-    assert s.whole_homes(*poor, mix)[homes[small]] == 1
-    assert s.whole_homes([100] * 8, s.Room(50_000, None), mix) == (0, 0)
+    assert len(mix.wholes) == 3
+    wholes = {mix.classes[at][0]: n for n, at in enumerate(mix.wholes)}
+    assert s.whole_homes(*rich, mix)[wholes[big]] == 1
+    assert s.whole_homes(*poor, mix)[wholes[big]] == 0
+    assert s.whole_homes(*poor, mix)[wholes[small]] == 1
+    starved = s.whole_homes([100] * 8, s.Room(50_000, None), mix)
+    assert starved[wholes[big]] == starved[wholes[small]] == 0
     hungry = s.ShareMix({(8, 100, 0, 4096): 1.0})
     assert s.whole_homes([100] * 8, s.Room(128_000, 1024), hungry) == (0,)
-    # 32 GPUs free: 4 pods to come, 2 of each class; 2 homes for the 120-core class,
-    # 4 for both classes together: no shortage
-    assert _scarcity([rich, rich, poor, poor], mix) == {}
-    # another pod took CPU from a 128-core node: 1 home left for 2 pods of 120 cores
+    # 32 GPUs free: 32 / 4.5 pods to come, a quarter of them (Poisson mean) 120-core
+    # 8-GPU pods with 2 homes, a half 8-GPU pods of either kind with 4 homes
+    to_come = 32 / 4.5
+    big_alone = _quarter(s.poisson_tail(to_come / 4, 2) / 0.25)
+    assert s.poisson_tail(to_come / 2, 4) < 0.5  # both together: no factor
+    assert _scarcity([rich, rich, poor, poor], mix) == {big: big_alone}
+    # another pod took CPU from a 128-core node: 1 home left for the 120-core pods
     taken = ([100] * 8, s.Room(100_000, None))
-    assert _scarcity([rich, taken, poor, poor], mix) == {big: 2.0}
-    # and from a 96-core one: 3 homes for the 4 pods of both classes together; the
-    # 120-core class has its 2 homes for its 2 pods, but it is in that shortage too
-    short = 2.0 ** (round(4 * math.log2(4 / 3)) / 4)
+    got = _scarcity([rich, taken, poor, poor], mix)
+    assert got == {big: _quarter(s.poisson_tail(to_come / 4, 1) / 0.25)}
+    assert got[big] > big_alone
+    # and from a 96-core one: 3 homes for the pods of both classes together; the
+    # 120-core class is in that nest too and takes the larger factor of the two
+    both = _quarter(s.poisson_tail(to_come / 2, 3) / 0.5)
+    assert both > 1
     got = _scarcity([rich, rich, poor, ([100] * 8, s.Room(50_000, None))], mix)
-    assert got == {small: short, big: short}
+    assert got == {small: both, big: max(both, big_alone)}
 
 
 def test_scaled_mix_weighs_breaking_a_scarce_home_more() -> None:

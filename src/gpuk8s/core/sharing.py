@@ -665,28 +665,65 @@ def whole_homes(free: Sequence[int], room: Room, mix: ShareMix) -> tuple[int, ..
     return tuple(out)
 
 
+def poisson_tail(mean: float, k: int) -> float:
+    """P(X >= ``k``) for X Poisson with ``mean``: summed from ``k`` up where ``k`` is
+    above the mean, else one less the sum from ``k - 1`` down, each while its terms
+    still count (the pmf falls away from the mean both ways)."""
+    if k <= 0:
+        return 1.0
+    if mean <= 0:
+        return 0.0
+    if k > mean:  # the upper tail, summed up from k while its terms matter
+        n = k
+        term = math.exp(-mean + n * math.log(mean) - math.lgamma(n + 1))
+        total = 0.0
+        while term > 1e-15 * total or total == 0.0:
+            total += term
+            n += 1
+            term *= mean / n
+            if term == 0.0:
+                break
+        return min(1.0, total)
+    n = k - 1  # one less the lower tail, summed down from k - 1
+    term = math.exp(-mean + n * math.log(mean) - math.lgamma(n + 1))
+    total = 0.0
+    while n >= 0 and (term > 1e-15 * total or total == 0.0):
+        total += term
+        term *= n / mean
+        n -= 1
+        if term == 0.0:
+            break
+    return max(0.0, 1.0 - total)
+
+
 def whole_scarcity(homes: Sequence[int], free: int, mix: ShareMix) -> dict[ShareClass, float]:
-    """Per whole-GPU class of the mix: how many more of its pods are to come than the
-    cluster has homes for, as a factor over 1 (``ShareMix.scaled``); classes without a
-    shortage are left out. ``homes``: per class of ``mix.wholes``, the sum over the
-    nodes of ``whole_homes``; ``free``: the nodes' free GPU capacity in percent.
+    """Per whole-GPU class of the mix: how much more than its share of the arrivals a
+    home of the class is worth, as a factor over 1 (``ShareMix.scaled``); classes
+    whose homes are not at risk are left out. ``homes``: per class of ``mix.wholes``,
+    the sum over the nodes of ``whole_homes``; ``free``: the nodes' free GPU capacity
+    in percent.
 
     The pods still to come are those that fill the free capacity at the mix's GPUs per
-    pod, each class's share of them. A class counts together with the classes of its
-    GPU count that need at least its CPU and memory (its nest, ``mix.nests``): their
-    homes are among its homes. Each class takes the largest shortage of the nests it is
-    in (``mix.within``): when a nest's homes run short, all of its classes compete for
-    them. A factor over 1 means those homes run out before the cluster fills:
-    breaking one, by its GPUs or by the CPU or memory that feeds them, then costs a pod
-    that will find none, not only the node's own fragments. Rounded to quarter steps of
+    pod; how many of them belong to a class is Poisson with the class's share of them
+    as its mean (the arrivals are drawn one by one from the mix). FGD's measure weighs
+    a class by its share: the chance that the *next* pod is one of it. A home is lost
+    for good when any later pod needs it, so breaking one, by its GPUs or by the CPU
+    or memory that feeds it, costs a pod of the class with the chance that its pods to
+    come need every home left (``poisson_tail``): about nothing while the homes are
+    many, one half when they are just enough, nearly one when they are too few. That
+    chance over the class's share is the factor, where it is over 1. A class counts
+    together with the classes of its GPU count that need at least its CPU and memory
+    (its nest, ``mix.nests``): their homes are among its homes. Each class takes the
+    largest factor of the nests it is in (``mix.within``). Rounded to quarter steps of
     a doubling, so that it moves (and placements memoised against it change) only when
-    the shortage does."""
+    the chance does."""
     if not mix.wholes or mix.per_pod <= 0:
         return {}
     to_come = free / FULL_CORE / mix.per_pod
-    # per nest: its pods to come over its homes (no home left: nothing to break)
+    # per nest: the chance that its pods to come need every home it has left, over its
+    # weight in the mix (no home left: nothing to break)
     shorts = [
-        weight * to_come / count if count else 0.0
+        poisson_tail(weight * to_come, count) / weight if count and weight > 0 else 0.0
         for weight, count in zip(mix.nest_weights, homes)
     ]
     out: dict[ShareClass, float] = {}
