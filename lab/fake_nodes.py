@@ -69,19 +69,21 @@ class Api:
         user = cfg["users"][0]["user"]
         url = urlparse(cluster["server"])
         self.host, self.port = url.hostname or "127.0.0.1", url.port or 443
-        self._dir = tempfile.mkdtemp(prefix="fake-nodes-")
-        paths = {}
-        for key, name in (
-            ("certificate-authority-data", "ca"),
-            ("client-certificate-data", "crt"),
-            ("client-key-data", "key"),
-        ):
-            path = os.path.join(self._dir, name)
-            with open(path, "wb") as f:
-                f.write(base64.b64decode(cluster.get(key) or user.get(key)))
-            paths[name] = path
-        self.ctx = ssl.create_default_context(cafile=paths["ca"])
-        self.ctx.load_cert_chain(paths["crt"], paths["key"])
+        # ssl reads the CA, certificate and key from files once, here; the client key
+        # must not outlive that on disk
+        with tempfile.TemporaryDirectory(prefix="fake-nodes-") as where:
+            paths = {}
+            for key, name in (
+                ("certificate-authority-data", "ca"),
+                ("client-certificate-data", "crt"),
+                ("client-key-data", "key"),
+            ):
+                path = os.path.join(where, name)
+                with open(path, "wb") as f:
+                    f.write(base64.b64decode(cluster.get(key) or user.get(key)))
+                paths[name] = path
+            self.ctx = ssl.create_default_context(cafile=paths["ca"])
+            self.ctx.load_cert_chain(paths["crt"], paths["key"])
         self._local = threading.local()
 
     def _conn(self) -> http.client.HTTPSConnection:
