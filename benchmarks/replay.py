@@ -981,7 +981,13 @@ class Replay:
         heartbeat = open(self.work / "heartbeat.log", "wb")  # noqa: SIM115 (as the process)
         self.procs.append(
             subprocess.Popen(
-                [sys.executable, str(LAB / "fake_nodes.py"), "heartbeat", "--interval", str(HEARTBEAT_S)],
+                [
+                    sys.executable,
+                    str(LAB / "fake_nodes.py"),
+                    "heartbeat",
+                    "--interval",
+                    str(HEARTBEAT_S),
+                ],
                 stdout=heartbeat,
                 stderr=subprocess.STDOUT,
             )
