@@ -236,32 +236,38 @@ def test_promql_node_and_pod_values_equal_the_simulated_load(
         got = scalar(prometheus, query)
         return got is not None and abs(got - want) < 1e-9
 
+    def all_equal(expected: dict[str, float]) -> bool:
+        # one sample reads mx-smi's memory, dmon and process tables one after the
+        # other, so a sample taken while the load changed can hold old and new values:
+        # wait until every value of a group is the new one
+        return all(equals(query, want) for query, want in expected.items())
+
     # GPU level, straight from the exporter
     for pod in (train, serve):
         sel = f'{{node="{node}", gpu="{pod["gpu"]}"}}'
-        wait_until(f"GPU {pod['gpu']} utilisation",
-                   lambda sel=sel, pod=pod: equals(f"gpuk8s_gpu_utilization_ratio{sel}",
-                                                   pod["util"]), 90)
-        assert equals(f"gpuk8s_gpu_memory_used_bytes{sel}", pod["used"])
+        wait_until(f"GPU {pod['gpu']} utilisation and memory", lambda sel=sel, pod=pod: all_equal({
+            f"gpuk8s_gpu_utilization_ratio{sel}": pod["util"],
+            f"gpuk8s_gpu_memory_used_bytes{sel}": pod["used"],
+        }), 90)
     # node level (recording rules): mean utilisation over the 8 GPUs, summed memory
     node_sel = f'{{node="{node}", kind="pGPU"}}'
-    wait_until("node utilisation", lambda: equals(
-        f"node_kind:gpuk8s_gpu_utilization_ratio:avg{node_sel}",
-        (train["util"] + serve["util"]) / 8), 60)
-    assert equals(f"node_kind:gpuk8s_gpu_memory_used_bytes:sum{node_sel}",
-                  train["used"] + serve["used"])
-    assert equals(f"node_kind:gpuk8s_gpu_memory_total_bytes:sum{node_sel}", 8 * 64 * 1024 * MIB)
-    assert equals(f"node_kind:gpuk8s_gpus:count{node_sel}", 8)
+    wait_until("node utilisation and memory", lambda: all_equal({
+        f"node_kind:gpuk8s_gpu_utilization_ratio:avg{node_sel}":
+            (train["util"] + serve["util"]) / 8,
+        f"node_kind:gpuk8s_gpu_memory_used_bytes:sum{node_sel}": train["used"] + serve["used"],
+        f"node_kind:gpuk8s_gpu_memory_total_bytes:sum{node_sel}": 8 * 64 * 1024 * MIB,
+        f"node_kind:gpuk8s_gpus:count{node_sel}": 8,
+    }), 60)
     # pod level, per namespace and pod: each pod's own GPU and its own process's memory
     for ns, pod in loaded_pods.items():
         sel = f'{{namespace="{ns}", pod="{pod["pod"]}", kind="pGPU"}}'
-        wait_until(f"{ns} utilisation", lambda sel=sel, pod=pod: equals(
-            f"node_namespace_pod_kind:gpuk8s_container_gpu_utilization_ratio:avg{sel}",
-            pod["util"]), 60)
-        assert equals(
-            f"node_namespace_pod_kind:gpuk8s_container_gpu_memory_used_bytes:sum{sel}",
-            pod["process"])
-        assert equals(f"node_namespace_pod_kind:gpuk8s_container_gpu_devices:sum{sel}", 1)
+        wait_until(f"{ns} utilisation and memory", lambda sel=sel, pod=pod: all_equal({
+            f"node_namespace_pod_kind:gpuk8s_container_gpu_utilization_ratio:avg{sel}":
+                pod["util"],
+            f"node_namespace_pod_kind:gpuk8s_container_gpu_memory_used_bytes:sum{sel}":
+                pod["process"],
+            f"node_namespace_pod_kind:gpuk8s_container_gpu_devices:sum{sel}": 1,
+        }), 60)
     # filters: another namespace or kind gives nothing
     assert promql(prometheus, 'node_namespace_pod_kind:gpuk8s_container_gpu_utilization_ratio'
                               ':avg{namespace="e2e-mon-train", pod="serve"}') == []
@@ -275,12 +281,18 @@ def test_gpuk8s_top_reads_the_same_numbers(
         out = json.loads(gpuk8s("top", "pods", "--prometheus", prometheus, "--json"))
         return [r for r in out if r["namespace"].startswith("e2e-mon-")]
 
-    found = wait_until("top rows", lambda: len(rows()) == 2 and rows(), 60)
+    def loaded() -> list[dict[str, Any]]:
+        # as above: wait until one sample holds the whole new load
+        found = rows()
+        by_ns = {r["namespace"]: r for r in found}
+        return found if len(found) == 2 and all(
+            ns in by_ns and by_ns[ns]["pod"] == pod["pod"]
+            and by_ns[ns]["utilization_ratio"] == pytest.approx(pod["util"])
+            and by_ns[ns]["memory_used_bytes"] == pod["process"]
+            for ns, pod in loaded_pods.items()) else []
+
+    found = wait_until("top rows with the simulated load", loaded, 60)
     by_ns = {r["namespace"]: r for r in found}
-    for ns, pod in loaded_pods.items():
-        assert by_ns[ns]["pod"] == pod["pod"]
-        assert by_ns[ns]["utilization_ratio"] == pytest.approx(pod["util"])
-        assert by_ns[ns]["memory_used_bytes"] == pod["process"]
     # through the API server's pod proxy, no Prometheus: the same rows
     env_rows = json.loads(run(str(Path(run(str(LAB / "pyenv.sh")).stdout.strip()) / "bin/gpuk8s"),
                               "top", "pods", "--kubeconfig", KUBECONFIG, "--json").stdout)
