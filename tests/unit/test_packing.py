@@ -4,17 +4,21 @@ rooms, the cached ranker -- and prioritize fed by the pod watch."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from gpuk8s.core.errors import ConfigError
+from gpuk8s.core.model import NodeInventory
 from gpuk8s.services.extender import packing
 from gpuk8s.services.extender.logic import Extender
 from gpuk8s.services.extender.packing import (
     MISSING,
     NO_ALLOCATABLE,
     FreeRoom,
+    Layout,
+    NodeRoomInfo,
     NodeRooms,
     Ranker,
     RunningPods,
@@ -27,6 +31,7 @@ from gpuk8s.services.extender.packing import (
 from gpuk8s.services.extender.weights import Weights, WeightSource
 from gpuk8s.services.extender.wire import cpu_milli, memory_mib
 
+from . import topologies
 from .test_extender import C500, node_annotations
 
 GPU = "metax-tech.com/gpu"
@@ -244,3 +249,28 @@ def test_prioritize_sees_running_pods_cpu_and_learns_their_mix() -> None:
     running.replace([("p2", "P", (0, 2000, 0)), ("q2", "Q", (0, 48_000, 0)),
                      ("x", "P", (1, 40_000, 0))])
     assert running.mix()[1].shapes == ((1, 40_000, 0),)
+
+
+
+def test_node_rooms_after_never_answers_for_a_dropped_layout() -> None:
+    # a Layout dropped from the bounded caches may leave its id() to a new Layout of
+    # another topology (CPython reuses a freed object's memory at once): the placement
+    # memo must not answer for the old one
+    def alone(inventory: NodeInventory) -> NodeRoomInfo:
+        fresh = NodeRooms()
+        fresh.observe("n", node_annotations(inventory)[DEVICES])
+        info = fresh.get("n")
+        assert info is not None
+        return info
+
+    c500, pcie = alone(C500), alone(topologies.pcie_only_8())
+    assert c500.free == pcie.free  # the same free positions: only the layout differs
+    want = {id(c500): NodeRooms().after(c500, 4), id(pcie): NodeRooms().after(pcie, 4)}
+    assert want[id(c500)] != want[id(pcie)]
+    rooms = NodeRooms()
+    for _ in range(50):
+        for model in (c500, pcie):
+            # a new Layout of the model's topology, dropped after one question
+            info = replace(model, layout=Layout(model.layout.topology, model.layout.groups))
+            assert rooms.after(info, 4) == want[id(model)]
+            del info

@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-from ...core.allocator import best_set
+from ...core.allocator import BestSets
 from ...core.devicelist import DEVICES_ANNOTATION, parse_device_list
 from ...core.errors import ConfigError, GpuK8sError
 from ...core.scoring import (
@@ -283,7 +283,10 @@ class NodeRooms(Notifier):
         self._raw: dict[str, tuple[bytes, ...]] = {}
         self._layouts: dict[tuple[tuple[Any, ...], ...], Layout] = {}
         self._parsed: dict[str, tuple[Layout, tuple[int, ...], tuple[int, ...]] | None] = {}
-        self._after: dict[tuple[int, tuple[int, ...], int], tuple[int, tuple[int, ...]]] = {}
+        # keyed by the Layout itself (identity), never its id(): a Layout dropped with
+        # ``_layouts`` may give its id to a new one of another topology
+        self._after: dict[tuple[Layout, tuple[int, ...], int], tuple[int, tuple[int, ...]]] = {}
+        self._sets = BestSets()  # the searches, shared by layouts of one shape
         self._lock = threading.Lock()
 
     def _parse(self, devices: str) -> tuple[Layout, tuple[int, ...], tuple[int, ...]] | None:
@@ -374,11 +377,10 @@ class NodeRooms(Notifier):
 
     def after(self, info: NodeRoomInfo, k: int) -> tuple[int, tuple[int, ...]]:
         """(score, usable after) when the allocator takes k of the node's free devices."""
-        key = (id(info.layout), info.free, k)
+        key = (info.layout, info.free, k)
         hit = self._after.get(key)
         if hit is None:
-            topology = info.layout.topology
-            chosen, objective = best_set(topology, list(info.free), k)
+            chosen, objective = self._sets(info.layout.topology, info.free, k)
             taken = set(chosen)
             left = [u for u in info.free if u not in taken]
             hit = (score_of(objective[0], k), info.layout.groups.usable(left))
