@@ -251,7 +251,6 @@ def test_prioritize_sees_running_pods_cpu_and_learns_their_mix() -> None:
     assert running.mix()[1].shapes == ((1, 40_000, 0),)
 
 
-
 def test_node_rooms_after_never_answers_for_a_dropped_layout() -> None:
     # a Layout dropped from the bounded caches may leave its id() to a new Layout of
     # another topology (CPython reuses a freed object's memory at once): the placement
@@ -265,12 +264,12 @@ def test_node_rooms_after_never_answers_for_a_dropped_layout() -> None:
 
     c500, pcie = alone(C500), alone(topologies.pcie_only_8())
     assert c500.free == pcie.free  # the same free positions: only the layout differs
-    want = {id(c500): NodeRooms().after(c500, 4), id(pcie): NodeRooms().after(pcie, 4)}
-    assert want[id(c500)] != want[id(pcie)]
+    cases = [(model, NodeRooms().after(model, 4)) for model in (c500, pcie)]
+    assert cases[0][1] != cases[1][1]
     rooms = NodeRooms()
     for _ in range(50):
-        for model in (c500, pcie):
+        for model, want in cases:
             # a new Layout of the model's topology, dropped after one question
             info = replace(model, layout=Layout(model.layout.topology, model.layout.groups))
-            assert rooms.after(info, 4) == want[id(model)]
+            assert rooms.after(info, 4) == want
             del info
