@@ -222,6 +222,9 @@ class Harness:
             self.core.patch_namespaced_pod_status(pod["metadata"]["name"], self.ns, {
                 "status": {"phase": "Running", "conditions": [
                     {"type": "Ready", "status": "True"}]}})
+            # Ready from now on: operator-controller may see it so before this harness
+            # looks again, and take the next node (two down only by this harness's lag)
+            self.replacing.discard(node_name)
         for node in nodes:
             name = node["metadata"]["name"]
             if name not in by_node:  # the DaemonSet controller: a pod from the template
