@@ -236,6 +236,14 @@ def load(data: Path, trace: str = "default") -> tuple[list[NodeSpec], list[PodSp
     return nodes, pods
 
 
+def model_bound(data: Path, trace: str = "default") -> int:
+    """How many pods of ``openb_pod_list_<trace>.csv`` name GPU models (``gpu_spec``,
+    the ``gpuspecNN`` lists): ``load`` drops that column, so these replays let every
+    GPU take every pod, and such a list gives the figures of the same pods without it."""
+    with open(data / f"openb_pod_list_{trace}.csv", newline="") as handle:
+        return sum(1 for r in csv.DictReader(handle) if (r.get("gpu_spec") or "").strip())
+
+
 def save(data: Path, nodes: Sequence[NodeSpec], pods: Sequence[PodSpec],
          trace: str = "default") -> Path:
     """``load``'s inverse: a trace in the openb format (the columns ``load`` reads; the
@@ -1112,6 +1120,14 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [42, 43] if args.quick else seeds_arg(args.seeds)
     every = 8 if args.quick and args.every == 1 else args.every
     policies = [p for p in args.policies.split(",") if p]
+    bound = model_bound(Path(args.data), args.trace)
+    if bound:
+        print(f"note: {bound} pods of {args.trace!r} name GPU models (gpu_spec); not "
+              "modelled here: every GPU takes every pod", flush=True)
+    # the table comes when every seed is done: say that it runs
+    print(f"openb trace {args.trace!r}: {len(seeds)} seed(s), {len(policies)} "
+          f"policy(ies), {args.jobs} process(es); the table follows when all are done",
+          flush=True)
     started = time.perf_counter()
     rows = run(seeds, policies, Path(args.data), every, args.jobs, args.taint_cores_per_gpu,
                args.trace, not args.no_rank_nogpu)

@@ -96,6 +96,32 @@ def test_a_trace_is_chosen_by_name(sharing_trace: Path) -> None:
         bench.run([42], ("bestfitt",), data=sharing_trace, trace="sharing")
 
 
+def test_gpu_model_constraints_are_reported_not_silently_dropped(
+    sharing_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``gpuspecNN`` list names GPU models, which the replays do not model: ``main``
+    says how many pods do, before the figures (which are those without the column)."""
+    bench = load_benchmark()
+    assert bench.model_bound(sharing_trace, "sharing") == 0
+    lines = (sharing_trace / "openb_pod_list_sharing.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    at = header.index("gpu_spec")
+    for i in (1, 5, 9):  # three pods ask for a model, one of them for either of two
+        row = lines[i].split(",")
+        row[at] = "V100M16|V100M32" if i == 5 else "T4"
+        lines[i] = ",".join(row)
+    (tmp_path / "openb_pod_list_spec.csv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "openb_node_list_gpu_node.csv").write_text(
+        (sharing_trace / "openb_node_list_gpu_node.csv").read_text())
+    assert bench.model_bound(tmp_path, "spec") == 3
+    assert bench.load(tmp_path, "spec")[1] == bench.load(sharing_trace, "sharing")[1]
+    assert bench.main(["--data", str(tmp_path), "--trace", "spec", "--seeds", "42",
+                       "--jobs", "1", "--policies", "bestfit", "--every", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "note: 3 pods of 'spec' name GPU models (gpu_spec)" in out
+    assert out.index("note: 3 pods") < out.index("| policy |")
+
+
 def test_typical_pods_cover_the_popular_shapes_cpu_pods_included() -> None:
     bench = load_benchmark()
     from paper_policies import typical_pods
