@@ -236,12 +236,17 @@ def load(data: Path, trace: str = "default") -> tuple[list[NodeSpec], list[PodSp
     return nodes, pods
 
 
-def model_bound(data: Path, trace: str = "default") -> int:
-    """How many pods of ``openb_pod_list_<trace>.csv`` name GPU models (``gpu_spec``,
-    the ``gpuspecNN`` lists): ``load`` drops that column, so these replays let every
-    GPU take every pod, and such a list gives the figures of the same pods without it."""
+def model_note(data: Path, trace: str = "default") -> str:
+    """A line to print before the figures when pods of ``openb_pod_list_<trace>.csv``
+    name GPU models (``gpu_spec``, the ``gpuspecNN`` lists); "" when none do. ``load``
+    drops that column, so these replays let every GPU take every pod, and such a list
+    gives the figures of the same pods without it."""
     with open(data / f"openb_pod_list_{trace}.csv", newline="") as handle:
-        return sum(1 for r in csv.DictReader(handle) if (r.get("gpu_spec") or "").strip())
+        bound = sum(1 for r in csv.DictReader(handle) if (r.get("gpu_spec") or "").strip())
+    if not bound:
+        return ""
+    return (f"note: {bound} pods of {trace!r} name GPU models (gpu_spec); not modelled "
+            "here: every GPU takes every pod")
 
 
 def save(data: Path, nodes: Sequence[NodeSpec], pods: Sequence[PodSpec],
@@ -1120,10 +1125,9 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [42, 43] if args.quick else seeds_arg(args.seeds)
     every = 8 if args.quick and args.every == 1 else args.every
     policies = [p for p in args.policies.split(",") if p]
-    bound = model_bound(Path(args.data), args.trace)
-    if bound:
-        print(f"note: {bound} pods of {args.trace!r} name GPU models (gpu_spec); not "
-              "modelled here: every GPU takes every pod", flush=True)
+    note = model_note(Path(args.data), args.trace)
+    if note:
+        print(note, flush=True)
     # the table comes when every seed is done: say that it runs
     print(f"openb trace {args.trace!r}: {len(seeds)} seed(s), {len(policies)} "
           f"policy(ies), {args.jobs} process(es); the table follows when all are done",

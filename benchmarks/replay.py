@@ -1533,10 +1533,9 @@ class Replay:
 
     def run(self) -> Report:
         t0 = now()
-        bound = packing.model_bound(self.o.data)
-        if bound:
-            print(f"note: {bound} pods name GPU models (gpu_spec); not modelled: every "
-                  "GPU takes every pod", flush=True)
+        note = packing.model_note(self.o.data)
+        if note:
+            print(note, flush=True)
         try:
             self.setup()
             if "fill" in self.o.phases:

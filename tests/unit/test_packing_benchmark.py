@@ -102,7 +102,7 @@ def test_gpu_model_constraints_are_reported_not_silently_dropped(
     """A ``gpuspecNN`` list names GPU models, which the replays do not model: ``main``
     says how many pods do, before the figures (which are those without the column)."""
     bench = load_benchmark()
-    assert bench.model_bound(sharing_trace, "sharing") == 0
+    assert bench.model_note(sharing_trace, "sharing") == ""
     lines = (sharing_trace / "openb_pod_list_sharing.csv").read_text().splitlines()
     header = lines[0].split(",")
     at = header.index("gpu_spec")
@@ -113,7 +113,8 @@ def test_gpu_model_constraints_are_reported_not_silently_dropped(
     (tmp_path / "openb_pod_list_spec.csv").write_text("\n".join(lines) + "\n")
     (tmp_path / "openb_node_list_gpu_node.csv").write_text(
         (sharing_trace / "openb_node_list_gpu_node.csv").read_text())
-    assert bench.model_bound(tmp_path, "spec") == 3
+    assert bench.model_note(tmp_path, "spec").startswith(
+        "note: 3 pods of 'spec' name GPU models (gpu_spec)")
     assert bench.load(tmp_path, "spec")[1] == bench.load(sharing_trace, "sharing")[1]
     assert bench.main(["--data", str(tmp_path), "--trace", "spec", "--seeds", "42",
                        "--jobs", "1", "--policies", "bestfit", "--every", "4"]) == 0
