@@ -189,8 +189,14 @@ def _ignore_sighup() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
+def _default_sighup() -> None:
+    # an ignored signal stays ignored across exec: under `nohup scripts/test` every
+    # child would ignore SIGHUP unless it is reset
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def test_a_process_ignoring_sighup_is_seen_and_not_signalled() -> None:
-    plain = subprocess.Popen(["sleep", "60"])
+    plain = subprocess.Popen(["sleep", "60"], preexec_fn=_default_sighup)
     nohup = subprocess.Popen(["sleep", "60"], preexec_fn=_ignore_sighup)
     try:
         assert not containerd.ignores_sighup(plain.pid)
