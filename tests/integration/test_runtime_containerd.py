@@ -117,6 +117,12 @@ def _ignore_sighup() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup does
 
 
+def _default_sighup() -> None:
+    # an ignored signal stays ignored across exec: under `nohup scripts/test` a containerd
+    # meant to take SIGHUP would inherit it ignored unless it is reset
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
     deadline = time.monotonic() + timeout
     while not (value := check()):
@@ -155,8 +161,8 @@ class Node:
         if supervised:
             argv = [str(REPO / "lab/supervise"), *argv]
         log = (self.base / "containerd.log").open("ab")
-        self.procs.append(subprocess.Popen(
-            argv, stdout=log, stderr=log, preexec_fn=_ignore_sighup if ignore_sighup else None))
+        sighup = _ignore_sighup if ignore_sighup else _default_sighup
+        self.procs.append(subprocess.Popen(argv, stdout=log, stderr=log, preexec_fn=sighup))
         return int(wait_for("containerd serving its CRI", self.serving))
 
     def serving(self) -> int:
