@@ -61,7 +61,7 @@ phase_summary() {
 
 # record_timing NAME SECONDS: what the newcomer run costs, kept for scripts/test's summary
 # ($STATE/timings/NAME: "<seconds> <UTC end time>").
-# GPUK8S_RECORD_TIMING=0 (scripts/test's own warm lab/up) records nothing.
+# GPUK8S_RECORD_TIMING=0 (set by scripts/test: its own lab/up, the e2e tier's) records nothing.
 record_timing() {
     [ "${GPUK8S_RECORD_TIMING:-1}" != 0 ] || return 0
     mkdir -p "$STATE/timings" 2>/dev/null || return 0
