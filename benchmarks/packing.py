@@ -62,8 +62,10 @@ means, the per-seed differences, and "above" only when the mean lies beyond the 
 range.
 
 Run: python benchmarks/packing.py [--trace default] [--seeds 42-51] [--jobs 2] [--quick]
-[--json FILE]. ``--quick`` (2 seeds, every 8th node, for tests) keeps the protocol on a
-sub-cluster.
+[--json FILE] [--by-shape]. ``--quick`` (2 seeds, every 8th node, for tests) keeps the
+protocol on a sub-cluster; ``--by-shape`` adds a table of where each policy leaves its
+capacity: per node shape (GPUs x cores), the free GPUs and free cores at arrived 100 %
+(mean per seed).
 """
 
 from __future__ import annotations
@@ -352,6 +354,11 @@ class SimNode:
     core_free: int = 0  # sharing mode: tencent.com/vcuda-core left (the scheduler's count)
 
 
+# a node as the replay's end figures read it: (GPUs, CPU millicores, free CPU millicores,
+# free milli-GPUs)
+NodeState = tuple[int, int, int, int]
+
+
 @dataclass
 class Result:
     policy: str
@@ -360,6 +367,8 @@ class Result:
     failed: dict[str, dict[int, int]] = field(default_factory=dict)  # mark -> size -> n
     inside: dict[int, list[int]] = field(default_factory=dict)  # size -> [inside, placed]
     whole8: dict[str, int] = field(default_factory=dict)
+    # at arrived 100 %, per node shape ("GPUs x cores"): [nodes, free GPUs, free cores]
+    by_shape: dict[str, list[float]] = field(default_factory=dict)
     # CPU time of gpu-aware's verbs per GPU pod (filter, prioritize, bind)
     filter_ms: list[float] = field(default_factory=list)
     prioritize_ms: list[float] = field(default_factory=list)
@@ -768,10 +777,14 @@ class Replay:
             self.place(pod, index, uid)
             return True
 
-        def whole8() -> int:
-            return sum(1 for n in self.nodes if n.spec.gpus == 8 and not n.allocated)
+        def state() -> list[NodeState]:
+            return [
+                (n.spec.gpus, n.spec.cpu, n.cpu,
+                 n.core_free * MILLI // 100 if self.sharing else n.free_gpus * MILLI)
+                for n in self.nodes
+            ]
 
-        result = replay(pods, place, self.capacity, self.result, whole8)
+        result = replay(pods, place, self.capacity, self.result, state)
         if self.sharing:  # the extender's ledger, fed by the pods' annotations
             result.held = sum(
                 a.share.core * len(a.gpus) * MILLI // 100
@@ -793,16 +806,15 @@ class PaperReplay:
         self.result = Result(policy, seed)
 
     def run(self, pods: Iterable[PodSpec]) -> Result:
-        def whole8() -> int:
-            return sum(
-                1
+        def state() -> list[NodeState]:
+            return [
+                (s.gpus, s.cpu, n.cpu, sum(n.gpus))
                 for s, n in zip(self.specs, self.scheduler.nodes, strict=True)
-                if s.gpus == 8 and sum(n.gpus) == 8 * MILLI
-            )
+            ]
 
         result = replay(
             pods, lambda pod: self.scheduler.place(pod) is not None, self.capacity,
-            self.result, whole8,
+            self.result, state,
         )
         result.held = sum(MILLI * len(n.gpus) - sum(n.gpus) for n in self.scheduler.nodes)
         return result
@@ -813,7 +825,7 @@ def replay(
     place: Callable[[PodSpec], bool],
     capacity: int,
     result: Result,
-    whole8: Callable[[], int],
+    state: Callable[[], Sequence[NodeState]],
 ) -> Result:
     """The protocol's loop: each pod placed once or skipped; at arrived 100 % and 130 %
     of ``capacity`` (milli-GPUs) the allocation, the failed pods per GPU count and the
@@ -831,11 +843,25 @@ def replay(
             mark = marks.pop(0)[0]
             result.allocation[mark] = 100 * allocated / capacity
             result.failed[mark] = dict(failed)
-            result.whole8[mark] = whole8()
+            nodes = state()
+            result.whole8[mark] = sum(1 for g, _, _, free in nodes if g == 8 and free == 8 * MILLI)
+            if mark == "100":
+                result.by_shape = by_shape(nodes)
         if not marks:
             break  # later pods change no figure
     result.reported = allocated
     return result
+
+
+def by_shape(nodes: Sequence[NodeState]) -> dict[str, list[float]]:
+    """Per node shape (``"<GPUs>x<cores>"``): [nodes, free GPUs, free cores]."""
+    out: dict[str, list[float]] = {}
+    for gpus, cpu, free_cpu, free_milli in nodes:
+        acc = out.setdefault(f"{gpus}x{cpu // 1000}", [0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += free_milli / MILLI
+        acc[2] += free_cpu / 1000
+    return out
 
 
 def pooled(
@@ -857,7 +883,7 @@ def pooled(
         return False
 
     result = Result(POOLED_SHARED if shared else POOLED, seed)
-    return replay(pods, place, capacity, result, lambda: 0)
+    return replay(pods, place, capacity, result, lambda: ())
 
 
 def shares_packed(specs: list[NodeSpec], pods: Iterable[PodSpec], seed: int) -> Result:
@@ -982,6 +1008,13 @@ def summarise(results: list[Result]) -> list[dict[str, Any]]:
                 for k in sizes
             }
             row[f"whole8_{mark}"] = statistics.mean(r.whole8.get(mark, 0) for r in mine)
+        shapes: dict[str, list[float]] = {}
+        for r in mine:
+            for shape, (nodes, gpus, cores) in r.by_shape.items():
+                acc = shapes.setdefault(shape, [nodes, 0.0, 0.0])
+                acc[1] += gpus / len(mine)
+                acc[2] += cores / len(mine)
+        row["by_shape"] = shapes
         inside = [0, 0]
         per_size: dict[int, list[int]] = {}
         for r in mine:
@@ -1045,6 +1078,32 @@ def table(rows: list[dict[str, Any]], trace: str = "default") -> str:
             f"| {failed(row['failed100'])} | {failed(row['failed130'])} | {inside} "
             f"| {whole} | {timing} |"
         )
+    return "\n".join(lines)
+
+
+def shape_table(rows: list[dict[str, Any]]) -> str:
+    """Per node shape, per policy: the free GPUs and free cores at arrived 100 % (mean
+    per seed), where each policy leaves its capacity unused."""
+    mine = [row for row in rows if row["policy"] not in BOUNDS and row["by_shape"]]
+
+    def order(shape: str) -> tuple[int, int]:
+        gpus, _, cores = shape.partition("x")
+        return int(gpus), int(cores)
+
+    shapes = sorted({shape for row in mine for shape in row["by_shape"]}, key=order)
+    lines = [
+        "| node shape (GPUs x cores), nodes | "
+        + " | ".join(f"{LABELS.get(r['policy'], r['policy'])}: free GPUs / cores" for r in mine)
+        + " |",
+        "|---|" + "---|" * len(mine),
+    ]
+    for shape in shapes:
+        count = next(int(r["by_shape"][shape][0]) for r in mine if shape in r["by_shape"])
+        cells = []
+        for row in mine:
+            _, gpus, cores = row["by_shape"].get(shape, (0, 0.0, 0.0))
+            cells.append(f"{gpus:.1f} / {cores:.0f}")
+        lines.append(f"| {shape}, {count} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -1121,6 +1180,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="seeds 42,43 on every 8th node: seconds, for tests")
     parser.add_argument("--json", default=None, help="also write the rows as JSON here")
+    parser.add_argument("--by-shape", action="store_true",
+                        help="also print, per node shape, the free GPUs and cores each "
+                        "policy leaves at arrived 100 %%")
     args = parser.parse_args(argv)
     seeds = [42, 43] if args.quick else seeds_arg(args.seeds)
     every = 8 if args.quick and args.every == 1 else args.every
@@ -1143,6 +1205,8 @@ def main(argv: list[str] | None = None) -> int:
         f"seeds {','.join(map(str, seeds))}, {elapsed:.0f} s ({args.jobs} process(es))"
     )
     print(table(rows, args.trace))
+    if args.by_shape:
+        print(shape_table(rows))
     by = {row["policy"]: row for row in rows}
     if SHARING in by:
         for other in ("fgd", "bestfit", "dotprod", "random"):

@@ -362,23 +362,66 @@ def test_the_share_bound_places_every_whole_gpu_and_packs_the_shares() -> None:
     assert result.allocation["100"] == pytest.approx(100 * (3000 + 970) / 4000)
 
 
+def replay_sharing(trace: Path, policy: str, seed: int) -> tuple[list[Any], Any]:
+    """The ``sharing`` trace's nodes and one policy's replay of it with ``seed``."""
+    bench = load_benchmark()
+    specs, pods = bench.load(trace, "sharing")
+    order = bench.workload(pods, sum(s.gpus for s in specs), seed)
+    if policy in bench.PAPER_POLICIES:
+        from paper_policies import typical_pods
+
+        return specs, bench.PaperReplay(policy, specs, typical_pods(pods), seed).run(order)
+    return specs, bench.Replay(policy, specs, bench._shapes(), seed, 0).run(order)
+
+
 @pytest.mark.parametrize("policy", ["gpu-aware-sharing", "fgd", "bestfit", "dotprod"])
 def test_each_policy_holds_exactly_the_pods_it_reports(sharing_trace: Path, policy: str) -> None:
     """The milli-GPUs the allocation figure counts are the ones the cluster's own
     accounting holds at the end: the extender's ledger (from the pods' annotations)
     for the product, the nodes' free milli-GPUs for the paper's policies."""
-    bench = load_benchmark()
-    specs, pods = bench.load(sharing_trace, "sharing")
-    order = bench.workload(pods, sum(s.gpus for s in specs), 44)
-    if policy in bench.PAPER_POLICIES:
-        from paper_policies import typical_pods
-
-        result = bench.PaperReplay(policy, specs, typical_pods(pods), 44).run(order)
-    else:
-        result = bench.Replay(policy, specs, bench._shapes(), 44, 0).run(order)
+    specs, result = replay_sharing(sharing_trace, policy, 44)
     assert result.reported > 0 and result.held == result.reported
     capacity = sum(s.gpus for s in specs) * MILLI
     assert result.allocation["130"] == pytest.approx(100 * result.reported / capacity)
+
+
+@pytest.mark.parametrize("policy", ["gpu-aware-sharing", "fgd"])
+def test_free_capacity_by_node_shape_adds_up_to_what_was_not_placed(
+    sharing_trace: Path, policy: str
+) -> None:
+    """``by_shape`` at arrived 100 %: every node counted under its shape, the free GPUs
+    over all shapes the capacity less the milli-GPUs placed by then (the trace's shares
+    are whole percents, so the product's percent accounting is exact), and the 8-GPU
+    nodes with all eight free what ``whole8`` counts."""
+    specs, result = replay_sharing(sharing_trace, policy, 45)
+    shapes: dict[str, int] = {}
+    for spec in specs:
+        key = f"{spec.gpus}x{spec.cpu // 1000}"
+        shapes[key] = shapes.get(key, 0) + 1
+    assert {k: v[0] for k, v in result.by_shape.items()} == shapes
+    capacity = sum(s.gpus for s in specs) * MILLI
+    free = sum(v[1] for v in result.by_shape.values())
+    assert free * MILLI == pytest.approx(capacity * (1 - result.allocation["100"] / 100))
+    assert free > 0  # the mark is read before the cluster is full
+    for key, (nodes, gpus, cores) in result.by_shape.items():
+        size, cpu = map(int, key.split("x"))
+        assert 0 <= gpus <= nodes * size and 0 <= cores <= nodes * cpu
+    assert result.whole8["100"] <= result.by_shape["8x96"][1] / 8
+
+
+def test_the_shape_table_has_a_row_per_shape_and_a_column_per_policy(
+    multi_gpu_trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = load_benchmark()
+    assert bench.main(["--data", str(multi_gpu_trace), "--seeds", "42,43", "--jobs", "1",
+                       "--policies", "gpu-aware-sharing,fgd", "--by-shape"]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("| node shape"))
+    assert "gpu-aware-sharing: free GPUs / cores" in header
+    assert "FGD (sharing): free GPUs / cores" in header
+    rows = [line for line in out.splitlines() if line.startswith(("| 1x", "| 2x", "| 4x", "| 8x"))]
+    assert [row.split(",")[0] for row in rows] == ["| 1x16", "| 2x104", "| 4x96", "| 8x96"]
+    assert all(row.count("/") == 2 for row in rows)
 
 
 def test_quick_replay_of_the_openb_trace() -> None:
