@@ -391,8 +391,9 @@ def test_free_capacity_by_node_shape_adds_up_to_what_was_not_placed(
 ) -> None:
     """``by_shape`` at arrived 100 %: every node counted under its shape, the free GPUs
     over all shapes the capacity less the milli-GPUs placed by then (the trace's shares
-    are whole percents, so the product's percent accounting is exact), and the 8-GPU
-    nodes with all eight free what ``whole8`` counts."""
+    are whole percents, so the product's percent accounting is exact), each shape's
+    free GPUs and cores within what its nodes have, and ``whole8`` (8-GPU nodes with
+    all eight free) no more than the 8-GPU nodes' free GPUs allow."""
     specs, result = replay_sharing(sharing_trace, policy, 45)
     shapes: dict[str, int] = {}
     for spec in specs:
