@@ -81,11 +81,33 @@ write_if_changed() {
 }
 
 # Daemons: started detached (setsid), pid file in $RUN_DIR, log in $LOG_DIR.
+# proc_start_time PID: when PID started (field 22 of /proc/PID/stat, clock ticks since boot);
+# a pid reused by another process, or one alive on a machine restored from a copy of this
+# state, has another. The fields are read after the last ')': the command name may hold any.
+proc_start_time() {
+    local stat
+    stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+    stat="${stat##*) }"
+    # shellcheck disable=SC2086  # split into the stat fields, from field 3 (state) on
+    set -- $stat
+    [ -n "${20:-}" ] || return 1
+    echo "${20}"
+}
+
+# daemon_pid NAME: the pid of the running NAME, else fail. The pid file alone is not proof:
+# a stale one (the lab's state copied to a new machine, a reboot) may name a live process
+# that is something else entirely, and lab/up would wait on it, lab/down kill it. So the
+# process must have started when the one start_daemon started did ($RUN_DIR/NAME.start).
+# A pid file from before .start was recorded is taken on the pid alone, as it always was.
 daemon_pid() {
-    local f="$RUN_DIR/$1.pid" pid
+    local f="$RUN_DIR/$1.pid" pid started
     [ -f "$f" ] || return 1
     pid="$(cat "$f")"
     [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+    if [ -f "$RUN_DIR/$1.start" ]; then
+        started="$(cat "$RUN_DIR/$1.start")"
+        [ -n "$started" ] && [ "$(proc_start_time "$pid")" = "$started" ] || return 1
+    fi
     echo "$pid"
 }
 daemon_running() { daemon_pid "$1" >/dev/null; }
@@ -124,6 +146,7 @@ start_daemon() {
         exec setsid env --default-signal "$@" </dev/null >>"$LOG_DIR/$name.log" 2>&1
     ) &
     echo $! >"$RUN_DIR/$name.pid"
+    proc_start_time $! >"$RUN_DIR/$name.start" || true
     log "started $name (pid $!, log $LOG_DIR/$name.log)"
 }
 
@@ -138,7 +161,7 @@ stop_daemon() {
         if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
         log "stopped $name (pid $pid)"
     fi
-    rm -f "$RUN_DIR/$name.pid"
+    rm -f "$RUN_DIR/$name.pid" "$RUN_DIR/$name.start"
 }
 
 # wait_for DESC TIMEOUT_S CMD...: poll CMD every second until it succeeds.

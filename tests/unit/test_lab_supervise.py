@@ -161,3 +161,44 @@ def test_drop_chains_removes_matching_chains_and_their_jumps() -> None:
         subprocess.run(["iptables", "-t", "filter", "-X", other], check=False)
         subprocess.run(["iptables", "-t", "filter", "-X", chain], check=False,
                        capture_output=True)
+
+
+def test_a_stale_pid_file_naming_another_live_process_is_not_the_daemon(tmp_path: Path) -> None:
+    """CI, stop 46: the lab's state came from another machine, and etcd's pid file named a pid
+    that was alive there as something else; lab/up took it for etcd and timed out waiting for
+    it. start_daemon records when its daemon started, so a reused pid is not taken for it:
+    lab/up starts the daemon, and stopping it leaves the other process alone."""
+    env = {**os.environ, "GPUK8S_LAB_STATE": str(tmp_path / "state")}
+    lib = f'. "{REPO}/lab/lib.sh"; RUN_DIR="{tmp_path}/run"; LOG_DIR="{tmp_path}/log"; '
+
+    def lab(script: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", lib + script], env=env, capture_output=True,
+                              text=True, check=False)
+
+    other = subprocess.Popen(["sleep", "300"])
+    started: list[int] = []
+    try:
+        assert lab("start_daemon probe sleep 301").returncode == 0
+        started.append(int((tmp_path / "run/probe.pid").read_text()))
+        assert lab("daemon_pid probe").stdout.strip() == str(started[0])
+        # the state as another machine has it: the pid file names a live stranger
+        (tmp_path / "run/probe.pid").write_text(f"{other.pid}\n")
+        assert lab("daemon_running probe").returncode != 0
+        out = lab("start_daemon probe sleep 301")
+        assert out.returncode == 0 and "started probe" in out.stderr, out.stderr
+        started.append(int((tmp_path / "run/probe.pid").read_text()))
+        assert started[1] not in (other.pid, started[0])
+        (tmp_path / "run/probe.pid").write_text(f"{other.pid}\n")
+        assert lab("stop_daemon probe").returncode == 0
+        assert other.poll() is None, "stop_daemon killed a process it did not start"
+        assert not (tmp_path / "run/probe.pid").exists()
+        # a pid file written before .start was recorded is taken on the pid, as before
+        (tmp_path / "run/probe.start").unlink(missing_ok=True)
+        (tmp_path / "run/probe.pid").write_text(f"{started[1]}\n")
+        assert lab("daemon_pid probe").stdout.strip() == str(started[1])
+    finally:
+        other.terminate()
+        other.wait(timeout=30)
+        for pid in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
