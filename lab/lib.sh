@@ -98,7 +98,8 @@ proc_start_time() {
 # a stale one (the lab's state copied to a new machine, a reboot) may name a live process
 # that is something else entirely, and lab/up would wait on it, lab/down kill it. So the
 # process must have started when the one start_daemon started did ($RUN_DIR/NAME.start).
-# A pid file from before .start was recorded is taken on the pid alone, as it always was.
+# A lab started before .start was recorded has none; its process must be running the
+# recorded command instead (recorded_cmd_runs).
 daemon_pid() {
     local f="$RUN_DIR/$1.pid" pid started
     [ -f "$f" ] || return 1
@@ -107,8 +108,21 @@ daemon_pid() {
     if [ -f "$RUN_DIR/$1.start" ]; then
         started="$(cat "$RUN_DIR/$1.start")"
         [ -n "$started" ] && [ "$(proc_start_time "$pid")" = "$started" ] || return 1
+    else
+        recorded_cmd_runs "$1" "$pid" || return 1
     fi
     echo "$pid"
+}
+
+# recorded_cmd_runs NAME PID: PID's command line ends with NAME's recorded one, less the
+# leading `env VAR=...` words (env execs the rest; a script is run as `bash SCRIPT ARGS`).
+recorded_cmd_runs() {
+    local want have
+    [ -f "$RUN_DIR/$1.cmd" ] && [ -r "/proc/$2/cmdline" ] || return 1
+    want="$(tr '\0' '\n' <"$RUN_DIR/$1.cmd" |
+        awk -v lead=1 'lead && ($0 == "env" || $0 ~ /^[A-Za-z_][A-Za-z0-9_]*=/) { next } { lead = 0; print }')"
+    have="$(tr '\0' '\n' <"/proc/$2/cmdline")"
+    [ -n "$want" ] && [[ "$have" == "$want" || "$have" == *$'\n'"$want" ]]
 }
 daemon_running() { daemon_pid "$1" >/dev/null; }
 

@@ -192,10 +192,13 @@ def test_a_stale_pid_file_naming_another_live_process_is_not_the_daemon(tmp_path
         assert lab("stop_daemon probe").returncode == 0
         assert other.poll() is None, "stop_daemon killed a process it did not start"
         assert not (tmp_path / "run/probe.pid").exists()
-        # a pid file written before .start was recorded is taken on the pid, as before
+        # A pid file written before .start was recorded: the process must run the recorded
+        # command (`sleep 301`; the stranger runs `sleep 300`).
         (tmp_path / "run/probe.start").unlink(missing_ok=True)
         (tmp_path / "run/probe.pid").write_text(f"{started[1]}\n")
         assert lab("daemon_pid probe").stdout.strip() == str(started[1])
+        (tmp_path / "run/probe.pid").write_text(f"{other.pid}\n")
+        assert lab("daemon_running probe").returncode != 0
     finally:
         other.terminate()
         other.wait(timeout=30)
