@@ -47,6 +47,11 @@ def wait_for(what: str, check, timeout: float = 20.0):  # type: ignore[no-untype
     return value
 
 
+def with_lib(tmp_path: Path, script: str) -> str:
+    """``script`` after lab/lib.sh, its daemons' pid files and logs under ``tmp_path``."""
+    return f'. "{REPO}/lab/lib.sh"; RUN_DIR="{tmp_path}/run"; LOG_DIR="{tmp_path}/log"; ' + script
+
+
 @pytest.fixture
 def supervised() -> Iterator[subprocess.Popen[bytes]]:
     """lab/supervise running `sleep`, started from a parent that ignores SIGHUP."""
@@ -75,8 +80,7 @@ def test_supervised_daemon_has_every_signal_at_default_and_restarts_on_sighup(
 
 def test_start_daemon_resets_ignored_signals(tmp_path: Path) -> None:
     env = {**os.environ, "GPUK8S_LAB_STATE": str(tmp_path / "state")}
-    script = (f'. "{REPO}/lab/lib.sh"; RUN_DIR="{tmp_path}/run"; LOG_DIR="{tmp_path}/log"; '
-              'start_daemon probe sleep 300')
+    script = with_lib(tmp_path, "start_daemon probe sleep 300")
     subprocess.run(["bash", "-c", script], env=env, preexec_fn=_ignore_sighup, check=True,
                    capture_output=True)
     pid = int((tmp_path / "run/probe.pid").read_text())
@@ -95,8 +99,7 @@ def test_start_daemon_restarts_a_daemon_whose_command_or_inputs_changed(tmp_path
     config.write_text("a: 1\n")
 
     def start(*argv: str) -> int:
-        script = (f'. "{REPO}/lab/lib.sh"; RUN_DIR="{tmp_path}/run"; LOG_DIR="{tmp_path}/log"; '
-                  f'DAEMON_INPUTS="{config}" start_daemon probe ' + " ".join(argv))
+        script = with_lib(tmp_path, f'DAEMON_INPUTS="{config}" start_daemon probe {" ".join(argv)}')
         subprocess.run(["bash", "-c", script], env=env, check=True, capture_output=True)
         return int((tmp_path / "run/probe.pid").read_text())
 
@@ -169,11 +172,10 @@ def test_a_stale_pid_file_naming_another_live_process_is_not_the_daemon(tmp_path
     it. start_daemon records when its daemon started, so a reused pid is not taken for it:
     lab/up starts the daemon, and stopping it leaves the other process alone."""
     env = {**os.environ, "GPUK8S_LAB_STATE": str(tmp_path / "state")}
-    lib = f'. "{REPO}/lab/lib.sh"; RUN_DIR="{tmp_path}/run"; LOG_DIR="{tmp_path}/log"; '
 
     def lab(script: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["bash", "-c", lib + script], env=env, capture_output=True,
-                              text=True, check=False)
+        return subprocess.run(["bash", "-c", with_lib(tmp_path, script)], env=env,
+                              capture_output=True, text=True, check=False)
 
     other = subprocess.Popen(["sleep", "300"])
     started: list[int] = []
