@@ -14,6 +14,7 @@ from .core.errors import GpuK8sError
 from .core.labels import compute_labels
 from .core.model import NodeInventory
 from .core.topology import Topology, Unit, units_for_inventory
+from .services.flags import add_kubeconfig_argument
 
 # `gpuk8s serve NAME ...` runs `main(argv)` of the module below; each service owns
 # its flags (see each service's page under docs/).
@@ -208,8 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", action="append",
                    help="scrape this exporter (http://HOST:9400); repeatable")
     p.add_argument("--prometheus", help="query this Prometheus (http://HOST:9090) instead")
-    p.add_argument("--kubeconfig", help="API server credentials (default: $KUBECONFIG, "
-                   "~/.kube/config); used when neither --url nor --prometheus is given")
+    add_kubeconfig_argument(p, used_for="finding the exporters when neither --url nor "
+                            "--prometheus is given")
     p.add_argument("--kind", help="only GPUs of this kind: pGPU, vGPU or MPS")
     p.add_argument("-n", "--namespace", help="pods view: only this namespace")
     p.add_argument("--node", help="only this node")

@@ -32,8 +32,9 @@ from ...core.sharing import (
     SHARING_MODES,
     check_mode,
 )
+from ..flags import add_health_port_argument, add_kubeconfig_argument, add_log_arguments
 from ..healthserver import serve_health
-from ..logging_setup import LogOptions, add_log_arguments, configure_logging
+from ..logging_setup import LogOptions, configure_logging
 from ..node.devices import (
     DEFAULT_RESOURCE,
     VISIBLE_DEVICES_MODES,
@@ -235,11 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=env.get("NODE_NAME", ""),
         help="this node (default $NODE_NAME); empty: no node annotations",
     )
-    p.add_argument(
-        "--kubeconfig",
-        default=env.get("KUBECONFIG", ""),
-        help="kubeconfig for the node patches (default: in-cluster)",
-    )
+    add_kubeconfig_argument(p, used_for="the node patches")
     p.add_argument(
         "--node-state-interval",
         type=float,
@@ -253,13 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="Prometheus /metrics port; 0 disables (default 0)",
     )
     p.add_argument("--metrics-address", default="0.0.0.0")
-    p.add_argument(
-        "--health-port",
-        type=int,
-        default=int(env.get("HEALTH_PORT", "0")),
-        help="serve GET /healthz (liveness: the health loop and the gRPC server run) and "
-        "/readyz (registered with the kubelet) on this port; 0 disables (default 0)",
-    )
+    add_health_port_argument(p, serves="GET /healthz (liveness: the health loop and the gRPC "
+                             "server run) and /readyz (registered with the kubelet)")
     p.add_argument(
         "--sharing-mode",
         default=env.get("SHARING_MODE", MODE_EXCLUSIVE),
@@ -292,7 +284,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         ),
         pod_resources_socket=args.pod_resources_socket,
         node_name=args.node_name,
-        kubeconfig=args.kubeconfig,
+        kubeconfig=args.kubeconfig or "",
         node_state_interval=args.node_state_interval,
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,

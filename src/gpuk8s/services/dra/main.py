@@ -36,8 +36,9 @@ from ...core.dra import (
 from ...core.errors import ConfigError, GpuK8sError
 from ...core.model import NodeInventory
 from ...core.sharing import MODE_EXCLUSIVE, SHARING_MODE_LABEL, check_mode
+from ..flags import add_health_port_argument, add_kubeconfig_argument, add_log_arguments
 from ..healthserver import serve_health
-from ..logging_setup import LogOptions, add_log_arguments, configure_logging
+from ..logging_setup import LogOptions, configure_logging
 from ..node.devices import VISIBLE_DEVICES_MODES, AllocateOptions, DeviceSet
 from ..node.health import HealthCheck, HealthMonitor, liveness
 from .driver import DEFAULT_CDI_DIR, ClaimSource, Driver, KubeClaims
@@ -96,8 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the host's / is mounted (default /; /host in the DaemonSet)")
     p.add_argument("--node-name", default=env.get("NODE_NAME", ""),
                    help="this node (default $NODE_NAME): the pool's name")
-    p.add_argument("--kubeconfig", default=env.get("KUBECONFIG", ""),
-                   help="kubeconfig (default: in-cluster)")
+    add_kubeconfig_argument(p, used_for="the node and its ResourceSlices")
     p.add_argument("--plugin-dir", default=DEFAULT_PLUGIN_DIR,
                    help=f"the plugin's socket and checkpoint directory (default "
                         f"{DEFAULT_PLUGIN_DIR})")
@@ -138,9 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mount the host SDK and driver paths read-only into claims' containers")
     p.add_argument("--sdk-path", action="append", default=None,
                    help="path to mount with --mount-sdk (repeatable)")
-    p.add_argument("--health-port", type=int, default=int(env.get("HEALTH_PORT", "0")),
-                   help="/healthz, /readyz (registered and published) and /metrics on this port; "
-                        "0 disables (default 0)")
+    add_health_port_argument(p, serves="/healthz, /readyz (registered and published) and "
+                             "/metrics")
     p.add_argument("--metrics-port", type=int, default=int(env.get("METRICS_PORT", "0")),
                    help="a separate /metrics port; 0: none (default 0)")
     add_log_arguments(p)
@@ -149,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace, sharing: str) -> DraConfig:
     return DraConfig(
-        host_root=args.host_root, node_name=args.node_name, kubeconfig=args.kubeconfig,
+        host_root=args.host_root, node_name=args.node_name, kubeconfig=args.kubeconfig or "",
         plugin_dir=args.plugin_dir, registry_dir=args.registry_dir, cdi_dir=args.cdi_dir,
         pool=PoolOptions(sharing=sharing, groups=args.group_devices != "off",
                          unhealthy=args.unhealthy_devices),
@@ -325,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the flags first (nothing is read before they are valid), then the node
         config = config_from_args(args, MODE_EXCLUSIVE if auto else
                                   resolve_sharing(args.sharing_mode, None))
-        labels, node_uid = _read_node(args.kubeconfig, args.node_name)
+        labels, node_uid = _read_node(args.kubeconfig or "", args.node_name)
         if auto:
             config = replace(config, pool=replace(config.pool,
                                                   sharing=resolve_sharing("auto", labels)))

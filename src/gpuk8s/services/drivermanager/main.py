@@ -22,8 +22,9 @@ from ...core.payloads import parse_sdk_image
 from ...discovery.tools import runner_for
 from ...host import driver as drv
 from ...host.readiness import STATUS_DIR, clear_readiness
+from ..flags import add_health_port_argument, add_kubeconfig_argument, add_log_arguments
 from ..kube import api_client
-from ..logging_setup import LogOptions, add_log_arguments, configure_logging
+from ..logging_setup import LogOptions, configure_logging
 from ..nodeagent import (
     KubeNodeApi,
     Reporter,
@@ -81,9 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between passes (default 10)")
     p.add_argument("--payload-grace", type=float, default=180.0,
                    help="seconds to wait for a payload copy before reporting failure")
-    p.add_argument("--health-port", type=int, default=0,
-                   help="serve GET /healthz on this port (0: off)")
-    p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster)")
+    add_health_port_argument(p, serves="GET /healthz, /livez")
+    add_kubeconfig_argument(p, used_for="the node's reports and VF counts")
     p.add_argument("--no-api", action="store_true",
                    help="do not talk to the API server (no reports, no vfnum); tests, Ansible")
     p.add_argument("--once", action="store_true", help="one pass, then exit")
@@ -98,8 +98,6 @@ def _validate(args: argparse.Namespace) -> None:
         raise ConfigError("--node-name: required (or set NODE_NAME), unless --no-api")
     if not args.interval > 0:
         raise ConfigError(f"--interval: {args.interval} must be a positive number of seconds")
-    if not 0 <= args.health_port <= 65535:
-        raise ConfigError(f"--health-port: {args.health_port} must be 0 (off) or 1..65535")
     if args.payload == "driver":
         if args.deploy_policy != "Never" and not args.driver_version:
             raise ConfigError(f"--driver-version: required with --deploy-policy "

@@ -22,7 +22,8 @@ from ...core.errors import ConfigError, GpuK8sError
 from ...core.gpuusage import DEFAULT_RESOURCE_KINDS, KINDS
 from ...core.model import NodeInventory
 from ...core.telemetry import NodeTelemetry
-from ..logging_setup import LogOptions, add_log_arguments, configure_logging
+from ..flags import add_kubeconfig_argument, add_log_arguments
+from ..logging_setup import LogOptions, configure_logging
 from ..node.podresources import DEFAULT_POD_RESOURCES_SOCKET, PodResourcesClient
 from .knowngpus import STATE_DIR, STATE_NAME, KnownGpus
 from .metrics import registry_for
@@ -56,8 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-name", default=env.get("NODE_NAME", ""),
                    help="this node (default $NODE_NAME): the node label, and the pods to "
                    "attribute GPU processes to; empty: no per-process attribution")
-    p.add_argument("--kubeconfig", default=env.get("KUBECONFIG", ""),
-                   help="kubeconfig for listing the node's pods (default: in-cluster)")
+    add_kubeconfig_argument(p, used_for="listing the node's pods")
     p.add_argument("--pod-resources-socket", default=DEFAULT_POD_RESOURCES_SOCKET,
                    help=f"kubelet PodResources socket (default {DEFAULT_POD_RESOURCES_SOCKET}); "
                    "'' disables per-container metrics")

@@ -38,8 +38,9 @@ from collections.abc import Sequence
 
 from ...core.errors import ConfigError, GpuK8sError
 from ...core.scoring import DEFAULT_PRIOR, DEFAULT_PRIOR_GPUS
+from ..flags import add_kubeconfig_argument, add_log_arguments
 from ..kube import api_client
-from ..logging_setup import LogOptions, add_log_arguments, configure_logging
+from ..logging_setup import LogOptions, configure_logging
 from .cuda import NodeCudaVersions
 from .leader import (
     DEFAULT_LEASE,
@@ -203,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="lease duration, renew deadline and retry period in seconds "
         "(default %(default)s, kube-scheduler's)",
     )
-    parser.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: in-cluster)")
+    add_kubeconfig_argument(parser, used_for="the node cache and bindings")
     add_log_arguments(parser)
     return parser
 

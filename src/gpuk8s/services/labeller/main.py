@@ -24,9 +24,10 @@ from typing import Any
 
 from ...core.errors import ConfigError, GpuK8sError
 from ...core.labels import owned_labels
+from ..flags import add_health_port_argument, add_kubeconfig_argument, add_log_arguments
 from ..healthserver import serve_health as serve_health_endpoint
 from ..kube import ApiError, api_client
-from ..logging_setup import LogOptions, add_log_arguments, configure_logging
+from ..logging_setup import LogOptions, configure_logging
 from .loop import LabellerLoop, LoopStatus
 from .reconcile import (
     DEFAULT_STATUS_DIR,
@@ -77,13 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the label diff, change nothing (implies --once)",
     )
     parser.add_argument("--json", action="store_true", help="with --once: print a JSON result")
-    parser.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: in-cluster)")
-    parser.add_argument(
-        "--health-port",
-        type=int,
-        default=0,
-        help="serve GET /healthz on this port (0: off, the default)",
-    )
+    add_kubeconfig_argument(parser, used_for="the node's labels")
+    add_health_port_argument(parser, serves="GET /healthz, /readyz")
     add_log_arguments(parser)
     return parser
 
@@ -97,8 +93,6 @@ def _validate(args: argparse.Namespace) -> None:
         raise ConfigError(f"--interval: {args.interval} must be a positive number of seconds")
     if args.watch_interval < 0:
         raise ConfigError(f"--watch-interval: {args.watch_interval} must be >= 0 (0: off)")
-    if not 0 <= args.health_port <= 65535:
-        raise ConfigError(f"--health-port: {args.health_port} must be 0 (off) or 1..65535")
 
 
 def _result_json(result: ReconcileResult) -> str:

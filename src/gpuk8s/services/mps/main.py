@@ -39,9 +39,10 @@ from ...host.mps import (
     PassResult,
     sharing_mode,
 )
+from ..flags import add_health_port_argument, add_kubeconfig_argument, add_log_arguments
 from ..healthserver import serve_health
 from ..kube import api_client
-from ..logging_setup import LogOptions, add_log_arguments, configure_logging
+from ..logging_setup import LogOptions, configure_logging
 from ..nodeagent import KubeNodeApi, Liveness, NodeApi, run_passes
 
 log = logging.getLogger("gpuk8s.mps")
@@ -128,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sharing-mode", default="auto", choices=("auto", *SHARING_MODES),
                    help="auto: from the node label; a fixed mode needs no API server")
     p.add_argument("--interval", type=float, default=10.0)
-    p.add_argument("--health-port", type=int, default=0)
-    p.add_argument("--kubeconfig", default=None)
+    add_health_port_argument(p, serves="GET /healthz, /readyz")
+    add_kubeconfig_argument(p, used_for="the node's sharing label and reports")
     p.add_argument("--namespace", default=env.get("POD_NAMESPACE", ""))
     p.add_argument("--once", action="store_true", help="one pass, print it, exit")
     add_log_arguments(p)
@@ -143,8 +144,6 @@ def _validate(args: argparse.Namespace) -> None:
         raise ConfigError("--node-name: required (or set NODE_NAME) with --sharing-mode auto")
     if not args.interval > 0:
         raise ConfigError(f"--interval: {args.interval} must be positive")
-    if not 0 <= args.health_port <= 65535:
-        raise ConfigError(f"--health-port: {args.health_port} must be 0..65535")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,8 +31,9 @@ from ...ansible.eviction import PodRef
 from ...core.errors import ConfigError, GpuK8sError
 from ...core.labels import PREFIX
 from ...host.driver import check_version
+from ..flags import add_health_port_argument, add_kubeconfig_argument, add_log_arguments
 from ..kube import api_client, classify
-from ..logging_setup import LogOptions, add_log_arguments, configure_logging
+from ..logging_setup import LogOptions, configure_logging
 from ..nodeagent import UNINSTALL, record_event, serve_until_stopped
 from . import upgrade
 from .controller import CONFIG_NAME, STATUS_NAME, Controller
@@ -327,8 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="driver.upgradePolicy.podSelector: evict only the GPU pods with these "
                    "labels (a label selector; empty: every GPU pod)")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between passes")
-    p.add_argument("--health-port", type=int, default=0, help="GET /healthz port (0: off)")
-    p.add_argument("--kubeconfig", default=None)
+    add_health_port_argument(p, serves="GET /healthz, /livez, /metrics")
+    add_kubeconfig_argument(p, used_for="the cluster the operator runs")
     p.add_argument("--once", action="store_true", help="one pass, print the status, exit")
     p.add_argument("--uninstall", action="store_true",
                    help="helm pre-delete hook: stop the node agents, clean the nodes, exit")

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 
 from ...core.errors import ConfigError, GpuK8sError
 from ...host.readiness import STATUS_DIR
+from ..flags import add_health_port_argument, add_kubeconfig_argument, add_log_arguments
 from ..kube import api_client
-from ..logging_setup import LogOptions, add_log_arguments, configure_logging
+from ..logging_setup import LogOptions, configure_logging
 from ..nodeagent import (
     KubeNodeApi,
     Reporter,
@@ -77,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="python3 (>= 3.8) on the node that runs the wrapper")
     p.add_argument("--status-dir", default=STATUS_DIR)
     p.add_argument("--interval", type=float, default=5.0)
-    p.add_argument("--health-port", type=int, default=0)
-    p.add_argument("--kubeconfig", default=None)
+    add_health_port_argument(p, serves="GET /healthz, /livez")
+    add_kubeconfig_argument(p, used_for="the node's runtime version and reports")
     p.add_argument("--no-api", action="store_true",
                    help="do not talk to the API server (needs --runtime other than auto)")
     p.add_argument("--once", action="store_true", help="one pass, then exit")
