@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import allocator_before as before  # noqa: E402
+from stats import percentile  # noqa: E402
 
 from gpuk8s import sim  # noqa: E402
 from gpuk8s.core.allocator import (  # noqa: E402
@@ -79,11 +80,6 @@ MESHES: dict[str, Callable[[], NodeInventory]] = {
     "double-cube-mesh-vf4": lambda: topologies.double_cube_mesh(vfs=4),
     "nvlink-ring-64": ring_64,
 }
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def cpu_ms(

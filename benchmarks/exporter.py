@@ -40,6 +40,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "src"))
 
 from deviceplugin import rss_mb  # noqa: E402  # (benchmarks/ is this script's directory)
+from stats import percentile  # noqa: E402
 
 SCRAPE_TARGET_MS = 50.0
 RSS_TARGET_MB = 60.0
@@ -166,11 +167,6 @@ def scrape_times(port: int, count: int) -> tuple[list[float], int, int]:
     return times, size, series
 
 
-def p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-
-
 def measure(argv: list[str], scrapes: int) -> dict[str, Any]:
     child, port = start(argv)
     try:
@@ -183,8 +179,8 @@ def measure(argv: list[str], scrapes: int) -> dict[str, Any]:
     finally:
         child.terminate()
         child.wait(timeout=10)
-    return {"p50": statistics.median(times), "p99": p99(times), "max": max(times),
-            "p99_parallel": p99(parallel), "rss": rss, "peak": peak, "bytes": size,
+    return {"p50": statistics.median(times), "p99": percentile(times, 0.99), "max": max(times),
+            "p99_parallel": percentile(parallel, 0.99), "rss": rss, "peak": peak, "bytes": size,
             "series": series}
 
 

@@ -52,15 +52,11 @@ from pathlib import Path
 from typing import Any
 
 from baseline import extract  # benchmarks/baseline.py (this directory is on sys.path)
+from stats import percentile
 
 PRESETS = ("c500-8", "c550-8", "mixed-16", "c500-8-vf4")
 GPU = "metax-tech.com/gpu"
 VARIANTS_PER_PRESET = 12
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 # -- node pool (built in the server process and in the client, same seed) ---------------

@@ -90,6 +90,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paper_policies import PAPER_POLICIES, PaperScheduler, typical_pods
+from stats import percentile, spread
 
 from gpuk8s import sim
 from gpuk8s.core.allocator import allocate
@@ -978,16 +979,6 @@ def run_seed(
         else:
             out.append(Replay(policy, specs, _shapes(), seed, taint, nogpu).run(order))
     return out
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
-def spread(values: Sequence[float]) -> dict[str, float]:
-    """Mean, min and max of per-seed values."""
-    return {"mean": statistics.mean(values), "min": min(values), "max": max(values)}
 
 
 def summarise(results: list[Result]) -> list[dict[str, Any]]:

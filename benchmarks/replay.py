@@ -93,6 +93,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import fake_nodes  # noqa: E402  (lab/fake_nodes.py: the API client, node objects, heartbeat)
 import packing  # noqa: E402  (benchmarks/packing.py: trace, workload, node shapes, figure)
 from scheduling import cache_bin, cpu_seconds, versions  # noqa: E402
+from stats import Buckets, histogram_quantile, percentile  # noqa: E402
 
 from gpuk8s.core.schedconf import (  # noqa: E402
     ExtenderSpec,
@@ -685,7 +686,6 @@ def scheduler_config(path: Path, extender_url: str) -> None:
 
 
 # ----------------------------------------------------------------------------- metrics
-Buckets = list[tuple[float, float]]  # (upper bound, cumulative count)
 
 
 def histograms(text: str, name: str = "gpu_aware_request_seconds") -> dict[str, Buckets]:
@@ -703,22 +703,6 @@ def histograms(text: str, name: str = "gpu_aware_request_seconds") -> dict[str, 
     return {verb: sorted(b) for verb, b in out.items()}
 
 
-def quantile(buckets: Buckets, q: float) -> float | None:
-    """``histogram_quantile`` as Prometheus computes it (linear inside the bucket)."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    rank = q * buckets[-1][1]
-    lower, below = 0.0, 0.0
-    for upper, count in buckets:
-        if count >= rank:
-            if upper == float("inf"):
-                return lower
-            inside = count - below
-            return lower + (upper - lower) * ((rank - below) / inside if inside else 1.0)
-        lower, below = upper, count
-    return lower
-
-
 def latency_figures(before: str, after: str) -> dict[str, dict[str, float | None]]:
     """verb -> p50 / p99 (ms) and count, of the requests between two /metrics reads."""
     old, new = histograms(before), histograms(after)
@@ -726,7 +710,7 @@ def latency_figures(before: str, after: str) -> dict[str, dict[str, float | None
     for verb in ("filter", "prioritize", "bind"):
         prev = dict(old.get(verb, []))
         diff = [(le, count - prev.get(le, 0.0)) for le, count in new.get(verb, [])]
-        p50, p99 = quantile(diff, 0.5), quantile(diff, 0.99)
+        p50, p99 = histogram_quantile(diff, 0.5), histogram_quantile(diff, 0.99)
         out[verb] = {
             "p50_ms": None if p50 is None else 1e3 * p50,
             "p99_ms": None if p99 is None else 1e3 * p99,
@@ -1601,13 +1585,6 @@ def _node_ready_since(api: fake_nodes.Api, name: str, since: float) -> bool:
                 return False
             return bool(c.get("status") == "True" and stamp >= wall_since - 1)
     return False
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def in_process_figure(o: Options) -> tuple[dict[str, Any], float]:
