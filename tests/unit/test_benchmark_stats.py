@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from stats import histogram_quantile, percentile, spread  # noqa: E402  (benchmarks/stats.py)
+from stats import histogram_quantile, percentile, spread  # benchmarks/stats.py
 
 
 def test_percentile_is_the_sample_at_rank_q_n() -> None:
