@@ -54,7 +54,7 @@ def zipapp(stamp: int) -> bytes:
     """The zip archive of the app, no shebang (the installer writes one)."""
     files = [SRC / "gpuk8s/__init__.py"]
     for package in PACKAGES:
-        files += sorted((SRC / "gpuk8s" / package).glob("*.py"))
+        files += sorted((SRC / "gpuk8s" / package).rglob("*.py"))  # core/sharing/ too
     entries = [(f.relative_to(SRC).as_posix(), f.read_bytes()) for f in files]
     entries.append(("__main__.py", MAIN))
     date = time.gmtime(max(stamp, ZIP_EPOCH))[:6]
