@@ -13,7 +13,7 @@ and what it plays and watches there.
 ``check``, ``over_booked``        the checker: ledger, device plugin and API agree
 ================================  ======================================================
 
-Example: ``node_object(spec, shapes()[8], taint_cores_per_gpu=4.0)`` is a Node of the
+Example: ``node_object(spec, shapes()[8], run, taint_cores_per_gpu=4.0)`` is a Node of the
 simulator's c500-8 (two MetaXLink groups of four) in vcuda mode with the trace's CPU and
 memory, tainted ``metax-tech.com/gpu=present:PreferNoSchedule`` when GPU-dense.
 """
