@@ -97,9 +97,10 @@ def test_clients_without_a_valid_certificate_are_refused(
         assert not answer.startswith(b"HTTP/1.1 200")
 
 
-def test_renewed_certificate_files_are_served_without_a_restart(
-    certs: dict[str, Path], tmp_path: Path
-) -> None:
+def live_server(certs: dict[str, Path], tmp_path: Path
+                ) -> tuple[ExtenderHTTPServer, ServerTls, dict[str, Path]]:
+    """A TLS server on copies of the files (``live``: cert, key, ca) that the test
+    rotates, checked on every connection."""
     live = {name: tmp_path / f"{name}.pem" for name in ("cert", "key", "ca")}
     shutil.copy(certs["server"], live["cert"])
     shutil.copy(certs["server_key"], live["key"])
@@ -107,6 +108,13 @@ def test_renewed_certificate_files_are_served_without_a_restart(
     tls = ServerTls(TlsFiles(*(str(p) for p in live.values())), check_every=0)
     srv = ExtenderHTTPServer(("127.0.0.1", 0), extender(), tls=tls)
     serve_in_thread(srv)
+    return srv, tls, live
+
+
+def test_renewed_certificate_files_are_served_without_a_restart(
+    certs: dict[str, Path], tmp_path: Path
+) -> None:
+    srv, tls, live = live_server(certs, tmp_path)
 
     def served_serial() -> str:
         context = client_context(certs)
@@ -199,13 +207,7 @@ def test_a_client_that_refuses_the_serving_certificate_name_is_logged(
 def test_a_rotated_client_ca_is_picked_up_without_a_restart(
     certs: dict[str, Path], tmp_path: Path
 ) -> None:
-    live = {name: tmp_path / f"{name}.pem" for name in ("cert", "key", "ca")}
-    shutil.copy(certs["server"], live["cert"])
-    shutil.copy(certs["server_key"], live["key"])
-    shutil.copy(certs["ca"], live["ca"])
-    tls = ServerTls(TlsFiles(*(str(p) for p in live.values())), check_every=0)
-    srv = ExtenderHTTPServer(("127.0.0.1", 0), extender(), tls=tls)
-    serve_in_thread(srv)
+    srv, tls, live = live_server(certs, tmp_path)
     try:
         new_ca = make_ca(tmp_path / "new", "new-ca")
         new_client = issue(tmp_path / "new", new_ca, "new-client", "clientAuth")

@@ -59,10 +59,10 @@ def issue_dated(directory: Path, ca: tuple[Path, Path], name: str, start: str,
     _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
              "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={name}", cwd=directory)
     config = directory / f"{name}.cnf"
-    config.write_text("[ca]\ndefault_ca = d\n[d]\ndatabase = {0}.db\nnew_certs_dir = .\n"
-                      "serial = {0}.srl\ndefault_md = sha256\npolicy = p\nunique_subject = no\n"
+    config.write_text(f"[ca]\ndefault_ca = d\n[d]\ndatabase = {name}.db\nnew_certs_dir = .\n"
+                      f"serial = {name}.srl\ndefault_md = sha256\npolicy = p\nunique_subject = no\n"
                       "[p]\ncommonName = supplied\n[x]\nextendedKeyUsage = clientAuth\n"
-                      .format(name))
+                      )
     (directory / f"{name}.db").write_text("")
     (directory / f"{name}.srl").write_text("01\n")
     _openssl("ca", "-batch", "-config", str(config), "-cert", str(ca[0]), "-keyfile",
