@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.lockout import Attack, scheduler
+from benchmarks.lockout import Attack, _connection, scheduler
 from gpuk8s.services.extender.admission import AcceptRate
 from gpuk8s.services.extender.server import ExtenderHTTPServer, serve_in_thread
 from gpuk8s.services.extender.tls import ServerTls, TlsFiles
@@ -114,3 +114,36 @@ def test_healthz_fails_when_a_request_is_stuck_in_the_extender() -> None:
         health.shutdown()
         health.server_close()
         main.server_close()
+
+
+def test_an_address_with_an_established_connection_is_not_rate_limited(
+    served: tuple[ExtenderHTTPServer, ssl.SSLContext | None]
+) -> None:
+    """kube-scheduler opens new connections in bursts (binds run in goroutines, Go keeps
+    up to 25 idle ones a host): while it holds an established connection, its new ones
+    are neither rate-limited nor refused at the small pending cap."""
+    srv, context = served
+    srv.accept_rate = AcceptRate(srv.clock, rate=0.001, burst=1.0)  # one new connection
+    held = _connection(srv.port, context)
+    try:
+        held.request("GET", "/healthz")
+        assert held.getresponse().read() and srv.rate_limited_connections == 0
+        # every request on a new connection: without the exemption all but none refused
+        latencies, failures = scheduler(srv.port, context, requests=10, new_every=1,
+                                        deadline=time.monotonic() + 60)
+        assert (failures, len(latencies), srv.rate_limited_connections) == (0, 10, 0)
+    finally:
+        held.close()
+    deadline = time.monotonic() + 60
+    while "127.0.0.1" in srv._clients:  # the server has seen the closes
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # the address holds nothing now: its next new connection meets the empty bucket
+    with pytest.raises((OSError, http.client.HTTPException)):
+        late = _connection(srv.port, context)
+        try:
+            late.request("GET", "/healthz")
+            late.getresponse().read()
+        finally:
+            late.close()
+    assert srv.rate_limited_connections >= 1

@@ -28,7 +28,9 @@ Bounds, so that no client can take the service down:
   one gives way. They never take an established connection's place;
 * new connections per address are rate-limited (``admission.AcceptRate``: 20 a second,
   bursts of 40); beyond, one is reset at once, before any thread or handshake, so a
-  reconnect storm is slowed and costs an accept and a close;
+  reconnect storm is slowed and costs an accept and a close. An address that already
+  holds an established connection (kube-scheduler's, under TLS: authenticated) is
+  neither rate-limited nor held to the pending cap, only to ``max_per_client``;
 * at most ``max_connections`` established connections are served at once; at the cap
   a newly established one takes the place of the established connection that has
   waited longest for its next request (so idle connections cannot lock kube-scheduler
@@ -319,7 +321,12 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         never take an established connection's place; at the total cap the oldest
         pending one gives way (a new client is not locked out by stalled handshakes)."""
         client = str(client_address[0]) if client_address else ""
-        if not self.accept_rate.allow(client):
+        # an address that holds an established connection (under TLS: one that presented
+        # kube-scheduler's certificate) is not a storm: its new connections (Go keeps up
+        # to 25 idle ones a host, and opens more under bursts of binds) are neither
+        # rate-limited nor held to the small pending cap, only to ``max_per_client``
+        known = client in self._clients
+        if not known and not self.accept_rate.allow(client):
             # a reconnect storm: one accept and one close, no thread, no handshake
             self.rate_limited_connections += 1
             with contextlib.suppress(OSError):
@@ -328,7 +335,8 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
             return
         dropped = None
         with self._idle_lock:
-            if self._pending_clients.get(client, 0) >= self.max_pending_per_client:
+            cap = self.max_per_client if known else self.max_pending_per_client
+            if self._pending_clients.get(client, 0) >= cap:
                 refused = True
             else:
                 refused = False
@@ -338,7 +346,7 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
                 self._pending[request] = (self.clock(), client)
                 self._pending_clients[client] = self._pending_clients.get(client, 0) + 1
         if refused:
-            self._refuse(request, f"gpu-aware: more than {self.max_pending_per_client} "
+            self._refuse(request, f"gpu-aware: more than {cap} "
                                   f"unfinished connections from {client}")
             return
         if dropped is not None:
