@@ -350,18 +350,28 @@ def _wait(predicate: Any, what: str) -> None:
     pytest.fail(f"never: {what}")
 
 
+def _established(srv: ExtenderHTTPServer) -> socket.socket:
+    """A plain connection that has had one answer (established, now idle)."""
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    return sock
+
+
 def test_connections_are_capped_and_idle_ones_give_way() -> None:
     srv = ExtenderHTTPServer(("127.0.0.1", 0), extender(), max_connections=2)
     serve_in_thread(srv)
     held: list[socket.socket] = []
     try:
-        # two connections in the middle of a request hold both slots: a third gets 503
+        # two established connections in the middle of a request hold both places: a
+        # third gets 503 on its first request
         for _ in range(2):
-            sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            sock = _established(srv)
             sock.sendall(b"POST /filter HTTP/1.1\r\nContent-Len")
             held.append(sock)
-        _wait(lambda: not srv._idle and srv._connections._value == 0, "both slots busy")
+        _wait(lambda: not srv._idle and len(srv._established) == 2, "both places busy")
         with socket.create_connection(("127.0.0.1", srv.port), timeout=60) as third:
+            third.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
             answer = third.makefile("rb").read()
         assert answer.startswith(b"HTTP/1.1 503") and b"more than 2 connections" in answer
         assert srv.refused_connections == 1
@@ -370,9 +380,8 @@ def test_connections_are_capped_and_idle_ones_give_way() -> None:
         held.clear()
         # two idle keep-alive connections (waiting for a request) give way to a new one:
         # idle connections can never lock the scheduler out
-        _wait(lambda: srv._connections._value == 2, "both slots free")
-        for _ in range(2):
-            held.append(socket.create_connection(("127.0.0.1", srv.port), timeout=10))
+        _wait(lambda: not srv._established, "both places free")
+        held.extend(_established(srv) for _ in range(2))
         _wait(lambda: len(srv._idle) == 2, "two idle connections")
         # the one idle the longest by the server's clock (its handler threads may have
         # reported idle in either order on a busy host)

@@ -7,6 +7,7 @@ import http.client
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuk8s.core.devicelist import DEVICES_ANNOTATION
+from gpuk8s.services.extender.admission import AcceptRate
 from gpuk8s.services.extender.logic import Extender
 from gpuk8s.services.extender.main import build_parser, build_service
 from gpuk8s.services.extender.nodes import BoundPods, NodeCache
@@ -29,7 +31,10 @@ from .test_extender import C500, node, node_annotations, pod
 @pytest.fixture(scope="module")
 def server() -> Iterator[ExtenderHTTPServer]:
     ext = Extender(WeightSource(None, Weights(1, 1)))
-    srv = ExtenderHTTPServer(("127.0.0.1", 0), ext, max_body=256 * 1024)
+    # a connection per fuzzed example, hundreds a second: no accept-rate limit here
+    # (test_extender_lockout.py tests it)
+    srv = ExtenderHTTPServer(("127.0.0.1", 0), ext, max_body=256 * 1024,
+                             accept_rate=AcceptRate(time.monotonic, rate=1e9, burst=1e9))
     serve_in_thread(srv)
     yield srv
     srv.shutdown()

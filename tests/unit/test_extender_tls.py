@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import shutil
 import socket
 import ssl
@@ -23,7 +24,7 @@ from gpuk8s.services.extender.tls import ServerTls, TlsFiles
 
 from .test_extender import node, pod
 from .test_extender_hostile import GOOD, extender
-from .tls_certs import SERVER_NAME, issue, server_set
+from .tls_certs import SERVER_NAME, issue, issue_dated, make_ca, server_set
 
 FILTER = json.dumps({"Pod": pod(1), "Nodes": {"items": [node("good", GOOD)]}}).encode()
 
@@ -96,9 +97,10 @@ def test_clients_without_a_valid_certificate_are_refused(
         assert not answer.startswith(b"HTTP/1.1 200")
 
 
-def test_renewed_certificate_files_are_served_without_a_restart(
-    certs: dict[str, Path], tmp_path: Path
-) -> None:
+def live_server(certs: dict[str, Path], tmp_path: Path
+                ) -> tuple[ExtenderHTTPServer, ServerTls, dict[str, Path]]:
+    """A TLS server on copies of the files (``live``: cert, key, ca) that the test
+    rotates, checked on every connection."""
     live = {name: tmp_path / f"{name}.pem" for name in ("cert", "key", "ca")}
     shutil.copy(certs["server"], live["cert"])
     shutil.copy(certs["server_key"], live["key"])
@@ -106,6 +108,13 @@ def test_renewed_certificate_files_are_served_without_a_restart(
     tls = ServerTls(TlsFiles(*(str(p) for p in live.values())), check_every=0)
     srv = ExtenderHTTPServer(("127.0.0.1", 0), extender(), tls=tls)
     serve_in_thread(srv)
+    return srv, tls, live
+
+
+def test_renewed_certificate_files_are_served_without_a_restart(
+    certs: dict[str, Path], tmp_path: Path
+) -> None:
+    srv, tls, live = live_server(certs, tmp_path)
 
     def served_serial() -> str:
         context = client_context(certs)
@@ -162,50 +171,62 @@ def test_service_flags_tls_and_health_port(certs: dict[str, Path]) -> None:
         service.close()
 
 
-def test_300_slow_connections_from_one_client_starve_nobody() -> None:
-    """Before: 300 connections stuck mid-request took the 64 places, and every other
-    request, /healthz included, answered 503 until their deadline."""
-    # the stuck requests must outlive the test: one that timed out (408) would free its
-    # place for a later connection of the same client, which is then served, not refused
-    srv = ExtenderHTTPServer(("127.0.0.1", 0), extender(), request_timeout=900)
-    health = ExtenderHTTPServer(("127.0.0.1", 0), extender(), health_only=True, max_body=0,
-                                max_connections=16, max_per_client=4)
-    serve_in_thread(srv)
-    serve_in_thread(health)
-    slow: list[socket.socket] = []
-    try:
-        for _ in range(300):
-            sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-            sock.sendall(b"POST /filter HTTP/1.1\r\nContent-Len")  # and then nothing
-            slow.append(sock)
-        # each connection beyond the client's 16 places is refused, or takes the place of
-        # one of its own that was still idle (accepted before its first bytes arrived: a
-        # loaded host), never anyone else's
-        def turned_away() -> int:
-            return srv.refused_connections + srv.evicted_connections
+@pytest.mark.parametrize(("start", "end", "reason"), [
+    ("20200101000000Z", "20200102000000Z", "client certificate expired"),
+    ("20990101000000Z", "20990102000000Z", "client certificate not yet valid"),
+])
+def test_expired_and_not_yet_valid_client_certificates_are_refused_saying_which(
+    tls_server: ExtenderHTTPServer, certs: dict[str, Path], tmp_path: Path,
+    caplog: pytest.LogCaptureFixture, start: str, end: str, reason: str,
+) -> None:
+    cert, key = issue_dated(tmp_path, (certs["ca"], certs["ca_key"]), "dated", start, end)
+    context = ssl.create_default_context(cafile=str(certs["ca"]))
+    context.load_cert_chain(str(cert), str(key))
+    with caplog.at_level(logging.WARNING, logger="gpuk8s.extender"), \
+            pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
+        https_filter(tls_server.port, context)
+    _wait_for(lambda: any(reason in r.getMessage() for r in caplog.records))
+    assert https_filter(tls_server.port, client_context(certs))[0] == 200
 
-        deadline = time.monotonic() + 120  # generous: a loaded CI host accepts slowly
-        while turned_away() < 300 - srv.max_per_client and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert turned_away() == 300 - srv.max_per_client == 284
-        # another client (another address) is served on the main port...
-        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10,
-                                          source_address=("127.0.0.2", 0))
-        conn.request("POST", "/filter", body=FILTER)
-        resp = conn.getresponse()
-        assert resp.status == 200 and json.loads(resp.read())["Nodes"]["items"]
-        conn.request("GET", "/healthz")
-        resp = conn.getresponse()
-        assert resp.status == 200 and resp.read()
-        conn.close()
-        # ...and the health listener answers whoever asks, the slow client too
-        conn = http.client.HTTPConnection("127.0.0.1", health.port, timeout=10)
-        conn.request("GET", "/healthz")
-        assert conn.getresponse().status == 200
-        conn.close()
+
+def test_a_client_that_refuses_the_serving_certificate_name_is_logged(
+    tls_server: ExtenderHTTPServer, certs: dict[str, Path], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Wrong SAN, the client's side: tlsConfig.serverName not in gpu-aware's certificate.
+    Only the client can see it; gpu-aware logs the client's alert and says what to check."""
+    context = client_context(certs)
+    with caplog.at_level(logging.WARNING, logger="gpuk8s.extender"), \
+            socket.create_connection(("127.0.0.1", tls_server.port), timeout=10) as sock, \
+            pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"):
+        context.wrap_socket(sock, server_hostname="elsewhere.example")
+    _wait_for(lambda: any("refused gpu-aware's certificate" in r.getMessage()
+                          and "tlsConfig.serverName" in r.getMessage()
+                          for r in caplog.records))
+
+
+def test_a_rotated_client_ca_is_picked_up_without_a_restart(
+    certs: dict[str, Path], tmp_path: Path
+) -> None:
+    srv, tls, live = live_server(certs, tmp_path)
+    try:
+        new_ca = make_ca(tmp_path / "new", "new-ca")
+        new_client = issue(tmp_path / "new", new_ca, "new-client", "clientAuth")
+        context = ssl.create_default_context(cafile=str(certs["ca"]))
+        context.load_cert_chain(str(new_client[0]), str(new_client[1]))
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
+            https_filter(srv.port, context)  # not yet trusted
+        # the rotation: both CAs in the bundle while clients move over
+        live["ca"].write_bytes(certs["ca"].read_bytes() + new_ca[0].read_bytes())
+        assert https_filter(srv.port, context)[0] == 200
+        assert https_filter(srv.port, client_context(certs))[0] == 200
+        assert tls.reloads == 1
     finally:
-        for sock in slow:
-            sock.close()
-        for server in (srv, health):
-            server.shutdown()
-            server.server_close()
+        srv.shutdown()
+        srv.server_close()
+
+
+def _wait_for(predicate: Any) -> None:
+    deadline = time.monotonic() + 30  # the server's thread logs when it gets there
+    while not predicate():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.02)

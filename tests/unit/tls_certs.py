@@ -49,3 +49,23 @@ def server_set(directory: Path) -> dict[str, Path]:
     return {"ca": ca[0], "ca_key": ca[1], "server": server[0], "server_key": server[1],
             "client": client[0], "client_key": client[1], "stranger": stranger[0],
             "stranger_key": stranger[1]}
+
+
+def issue_dated(directory: Path, ca: tuple[Path, Path], name: str, start: str,
+                end: str) -> tuple[Path, Path]:
+    """A clientAuth certificate of ``ca`` valid from ``start`` to ``end`` (openssl's
+    YYYYMMDDHHMMSSZ; ``openssl ca``: x509 -req of OpenSSL 3.0 cannot set the start)."""
+    cert, key, csr = (directory / f"{name}.{ext}" for ext in ("crt", "key", "csr"))
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={name}", cwd=directory)
+    config = directory / f"{name}.cnf"
+    config.write_text(f"[ca]\ndefault_ca = d\n[d]\ndatabase = {name}.db\nnew_certs_dir = .\n"
+                      f"serial = {name}.srl\ndefault_md = sha256\npolicy = p\nunique_subject = no\n"
+                      "[p]\ncommonName = supplied\n[x]\nextendedKeyUsage = clientAuth\n"
+                      )
+    (directory / f"{name}.db").write_text("")
+    (directory / f"{name}.srl").write_text("01\n")
+    _openssl("ca", "-batch", "-config", str(config), "-cert", str(ca[0]), "-keyfile",
+             str(ca[1]), "-in", str(csr), "-out", str(cert), "-startdate", start, "-enddate",
+             end, "-extensions", "x", "-notext", cwd=directory)
+    return cert, key

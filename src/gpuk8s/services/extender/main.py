@@ -387,6 +387,7 @@ def build_service(
                 max_connections=HEALTH_MAX_CONNECTIONS,
                 max_per_client=HEALTH_MAX_PER_CLIENT,
                 health_only=True,
+                serving=server,  # its /healthz: whether the main port can still serve
             )
         except OSError as err:
             server.server_close()

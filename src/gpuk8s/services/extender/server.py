@@ -21,13 +21,26 @@ Bounds, so that no client can take the service down:
   byte (a client sending one byte every few seconds is cut off: 408), and the answer
   must be taken within that time too; an idle keep-alive connection is closed after
   ``IDLE_TIMEOUT_S``;
-* at most ``max_connections`` connections are served at once; at the cap a new one
-  takes the place of the connection that has waited longest for its next request (so
-  idle connections cannot lock kube-scheduler out), and gets a 503 only when every
-  connection is in the middle of a request;
+* a new connection is *pending* until its TLS handshake (plain HTTP: its first request)
+  has finished, within ``handshake_timeout`` (3 s); pending connections have a pool of
+  their own, ``max_pending`` (64) in total and ``max_pending_per_client`` (4) per
+  address: past the latter the new one is refused, at the total cap the oldest pending
+  one gives way. They never take an established connection's place;
+* new connections per address are rate-limited (``admission.AcceptRate``: 20 a second,
+  bursts of 40); beyond, one is reset at once, before any thread or handshake, so a
+  reconnect storm is slowed and costs an accept and a close. An address that already
+  holds an established connection (kube-scheduler's, under TLS: authenticated) is
+  neither rate-limited nor held to the pending cap, only to ``max_per_client``;
+* at most ``max_connections`` established connections are served at once; at the cap
+  a newly established one takes the place of the established connection that has
+  waited longest for its next request (so idle connections cannot lock kube-scheduler
+  out), and is refused only when every one is in the middle of a request;
 * at most ``max_per_client`` of them come from one client address: past it that
-  client's own idle connection gives way, or its new one gets a 503 (under TLS: is
-  closed), so one client's slow connections never take the others' places;
+  client's own idle connection gives way, or its new one is refused (plain HTTP: 503),
+  so one client's connections never take the others' places;
+* ``/healthz`` (of the main port, or of the health listener, which reports the main
+  port's) answers 503 when the accept loop has not turned, or a request has been in the
+  extender, for ``stuck_after`` seconds (30, or 3 request timeouts): restarting helps;
 * two different ``Content-Length`` headers are a 400 (which one frames the body?).
 """
 
@@ -41,6 +54,7 @@ import logging
 import re
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +63,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
+from .admission import AcceptRate
 from .debug import ledger_document
 from .logic import BIND_VERBS, FILTER_VERBS, PRIORITIZE_VERBS, Extender, Response
 from .tls import ServerTls
@@ -61,6 +76,13 @@ DEFAULT_REQUEST_TIMEOUT_S = 10.0
 DEFAULT_MAX_CONNECTIONS = 64
 # connections from one client address at once (kube-scheduler: a few at a time)
 DEFAULT_MAX_PER_CLIENT = 16
+# connections whose TLS handshake (plain HTTP: first request) has not finished: a pool of
+# their own, a short deadline, so they never hold an established connection's place
+DEFAULT_HANDSHAKE_TIMEOUT_S = 3.0
+DEFAULT_MAX_PENDING = 64
+DEFAULT_MAX_PENDING_PER_CLIENT = 4
+STUCK_AFTER_S = 30.0  # liveness: a request in the extender this long means a stuck server
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset, no TIME_WAIT
 IDLE_TIMEOUT_S = 120.0  # longer than Go's idle keep-alive (90 s), so the client closes first
 ONE_WRITE_MAX = 1024 * 1024  # bodies up to this size go out with the headers in one send
 GET_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/debug/ledger"})
@@ -163,29 +185,48 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_per_client: int = DEFAULT_MAX_PER_CLIENT,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        max_pending_per_client: int = DEFAULT_MAX_PENDING_PER_CLIENT,
+        accept_rate: AcceptRate | None = None,
         body_budget: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         tls: ServerTls | None = None,
         health_only: bool = False,
+        serving: ExtenderHTTPServer | None = None,
     ) -> None:
         self.extender = extender
         self.max_body = max_body
         self.request_timeout = request_timeout
         self.max_connections = max_connections
         self.max_per_client = max_per_client
+        self.handshake_timeout = min(handshake_timeout, request_timeout)
+        self.max_pending = max_pending
+        self.max_pending_per_client = max_pending_per_client
         self.budget = _ByteBudget(body_budget if body_budget is not None else 2 * max_body)
         self.clock = clock
+        self.accept_rate = accept_rate if accept_rate is not None else AcceptRate(clock)
         # HTTPS with client certificates (tls.py); None: plain HTTP
         self.tls = tls
         # the health listener: GET /healthz, /readyz, /metrics only
         self.health_only = health_only
-        self._connections = threading.BoundedSemaphore(max_connections)
-        self._idle_lock = threading.Lock()
+        # whose liveness /healthz reports (the health listener: the main port's)
+        self.serving = serving if serving is not None else self
+        # a request that has been in the extender this long means it cannot serve
+        self.stuck_after = max(STUCK_AFTER_S, 3 * request_timeout)
+        self._idle_lock = threading.Lock()  # guards the connection tables below
+        self._pending: dict[socket.socket, tuple[float, str]] = {}  # raw -> (accepted, client)
+        self._pending_clients: dict[str, int] = {}
+        self._established: set[socket.socket] = set()  # as the handler sees it (TLS: SSLSocket)
         self._idle: dict[socket.socket, tuple[float, str]] = {}  # connection -> (since, client)
-        self._clients: dict[str, set[socket.socket]] = {}  # client address -> connections
+        self._clients: dict[str, set[socket.socket]] = {}  # client address -> established
+        self._busy: dict[int, float] = {}  # thread -> since when in the extender
+        self.loop_turned = clock()  # the accept loop's last turn
         self.refused_connections = 0
         self.evicted_connections = 0
         self.timed_out_requests = 0
+        self.rate_limited_connections = 0
+        self.dropped_handshakes = 0
         self.date_cache: tuple[int, str] = (0, "")  # (second, its Date header)
         super().__init__(address, ExtenderHandler)
 
@@ -198,6 +239,22 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
     def port(self) -> int:
         return int(self.server_address[1])
 
+    def service_actions(self) -> None:
+        # serve_forever calls this on every turn (a request accepted, or poll_interval)
+        self.loop_turned = self.clock()
+
+    def stuck(self) -> str | None:
+        """Why this listener cannot serve, or None: its accept loop has not turned, or a
+        request has been in the extender, for ``stuck_after`` seconds (a deadlock or a
+        loop that never ends: restarting is the fix). Cheap: two clock comparisons."""
+        now = self.clock()
+        if now - self.loop_turned > self.stuck_after:
+            return f"the accept loop has not turned for {now - self.loop_turned:.0f} s"
+        busy = list(self._busy.values())
+        if busy and now - min(busy) > self.stuck_after:
+            return f"a request has been in the extender for {now - min(busy):.0f} s"
+        return None
+
     def connection_idle(self, sock: socket.socket, idle: bool, client: str = "") -> bool:
         """Handlers report when a connection waits for its next request (evictable);
         taking it off, False when it was no longer on the list (evicted meanwhile)."""
@@ -208,23 +265,39 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
             return self._idle.pop(sock, None) is not None
 
     def _evict_idle(self, client: str | None = None) -> bool:
-        """Close the connection that has waited longest for a request (of ``client``, or
-        of anyone), so idle connections can never lock kube-scheduler out; False when
-        none is idle."""
+        """Close the established connection that has waited longest for a request (of
+        ``client``, or of anyone), so idle connections can never lock kube-scheduler
+        out; False when none is idle."""
         with self._idle_lock:
-            # a connection whose next request has already arrived (its handler has not
-            # read it yet: a busy host) is not idle
-            idle = [s for s, (_, c) in self._idle.items()
-                    if (client is None or c == client) and not _has_input(s)]
-            if not idle:
+            oldest = self._oldest_idle(client)
+            if oldest is None:
                 return False
-            oldest = min(idle, key=lambda s: self._idle[s][0])
-            del self._idle[oldest]
-        with contextlib.suppress(OSError):
-            # the plain socket's shutdown, also under TLS: its handler's read returns
-            socket.socket.shutdown(oldest, socket.SHUT_RDWR)
+        _shut(oldest)
         self.evicted_connections += 1
         return True
+
+    def _oldest_idle(self, client: str | None) -> socket.socket | None:
+        """(lock held) The oldest idle established connection, taken off the tables."""
+        # a connection whose next request has already arrived (its handler has not read
+        # it yet: a busy host) is not idle
+        idle = [s for s, (_, c) in self._idle.items()
+                if (client is None or c == client) and not _has_input(s)]
+        if not idle:
+            return None
+        oldest = min(idle, key=lambda s: self._idle[s][0])
+        _, owner = self._idle.pop(oldest)
+        self._drop_established(oldest, owner)
+        return oldest
+
+    def _drop_established(self, conn: socket.socket, client: str) -> None:
+        """(lock held)"""
+        if conn in self._established:
+            self._established.discard(conn)
+            mine = self._clients.get(client)
+            if mine is not None:
+                mine.discard(conn)
+                if not mine:
+                    del self._clients[client]
 
     def _refuse(self, request: Any, message: str) -> None:
         self.refused_connections += 1
@@ -242,46 +315,94 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         self.shutdown_request(request)
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        """The accept loop: admit a new connection as *pending* (its handshake, or in
+        plain HTTP its first request, not finished), or close it. Pending connections
+        have a pool of their own (``max_pending``, ``max_pending_per_client``), so they
+        never take an established connection's place; at the total cap the oldest
+        pending one gives way (a new client is not locked out by stalled handshakes)."""
         client = str(client_address[0]) if client_address else ""
-        with self._idle_lock:
-            mine = len(self._clients.get(client, ()))
-        if mine >= self.max_per_client and not self._evict_idle(client):
-            # one client's slow or stalled connections never take the others' places
-            self._refuse(
-                request, f"gpu-aware: more than {self.max_per_client} connections from {client}"
-            )
+        # an address that holds an established connection (under TLS: one that presented
+        # kube-scheduler's certificate) is not a storm: its new connections (Go keeps up
+        # to 25 idle ones a host, and opens more under bursts of binds) are neither
+        # rate-limited nor held to the small pending cap, only to ``max_per_client``
+        known = client in self._clients
+        if not known and not self.accept_rate.allow(client):
+            # a reconnect storm: one accept and one close, no thread, no handshake
+            self.rate_limited_connections += 1
+            with contextlib.suppress(OSError):
+                request.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+            self.shutdown_request(request)
             return
-        admitted = self._connections.acquire(blocking=False)
-        if not admitted and self._evict_idle():
-            admitted = self._connections.acquire(timeout=1.0)
-        if not admitted:
-            self._refuse(
-                request, f"gpu-aware: more than {self.max_connections} connections at once"
-            )
-            return
+        dropped = None
         with self._idle_lock:
-            self._clients.setdefault(client, set()).add(request)
+            cap = self.max_per_client if known else self.max_pending_per_client
+            if self._pending_clients.get(client, 0) >= cap:
+                refused = True
+            else:
+                refused = False
+                if len(self._pending) >= self.max_pending:
+                    dropped = min(self._pending, key=lambda s: self._pending[s][0])
+                    self._forget_pending(dropped)
+                self._pending[request] = (self.clock(), client)
+                self._pending_clients[client] = self._pending_clients.get(client, 0) + 1
+        if refused:
+            self._refuse(request, f"gpu-aware: more than {cap} "
+                                  f"unfinished connections from {client}")
+            return
+        if dropped is not None:
+            self.dropped_handshakes += 1
+            _shut(dropped)
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._forget(request, client)
-            self._connections.release()
+            with self._idle_lock:
+                self._forget_pending(request)
             raise
 
-    def _forget(self, request: Any, client: str) -> None:
-        with self._idle_lock:
-            mine = self._clients.get(client)
-            if mine is not None:
-                mine.discard(request)
-                if not mine:
-                    del self._clients[client]
+    def _forget_pending(self, request: socket.socket) -> bool:
+        """(lock held) Take ``request`` off the pending pool; False when it was not on it."""
+        entry = self._pending.pop(request, None)
+        if entry is None:
+            return False
+        client = entry[1]
+        left = self._pending_clients.get(client, 1) - 1
+        if left > 0:
+            self._pending_clients[client] = left
+        else:
+            self._pending_clients.pop(client, None)
+        return True
 
-    def _handshake(self, request: socket.socket) -> socket.socket | None:
-        """The TLS handshake, in the connection's own thread and within the request
+    def establish(self, request: socket.socket, conn: socket.socket, client: str) -> str | None:
+        """Move a connection whose handshake (or first request) finished from the pending
+        pool to the established one; the reason when it has no place there. An idle
+        established connection (of this client past its cap, else anyone's) gives way;
+        a pending connection never takes an established one's place."""
+        evicted = None
+        with self._idle_lock:
+            if not self._forget_pending(request):
+                return "dropped while pending"
+            mine = self._clients.get(client, set())
+            if len(mine) >= self.max_per_client:
+                evicted = self._oldest_idle(client)
+                if evicted is None:
+                    return f"gpu-aware: more than {self.max_per_client} connections from {client}"
+            elif len(self._established) >= self.max_connections:
+                evicted = self._oldest_idle(None)
+                if evicted is None:
+                    return f"gpu-aware: more than {self.max_connections} connections at once"
+            self._established.add(conn)
+            self._clients.setdefault(client, set()).add(conn)
+        if evicted is not None:
+            _shut(evicted)
+            self.evicted_connections += 1
+        return None
+
+    def _handshake(self, request: socket.socket, client: str) -> socket.socket | None:
+        """The TLS handshake, in the connection's own thread and within the handshake
         timeout; None (the connection closed) when the client has no valid certificate
         or is too slow."""
         assert self.tls is not None
-        request.settimeout(self.request_timeout)
+        request.settimeout(self.handshake_timeout)
         try:
             conn = self.tls.context().wrap_socket(
                 request, server_side=True, do_handshake_on_connect=False
@@ -292,8 +413,7 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
             conn.do_handshake()
             return conn
         except (OSError, ValueError) as err:  # ssl.SSLError, timeouts, resets
-            self.tls.handshake_failures += 1
-            log.debug("TLS handshake refused", extra={"error": str(err)[:200]})
+            self.tls.refused(err, client)
             with contextlib.suppress(OSError):
                 conn.close()
             return None
@@ -303,14 +423,22 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         client = str(client_address[0]) if client_address else ""
         try:
             if self.tls is not None:
-                conn = self._handshake(request)
+                conn = self._handshake(request, client)
                 if conn is None:
+                    return
+                refused = self.establish(request, conn, client)
+                if refused is not None:
+                    self.refused_connections += 1
                     return
             super().process_request_thread(conn, client_address)
         finally:
-            self.connection_idle(conn, False)
-            self._forget(request, client)
-            self._connections.release()
+            with self._idle_lock:
+                self._forget_pending(request)
+                self._idle.pop(conn, None)
+                self._drop_established(conn, client)
+            if conn is not None and conn is not request:
+                with contextlib.suppress(OSError):
+                    conn.close()
 
 
 MAX_HEADER_LINE = 65536  # as http.client
@@ -346,9 +474,16 @@ class ExtenderHandler(BaseHTTPRequestHandler):
         )
         self.rfile.close()  # the plain reader: ours keeps the request deadline
         self.rfile = io.BufferedReader(self._reader, 64 * 1024)
+        self._client = client
+        # plain HTTP: pending until its first request has arrived whole, within the
+        # handshake timeout (under TLS the handshake did that before the handler ran)
+        self._pending = server.tls is None
+        if self._pending:
+            self._reader.deadline = server.clock() + server.handshake_timeout
 
     def handle_one_request(self) -> None:
-        self._reader.deadline = None  # a new request: idle until its first byte
+        if not self._pending:
+            self._reader.deadline = None  # a new request: idle until its first byte
         self.requestline, self.command, self.path = "", "", ""
         try:
             super().handle_one_request()
@@ -430,6 +565,12 @@ class ExtenderHandler(BaseHTTPRequestHandler):
         return cached[1]
 
     def _send(self, response: Response, close: bool = False) -> None:
+        if self._pending and not close:  # a first answer, plain HTTP: it is established
+            self._pending = False
+            refused = self.server.establish(self.connection, self.connection, self._client)
+            if refused is not None:
+                self.server.refused_connections += 1
+                response, close = Response(503, error_body(refused)), True
         body = response.body
         # the answer must be taken within the request deadline too (a client that reads
         # slowly holds its connection no longer than one that writes slowly)
@@ -514,14 +655,24 @@ class ExtenderHandler(BaseHTTPRequestHandler):
             if len(body) != length:
                 self.close_connection = True
                 return  # the client went away mid-body
-            self._send(self.server.extender.handle(self._verb(), body))
+            busy, thread = self.server._busy, threading.get_ident()
+            busy[thread] = self.server.clock()  # liveness: how long in the extender
+            try:
+                answer = self.server.extender.handle(self._verb(), body)
+            finally:
+                del busy[thread]
+            self._send(answer)
         finally:
             self.server.budget.give(length)
 
     def do_GET(self) -> None:
         path = self._path()
         if path == "/healthz":
-            self._send(Response(200, b'{"status":"ok"}'))
+            stuck = self.server.serving.stuck()
+            if stuck is None:
+                self._send(Response(200, b'{"status":"ok"}'))
+            else:
+                self._error(503, f"gpu-aware cannot serve: {stuck}")
         elif path == "/readyz":
             cache = self.server.extender.cache
             if cache is None or cache.synced:
@@ -568,6 +719,13 @@ class ExtenderHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         if log.isEnabledFor(logging.DEBUG):  # called for every request: format only if kept
             log.debug("http " + format % args)
+
+
+def _shut(sock: socket.socket) -> None:
+    """Shut a connection another thread serves: its blocked read returns at once (the
+    plain socket's shutdown, also under TLS), and that thread closes it."""
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 def _count(server: ExtenderHTTPServer, attribute: str) -> float:

@@ -14,6 +14,14 @@ mounted as a volume is updated by the kubelet in place (an atomic swap of its
 Secret's update. Connections already open keep the certificate they started with. A
 file that cannot be read (half-written, say) keeps the previous context in use and is
 logged; at start an unreadable file is a ``ConfigError``.
+
+A refused handshake is logged with why (``refusal``): the client's certificate expired,
+not yet valid, from another CA, none at all, or the client refused gpu-aware's own
+certificate (its name -- the SAN that ``tlsConfig.serverName`` must match -- or its CA:
+only the client can check those). gpu-aware checks no name in the client's certificate:
+the client CA is the chart's own, issued for kube-scheduler alone, so its signature is
+the identity. At most one line per reason every ``LOG_EVERY_S`` seconds (with the count
+since), so a flood of bad handshakes cannot flood the log.
 """
 
 from __future__ import annotations
@@ -31,6 +39,39 @@ from ...core.errors import ConfigError
 log = logging.getLogger("gpuk8s.extender")
 
 CHECK_EVERY_S = 10.0
+LOG_EVERY_S = 60.0
+
+# OpenSSL's X509_V_ERR_* codes the server sees for the client's certificate
+_VERIFY_REASONS = {
+    9: "client certificate not yet valid",
+    10: "client certificate expired",
+    2: "client certificate from another CA",
+    18: "client certificate from another CA (self-signed)",
+    19: "client certificate from another CA (self-signed chain)",
+    20: "client certificate from another CA",
+    21: "client certificate from another CA",
+}
+
+
+def refusal(err: BaseException) -> str:
+    """Why a handshake failed, in words a person can act on (the log line's reason)."""
+    code = getattr(err, "verify_code", None)
+    if isinstance(code, int) and code in _VERIFY_REASONS:
+        return _VERIFY_REASONS[code]
+    if isinstance(err, ssl.SSLCertVerificationError):
+        return f"client certificate refused ({err.verify_message})"
+    reason = str(getattr(err, "reason", "") or "")
+    if reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
+        return "no client certificate"
+    if reason.endswith("ALERT_BAD_CERTIFICATE") or reason.endswith("ALERT_UNKNOWN_CA") \
+            or reason.endswith("ALERT_CERTIFICATE_EXPIRED") \
+            or reason.endswith("ALERT_CERTIFICATE_UNKNOWN"):
+        return (f"the client refused gpu-aware's certificate ({reason.lower()}): its SAN must "
+                "name tlsConfig.serverName and its CA be tlsConfig.caFile")
+    unfinished = (ssl.SSLZeroReturnError, ssl.SSLEOFError)
+    if isinstance(err, unfinished) or not isinstance(err, ssl.SSLError):  # timeout, reset
+        return "handshake not finished (timeout or connection closed)"
+    return f"handshake failed ({reason.lower() or type(err).__name__})"
 
 
 @dataclass(frozen=True)
@@ -61,6 +102,7 @@ class ServerTls:
         self.reloads = 0
         self.reload_errors = 0
         self.handshake_failures = 0
+        self._logged: dict[str, tuple[float, int]] = {}  # reason -> (last logged, since)
         try:
             self._stamps = self._read_stamps()
             self._context = self._load()
@@ -105,3 +147,18 @@ class ServerTls:
                     extra={"error": str(err)[:300]},
                 )
             return self._context
+
+    def refused(self, err: BaseException, client: str) -> str:
+        """Count a refused handshake and log why (rate-limited per reason); the reason."""
+        reason = refusal(err)
+        self.handshake_failures += 1
+        now = self._clock()
+        with self._lock:
+            last, since = self._logged.get(reason, (float("-inf"), 0))
+            if now - last < LOG_EVERY_S:
+                self._logged[reason] = (last, since + 1)
+                return reason
+            self._logged[reason] = (now, 0)
+        log.warning("TLS handshake refused: %s", reason,
+                    extra={"client": client, "error": str(err)[:200], "more_since_last": since})
+        return reason
