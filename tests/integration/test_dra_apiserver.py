@@ -525,6 +525,7 @@ SHARE_CASES: list[tuple[str, dict[str, str] | None, int, tuple[int, int] | None]
     # name, capacity.requests (None: none), count, what prepare serves (None: refused)
     ("s-quarter", {"vcore": "25", "vmemory": "16Gi"}, 1, (25, 16384)),
     ("s-two", {"vcore": "10", "vmemory": "1000Mi"}, 2, (10, 1000)),
+    ("s-whole-two", None, 2, (100, 65536)),
     ("s-whole", None, 1, (100, 65536)),  # no capacity requests: the defaults, the whole GPU
     ("s-cores", {"vcore": "25"}, 1, None),
     ("s-memory", {"vmemory": "8Gi"}, 1, None),
@@ -624,7 +625,10 @@ POLICY_CASES: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]], str | 
          "capacity": {"requests": {"vcore": "50"}}}]}], [], "names both vcore and vmemory"),
     ("too-big", [_share("s", {"vcore": "150", "vmemory": "8Gi"})], [], "1 to 100"),
     ("mixed-shares", [_share("a", SHARE), _share("b", {"vcore": "50", "vmemory": "8Gi"})], [],
-     "must ask for the same vcore and vmemory"),
+     "must ask for the same share"),
+    ("share-and-whole", [_share("a", SHARE), gpu_request("b")], [], "must ask for the same share"),
+    ("whole-and-vfs", [gpu_request("a"), gpu_request("b", cls="vf.gpu.metax-tech.com")], [],
+     None),
     ("nine-linked", [gpu_request(count=9)], [{"matchAttribute": f"{DRIVER}/linkGroup"}],
      "more than 8 GPUs"),
     ("group", [gpu_request(cls="group-4.gpu.metax-tech.com")], [],

@@ -317,10 +317,14 @@ spec:
   variables:
     - name: requests
       expression: {{ printf "%s && has(%s.requests) ? %s.requests : []" $kind.has $kind.devices $kind.devices | quote }}
+    # what each GPU request (the classes that select sGPU devices) takes of a GPU: its
+    # capacity requests, or none (the whole GPU)
     - name: shares
       expression: >-
-        variables.requests.filter(r, has(r.exactly) && {{ printf $mine "r.exactly" }} &&
-        has(r.exactly.capacity) && has(r.exactly.capacity.requests)).map(r, r.exactly.capacity.requests)
+        variables.requests.filter(r, has(r.exactly) &&
+        r.exactly.deviceClassName in ['gpu.metax-tech.com', 'sgpu.gpu.metax-tech.com']).map(r,
+        has(r.exactly.capacity) && has(r.exactly.capacity.requests) ?
+        r.exactly.capacity.requests : {})
     - name: linked
       expression: >-
         {{ printf "%s && has(%s.constraints)" $kind.has $kind.devices }} ? {{ $kind.devices }}.constraints.filter(c,
@@ -343,8 +347,9 @@ spec:
     - expression: >-
         variables.shares.all(s, s == variables.shares[0])
       message: >-
-        gpu-dra: the shares of one claim must ask for the same vcore and vmemory, written the
-        same way (the container gets one sGPU limit); use one claim per share size
+        gpu-dra: the GPU requests of one claim must ask for the same share (the same vcore
+        and vmemory, written the same way, or none: whole GPUs), as the container gets one
+        sGPU limit; use one claim per share size
       reason: Invalid
     - expression: >-
         variables.linked.all(c, variables.requests.all(r, !has(r.exactly) ||
