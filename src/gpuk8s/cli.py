@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from .core.allocator import allocate
+from .core.dra import DRA_SHARING_MODES, GROUP_DEVICE_MODES, UNHEALTHY_MODES
 from .core.errors import GpuK8sError
 from .core.labels import compute_labels
 from .core.model import NodeInventory
@@ -97,15 +98,16 @@ def cmd_labels(args: argparse.Namespace) -> int:
 
 
 def cmd_dra_slices(args: argparse.Namespace) -> int:
-    from .core.dra import PoolOptions, build_slices
+    from .core.dra import PoolOptions, group_devices_wanted, node_slices
     from .discovery import check_health
 
     inv = _discover(args.root)
     health = check_health(args.root, inv) if inv.gpus else {}
     sick = {index: reason for index, reason in health.items() if reason is not None}
-    options = PoolOptions(sharing=args.sharing_mode, groups=args.group_devices == "on",
+    groups, _ = group_devices_wanted(args.group_devices, args.kube_version)
+    options = PoolOptions(sharing=args.sharing_mode, groups=groups,
                           unhealthy=args.unhealthy_devices)
-    slices = build_slices(args.node_name, inv, options, unhealthy=sick)
+    slices = node_slices(args.node_name, inv, options, unhealthy=sick)
     if args.json:
         print(json.dumps(slices, indent=2))
     else:
@@ -185,10 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default="/", help="host root (default /)")
     p.add_argument("--node-name", required=True, help="the node (names the pool and slices)")
     p.add_argument("--json", action="store_true", help="JSON instead of YAML")
-    p.add_argument("--sharing-mode", choices=("exclusive", "sgpu"), default="exclusive",
+    p.add_argument("--sharing-mode", choices=DRA_SHARING_MODES, default="exclusive",
                    help="exclusive (default) or sgpu (consumable vcore/vmemory)")
-    p.add_argument("--group-devices", choices=("on", "off"), default="on")
-    p.add_argument("--unhealthy-devices", choices=("taint", "remove"), default="taint")
+    p.add_argument("--group-devices", choices=GROUP_DEVICE_MODES, default="auto",
+                   help="as gpu-dra's flag (default auto: what the plugin decides for "
+                        "--kube-version)")
+    p.add_argument("--kube-version", default=None,
+                   help="the API server's version (v1.35.4) that --group-devices auto "
+                        "weighs (default: unknown)")
+    p.add_argument("--unhealthy-devices", choices=UNHEALTHY_MODES, default="taint")
     p.set_defaults(func=cmd_dra_slices)
 
     p = sub.add_parser("topo", help="topology matrix (MX/PIX/NODE/SYS)")

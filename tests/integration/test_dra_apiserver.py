@@ -65,14 +65,24 @@ def _delete_node_slices(apiserver: Any, node: str) -> None:
         api.delete(body["metadata"]["name"])
 
 
-def device_classes(helm_binary: str) -> list[dict[str, Any]]:
-    """The chart's DeviceClasses (gpuDra.enabled), as helm renders them."""
+ADMISSION = "admissionregistration.k8s.io"
+VAP_API = f"{ADMISSION}/v1/ValidatingAdmissionPolicy"
+PLURAL = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+          "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}
+
+
+def device_classes(helm_binary: str, *sets: str, kinds: tuple[str, ...] = ("DeviceClass",),
+                   release: str = "r") -> list[dict[str, Any]]:
+    """The chart's DeviceClasses (gpuDra.enabled and ``sets``), as helm renders them, or
+    other ``kinds`` of gpu-dra's template (rendered for a cluster that serves
+    ValidatingAdmissionPolicy)."""
     proc = subprocess.run(
-        [helm_binary, "template", "r", str(REPO / "charts" / "metax-gpu-extensions"),
-         "--kube-version", "1.35.0", "--set", "gpuDra.enabled=true",
+        [helm_binary, "template", release, str(REPO / "charts" / "metax-gpu-extensions"),
+         "--kube-version", "1.35.0", "--api-versions", VAP_API, "--set", "gpuDra.enabled=true",
+         *[a for value in sets for a in ("--set", value)],
          "--show-only", "templates/gpu-dra.yaml"],
         capture_output=True, text=True, check=True)
-    return [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "DeviceClass"]
+    return [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] in kinds]
 
 
 @pytest.mark.parametrize(("preset", "options"), [
@@ -103,10 +113,12 @@ def test_every_slice_shape_is_valid_and_kept_whole(
 
 
 def test_the_chart_device_classes_compile(apiserver: Any, helm_binary: str) -> None:
+    """With groupDevices: true, so the group classes are rendered too (by default they
+    are not: ``auto`` publishes no group device)."""
     custom = _custom(apiserver)
     created = []
     try:
-        for body in device_classes(helm_binary):
+        for body in device_classes(helm_binary, "gpuDra.groupDevices=true"):
             kept = custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", body)
             created.append(body["metadata"]["name"])
             assert kept["spec"] == body["spec"], "the API server dropped a field"
@@ -364,9 +376,14 @@ def cluster(apiserver: Any, helm_binary: str, inventories: dict[str, Any],
     cluster.core.create_namespace({"metadata": {"name": NS}})
     cluster.core.create_namespaced_service_account(NS, {"metadata": {"name": "default"}})
     classes = []
-    for body in device_classes(helm_binary):
+    for body in device_classes(helm_binary, "gpuDra.groupDevices=true"):
         cluster.custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", body)
         classes.append(body["metadata"]["name"])
+    # and the chart's claims policy, so every claim here is one the chart lets through
+    policies = device_classes(helm_binary, "gpuDra.groupDevices=true", kinds=(
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"))
+    for body in policies:
+        cluster.custom.create_cluster_custom_object(ADMISSION, "v1", PLURAL[body["kind"]], body)
     cluster.node("dra-excl", inventories["c500-8"], PoolOptions())
     cluster.node("dra-sgpu", inventories["c500-8"], PoolOptions(sharing="sgpu"))
     cluster.node("dra-vf", inventories["c500-8-vf4"], PoolOptions())
@@ -383,6 +400,9 @@ def cluster(apiserver: Any, helm_binary: str, inventories: dict[str, Any],
             cluster.core.delete_node(node)
         for name in classes:
             cluster.custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", name)
+        for body in policies:
+            cluster.custom.delete_cluster_custom_object(ADMISSION, "v1", PLURAL[body["kind"]],
+                                                        body["metadata"]["name"])
 
 
 def gpu_request(name: str = "gpus", count: int = 1, cls: str = DRIVER,
@@ -501,10 +521,64 @@ def test_sgpu_shares_are_accounted_by_consumable_capacity(cluster: Cluster) -> N
     assert got["half-a"]["shareID"] != got["half-b"]["shareID"]
 
 
+SHARE_CASES: list[tuple[str, dict[str, str] | None, int, tuple[int, int] | None]] = [
+    # name, capacity.requests (None: none), count, what prepare serves (None: refused)
+    ("s-quarter", {"vcore": "25", "vmemory": "16Gi"}, 1, (25, 16384)),
+    ("s-two", {"vcore": "10", "vmemory": "1000Mi"}, 2, (10, 1000)),
+    ("s-whole-two", None, 2, (100, 65536)),
+    ("s-whole", None, 1, (100, 65536)),  # no capacity requests: the defaults, the whole GPU
+    ("s-cores", {"vcore": "25"}, 1, None),
+    ("s-memory", {"vmemory": "8Gi"}, 1, None),
+    ("s-huge", {"vcore": "200", "vmemory": "8Gi"}, 1, None),
+]
+
+
+def test_what_the_api_server_accepts_prepare_serves(cluster: Cluster) -> None:
+    """Shares (issue 51): each sGPU claim the chart's policy lets through is allocated by
+    the real scheduler and served by prepare's share rule (``driver._share_of``, what
+    NodePrepareResources turns into the container's limits) with exactly what it asked;
+    the others are refused at creation, never allocated and then refused by prepare."""
+    from kubernetes.client.rest import ApiException
+
+    from gpuk8s.services.dra.driver import _share_of
+
+    for name, capacity, count, served in SHARE_CASES:
+        extra = {} if capacity is None else {"capacity": {"requests": capacity}}
+        try:
+            cluster.claim(name, [gpu_request(cls="sgpu.gpu.metax-tech.com", count=count,
+                                             **extra)])
+        except ApiException as err:
+            assert served is None and err.status == 422, (name, err.body)
+            continue
+        assert served is not None, f"{name}: the policy let through what prepare refuses"
+        cluster.pod(name, "dra-sgpu", name)
+        cluster.devices(name)
+        results = cluster.allocated(name)
+        gpus = tuple(int(r["device"].split("-")[1]) for r in results)
+        share = _share_of(results, gpus, "dra-sgpu")
+        assert share is not None and len(results) == count
+        assert (share.share.core, share.share.memory_mib) == served, name
+        cluster.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+        cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "resourceclaims",
+                                                       name)
+
+
 def test_vf_claims_get_vfs(cluster: Cluster) -> None:
     cluster.claim("vfs", [gpu_request(cls="vf.gpu.metax-tech.com", count=2)])
     cluster.pod("vfs", "dra-vf", "vfs")
     assert all("-vf-" in d for d in cluster.devices("vfs"))
+
+
+def test_a_gpu_claim_never_gets_vfs(cluster: Cluster) -> None:
+    """GPUs are GPUs (issue 51): the VF node alone offers 32 VFs, 4 of them per link group,
+    but a claim of class gpu.metax-tech.com pinned to it stays pending, by count and by
+    matchAttribute linkGroup alike."""
+    for name, constraints in (("vf-node-gpus", None),
+                              ("vf-node-linked", [{"matchAttribute": f"{DRIVER}/linkGroup"}])):
+        cluster.claim(name, [gpu_request(count=4)], constraints)
+        cluster.pod(name, "dra-vf", name)
+    time.sleep(5)
+    assert cluster.allocated("vf-node-gpus") == [] == cluster.allocated("vf-node-linked")
 
 
 def test_a_legacy_extended_resource_pod_is_served_by_dra(cluster: Cluster) -> None:
@@ -525,3 +599,93 @@ def test_a_legacy_extended_resource_pod_is_served_by_dra(cluster: Cluster) -> No
     results = cluster.allocated(status["resourceClaimName"])
     assert len(results) == 2 and all(r["driver"] == DRIVER for r in results)
     assert all(r["device"].startswith("gpu-") and "-vf-" not in r["device"] for r in results)
+
+
+# -- the chart's claims policy ---------------------------------------------------------------
+SHARE = {"vcore": "25", "vmemory": "16Gi"}
+
+
+def _share(name: str, capacity: dict[str, str], cls: str = "sgpu.gpu.metax-tech.com",
+           ) -> dict[str, Any]:
+    return gpu_request(name, cls=cls, capacity={"requests": capacity})
+
+
+POLICY_CASES: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]], str | None]] = [
+    ("whole-linked", [gpu_request(count=4)], [{"matchAttribute": f"{DRIVER}/linkGroup"}], None),
+    ("eight-linked", [gpu_request(count=8)], [{"matchAttribute": f"{DRIVER}/linkGroup"}], None),
+    ("quarter", [_share("s", SHARE)], [], None),
+    ("two-quarters", [_share("a", SHARE), _share("b", SHARE)], [], None),
+    ("not-ours", [_share("s", {"vcore": "25"}, cls="other.example.com")], [], None),
+    ("cores-only", [_share("s", {"vcore": "25"})], [], "names both vcore and vmemory"),
+    ("memory-only", [_share("s", {"vmemory": "8Gi"}, cls=DRIVER)], [],
+     "names both vcore and vmemory"),
+    ("alternative", [{"name": "s", "firstAvailable": [
+        {"name": "whole", "deviceClassName": DRIVER},
+        {"name": "part", "deviceClassName": "sgpu.gpu.metax-tech.com",
+         "capacity": {"requests": {"vcore": "50"}}}]}], [], "names both vcore and vmemory"),
+    ("too-big", [_share("s", {"vcore": "150", "vmemory": "8Gi"})], [], "1 to 100"),
+    ("mixed-shares", [_share("a", SHARE), _share("b", {"vcore": "50", "vmemory": "8Gi"})], [],
+     "must ask for the same share"),
+    ("share-and-whole", [_share("a", SHARE), gpu_request("b")], [], "must ask for the same share"),
+    ("whole-and-vfs", [gpu_request("a"), gpu_request("b", cls="vf.gpu.metax-tech.com")], [],
+     None),
+    ("nine-linked", [gpu_request(count=9)], [{"matchAttribute": f"{DRIVER}/linkGroup"}],
+     "more than 8 GPUs"),
+    ("group", [gpu_request(cls="group-4.gpu.metax-tech.com")], [],
+     "group devices are off on this cluster"),
+]
+
+
+def test_claims_gpu_dra_can_never_serve_are_refused_in_its_words(
+    apiserver: Any, helm_binary: str
+) -> None:
+    """The chart's claims policy (groupDevices auto): what the scheduler would leave pending
+    forever, or allocate and prepare could not serve, is refused at creation with the
+    reason; everything else is created. Checked on ResourceClaims and, once, on a
+    ResourceClaimTemplate."""
+    from kubernetes.client.rest import ApiException
+
+    ns = "dra-claims"
+    custom = _custom(apiserver)
+    apiserver.core().create_namespace({"metadata": {"name": ns}})
+    policies = device_classes(helm_binary, release="p", kinds=tuple(PLURAL))
+    for body in policies:
+        custom.create_cluster_custom_object(ADMISSION, "v1", PLURAL[body["kind"]], body)
+
+    def create(kind: str, name: str, requests: list[dict[str, Any]],
+               constraints: list[dict[str, Any]]) -> str:
+        devices: dict[str, Any] = {"requests": requests}
+        if constraints:
+            devices["constraints"] = constraints
+        spec: dict[str, Any] = {"devices": devices}
+        plural = "resourceclaims" if kind == "ResourceClaim" else "resourceclaimtemplates"
+        try:
+            custom.create_namespaced_custom_object(GROUP, VERSION, ns, plural, {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": kind, "metadata": {"name": name},
+                "spec": spec if kind == "ResourceClaim" else {"spec": spec}})
+        except ApiException as err:
+            assert err.status == 422, err.body
+            return str(json.loads(err.body)["message"])
+        custom.delete_namespaced_custom_object(GROUP, VERSION, ns, plural, name)
+        return ""
+
+    try:
+        deadline = time.monotonic() + 30
+        while not create("ResourceClaim", "probe",
+                         [gpu_request(cls="group-2.gpu.metax-tech.com")], []):
+            assert time.monotonic() < deadline, "the claims policy never took effect"
+            time.sleep(0.5)
+        for name, requests, constraints, said in POLICY_CASES:
+            message = create("ResourceClaim", name, requests, constraints)
+            if said is None:
+                assert message == "", (name, message)
+            else:
+                assert said in message and "gpu-dra" in message, (name, message)
+        assert "names both vcore and vmemory" in create(
+            "ResourceClaimTemplate", "t", [_share("s", {"vcore": "25"})], [])
+        assert create("ResourceClaimTemplate", "t", [_share("s", SHARE)], []) == ""
+    finally:
+        for body in policies:
+            custom.delete_cluster_custom_object(ADMISSION, "v1", PLURAL[body["kind"]],
+                                                body["metadata"]["name"])
+        apiserver.core().delete_namespace(ns)

@@ -1735,9 +1735,9 @@ def test_gpu_device_sharing_option(chart: Path, base: dict[str, Any]) -> None:
 
 # -- gpu-dra ---------------------------------------------------------------------------------
 DRA_MODE = "gpuk8s.io/allocation-mode"
-DRA_CLASSES = ["gpu.metax-tech.com", "vf.gpu.metax-tech.com", "sgpu.gpu.metax-tech.com",
-               "group-2.gpu.metax-tech.com", "group-4.gpu.metax-tech.com",
-               "group-8.gpu.metax-tech.com"]
+DRA_CLASSES = ["gpu.metax-tech.com", "vf.gpu.metax-tech.com", "sgpu.gpu.metax-tech.com"]
+DRA_GROUP_CLASSES = ["group-2.gpu.metax-tech.com", "group-4.gpu.metax-tech.com",
+                     "group-8.gpu.metax-tech.com"]
 
 
 @pytest.mark.parametrize("chart", [EXT, OP], ids=["ext", "op"])
@@ -1787,18 +1787,49 @@ def test_gpu_dra_daemonset_runs_only_on_dra_nodes_with_its_paths() -> None:
 
 
 def test_gpu_dra_device_classes() -> None:
+    """GPUs are GPUs (issue 51): the GPU class, and so metax-tech.com/gpu, selects no VF;
+    the group classes ship only with group devices on (auto publishes none)."""
     o = objs(EXT, {"gpuDra": {"enabled": True}})
     classes = {d["metadata"]["name"]: d["spec"] for d in o.of("DeviceClass")}
     assert sorted(classes) == sorted(DRA_CLASSES)
     assert classes["gpu.metax-tech.com"]["extendedResourceName"] == "metax-tech.com/gpu"
+    assert classes["gpu.metax-tech.com"]["selectors"][0]["cel"]["expression"].endswith(
+        ".type == 'gpu'")
     assert [n for n, spec in classes.items() if "extendedResourceName" in spec] == [
         "gpu.metax-tech.com"]
+    grouped = objs(EXT, {"gpuDra": {"enabled": True, "groupDevices": True}})
+    classes = {d["metadata"]["name"]: d["spec"] for d in grouped.of("DeviceClass")}
+    assert sorted(classes) == sorted(DRA_CLASSES + DRA_GROUP_CLASSES)
     assert "groupSize == 4" in classes["group-4.gpu.metax-tech.com"]["selectors"][0]["cel"][
         "expression"]
     plain = objs(EXT, {"gpuDra": {"enabled": True, "extendedResource": False}})
     assert all("extendedResourceName" not in d["spec"] for d in plain.of("DeviceClass"))
     assert not objs(EXT, {"gpuDra": {"enabled": True, "deviceClasses": False}}).of(
         "DeviceClass")
+
+
+def test_gpu_dra_claims_policy_rules() -> None:
+    """The claims policy (its rules are judged by the real API server in
+    tests/integration/test_dra_apiserver.py): one per resource, rendered where the cluster
+    serves ValidatingAdmissionPolicy, and the group rule only while group devices are off."""
+    def policies(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        proc = run_helm(["template", REL, str(EXT), "-n", NS, "--kube-version", KUBE_VERSION,
+                         "--api-versions", VAP_API], values)
+        assert proc.returncode == 0, proc.stderr
+        return {d["spec"]["matchConstraints"]["resourceRules"][0]["resources"][0]: d["spec"]
+                for d in yaml.safe_load_all(proc.stdout)
+                if d and d["kind"] == "ValidatingAdmissionPolicy"
+                and d["metadata"]["name"].startswith(f"{REL}-dra-claim")}
+
+    auto = policies({"gpuDra": {"enabled": True}})
+    assert sorted(auto) == ["resourceclaims", "resourceclaimtemplates"]
+    messages = [v["message"] for v in auto["resourceclaims"]["validations"]]
+    assert len(messages) == 5 and "group devices are off" in messages[-1]
+    assert "object.spec.spec.devices" in auto["resourceclaimtemplates"]["variables"][0][
+        "expression"]
+    grouped = policies({"gpuDra": {"enabled": True, "groupDevices": True}})
+    assert len(grouped["resourceclaims"]["validations"]) == 4
+    assert not policies({"gpuDra": {"enabled": True, "deviceClasses": False}})
 
 
 def test_gpu_dra_values_are_checked() -> None:

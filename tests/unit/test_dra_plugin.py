@@ -299,6 +299,28 @@ def test_sgpu_shares_get_their_limits_and_share_ids(
         {"/dev/mxcd", *inv.gpu(3).device_nodes}
 
 
+def test_a_device_prepared_for_another_claim_is_refused_naming_both(
+    c500: tuple[str, NodeInventory], dirs: dict[str, str], nodes: list[Node]
+) -> None:
+    """GPU 1 prepared for train: a claim for gpu-1, or for the group holding it, is refused
+    with both claims named (nothing written for it), and prepared once train is gone."""
+    root, inv = c500
+    node = start(nodes, root, inv, dirs)
+    node.kubelet.wait_registrations(1)
+    node.api.add_claim("team", "train", "uid-t", [result("gpu-1")])
+    assert cdi_ids(node.kubelet.prepare([("team", "uid-t", "train")]), "uid-t")
+    for name, uid, device in (("again", "uid-g", "gpu-1"), ("pair", "uid-p", "group-0-1")):
+        node.api.add_claim("lab", name, uid, [result(device)])
+        error = node.kubelet.prepare([("lab", uid, name)]).claims[uid].error
+        assert f"device {device} of claim lab/{name} (UID {uid}) is already prepared for " \
+               "claim team/train (UID uid-t, device gpu-1)" in error, error
+        assert not os.path.exists(spec_path(dirs["cdi"], uid))
+    saved = json.loads(Path(dirs["plugin"], "checkpoint.json").read_text())["claims"]
+    assert set(saved) == {"uid-t"}
+    node.kubelet.unprepare([("team", "uid-t", "train")])
+    assert cdi_ids(node.kubelet.prepare([("lab", "uid-p", "pair")]), "uid-p")
+
+
 def test_a_corrupt_checkpoint_is_kept_aside(
     c500: tuple[str, NodeInventory], dirs: dict[str, str], nodes: list[Node]
 ) -> None:

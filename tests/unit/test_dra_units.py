@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -17,6 +18,7 @@ from gpuk8s.core.errors import ConfigError
 from gpuk8s.core.model import NodeInventory
 from gpuk8s.core.topology import Topology, units_for_inventory
 from gpuk8s.discovery import discover
+from gpuk8s.services.dra.publisher import SlicePublisher
 from gpuk8s.services.node import protos
 
 pytestmark = pytest.mark.usefixtures("fast_python3")
@@ -56,7 +58,24 @@ def test_gpu_devices_carry_every_attribute_and_memory(roots: dict[str, str]) -> 
         "resource.kubernetes.io/pciBusID": {"string": gpu5.pci_address},
     }  # fmt: skip
     assert devices[5].capacity == {"memory": {"value": "64Gi"}}
-    assert devices[5].counters == ("gpu-5",)
+    assert devices[5].counters == ()
+    pooled = dra.pool_devices(inv, dra.PoolOptions())
+    assert pooled[5].counters == ("gpu-5",), "beside group devices a GPU consumes its counter"
+
+
+@pytest.mark.parametrize(("preset", "options"), [
+    ("n260-2", dra.PoolOptions()),  # no links: no group device, so no counters
+    ("c500-8", dra.PoolOptions(groups=False)),
+    ("c500-8", dra.PoolOptions(sharing="sgpu")),
+    ("c500-8-vf4", dra.PoolOptions()),
+])  # fmt: skip
+def test_a_pool_without_group_devices_publishes_no_counters(
+    roots: dict[str, str], preset: str, options: dra.PoolOptions
+) -> None:
+    slices = dra.build_slices("n", inventory(roots, preset), options)
+    assert [s["metadata"]["name"] for s in slices] == ["n-gpu-metax-tech-com-devices-0"]
+    assert all("consumesCounters" not in d for d in slices[0]["spec"]["devices"])
+    assert "sharedCounters" not in slices[0]["spec"]
 
 
 def test_vfs_are_the_devices_when_configured(roots: dict[str, str]) -> None:
@@ -228,6 +247,18 @@ def test_vendored_protos_keep_their_license_header() -> None:
         assert "Vendored from k8s.io/kubelet v0.35.4" in text
 
 
+class _NoApi:
+    """A SliceApi that is never called (``wanted`` only builds)."""
+
+    def list(self, node: str) -> list[dict[str, Any]]:
+        raise AssertionError("not called")
+
+    create = update = list  # type: ignore[assignment]
+
+    def delete(self, name: str) -> None:
+        raise AssertionError("not called")
+
+
 def test_cli_prints_the_slices_as_yaml_and_json(roots: dict[str, str]) -> None:
     def run(*args: str) -> str:
         done = subprocess.run([sys.executable, "-m", "gpuk8s.cli", "dra", "slices", "--root",
@@ -238,9 +269,18 @@ def test_cli_prints_the_slices_as_yaml_and_json(roots: dict[str, str]) -> None:
     as_json = json.loads(run("--json"))
     as_yaml = yaml.safe_load(run())
     assert as_yaml["kind"] == "List" and as_yaml["items"] == as_json
-    assert as_json == dra.build_slices("gpu-7", inventory(roots, "c500-8"), dra.PoolOptions())
-    plain = json.loads(run("--json", "--group-devices", "off"))
-    assert [len(s["spec"]["devices"]) for s in plain] == [8]
+    inv = inventory(roots, "c500-8")
+    # by default what gpu-dra publishes on a fresh node: auto's choice (groups off), devices
+    # in the steering order, from the one function the publisher calls
+    assert as_json == dra.node_slices("gpu-7", inv, dra.PoolOptions(groups=False))
+    assert [len(s["spec"]["devices"]) for s in as_json] == [8]
+    assert as_json == json.loads(run("--json", "--group-devices", "auto",
+                                     "--kube-version", "v1.37.2"))
+    grouped = json.loads(run("--json", "--group-devices", "on"))
+    assert grouped == dra.node_slices("gpu-7", inv, dra.PoolOptions())
+    assert [len(s["spec"].get("devices") or []) for s in grouped] == [0, 14]
+    published = SlicePublisher("gpu-7", inv, dra.PoolOptions(), _NoApi())
+    assert published.wanted(1) == grouped, "the plugin publishes what the CLI prints"
     bad = subprocess.run([sys.executable, "-m", "gpuk8s.cli", "dra", "slices", "--root",
                           roots["c500-8"]], capture_output=True, text=True)
     assert bad.returncode == 2 and "--node-name" in bad.stderr
@@ -270,17 +310,16 @@ def test_the_nodes_sharing_label_picks_the_pool_shape() -> None:
 
 
 @pytest.mark.parametrize(("mode", "version", "groups", "said"), [
-    ("auto", "v1.35.4", False, "Kubernetes v1.35.4"),  # the lab's: the allocator leaks counters
+    ("auto", "v1.35.4", False, "Kubernetes v1.35.4"),  # the lab's: leaks counters, slow
     ("auto", "v1.36.2", False, "kubernetes/kubernetes#140436"),
-    ("auto", "v1.36.3", True, None),  # the fixed allocator
-    ("auto", "v1.37.0-eks-1", True, None),
-    ("auto", "v2.0.0", True, None),
+    ("auto", "v1.36.3", False, "0.17 on 500"),  # fixed allocator, never measured at scale
+    ("auto", "v1.37.2", False, "no later release has been measured"),
     ("auto", None, False, "could not be read"),
     ("auto", "garbage", False, "could not be read"),
     ("on", "v1.35.4", True, None),  # the administrator's choice
     ("off", "v1.37.2", False, None),
 ])
-def test_group_devices_auto_waits_for_the_fixed_allocator(
+def test_group_devices_auto_stays_off_until_measured_to_scale(
     mode: str, version: str | None, groups: bool, said: str | None
 ) -> None:
     got, why = dra.group_devices_wanted(mode, version)
@@ -288,6 +327,22 @@ def test_group_devices_auto_waits_for_the_fixed_allocator(
     assert (why is None) == (said is None)
     if said is not None:
         assert why is not None and said in why and "--group-devices on" in why
+        assert "1.7 pods/s on 200 nodes" in why
+    if version == "v1.36.3":
+        assert why is not None and "#140436" not in why, "1.36.3 has the allocator fix"
+
+
+def test_group_devices_auto_turns_on_where_a_release_is_measured_to_scale(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The switch a measurement would flip: from GROUPS_SCALE_FROM on (and never before
+    the allocator fix), ``auto`` publishes them."""
+    monkeypatch.setattr(dra, "GROUPS_SCALE_FROM", (1, 37, 2))
+    assert dra.group_devices_wanted("auto", "v1.37.2") == (True, None)
+    assert dra.group_devices_wanted("auto", "v1.37.1")[0] is False
+    monkeypatch.setattr(dra, "GROUPS_SCALE_FROM", (1, 35, 0))
+    off, why = dra.group_devices_wanted("auto", "v1.35.4")
+    assert off is False and why is not None and "#140436" in why and "pods/s" not in why
 
 
 def test_group_devices_mode_is_checked() -> None:

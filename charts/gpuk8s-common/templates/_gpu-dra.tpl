@@ -225,9 +225,12 @@ spec:
 {{- end -}}
 
 {{/*
-DeviceClasses of gpu.metax-tech.com (cluster-scoped). `gpu.metax-tech.com` is what
-`metax-tech.com/gpu` means on a device-plugin node (a GPU, or a VF where VFs are on) and,
-with gpuDra.extendedResource, serves pods that still ask for that extended resource.
+DeviceClasses of gpu.metax-tech.com (cluster-scoped). `gpu.metax-tech.com` selects physical
+GPUs only (a VF is never a GPU; VFs have vf.gpu.metax-tech.com) and, with
+gpuDra.extendedResource, serves pods that still ask for `metax-tech.com/gpu`. The
+group-2|4|8 classes ship only with gpuDra.groupDevices: true: `auto` publishes no group
+devices on any release measured so far (docs/dra.md, Flags), and the claims policy below
+says so to a claim that names one.
 Context: root.
 */}}
 {{- define "gpuk8s.draDeviceClasses" -}}
@@ -236,12 +239,14 @@ Context: root.
 {{- $driver := "device.driver == 'gpu.metax-tech.com'" -}}
 {{- $type := "device.attributes['gpu.metax-tech.com'].type" -}}
 {{- $classes := list
-  (dict "name" "gpu.metax-tech.com" "cel" (printf "%s && %s in ['gpu', 'vf']" $driver $type) "extended" $v.extendedResource)
+  (dict "name" "gpu.metax-tech.com" "cel" (printf "%s && %s == 'gpu'" $driver $type) "extended" $v.extendedResource)
   (dict "name" "vf.gpu.metax-tech.com" "cel" (printf "%s && %s == 'vf'" $driver $type))
   (dict "name" "sgpu.gpu.metax-tech.com" "cel" (printf "%s && %s == 'gpu' && 'vcore' in device.capacity['gpu.metax-tech.com']" $driver $type))
 -}}
+{{- if eq (toString $v.groupDevices) "true" }}
 {{- range $size := list 2 4 8 }}
 {{- $classes = append $classes (dict "name" (printf "group-%d.gpu.metax-tech.com" $size) "cel" (printf "%s && %s == 'group' && device.attributes['gpu.metax-tech.com'].groupSize == %d" $driver $type $size)) }}
+{{- end }}
 {{- end }}
 {{- range $classes }}
 ---
@@ -258,5 +263,122 @@ spec:
   {{- if .extended }}
   extendedResourceName: metax-tech.com/gpu
   {{- end }}
+{{- end }}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" }}
+{{- include "gpuk8s.draClaimPolicy" . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The claims policy: a ResourceClaim or ResourceClaimTemplate that asks gpu-dra's classes for
+something gpu-dra can never serve is refused when it is created, with the reason in our
+words, instead of waiting as Pending with the scheduler's "cannot allocate all claims"
+(docs/dra.md, "Claims gpu-dra refuses"). One policy per resource (a template's claim is
+at .spec.spec). Each rule holds for every ask: a request's `exactly` and each of its
+`firstAvailable`.
+Context: root.
+*/}}
+{{- define "gpuk8s.draClaimPolicy" -}}
+{{- $v := .Values.gpuDra -}}
+{{- $ctx := dict "root" . "component" "gpu-dra" -}}
+{{- $groups := eq (toString $v.groupDevices) "true" -}}
+{{- $mine := "(%[1]s.deviceClassName == 'gpu.metax-tech.com' || %[1]s.deviceClassName.endsWith('.gpu.metax-tech.com'))" -}}
+{{- $asks := "%[1]s.capacity.requests" -}}
+{{- $has := "(has(%[1]s.capacity) && has(%[1]s.capacity.requests) && '%[2]s' in %[1]s.capacity.requests)" -}}
+{{- $oneSided := "(!%[1]s || %[2]s == %[3]s)" -}}
+{{- $vcore := "(!%[1]s || !%[2]s || !quantity(string(%[3]s['vcore'])).isGreaterThan(quantity('100')))" -}}
+{{- $group := "(!%[1]s || !%[2]s.deviceClassName.startsWith('group-'))" -}}
+{{- /* every ask of every request: its `exactly`, or each of its `firstAvailable` */ -}}
+{{- $each := "variables.requests.all(r, (!has(r.exactly) || %[1]s) &&\n        (!has(r.firstAvailable) || r.firstAvailable.all(s, %[2]s)))" -}}
+{{- $rules := dict -}}
+{{- range $x := list "r.exactly" "s" }}
+{{- $m := printf $mine $x }}
+{{- $_ := set $rules (printf "oneSided-%s" $x) (printf $oneSided $m (printf $has $x "vcore") (printf $has $x "vmemory")) }}
+{{- $_ := set $rules (printf "vcore-%s" $x) (printf $vcore $m (printf $has $x "vcore") (printf $asks $x)) }}
+{{- $_ := set $rules (printf "group-%s" $x) (printf $group $m $x) }}
+{{- end }}
+{{- range $kind := list (dict "resource" "resourceclaims" "name" "dra-claims" "devices" "object.spec.devices" "has" "has(object.spec.devices)") (dict "resource" "resourceclaimtemplates" "name" "dra-claim-templates" "devices" "object.spec.spec.devices" "has" "has(object.spec.spec) && has(object.spec.spec.devices)") }}
+{{- $name := include "gpuk8s.clusterName" (dict "root" $ "component" $kind.name) }}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: ["resource.k8s.io"]
+        apiVersions: ["v1"]
+        operations: ["CREATE", "UPDATE"]
+        resources: [{{ $kind.resource | quote }}]
+  variables:
+    - name: requests
+      expression: {{ printf "%s && has(%s.requests) ? %s.requests : []" $kind.has $kind.devices $kind.devices | quote }}
+    # what each GPU request (the classes that select sGPU devices) takes of a GPU: its
+    # capacity requests, or none (the whole GPU)
+    - name: shares
+      expression: >-
+        variables.requests.filter(r, has(r.exactly) &&
+        r.exactly.deviceClassName in ['gpu.metax-tech.com', 'sgpu.gpu.metax-tech.com']).map(r,
+        has(r.exactly.capacity) && has(r.exactly.capacity.requests) ?
+        r.exactly.capacity.requests : {})
+    - name: linked
+      expression: >-
+        {{ printf "%s && has(%s.constraints)" $kind.has $kind.devices }} ? {{ $kind.devices }}.constraints.filter(c,
+        has(c.matchAttribute) && c.matchAttribute == 'gpu.metax-tech.com/linkGroup') : []
+  validations:
+    - expression: >-
+        {{ printf $each (get $rules "oneSided-r.exactly") (get $rules "oneSided-s") }}
+      message: >-
+        gpu-dra: a share names both vcore and vmemory, or neither (then it is the whole GPU):
+        vcore alone takes all of the GPU's memory and vmemory alone all of its compute, so
+        such shares would spread one per GPU; name both, e.g. vcore "25" with vmemory 16Gi
+        for a quarter of a 64 GiB GPU (docs/dra.md)
+      reason: Invalid
+    - expression: >-
+        {{ printf $each (get $rules "vcore-r.exactly") (get $rules "vcore-s") }}
+      message: >-
+        gpu-dra: vcore is a percent of one GPU, 1 to 100; a share larger than a GPU never
+        fits (ask for more devices instead)
+      reason: Invalid
+    - expression: >-
+        variables.shares.all(s, s == variables.shares[0])
+      message: >-
+        gpu-dra: the GPU requests of one claim must ask for the same share (the same vcore
+        and vmemory, written the same way, or none: whole GPUs), as the container gets one
+        sGPU limit; use one claim per share size
+      reason: Invalid
+    - expression: >-
+        variables.linked.all(c, variables.requests.all(r, !has(r.exactly) ||
+        !({{ printf $mine "r.exactly" }}) ||
+        (has(c.requests) && size(c.requests) > 0 && !(r.name in c.requests)) ||
+        !has(r.exactly.count) || r.exactly.count <= 8))
+      message: >-
+        gpu-dra: no MetaXLink or NVLink group has more than 8 GPUs, so a request for more
+        than 8 with matchAttribute gpu.metax-tech.com/linkGroup can never be allocated
+      reason: Invalid
+    {{- if not $groups }}
+    - expression: >-
+        {{ printf $each (get $rules "group-r.exactly") (get $rules "group-s") }}
+      message: >-
+        gpu-dra: group devices are off on this cluster (gpuDra.groupDevices is not true:
+        on Kubernetes 1.35 they slow kube-scheduler's DRA allocator 30-120 times; docs/dra.md,
+        Flags); ask for count 2, 4 or 8 of gpu.metax-tech.com with matchAttribute
+        gpu.metax-tech.com/linkGroup instead
+      reason: Invalid
+    {{- end }}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+spec:
+  policyName: {{ $name }}
+  validationActions: [Deny]
 {{- end }}
 {{- end -}}

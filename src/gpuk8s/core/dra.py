@@ -13,7 +13,9 @@ Two optional shapes, each needing an alpha feature of Kubernetes 1.35:
   one counter per GPU; each GPU device consumes its GPU's counter and a group device its
   members', so a GPU is never handed out twice. Groups are the aligned 2- and 4-blocks of
   each link group in index order and the whole group when its size is 2, 4 or 8, so
-  that pairs do not straddle quads (SPEC §3 rule 3).
+  that pairs do not straddle quads (SPEC §3 rule 3). A node with no group device (no
+  links, VFs, sGPU, groups off) publishes no counters either. Off unless asked for
+  (``group_devices_wanted``).
 * **sGPU** (``DRAConsumableCapacity``; the node's ``gpuk8s.io/sharing-mode`` is ``sgpu``):
   each GPU device allows multiple allocations and offers consumable ``vcore`` (percent,
   1-100), ``vmemory`` (MiB steps) and ``shares`` (16 slots, one per allocation), the
@@ -23,7 +25,8 @@ Two optional shapes, each needing an alpha feature of Kubernetes 1.35:
 Unhealthy devices carry a ``NoSchedule`` taint (``DRADeviceTaints``) or are left out.
 
 Device order inside a slice is the order the scheduler's first-fit allocator tries
-(``steering_order``). Pure: stdlib only, Python 3.8+.
+(``steering_order``); ``node_slices`` is what gpu-dra publishes and ``gpuk8s dra slices``
+prints. Pure: stdlib only, Python 3.8+.
 """
 
 from __future__ import annotations
@@ -59,6 +62,18 @@ GROUP_DEVICE_MODES = ("auto", "on", "off")
 # has the fix): with group devices published, a claim with matchAttribute that meets a
 # partly used link group first never gets the whole group behind it
 GROUPS_SAFE_FROM = (1, 36, 3)
+# and they do not scale: measured with the real kube-scheduler 1.35.4 (issue 51,
+# benchmarks/dra.py), DRA claims schedule at 1.7 pods/s on 200 nodes and 0.17 on 500 with
+# group devices published, against 52.8 and 20.6 with GPUs only (the allocator brings every
+# node's sharedCounters slice into every node's Filter). No release has been measured to
+# do better, so ``auto`` keeps them off everywhere; the first release measured at >= half
+# the GPUs-only rate at 500 nodes goes here.
+GROUPS_SCALE_FROM: tuple[int, int, int] | None = None
+GROUPS_SCALE_WHY = (
+    "with group devices kube-scheduler 1.35.4 scheduled DRA claims at 1.7 pods/s on 200 "
+    "nodes and 0.17 on 500, against 52.8 and 20.6 without them, and no later release has "
+    "been measured (docs/dra.md, Flags)"
+)
 DRA_SHARING_MODES = (MODE_EXCLUSIVE, MODE_SGPU)
 
 # attribute and capacity names (the driver's domain is implied)
@@ -142,23 +157,29 @@ def kube_version(git_version: str) -> tuple[int, int, int] | None:
 
 def group_devices_wanted(mode: str, git_version: str | None) -> tuple[bool, str | None]:
     """``--group-devices``: (publish group devices?, why not, where ``auto`` said no).
-    ``auto`` publishes them where the cluster's Kubernetes (``git_version``, the API
-    server's; None: unknown) has the allocator that releases a rejected device's counters
-    (``GROUPS_SAFE_FROM``)."""
+    ``auto`` publishes them only where the cluster's Kubernetes (``git_version``, the API
+    server's; None: unknown) both allocates them correctly (``GROUPS_SAFE_FROM``) and was
+    measured to schedule with them at scale (``GROUPS_SCALE_FROM``: no release yet, so
+    ``auto`` is off everywhere today)."""
     if mode not in GROUP_DEVICE_MODES:
         raise DraError(f"group-devices: {mode!r} is not one of {', '.join(GROUP_DEVICE_MODES)}")
     if mode != "auto":
         return mode == "on", None
     version = kube_version(git_version or "")
-    safe = ".".join(str(n) for n in GROUPS_SAFE_FROM)
-    if version is not None and version >= GROUPS_SAFE_FROM:
+    scales = GROUPS_SCALE_FROM is not None and version is not None and \
+        version >= GROUPS_SCALE_FROM
+    if scales and version is not None and version >= GROUPS_SAFE_FROM:
         return True, None
     seen = f"Kubernetes {git_version}" if version is not None else \
         "the cluster's Kubernetes version could not be read"
-    return False, (f"group devices off ({seen}): kube-scheduler before {safe} keeps the "
-                   "counters of a device a constraint rejected (kubernetes/kubernetes#140436), "
-                   "so a claim with matchAttribute could miss a free link group; "
-                   "--group-devices on (chart gpuDra.groupDevices: true) publishes them anyway")
+    why = [] if scales else [GROUPS_SCALE_WHY]
+    if version is None or version < GROUPS_SAFE_FROM:
+        safe = ".".join(str(n) for n in GROUPS_SAFE_FROM)
+        why.append(f"kube-scheduler before {safe} keeps the counters of a device a constraint "
+                   "rejected (kubernetes/kubernetes#140436), so a claim with matchAttribute "
+                   "could miss a free link group")
+    return False, (f"group devices off ({seen}): {'; and '.join(why)}; --group-devices on "
+                   "(chart gpuDra.groupDevices: true) publishes them anyway")
 
 
 def _str(value: str) -> dict[str, Any]:
@@ -232,13 +253,15 @@ def _sgpu_capacity(mib: int | None) -> dict[str, dict[str, Any]]:
     return cap
 
 
-def unit_devices(inventory: NodeInventory, options: PoolOptions) -> list[DraDevice]:
-    """One device per allocatable unit, in unit order."""
+def unit_devices(inventory: NodeInventory, options: PoolOptions,
+                 counted: bool = False) -> list[DraDevice]:
+    """One device per allocatable unit, in unit order; each GPU consumes its counter when
+    ``counted`` (the pool has group devices)."""
     units = units_for_inventory(inventory)
     has_vfs = any(u.vf is not None for u in units)
     if options.sharing == MODE_SGPU and has_vfs:
         raise DraError("sharing-mode sgpu: the node has VFs (VFs cannot be shared)")
-    counters = options.groups and options.sharing == MODE_EXCLUSIVE and not has_vfs
+    counters = counted and options.sharing == MODE_EXCLUSIVE and not has_vfs
     out: list[DraDevice] = []
     for position, unit in enumerate(units):
         gpu = inventory.gpu(unit.gpu)
@@ -335,8 +358,10 @@ def group_devices(inventory: NodeInventory, options: PoolOptions) -> list[DraDev
 
 
 def pool_devices(inventory: NodeInventory, options: PoolOptions) -> list[DraDevice]:
-    """Every device of the node's pool: units first, then group devices."""
-    devices = unit_devices(inventory, options) + group_devices(inventory, options)
+    """Every device of the node's pool: units first, then group devices. The units consume
+    counters only where there are group devices: a node without links publishes none."""
+    groups = group_devices(inventory, options)
+    devices = unit_devices(inventory, options, counted=bool(groups)) + groups
     for device in devices:
         if not _DNS_LABEL.match(device.name):
             raise DraError(f"device name {device.name!r} is not a DNS label")
@@ -430,6 +455,28 @@ def build_slices(
         out.append({"apiVersion": API_VERSION, "kind": "ResourceSlice",
                     "metadata": {"name": slice_name(node, part)}, "spec": spec})
     return out
+
+
+def node_slices(
+    node: str,
+    inventory: NodeInventory,
+    options: PoolOptions,
+    *,
+    generation: int = 1,
+    unhealthy: Mapping[int, str] | None = None,
+    busy: Sequence[int] = (),
+    topology: Topology | None = None,
+) -> list[dict[str, Any]]:
+    """What gpu-dra publishes for the node: ``build_slices`` with the devices in
+    ``steering_order`` for the GPUs in use (``busy``, GPU indices held by prepared claims)
+    and the unhealthy ones. ``topology``: the node's, when the caller keeps it."""
+    sick = dict(unhealthy or {})
+    if topology is None:
+        topology = Topology.from_inventory(inventory, units_for_inventory(inventory))
+    order = steering_order(topology, pool_devices(inventory, options),
+                           sorted(set(busy) | set(sick)))
+    return build_slices(node, inventory, options, generation=generation, unhealthy=sick,
+                        order=[d.name for d in order])
 
 
 def device_index(inventory: NodeInventory, options: PoolOptions) -> dict[str, DraDevice]:

@@ -6,7 +6,9 @@ For each claim the kubelet names (namespace, name, UID) the driver
    asks again after its own or the plugin's restart, and for every pod sharing a claim);
 2. reads the ResourceClaim from the API server (its UID must match) and takes the results
    of its allocation for this driver and this node's pool;
-3. refuses a device that is unknown or unhealthy now (the kubelet retries; the pod waits);
+3. refuses a device that is unknown or unhealthy now, or already prepared for another
+   claim (a GPU, VF or group member another claim holds, unless both are sGPU shares of
+   it; the kubelet retries, the pod waits);
 4. writes the claim's CDI spec (``core.cdi.build_claim_spec``: each allocated device's
    device nodes; once per container the control devices, the optional SDK mounts and the
    claim's environment -- visible devices, ``GPUK8S_DEVICE_IDS``, sGPU limits), checked by
@@ -224,6 +226,7 @@ class Driver:
                                    f"node's (pool {self.node})")
             self._check_health(device)
             chosen.append((result, device))
+        self._check_not_held(ref, [d for _, d in chosen])
         units = self.devices.in_host_order([u for _, d in chosen for u in d.units])
         gpus = tuple(sorted({u.gpu for u in units}))
         env = self.devices.device_env(units)
@@ -260,6 +263,25 @@ class Driver:
             reason = self.devices.reason(unit.id)
             if reason is not None:
                 raise PrepareError(f"device {device.name} is unhealthy: {reason}")
+
+    def _check_not_held(self, ref: ClaimRef, devices: Sequence[DraDevice]) -> None:
+        """Refuse a device whose GPU, VF or group member another prepared claim holds
+        (sGPU shares of one GPU may be held by many claims)."""
+        wanted = {u.id: d for d in devices if not d.shared for u in d.units}
+        for uid, other in self.checkpoint.claims().items():
+            if uid == ref.uid:
+                continue
+            for prepared in other.devices:
+                held = self.index.get(prepared.device)
+                if held is None or held.shared:
+                    continue
+                clash = next((wanted[u.id] for u in held.units if u.id in wanted), None)
+                if clash is not None:
+                    raise PrepareError(
+                        f"device {clash.name} of claim {ref.namespace}/{ref.name} (UID "
+                        f"{ref.uid}) is already prepared for claim {other.namespace}/"
+                        f"{other.name} (UID {uid}, device {held.name}) on this node; it is "
+                        "prepared once that claim is unprepared")
 
     def _write_spec(self, ref: ClaimRef, names: list[tuple[str, tuple[Unit, ...]]],
                     env: dict[str, str]) -> str:

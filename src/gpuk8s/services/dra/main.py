@@ -112,9 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-devices", choices=GROUP_DEVICE_MODES,
                    default=env.get("GROUP_DEVICES", "auto"),
                    help="publish link-complete 2/4/8-GPU group devices (needs the "
-                        "DRAPartitionableDevices feature gate): on, off, or auto: on where "
-                        "the API server is Kubernetes >= 1.36.3, whose scheduler allocates "
-                        "them correctly next to matchAttribute claims (default auto)")
+                        "DRAPartitionableDevices feature gate): on, off, or auto: on only "
+                        "where the API server's release was measured to schedule them at "
+                        "scale, none yet (default auto; docs/dra.md, Flags)")
     p.add_argument("--unhealthy-devices", choices=UNHEALTHY_MODES, default="taint",
                    help="taint unhealthy devices NoSchedule (needs DRADeviceTaints) or "
                         "remove them from the slice (default taint; falls back to remove "

@@ -1,7 +1,8 @@
 """ResourceSlices of this node's pool, kept in line with discovery, health and use.
 
-The wanted slices come from ``core.dra.build_slices``: the devices, unhealthy ones tainted
-(or left out), in ``core.dra.steering_order`` for the GPUs prepared claims hold now. A
+The wanted slices come from ``core.dra.node_slices`` (what ``gpuk8s dra slices`` prints):
+the devices, unhealthy ones tainted (or left out), in ``core.dra.steering_order`` for the
+GPUs prepared claims hold now. A
 sync lists this driver's slices of this node, creates, updates (``resourceVersion``
 checked by the API server) and deletes until they match. The pool generation goes up
 whenever anything but the device order changes (the scheduler then ignores the older
@@ -27,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
-from ...core.dra import DRIVER, PoolOptions, build_slices, pool_devices, steering_order
+from ...core.dra import DRIVER, PoolOptions, node_slices
 from ...core.errors import GpuK8sError
 from ...core.model import NodeInventory
 from ...core.topology import Topology, units_for_inventory
@@ -168,11 +169,9 @@ class SlicePublisher:
         self._watch_stop = threading.Event()
 
     def wanted(self, generation: int) -> list[dict[str, Any]]:
-        sick = dict(self.unhealthy())
-        devices = pool_devices(self.inventory, self.options)
-        order = steering_order(self.topology, devices, sorted(self.busy() | set(sick)))
-        slices = build_slices(self.node, self.inventory, self.options, generation=generation,
-                              unhealthy=sick, order=[d.name for d in order])
+        slices = node_slices(self.node, self.inventory, self.options, generation=generation,
+                             unhealthy=self.unhealthy(), busy=sorted(self.busy()),
+                             topology=self.topology)
         if self.node_uid:
             for body in slices:
                 body["metadata"]["ownerReferences"] = [{

@@ -5,9 +5,28 @@ host path that outlives the pod), rewritten atomically (temp file + rename) afte
 change, before the kubelet is answered: a plugin that dies half-way either has the claim
 recorded with its CDI spec written, or not at all (and the kubelet asks again).
 
-A file that cannot be read is moved aside (``checkpoint.json.corrupt``), never deleted,
-and the plugin starts with no prepared claims: ``NodePrepareResources`` prepares them
-again and ``NodeUnprepareResources`` of an unknown claim still removes its CDI spec.
+Versions, and reading across one release (an upgrade, or a rollback, of gpu-dra must not
+forget the claims prepared on the node)::
+
+    {"format": 1, "version": 2, "claims": {"<claim uid>": {"namespace": ..., "name": ...,
+     "devices": [...], "gpus": [...], "cdiSpec": ...}}}
+
+* ``version`` is the release of this file's layout that wrote it (``VERSION``; absent:
+  1, the first release). ``format`` is the oldest version that can read the file.
+* Within one ``format`` changes are additive only: a release may add keys to the file or
+  to a claim, never rename, drop or reinterpret one. A reader ignores keys it does not
+  know and writes a claim's unknown keys back unchanged, so a rollback followed by an
+  upgrade loses nothing.
+* Version N reads the formats it knows (``READS``). A change that cannot be additive
+  introduces a new ``format`` in two releases: N+1 learns to read it and still writes the
+  old one, N+2 writes it. So version N reads version N-1's files (backwards) and version
+  N+1's (forwards), whatever either changed: two versions one release apart always read
+  each other's files. Version 1 reads exactly ``format`` 1 and ignores the keys it does
+  not know, so it reads this version's files too.
+* A file in a format this version does not know (two releases ahead), or that cannot be
+  read at all, is moved aside (``checkpoint.json.corrupt``), never deleted, and the
+  plugin starts with no prepared claims: ``NodePrepareResources`` prepares them again and
+  ``NodeUnprepareResources`` of an unknown claim still removes its CDI spec.
 """
 
 from __future__ import annotations
@@ -16,7 +35,8 @@ import json
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...host.files import write_json
@@ -24,8 +44,11 @@ from .grpcapi import PreparedDevice
 
 log = logging.getLogger("gpuk8s.dra.state")
 
-FORMAT = 1
+VERSION = 2  # the layout this release writes (2: ``version`` and unknown keys kept)
+FORMAT = 1  # the layout this release writes: the oldest version that reads it
+READS = (1,)  # the formats this release reads
 FILE_NAME = "checkpoint.json"
+_CLAIM_KEYS = ("namespace", "name", "devices", "gpus", "cdiSpec")
 
 
 @dataclass(frozen=True)
@@ -35,9 +58,11 @@ class PreparedClaim:
     devices: tuple[PreparedDevice, ...]
     gpus: tuple[int, ...]  # GPU indices the claim holds (steering, health)
     cdi_spec: str  # the claim's CDI spec file
+    unknown: Mapping[str, Any] = field(default_factory=dict)  # a newer version's keys
 
     def to_json(self) -> dict[str, Any]:
-        return {"namespace": self.namespace, "name": self.name,
+        return {**self.unknown,
+                "namespace": self.namespace, "name": self.name,
                 "devices": [d.to_json() for d in self.devices],
                 "gpus": list(self.gpus), "cdiSpec": self.cdi_spec}
 
@@ -45,7 +70,8 @@ class PreparedClaim:
     def from_json(cls, data: dict[str, Any]) -> PreparedClaim:
         return cls(str(data["namespace"]), str(data["name"]),
                    tuple(PreparedDevice.from_json(d) for d in data["devices"]),
-                   tuple(int(g) for g in data["gpus"]), str(data["cdiSpec"]))
+                   tuple(int(g) for g in data["gpus"]), str(data["cdiSpec"]),
+                   {k: v for k, v in data.items() if k not in _CLAIM_KEYS})
 
 
 class Checkpoint:
@@ -58,8 +84,11 @@ class Checkpoint:
         try:
             with open(self.path, encoding="utf-8") as handle:
                 raw = json.load(handle)
-            if raw.get("format") != FORMAT:
-                raise ValueError(f"format {raw.get('format')!r}, expected {FORMAT}")
+            form = raw.get("format")
+            if isinstance(form, bool) or form not in READS:
+                raise ValueError(f"format {form!r} (written by version "
+                                 f"{raw.get('version', 1)!r}): version {VERSION} reads "
+                                 f"format {', '.join(str(f) for f in READS)}")
             return {uid: PreparedClaim.from_json(c) for uid, c in raw["claims"].items()}
         except FileNotFoundError:
             return {}
@@ -74,7 +103,7 @@ class Checkpoint:
             return {}
 
     def _save(self, claims: dict[str, PreparedClaim]) -> None:
-        write_json(self.path, {"format": FORMAT,
+        write_json(self.path, {"format": FORMAT, "version": VERSION,
                                "claims": {uid: c.to_json() for uid, c in claims.items()}},
                    mode=0o600)
 

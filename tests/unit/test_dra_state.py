@@ -1,0 +1,82 @@
+"""gpu-dra's checkpoint across one release each way (``services.dra.state``): this version
+reads what version 1 wrote and what the next version may write, and version 1's reader
+reads what this version writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gpuk8s.services.dra import state
+from gpuk8s.services.dra.grpcapi import PreparedDevice
+from gpuk8s.services.dra.state import Checkpoint, PreparedClaim
+
+DEVICE = {"requests": ["gpus"], "pool": "n1", "device": "gpu-3",
+          "cdiDeviceIds": ["gpu.metax-tech.com/claim=u1-0-gpu-3"]}
+CLAIM = {"namespace": "team", "name": "train", "devices": [DEVICE], "gpus": [3],
+         "cdiSpec": "/var/run/cdi/gpu.metax-tech.com-claim_u1.json"}
+
+
+def _write(directory: Path, body: dict[str, Any]) -> None:
+    (directory / state.FILE_NAME).write_text(json.dumps(body))
+
+
+def _read(directory: Path) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads((directory / state.FILE_NAME).read_text())
+    return body
+
+
+def version1_reads(body: dict[str, Any]) -> dict[str, tuple[str, str, list[str], list[int]]]:
+    """What gpu-dra version 1 (the first release) loads from a file: it wants format 1 and
+    reads these keys, ignoring any other (its ``_load`` and ``from_json``, verbatim in
+    effect); anything else it moves aside."""
+    if body.get("format") != 1:
+        raise ValueError(f"format {body.get('format')!r}, expected 1")
+    return {uid: (str(c["namespace"]), str(c["name"]),
+                  [str(d["device"]) for d in c["devices"]], [int(g) for g in c["gpus"]])
+            for uid, c in body["claims"].items()}
+
+
+def test_this_version_reads_version_1s_file(tmp_path: Path) -> None:
+    """Backwards: a file exactly as version 1 wrote it (no ``version`` key)."""
+    _write(tmp_path, {"format": 1, "claims": {"u1": CLAIM}})
+    got = Checkpoint(str(tmp_path)).get("u1")
+    assert got is not None and got.devices[0].device == "gpu-3" and got.gpus == (3,)
+    assert not (tmp_path / "checkpoint.json.corrupt").exists()
+
+
+def test_version_1_reads_what_this_version_writes(tmp_path: Path) -> None:
+    """A rollback to version 1 keeps every prepared claim."""
+    point = Checkpoint(str(tmp_path))
+    point.put("u1", PreparedClaim.from_json(dict(CLAIM)))
+    body = _read(tmp_path)
+    assert (body["format"], body["version"]) == (1, state.VERSION)
+    assert version1_reads(body) == {"u1": ("team", "train", ["gpu-3"], [3])}
+
+
+def test_this_version_reads_the_next_versions_file_and_keeps_its_keys(tmp_path: Path) -> None:
+    """Forwards: the next version adds keys (to the file and to a claim); this one reads
+    the claims, and writes the claim's new keys back, so a rollback then an upgrade loses
+    nothing."""
+    newer = dict(CLAIM, preparedAt="2026-12-07T10:00:00Z", driverState={"x": 1})
+    _write(tmp_path, {"format": 1, "version": state.VERSION + 1, "checksum": 7,
+                      "claims": {"u1": newer}})
+    point = Checkpoint(str(tmp_path))
+    assert point.get("u1") is not None
+    point.put("u2", PreparedClaim("team", "other", (PreparedDevice(
+        ("gpus",), "n1", "gpu-4", ("gpu.metax-tech.com/claim=u2-0-gpu-4",)),), (4,), "/x"))
+    kept = _read(tmp_path)["claims"]["u1"]
+    assert kept["preparedAt"] == "2026-12-07T10:00:00Z" and kept["driverState"] == {"x": 1}
+    assert Checkpoint(str(tmp_path)).claims().keys() == {"u1", "u2"}
+
+
+def test_a_format_this_version_does_not_know_is_moved_aside(tmp_path: Path) -> None:
+    """Two releases ahead (a new format) or not a format at all: moved aside, never
+    deleted, and the plugin starts empty."""
+    for form in (2, "1", None, True):
+        text = json.dumps({"format": form, "version": 3, "claims": {"u1": CLAIM}})
+        (tmp_path / state.FILE_NAME).write_text(text)
+        assert Checkpoint(str(tmp_path)).claims() == {}, form
+        assert (tmp_path / "checkpoint.json.corrupt").read_text() == text
+        assert not (tmp_path / state.FILE_NAME).exists()
