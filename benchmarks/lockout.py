@@ -127,17 +127,21 @@ class Attack:
 
 
 def scheduler(port: int, context: ssl.SSLContext | None, requests: int, new_every: int,
-              deadline: float) -> tuple[list[float], int]:
+              deadline: float, pace: float = 0.0) -> tuple[list[float], int]:
     """kube-scheduler's side: filter requests over a keep-alive connection, a new one every
-    ``new_every``; (latencies of the answered ones in seconds, failures). A failure: no
-    answer, or not a 200."""
+    ``new_every``, one each ``pace`` seconds at most (kube-scheduler sends them as pods
+    come, not back to back); (latencies of the answered ones in seconds, failures). A
+    failure: no answer, or not a 200."""
     latencies: list[float] = []
     failures = 0
     conn: http.client.HTTPConnection | None = None
+    start = time.perf_counter()
     for index in range(requests):
         if time.monotonic() > deadline:
             failures += requests - index
             break
+        if pace > 0 and index:
+            time.sleep(max(0.0, pace - (time.perf_counter() - start)))
         start = time.perf_counter()
         try:
             if conn is None or index % new_every == 0:
@@ -211,11 +215,13 @@ def run_mode(mode: str, args: argparse.Namespace, say: Callable[[str], None]) ->
         try:
             port = parent.recv()
             quiet = scheduler(port, context, args.requests, args.new_every,
-                              time.monotonic() + args.seconds)
+                              time.monotonic() + args.seconds, args.pace)
             attack = Attack(port, args.slow, args.addresses, plain=mode == "plain").start()
-            time.sleep(1.0)  # the slow connections in place
+            ramp = time.monotonic() + 10.0  # the slow connections in place (or refused)
+            while attack.opened + attack.connect_errors < args.slow and time.monotonic() < ramp:
+                time.sleep(0.1)
             loud = scheduler(port, context, args.requests, args.new_every,
-                             time.monotonic() + args.seconds)
+                             time.monotonic() + args.seconds, args.pace)
             attack.stop()
             parent.send("counters?")
             counters = parent.recv()
@@ -243,6 +249,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--new-every", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--pace", type=float, default=0.02,
+                        help="seconds between the scheduler's requests (default 0.02: "
+                             "500 requests keep the attack on for 10 s)")
     parser.add_argument("--modes", default="tls,plain")
     args = parser.parse_args()
     if not 1 <= args.addresses <= 200 or not 0 <= args.slow <= 1000:
