@@ -34,6 +34,11 @@ P = "metax-tech.com/"
 
 # minimal values each chart needs to render
 OP_MIN = {"driver": {"payload": {"version": "2.0.0"}}}
+# Under every render's values: the address of kube-scheduler's host, which helm install
+# finds by lookup in a cluster and helm template must be told (gpu-aware's NetworkPolicy
+# fails closed without it); a test of that case passes controlPlaneCIDRs: [] itself.
+SCHEDULER_HOST = "192.0.2.10/32"
+CLUSTER = {"gpuAware": {"networkPolicy": {"controlPlaneCIDRs": [SCHEDULER_HOST]}}}
 
 
 # -- locating tools -----------------------------------------------------------------
@@ -113,7 +118,8 @@ def _render_cached(chart: str, values_json: str, kube_version: str) -> tuple[int
 def render_raw(
     chart: Path, values: dict[str, Any] | None = None, kube_version: str = KUBE_VERSION
 ) -> tuple[int, str, str]:
-    return _render_cached(str(chart), json.dumps(values or {}, sort_keys=True), kube_version)
+    merged = _deep_merge(CLUSTER, values or {})
+    return _render_cached(str(chart), json.dumps(merged, sort_keys=True), kube_version)
 
 
 def render(chart: Path, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -1622,7 +1628,8 @@ def test_kubernetes_version_floor() -> None:
 
 @pytest.mark.parametrize("chart,values", [(EXT, {"deployExtenderGPUAware": True}), (OP, OP_MIN)])
 def test_notes_print_the_verification_commands(chart: Path, values: dict[str, Any]) -> None:
-    proc = run_helm(["install", REL, str(chart), "-n", NS, "--dry-run=client"], values)
+    proc = run_helm(["install", REL, str(chart), "-n", NS, "--dry-run=client"],
+                    _deep_merge(CLUSTER, values))
     assert proc.returncode == 0, proc.stderr
     notes = proc.stdout.split("NOTES:", 1)[1]
     assert f"helm test {REL} -n {NS} --logs" in notes
