@@ -156,6 +156,9 @@ def test_extensions_install_rbac_and_uninstall(
                 # the apiserver (1.35) serves ValidatingAdmissionPolicy
                 f"ValidatingAdmissionPolicy/{rel}-own-node",
                 f"ValidatingAdmissionPolicyBinding/{rel}-own-node",
+                # gpu-device: only the sharing annotation of its own node's pods
+                f"ValidatingAdmissionPolicy/{rel}-own-node-pods",
+                f"ValidatingAdmissionPolicyBinding/{rel}-own-node-pods",
             ]
         )
         ds = apps.read_namespaced_daemon_set("metax-gpu-device", ns)
