@@ -19,7 +19,19 @@ import pytest
 from gpuk8s.services.extender.server import ExtenderHTTPServer, serve_in_thread
 from gpuk8s.services.extender.tls import ServerTls, TlsFiles
 
-from .test_charts import EXT, NS, OP, OP_MIN, container, flags, mounts, objs, render_error, volumes
+from .test_charts import (
+    EXT,
+    NS,
+    OP,
+    OP_MIN,
+    container,
+    flags,
+    mounts,
+    objs,
+    render_error,
+    run_helm,
+    volumes,
+)
 from .test_extender_hostile import extender
 
 ON = {"deployExtenderGPUAware": True}
@@ -112,6 +124,11 @@ def test_network_policy_fails_closed(chart: Path, values: dict[str, Any]) -> Non
         "enabled": False, "controlPlaneCIDRs": []}}})
     assert not off.of("NetworkPolicy")
     assert off.get("Deployment", "gpu-aware")
+    # said on purpose, and said again after the install
+    proc = run_helm(["install", "r", str(chart), "-n", NS, "--dry-run=client"],
+                    {**values, "gpuAware": {"networkPolicy": {"enabled": False}}})
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING: no NetworkPolicy for gpu-aware" in proc.stdout.split("NOTES:", 1)[1]
     # every render that deploys gpu-aware with the policy on has it
     assert len(objs(chart, values).of("NetworkPolicy")) == 1
 
