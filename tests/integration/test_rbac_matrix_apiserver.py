@@ -15,6 +15,10 @@ of another node, or change a Pod in any way other than the annotations it owns; 
 held permission has no row (the rules review finds one the matrix does not try), or a row
 says nothing about what the permission is for. It prints the matrix and compares it with
 docs/security.md; ``GPUK8S_WRITE_DOCS=1`` writes it there instead.
+
+Beside it: the lab's install (the gpu_chart role's values, no kube-scheduler address)
+still renders gpu-aware's NetworkPolicy, which now fails closed, from the control-plane
+Node it finds.
 """
 
 from __future__ import annotations
@@ -457,3 +461,40 @@ def _judge(sa: str, agent: bool, resource: str, verb: str, own: str, other: str,
     if owned and verb == f"patch {owned[0]}={owned[1]}" and own != "yes":
         found.append(f"node agent {sa} may not {verb} on its own node: it cannot work")
     return found
+
+
+def test_the_lab_install_finds_kube_schedulers_host(
+    apiserver: Any, helm: Any, charts: dict[str, str], tmp_path: Path
+) -> None:
+    """The values the gpu_chart role passes on the lab (inventories/lab, lab/install -e
+    gpuk8s_deploy_gpu_aware=true) name no kube-scheduler host: the install finds the lab's
+    Node (lab/up labels it control-plane; it has an InternalIP and no pod CIDR) and the
+    NetworkPolicy admits it; without such a Node the same values are refused, naming the
+    value to set."""
+    import yaml
+
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({  # roles/gpu_chart/vars/main.yml gpu_chart_values
+        "registry": "127.0.0.1:5000/gpuk8s", "pullPolicy": "IfNotPresent",
+        "hostPaths": {"root": "/var/lib/gpuk8s-lab/simroot",
+                      "extraReadPaths": ["/var/lib/gpuk8s-sim"]},
+        "deployExtenderGPUAware": True,
+        "gpuExporter": {"enabled": False, "port": 9400, "interval": 10}}))
+    install = ("install", "lab", charts["metax-gpu-extensions"], "-n", "lab-like",
+               "--create-namespace", "-f", str(values), "--dry-run=server")
+    refused = helm(*install, check=False)
+    assert refused.returncode != 0
+    assert "gpuAware.networkPolicy.controlPlaneCIDRs" in refused.stderr
+    core = apiserver.core()
+    core.create_node({"metadata": {"name": "lab-like", "labels": {
+        "node-role.kubernetes.io/control-plane": ""}}})
+    try:
+        core.patch_node_status("lab-like", {"status": {"addresses": [
+            {"type": "InternalIP", "address": "192.0.2.44"}]}})
+        out = helm(*install).stdout
+        [policy] = [d for d in yaml.safe_load_all(out.split("MANIFEST:")[1].split("NOTES:")[0])
+                    if d and d.get("kind") == "NetworkPolicy"]
+        [extender] = policy["spec"]["ingress"]
+        assert extender["from"] == [{"ipBlock": {"cidr": "192.0.2.44/32"}}]
+    finally:
+        core.delete_node("lab-like")
