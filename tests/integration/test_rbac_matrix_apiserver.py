@@ -342,6 +342,16 @@ def _rows(api: Any, admin: Any, ns: str, sa: str, names: dict[str, str],
                           for where in ("own", "other"))
             if (own, other) != ("-", "-"):
                 rows.append((resource, verb, own, other))
+    if node_agent and any(r[:2] == ("resourceslices", "create") for r in rows):
+        # a slice of one node in the pool of the other (pools are named after their node)
+        own, other = (_verdict(*_call(api, "POST", "/apis/resource.k8s.io/v1/resourceslices",
+                                      query=[("dryRun", "All")], body={
+                                          **_slice({"generateName": "crossed-"}, node),
+                                          "spec": {**_slice({}, node)["spec"], "pool": {
+                                              "name": pool, "generation": 9,
+                                              "resourceSliceCount": 1}}}))
+                      for node, pool in ((NODE_A, NODE_B), (NODE_B, NODE_A)))
+        rows.append(("resourceslices", "create in the other node's pool", own, other))
     if node_agent and any(r[:2] == ("pods", "patch") for r in rows):
         # the Pod fields: the annotation it owns, and one it does not (the image)
         key, value = OWNED_POD_ANNOTATIONS.get(sa, ("gpuk8s.io/matrix", "x"))
@@ -454,6 +464,8 @@ def _judge(sa: str, agent: bool, resource: str, verb: str, own: str, other: str,
     write = verb.split(" ")[0] in WRITES
     if write and base in NODE_SCOPED and other == "yes":
         found.append(f"node agent {sa} may {verb} {resource} of another node")
+    if verb.endswith("the other node's pool") and "yes" in (own, other):
+        found.append(f"node agent {sa} may {verb} ({resource})")
     owned = OWNED_POD_ANNOTATIONS.get(sa)
     if base == "pods" and write and own == "yes" and not (
             owned and verb == f"patch {owned[0]}={owned[1]}"):
