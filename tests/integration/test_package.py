@@ -391,6 +391,8 @@ def test_helm_push_both_charts_and_install_from_the_registry(
             "driver.payload.version=2.0.0",
             "--set",
             "deployExtenderGPUAware=true",
+            "--set",  # no cluster to find kube-scheduler's host in: name one
+            "gpuAware.networkPolicy.controlPlaneCIDRs={192.0.2.10/32}",
             "--set",
             "gpuDra.enabled=true",  # every image the package carries is rendered
         ],

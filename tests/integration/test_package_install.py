@@ -21,6 +21,9 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "1.2.3"  # the version the `charts` fixture packages (conftest.py)
+# kube-scheduler's host: this API server has no control-plane Node for the chart to find,
+# and gpu-aware's NetworkPolicy fails closed without one
+SCHEDULER_HOST = ("--set", "gpuAware.networkPolicy.controlPlaneCIDRs={192.0.2.10/32}")
 
 
 def _clients(apiserver: Any) -> tuple[Any, Any, Any, Any]:
@@ -106,6 +109,7 @@ def test_extensions_install_rbac_and_uninstall(
         "--create-namespace",
         "--set",
         "deployExtenderGPUAware=true",
+        *SCHEDULER_HOST,
         "--dry-run=server",
     )
     helm(
@@ -117,6 +121,7 @@ def test_extensions_install_rbac_and_uninstall(
         "--create-namespace",
         "--set",
         "deployExtenderGPUAware=true",
+        *SCHEDULER_HOST,
         "--set",
         "registry=reg.local/metax",
     )
@@ -130,8 +135,8 @@ def test_extensions_install_rbac_and_uninstall(
                 "Deployment/gpu-aware",
                 "Service/gpu-aware",
                 "ConfigMap/gpu-aware-plugin",
-                # TLS between kube-scheduler and gpu-aware (no NetworkPolicy: no
-                # control-plane node in this API server to admit)
+                # TLS between kube-scheduler and gpu-aware, and who may call it
+                "NetworkPolicy/gpu-aware",
                 "Secret/gpu-aware-ca",
                 "Secret/gpu-aware-tls",
                 "Secret/gpu-aware-scheduler-client",
@@ -151,6 +156,9 @@ def test_extensions_install_rbac_and_uninstall(
                 # the apiserver (1.35) serves ValidatingAdmissionPolicy
                 f"ValidatingAdmissionPolicy/{rel}-own-node",
                 f"ValidatingAdmissionPolicyBinding/{rel}-own-node",
+                # gpu-device: only the sharing annotation of its own node's pods
+                f"ValidatingAdmissionPolicy/{rel}-own-node-pods",
+                f"ValidatingAdmissionPolicyBinding/{rel}-own-node-pods",
             ]
         )
         ds = apps.read_namespaced_daemon_set("metax-gpu-device", ns)
@@ -369,7 +377,7 @@ def test_upgrade_keeps_live_weights_unless_the_chart_changes_them(
     ns, rel = "metax-gpu-weights", "w"
     chart = charts["metax-gpu-extensions"]
     helm("install", rel, chart, "-n", ns, "--create-namespace", "--set",
-         "deployExtenderGPUAware=true")
+         "deployExtenderGPUAware=true", *SCHEDULER_HOST)
     core, _apps, _rbac, _authz = _clients(apiserver)
     def weights() -> dict[str, str]:
         return dict(core.read_namespaced_config_map("gpu-aware-plugin", ns).data)
@@ -379,17 +387,20 @@ def test_upgrade_keeps_live_weights_unless_the_chart_changes_them(
         core.patch_namespaced_config_map("gpu-aware-plugin", ns, {"data": {"lossWeight": "3"}},
                                          field_manager="kubectl-edit")
         out = helm("upgrade", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true",
+                 *SCHEDULER_HOST,
                    "--set", "log.level=debug").stdout
         assert weights() == {"scoreWeight": "1", "lossWeight": "3"}, "the live edit was lost"
         assert "gpuAware.lossWeight: the live edit 3 stays (the chart's 1 is unchanged" in out
         # the chart changes the weight nobody edited: it applies, without a conflict
         helm("upgrade", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true",
+                 *SCHEDULER_HOST,
              "--set", "gpuAware.scoreWeight=5")
         assert weights() == {"scoreWeight": "5", "lossWeight": "3"}
         # the chart changes the edited one: its new value is what the chart applies. helm 4
         # applies server-side, where the edit's field manager owns the key: the upgrade
         # stops, naming the field and the manager, and changes nothing...
         seven = ("upgrade", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true",
+                 *SCHEDULER_HOST,
                  "--set", "gpuAware.scoreWeight=5", "--set", "gpuAware.lossWeight=7")
         refused = helm(*seven, check=False)
         assert refused.returncode != 0
@@ -405,6 +416,7 @@ def test_upgrade_keeps_live_weights_unless_the_chart_changes_them(
         core.patch_namespaced_config_map("gpu-aware-plugin", ns, {"data": {"lossWeight": "9"}},
                                          field_manager="kubectl-edit")
         helm("upgrade", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true",
+                 *SCHEDULER_HOST,
              "--set", "gpuAware.scoreWeight=5", "--set", "gpuAware.lossWeight=7")
         assert weights() == {"scoreWeight": "5", "lossWeight": "9"}
     finally:
@@ -413,11 +425,13 @@ def test_upgrade_keeps_live_weights_unless_the_chart_changes_them(
     # helm 3 (what the playbooks' kubernetes.core.helm runs) patches client-side: the new
     # chart value applies at once
     helm3 = _helm_as(apiserver, _helm3())
-    helm3("install", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true")
+    helm3("install", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true",
+          *SCHEDULER_HOST)
     try:
         core.patch_namespaced_config_map("gpu-aware-plugin", ns, {"data": {"lossWeight": "3"}},
                                          field_manager="kubectl-edit")
         out = helm3("upgrade", rel, chart, "-n", ns, "--set", "deployExtenderGPUAware=true",
+                 *SCHEDULER_HOST,
                     "--set", "gpuAware.lossWeight=7").stdout
         assert weights() == {"scoreWeight": "1", "lossWeight": "7"}
         assert "gpuAware.lossWeight: the chart's new value 7 replaced the live edit 3" in out
@@ -493,11 +507,13 @@ def test_gpu_aware_certificates_are_kept_renewed_and_only_the_control_plane_admi
         assert not _verify(tmp_path, server["client-ca.crt"], server["tls.crt"])
         assert int(server_notes["metax-tech.com/not-after"]) > time.time() + 360 * 86400
         policy = net.read_namespaced_network_policy("gpu-aware", ns)
-        extender, health = policy.spec.ingress
+        # the health port: only from the node (the kubelet), which NetworkPolicy always admits
+        [extender] = policy.spec.ingress
         assert [p.port for p in extender.ports] == [8080]
+        # the node's address and its host's CNI gateway and tunnel addresses, never the
+        # pod CIDR (its pods are not kube-scheduler)
         assert sorted(f.ip_block.cidr for f in extender._from) == [
-            "10.244.7.0/24", "192.0.2.10/32"]
-        assert [p.port for p in health.ports] == [8081] and health._from is None
+            "10.244.7.0/32", "10.244.7.1/32", "192.0.2.10/32"]
         # an upgrade keeps everything...
         helm("upgrade", rel, chart, "-n", ns, *on, "--set", "log.level=debug")
         assert _secret(core, ns, "gpu-aware-tls")[0] == server

@@ -34,6 +34,11 @@ P = "metax-tech.com/"
 
 # minimal values each chart needs to render
 OP_MIN = {"driver": {"payload": {"version": "2.0.0"}}}
+# Under every render's values: the address of kube-scheduler's host, which helm install
+# finds by lookup in a cluster and helm template must be told (gpu-aware's NetworkPolicy
+# fails closed without it); a test of that case passes controlPlaneCIDRs: [] itself.
+SCHEDULER_HOST = "192.0.2.10/32"
+CLUSTER = {"gpuAware": {"networkPolicy": {"controlPlaneCIDRs": [SCHEDULER_HOST]}}}
 
 
 # -- locating tools -----------------------------------------------------------------
@@ -113,7 +118,8 @@ def _render_cached(chart: str, values_json: str, kube_version: str) -> tuple[int
 def render_raw(
     chart: Path, values: dict[str, Any] | None = None, kube_version: str = KUBE_VERSION
 ) -> tuple[int, str, str]:
-    return _render_cached(str(chart), json.dumps(values or {}, sort_keys=True), kube_version)
+    merged = _deep_merge(CLUSTER, values or {})
+    return _render_cached(str(chart), json.dumps(merged, sort_keys=True), kube_version)
 
 
 def render(chart: Path, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -1575,7 +1581,8 @@ def test_node_agents_may_patch_only_their_own_node(chart: Path, values: dict[str
     proc = run_helm(["template", REL, str(chart), "-n", NS, "--kube-version", KUBE_VERSION,
                      "--api-versions", VAP_API], values)
     assert proc.returncode == 0, proc.stderr
-    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d
+            and d["metadata"]["name"] == f"{REL}-own-node"]
     [policy] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
     [binding] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert binding["spec"] == {"policyName": policy["metadata"]["name"],
@@ -1597,6 +1604,46 @@ def test_node_agents_may_patch_only_their_own_node(chart: Path, values: dict[str
     assert patchers - set(agents) <= {"operator-controller"}, patchers
     # without the API (older clusters, plain `helm template`) nothing is rendered
     assert not objs(chart, values).of("ValidatingAdmissionPolicy")
+
+
+@pytest.mark.parametrize(("chart", "values", "policies"), [
+    (EXT, {}, {"own-node-pods": ["gpu-device"]}),
+    (OP, OP_MIN, {"own-node-pods": ["gpu-device"],
+                  "own-node-events": ["driver-manager", "container-runtime"]}),
+], ids=["ext", "op"])
+def test_node_agents_may_change_only_their_own_nodes_pods_and_events(
+        chart: Path, values: dict[str, Any], policies: dict[str, list[str]]) -> None:
+    """Issue 50: gpu-device's pod patch (GPU sharing) and the node agents' Events are
+    held to their own node by policies keyed on the token's node, as the Node policy is;
+    their effect is tried on a real API server (tests/integration/test_rbac_matrix_apiserver.py)."""
+    proc = run_helm(["template", REL, str(chart), "-n", NS, "--kube-version", KUBE_VERSION,
+                     "--api-versions", VAP_API], _deep_merge(values, {"gpuDevice": {
+                         "sharing": True}}))
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    for name, agents in policies.items():
+        [policy] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"
+                    and d["metadata"]["name"] == f"{REL}-{name}"]
+        [binding] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"
+                     and d["metadata"]["name"] == f"{REL}-{name}"]
+        assert binding["spec"] == {"policyName": f"{REL}-{name}", "validationActions": ["Deny"]}
+        spec = policy["spec"]
+        assert spec["failurePolicy"] == "Fail"
+        [condition] = spec["matchConditions"]
+        for agent in agents:
+            assert f"system:serviceaccount:{NS}:{agent}" in condition["expression"]
+        checks = " ".join(v["expression"] for v in spec["validations"])
+        assert "authentication.kubernetes.io/node-name" in checks + json.dumps(
+            spec.get("variables"))
+    # every node agent that may write Pods or Events is in a policy
+    rendered = objs(chart, _deep_merge(values, {"gpuDevice": {"sharing": True}}))
+    agents_of = {d["spec"]["template"]["spec"]["serviceAccountName"]
+                 for d in rendered.of("DaemonSet")}
+    for resource, name in (("pods", "own-node-pods"), ("events", "own-node-events")):
+        writers = {sa for sa, rules in _rules_by_subject(rendered).items()
+                   if any(p[1] == resource and p[2] in ("create", "patch", "update")
+                          for p in _permissions(rules))}
+        assert writers & agents_of <= set(policies.get(name, [])), (resource, writers)
 
 
 @pytest.mark.parametrize("chart,values,needles", BAD_VALUES)
@@ -1622,7 +1669,8 @@ def test_kubernetes_version_floor() -> None:
 
 @pytest.mark.parametrize("chart,values", [(EXT, {"deployExtenderGPUAware": True}), (OP, OP_MIN)])
 def test_notes_print_the_verification_commands(chart: Path, values: dict[str, Any]) -> None:
-    proc = run_helm(["install", REL, str(chart), "-n", NS, "--dry-run=client"], values)
+    proc = run_helm(["install", REL, str(chart), "-n", NS, "--dry-run=client"],
+                    _deep_merge(CLUSTER, values))
     assert proc.returncode == 0, proc.stderr
     notes = proc.stdout.split("NOTES:", 1)[1]
     assert f"helm test {REL} -n {NS} --logs" in notes

@@ -19,7 +19,19 @@ import pytest
 from gpuk8s.services.extender.server import ExtenderHTTPServer, serve_in_thread
 from gpuk8s.services.extender.tls import ServerTls, TlsFiles
 
-from .test_charts import EXT, NS, OP, OP_MIN, container, flags, mounts, objs, render_error, volumes
+from .test_charts import (
+    EXT,
+    NS,
+    OP,
+    OP_MIN,
+    container,
+    flags,
+    mounts,
+    objs,
+    render_error,
+    run_helm,
+    volumes,
+)
 from .test_extender_hostile import extender
 
 ON = {"deployExtenderGPUAware": True}
@@ -98,22 +110,46 @@ def test_plain_http_is_an_explicit_option() -> None:
     assert c["readinessProbe"]["httpGet"]["port"] == "health"
 
 
-def test_network_policy_admits_only_the_given_control_plane() -> None:
-    # helm template has no cluster to look the control-plane nodes up in: no policy
-    # rather than one that locks kube-scheduler out
-    assert not objs(EXT, ON).of("NetworkPolicy")
+@pytest.mark.parametrize("chart,values", [(EXT, ON), (OP, {**OP_MIN, **ON})],
+                         ids=["extensions", "operator"])
+def test_network_policy_fails_closed(chart: Path, values: dict[str, Any]) -> None:
+    """helm template has no cluster to look kube-scheduler's hosts up in (issue 50: it
+    rendered no policy then, and the TLS Secrets all the same): the render stops, naming
+    the value to set, unless the policy is turned off on purpose."""
+    unknown = {**values, "gpuAware": {"networkPolicy": {"controlPlaneCIDRs": []}}}
+    err = render_error(chart, unknown)
+    assert "gpuAware.networkPolicy.controlPlaneCIDRs" in err
+    assert "gpuAware.networkPolicy.enabled=false" in err
+    off = objs(chart, {**values, "gpuAware": {"networkPolicy": {
+        "enabled": False, "controlPlaneCIDRs": []}}})
+    assert not off.of("NetworkPolicy")
+    assert off.get("Deployment", "gpu-aware")
+    # said on purpose, and said again after the install
+    proc = run_helm(["install", "r", str(chart), "-n", NS, "--dry-run=client"],
+                    {**values, "gpuAware": {"networkPolicy": {"enabled": False}}})
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING: no NetworkPolicy for gpu-aware" in proc.stdout.split("NOTES:", 1)[1]
+    # every render that deploys gpu-aware with the policy on has it
+    assert len(objs(chart, values).of("NetworkPolicy")) == 1
+
+
+def test_network_policy_admits_only_the_scheduler_hosts() -> None:
     rendered = objs(EXT, {**ON, "gpuAware": {"networkPolicy": {
-        "controlPlaneCIDRs": ["192.0.2.10/32", "10.244.0.0/24"]}}})
+        "controlPlaneCIDRs": ["192.0.2.10/32", "198.51.100.7/32"]}}})
     [policy] = rendered.of("NetworkPolicy")
     assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "gpu-aware"
-    extender_port, health = policy["spec"]["ingress"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    # the extender port from those hosts only; the health port from nobody else (the
+    # kubelet's probes come from the pod's own node, which NetworkPolicy always admits)
+    [extender_port] = policy["spec"]["ingress"]
     assert extender_port["ports"] == [{"port": 8080, "protocol": "TCP"}]
-    assert [f["ipBlock"]["cidr"] for f in extender_port["from"]] == [
-        "10.244.0.0/24", "192.0.2.10/32"]
-    assert health == {"ports": [{"port": 8081, "protocol": "TCP"}]}  # probes, Prometheus
-    off = objs(EXT, {**ON, "gpuAware": {"networkPolicy": {
-        "enabled": False, "controlPlaneCIDRs": ["192.0.2.10/32"]}}})
-    assert not off.of("NetworkPolicy")
+    assert extender_port["from"] == [{"ipBlock": {"cidr": "192.0.2.10/32"}},
+                                     {"ipBlock": {"cidr": "198.51.100.7/32"}}]
+    # Prometheus (/metrics on the health port) where it is said to be
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    scraped = objs(EXT, {**ON, "gpuAware": {"networkPolicy": {"healthFrom": [peer]}}})
+    _extender, health = scraped.get("NetworkPolicy", "gpu-aware")["spec"]["ingress"]
+    assert health == {"ports": [{"port": 8081, "protocol": "TCP"}], "from": [peer]}
 
 
 @pytest.mark.parametrize(
@@ -121,6 +157,8 @@ def test_network_policy_admits_only_the_given_control_plane() -> None:
     [({"tls": {"renewBeforeDays": 400}}, "renewBeforeDays (400) must be less than"),
      ({"healthPort": 8080}, "healthPort"),
      ({"networkPolicy": {"controlPlaneCIDRs": ["10.0.0.1"]}}, "controlPlaneCIDRs"),
+     ({"networkPolicy": {"healthFrom": [{}]}}, "healthFrom"),
+     ({"networkPolicy": {"healthFrom": [{"namespaces": "all"}]}}, "healthFrom"),
      ({"tls": {"enabled": "yes"}}, "enabled")],
 )
 def test_bad_tls_and_policy_values_are_refused(values: dict[str, Any], needle: str) -> None:

@@ -463,24 +463,26 @@ Context: root.
 
 
 {{/*
-NetworkPolicy of gpu-aware: port 8080 (the extender verbs) only from the control-plane
-nodes, where kube-scheduler runs on the host network: their InternalIP addresses and pod
-CIDRs (the source of host traffic that leaves through the CNI's bridge or tunnel), found
-by lookup of the nodes labelled node-role.kubernetes.io/control-plane, plus
-gpuAware.networkPolicy.controlPlaneCIDRs; the health port from anywhere (the kubelet's
-probes, Prometheus). When no address is known (no such node, or helm template without a
-cluster) no policy is rendered rather than one that locks kube-scheduler out (NOTES.txt
-says so). Enforced only where the CNI implements NetworkPolicy; client certificates are
-gpu-aware's authentication in any case.
+NetworkPolicy of gpu-aware. It fails closed: with gpuAware.networkPolicy.enabled (the
+default) every render has the policy or stops, naming the value to set -- never a render
+without one (helm template, GitOps, a cluster whose control-plane nodes carry no known
+role label). Port 8080 (the extender verbs) admits only the hosts kube-scheduler runs on
+(gpuk8s.gpuAwareSchedulerSources); the health port (/healthz, /readyz, /metrics) admits
+gpuAware.networkPolicy.healthFrom (e.g. Prometheus's namespace). The kubelet's probes need
+no rule: traffic from the node a pod runs on is always allowed (NetworkPolicy semantics).
+Enforced only where the CNI implements NetworkPolicy; client certificates are gpu-aware's
+authentication in any case.
 Context: root, component, values.
 */}}
 {{- define "gpuk8s.gpuAwareNetworkPolicy" -}}
 {{- $root := .root -}}
 {{- $v := $root.Values.gpuAware.networkPolicy -}}
 {{- if $v.enabled -}}
-{{- $cidrs := include "gpuk8s.gpuAwareControlPlaneCIDRs" $root | fromJsonArray -}}
-{{- if $cidrs -}}
-# Only the control plane may call the extender (kube-scheduler runs on its hosts' network)
+{{- $sources := include "gpuk8s.gpuAwareSchedulerSources" $root | fromJsonArray -}}
+{{- if not $sources -}}
+{{- fail "gpuAware.networkPolicy: the hosts kube-scheduler runs on are unknown (no Node labelled node-role.kubernetes.io/control-plane or node-role.kubernetes.io/master was found: helm template, or such a cluster), so the NetworkPolicy of gpu-aware cannot admit it; set gpuAware.networkPolicy.controlPlaneCIDRs to their addresses (e.g. --set gpuAware.networkPolicy.controlPlaneCIDRs={192.0.2.10/32}), or gpuAware.networkPolicy.enabled=false to deploy gpu-aware without a NetworkPolicy on purpose" -}}
+{{- end -}}
+# Only kube-scheduler's hosts may call the extender (it runs on the host network)
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata:
@@ -498,33 +500,51 @@ spec:
         - port: 8080
           protocol: TCP
       from:
-        {{- range $cidrs }}
+        {{- range $sources }}
         - ipBlock:
             cidr: {{ . | quote }}
         {{- end }}
+    {{- with $v.healthFrom }}
     - ports:
         - port: {{ int $root.Values.gpuAware.healthPort }}
           protocol: TCP
-{{- end -}}
+      from:
+        {{- toYaml . | nindent 8 }}
+    {{- end }}
 {{- end -}}
 {{- end -}}
 
 
 {{/*
-The CIDRs admitted to gpu-aware's extender port, as a JSON array (sorted, unique).
-Context: root.
+The sources admitted to gpu-aware's extender port, as a JSON array of CIDRs (sorted,
+unique): gpuAware.networkPolicy.controlPlaneCIDRs, plus for each Node labelled
+node-role.kubernetes.io/control-plane (or the older .../master) found by lookup at
+install/upgrade its InternalIP addresses and the two addresses its own host traffic
+leaves through the CNI with: the first address of each pod CIDR (a bridge CNI's gateway)
+and the CIDR's network address (flannel's VXLAN tunnel), as single hosts -- never the
+pod CIDR itself, whose pods are not kube-scheduler. Other CNIs' tunnel addresses go in
+controlPlaneCIDRs. Context: root.
 */}}
-{{- define "gpuk8s.gpuAwareControlPlaneCIDRs" -}}
+{{- define "gpuk8s.gpuAwareSchedulerSources" -}}
 {{- $cidrs := list -}}
 {{- range (lookup "v1" "Node" "" "").items | default list -}}
-{{- if hasKey (.metadata.labels | default dict) "node-role.kubernetes.io/control-plane" -}}
+{{- $labels := .metadata.labels | default dict -}}
+{{- if or (hasKey $labels "node-role.kubernetes.io/control-plane") (hasKey $labels "node-role.kubernetes.io/master") -}}
 {{- range (.status | default dict).addresses | default list -}}
 {{- if eq .type "InternalIP" -}}
 {{- $cidrs = append $cidrs (printf "%s/%s" .address (ternary "128" "32" (contains ":" .address))) -}}
 {{- end -}}
 {{- end -}}
 {{- range (.spec | default dict).podCIDRs | default list -}}
-{{- $cidrs = append $cidrs . -}}
+{{- $net := first (splitList "/" .) -}}
+{{- if contains ":" $net -}}
+{{- $cidrs = append $cidrs (printf "%s/128" $net) -}}
+{{- if hasSuffix "::" $net }}{{ $cidrs = append $cidrs (printf "%s1/128" $net) }}{{ end -}}
+{{- else -}}
+{{- $octets := splitList "." $net -}}
+{{- $cidrs = append $cidrs (printf "%s/32" $net) -}}
+{{- $cidrs = append $cidrs (printf "%s.%d/32" (join "." (initial $octets)) (add1 (int (last $octets)))) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -59,8 +59,10 @@ subjects:
 {{- $user := printf "system:serviceaccount:%s:gpu-dra" $root.Release.Namespace }}
 ---
 # RBAC cannot say "only your own node's slices": gpu-dra may write ResourceSlices of
-# driver gpu.metax-tech.com whose nodeName is the node its pod runs on (from the
-# pod-bound token, as the own-node Node policy does), nothing else.
+# driver gpu.metax-tech.com whose nodeName and pool (named after the node, core/dra.py)
+# are the node its pod runs on (from the pod-bound token, as the own-node Node policy
+# does), nothing else: a slice in another node's pool would make the scheduler drop or
+# distrust that node's slices.
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicy
 metadata:
@@ -91,8 +93,9 @@ spec:
         variables.node != '' && has(variables.slice.spec.nodeName) &&
         variables.slice.spec.nodeName == variables.node &&
         variables.slice.spec.driver == 'gpu.metax-tech.com' &&
+        variables.slice.spec.pool.name == variables.node &&
         (request.operation != 'UPDATE' || (has(oldObject.spec.nodeName) &&
-         oldObject.spec.nodeName == variables.node))
+         oldObject.spec.nodeName == variables.node && oldObject.spec.pool.name == variables.node))
       messageExpression: >-
         request.userInfo.username + ' may write only ResourceSlices of driver
         gpu.metax-tech.com for the node its pod runs on (' + variables.node + '), not ' +

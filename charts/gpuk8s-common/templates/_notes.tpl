@@ -47,9 +47,9 @@ gpu-aware is deployed; kube-scheduler must be configured to call it (SPEC §7, d
 {{- range (include "gpuk8s.gpuAwareWeights" $root | fromYaml).notes }}
   # {{ . }}
 {{- end }}
-{{- if and $root.Values.gpuAware.networkPolicy.enabled (not (include "gpuk8s.gpuAwareControlPlaneCIDRs" $root | fromJsonArray)) }}
-  # WARNING: no NetworkPolicy for gpu-aware: no control-plane node (label
-  # node-role.kubernetes.io/control-plane) was found; set gpuAware.networkPolicy.controlPlaneCIDRs
+{{- if not $root.Values.gpuAware.networkPolicy.enabled }}
+  # WARNING: no NetworkPolicy for gpu-aware (gpuAware.networkPolicy.enabled=false): any pod
+  # that reaches port 8080 may try it; client certificates are its only guard
 {{- end }}
 {{- end }}
 
