@@ -25,6 +25,15 @@ Quality of cut answers (now and before): each state a budget cut is solved again
 (equal, or worse first on rule 1, 2, 3 or 4), and always with the greedy floor on rules
 1-2 (the floor of the search now: ``greedy_set``).
 Target: CPU p99 <= 20 ms per call for up to 64 devices.
+
+``--random-meshes``: instead, how often the default budget proves its answer optimal on
+random meshes of 32 and 64 GPUs (``topologies.random_mesh``, each pair linked with
+probability 0.2, mesh seeds ``--mesh-seeds``), request sizes 2-32, ``--states`` random
+available sets per mesh and size: the share of calls that complete (proven optimal), the
+share cut, CPU p50/p99 of the calls, and for each cut answer the optimum found with
+``--exact-steps`` (where that completes): optimal anyway, or worse first on rule N and by
+how much (rule 2: link groups more at the first differing level; rule 3: free devices
+less in the first differing group count).
 """
 
 from __future__ import annotations
@@ -190,6 +199,70 @@ def bench(
     return lines, now, was
 
 
+RANDOM_SIZES = (2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32)
+
+
+def deviation(got: tuple, best: tuple) -> tuple[str, int]:
+    """The first rule on which ``got`` is worse than ``best``, and by how much: rule 2,
+    link groups more at the first level whose cover numbers differ; rule 3, free devices
+    less in the first group count (largest first) that differs; rule 4, 0."""
+    rule = first_difference(got, best)
+    if rule == "rule 2":
+        return rule, next(a - b for a, b in zip(got[1], best[1], strict=True) if a != b)
+    if rule == "rule 3":
+        level = next(i for i, (a, b) in enumerate(zip(got[2], best[2], strict=True)) if a != b)
+        return rule, next(a - b for a, b in zip(got[2][level], best[2][level], strict=True)
+                          if a != b)
+    return rule, 0
+
+
+def random_meshes(args: argparse.Namespace) -> int:
+    rng = random.Random(args.seed)
+    seeds = [int(s) for s in args.mesh_seeds.split(",") if s]
+    print(f"python {sys.version.split()[0]}; random meshes (pairs linked with p 0.2), mesh "
+          f"seeds {seeds}, sizes {RANDOM_SIZES}, {args.states} states per mesh and size "
+          f"(state seed {args.seed}); default budget {DEFAULT_STEPS:,} steps, optimum of cut "
+          f"calls with {args.exact_steps:,}")
+    for n in (32, 64):
+        cpu: list[float] = []
+        complete = 0
+        found: Counter = Counter()
+        worst: dict[str, int] = {}
+        unsolved = 0
+        for mesh_seed in seeds:
+            inv = topologies.random_mesh(n, seed=mesh_seed)
+            topo = Topology.from_inventory(inv, units_for_inventory(inv))
+            for size in RANDOM_SIZES:
+                for _ in range(args.states):
+                    free = sorted(rng.sample(range(n), rng.randint(size, n)))
+                    ms, result = cpu_ms(search, topo, free, size)
+                    cpu.append(ms)
+                    if result.complete:
+                        complete += 1
+                        continue
+                    exact = search(topo, free, size, budget=Budget(steps=args.exact_steps))
+                    if not exact.complete:
+                        unsolved += 1
+                        continue
+                    rule, by = deviation(result.key, exact.key)
+                    found[rule] += 1
+                    worst[rule] = max(worst.get(rule, 0), by)
+        calls = len(cpu)
+        cut = calls - complete
+        worse = ", ".join(f"{found[r]} worse first on {r} (at most {worst[r]} "
+                          f"{'link group(s) more' if r == 'rule 2' else 'device(s) less'})"
+                          if r != "rule 4" else f"{found[r]} worse on rule 4 (positions)"
+                          for r in RULES[1:] if found[r])
+        print(f"{n} GPUs: {calls} calls; proven optimal (complete) {complete} "
+              f"({100 * complete / calls:.1f} %), cut {cut} ({100 * cut / calls:.1f} %); CPU "
+              f"p50 {statistics.median(cpu):.2f} ms, p99 {percentile(cpu, 0.99):.2f} ms, max "
+              f"{max(cpu):.2f} ms")
+        print(f"{n} GPUs: of the {cut} cut answers: {found['optimal']} optimal anyway; "
+              f"{worse or 'none worse'}; optimum beyond {args.exact_steps:,} steps: {unsolved}",
+              flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -201,7 +274,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="states per size also run through the search before")
     parser.add_argument("--exact-steps", type=int, default=200_000,
                         help="budget to find the optimum of a cut call")
+    parser.add_argument("--random-meshes", action="store_true",
+                        help="the random 32- and 64-GPU meshes only: share proven optimal")
+    parser.add_argument("--mesh-seeds", default="1,2,3,4",
+                        help="with --random-meshes: the meshes' seeds (comma list)")
     args = parser.parse_args(argv)
+    if args.random_meshes:
+        return random_meshes(args)
     only = {name for name in args.only.split(",") if name}
     rng = random.Random(args.seed)
     print(f"python {sys.version.split()[0]}, {args.states} states per request size "

@@ -310,3 +310,24 @@ def test_the_labeller_writes_and_cleans_them(nvidia_sim_root: str) -> None:
         set_driver_cuda(nvidia_sim_root, "12.4")
     # labels that are not gpu-label's are never touched
     assert labels["example.com/team"] == "ml" and labels["nvidia.com/gpu.present"] == "true"
+
+
+def test_the_ansible_module_agrees_with_gpu_label(tmp_path: Path) -> None:
+    """playbooks/verify.yml compares gpu_labels' answer with the node: it reads the same
+    machine type and follows the node's sharing mode, so a node gpu-label wrote in MPS
+    mode needs no update."""
+    from gpuk8s.ansible.harness import run_module
+
+    root = str(tmp_path / "h100")
+    sim.create(root, "nvidia-8")
+    os.makedirs(f"{root}/sys/class/dmi/id", exist_ok=True)
+    with open(f"{root}/sys/class/dmi/id/product_name", "w", encoding="utf-8") as f:
+        f.write("DGX H100\n")
+    store = LabelStore({"n": {SHARING_MODE_LABEL: "mps"}})
+    make_pass(store, "n", root, discover, sharing=True)()
+    node = store.labels["n"]
+    assert node["nvidia.com/gpu.machine"] == "DGX-H100"
+    result = run_module("gpu_labels", {"host_root": root, "current_labels": node},
+                        check_mode=True)
+    assert result["patch"] == {} and not result["needs_update"], result["patch"]
+    assert result["labels"]["nvidia.com/gpu.sharing-strategy"] == "mps"

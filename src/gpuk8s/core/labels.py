@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 
 from . import cuda
 from .model import Gpu, NodeInventory, SriovState
-from .sharing import FULL_CORE, MODE_EXCLUSIVE, MODE_MPS, MODE_VCUDA
+from .sharing import FULL_CORE, MODE_EXCLUSIVE, MODE_MPS, MODE_VCUDA, SHARING_MODE_LABEL
 
 PREFIX = "metax-tech.com/"
 
@@ -153,6 +153,13 @@ def gfd_product(name: str) -> str:
     """GFD's ``gpu.product``: the NVML name without characters outside ``[A-Za-z0-9-_. ]``,
     blanks collapsed into '-' (``NVIDIA H100 80GB HBM3`` -> ``NVIDIA-H100-80GB-HBM3``)."""
     return "-".join(re.sub(r"[^A-Za-z0-9\-_. ]", "", name).split())
+
+
+def sharing_mode_of(current: Mapping[str, str], sharing: bool = True) -> str:
+    """The mode gpu-device serves a node in, for GFD's sharing labels: its
+    ``gpuk8s.io/sharing-mode`` label (``current``: the node's labels) when sharing is on
+    (the chart's ``gpuDevice.sharing``), else whole GPUs."""
+    return current.get(SHARING_MODE_LABEL, MODE_EXCLUSIVE) if sharing else MODE_EXCLUSIVE
 
 
 def gfd_machine(product_name: str | None) -> str:

@@ -12,9 +12,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ...core.labels import MACHINE_UNKNOWN, compute_labels, gfd_machine, is_managed, label_diff
+from ...core.labels import compute_labels, gfd_machine, is_managed, label_diff, sharing_mode_of
 from ...core.model import NodeInventory
 from ...core.sharing import MODE_EXCLUSIVE, SHARING_MODE_LABEL
+from ...discovery import nvidia
 from ...host.readiness import STATUS_DIR, read_readiness
 from ..kube import PermanentApiError, classify
 
@@ -27,8 +28,6 @@ MAINTENANCE_ANNOTATION = "metax-tech.com/maintenance"
 Discover = Callable[[str], NodeInventory]
 # The labels a node should carry, given its current labels (its sharing mode label)
 Wanted = Callable[[Mapping[str, str]], Mapping[str, str]]
-# Where GFD reads the machine type (its --machine-type-file default), under the host root
-MACHINE_TYPE_FILE = "sys/class/dmi/id/product_name"
 
 
 def host_fingerprint(host_root: str, status_dir: str = DEFAULT_STATUS_DIR) -> tuple[object, ...]:
@@ -58,16 +57,6 @@ def host_fingerprint(host_root: str, status_dir: str = DEFAULT_STATUS_DIR) -> tu
     )
 
 
-def machine_type(host_root: str) -> str:
-    """GFD's ``gpu.machine`` of the host (``core.labels.gfd_machine``)."""
-    try:
-        with open(os.path.join(host_root, MACHINE_TYPE_FILE), encoding="utf-8",
-                  errors="replace") as f:
-            return gfd_machine(f.read(256))
-    except OSError:
-        return MACHINE_UNKNOWN
-
-
 def wanted_labels(
     host_root: str,
     discover: Discover,
@@ -90,12 +79,11 @@ def node_labels(
     ``gpuDevice.sharing``; off, gpu-device serves whole GPUs whatever the label says)."""
     inventory = discover(host_root)
     readiness = read_readiness(host_root, status_dir) if inventory.has_gpus else {}
-    machine = machine_type(host_root)
+    machine = gfd_machine(nvidia.machine_type(host_root))
 
     def wanted(current: Mapping[str, str], sharing: bool) -> dict[str, str]:
-        mode = current.get(SHARING_MODE_LABEL, MODE_EXCLUSIVE) if sharing else MODE_EXCLUSIVE
-        return compute_labels(inventory, readiness=readiness, sharing_mode=mode,
-                              machine=machine)
+        return compute_labels(inventory, readiness=readiness, machine=machine,
+                              sharing_mode=sharing_mode_of(current, sharing))
 
     return wanted, inventory
 
