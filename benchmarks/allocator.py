@@ -33,12 +33,15 @@ available sets per mesh and size: the share of calls that complete (proven optim
 share cut, CPU p50/p99 of the calls, and for each cut answer the optimum found with
 ``--exact-steps`` (where that completes): optimal anyway, or worse first on rule N and by
 how much (rule 2: link groups more at the first differing level; rule 3: free devices
-less in the first differing group count).
+less in the first differing group count). ``--compare FILE`` runs another version of
+core/allocator.py (``git show REV:src/gpuk8s/core/allocator.py > FILE``) on the same
+states in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import random
 import statistics
 import sys
@@ -48,6 +51,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -216,50 +220,83 @@ def deviation(got: tuple, best: tuple) -> tuple[str, int]:
     return rule, 0
 
 
+def load_allocator(path: str) -> Any:
+    """Another version of core/allocator.py (``git show REV:src/gpuk8s/core/allocator.py >
+    FILE``) as a module of this package, to run it on the same states in this run."""
+    spec = importlib.util.spec_from_file_location("gpuk8s.core._allocator_compared", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Exactness:
+    """Calls of one search on the random meshes of one size."""
+
+    cpu: list[float] = field(default_factory=list)
+    complete: int = 0
+    found: Counter = field(default_factory=Counter)  # cut answers: optimal or rule worse
+    worst: dict[str, int] = field(default_factory=dict)  # per rule: the largest deviation
+    unsolved: int = 0  # cut, and the optimum beyond --exact-steps
+
+    def lines(self, label: str, exact_steps: int) -> list[str]:
+        calls = len(self.cpu)
+        cut = calls - self.complete
+        worse = ", ".join(
+            f"{self.found[r]} worse first on {r} (at most {self.worst[r]} "
+            f"{'link group(s) more' if r == 'rule 2' else 'device(s) less'})"
+            if r != "rule 4" else f"{self.found[r]} worse on rule 4 (positions)"
+            for r in RULES[1:] if self.found[r])
+        return [
+            f"{label}: {calls} calls; proven optimal (complete) {self.complete} "
+            f"({100 * self.complete / calls:.1f} %), cut {cut} ({100 * cut / calls:.1f} %); "
+            f"CPU p50 {statistics.median(self.cpu):.2f} ms, p99 "
+            f"{percentile(self.cpu, 0.99):.2f} ms, max {max(self.cpu):.2f} ms",
+            f"{label}: of the {cut} cut answers: {self.found['optimal']} optimal anyway; "
+            f"{worse or 'none worse'}; optimum beyond {exact_steps:,} steps: {self.unsolved}",
+        ]
+
+
 def random_meshes(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     seeds = [int(s) for s in args.mesh_seeds.split(",") if s]
+    searches: dict[str, Callable[..., SearchResult]] = {"now": search}
+    if args.compare:
+        searches["compared"] = load_allocator(args.compare).search
     print(f"python {sys.version.split()[0]}; random meshes (pairs linked with p 0.2), mesh "
           f"seeds {seeds}, sizes {RANDOM_SIZES}, {args.states} states per mesh and size "
           f"(state seed {args.seed}); default budget {DEFAULT_STEPS:,} steps, optimum of cut "
-          f"calls with {args.exact_steps:,}")
+          f"calls with {args.exact_steps:,}" + (f"; compared: {args.compare}" if args.compare
+                                                else ""))
     for n in (32, 64):
-        cpu: list[float] = []
-        complete = 0
-        found: Counter = Counter()
-        worst: dict[str, int] = {}
-        unsolved = 0
+        seen = {name: Exactness() for name in searches}
         for mesh_seed in seeds:
             inv = topologies.random_mesh(n, seed=mesh_seed)
             topo = Topology.from_inventory(inv, units_for_inventory(inv))
             for size in RANDOM_SIZES:
                 for _ in range(args.states):
                     free = sorted(rng.sample(range(n), rng.randint(size, n)))
-                    ms, result = cpu_ms(search, topo, free, size)
-                    cpu.append(ms)
-                    if result.complete:
-                        complete += 1
-                        continue
-                    exact = search(topo, free, size, budget=Budget(steps=args.exact_steps))
-                    if not exact.complete:
-                        unsolved += 1
-                        continue
-                    rule, by = deviation(result.key, exact.key)
-                    found[rule] += 1
-                    worst[rule] = max(worst.get(rule, 0), by)
-        calls = len(cpu)
-        cut = calls - complete
-        worse = ", ".join(f"{found[r]} worse first on {r} (at most {worst[r]} "
-                          f"{'link group(s) more' if r == 'rule 2' else 'device(s) less'})"
-                          if r != "rule 4" else f"{found[r]} worse on rule 4 (positions)"
-                          for r in RULES[1:] if found[r])
-        print(f"{n} GPUs: {calls} calls; proven optimal (complete) {complete} "
-              f"({100 * complete / calls:.1f} %), cut {cut} ({100 * cut / calls:.1f} %); CPU "
-              f"p50 {statistics.median(cpu):.2f} ms, p99 {percentile(cpu, 0.99):.2f} ms, max "
-              f"{max(cpu):.2f} ms")
-        print(f"{n} GPUs: of the {cut} cut answers: {found['optimal']} optimal anyway; "
-              f"{worse or 'none worse'}; optimum beyond {args.exact_steps:,} steps: {unsolved}",
-              flush=True)
+                    exact: SearchResult | None = None
+                    for name, run in searches.items():
+                        ms, result = cpu_ms(run, topo, free, size)
+                        got = seen[name]
+                        got.cpu.append(ms)
+                        if result.complete:
+                            got.complete += 1
+                            continue
+                        if exact is None:
+                            exact = search(topo, free, size, budget=Budget(args.exact_steps))
+                        if not exact.complete:
+                            got.unsolved += 1
+                            continue
+                        rule, by = deviation(tuple(result.key), exact.key)
+                        got.found[rule] += 1
+                        got.worst[rule] = max(got.worst.get(rule, 0), by)
+        for name, got in seen.items():
+            for line in got.lines(f"{n} GPUs, {name}", args.exact_steps):
+                print(line, flush=True)
     return 0
 
 
@@ -278,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the random 32- and 64-GPU meshes only: share proven optimal")
     parser.add_argument("--mesh-seeds", default="1,2,3,4",
                         help="with --random-meshes: the meshes' seeds (comma list)")
+    parser.add_argument("--compare", default="",
+                        help="with --random-meshes: another core/allocator.py file, run on "
+                        "the same states")
     args = parser.parse_args(argv)
     if args.random_meshes:
         return random_meshes(args)
