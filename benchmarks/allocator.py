@@ -25,11 +25,23 @@ Quality of cut answers (now and before): each state a budget cut is solved again
 (equal, or worse first on rule 1, 2, 3 or 4), and always with the greedy floor on rules
 1-2 (the floor of the search now: ``greedy_set``).
 Target: CPU p99 <= 20 ms per call for up to 64 devices.
+
+``--random-meshes``: instead, how often the default budget proves its answer optimal on
+random meshes of 32 and 64 GPUs (``topologies.random_mesh``, each pair linked with
+probability 0.2, mesh seeds ``--mesh-seeds``), request sizes 2-32, ``--states`` random
+available sets per mesh and size: the share of calls that complete (proven optimal), the
+share cut, CPU p50/p99 of the calls, and for each cut answer the optimum found with
+``--exact-steps`` (where that completes): optimal anyway, or worse first on rule N and by
+how much (rule 2: link groups more at the first differing level; rule 3: free devices
+less in the first differing group count). ``--compare FILE`` runs another version of
+core/allocator.py (``git show REV:src/gpuk8s/core/allocator.py > FILE``) on the same
+states in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import random
 import statistics
 import sys
@@ -39,6 +51,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -186,6 +199,103 @@ def bench(
     return lines, now, was
 
 
+RANDOM_SIZES = (2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32)
+
+
+def deviation(got: tuple, best: tuple) -> tuple[str, int]:
+    """The first rule on which ``got`` is worse than ``best``, and by how much: rule 2,
+    link groups more at the first level whose cover numbers differ; rule 3, free devices
+    less in the first group count (largest first) that differs; rule 4, 0."""
+    rule = first_difference(got, best)
+    if rule == "rule 2":
+        return rule, next(a - b for a, b in zip(got[1], best[1], strict=True) if a != b)
+    if rule == "rule 3":
+        level = next(i for i, (a, b) in enumerate(zip(got[2], best[2], strict=True)) if a != b)
+        return rule, next(a - b for a, b in zip(got[2][level], best[2][level], strict=True)
+                          if a != b)
+    return rule, 0
+
+
+def load_allocator(path: str) -> Any:
+    """Another version of core/allocator.py (``git show REV:src/gpuk8s/core/allocator.py >
+    FILE``) as a module of this package, to run it on the same states in this run."""
+    spec = importlib.util.spec_from_file_location("gpuk8s.core._allocator_compared", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Exactness:
+    """Calls of one search on the random meshes of one size."""
+
+    cpu: list[float] = field(default_factory=list)
+    complete: int = 0
+    found: Counter = field(default_factory=Counter)  # cut answers: optimal or rule worse
+    worst: dict[str, int] = field(default_factory=dict)  # per rule: the largest deviation
+    unsolved: int = 0  # cut, and the optimum beyond --exact-steps
+
+    def lines(self, label: str, exact_steps: int) -> list[str]:
+        calls = len(self.cpu)
+        cut = calls - self.complete
+        worse = ", ".join(
+            f"{self.found[r]} worse first on {r} (at most {self.worst[r]} "
+            f"{'link group(s) more' if r == 'rule 2' else 'device(s) less'})"
+            if r != "rule 4" else f"{self.found[r]} worse on rule 4 (positions)"
+            for r in RULES[1:] if self.found[r])
+        return [
+            f"{label}: {calls} calls; proven optimal (complete) {self.complete} "
+            f"({100 * self.complete / calls:.1f} %), cut {cut} ({100 * cut / calls:.1f} %); "
+            f"CPU p50 {statistics.median(self.cpu):.2f} ms, p99 "
+            f"{percentile(self.cpu, 0.99):.2f} ms, max {max(self.cpu):.2f} ms",
+            f"{label}: of the {cut} cut answers: {self.found['optimal']} optimal anyway; "
+            f"{worse or 'none worse'}; optimum beyond {exact_steps:,} steps: {self.unsolved}",
+        ]
+
+
+def random_meshes(args: argparse.Namespace) -> int:
+    rng = random.Random(args.seed)
+    seeds = [int(s) for s in args.mesh_seeds.split(",") if s]
+    searches: dict[str, Callable[..., SearchResult]] = {"now": search}
+    if args.compare:
+        searches["compared"] = load_allocator(args.compare).search
+    print(f"python {sys.version.split()[0]}; random meshes (pairs linked with p 0.2), mesh "
+          f"seeds {seeds}, sizes {RANDOM_SIZES}, {args.states} states per mesh and size "
+          f"(state seed {args.seed}); default budget {DEFAULT_STEPS:,} steps, optimum of cut "
+          f"calls with {args.exact_steps:,}" + (f"; compared: {args.compare}" if args.compare
+                                                else ""))
+    for n in (32, 64):
+        seen = {name: Exactness() for name in searches}
+        for mesh_seed in seeds:
+            inv = topologies.random_mesh(n, seed=mesh_seed)
+            topo = Topology.from_inventory(inv, units_for_inventory(inv))
+            for size in RANDOM_SIZES:
+                for _ in range(args.states):
+                    free = sorted(rng.sample(range(n), rng.randint(size, n)))
+                    exact: SearchResult | None = None
+                    for name, run in searches.items():
+                        ms, result = cpu_ms(run, topo, free, size)
+                        got = seen[name]
+                        got.cpu.append(ms)
+                        if result.complete:
+                            got.complete += 1
+                            continue
+                        if exact is None:
+                            exact = search(topo, free, size, budget=Budget(args.exact_steps))
+                        if not exact.complete:
+                            got.unsolved += 1
+                            continue
+                        rule, by = deviation(tuple(result.key), exact.key)
+                        got.found[rule] += 1
+                        got.worst[rule] = max(got.worst.get(rule, 0), by)
+        for name, got in seen.items():
+            for line in got.lines(f"{n} GPUs, {name}", args.exact_steps):
+                print(line, flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -197,7 +307,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="states per size also run through the search before")
     parser.add_argument("--exact-steps", type=int, default=200_000,
                         help="budget to find the optimum of a cut call")
+    parser.add_argument("--random-meshes", action="store_true",
+                        help="the random 32- and 64-GPU meshes only: share proven optimal")
+    parser.add_argument("--mesh-seeds", default="1,2,3,4",
+                        help="with --random-meshes: the meshes' seeds (comma list)")
+    parser.add_argument("--compare", default="",
+                        help="with --random-meshes: another core/allocator.py file, run on "
+                        "the same states")
     args = parser.parse_args(argv)
+    if args.random_meshes:
+        return random_meshes(args)
     only = {name for name in args.only.split(",") if name}
     rng = random.Random(args.seed)
     print(f"python {sys.version.split()[0]}, {args.states} states per request size "

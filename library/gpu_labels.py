@@ -18,7 +18,10 @@ description:
     accelerator manual's bare keys C(cuda-major-version) / C(cuda-minor-version), and the
     labels of NVIDIA's GPU Feature Discovery (C(nvidia.com/gpu.product), C(.memory),
     C(.count), C(.family), C(.compute.major|minor), C(nvidia.com/cuda.driver.*),
-    C(nvidia.com/cuda.runtime.*)).
+    C(nvidia.com/cuda.runtime.*), C(nvidia.com/mig.*), C(gpu.sharing-strategy),
+    C(gpu.replicas), C(mps.capable), C(gpu.machine), C(gpu.present)); the sharing labels
+    follow the node's C(gpuk8s.io/sharing-mode) in O(current_labels), as gpu-label's do
+    with the chart's C(gpuDevice.sharing).
   - Talks to no API server. Given the node's O(current_labels) it also returns the
     patch (a label mapped to null is to be removed) for C(kubernetes.core.k8s) to apply.
   - Read-only on the host; C(changed) is always false, C(needs_update) tells whether
@@ -97,18 +100,22 @@ from dataclasses import replace  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.gpuk8s.core.errors import ConfigError, GpuK8sError  # noqa: E402
 from ansible.module_utils.gpuk8s.core.labels import (  # noqa: E402
+    MACHINE_UNKNOWN,
     READINESS_KEYS,
     compute_labels,
+    gfd_machine,
     is_managed,
     label_diff,
     owned_labels,
+    sharing_mode_of,
 )
 from ansible.module_utils.gpuk8s.core.model import DriverMode  # noqa: E402
 from ansible.module_utils.gpuk8s.discovery import discover  # noqa: E402
+from ansible.module_utils.gpuk8s.discovery.nvidia import machine_type  # noqa: E402
 
 
-def labels_for(inventory, driver_mode, readiness, current):
-    """(labels, patch) for an inventory (pure)."""
+def labels_for(inventory, driver_mode, readiness, current, machine=MACHINE_UNKNOWN):
+    """(labels, patch) for an inventory (pure; ``machine``: GFD's gpu.machine)."""
     for key in readiness:
         if key not in READINESS_KEYS:
             raise ConfigError(
@@ -117,7 +124,8 @@ def labels_for(inventory, driver_mode, readiness, current):
     if driver_mode:
         driver = replace(inventory.driver, mode=DriverMode(driver_mode))
         inventory = replace(inventory, driver=driver)
-    labels = compute_labels(inventory, readiness={k: bool(v) for k, v in readiness.items()})
+    labels = compute_labels(inventory, readiness={k: bool(v) for k, v in readiness.items()},
+                            sharing_mode=sharing_mode_of(current), machine=machine)
     patch = label_diff({str(k): str(v) for k, v in current.items()}, labels,
                        owned=owned_labels(inventory))
     return labels, patch, owned_labels(inventory)
@@ -137,7 +145,7 @@ def main():
     try:
         labels, patch, owned = labels_for(
             discover(params["host_root"]), params["driver_mode"], params["readiness"],
-            params["current_labels"],
+            params["current_labels"], gfd_machine(machine_type(params["host_root"])),
         )
     except GpuK8sError as err:
         module.fail_json(msg=str(err))

@@ -50,10 +50,11 @@ def test_in_cluster_reader_lists_the_pods_of_one_node(apiserver: Any, tmp_path: 
             "imageID": "", "ready": True, "restartCount": 0}]}})
         reader = InClusterReader(_secrets(tmp_path, apiserver, "admin-token"), "127.0.0.1",
                                  apiserver.port)
-        by_id, by_uid, assigned = in_cluster_lister("gpu-1", reader)()
-        assert by_id == {CID: ContainerRef(ns, "train", "main")}
-        assert list(by_uid) == [pod.metadata.uid]  # only gpu-1's pod
-        assert assigned == {(ns, "train"): (5,)}  # its sharing assignment, read back
+        index = in_cluster_lister("gpu-1", reader)()
+        assert index.by_id == {CID: ContainerRef(ns, "train", "main")}
+        assert list(index.by_uid) == [pod.metadata.uid]  # only gpu-1's pod
+        assert index.assigned == {(ns, "train"): (5,)}  # its sharing assignment, read back
+        assert index.listed == {(ns, "train")} and not index.unreadable
         (tmp_path / "nobody").mkdir()
         nobody = InClusterReader(_secrets(tmp_path / "nobody", apiserver, "nobody-token"),
                                  "127.0.0.1", apiserver.port)

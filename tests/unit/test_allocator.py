@@ -365,6 +365,20 @@ def test_every_part_of_a_call_is_inside_the_budget(
     assert calls <= 12_000 + 40 * steps, (result.steps, calls)
 
 
+@pytest.mark.parametrize("size", [6, 8])
+def test_seeds_are_charged_for_the_link_groups_they_look_at(size: int) -> None:
+    """On a random 64-GPU mesh (826 link groups, dozens per GPU) the seeds' growth is
+    most of a call's work: each extra step of budget buys a bounded amount of it (before,
+    a seed cost 1 + 2 steps per GPU whatever its groups: 45 Python calls per step here,
+    and up to 22 ms of CPU per 3,000-step call on such meshes: docs/allocator.md)."""
+    topo = mesh(topologies.random_mesh(64, seed=3))
+    free = sorted(random.Random(size).sample(range(64), 64))
+    search(topo, free, size)  # warm
+    small = python_calls(lambda: search(topo, free, size, budget=Budget(100)))
+    large = python_calls(lambda: search(topo, free, size, budget=Budget(2000)))
+    assert large - small <= 40 * (2000 - 100), (small, large)
+
+
 def test_one_state_gets_one_answer_on_any_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     topo = mesh(topologies.nvlink_ring(64, per_switch=8))
     free = sorted(random.Random(26).sample(range(64), 60))

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import http.server
 import json
+import logging
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -43,7 +47,9 @@ from gpuk8s.services.exporter.cgroups import container_of, parse_cgroup
 from gpuk8s.services.exporter.metrics import METRICS, registry_for
 from gpuk8s.services.exporter.nvml import NvmlReader
 from gpuk8s.services.exporter.pods import PodDirectory, PodIndex
+from gpuk8s.services.exporter.sampler import PROBLEM_CLASSES
 from gpuk8s.services.exporter.server import ExporterHTTPServer, serve_in_thread
+from gpuk8s.services.kube import TemporaryApiError
 from gpuk8s.services.node.grpcapi import pod_resources_handler, podres, unix_target
 from gpuk8s.services.node.podresources import PodResourcesClient
 
@@ -867,10 +873,14 @@ def test_pods_are_indexed_from_their_json() -> None:
                                       '"memoryMiB":0,"mode":"sgpu","node":"n","whole":false}'}}}
     broken = {"metadata": {"uid": "x", "namespace": "team-c", "name": "bad",
                            "annotations": {"gpuk8s.io/sharing.assigned": "{not json"}}}
-    by_id, by_uid, assigned = index_pods([pod, {"metadata": {}}, shared, broken])
-    assert by_id == {CID["a"]: A}
-    assert by_uid == {UID_A: [A, ContainerRef("team-a", "train", "waiting")], UID_B: [], "x": []}
-    assert assigned == {("team-b", "serve"): (5,)}  # the unreadable one is left out (logged)
+    index = index_pods([pod, {"metadata": {}}, shared, broken])
+    assert index.by_id == {CID["a"]: A}
+    assert index.by_uid == {UID_A: [A, ContainerRef("team-a", "train", "waiting")], UID_B: [],
+                            "x": []}
+    assert index.assigned == {("team-b", "serve"): (5,)}  # the unreadable one is left out
+    assert list(index.unreadable) == [("team-c", "bad")]
+    assert "sharing.assigned" in index.unreadable[("team-c", "bad")]
+    assert index.listed == {("team-a", "train"), ("team-b", "serve"), ("team-c", "bad")}
 
 
 def test_sim_refresh_brings_new_tools_into_an_old_root(tmp_path: Path) -> None:
@@ -913,3 +923,132 @@ def test_nvml_lists_mps_clients(nvidia_root: str) -> None:
         assert (a.memory_used_bytes, b.memory_used_bytes) == (300 * MIB, 200 * MIB)
     finally:
         sim.set_load(nvidia_root, 2, utilization=0, processes=[])
+
+
+def _problems(m: dict[Any, float]) -> dict[str, float]:
+    return {dict(labels)["class"]: v for (n, labels), v in m.items()
+            if n == "gpuk8s_exporter_sample_problems"}
+
+
+def test_bad_assignments_are_counted_once_and_relisted_on_the_period(
+    exporter: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three pods hold sGPU ids: one's assignment is unreadable, one has none, one names
+    GPU 9 of an 8-GPU node. Each is one problem of its class in every sample while it
+    lasts, logged once; the pods are relisted on the normal period (max_age), not at
+    every sample; a pod the last list did not have is listed at once."""
+    sampler = exporter["sampler"]
+    exporter["podres"].pods = [
+        ("team-a", "train", [("main", SGPU, ["0000:03:00.0::3"])]),
+        ("team-b", "serve", [("main", SGPU, ["0000:03:00.0::4"])]),
+        ("team-c", "odd", [("main", SGPU, ["0000:03:00.0::5"])]),
+    ]
+
+    def pod(ns: str, name: str, uid: str, annotation: str | None) -> dict[str, Any]:
+        notes = {} if annotation is None else {"gpuk8s.io/sharing.assigned": annotation}
+        return {"metadata": {"uid": uid, "namespace": ns, "name": name, "annotations": notes}}
+
+    from gpuk8s.services.exporter.pods import index_pods
+
+    listed = [pod("team-a", "train", UID_A, "{not json"), pod("team-b", "serve", UID_B, None),
+              pod("team-c", "odd", "u-c", _assignment([9]))]
+    now = [1000.0]
+    lists: list[float] = []
+
+    def lister() -> PodIndex:
+        lists.append(now[0])
+        return index_pods(listed)
+
+    sampler.pods = PodDirectory(lister, min_refresh=5, max_age=60, clock=lambda: now[0])
+    caplog.set_level(logging.WARNING, logger="gpuk8s.exporter")
+    for _ in range(5):  # a sample every 10 s
+        sampler.report(sampler.sample_once())
+        now[0] += 10
+    assert lists == [1000.0]  # not relisted for the pods it already knows are wrong
+    problems = _problems(_render(sampler))
+    assert problems == {**dict.fromkeys(PROBLEM_CLASSES, 0.0), "assignment-unreadable": 1.0,
+                        "assignment-missing": 1.0, "assignment-unknown-gpu": 1.0}
+    warned = [r.problem for r in caplog.records if r.getMessage() == "sample problem"]
+    assert len(warned) == 3 and len(set(warned)) == 3, warned
+    assert any("team-c/odd: assigned GPU 9, which this node lacks" in w for w in warned)
+    assert any("team-b/serve holds shared-GPU ids but has no" in w for w in warned)
+    now[0] += 20  # 60 s after the first list: the normal period relists
+    sampler.sample_once()
+    assert lists == [1000.0, 1070.0]
+    # a pod bound since the last list is listed at once (min_refresh permitting)
+    exporter["podres"].pods.append(("team-d", "new", [("main", SGPU, ["0000:03:00.0::6"])]))
+    listed.append(pod("team-d", "new", "u-d", _assignment([2])))
+    now[0] += 5
+    sampler.sample_once()
+    assert lists == [1000.0, 1070.0, 1075.0]
+    assert value(_render(sampler), "gpuk8s_container_gpu_devices", pod="new", gpu="2") == 1
+    # fixed annotations: the problems go away at the next periodic list
+    listed[:3] = [pod("team-a", "train", UID_A, _assignment([1])),
+                  pod("team-b", "serve", UID_B, _assignment([1])),
+                  pod("team-c", "odd", "u-c", _assignment([1]))]
+    now[0] += 60
+    sampler.sample_once()
+    assert set(_problems(_render(sampler)).values()) == {0.0}
+
+
+def test_pod_list_and_discovery_problems_are_counted(
+    exporter: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sampler = exporter["sampler"]
+    exporter["podres"].pods = [("team-a", "train", [("main", SGPU, ["0000:03:00.0::3"])])]
+
+    def failing() -> PodIndex:
+        raise TemporaryApiError("list pods on gpu-node-1: connection refused")
+
+    sampler.pods = PodDirectory(failing, min_refresh=0, max_age=0)
+    first = sampler.inventory_source()
+    # a discovery after the first one reports a problem: it is counted like the others
+    sampler.inventory_source = lambda: replace(first, problems=("mx-smi: no answer",))
+    sampler.rediscover = 0.0
+    snapshot = sampler.sample_once()
+    problems = _problems(_render(sampler))
+    assert (problems["pod-list"], problems["discovery"]) == (1.0, 1.0)
+    assert "cannot list the node's pods" in " ".join(snapshot.problems)
+    assert "mx-smi: no answer" in snapshot.problems
+    assert problems["assignment-missing"] == 0  # not listed: the list failed, not the pod
+
+
+def test_no_credentials_is_a_counted_pod_list_problem_not_a_start_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuk8s.services.exporter.pods import kubernetes_lister
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    pods = PodDirectory(kubernetes_lister("gpu-node-1"))
+    assert pods.resolve(UID_A, CID["a"]) is None
+    assert pods.error is not None and "kubeconfig" in pods.error
+
+
+def test_the_in_cluster_path_never_imports_the_kubernetes_client(tmp_path: Path) -> None:
+    """In a pod the pod list is a stdlib GET: the official client (about 40 MiB more RSS:
+    docs/exporter.md) is not imported, even when the list fails."""
+    root = str(tmp_path / "node")
+    sim.create(root, "c500-8")
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "token").write_text("t")
+    code = f"""
+import sys
+from gpuk8s.services import kube
+kube.IN_CLUSTER_DIR = {str(secrets)!r}
+from gpuk8s.services.exporter import main
+args = main.build_parser().parse_args(["--host-root", {root!r}, "--node-name", "n",
+                                       "--pod-resources-socket", "", "--log-dir", ""])
+sampler = main.build_sampler(args)
+sampler.sample_once()
+assert sampler.pods.resolve("u", "c") is None and "cannot list" in sampler.pods.error
+print("kubernetes" in sys.modules)
+"""
+    env = {**os.environ, "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "1",
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

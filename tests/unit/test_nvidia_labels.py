@@ -5,6 +5,8 @@ NVML) of a simulated node; gpu-label adds, changes and removes them like its oth
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,10 +18,12 @@ from gpuk8s.core.labels import (
     GFD_LABELS,
     compute_labels,
     gfd_family,
+    gfd_machine,
     gfd_product,
     label_diff,
     owned_labels,
 )
+from gpuk8s.core.sharing import SHARING_MODE_LABEL
 from gpuk8s.discovery import discover, nvidia
 from gpuk8s.services.labeller.main import make_pass
 from gpuk8s.sim import tree
@@ -47,6 +51,73 @@ H100_GFD = {
     "nvidia.com/cuda.runtime-version.major": "12",
     "nvidia.com/cuda.runtime-version.minor": "4",
     "nvidia.com/cuda.runtime-version.full": "12.4",
+    "nvidia.com/gpu.replicas": "1",
+    "nvidia.com/gpu.sharing-strategy": "none",
+    "nvidia.com/mps.capable": "false",
+    "nvidia.com/mig.capable": "true",
+    "nvidia.com/mig.strategy": "none",
+    "nvidia.com/gpu.machine": "unknown",
+    "nvidia.com/gpu.present": "true",
+}
+
+# GFD's documented labels (k8s-device-plugin README, "Generated Labels", and the GPU
+# Operator's gpu.present) and the value format each one has there, written out by hand:
+# Integer, Boolean, String (a label value) or one of the listed values.
+INTEGER, BOOLEAN, STRING = r"\d+", r"true|false", r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+GFD_DOCUMENTED = {
+    "nvidia.com/cuda.driver.major": INTEGER,
+    "nvidia.com/cuda.driver.minor": INTEGER,
+    "nvidia.com/cuda.driver.rev": r"\d*",  # empty for a two-part driver version
+    "nvidia.com/cuda.runtime.major": INTEGER,
+    "nvidia.com/cuda.runtime.minor": INTEGER,
+    "nvidia.com/cuda.driver-version.major": INTEGER,
+    "nvidia.com/cuda.driver-version.minor": INTEGER,
+    "nvidia.com/cuda.driver-version.revision": r"\d*",
+    "nvidia.com/cuda.driver-version.full": r"\d+\.\d+(\.\d+)?",
+    "nvidia.com/cuda.runtime-version.major": INTEGER,
+    "nvidia.com/cuda.runtime-version.minor": INTEGER,
+    "nvidia.com/cuda.runtime-version.full": r"\d+\.\d+",
+    "nvidia.com/gpu.compute.major": INTEGER,
+    "nvidia.com/gpu.compute.minor": INTEGER,
+    "nvidia.com/gpu.count": INTEGER,
+    "nvidia.com/gpu.family": r"tesla|fermi|kepler|maxwell|pascal|volta|turing|ampere|"
+                             r"ada-lovelace|hopper|blackwell|undefined",
+    "nvidia.com/gpu.machine": STRING,
+    "nvidia.com/gpu.memory": INTEGER,  # MiB
+    "nvidia.com/gpu.product": STRING,
+    "nvidia.com/gpu.replicas": INTEGER,
+    "nvidia.com/gpu.sharing-strategy": r"none|mps|time-slicing",
+    "nvidia.com/mig.capable": BOOLEAN,
+    "nvidia.com/mig.strategy": r"none|single|mixed",
+    "nvidia.com/mps.capable": BOOLEAN,
+    "nvidia.com/gpu.present": BOOLEAN,
+}
+# What GFD writes on the simulated nodes, per GFD's rules, for whole GPUs (the chart's
+# default): model, memory MiB, capability and family from NVML; MIG on A100/H100, not
+# on T4 (MIG strategy none: no MIG devices); replicas 1, strategy none; the machine from
+# DMI. Sharing modes change four of them (below).
+GFD_TABLE = {
+    "nvidia-8": {"gpu.product": "NVIDIA-H100-80GB-HBM3", "gpu.count": "8",
+                 "gpu.memory": "81559", "gpu.family": "hopper", "gpu.compute.major": "9",
+                 "gpu.compute.minor": "0", "mig.capable": "true", "mig.strategy": "none",
+                 "cuda.driver-version.full": "550.54.15",
+                 "cuda.runtime-version.full": "12.4"},
+    "a100-8": {"gpu.product": "NVIDIA-A100-SXM4-80GB", "gpu.count": "8",
+               "gpu.memory": "81920", "gpu.family": "ampere", "gpu.compute.major": "8",
+               "gpu.compute.minor": "0", "mig.capable": "true", "mig.strategy": "none",
+               "cuda.driver-version.full": "535.183.01",
+               "cuda.runtime-version.full": "12.2"},
+    "t4-2": {"gpu.product": "Tesla-T4", "gpu.count": "2", "gpu.memory": "15360",
+             "gpu.family": "turing", "gpu.compute.major": "7", "gpu.compute.minor": "5",
+             "mig.capable": "false", "cuda.driver-version.full": "515.65.01",
+             "cuda.runtime-version.full": "11.7"},
+}
+# per sharing mode: strategy, replicas (device ids per GPU gpu-device serves), MPS
+# capable, and GFD's "-SHARED" after a replicated product
+GFD_SHARING_TABLE = {
+    "exclusive": ("none", "1", "false", ""),
+    "mps": ("mps", "100", "true", "-SHARED"),
+    "vcuda": ("time-slicing", "100", "false", "-SHARED"),
 }
 
 
@@ -120,6 +191,63 @@ def test_gfd_value_formats() -> None:
     assert {cc: gfd_family(*cc) for cc in table} == table
 
 
+@pytest.mark.parametrize("preset", sorted(GFD_TABLE))
+@pytest.mark.parametrize("mode", sorted(GFD_SHARING_TABLE))
+def test_gfd_parity_with_the_documented_labels(tmp_path: Path, preset: str, mode: str) -> None:
+    root = str(tmp_path / preset)
+    sim.create(root, preset)
+    os.makedirs(f"{root}/sys/class/dmi/id", exist_ok=True)
+    with open(f"{root}/sys/class/dmi/id/product_name", "w", encoding="utf-8") as f:
+        f.write("DGX H100 \n" if preset == "nvidia-8" else "PowerEdge R750xa\n")
+    store = LabelStore({"n": {SHARING_MODE_LABEL: mode}})
+    make_pass(store, "n", root, discover, sharing=True)()
+    labels = {k: v for k, v in store.labels["n"].items() if k.startswith("nvidia.com/")}
+    # every documented label GFD writes on this hardware, nothing else, in GFD's formats
+    expected_keys = set(GFD_DOCUMENTED) - (set() if preset != "t4-2" else
+                                           {"nvidia.com/mig.strategy"})
+    assert set(labels) == expected_keys
+    for key, value in labels.items():
+        assert re.fullmatch(GFD_DOCUMENTED[key], value), (key, value)
+    strategy, replicas, mps, suffix = GFD_SHARING_TABLE[mode]
+    wanted = {**GFD_TABLE[preset], "gpu.sharing-strategy": strategy, "gpu.replicas": replicas,
+              "mps.capable": mps, "gpu.present": "true",
+              "gpu.machine": "DGX-H100" if preset == "nvidia-8" else "PowerEdge-R750xa"}
+    wanted["gpu.product"] += suffix
+    assert {k: labels[f"nvidia.com/{k}"] for k in wanted} == wanted
+    # without the chart's sharing, gpu-device serves whole GPUs whatever the node's label
+    whole = LabelStore({"n": {SHARING_MODE_LABEL: mode}})
+    make_pass(whole, "n", root, discover)()
+    assert whole.labels["n"]["nvidia.com/gpu.sharing-strategy"] == "none"
+    assert whole.labels["n"]["nvidia.com/gpu.product"] == GFD_TABLE[preset]["gpu.product"]
+
+
+def test_gfd_sharing_labels_follow_the_node_label_and_skip_unknown_modes(
+    nvidia_sim_root: str,
+) -> None:
+    store = LabelStore({"n": {}})
+    one_pass = make_pass(store, "n", nvidia_sim_root, discover, sharing=True)
+    one_pass()
+    assert store.labels["n"]["nvidia.com/gpu.sharing-strategy"] == "none"
+    store.labels["n"][SHARING_MODE_LABEL] = "mps"
+    result = one_pass()
+    assert result.changes["nvidia.com/gpu.sharing-strategy"] == "mps"
+    assert store.labels["n"]["nvidia.com/mps.capable"] == "true"
+    # a mode with no GFD strategy (MetaX sGPU): GFD's sharing labels are not guessed
+    store.labels["n"][SHARING_MODE_LABEL] = "sgpu"
+    one_pass()
+    labels = store.labels["n"]
+    assert not {"nvidia.com/gpu.sharing-strategy", "nvidia.com/gpu.replicas",
+                "nvidia.com/mps.capable"} & set(labels)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+
+
+def test_gfd_machine_type() -> None:
+    assert gfd_machine("DGX H100\n") == "DGX-H100"
+    assert gfd_machine("  ") == gfd_machine(None) == "unknown"
+    # GFD only turns blanks into '-'; characters no label value may hold become '-' too
+    assert gfd_machine("Standard_ND96isr (H100) v5") == "Standard_ND96isr--H100--v5"
+
+
 def test_two_part_driver_version_has_an_empty_rev(nvidia_sim_root: str) -> None:
     inventory = discover(nvidia_sim_root)
     two = replace(inventory, driver=replace(inventory.driver, version="560.28"))
@@ -146,8 +274,7 @@ def test_ownership_of_the_keys_outside_the_prefix(
     mx = discover(mx_root)
     assert set(GFD_LABELS) <= set(owned_labels(mx))
     assert BARE_MAJOR_LABEL in owned_labels(nv) and BARE_MAJOR_LABEL not in owned_labels(mx)
-    others = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu-driver-upgrade-state": "x",
-              "example.com/team": "ml"}
+    others = {"nvidia.com/gpu-driver-upgrade-state": "x", "example.com/team": "ml"}
     # a MetaX node: the administrator's hand-set CUDA labels (manual 002-07) stay; a stale
     # GFD label gpu-label once wrote goes; NVIDIA's other labels are not ours
     current = {**compute_labels(mx), BARE_MAJOR_LABEL: "12", BARE_MINOR_LABEL: "4",
@@ -183,3 +310,24 @@ def test_the_labeller_writes_and_cleans_them(nvidia_sim_root: str) -> None:
         set_driver_cuda(nvidia_sim_root, "12.4")
     # labels that are not gpu-label's are never touched
     assert labels["example.com/team"] == "ml" and labels["nvidia.com/gpu.present"] == "true"
+
+
+def test_the_ansible_module_agrees_with_gpu_label(tmp_path: Path) -> None:
+    """playbooks/verify.yml compares gpu_labels' answer with the node: it reads the same
+    machine type and follows the node's sharing mode, so a node gpu-label wrote in MPS
+    mode needs no update."""
+    from gpuk8s.ansible.harness import run_module
+
+    root = str(tmp_path / "h100")
+    sim.create(root, "nvidia-8")
+    os.makedirs(f"{root}/sys/class/dmi/id", exist_ok=True)
+    with open(f"{root}/sys/class/dmi/id/product_name", "w", encoding="utf-8") as f:
+        f.write("DGX H100\n")
+    store = LabelStore({"n": {SHARING_MODE_LABEL: "mps"}})
+    make_pass(store, "n", root, discover, sharing=True)()
+    node = store.labels["n"]
+    assert node["nvidia.com/gpu.machine"] == "DGX-H100"
+    result = run_module("gpu_labels", {"host_root": root, "current_labels": node},
+                        check_mode=True)
+    assert result["patch"] == {} and not result["needs_update"], result["patch"]
+    assert result["labels"]["nvidia.com/gpu.sharing-strategy"] == "mps"

@@ -83,6 +83,10 @@ spec:
             - --host-root=/host
             - {{ printf "--interval=%v" $root.Values.gpuLabel.interval | quote }}
             - --health-port=8081
+            {{- if and $root.Values.gpuDevice $root.Values.gpuDevice.sharing }}
+            # GFD's sharing labels follow the mode gpu-device serves (the node's label)
+            - --sharing
+            {{- end }}
             {{- range $root.Values.gpuLabel.extraArgs }}
             - {{ . | quote }}
             {{- end }}

@@ -75,6 +75,8 @@ Key = Tuple[int, Tuple[int, ...], Tuple[Tuple[int, ...], ...], Tuple[int, ...]]
 # topology of the benchmark up to 64 devices answers within 20 ms of CPU at p99 with
 # margin (docs/allocator.md has the figures).
 DEFAULT_STEPS = 3_000
+# a seed's growth: (GPU, link group) pairs looked at per step (about the CPU of a step)
+_GROW_PER_STEP = 4
 
 
 @dataclass(frozen=True)
@@ -392,10 +394,11 @@ class _BranchAndBound:
 
     Every piece of work is counted by one ``_Meter``, in steps sized by its cost (about
     the same CPU time per step): a node of phase 1 (1), a seed's growth (1 + 2 per GPU
-    of its clique), a key (1 + 1 per 16 link groups of the node + 1 per 4 GPUs of the
-    set), a leftover bound (1 + 1 per 16 link groups + 1 per 4 memberships of the set's
-    GPUs in groups), and the work of the exact cover numbers (``Covers``: 1 + 1 per 4
-    GPUs of a set bounded, 2 per branching). Past the budget the search stops
+    of its clique + 1 per 4 (GPU, link group) pairs it looks at), a key (1 + 1 per 16
+    link groups of the node + 1 per 4 GPUs of the set), a leftover bound (1 + 1 per 16
+    link groups + 1 per 4 memberships of the set's GPUs in groups), and the work of the
+    exact cover numbers (``Covers``: 1 + 1 per 4 GPUs of a set bounded, 2 per
+    branching). Past the budget the search stops
     and the best set found is returned: never worse than the floor, as the floor is
     where the search starts. Only the floor's growth runs outside the budget: it is
     polynomial (size x GPUs x groups bit operations); its exact cover numbers are the
@@ -528,21 +531,26 @@ class _BranchAndBound:
                 return level, found
         raise AllocationError("no feasible set")  # pragma: no cover - _validate
 
-    def _grow(self, pool: int, level: int) -> tuple[dict[int, int], int]:
+    def _grow(self, pool: int, level: int, counted: bool = False
+              ) -> tuple[dict[int, int], int]:
         """Greedy set inside ``pool`` (a clique of ``level``): its unit counts per class
         and its class mask. GPUs join one at a time: at each finer level, coarse to fine,
         those inside a group already opened there if any; else those with a group that
         fits best what is still needed (the smallest room that holds it, else the
         largest room), which the GPU then opens; last the most free units, the lowest
-        position. The groups opened per level bound the set's cover numbers."""
+        position. The groups opened per level bound the set's cover numbers.
+        ``counted`` (a seed): its work is charged to the meter, one step per
+        ``_GROW_PER_STEP`` (GPU, link group) pairs looked at."""
         levels = range(level + 1, _SELF + 1)
         opened = dict.fromkeys(levels, 0)  # per level: the classes of the groups opened
         room: dict[int, dict[int, int]] = {lv: {} for lv in levels}  # per group: free
+        looked = 0  # (GPU, link group) pairs looked at, the work of a growth
         for c in bits(pool):
             for lv in levels:
                 per_group = room[lv]
                 for g in self.class_groups_of[lv][c]:
                     per_group[g] = per_group.get(g, 0) + self.cap[c]
+                looked += len(self.class_groups_of[lv][c])
         mask = capacity = 0
         added: list[int] = []
 
@@ -576,8 +584,12 @@ class _BranchAndBound:
                     continue
                 needed = self.size - capacity
                 fits = {c: fit(lv, c, needed)[0] for c in bits(candidates)}
+                looked += sum(len(self.class_groups_of[lv][c]) for c in fits)
                 best = min(fits.values())
                 candidates = sum(1 << c for c, value in fits.items() if value == best)
+            if counted:
+                self.meter.tick(looked // _GROW_PER_STEP)
+                looked %= _GROW_PER_STEP
             add(min(bits(candidates), key=lambda c: (-self.cap[c], self.units[c][0])))
         counts = {c: self.cap[c] for c in added}
         surplus = capacity - self.size
@@ -621,7 +633,7 @@ class _BranchAndBound:
     def _seed(self, level: int, cliques: list[int]) -> None:
         for pool in cliques:
             self.meter.tick(1 + 2 * popcount(pool))
-            counts, mask = self._grow(pool, level)
+            counts, mask = self._grow(pool, level, counted=True)
             worst = self._worst(mask)
             if self._compare(mask, worst) <= 0:
                 self._offer(counts, mask, worst)

@@ -9,7 +9,9 @@ Outside that prefix (SPEC §14), from the same inventory:
 * the accelerator manual's bare ``cuda-major-version`` / ``cuda-minor-version`` beside the
   prefixed pair (``core.cuda.labels``), on nodes whose NVIDIA driver says its CUDA version;
 * on NVIDIA nodes, the labels of NVIDIA's GPU Feature Discovery (GFD) with GFD's value
-  formats (``gfd_labels``), so selectors written for GFD keep working.
+  formats (``gfd_labels``), so selectors written for GFD keep working: the resource and
+  version labels, MIG capability, the sharing strategy and replicas of the node's sharing
+  mode, MPS capability and the machine type -- and the GPU Operator's ``gpu.present``.
 
 ``owned_labels`` names the keys outside the prefix that gpu-label manages on a node (adds,
 changes, removes): every GFD key it can write, and the bare CUDA keys on NVIDIA nodes only.
@@ -25,6 +27,7 @@ from collections.abc import Iterable, Mapping
 
 from . import cuda
 from .model import Gpu, NodeInventory, SriovState
+from .sharing import FULL_CORE, MODE_EXCLUSIVE, MODE_MPS, MODE_VCUDA, SHARING_MODE_LABEL
 
 PREFIX = "metax-tech.com/"
 
@@ -88,7 +91,31 @@ GFD_LABELS: tuple[str, ...] = (
     "nvidia.com/cuda.runtime-version.major",
     "nvidia.com/cuda.runtime-version.minor",
     "nvidia.com/cuda.runtime-version.full",
+    "nvidia.com/gpu.replicas",  # resource.go replicasLabel
+    "nvidia.com/gpu.sharing-strategy",
+    "nvidia.com/mps.capable",  # nvml.go newSharingLabeler
+    "nvidia.com/mig.capable",  # nvml.go newMigCapabilityLabeler
+    "nvidia.com/mig.strategy",  # mig-strategy.go: none, single or mixed
+    "nvidia.com/gpu.machine",  # machine-type.go: the DMI product name
+    "nvidia.com/gpu.present",  # the GPU Operator's, which GFD's users select on too
 )
+
+# GFD's sharing strategy and replicas (device ids per GPU that gpu-device serves) for a
+# node's sharing mode (``core.sharing``; gpu-device's REPLICAS): vcuda's quotas share a
+# GPU by time slices.
+GFD_SHARING: dict[str, tuple[str, int]] = {
+    MODE_EXCLUSIVE: ("none", 1),
+    MODE_VCUDA: ("time-slicing", FULL_CORE),
+    MODE_MPS: ("mps", FULL_CORE),
+}
+# NVIDIA's products with Multi-Instance GPU (NVIDIA MIG User Guide, "Supported GPUs"),
+# by the short product name of ``discovery.nvidia`` (``H100``).
+MIG_CAPABLE_PRODUCTS = frozenset(
+    {"A30", "A100", "A800", "H20", "H100", "H800", "H200", "GH200", "B200", "GB200",
+     "B300", "GB300"}
+)
+# GFD's gpu.machine when the machine type cannot be read
+MACHINE_UNKNOWN = "unknown"
 
 _VALUE_OK = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -128,19 +155,57 @@ def gfd_product(name: str) -> str:
     return "-".join(re.sub(r"[^A-Za-z0-9\-_. ]", "", name).split())
 
 
-def gfd_labels(inventory: NodeInventory) -> dict[str, str]:
+def sharing_mode_of(current: Mapping[str, str], sharing: bool = True) -> str:
+    """The mode gpu-device serves a node in, for GFD's sharing labels: its
+    ``gpuk8s.io/sharing-mode`` label (``current``: the node's labels) when sharing is on
+    (the chart's ``gpuDevice.sharing``), else whole GPUs."""
+    return current.get(SHARING_MODE_LABEL, MODE_EXCLUSIVE) if sharing else MODE_EXCLUSIVE
+
+
+def gfd_machine(product_name: str | None) -> str:
+    """GFD's ``gpu.machine``: the DMI product name (``/sys/class/dmi/id/product_name``),
+    blanks as '-'; ``unknown`` where it cannot be read."""
+    value = label_value("-".join((product_name or "").split()))
+    return value or MACHINE_UNKNOWN
+
+
+def gfd_labels(
+    inventory: NodeInventory,
+    *,
+    sharing_mode: str = MODE_EXCLUSIVE,
+    machine: str = MACHINE_UNKNOWN,
+) -> dict[str, str]:
     """GFD's labels for an NVIDIA node whose driver is loaded (empty otherwise): product,
     memory (MiB), count, family and compute capability of the node's GPUs (the most common
     model's), the driver version split (``550.54.15`` -> 550 / 54 / 15; ``rev`` is empty
-    for a two-part version) and the CUDA version the driver supports."""
+    for a two-part version), the CUDA version the driver supports, MIG capability (any
+    GPU; the strategy is ``none``: whole GPUs only), the sharing strategy and replicas of
+    ``sharing_mode`` (``GFD_SHARING``; shared: ``-SHARED`` after the product, as GFD;
+    ``mps.capable`` true only in MPS mode; a mode without a GFD strategy, such as MetaX's
+    sgpu, gets none of the three), ``machine`` (``gfd_machine``) and ``gpu.present``."""
     if inventory.backend != "nvidia" or not inventory.has_gpus or not inventory.driver.loaded:
         return {}
     gpus = sorted(inventory.gpus, key=lambda g: g.index)
     names = [g.name or g.product for g in gpus]
     model = _most_common(names)
     first: Gpu = next(g for g in gpus if (g.name or g.product) == model)
-    out: dict[str, str] = {"nvidia.com/gpu.count": str(len(gpus))}
-    product = label_value(gfd_product(model))
+    mig = any(g.product in MIG_CAPABLE_PRODUCTS for g in gpus)
+    out: dict[str, str] = {
+        "nvidia.com/gpu.count": str(len(gpus)),
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.machine": machine,
+        "nvidia.com/mig.capable": _bool(mig),
+    }
+    if mig:
+        out["nvidia.com/mig.strategy"] = "none"
+    sharing = GFD_SHARING.get(sharing_mode)
+    shared = sharing is not None and sharing[1] > 1
+    if sharing is not None:
+        strategy, replicas = sharing
+        out["nvidia.com/gpu.sharing-strategy"] = strategy
+        out["nvidia.com/gpu.replicas"] = str(replicas)
+        out["nvidia.com/mps.capable"] = _bool(sharing_mode == MODE_MPS)
+    product = label_value(gfd_product(model) + ("-SHARED" if shared else ""))
     if product:
         out["nvidia.com/gpu.product"] = product
     if first.memory_mib:
@@ -187,12 +252,14 @@ def compute_labels(
     *,
     readiness: Mapping[str, bool] | None = None,
     prefix: str = PREFIX,
+    sharing_mode: str = MODE_EXCLUSIVE,
+    machine: str = MACHINE_UNKNOWN,
 ) -> dict[str, str]:
     """Labels for a node: SPEC §4's under ``prefix``, then those of ``owned_labels``.
 
     ``readiness`` carries the operator scheme's component states, e.g.
     ``{"maca.ready": True, "runtime.ready": False}``; only those two keys are
-    accepted.
+    accepted. ``sharing_mode`` and ``machine``: for GFD's labels (``gfd_labels``).
     """
     if not inventory.has_gpus:
         return {f"{prefix}gpu.installed": "false"}
@@ -232,7 +299,7 @@ def compute_labels(
                 labels[key[len(cuda.LABEL_PREFIX):]] = value
             else:
                 outside[key] = value
-    outside.update(gfd_labels(inventory))
+    outside.update(gfd_labels(inventory, sharing_mode=sharing_mode, machine=machine))
     for key, ready in (readiness or {}).items():
         if key not in READINESS_KEYS:
             raise ValueError(

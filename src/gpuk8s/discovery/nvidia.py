@@ -339,6 +339,16 @@ def cuda_driver_version(root: str) -> tuple[CudaVersion | None, str | None]:
     return info.cuda, info.problem
 
 
+# Where GFD reads the machine type (its --machine-type-file default)
+MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"
+
+
+def machine_type(root: str) -> str | None:
+    """The host's DMI product name, the source of GFD's ``gpu.machine``
+    (``core.labels.gfd_machine``); None where it cannot be read."""
+    return sysfs.read_text(host_path(root, MACHINE_TYPE_FILE))
+
+
 def parse_compute_caps(text: str) -> dict[str, tuple[int, int]]:
     """``--query-gpu=pci.bus_id,compute_cap`` CSV -> address -> (major, minor)."""
     found: dict[str, tuple[int, int]] = {}

@@ -134,9 +134,7 @@ def build_sampler(args: argparse.Namespace, *, pods: PodDirectory | None = None)
     from ...discovery import check_health, discover, sysfs
 
     root = args.host_root
-    first = discover(root)
-    for problem in first.problems:
-        log.warning("discovery problem", extra={"problem": problem})
+    first = discover(root)  # its problems: the first sample's ("discovery")
     cached = {"inventory": first}
 
     def inventory() -> NodeInventory:

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .knowngpus import KnownGpu
-from .sampler import Sampler
+from .sampler import PROBLEM_CLASSES, Sampler
 
 GPU_LABELS = ["node", "gpu", "uuid", "kind"]
 CONTAINER_LABELS = ["node", "namespace", "pod", "container", "gpu", "uuid", "kind"]
@@ -72,7 +72,7 @@ METRICS: list[tuple[str, str, str, list[str]]] = [
     ("gpuk8s_exporter_sample_duration_seconds", "gauge", "How long the last sample took",
      ["node"]),
     ("gpuk8s_exporter_sample_problems", "gauge",
-     "Problems reported by the last sample (logged once each)", ["node"]),
+     "Problems reported by the last sample, per class (logged once each)", ["node", "class"]),
     ("gpuk8s_exporter_dropped_container_series", "gauge",
      "(container, GPU) pairs left out by --max-container-series", ["node"]),
     ("gpuk8s_exporter_unknown_devices", "gauge",
@@ -175,7 +175,9 @@ class SnapshotCollector:
                     labels, c.memory_used_bytes)
         own["gpuk8s_exporter_last_sample_timestamp_seconds"].add_metric([node], snapshot.taken_at)
         own["gpuk8s_exporter_sample_duration_seconds"].add_metric([node], snapshot.duration)
-        own["gpuk8s_exporter_sample_problems"].add_metric([node], len(snapshot.problems))
+        for kind in PROBLEM_CLASSES:
+            own["gpuk8s_exporter_sample_problems"].add_metric(
+                [node, kind], snapshot.problem_counts.get(kind, 0))
         own["gpuk8s_exporter_dropped_container_series"].add_metric(
             [node], snapshot.usage.dropped_containers)
         own["gpuk8s_exporter_unknown_devices"].add_metric(

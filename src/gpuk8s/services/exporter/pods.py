@@ -6,9 +6,12 @@ running container's ``status.containerStatuses[].containerID`` (``containerd://<
 and the pod's UID; the assignment annotation of pods on shared GPUs. In a pod the call
 is made with ``kube.InClusterReader`` (stdlib: the official client alone would take half
 the exporter's memory budget); with
-``--kubeconfig`` through the official client. Refreshed when a process names a
-container not seen yet, at most once per ``min_refresh`` seconds, and every ``max_age``
-seconds anyway.
+``--kubeconfig`` through the official client, imported at the first list (so is the
+credentials' lookup: without any, the lists fail and are counted, the GPU metrics go on).
+Refreshed when a process names a container not seen yet, or a pod on shared GPUs was not
+in the last list, at most once per ``min_refresh`` seconds, and every ``max_age`` seconds
+anyway: a pod listed with a missing or unreadable assignment waits for that period (it is
+reported, not relisted at every sample).
 """
 
 from __future__ import annotations
@@ -38,12 +41,25 @@ PodKey = tuple[str, str]  # (namespace, pod)
 
 
 class PodIndex(NamedTuple):
-    """The node's pods: container ID -> container, pod UID -> its containers, and
-    (namespace, pod) -> the GPU indexes of its sharing assignment."""
+    """The node's pods: container ID -> container, pod UID -> its containers,
+    (namespace, pod) -> the GPU indexes of its sharing assignment, the pods whose
+    assignment annotation cannot be read (-> why), and every pod listed."""
 
     by_id: dict[str, ContainerRef]
     by_uid: dict[str, list[ContainerRef]]
     assigned: Mapping[PodKey, tuple[int, ...]] = MappingProxyType({})
+    unreadable: Mapping[PodKey, str] = MappingProxyType({})
+    listed: frozenset[PodKey] = frozenset()
+
+
+class Assignments(NamedTuple):
+    """What the node's pod list says of some pods on shared GPUs: their assigned GPU
+    indexes; those whose assignment cannot be read (-> why); those listed without one
+    (a pod not in the last list is in none of them: the list failed, or it is new)."""
+
+    gpus: dict[PodKey, tuple[int, ...]]
+    unreadable: dict[PodKey, str]
+    missing: tuple[PodKey, ...]
 
 
 class PodLister(Protocol):
@@ -55,20 +71,22 @@ def index_pods(pods: list[dict[str, Any]]) -> PodIndex:
     by_id: dict[str, ContainerRef] = {}
     by_uid: dict[str, list[ContainerRef]] = {}
     assigned: dict[PodKey, tuple[int, ...]] = {}
+    unreadable: dict[PodKey, str] = {}
+    listed: set[PodKey] = set()
     for pod in pods:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
         if not meta.get("uid"):
             continue
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        listed.add(key)
         raw = (meta.get("annotations") or {}).get(ASSIGNED_ANNOTATION)
         try:
             assignment = parse_assignment(raw if isinstance(raw, str) else None)
         except SharingError as err:
-            log.warning("pod assignment unreadable", extra={
-                "pod": f"{meta.get('namespace', '')}/{meta.get('name', '')}", "error": str(err)})
+            unreadable[key] = str(err)
             assignment = None
         if assignment is not None:
-            assigned[(str(meta.get("namespace", "")), str(meta.get("name", "")))] = \
-                assignment.gpus
+            assigned[key] = assignment.gpus
         refs = by_uid.setdefault(str(meta["uid"]).lower(), [])
         statuses = [*(status.get("containerStatuses") or []),
                     *(status.get("initContainerStatuses") or [])]
@@ -82,7 +100,7 @@ def index_pods(pods: list[dict[str, Any]]) -> PodIndex:
             raw = cs.get("containerID") or ""
             if raw:
                 by_id[raw.split("://", 1)[-1].lower()] = ref
-    return PodIndex(by_id, by_uid, assigned)
+    return PodIndex(by_id, by_uid, assigned, unreadable, frozenset(listed))
 
 
 def in_cluster_lister(node_name: str, reader: kube.InClusterReader,
@@ -100,13 +118,15 @@ def kubernetes_lister(node_name: str, kubeconfig: str | None = None,
                       timeout: float = 10.0) -> PodLister:
     if not kubeconfig and kube.in_cluster():
         return in_cluster_lister(node_name, kube.InClusterReader(), timeout)
-
-    from kubernetes import client
-
-    api_client = kube.api_client(kubeconfig)
-    api = client.CoreV1Api(api_client)
+    made: list[tuple[Any, Any]] = []  # the client, built at the first list
 
     def list_pods() -> PodIndex:
+        if not made:
+            from kubernetes import client
+
+            api_client = kube.api_client(kubeconfig)  # ConfigError: no credentials
+            made.append((api_client, client.CoreV1Api(api_client)))
+        api_client, api = made[0]
         try:
             result = api.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={node_name}", _request_timeout=timeout
@@ -127,10 +147,11 @@ class PodDirectory:
         self.min_refresh = min_refresh
         self.max_age = max_age
         self.clock = clock
-        self._index = PodIndex({}, {}, {})
+        self._index = PodIndex({}, {})
         self._loaded_at: float | None = None
         self._lock = threading.Lock()
         self.failing = False
+        self.error: str | None = None  # why the last list failed (None: it answered)
         self.refreshes = 0
 
     def _refresh(self, force: bool) -> None:
@@ -145,11 +166,11 @@ class PodDirectory:
             if self.failing:
                 log.info("pod list answers again")
             self.failing = False
+            self.error = None
         except GpuK8sError as err:
-            if not self.failing:
-                log.warning("cannot list the node's pods; keeping the last known",
-                            extra={"error": str(err)})
+            # logged by the sampler, once, as a sample problem
             self.failing = True
+            self.error = f"cannot list the node's pods, keeping the last known: {err}"
 
     def resolve(self, pod_uid: str, container_id: str) -> ContainerRef | None:
         with self._lock:
@@ -160,18 +181,25 @@ class PodDirectory:
                 found = self._lookup(pod_uid, container_id)
             return found
 
-    def assignments(self, pods: Iterable[PodKey]) -> dict[PodKey, tuple[int, ...]]:
-        """The assigned GPUs of ``pods`` (pods on shared GPUs), relisting once (at most
-        every ``min_refresh`` seconds) when one of them is not known yet."""
+    def assignments(self, pods: Iterable[PodKey]) -> Assignments:
+        """The assignments of ``pods`` (pods on shared GPUs), relisting once (at most
+        every ``min_refresh`` seconds) when one of them was not in the last list; one
+        listed without a readable assignment waits for the next periodic list."""
         wanted = set(pods)
         with self._lock:
             self._refresh(force=False)
-            if not wanted <= set(self._index.assigned):
+            if not wanted <= self._index.listed | set(self._index.assigned):
                 self._refresh(force=True)  # a pod bound since the last list
-            return {key: gpus for key, gpus in self._index.assigned.items() if key in wanted}
+            index = self._index
+            return Assignments(
+                {key: gpus for key, gpus in index.assigned.items() if key in wanted},
+                {key: why for key, why in index.unreadable.items() if key in wanted},
+                tuple(sorted(key for key in wanted & index.listed
+                             if key not in index.assigned and key not in index.unreadable)),
+            )
 
     def _lookup(self, pod_uid: str, container_id: str) -> ContainerRef | None:
-        by_id, by_uid, _ = self._index
+        by_id, by_uid = self._index.by_id, self._index.by_uid
         if container_id in by_id:
             return by_id[container_id]
         refs = by_uid.get(pod_uid, [])

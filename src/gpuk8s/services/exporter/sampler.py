@@ -2,6 +2,9 @@
 processes' owners, attribute, record the GPUs in the book of known GPUs (stable labels,
 lost GPUs: ``knowngpus``), and keep the result as an immutable snapshot.
 
+Every problem of a sample has a class (``PROBLEM_CLASSES``), counted per class in
+``gpuk8s_exporter_sample_problems`` and logged once, when it first appears.
+
 Scrapes never touch a GPU: they render the last snapshot (``metrics.py``), so a scrape
 costs the same whether the vendor tool takes 5 ms or 5 s, and many scrapers cannot
 multiply the load on the driver. Samples are taken every ``interval`` seconds.
@@ -30,6 +33,18 @@ Inventory = Callable[[], NodeInventory]
 Health = Callable[[NodeInventory], Mapping[int, str | None]]
 Holdings = Callable[[], Sequence[ContainerDevices]]
 
+# The classes of sample problems, each counted in gpuk8s_exporter_sample_problems:
+PROBLEM_CLASSES = (
+    "telemetry",  # the vendor tool or NVML (no answer, a GPU it does not show)
+    "discovery",  # the inventory's problems (every discovery, the first included)
+    "allocations",  # the kubelet's PodResources API does not answer
+    "pod-list",  # the API server's pod list fails (or there are no credentials)
+    "assignment-unreadable",  # a pod's gpuk8s.io/sharing.assigned cannot be read
+    "assignment-missing",  # a pod holding shared-GPU ids has no assignment
+    "assignment-unknown-gpu",  # an assignment names a GPU this node lacks
+    "state",  # the book of known GPUs (its file)
+)
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -41,6 +56,8 @@ class Snapshot:
     problems: tuple[str, ...] = ()
     known: Mapping[int, KnownGpu] = field(default_factory=dict)  # discovery index -> entry
     lost: tuple[KnownGpu, ...] = ()  # GPUs off the bus, kept until they return or are forgotten
+    # per class of PROBLEM_CLASSES: how many of ``problems`` are of it
+    problem_counts: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -85,6 +102,7 @@ class Sampler:
         self._inventory: NodeInventory | None = None
         self._inventory_at = 0.0
         self._holdings: Sequence[ContainerDevices] = ()
+        self._reported: frozenset[str] = frozenset()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -108,19 +126,37 @@ class Sampler:
             owners[proc.pid] = None if found is None else self.pods.resolve(*found)
         return owners
 
-    def _assigned(self) -> dict[tuple[str, str], tuple[int, ...]]:
-        """The assigned GPUs of the pods holding shared-GPU replica ids."""
+    def _assigned(self, inventory: NodeInventory, problems: list[tuple[str, str]]
+                  ) -> dict[tuple[str, str], tuple[int, ...]]:
+        """The assigned GPUs of the pods holding shared-GPU replica ids; what is wrong
+        with them goes to ``problems``."""
         pods = {(h.container.namespace, h.container.pod) for h in self._holdings
                 if h.resource in SHARED_RESOURCES}
         if not pods or self.pods is None:
             return {}
-        return self.pods.assignments(pods)
+        found = self.pods.assignments(pods)
+        for (namespace, pod), why in sorted(found.unreadable.items()):
+            problems.append(("assignment-unreadable",
+                             f"pod {namespace}/{pod}: assignment unreadable: {why}"))
+        for namespace, pod in found.missing:
+            problems.append(("assignment-missing", f"pod {namespace}/{pod} holds shared-GPU "
+                             "ids but has no gpuk8s.io/sharing.assigned annotation"))
+        present = {gpu.index for gpu in inventory.gpus}
+        for (namespace, pod), gpus in sorted(found.gpus.items()):
+            lacking = [g for g in gpus if g not in present]
+            if lacking:
+                problems.append(("assignment-unknown-gpu", f"pod {namespace}/{pod}: assigned "
+                                 f"GPU {','.join(map(str, lacking))}, which this node lacks "
+                                 f"(it has {len(present)})"))
+        return found.gpus
 
     def sample_once(self) -> Snapshot:
         started = time.monotonic()
-        problems: list[str] = []
+        problems: list[tuple[str, str]] = []
         telemetry = self.telemetry_source()
+        problems.extend(("telemetry", p) for p in telemetry.problems)
         inventory = self._inventory_now({g.address for g in telemetry.gpus})
+        problems.extend(("discovery", p) for p in inventory.problems)
         health = self.health_source(inventory)
         if self.holdings_source is not None:
             try:
@@ -133,29 +169,39 @@ class Sampler:
                     log.warning("cannot read allocations; keeping the last known",
                                 extra={"error": str(err)})
                 self.stats.holdings_failing = True
-                problems.append(str(err))
-        usage = attribute(inventory, telemetry, self._holdings, self._owners(telemetry), health,
+                problems.append(("allocations", str(err)))
+        owners = self._owners(telemetry)
+        assigned = self._assigned(inventory, problems)
+        if self.pods is not None and self.pods.error is not None:
+            problems.append(("pod-list", self.pods.error))
+        usage = attribute(inventory, telemetry, self._holdings, owners, health,
                           resource_kinds=self.resource_kinds, max_containers=self.max_containers,
-                          assigned=self._assigned())
+                          assigned=assigned)
         known, lost, state_problems = self.known.observe(
             [(u.gpu, u.kind) for u in usage.gpus], self.on_bus)
-        problems.extend(state_problems)
+        problems.extend(("state", p) for p in state_problems)
+        counts = dict.fromkeys(PROBLEM_CLASSES, 0)
+        for kind, _ in problems:
+            counts[kind] += 1
         snapshot = Snapshot(inventory, telemetry, usage, time.time(),
-                            time.monotonic() - started,
-                            tuple([*telemetry.problems, *problems]), known, tuple(lost))
+                            time.monotonic() - started, tuple(p for _, p in problems),
+                            known, tuple(lost), counts)
         self.snapshot = snapshot
         self.stats.samples += 1
         return snapshot
 
+    def report(self, snapshot: Snapshot) -> None:
+        """Log each problem of ``snapshot`` that the last reported one did not have: a
+        problem is logged once while it lasts, again only after it went away."""
+        for problem in snapshot.problems:
+            if problem not in self._reported:
+                log.warning("sample problem", extra={"problem": problem})
+        self._reported = frozenset(snapshot.problems)
+
     def run(self) -> None:
-        reported: tuple[str, ...] = ()
         while not self._stop.is_set():
             try:
-                snapshot = self.sample_once()
-                if snapshot.problems != reported:
-                    for problem in snapshot.problems:
-                        log.warning("sample problem", extra={"problem": problem})
-                    reported = snapshot.problems
+                self.report(self.sample_once())
             except Exception:  # never let a bug stop sampling; the metric shows it
                 self.stats.failures += 1
                 log.exception("sample failed")

@@ -37,8 +37,8 @@ from .reconcile import (
     ReconcileResult,
     format_diff,
     host_fingerprint,
+    node_labels,
     reconcile,
-    wanted_labels,
 )
 
 log = logging.getLogger("gpuk8s.labeller")
@@ -70,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=2.0,
         help="seconds between cheap checks of the host (readiness markers, driver module, "
         "PCI functions) that start a pass at once when something changed; 0: off (default 2)",
+    )
+    parser.add_argument(
+        "--sharing",
+        action="store_true",
+        help="gpu-device serves the node in the mode of its gpuk8s.io/sharing-mode label "
+        "(the chart's gpuDevice.sharing): GFD's sharing labels follow it (default: whole "
+        "GPUs, sharing strategy none)",
     )
     parser.add_argument("--once", action="store_true", help="one pass, then exit")
     parser.add_argument(
@@ -116,10 +123,12 @@ def make_pass(
     discover: Discover,
     status_dir: str = DEFAULT_STATUS_DIR,
     dry_run: bool = False,
+    sharing: bool = False,
 ) -> Callable[[], ReconcileResult]:
     def one_pass() -> ReconcileResult:
-        wanted, inventory = wanted_labels(host_root, discover, status_dir)
-        return reconcile(store, node, wanted, dry_run=dry_run, problems=inventory.problems,
+        wanted, inventory = node_labels(host_root, discover, status_dir)
+        return reconcile(store, node, lambda current: wanted(current, sharing),
+                         dry_run=dry_run, problems=inventory.problems,
                          owned=owned_labels(inventory))
 
     return one_pass
@@ -182,7 +191,8 @@ def main(
         print(f"gpuk8s serve labeller: error: {err}", file=sys.stderr)
         return 2
     one_pass = make_pass(
-        store, args.node_name, args.host_root, discover, args.status_dir, dry_run=args.dry_run
+        store, args.node_name, args.host_root, discover, args.status_dir, dry_run=args.dry_run,
+        sharing=args.sharing,
     )
     if args.once or args.dry_run:
         try:

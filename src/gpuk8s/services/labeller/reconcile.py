@@ -12,8 +12,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ...core.labels import compute_labels, is_managed, label_diff
+from ...core.labels import compute_labels, gfd_machine, is_managed, label_diff, sharing_mode_of
 from ...core.model import NodeInventory
+from ...core.sharing import MODE_EXCLUSIVE, SHARING_MODE_LABEL
+from ...discovery import nvidia
 from ...host.readiness import STATUS_DIR, read_readiness
 from ..kube import PermanentApiError, classify
 
@@ -24,6 +26,8 @@ DEFAULT_STATUS_DIR = STATUS_DIR
 MAINTENANCE_ANNOTATION = "metax-tech.com/maintenance"
 
 Discover = Callable[[str], NodeInventory]
+# The labels a node should carry, given its current labels (its sharing mode label)
+Wanted = Callable[[Mapping[str, str]], Mapping[str, str]]
 
 
 def host_fingerprint(host_root: str, status_dir: str = DEFAULT_STATUS_DIR) -> tuple[object, ...]:
@@ -57,11 +61,31 @@ def wanted_labels(
     host_root: str,
     discover: Discover,
     status_dir: str = DEFAULT_STATUS_DIR,
+    sharing_mode: str = MODE_EXCLUSIVE,
 ) -> tuple[dict[str, str], NodeInventory]:
-    """The labels this node should carry, and the inventory they came from."""
+    """The labels this node should carry, and the inventory they came from
+    (``sharing_mode``: the mode gpu-device serves the node in, for GFD's labels)."""
+    wanted, inventory = node_labels(host_root, discover, status_dir)
+    return wanted({SHARING_MODE_LABEL: sharing_mode}, True), inventory
+
+
+def node_labels(
+    host_root: str,
+    discover: Discover,
+    status_dir: str = DEFAULT_STATUS_DIR,
+) -> tuple[Callable[[Mapping[str, str], bool], dict[str, str]], NodeInventory]:
+    """Discover the host once; the labels then depend only on the node's current labels
+    (its ``gpuk8s.io/sharing-mode``, read when ``sharing`` is on: the chart's
+    ``gpuDevice.sharing``; off, gpu-device serves whole GPUs whatever the label says)."""
     inventory = discover(host_root)
     readiness = read_readiness(host_root, status_dir) if inventory.has_gpus else {}
-    return compute_labels(inventory, readiness=readiness), inventory
+    machine = gfd_machine(nvidia.machine_type(host_root))
+
+    def wanted(current: Mapping[str, str], sharing: bool) -> dict[str, str]:
+        return compute_labels(inventory, readiness=readiness, machine=machine,
+                              sharing_mode=sharing_mode_of(current, sharing))
+
+    return wanted, inventory
 
 
 class NodeLabelStore(Protocol):
@@ -146,15 +170,18 @@ class ReconcileResult:
 def reconcile(
     store: NodeLabelStore,
     node: str,
-    wanted: Mapping[str, str],
+    wanted: Mapping[str, str] | Wanted,
     *,
     dry_run: bool = False,
     problems: tuple[str, ...] = (),
     owned: tuple[str, ...] = (),
 ) -> ReconcileResult:
     """Bring the node's ``metax-tech.com/`` labels and the ``owned`` keys outside that
-    prefix (``core.labels.owned_labels``) to ``wanted``; other labels untouched."""
+    prefix (``core.labels.owned_labels``) to ``wanted`` (or to what ``wanted`` makes of the
+    node's current labels); other labels untouched."""
     labels, version = store.read(node)
+    if callable(wanted):
+        wanted = wanted(labels)
     changes = label_diff(labels, wanted, owned=owned)
     ours = {k: v for k, v in labels.items() if is_managed(k, owned)}
     applied = False
