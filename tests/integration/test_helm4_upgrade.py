@@ -4,18 +4,26 @@ weights, and a release that an uninstall left behind (issue 52).
 helm 4 applies server-side: a key another field manager owns (``kubectl replace`` /
 ``kubectl edit`` of ConfigMap gpu-aware-plugin) stops an upgrade that changes it, the
 release is left ``failed``, until the upgrade is run with ``--force-conflicts`` (the
-command NOTES.txt and docs/extender.md give). The real kubectl makes the edit.
+command NOTES.txt and docs/extender.md give). The real kubectl makes the edit. A release
+left ``uninstalling`` is listed by the manual's ``helm list -q -f "metax"`` on helm 4 (on
+helm 3 only with ``-a``) and found by roles/gpu_chart.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.integration.test_package_install import _helm3, _helm_as
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
 
 NS = "metax-gpu-extensions"
 ON = ("--set", "deployExtenderGPUAware=true")
@@ -124,6 +132,57 @@ def test_a_release_whose_uninstall_hung_is_still_listed(
         helm3 = _helm_as(apiserver, _helm3())
         assert helm3("list", "-q", "-f", "metax", "-n", ns).stdout.split() == []
         assert helm3("list", "-a", "-q", "-f", "metax", "-n", ns).stdout.split() == [rel]
+    finally:
+        helm("uninstall", rel, "-n", ns, "--no-hooks", "--wait", "--timeout", "120s",
+             check=False)
+    assert helm("list", "-q", "-n", ns).stdout.split() == []
+
+
+def _operator_role(apiserver: Any, tmp: Path, state: str) -> subprocess.CompletedProcess[str]:
+    """roles/gpu_operator with ``state`` on the API server, with helm 3 (what
+    kubernetes.core.helm needs), no verification, a 5 s timeout."""
+    play = tmp / f"{state}.yml"
+    play.write_text(json.dumps([{
+        "name": "operator", "hosts": "localhost", "gather_facts": False,
+        "tasks": [{"name": "the role", "ansible.builtin.include_role": {"name": "gpu_operator"},
+                   "vars": {"gpu_operator_state": state, "gpu_operator_verify": False,
+                            "gpu_operator_namespace": "metax-operator-role",
+                            "gpu_operator_driver_deploy_policy": "Never",
+                            "gpu_operator_wait_timeout": "5s",
+                            "gpu_operator_kubeconfig": apiserver.kubeconfig("admin"),
+                            "gpu_operator_helm_binary": _helm3()}}]}]))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "PATH": f"{BIN}:{os.environ['PATH']}"}
+    return subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e",
+         f"ansible_python_interpreter={sys.executable}", str(play)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_the_role_finds_a_release_left_uninstalling(
+    apiserver: Any, helm: Any, charts: dict[str, str], tmp_path: Path
+) -> None:
+    """roles/gpu_chart lists releases left ``uninstalling``: an install beside one is
+    refused before anything changes, an uninstall runs it again and, when its hook still
+    does not finish, fails naming ``--no-hooks``."""
+    rel, chart, ns = "metax-op4r", charts["metax-operator"], "metax-operator-role"
+    helm("install", rel, chart, "-n", ns, "--create-namespace", "--set",
+         "driver.deployPolicy=Never")
+    try:
+        helm("uninstall", rel, "-n", ns, "--wait", "--timeout", "5s", check=False)
+        assert _status(helm, rel, ns) == "uninstalling"
+        present = _operator_role(apiserver, tmp_path, "present")
+        assert present.returncode != 0
+        out = " ".join(present.stdout.split())
+        assert (f"release {rel} in namespace {ns} is left 'uninstalling'" in out), out[-3000:]
+        assert "Install the chart" not in present.stdout
+        assert helm("list", "-q", "-n", ns).stdout.split() == [rel]  # nothing new
+        absent = _operator_role(apiserver, tmp_path, "absent")
+        assert absent.returncode != 0
+        out = " ".join(absent.stdout.split())
+        assert f"release {rel} in namespace {ns} is still 'uninstalling'" in out, out[-3000:]
+        assert f"helm uninstall {rel} -n {ns} --no-hooks" in out
+        assert _status(helm, rel, ns) == "uninstalling"
     finally:
         helm("uninstall", rel, "-n", ns, "--no-hooks", "--wait", "--timeout", "120s",
              check=False)
