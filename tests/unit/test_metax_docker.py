@@ -397,15 +397,18 @@ def test_pass_through_is_unchanged(wrapper: Wrapper, args: list[str]) -> None:
 
 
 def test_pass_through_imports_no_discovery(wrapper: Wrapper) -> None:
-    """A command that only passes through loads the grammar, not discovery or the edits."""
+    """A command that only passes through loads the grammar, not discovery, the edits or
+    dataclasses."""
     code = ("import sys; from gpuk8s.metax_docker import main; "
             "main.plan(['ps', '-a'], {}, 'docker'); "
-            "print(sorted(m for m in sys.modules if m.startswith('gpuk8s')))")
+            "print(sorted(m for m in sys.modules if m.startswith('gpuk8s')), "
+            "'dataclasses' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO / "src")}, check=True)
     loaded = proc.stdout
     assert "gpuk8s.metax_docker.dockerargs" in loaded
     assert "gpuk8s.discovery" not in loaded and "gpuk8s.core.cdi" not in loaded
+    assert loaded.split()[-1] == "False"  # nor dataclasses (inspect, ast ...): 25 % of its CPU
 
 
 def test_run_with_gpus(wrapper: Wrapper, host: str) -> None:
@@ -781,3 +784,79 @@ def test_a_socket_that_is_no_daemon_falls_back_to_the_cli(wrapper: Wrapper, tmp_
         assert docker.server_version() == "20.10.24"  # the fake docker's answer
     assert docker.socket is None
     assert wrapper.calls() == [["version", "--format", "{{.Server.Version}}"]]
+
+
+# -- the health check started first (early) --------------------------------------------------
+def _counting_mxsmi(root: str, log: Path) -> None:
+    """The simulator's mx-smi behind a script that logs each run's arguments."""
+    tool = Path(root) / "opt/mxdriver/bin/mx-smi"
+    tool.rename(tool.with_name("mx-smi.real"))
+    tool.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec "$0.real" "$@"\n')
+    tool.chmod(0o755)
+
+
+def test_run_with_gpus_runs_the_health_check_once(tmp_path: Path) -> None:
+    root = str(tmp_path / "node")
+    sim.create(root, "c500-8")
+    sim.fail(root, 3, "fault", reason="GPU hang detected")
+    log = tmp_path / "mx-smi.log"
+    _counting_mxsmi(root, log)
+    wrapper = Wrapper(tmp_path, root)
+    proc = wrapper("run", "--rm", "--gpus", "all", "img", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert log.read_text().splitlines() == ["--show-unavailable-reason"]
+    assert "GPU 3 (" in proc.stderr and "GPU hang detected" in proc.stderr  # its answer used
+    final = wrapper.final()
+    assert final[0] == "run" and final[-3:] == ["--rm", "img", "true"]
+    pairs = list(zip(final[1:-3:2], final[2:-3:2], strict=True))
+    assert ("--env", "MACA_VISIBLE_DEVICES=0,1,2,3,4,5,6") in pairs
+    # named by serial number: --show-hwinfo beside it, the health check still once
+    log.write_text("")
+    serial = sim.state(root)["gpus"][5]["serial"]
+    proc = wrapper("run", "--rm", "--gpus", f"[{serial}]", "img", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(log.read_text().splitlines()) == ["--show-hwinfo",
+                                                    "--show-unavailable-reason"]
+
+
+def test_early_health_answers_its_argv_once_and_runs_the_rest(tmp_path: Path) -> None:
+    from gpuk8s.metax_docker.early import EarlyHealth
+
+    root = str(tmp_path / "node")
+    sim.create(root, "c500-8")
+    log = tmp_path / "mx-smi.log"
+    _counting_mxsmi(root, log)
+    early = EarlyHealth(root)
+    assert early.argv == [f"{root}/opt/mxdriver/bin/mx-smi", "--show-unavailable-reason"]
+    rc, out, _ = early.runner(early.argv)
+    assert rc == 0 and "Unavailable Reason" in out
+    assert log.read_text().splitlines() == ["--show-unavailable-reason"]
+    early.runner(early.argv)  # a second health check asks mx-smi again
+    rc, out, _ = early.runner([early.argv[0], "--show-hwinfo"])
+    assert rc == 0 and log.read_text().splitlines() == [
+        "--show-unavailable-reason", "--show-unavailable-reason", "--show-hwinfo"]
+    assert EarlyHealth(str(tmp_path / "bare")).argv is None  # no mx-smi: nothing started
+
+
+def test_health_check_starts_before_the_edits_are_imported(wrapper: Wrapper) -> None:
+    """mx-smi starts before plan (the edits, the selection) is imported: the two overlap."""
+    code = (
+        "import os, sys\n"
+        "from gpuk8s.metax_docker import early, main\n"
+        "seen = []\n"
+        "start = early.start_health\n"
+        "def spy(env):\n"
+        "    seen.append('gpuk8s.metax_docker.plan' in sys.modules)\n"
+        "    return start(env)\n"
+        "early.start_health = spy\n"
+        "main.plan(['run', '--gpus', '2', 'img', 'true'], os.environ, 'docker')\n"
+        "main.plan(['run', '--maca-force', 'img', 'true'], os.environ, 'docker')\n"
+        "print(seen)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "PATH":
+           f"{wrapper.bin}:{os.environ['PATH']}", "FAKE_DOCKER_LOG": str(wrapper.log),
+           mp.ENV_ROOT: wrapper.root, mp.ENV_CACHE: str(wrapper.cache)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[False]"]  # once, for --gpus, before plan

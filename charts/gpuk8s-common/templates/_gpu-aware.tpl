@@ -354,10 +354,11 @@ ConfigMap records what the chart last rendered (annotation metax-tech.com/chart-
 * otherwise a live value that differs from the record is an edit: it stays;
 * otherwise the chart's value.
 A ConfigMap of an older release (named gpu-aware, or without a record) keeps its weights.
-`notes` says what happened to each live edit (NOTES.txt prints it). With helm 4's
-server-side apply, replacing a value `kubectl edit` set conflicts with that field manager:
-the upgrade then stops, naming it, and `--force-conflicts` lets the chart's value in
-(docs/extender.md).
+`notes` says what happened to each live edit (NOTES.txt prints it) and, for one that
+stays, the command that replaces it. With helm 4's server-side apply, replacing a value
+`kubectl edit` / `kubectl replace` set conflicts with that field manager: the upgrade then
+stops, naming it, and leaves the release `failed`; the same upgrade with
+`--force-conflicts` lets the chart's value in (docs/extender.md).
 Context: root.
 */}}
 {{- define "gpuk8s.gpuAwareWeights" -}}
@@ -382,7 +383,7 @@ Context: root.
 {{- end -}}
 {{- else if ne $now (index $recorded $i) -}}
 {{- $_ := set $out $key $now -}}
-{{- $notes = append $notes (printf "gpuAware.%s: the live edit %s stays (the chart's %s is unchanged; --set gpuAware.%s=<a new value> replaces it)" $key $now $new $key) -}}
+{{- $notes = append $notes (printf "gpuAware.%s: the live edit %s stays (the chart's %s is unchanged; helm upgrade %s <CHART> -n %s --reuse-values --set gpuAware.%s=<a new value> --force-conflicts replaces it)" $key $now $new $.Release.Name $ns $key) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

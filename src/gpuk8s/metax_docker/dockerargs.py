@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 from ..core.errors import ConfigError
 
@@ -99,8 +98,7 @@ def _table_lookup(values: frozenset[str], bools: frozenset[str]) -> TakesValue:
     return lookup
 
 
-@dataclass(frozen=True)
-class Invocation:
+class Invocation(NamedTuple):
     """A docker command line cut in three: global options, command words, the rest."""
 
     global_args: tuple[str, ...]
@@ -112,8 +110,7 @@ class Invocation:
         return self.command in CONTAINER_COMMANDS
 
 
-@dataclass(frozen=True)
-class WrapperOptions:
+class WrapperOptions(NamedTuple):
     gpus: str | None = None
     maca: str | None = None
     maca_force: bool = False
@@ -123,8 +120,7 @@ class WrapperOptions:
         return self.gpus is not None or self.maca is not None or self.maca_force
 
 
-@dataclass(frozen=True)
-class RunArgs:
+class RunArgs(NamedTuple):
     """``run`` / ``create`` arguments: docker's options (the wrapper's taken out, the rest
     token for token as given), the image and the container's command."""
 

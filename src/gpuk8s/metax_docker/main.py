@@ -18,7 +18,9 @@ container).
 
 Only what every command needs is imported here: a command that passes through (``ps``,
 ``run`` without the wrapper's flags ...) costs the interpreter's start and this module;
-``plan`` (discovery, the CDI edits) is imported for ``run`` / ``create`` with them.
+``plan`` (discovery, the CDI edits) is imported for ``run`` / ``create`` with them, and
+with ``--gpus`` only after mx-smi's health check has started (``early``), so the two
+overlap.
 """
 
 from __future__ import annotations
@@ -50,7 +52,6 @@ def plan(argv: Sequence[str], env: Mapping[str, str], program: str) -> list[str]
     if not invocation.creates_container or not mentions_wrapper_flags(invocation.args):
         return list(argv)
     from .docker import Docker
-    from .plan import wrapper_args
 
     docker = Docker(program, invocation.global_args, env)
     try:
@@ -64,7 +65,15 @@ def plan(argv: Sequence[str], env: Mapping[str, str], program: str) -> list[str]
         return list(argv)
     if run.image is None:  # docker says what is missing
         return [*prefix, *run.rebuild([])]
-    return [*prefix, *run.rebuild(wrapper_args(run, env, docker, invocation.command))]
+    runner = None
+    if run.wrapper.gpus is not None:  # mx-smi's health check runs while plan is imported
+        from .early import start_health
+
+        runner = start_health(env)
+    from .plan import wrapper_args
+
+    return [*prefix, *run.rebuild(wrapper_args(run, env, docker, invocation.command,
+                                               runner))]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 from ..core.cdi import (
     DEFAULT_SDK_PATHS,
@@ -34,13 +32,13 @@ from ..core.cdi import (
 )
 from ..core.model import Gpu, NodeInventory
 from ..discovery import check_health, discover
-from ..discovery.tools import host_path
+from ..discovery.tools import Runner, host_path
 from .docker import Docker, DockerError
 from .dockerargs import RunArgs, UsageError
+from .early import ENV_ROOT, Background
 from .selection import GpuRequest, Selection, parse_request, select, units_of
 
 PROG = "metax-docker"
-ENV_ROOT = "METAX_DOCKER_HOST_ROOT"
 ENV_PREFIX = "METAX_DOCKER_DEVICE_PATH_PREFIX"
 ENV_CACHE = "METAX_DOCKER_CACHE_DIR"
 SDK_PATH, *OTHER_SDK_PATHS = DEFAULT_SDK_PATHS["metax"]  # /opt/maca; /opt/mxdriver
@@ -49,9 +47,6 @@ VISIBLE_DEVICES_MODE = "auto"  # the device plugin's default (--visible-devices)
 # what docker gives a Linux container whose image sets no PATH
 DOCKER_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LIBRARY_PATH = "LD_LIBRARY_PATH"
-
-T = TypeVar("T")
-
 
 @dataclass(frozen=True)
 class Host:
@@ -215,49 +210,24 @@ def remember_has_sdk(directory: str | None, image_id: str, has_sdk: bool) -> Non
         pass
 
 
-# -- running the slow parts side by side -------------------------------------------------------
-class Background(Generic[T]):
-    """``fn()`` in a thread (the work is waiting on subprocesses); ``result()`` returns its
-    value or raises its exception."""
-
-    def __init__(self, fn: Callable[[], T]) -> None:
-        self._fn = fn
-        self._value: T | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._value = self._fn()
-        except BaseException as err:  # handed to the caller of result()
-            self._error = err
-
-    def wait(self) -> None:
-        """Until ``fn()`` has returned or raised."""
-        self._thread.join()
-
-    def result(self) -> T:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value  # type: ignore[return-value]
-
-
-def choose_gpus(host: Host, request: GpuRequest) -> tuple[NodeInventory, Selection]:
+def choose_gpus(host: Host, request: GpuRequest,
+                runner: Runner | None = None) -> tuple[NodeInventory, Selection]:
     """Discovery (sysfs, and mx-smi's ``--show-hwinfo`` only when GPUs are named by serial
-    number or UUID, beside the health check), the health check, the selection."""
+    number or UUID, beside the health check), the health check, the selection. ``runner``:
+    discovery's (``early.start_health``: the health check already under way)."""
     by_name = any(not name.isdigit() for name in request.names)
-    named = Background(lambda: discover(host.root, queries=("hwinfo",))) if by_name else None
-    inventory = discover(host.root, queries=())
-    health = check_health(host.root, inventory) if inventory.backend == "metax" else {}
+    named = Background(lambda: discover(host.root, queries=("hwinfo",), runner=runner)
+                       ) if by_name else None
+    inventory = discover(host.root, queries=(), runner=runner)
+    health = check_health(host.root, inventory, runner) if inventory.backend == "metax" else {}
     if named is not None:
         inventory = named.result()
     return inventory, select(inventory, request, host.where, health)
 
 
 def wrapper_args(
-    run: RunArgs, env: Mapping[str, str], docker: Docker, command: Sequence[str] = ("run",)
+    run: RunArgs, env: Mapping[str, str], docker: Docker, command: Sequence[str] = ("run",),
+    runner: Runner | None = None,
 ) -> list[str]:
     """The docker flags that replace ``--gpus`` / ``--maca`` / ``--maca-force``.
 
@@ -270,7 +240,8 @@ def wrapper_args(
     request = parse_request(options.gpus) if options.gpus is not None else None
     host = Host.from_env(env)
     sdk = sdk_source(host, options.maca)
-    chosen = Background(lambda: choose_gpus(host, request)) if request is not None else None
+    chosen = (Background(lambda: choose_gpus(host, request, runner))
+              if request is not None else None)
     version = Background(docker.check_version)
     # --pull always / --platform: the image run uses may not be the local one
     probe_options = [f"{flag}={value}" for flag in ("--platform", "--pull")
