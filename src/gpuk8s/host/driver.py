@@ -14,9 +14,11 @@ A *payload* is what gets installed: a directory laid out like the host (``opt/mx
   module is there for the kernel release the node runs (``lib/modules/<release>/``) and
   was built for it (``vermagic``, read from the module's ELF ``.modinfo``), ``depmod``
   can run, and no process holds the GPU devices open. Then it records what runs now
-  (``TRANSACTION``), unloads, installs, runs ``depmod`` for the running release (as kmod's
-  ``modprobe`` finds modules only through ``modules.dep``), loads, reads the running
-  version back, and commits. Directory payloads (and, under a root other than ``/``,
+  (``TRANSACTION``), installs while the running driver runs on, runs ``depmod`` for the
+  running release (as kmod's ``modprobe`` finds modules only through ``modules.dep``),
+  asks kmod which file it would load (``check_resolved``: the payload's, of the wanted
+  ``.modinfo`` version, no other one ranked with it), and only then unloads, loads, reads
+  the running version back, and commits. Directory payloads (and, under a root other than ``/``,
   packages, unpacked and checked before the unload) are copied file by file with a backup
   and a journal (``host.files``): any failure — or a crash, found by ``recover`` at the
   next start — restores the previous files, ``modules.dep`` and ownership record, unloads
@@ -57,6 +59,10 @@ TRANSACTION = STATE_DIR + "/driver-transaction.json"
 STAGING_PREFIX = ".gpuk8s-driver-"  # packages unpacked under STATE_DIR
 DEFAULT_LOAD = ("modprobe", "{module}")
 DEFAULT_UNLOAD = ("modprobe", "-r", "{module}")
+# kmod's own lookup of the file it would load, on the target root (loaded or not:
+# `modprobe -n -v` prints nothing for a module that is loaded, --show-depends always)
+RESOLVE_ARGS = ("--show-depends", "-d", "{host_root}", "-S", "{kernel_release}", "{module}")
+DEFAULT_RESOLVE = ("modprobe", *RESOLVE_ARGS)
 # depmod for the running release; under a root other than / with that root as base dir
 DEFAULT_DEPMOD = ("depmod", "-a", "{kernel_release}")
 DEFAULT_DEPMOD_UNDER = ("depmod", "-a", "-b", "{host_root}", "{kernel_release}")
@@ -219,15 +225,28 @@ def check_tree(tree: str, wanted: str, module: str, root: str, source: str) -> s
         try:
             built = kmodule.built_for(os.path.join(tree, rel))
         except kmodule.ModuleFormatError as err:
-            raise PayloadError(f"payload {source}: {err}; the kernel would refuse it; nothing "
-                               "was changed") from err
+            raise PayloadError(f"payload {source}: {err}; nothing was changed") from err
         if built != release:
             raise PayloadError(
                 f"payload {source}: {rel} was built for kernel {built} (its vermagic), but "
                 f"{runs}: the kernel would refuse it (Invalid module format); use the payload "
                 "built for this kernel; nothing was changed"
             )
-    return next(rel for r, rel in ours if r == release)
+    rel = next(rel for r, rel in ours if r == release)
+    inside = module_version(os.path.join(tree, rel))
+    if not same_version(inside, wanted):
+        raise PayloadError(
+            f"payload {source}: {rel} is driver {inside or 'of no version'} (its .modinfo "
+            f"version), but its opt/mxdriver/Version.txt says {wanted}: a broken payload; "
+            "nothing was changed")
+    return rel
+
+
+def module_version(path: str) -> str | None:
+    """The ``version`` of a module's ``.modinfo`` (what the kernel shows in
+    /sys/module/<name>/version once it is loaded); None when it has none."""
+    found = kmodule.modinfo(path).get("version")
+    return found[0] if found else None
 
 
 def install_commands(kind: str, payload: str, root: str,
@@ -330,6 +349,9 @@ class InstallRequest:
     unload_command: tuple[str, ...] = DEFAULT_UNLOAD
     # None: DEFAULT_DEPMOD on /, DEFAULT_DEPMOD_UNDER elsewhere
     depmod_command: tuple[str, ...] | None = None
+    # kmod's lookup (resolve_argv); None: the load command's program asked with
+    # RESOLVE_ARGS when the load command is `PROGRAM... {module}`, else DEFAULT_RESOLVE
+    resolve_command: tuple[str, ...] | None = None
     force: bool = False
     sdk_version: str | None = None
     owner: str | None = None  # record ownership (driver-manager: "driver-manager")
@@ -374,6 +396,9 @@ def plan(root: str, request: InstallRequest, runner: Runner | None = None
             check_payload(request.payload, kind, str(request.version))
         _check_command(depmod_argv(root, request, "-"), "depmod",
                        "install kmod, or set the depmod command")
+    if decision.changes:
+        _check_command(resolve_argv(root, request, "-"), "module lookup",
+                       "install kmod, or set the resolve command")
     return before, decision, kind
 
 
@@ -381,6 +406,89 @@ def depmod_argv(root: str, request: InstallRequest, release: str) -> list[str]:
     default = DEFAULT_DEPMOD if os.path.realpath(root) == "/" else DEFAULT_DEPMOD_UNDER
     return expand(request.depmod_command or default, host_root=root, kernel_release=release,
                   module=request.module)
+
+
+def resolve_argv(root: str, request: InstallRequest, release: str) -> list[str]:
+    """kmod's lookup of the file ``modprobe`` would load for the module, on ``root``."""
+    argv = request.resolve_command
+    if argv is None:
+        load = request.load_command
+        argv = (*load[:-1], *RESOLVE_ARGS) if len(load) > 1 and load[-1] == "{module}" \
+            else DEFAULT_RESOLVE
+    return expand(argv, host_root=root, kernel_release=release, module=request.module)
+
+
+def resolve(root: str, request: InstallRequest, runner: Runner) -> str:
+    """The file kmod loads for the module on ``root`` now (its own lookup through
+    ``modules.dep``: ``updates/`` first, e.g. a DKMS build), relative to ``root``."""
+    argv = resolve_argv(root, request, kmodule.kernel_release(root))
+    try:
+        rc, out, err = runner(argv)
+    except OSError as exc:
+        raise DriverError(f"module lookup `{' '.join(argv)}` could not run: {exc}") from exc
+    name = request.module.replace("-", "_")
+    found = [line.split()[1] for line in out.splitlines()
+             if line.startswith("insmod ") and len(line.split()) > 1
+             and kmodule.module_name(line.split()[1]) == name]
+    if rc != 0 or not found:
+        raise DriverError(f"kmod does not find module {request.module} on {root} "
+                          f"(`{' '.join(argv)}` exited with {rc}: "
+                          f"{(err or out).strip()[-300:] or 'no insmod line'})")
+    path = os.path.normpath(found[-1])
+    top = os.path.realpath(root)
+    if os.path.realpath(root) != "/" and path.startswith(top + os.sep):
+        path = path[len(top):]
+    elif os.path.realpath(root) != "/" and path.startswith(root.rstrip("/") + "/"):
+        path = path[len(root.rstrip("/")):]
+    return path.lstrip("/")
+
+
+def same_priority(root: str, module: str, ours: str) -> list[str]:
+    """Other files of ``module`` for the release of ``ours`` (``lib/modules/<release>/...``)
+    that depmod's default search order ranks with it ("updates" before "built-in")."""
+    parts = os.path.normpath(ours).split(os.sep)
+    top = os.sep.join(parts[:3])  # lib/modules/<release>
+
+    def rank(rel: str) -> bool:
+        return rel.split(os.sep)[3:4] == ["updates"]
+
+    name = module.replace("-", "_")
+    return [rel for _, rel in kmodule.modules_in(root) if rel.startswith(top + os.sep)
+            and kmodule.module_name(rel) == name and rel != os.path.normpath(ours)
+            and rank(rel) == rank(os.path.normpath(ours))]
+
+
+def check_resolved(root: str, request: InstallRequest, runner: Runner,
+                   ours: str | None) -> str:
+    """Before the running driver is unloaded: the file kmod will load (``resolve``) is
+    ``ours`` (the payload's module, when known) and its ``.modinfo`` version is the wanted
+    one. DriverError naming the file kmod prefers otherwise. Returns that file."""
+    wanted = str(request.version)
+    found = resolve(root, request, runner)
+    try:
+        version = module_version(host_path(root, found))
+    except kmodule.ModuleFormatError as err:
+        raise DriverError(f"kmod would load /{found}, which is unreadable: {err}") from err
+    if ours is not None and found != os.path.normpath(ours):
+        raise DriverError(
+            f"kmod would load /{found} (driver {version or 'of no version'}), not the "
+            f"payload's /{ours}: another installer left a {request.module} module that kmod "
+            "prefers (a DKMS build under updates/, or an older one beside it); remove it "
+            f"(`dkms remove`, or delete the file) and retry. The running driver was not "
+            "unloaded")
+    tied = same_priority(root, request.module, ours) if ours else []
+    if tied:
+        raise DriverError(
+            f"/{tied[0]} is another {request.module} module beside the payload's /{ours}, "
+            "as depmod ranks them (neither under updates/, or both): which one kmod loads "
+            f"depends on directory order (it takes /{found} now, maybe the other after the "
+            "next depmod); remove the one left behind and retry. The running driver was not "
+            "unloaded")
+    if not same_version(version, wanted):
+        raise DriverError(
+            f"kmod would load /{found}, which is driver {version or 'of no version'} (its "
+            f".modinfo version), not the wanted {wanted}; the running driver was not unloaded")
+    return found
 
 
 def _check_command(argv: list[str], what: str, hint: str) -> None:
@@ -406,7 +514,7 @@ def planned_after(before: DriverState, decision: Decision, request: InstallReque
 
 
 def planned_actions(before: DriverState, decision: Decision) -> list[str]:
-    steps = (("unload", before.loaded and decision.changes), ("install", decision.install),
+    steps = (("install", decision.install), ("unload", before.loaded and decision.changes),
              ("load", decision.changes))
     return [name for name, on in steps if on]
 
@@ -421,23 +529,30 @@ def _run(runner: Runner, argv: list[str], what: str) -> None:
                           f"{(err or out).strip()[-500:]}")
 
 
-def _stage(root: str, request: InstallRequest, kind: str, runner: Runner) -> str | None:
+def _stage(root: str, request: InstallRequest, kind: str, runner: Runner
+           ) -> tuple[str | None, str | None]:
     """Unpack a package payload (root other than /, no install command) into a staging
-    directory under STATE_DIR and check it like a directory payload; None when the payload
-    is not staged (a directory, the package manager on /, an install command)."""
-    if kind == "dir" or request.install_command or os.path.realpath(root) == "/":
-        return None
+    directory under STATE_DIR and check it like a directory payload. Returns (staging
+    directory, the module's path in it); None for what is not staged / not known (the
+    package manager on /, an install command); a directory payload is not staged."""
+    if request.install_command:
+        return None, None
+    if kind == "dir":
+        return None, check_tree(str(request.payload), str(request.version), request.module,
+                                root, str(request.payload))
+    if os.path.realpath(root) == "/":
+        return None, None
     os.makedirs(host_path(root, STATE_DIR), exist_ok=True)
     staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=host_path(root, STATE_DIR))
     try:
         for argv in install_commands(kind, str(request.payload), staging, request.run_args):
             _run(runner, argv, "unpacking the payload")
-        check_tree(staging, str(request.version), request.module, root,
-                   f"{request.payload} (unpacked)")
+        module = check_tree(staging, str(request.version), request.module, root,
+                            f"{request.payload} (unpacked)")
     except GpuK8sError:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return staging
+    return staging, module
 
 
 def _install_files(root: str, request: InstallRequest, kind: str, runner: Runner,
@@ -559,20 +674,24 @@ def _converge(root: str, request: InstallRequest, runner: Runner, outcome: Outco
         busy = gpu_processes(root)
         if busy and not request.force:
             raise GpuBusyError(busy_message(busy))
-    staged = _stage(root, request, str(kind), runner) if decision.install else None
+    staged, module = _stage(root, request, str(kind), runner) if decision.install else \
+        (None, None)
     try:
         os.makedirs(host_path(root, STATE_DIR), exist_ok=True)
         _begin(root, request, before)
         try:
+            # the files first, while the running driver runs on: kmod's own lookup then
+            # says which file it would load, before anything is unloaded
+            if decision.install:
+                on_step("install")
+                _install_files(root, request, str(kind), runner, staged)
+                outcome.actions.append("install")
+            check_resolved(root, request, runner, module)
             if before.loaded:
                 on_step("unload")
                 _run(runner, expand(request.unload_command, module=request.module,
                                     host_root=root), "unloading the driver")
                 outcome.actions.append("unload")
-            if decision.install:
-                on_step("install")
-                _install_files(root, request, str(kind), runner, staged)
-                outcome.actions.append("install")
             on_step("load")
             _load(root, request, runner)
             outcome.actions.append("load")
