@@ -598,15 +598,26 @@ def _commit(root: str, request: InstallRequest) -> None:
     path = host_path(root, TRANSACTION)
     record = files.read_json(path)
     files.write_json(path, {**(record if isinstance(record, dict) else {}), "committed": True})
-    files.commit(host_path(root, JOURNAL))
+    files.commit(host_path(root, JOURNAL), root)
     files.remove(path)
+
+
+# the records an install writes (files.atomic_write: a killed write leaves a temp file)
+RECORDS = (JOURNAL, TRANSACTION, OWNER_RECORD)
 
 
 def _left_behind(root: str) -> tuple[str, list[str]]:
     """What a process that died during ``converge`` left: ``"committed"`` (past the
     commit point), ``"uncommitted"`` (a transaction record or file journal before it) or
-    ``""``; and the payload unpack directories left under ``STATE_DIR``. Reads only."""
-    stale = [n for n in _listdir(host_path(root, STATE_DIR)) if n.startswith(STAGING_PREFIX)]
+    ``""``; and what is only litter: payload unpack directories, temp files of its
+    records, a backup without a journal (all under ``STATE_DIR``). Reads only."""
+    state_dir = host_path(root, STATE_DIR)
+    temps = tuple(f".{os.path.basename(r)}{files.TEMP_MARK}" for r in RECORDS)
+    stale = [n for n in _listdir(state_dir) if n.startswith(STAGING_PREFIX)
+             or (n.startswith(temps) and n.split(files.TEMP_MARK)[-1].isdigit())]
+    if os.path.lexists(host_path(root, BACKUP)) and \
+            not os.path.lexists(host_path(root, JOURNAL)):
+        stale.append(os.path.basename(BACKUP))
     record = files.read_json(host_path(root, TRANSACTION))
     if isinstance(record, dict) and record.get("committed"):
         return "committed", stale
@@ -623,13 +634,14 @@ def recover(root: str, request: InstallRequest, runner: Runner) -> str | None:
     install, stale = _left_behind(root)
     state_dir = host_path(root, STATE_DIR)
     for name in stale:
-        shutil.rmtree(os.path.join(state_dir, name), ignore_errors=True)
+        files.remove(os.path.join(state_dir, name))
     if install == "committed":
-        files.commit(host_path(root, JOURNAL))
+        files.commit(host_path(root, JOURNAL), root)
         files.remove(host_path(root, TRANSACTION))
         return "finished committing an interrupted driver install"
     if not install:
-        return "removed an interrupted payload unpack" if stale else None
+        return "removed what an interrupted driver install left: " + ", ".join(stale) \
+            if stale else None
     return "rolled back an interrupted driver install: " + _roll_back(root, request, runner)
 
 
@@ -640,7 +652,8 @@ def interrupted(root: str) -> str | None:
         return "a driver install was interrupted after its commit point: it is finished first"
     if install:
         return f"a driver install was interrupted ({JOURNAL}): it is rolled back first"
-    return "an interrupted payload unpack is removed first" if stale else None
+    return ("what an interrupted driver install left is removed first: " + ", ".join(stale)
+            if stale else None)
 
 
 def _listdir(path: str) -> list[str]:
@@ -729,7 +742,7 @@ def _roll_back(root: str, request: InstallRequest, runner: Runner) -> str:
     was_loaded = bool(record.get("loaded")) if isinstance(record, dict) else True
     previous = record.get("version") if isinstance(record, dict) else None
     said: list[str] = []
-    if files.rollback(host_path(root, JOURNAL)) is not None:
+    if files.rollback(host_path(root, JOURNAL), root) is not None:
         said.append("the previous driver files were restored")
         if _run_quiet(runner, depmod_argv(root, request, kmodule.kernel_release(root))) != 0:
             said.append("depmod failed (run `depmod -a` by hand)")
