@@ -238,30 +238,50 @@ def snapshot(root: Path) -> dict[str, bytes]:
             and "sys" not in p.parts}
 
 
-@pytest.mark.parametrize(("rel", "said"), [
-    ("updates/dkms/metax.ko", f"kmod would load /lib/modules/{RELEASE}/updates/dkms/metax.ko "
+LEFT = {
+    # case: (where the other file is, depmod run since it came, what the refusal says)
+    "DKMS, indexed": ("updates/dkms/metax.ko", True,
+                      f"kmod loads /lib/modules/{RELEASE}/updates/dkms/metax.ko now, under "
+                      "updates/, which it searches before the payload's"),
+    "DKMS, not indexed yet": ("updates/dkms/metax.ko", False,
+                              f"kmod would load /lib/modules/{RELEASE}/updates/dkms/metax.ko "
                               f"(driver {OLD}), not the payload's"),
-    ("extra/metax.ko.xz", f"/lib/modules/{RELEASE}/extra/metax.ko.xz"),
-    ("kernel/drivers/gpu/metax.ko.zst", f"/lib/modules/{RELEASE}/kernel/drivers/gpu/metax.ko.zst"),
-])
+    "xz beside": ("extra/metax.ko.xz", False,
+                  f"/lib/modules/{RELEASE}/extra/metax.ko.xz is another metax module beside "
+                  "the payload's"),
+    "zstd in the kernel tree": ("kernel/drivers/gpu/metax.ko.zst", True,
+                                f"/lib/modules/{RELEASE}/kernel/drivers/gpu/metax.ko.zst is "
+                                "another metax module"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LEFT))
 def test_a_module_another_installer_left_is_found_before_the_unload(
-        tmp_path: Path, rel: str, said: str) -> None:
+        tmp_path: Path, case: str) -> None:
     """A same-named module kmod prefers (a DKMS build under updates/), or one depmod ranks
-    with the payload's (an old compressed one beside it): kmod's own lookup runs after the
-    files are in place and before the running driver is unloaded; the install refuses
-    and puts every file back."""
+    with the payload's (an old compressed one beside it): refused before anything
+    changes (check mode says so too) where kmod's lookup on the node as it is, or the
+    files, show it; else kmod's lookup after the copy, before the unload, finds it and
+    every file is put back. The running driver is never unloaded."""
+    rel, indexed, said = LEFT[case]
     root = sim_root(tmp_path)
     leftover(root, rel, OLD)
+    if indexed:  # as dkms does after its build
+        assert subprocess.run([str(root / "usr/sbin/depmod"), "-a"], check=False).returncode == 0
     before = snapshot(root)
-    result = run(root, version=NEW, payload=str(payload(tmp_path)), deploy_policy="Always")
+    args = dict(version=NEW, payload=str(payload(tmp_path)), deploy_policy="Always")
+    planned = run(root, check=True, **args)
+    result = run(root, **args)
     assert result["failed"] and said in result["msg"], result["msg"]
-    assert "The running driver was not unloaded" in result["msg"]
+    untouched = "nothing was changed" in result["msg"]
+    assert untouched != ("The running driver was not unloaded" in result["msg"])
+    assert planned.get("failed", False) == untouched, planned  # check mode predicts it
     assert modprobe_log(root) == [] and discover(str(root)).driver.version == OLD
     after = snapshot(root)
     index = f"lib/modules/{RELEASE}/modules."  # depmod's output, written again
 
     def kept(files: dict[str, bytes]) -> dict[str, bytes]:
-        return {k: v for k, v in files.items() if not k.startswith(index)}
+        return {k: v for k, v in files.items() if untouched or not k.startswith(index)}
 
     assert kept(after) == kept(before)
     assert not (root / "var/lib/gpuk8s/driver-install.json").exists()

@@ -43,7 +43,7 @@ from typing import Callable
 from ..core.errors import ConfigError, GpuK8sError
 from ..discovery import discover, kmodule
 from ..discovery.metax import DRIVER_VERSION_FILE, OWNER_RECORD, read_version_file
-from ..discovery.tools import Runner, host_path
+from ..discovery.tools import Runner, default_runner, host_path
 from . import files
 
 POLICIES = ("IfNotPresent", "Always", "Never")
@@ -390,16 +390,40 @@ def plan(root: str, request: InstallRequest, runner: Runner | None = None
                               f"(deploy_policy {request.policy})")
         kind = payload_kind(request.payload, request.payload_kind)
         if kind == "dir" and not request.install_command:
-            check_tree(request.payload, str(request.version), request.module, root,
-                       request.payload)
+            module = check_tree(request.payload, str(request.version), request.module, root,
+                                request.payload)
+            _check_resolve_command(root, request)
+            check_rivals(root, request, runner or default_runner, module)
         else:  # the install command's / package's own layout: the version when it says
             check_payload(request.payload, kind, str(request.version))
         _check_command(depmod_argv(root, request, "-"), "depmod",
                        "install kmod, or set the depmod command")
     if decision.changes:
-        _check_command(resolve_argv(root, request, "-"), "module lookup",
-                       "install kmod, or set the resolve command")
+        _check_resolve_command(root, request)
     return before, decision, kind
+
+
+def _check_resolve_command(root: str, request: InstallRequest) -> None:
+    _check_command(resolve_argv(root, request, "-"), "module lookup",
+                   "install kmod, or set the resolve command")
+
+
+def check_rivals(root: str, request: InstallRequest, runner: Runner, ours: str) -> None:
+    """Before anything changes (check mode too): no other file of the module ranks with
+    the payload's ``ours`` (``same_priority``), and the file kmod's lookup finds now is
+    not one it ranks above ours (a DKMS build under updates/). PayloadError otherwise."""
+    tied = same_priority(root, request.module, ours)
+    if tied:
+        raise PayloadError(f"{tied_message(request, tied[0], ours, None)}; nothing was changed")
+    try:
+        now = resolve(root, request, runner)
+    except DriverError:
+        return  # kmod finds none now (no driver, or no depmod run): nothing ranks above
+    if now != os.path.normpath(ours) and _in_updates(now) and not _in_updates(ours):
+        raise PayloadError(
+            f"kmod loads /{now} now, under updates/, which it searches before the "
+            f"payload's /{ours}: {left_behind_hint(request)}; nothing was changed")
+
 
 
 def depmod_argv(root: str, request: InstallRequest, release: str) -> list[str]:
@@ -443,19 +467,35 @@ def resolve(root: str, request: InstallRequest, runner: Runner) -> str:
     return path.lstrip("/")
 
 
+def _in_updates(rel: str) -> bool:
+    """``lib/modules/<release>/updates/...``: what depmod's default search order puts
+    first ("updates", then "built-in": every other directory)."""
+    return os.path.normpath(rel).split(os.sep)[3:4] == ["updates"]
+
+
 def same_priority(root: str, module: str, ours: str) -> list[str]:
     """Other files of ``module`` for the release of ``ours`` (``lib/modules/<release>/...``)
-    that depmod's default search order ranks with it ("updates" before "built-in")."""
-    parts = os.path.normpath(ours).split(os.sep)
-    top = os.sep.join(parts[:3])  # lib/modules/<release>
-
-    def rank(rel: str) -> bool:
-        return rel.split(os.sep)[3:4] == ["updates"]
-
+    that depmod's default search order ranks with it."""
+    ours = os.path.normpath(ours)
+    top = os.sep.join(ours.split(os.sep)[:3])  # lib/modules/<release>
     name = module.replace("-", "_")
     return [rel for _, rel in kmodule.modules_in(root) if rel.startswith(top + os.sep)
-            and kmodule.module_name(rel) == name and rel != os.path.normpath(ours)
-            and rank(rel) == rank(os.path.normpath(ours))]
+            and kmodule.module_name(rel) == name and rel != ours
+            and _in_updates(rel) == _in_updates(ours)]
+
+
+def left_behind_hint(request: InstallRequest) -> str:
+    return (f"another installer left a {request.module} module that kmod prefers (a DKMS "
+            "build under updates/, or an older one beside it); remove it (`dkms remove`, or "
+            "delete the file) and retry")
+
+
+def tied_message(request: InstallRequest, tied: str, ours: str, found: str | None) -> str:
+    takes = f"it takes /{found} now, maybe the other after the next depmod" if found else \
+        "either, by directory order"
+    return (f"/{tied} is another {request.module} module beside the payload's /{ours}, as "
+            "depmod ranks them (neither under updates/, or both): which one kmod loads "
+            f"depends on directory order ({takes}); remove the one left behind and retry")
 
 
 def check_resolved(root: str, request: InstallRequest, runner: Runner,
@@ -472,18 +512,12 @@ def check_resolved(root: str, request: InstallRequest, runner: Runner,
     if ours is not None and found != os.path.normpath(ours):
         raise DriverError(
             f"kmod would load /{found} (driver {version or 'of no version'}), not the "
-            f"payload's /{ours}: another installer left a {request.module} module that kmod "
-            "prefers (a DKMS build under updates/, or an older one beside it); remove it "
-            f"(`dkms remove`, or delete the file) and retry. The running driver was not "
+            f"payload's /{ours}: {left_behind_hint(request)}. The running driver was not "
             "unloaded")
     tied = same_priority(root, request.module, ours) if ours else []
     if tied:
-        raise DriverError(
-            f"/{tied[0]} is another {request.module} module beside the payload's /{ours}, "
-            "as depmod ranks them (neither under updates/, or both): which one kmod loads "
-            f"depends on directory order (it takes /{found} now, maybe the other after the "
-            "next depmod); remove the one left behind and retry. The running driver was not "
-            "unloaded")
+        raise DriverError(f"{tied_message(request, tied[0], str(ours), found)}. The running "
+                          "driver was not unloaded")
     if not same_version(version, wanted):
         raise DriverError(
             f"kmod would load /{found}, which is driver {version or 'of no version'} (its "
