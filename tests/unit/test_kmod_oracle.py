@@ -243,3 +243,17 @@ def test_simulated_lookup_picks_the_file_real_kmod_picks(tmp_path: Path, case: s
     assert ours.stdout == theirs.stdout
     if "updates/" in LEFT_BEHIND[case]:  # kmod's search order: updates/ first
         assert theirs.stdout == f"insmod {other} \n"
+
+
+def test_the_features_of_real_kmod_are_read_as_it_prints_them() -> None:
+    """``kmod -V``'s second line (``+XZ -ZLIB ...``) is what decides which compressed
+    modules a payload may hold; read through modprobe, as the install asks it."""
+    from gpuk8s.discovery.tools import default_runner
+    from gpuk8s.host import driver as drv
+
+    printed = real("kmod", "-V")
+    assert printed.returncode == 0 and printed.stdout.startswith("kmod version ")
+    expected = {w[1:]: w[0] == "+" for w in printed.stdout.splitlines()[1].split()}
+    assert {"XZ", "ZSTD", "ZLIB"} <= set(expected)
+    request = drv.InstallRequest(resolve_command=(tool("modprobe"), *drv.RESOLVE_ARGS))
+    assert drv.kmod_features("/", request, default_runner) == expected

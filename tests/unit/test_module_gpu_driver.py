@@ -287,6 +287,23 @@ def test_a_module_another_installer_left_is_found_before_the_unload(
     assert not (root / "var/lib/gpuk8s/driver-install.json").exists()
 
 
+def test_a_module_compressed_as_the_nodes_kmod_cannot_read_is_refused(tmp_path: Path) -> None:
+    """The simulated node's kmod is Debian 12's (`kmod -V`: +ZSTD +XZ -ZLIB): a .ko.gz
+    payload could not be loaded there, and is refused before anything changes."""
+    import gzip
+
+    root = sim_root(tmp_path)
+    bundle = payload(tmp_path)
+    ko = module_path(bundle)
+    ko.with_name("metax.ko.gz").write_bytes(gzip.compress(ko.read_bytes()))
+    ko.unlink()
+    before = snapshot(root)
+    result = run(root, version=NEW, payload=str(bundle), deploy_policy="Always")
+    assert result["failed"] and "metax.ko.gz is gz-compressed, and this node's kmod was " \
+        "built without ZLIB (`kmod -V` says -ZLIB)" in result["msg"], result["msg"]
+    assert snapshot(root) == before and modprobe_log(root) == []
+
+
 def test_a_zstd_compressed_payload_module_is_read_and_loaded(tmp_path: Path) -> None:
     root = sim_root(tmp_path, "nodriver-8")
     bundle = payload(tmp_path)

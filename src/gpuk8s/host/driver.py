@@ -393,6 +393,8 @@ def plan(root: str, request: InstallRequest, runner: Runner | None = None
             module = check_tree(request.payload, str(request.version), request.module, root,
                                 request.payload)
             _check_resolve_command(root, request)
+            check_compression(root, request, runner or default_runner, module,
+                              request.payload)
             check_rivals(root, request, runner or default_runner, module)
         else:  # the install command's / package's own layout: the version when it says
             check_payload(request.payload, kind, str(request.version))
@@ -401,6 +403,38 @@ def plan(root: str, request: InstallRequest, runner: Runner | None = None
     if decision.changes:
         _check_resolve_command(root, request)
     return before, decision, kind
+
+
+# what kmod must be built with to read a compressed module (`kmod -V`: +XZ -ZLIB ...)
+COMPRESSION_FEATURES = {".xz": "XZ", ".zst": "ZSTD", ".gz": "ZLIB"}
+
+
+def kmod_features(root: str, request: InstallRequest, runner: Runner) -> dict[str, bool]:
+    """The features the node's kmod was built with (``-V`` of the lookup's program, e.g.
+    ``+ZSTD +XZ -ZLIB``); empty when it does not say."""
+    argv = resolve_argv(root, request, "-")
+    program = argv[:next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))]
+    try:
+        rc, out, _ = runner([*program, "-V"])
+    except OSError:
+        return {}
+    words = out.split() if rc == 0 else []
+    return {w[1:]: w[0] == "+" for w in words if w[:1] in "+-" and len(w) > 1}
+
+
+def check_compression(root: str, request: InstallRequest, runner: Runner, ours: str,
+                      source: str) -> None:
+    """The payload's module is compressed only as the node's kmod reads (nothing changed
+    otherwise: kmod could not load it)."""
+    suffix = os.path.splitext(ours)[1]
+    feature = COMPRESSION_FEATURES.get(suffix)
+    if feature is None:
+        return
+    if kmod_features(root, request, runner).get(feature) is False:
+        raise PayloadError(
+            f"payload {source}: {ours} is {suffix[1:]}-compressed, and this node's kmod "
+            f"was built without {feature} (`kmod -V` says -{feature}): it cannot load the "
+            f"module; ship it as .ko or in a compression kmod reads; nothing was changed")
 
 
 def _check_resolve_command(root: str, request: InstallRequest) -> None:
@@ -583,6 +617,7 @@ def _stage(root: str, request: InstallRequest, kind: str, runner: Runner
             _run(runner, argv, "unpacking the payload")
         module = check_tree(staging, str(request.version), request.module, root,
                             f"{request.payload} (unpacked)")
+        check_compression(root, request, runner, module, f"{request.payload} (unpacked)")
     except GpuK8sError:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -13,6 +13,7 @@ it "loads" it: ``/sys/module/metax`` (version: its ``.modinfo`` ``version``), ev
 bound, DRM dirs and /dev nodes. ``modprobe -r metax`` unloads it (refused while
 ``/sys/module/metax/refcnt`` > 0). ``modprobe --show-depends [-d DIR] [-S RELEASE] NAME``
 prints kmod's lookup (``insmod PATH`` lines, dependencies first) and changes nothing.
+``-V`` prints Debian 12's kmod 30 version and features (no gzip: ``-ZLIB``).
 Each load/unload that changes something appends ``load metax <version>`` /
 ``unload metax`` to ``<root>/var/lib/gpuk8s-sim/modprobe.log``.
 
@@ -27,6 +28,8 @@ from __future__ import annotations
 import os
 import sys
 from typing import Any
+
+FEATURES = "+ZSTD +XZ -ZLIB +LIBCRYPTO -EXPERIMENTAL"  # `kmod -V` of Debian 12's kmod 30
 
 
 def root_dir() -> str:
@@ -119,6 +122,9 @@ def main(argv: list[str]) -> int:
     name = os.path.basename(argv[0])
     if name == "kmod" and len(argv) > 1:  # `kmod modprobe ...`, as the real one takes it
         name, argv = argv[1], argv[1:]
+    if argv[1:2] in (["-V"], ["--version"]):  # Debian 12's kmod: what it reads
+        print(f"kmod version 30\n{FEATURES}")
+        return 0
     commands = {"modprobe": modprobe, "depmod": depmod}
     if name not in commands:
         print(f"kmod: ERROR: unknown command '{name}' (stand-in: modprobe, depmod)",
