@@ -493,11 +493,9 @@ def resolve(root: str, request: InstallRequest, runner: Runner) -> str:
                           f"(`{' '.join(argv)}` exited with {rc}: "
                           f"{(err or out).strip()[-300:] or 'no insmod line'})")
     path = os.path.normpath(found[-1])
-    top = os.path.realpath(root)
-    if os.path.realpath(root) != "/" and path.startswith(top + os.sep):
-        path = path[len(top):]
-    elif os.path.realpath(root) != "/" and path.startswith(root.rstrip("/") + "/"):
-        path = path[len(root.rstrip("/")):]
+    for base in sorted({os.path.realpath(root), os.path.normpath(root)} - {"/"}):
+        if path.startswith(base + os.sep):  # printed under -d ROOT
+            return path[len(base):].lstrip("/")
     return path.lstrip("/")
 
 
@@ -681,7 +679,7 @@ def _left_behind(root: str) -> tuple[str, list[str]]:
     ``""``; and what is only litter: payload unpack directories, temp files of its
     records, a backup without a journal (all under ``STATE_DIR``). Reads only."""
     state_dir = host_path(root, STATE_DIR)
-    temps = tuple(f".{os.path.basename(r)}{files.TEMP_MARK}" for r in RECORDS)
+    temps = tuple(files.temp_prefix(r) for r in RECORDS)
     stale = [n for n in _listdir(state_dir) if n.startswith(STAGING_PREFIX)
              or (n.startswith(temps) and n.split(files.TEMP_MARK)[-1].isdigit())]
     if os.path.lexists(host_path(root, BACKUP)) and \

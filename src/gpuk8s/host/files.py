@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +36,7 @@ def atomic_write(path: str, text: str, mode: int = 0o644) -> None:
     directory = os.path.dirname(path) or "."
     try:
         os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".{os.path.basename(path)}{TEMP_MARK}{os.getpid()}")
+        tmp = os.path.join(directory, f"{temp_prefix(path)}{os.getpid()}")
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -48,19 +47,10 @@ def atomic_write(path: str, text: str, mode: int = 0o644) -> None:
         raise HostFileError(f"writing {path} failed: {err.strerror or err}") from err
 
 
-def remove_temps(path: str) -> list[str]:
-    """Remove the temp files ``atomic_write`` of ``path`` left when its process died
-    (``.<name>.tmp<pid>``); returns their names. Only for files one process writes at a
-    time (an install's own records), called when that process is known to be gone."""
-    directory, name = os.path.split(path)
-    pattern = re.compile(re.escape(f".{name}{TEMP_MARK}") + r"[0-9]+\Z")
-    try:
-        found = sorted(n for n in os.listdir(directory or ".") if pattern.match(n))
-    except OSError:
-        return []
-    for stale in found:
-        remove(os.path.join(directory, stale))
-    return found
+def temp_prefix(path: str) -> str:
+    """The name ``atomic_write`` gives its temp file of ``path``, less the pid:
+    ``.<name>.tmp`` (a process killed mid-write leaves ``.<name>.tmp<pid>``)."""
+    return f".{os.path.basename(path)}{TEMP_MARK}"
 
 
 def atomic_symlink(target: str, path: str) -> None:
