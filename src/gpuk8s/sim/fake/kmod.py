@@ -119,12 +119,12 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, os.path.join(root, "var/lib/gpuk8s-sim/lib"))
     import gpuk8s_sim_tree as kernel  # type: ignore[import-not-found]  # inside the root
 
+    if argv[1:2] in (["-V"], ["--version"]):  # kmod / modprobe / depmod -V: what it reads
+        print(f"kmod version 30\n{FEATURES}")
+        return 0
     name = os.path.basename(argv[0])
     if name == "kmod" and len(argv) > 1:  # `kmod modprobe ...`, as the real one takes it
         name, argv = argv[1], argv[1:]
-    if argv[1:2] in (["-V"], ["--version"]):  # Debian 12's kmod: what it reads
-        print(f"kmod version 30\n{FEATURES}")
-        return 0
     commands = {"modprobe": modprobe, "depmod": depmod}
     if name not in commands:
         print(f"kmod: ERROR: unknown command '{name}' (stand-in: modprobe, depmod)",
