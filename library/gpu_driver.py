@@ -95,6 +95,19 @@ options:
     type: list
     elements: str
     default: [modprobe, -r, "{module}"]
+  resolve_command:
+    description:
+      - kmod's own lookup of the file C(modprobe) would load for the module on O(host_root)
+        (C(insmod PATH) lines), asked after the new files are in place and before the
+        running driver is unloaded; the install refuses, with every file put back and the
+        running driver untouched, when kmod would load another file than the payload's (a
+        DKMS build under C(updates/), an older module beside it) or a module whose
+        C(.modinfo) version is not O(version). Placeholders C({host_root}),
+        C({kernel_release}) and C({module}).
+      - Default the program of O(load_command) (when it ends with C({module})) asked with
+        C(--show-depends -d {host_root} -S {kernel_release} {module}), else C(modprobe) so.
+    type: list
+    elements: str
   depmod_command:
     description:
       - Command that indexes the installed module for the running kernel release (kmod's
@@ -199,6 +212,7 @@ def request_from(params):
         module=params["module_name"], load_command=tuple(params["load_command"]),
         unload_command=tuple(params["unload_command"]),
         depmod_command=tuple(params["depmod_command"] or ()) or None, force=params["force"],
+        resolve_command=tuple(params["resolve_command"] or ()) or None,
         sdk_version=params["sdk_version"],
     )
 
@@ -217,6 +231,7 @@ def main():
             load_command=dict(type="list", elements="str", default=list(drv.DEFAULT_LOAD)),
             unload_command=dict(type="list", elements="str", default=list(drv.DEFAULT_UNLOAD)),
             depmod_command=dict(type="list", elements="str"),
+            resolve_command=dict(type="list", elements="str"),
             force=dict(type="bool", default=False),
             host_root=dict(type="path", default="/"),
         ),

@@ -32,7 +32,7 @@ description:
     argument, volumes and other entries are never touched - an entry written by hand stays
     as it is even at our URL, and ours is appended beside it with a warning (the manual's
     "if the file already has extenders, append this one"); O(state=absent) removes our
-    entry and our annotation only.
+    entry and our annotation only, and without our annotation (a second disable) nothing.
   - A path the scheduler must read (the configuration, the kubeconfig, the tlsConfig files)
     is mounted only when no other hostPath mount already shows it, so no mountPath appears
     twice.
@@ -59,9 +59,10 @@ options:
     description:
       - Address of the extender, e.g. C(http://10.96.12.34:8080) (the gpu-aware Service).
       - Required with O(state=present). With O(state=absent) it is never needed, the
-        manifest's annotation records our URL; for a manifest patched before that record
-        existed, O(managed_resources) (or this option) identifies our entry in the
-        administrator's own C(--config) file.
+        manifest's annotation records the entry this module wrote (URL and content), and
+        only that entry is removed from the administrator's own C(--config) file. Without
+        that record (never enabled, or disabled already) nothing is removed; an entry at
+        this URL (or managing one of O(managed_resources)) is left with a warning.
     type: str
   filter_verb:
     description: Path of the filter call; empty to not filter.

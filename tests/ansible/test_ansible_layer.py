@@ -198,19 +198,35 @@ def nvidia_play(extra: dict[str, object], check: bool = False
     return proc, int(found.group(1)) if found else -1
 
 
+def changed_tasks(out: str) -> list[str]:
+    """The tasks of an ansible-playbook run (default callback) that reported changed."""
+    found: list[str] = []
+    task = ""
+    for line in out.splitlines():
+        header = re.match(r"TASK \[(.*)\] \**$", line)
+        if header:
+            task = header.group(1)
+        elif line.startswith("changed: ") and task not in found:
+            found.append(task)
+    return found
+
+
 def test_nvidia_host_role_four_steps(tmp_path: Path) -> None:
-    """check -> changed, nothing installed; apply -> changed; check and apply again ->
-    unchanged."""
+    """check -> the tasks that would change, nothing installed; apply -> exactly those
+    tasks change; check and apply again -> unchanged."""
     extra = nvidia_role_vars(tmp_path, "nvidia-8-nodriver")
     root = Path(str(extra["nvidia_host_root"]))
+    config = (tmp_path / "system/etc/containerd/config.toml").read_text()
     proc, changed = nvidia_play(extra, check=True)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
-    assert changed == 3  # installer dir, installer copy, driver
+    predicted = changed_tasks(proc.stdout)
+    assert changed == len(predicted) == 4, predicted
     assert not (root / "home/gpu").exists() and not (root / "usr/bin/nvidia-smi").exists()
     assert not (tmp_path / "system/etc/cdi").exists()
+    assert (tmp_path / "system/etc/containerd/config.toml").read_text() == config
     proc, changed = nvidia_play(extra)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
-    assert changed == 4  # + the container runtime
+    assert changed_tasks(proc.stdout) == predicted and changed == 4
     assert (tmp_path / "system/etc/cdi/nvidia.com-gpu.json").exists()
     assert 'default_runtime_name = "nvidia"' in (
         tmp_path / "system/etc/containerd/config.toml").read_text()
@@ -218,6 +234,7 @@ def test_nvidia_host_role_four_steps(tmp_path: Path) -> None:
     for check in (True, False):
         proc, changed = nvidia_play(extra, check=check)
         assert proc.returncode == 0 and changed == 0, proc.stdout[-5000:]
+        assert changed_tasks(proc.stdout) == []
 
 
 def test_nvidia_host_role_names_what_is_missing(tmp_path: Path) -> None:

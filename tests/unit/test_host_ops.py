@@ -49,20 +49,89 @@ def payload(tmp_path: Path, version: str = NEW) -> Path:
     return driver_payload(tmp_path / f"payload-{version}", version)
 
 
-def test_install_tree_rolls_back_replaced_and_created_files(tmp_path: Path) -> None:
-    root, src = tmp_path / "root", tmp_path / "src"
+def two_trees(tmp_path: Path, root_name: str) -> tuple[Path, Path]:
+    """(root, src): ``src`` replaces root's ``a/keep.txt`` and adds ``a/new/file``."""
+    root, src = tmp_path / root_name, tmp_path / "src"
     (root / "a").mkdir(parents=True)
     (root / "a/keep.txt").write_text("old")
     (src / "a/new").mkdir(parents=True)
     (src / "a/keep.txt").write_text("new")
     (src / "a/new/file").write_text("x")
+    return root, src
+
+
+def test_install_tree_rolls_back_replaced_and_created_files(tmp_path: Path) -> None:
+    root, src = two_trees(tmp_path, "root")
     journal, backup = str(tmp_path / "j.json"), str(tmp_path / "backup")
     files.install_tree(str(src), str(root), journal, backup)
     assert (root / "a/keep.txt").read_text() == "new" and (root / "a/new/file").exists()
-    files.rollback(journal)
+    files.rollback(journal, str(root))
     assert (root / "a/keep.txt").read_text() == "old"
     assert not (root / "a/new").exists() and not os.path.exists(journal)
     assert not os.path.exists(backup)
+
+
+def installed_tree(tmp_path: Path, backup_inside: bool = True) -> tuple[Path, Path, Path]:
+    """A tree installed through the mount point ``pod/host`` (a symlink to ``host``),
+    then that mount point gone: (host, journal, backup as the writer named it)."""
+    host, src = two_trees(tmp_path, "host")
+    (tmp_path / "pod").mkdir()
+    mount = tmp_path / "pod/host"
+    mount.symlink_to(host)
+    journal = host / "var/lib/gpuk8s/driver-install.json"
+    backup = mount / "var/lib/gpuk8s/driver-backup" if backup_inside else \
+        tmp_path / "pod/backup"
+    files.install_tree(str(src), str(mount), str(mount / journal.relative_to(host)),
+                       str(backup))
+    return host, journal, backup
+
+
+def test_a_journal_is_replayed_from_another_mount_point(tmp_path: Path) -> None:
+    host, journal, _ = installed_tree(tmp_path)
+    written = json.loads(journal.read_text())
+    assert written["backup"] == "var/lib/gpuk8s/driver-backup"  # relative to the root
+    assert written["created"] == ["a/new/file"] and written["replaced"] == ["a/keep.txt"]
+    (tmp_path / "pod/host").unlink()
+    assert files.rollback(str(journal), str(host)) is not None
+    assert (host / "a/keep.txt").read_text() == "old" and not (host / "a/new").exists()
+    assert sorted(str(p.relative_to(host)) for p in host.rglob("*")) == [
+        "a", "a/keep.txt", "var", "var/lib", "var/lib/gpuk8s"]
+
+
+def test_an_old_journal_with_absolute_paths_is_translated_or_refused(tmp_path: Path) -> None:
+    """Format 1 (no "format"): absolute root and backup as the writer saw them. A backup
+    inside that root is found under the reader's root; one outside it cannot be, and
+    the rollback refuses with every file as it is and the journal kept."""
+    host, journal, backup = installed_tree(tmp_path)
+    old = {**json.loads(journal.read_text()), "root": str(tmp_path / "pod/host"),
+           "backup": str(backup)}
+    del old["format"]
+    journal.write_text(json.dumps(old))
+    (tmp_path / "pod/host").unlink()
+    files.rollback(str(journal), str(host))
+    assert (host / "a/keep.txt").read_text() == "old" and not (host / "a/new").exists()
+    assert not journal.exists() and not (host / "var/lib/gpuk8s/driver-backup").exists()
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    host, journal, backup = installed_tree(outside, backup_inside=False)
+    assert json.loads(journal.read_text())["backup"] == str(backup)  # absolute: outside
+    (outside / "pod/host").unlink()
+    old = {**json.loads(journal.read_text()), "root": str(outside / "pod/host")}
+    del old["format"]
+    journal.write_text(json.dumps(old))
+    with pytest.raises(files.HostFileError, match="outside that tree: it cannot be replayed"):
+        files.rollback(str(journal), str(host))
+    assert (host / "a/keep.txt").read_text() == "new" and journal.exists()
+
+
+def test_a_journal_whose_backup_is_gone_is_refused(tmp_path: Path) -> None:
+    host, journal, backup = installed_tree(tmp_path, backup_inside=False)
+    shutil.rmtree(backup)
+    with pytest.raises(files.HostFileError, match="the backup of 1 replaced file"):
+        files.rollback(str(journal), str(host))
+    assert (host / "a/keep.txt").read_text() == "new" and (host / "a/new/file").exists()
+    assert journal.exists()
 
 
 # A driver-manager process killed with SIGKILL at a point of an upgrade; the copy point
@@ -112,7 +181,11 @@ def kill_at(tmp_path: Path, root: Path, point: str) -> None:
     load = f"{sys.executable} {{host_root}}/usr/sbin/modprobe {{module}}"
     if point == "load":
         waits = tmp_path / "load-then-wait"
-        waits.write_text(f"#!/bin/sh\n{sys.executable} \"$1/usr/sbin/modprobe\" \"$2\" || exit\n"
+        # kmod's lookup (the load command's program with --show-depends) goes through
+        waits.write_text(f"#!/bin/sh\nr=$1; shift\n"
+                         f"[ \"$1\" = --show-depends ] && exec {sys.executable} "
+                         f"\"$r/usr/sbin/modprobe\" \"$@\"\n"
+                         f"{sys.executable} \"$r/usr/sbin/modprobe\" \"$1\" || exit\n"
                          f"touch {ready}\nexec sleep 600\n")
         waits.chmod(0o755)
         load = f"{waits} {{host_root}} {{module}}"
@@ -155,9 +228,9 @@ def test_kill_9_half_way_through_the_copy_is_rolled_back_exactly(tmp_path: Path)
     ko = module_path(root)
     before = {p: (root / p).read_bytes() for p in ("opt/mxdriver/Version.txt", str(ko))}
     kill_at(tmp_path, root, "copy")
-    # half-installed, the old driver unloaded: the journal names what to undo
+    # half-installed while the old driver runs on: the journal names what to undo
     assert (root / drv.JOURNAL.lstrip("/")).exists() and leftovers(root)
-    assert not discover(str(root)).driver.loaded
+    assert discover(str(root)).driver.version == OLD
     report = restart_with_never(tmp_path, root)
     assert report["state"] == "ready", report
     assert report["version"] == OLD
@@ -165,7 +238,7 @@ def test_kill_9_half_way_through_the_copy_is_rolled_back_exactly(tmp_path: Path)
     assert leftovers(root) == [] and not (root / "opt/mxdriver/lib").exists()
     assert not (root / drv.BACKUP.lstrip("/")).exists()
     assert not (root / drv.TRANSACTION.lstrip("/")).exists()
-    assert modprobe_log(root) == ["unload metax", f"load metax {OLD}"]
+    assert modprobe_log(root) == []  # the running driver was never unloaded
     assert drv.recover(str(root), drv.InstallRequest(), default_runner) is None
 
 
@@ -239,9 +312,10 @@ def test_check_mode_reports_what_recover_would_do_and_nothing_else(tmp_path: Pat
     assert drv.interrupted(str(root)) is None
     assert drv.recover(str(root), drv.InstallRequest(), default_runner) is None
     (root / drv.STATE_DIR.lstrip("/") / f"{drv.STAGING_PREFIX}x").mkdir()
-    assert drv.interrupted(str(root)) == "an interrupted payload unpack is removed first"
+    assert drv.interrupted(str(root)) == (
+        f"what an interrupted driver install left is removed first: {drv.STAGING_PREFIX}x")
     assert drv.recover(str(root), drv.InstallRequest(), default_runner) == (
-        "removed an interrupted payload unpack")
+        f"removed what an interrupted driver install left: {drv.STAGING_PREFIX}x")
     assert drv.interrupted(str(root)) is None
 
 
@@ -400,3 +474,108 @@ def test_readiness_markers_round_trip(tmp_path: Path) -> None:
     assert read_readiness(str(tmp_path)) == {"runtime.ready": False}
     with pytest.raises(ConfigError, match="readiness key"):
         write_readiness(str(tmp_path), "driver.ready", True)
+
+
+# A driver-manager process that SIGKILLs itself before its N-th host-changing call
+# (a file written, renamed, removed, a directory made, a program other than the
+# read-only mx-smi started): run with N = 1, 2, ... every step of an upgrade is a kill
+# point, until the run gets through.
+KILLED_AT_STEP = """
+import os, shutil, signal, subprocess, sys
+from gpuk8s.services.drivermanager.main import main
+steps, at = sys.argv[1], int(sys.argv[2])
+count = [0]
+
+def changes(name, args):
+    if name == "mkdir":
+        return not os.path.exists(args[0])
+    if name == "Popen":
+        return os.path.basename(str(args[0][0])) != "mx-smi"
+    return True
+
+def wrap(module, name):
+    real = getattr(module, name)
+
+    def call(*args, **kw):
+        if not changes(name, args):
+            return real(*args, **kw)
+        count[0] += 1
+        with open(steps, "a") as log:
+            log.write(f"{count[0]} {name} {args[0] if args else ''}\\n")
+        if count[0] == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args, **kw)
+
+    setattr(module, name, call)
+
+for module, name in ((os, "replace"), (os, "rename"), (os, "unlink"), (os, "rmdir"),
+                     (os, "mkdir"), (os, "symlink"), (shutil, "copy2"), (shutil, "rmtree"),
+                     (subprocess, "Popen")):
+    wrap(module, name)
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def tree_state(root: Path) -> dict[str, object]:
+    """Every file's bytes, symlink's target and directory under ``root``, less what is
+    written again by design: depmod's index (compared by its modules.dep) and the
+    simulator's own logs; ``var/lib/gpuk8s`` itself may stay (empty)."""
+    out: dict[str, object] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if rel.startswith(("var/lib/gpuk8s-sim", f"lib/modules/{RELEASE}/modules.")) \
+                or rel == "var/lib/gpuk8s":
+            continue
+        out[rel] = os.readlink(path) if path.is_symlink() else \
+            None if path.is_dir() else path.read_bytes()
+    out["modules.dep"] = (root / f"lib/modules/{RELEASE}/modules.dep").read_text()
+    return out
+
+
+@pytest.mark.slow
+def test_kill_9_at_every_step_then_recovery_from_another_mount_point_restores_exactly(
+        tmp_path: Path) -> None:
+    """driver-manager upgrades the host's tree through its mount point (``/host`` in the
+    pod: here a symlink, gone once the pod is); it is killed before each host-changing
+    step in turn; then gpu_driver (Ansible, where the tree is ``/``: here the real path)
+    recovers. Before the commit point the tree is exactly what it was, with the old driver
+    running; after it, the new one is installed; never a temp file, backup or journal
+    left."""
+    payload_dir = tmp_path / "payload"
+    driver_payload(payload_dir / "driver", NEW)
+    (payload_dir / "driver.complete").write_text("reg/driver-image:x\n")
+    load = f"{sys.executable} {{host_root}}/usr/sbin/modprobe {{module}}"
+    at, outcomes = 0, set()
+    while True:
+        at += 1
+        host, pod = tmp_path / f"host-{at}", tmp_path / f"pod-{at}"
+        sim.create(str(host), "c500-8")
+        before = tree_state(host)
+        pod.mkdir()
+        (pod / "host").symlink_to(host)
+        steps = tmp_path / f"steps-{at}"
+        proc = subprocess.run(
+            [sys.executable, "-c", KILLED_AT_STEP, str(steps), str(at),
+             *driver_manager_args(pod / "host", payload_dir, "Always", load)],
+            capture_output=True, text=True, timeout=120, check=False, start_new_session=True)
+        if proc.returncode == 0:  # got through: every step before was a kill point
+            break
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        (pod / "host").unlink()  # the pod's mount point is gone
+        result = run_module("gpu_driver", {
+            "host_root": str(host), "deploy_policy": "Never", "load_command": list(LOAD),
+            "unload_command": list(UNLOAD)})
+        assert not result.get("failed"), (at, steps.read_text(), result)
+        after = tree_state(host)
+        left = sorted(p.name for p in (host / "var/lib/gpuk8s").glob("*"))
+        if discover(str(host)).driver.version == OLD:
+            assert left == [], (at, steps.read_text())
+            assert after == before, (at, steps.read_text(), result)
+            outcomes.add("rolled back")
+        else:  # killed past the commit point: the install is finished, not undone
+            assert (host / "opt/mxdriver/Version.txt").read_text().strip() == \
+                f"Version:{NEW}", (at, steps.read_text(), result)
+            assert left == ["driver-owner.json"], (at, steps.read_text())  # driver-manager's
+            outcomes.add("committed")
+        shutil.rmtree(host)
+    assert at > 10 and outcomes == {"rolled back", "committed"}, (at, outcomes)

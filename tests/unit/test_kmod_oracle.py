@@ -179,3 +179,81 @@ def test_product_reader_refuses_what_modinfo_cannot_read(tmp_path: Path) -> None
         assert real("modinfo", path).returncode != 0
         with pytest.raises(kmodule.ModuleFormatError):
             kmodule.built_for(str(path))
+
+
+def compress(path: Path, suffix: str) -> Path:
+    """``path`` (a .ko) compressed as kmod reads it: ``.xz`` (lzma, CRC32 as the kernel's
+    build writes it) or ``.zst`` (the zstd program)."""
+    out = path.with_name(path.name + suffix)
+    if suffix == ".xz":
+        import lzma
+        out.write_bytes(lzma.compress(path.read_bytes(), check=lzma.CHECK_CRC32))
+    else:
+        assert real("zstd", "-q", "-f", "-o", out, path).returncode == 0
+    path.unlink()
+    return out
+
+
+@pytest.mark.parametrize("suffix", [".xz", ".zst"])
+def test_compressed_modules_read_as_modinfo_reads_them(tmp_path: Path, suffix: str) -> None:
+    ko = tmp_path / "metax.ko"
+    kobject.write_module(str(ko), "metax", "2.33.0.6", RELEASE)
+    packed = compress(ko, suffix)
+    for key in ("version", "vermagic"):
+        shown = real("modinfo", "-F", key, packed)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.strip() == kmodule.modinfo(str(packed))[key][0].strip()
+
+
+LEFT_BEHIND = {
+    # another installer's module beside the payload's extra/metax.ko
+    "a DKMS build": "updates/dkms/metax.ko",
+    "an old one, xz, beside it": "extra/metax.ko.xz",
+    "an old one, zstd, in the kernel tree": "kernel/drivers/gpu/metax.ko.zst",
+    "an old one in updates/": "updates/metax.ko",
+}
+
+
+@pytest.mark.parametrize("case", sorted(LEFT_BEHIND))
+def test_simulated_lookup_picks_the_file_real_kmod_picks(tmp_path: Path, case: str) -> None:
+    """Of two files of one module, the one real depmod indexes and ``modprobe
+    --show-depends`` names is the one the simulator's depmod and modprobe name (the same
+    tree, so the same directory order where the two rank alike)."""
+    root = tmp_path / "node"
+    sim.create(str(root), "nodriver-8")
+    install(root, "good", RELEASE)
+    other = root / f"lib/modules/{RELEASE}" / LEFT_BEHIND[case]
+    other.parent.mkdir(parents=True, exist_ok=True)
+    plain = other.with_name("left.ko")
+    kobject.write_module(str(plain), "metax", "2.30.0.1", RELEASE)
+    if other.suffix in (".xz", ".zst"):
+        compress(plain, other.suffix).rename(other)
+    else:
+        plain.rename(other)
+    assert real("depmod", "-b", root, RELEASE).returncode == 0
+    theirs = real("modprobe", "--show-depends", "-d", root, "-S", RELEASE, "metax")
+    assert theirs.returncode == 0, theirs.stderr
+    made = subprocess.run([str(root / "usr/sbin/depmod"), "-a"], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert made.returncode == 0, made.stderr
+    ours = subprocess.run([str(root / "usr/sbin/modprobe"), "--show-depends", "-d", str(root),
+                           "-S", RELEASE, "metax"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert ours.returncode == 0, ours.stderr
+    assert ours.stdout == theirs.stdout
+    if "updates/" in LEFT_BEHIND[case]:  # kmod's search order: updates/ first
+        assert theirs.stdout == f"insmod {other} \n"
+
+
+def test_the_features_of_real_kmod_are_read_as_it_prints_them() -> None:
+    """``kmod -V``'s second line (``+XZ -ZLIB ...``) is what decides which compressed
+    modules a payload may hold; read through modprobe, as the install asks it."""
+    from gpuk8s.discovery.tools import default_runner
+    from gpuk8s.host import driver as drv
+
+    printed = real("kmod", "-V")
+    assert printed.returncode == 0 and printed.stdout.startswith("kmod version ")
+    expected = {w[1:]: w[0] == "+" for w in printed.stdout.splitlines()[1].split()}
+    assert {"XZ", "ZSTD", "ZLIB"} <= set(expected)
+    request = drv.InstallRequest(resolve_command=(tool("modprobe"), *drv.RESOLVE_ARGS))
+    assert drv.kmod_features("/", request, default_runner) == expected

@@ -133,7 +133,7 @@ def test_upgrade_from_a_directory_payload(tmp_path: Path) -> None:
     left_alone = run(root, version=NEW, payload=str(bundle))  # IfNotPresent: a driver runs
     assert not left_alone["changed"] and "leaves it alone" in left_alone["reason"]
     check = run(root, check=True, version=NEW, payload=str(bundle), deploy_policy="Always")
-    assert check["changed"] and check["actions"] == ["unload", "install", "load"]
+    assert check["changed"] and check["actions"] == ["install", "unload", "load"]
     assert discover(str(root)).driver.version == OLD and modprobe_log(root) == []
     result = run(root, version=NEW, payload=str(bundle), sdk_version=SDK, deploy_policy="Always")
     assert result["changed"], result
@@ -173,25 +173,144 @@ def test_never_reports_only(tmp_path: Path) -> None:
     assert result["before"]["loaded_version"] == OLD
 
 
-def test_version_mismatch_after_load_fails_and_says_so(tmp_path: Path) -> None:
+def test_a_module_whose_modinfo_version_is_not_the_payloads_is_refused_before_the_unload(
+        tmp_path: Path) -> None:
     root = sim_root(tmp_path)
-    # the package claims NEW but its kernel module is still the old one
+    # the bundle says NEW (Version.txt) but its kernel module is still the old one
     bundle = payload(tmp_path, ko_version=OLD)
     result = run(root, version=NEW, payload=str(bundle), deploy_policy="Always")
-    assert result["failed"] and f"running driver is {OLD}" in result["msg"]
-    # rolled back: the files on disk are the old driver's again, and it runs
+    assert result["failed"] and f"extra/metax.ko is driver {OLD} (its .modinfo version), " \
+        f"but its opt/mxdriver/Version.txt says {NEW}" in result["msg"], result["msg"]
+    assert modprobe_log(root) == []  # never unloaded
     assert (root / "opt/mxdriver/Version.txt").read_text().strip() == f"Version:{OLD}"
     assert not (root / "opt/mxdriver/lib").exists()
     assert discover(str(root)).driver.version == OLD
 
 
-def test_failed_load_reloads_the_previous_driver(tmp_path: Path) -> None:
+def test_a_failed_install_leaves_the_running_driver_alone(tmp_path: Path) -> None:
     root = sim_root(tmp_path)
     bundle = payload(tmp_path)
     result = run(root, version=NEW, payload=str(bundle), deploy_policy="Always",
                  install_command=["sh", "-c", "echo disk full >&2; exit 3"])
+    assert result["failed"] and "disk full" in result["msg"]
+    assert f"the previous driver ({OLD}) runs" in result["msg"]
+    assert modprobe_log(root) == [] and discover(str(root)).driver.version == OLD
+
+
+def test_a_failed_load_reloads_the_previous_driver(tmp_path: Path) -> None:
+    root = sim_root(tmp_path)
+    bundle = payload(tmp_path)
+    result = run(root, version=NEW, payload=str(bundle), deploy_policy="Always",
+                 load_command=["sh", "-c", f'grep -q {NEW} "$0/opt/mxdriver/Version.txt" && '
+                               f'exit 5; exec "{sys.executable}" "$0/usr/sbin/modprobe" "$1"',
+                               "{host_root}", "{module}"],
+                 resolve_command=[*LOAD[:2], *drv.RESOLVE_ARGS])  # the new one fails to load
     assert result["failed"] and "previous driver was loaded again" in result["msg"]
-    assert discover(str(root)).driver.loaded
+    assert modprobe_log(root) == ["unload metax", f"load metax {OLD}"]
+    assert discover(str(root)).driver.version == OLD
+
+
+def leftover(root: Path, rel: str, version: str) -> Path:
+    """A module another installer left in the root (``rel`` under lib/modules/RELEASE),
+    compressed as its suffix says."""
+    path = root / f"lib/modules/{RELEASE}" / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plain = path.with_name("metax.ko")
+    had = plain.read_bytes() if plain.exists() and plain != path else None
+    kobject.write_module(str(plain), "metax", version, RELEASE)
+    if path != plain:
+        data = plain.read_bytes()
+        if path.suffix == ".xz":
+            import lzma
+            path.write_bytes(lzma.compress(data, check=lzma.CHECK_CRC32))
+        else:
+            subprocess.run(["zstd", "-q", "-f", "-o", str(path), str(plain)], check=True)
+        if had is None:
+            plain.unlink()
+        else:
+            plain.write_bytes(had)
+    return path
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.is_symlink() and "proc" not in p.parts
+            and "sys" not in p.parts}
+
+
+LEFT = {
+    # case: (where the other file is, depmod run since it came, what the refusal says)
+    "DKMS, indexed": ("updates/dkms/metax.ko", True,
+                      f"kmod loads /lib/modules/{RELEASE}/updates/dkms/metax.ko now, under "
+                      "updates/, which it searches before the payload's"),
+    "DKMS, not indexed yet": ("updates/dkms/metax.ko", False,
+                              f"kmod would load /lib/modules/{RELEASE}/updates/dkms/metax.ko "
+                              f"(driver {OLD}), not the payload's"),
+    "xz beside": ("extra/metax.ko.xz", False,
+                  f"/lib/modules/{RELEASE}/extra/metax.ko.xz is another metax module beside "
+                  "the payload's"),
+    "zstd in the kernel tree": ("kernel/drivers/gpu/metax.ko.zst", True,
+                                f"/lib/modules/{RELEASE}/kernel/drivers/gpu/metax.ko.zst is "
+                                "another metax module"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LEFT))
+def test_a_module_another_installer_left_is_found_before_the_unload(
+        tmp_path: Path, case: str) -> None:
+    """A same-named module kmod prefers (a DKMS build under updates/), or one depmod ranks
+    with the payload's (an old compressed one beside it): refused before anything
+    changes (check mode says so too) where kmod's lookup on the node as it is, or the
+    files, show it; else kmod's lookup after the copy, before the unload, finds it and
+    every file is put back. The running driver is never unloaded."""
+    rel, indexed, said = LEFT[case]
+    root = sim_root(tmp_path)
+    leftover(root, rel, OLD)
+    if indexed:  # as dkms does after its build
+        assert subprocess.run([str(root / "usr/sbin/depmod"), "-a"], check=False).returncode == 0
+    before = snapshot(root)
+    args = dict(version=NEW, payload=str(payload(tmp_path)), deploy_policy="Always")
+    planned = run(root, check=True, **args)
+    result = run(root, **args)
+    assert result["failed"] and said in result["msg"], result["msg"]
+    untouched = "nothing was changed" in result["msg"]
+    assert untouched != ("The running driver was not unloaded" in result["msg"])
+    assert planned.get("failed", False) == untouched, planned  # check mode predicts it
+    assert modprobe_log(root) == [] and discover(str(root)).driver.version == OLD
+    after = snapshot(root)
+    index = f"lib/modules/{RELEASE}/modules."  # depmod's output, written again
+
+    def kept(files: dict[str, bytes]) -> dict[str, bytes]:
+        return {k: v for k, v in files.items() if untouched or not k.startswith(index)}
+
+    assert kept(after) == kept(before)
+    assert not (root / "var/lib/gpuk8s/driver-install.json").exists()
+
+
+def test_a_module_compressed_as_the_nodes_kmod_cannot_read_is_refused(tmp_path: Path) -> None:
+    """The simulated node's kmod is Debian 12's (`kmod -V`: +ZSTD +XZ -ZLIB): a .ko.gz
+    payload could not be loaded there, and is refused before anything changes."""
+    import gzip
+
+    root = sim_root(tmp_path)
+    bundle = payload(tmp_path)
+    ko = module_path(bundle)
+    ko.with_name("metax.ko.gz").write_bytes(gzip.compress(ko.read_bytes()))
+    ko.unlink()
+    before = snapshot(root)
+    result = run(root, version=NEW, payload=str(bundle), deploy_policy="Always")
+    assert result["failed"] and "metax.ko.gz is gz-compressed, and this node's kmod was " \
+        "built without ZLIB (`kmod -V` says -ZLIB)" in result["msg"], result["msg"]
+    assert snapshot(root) == before and modprobe_log(root) == []
+
+
+def test_a_zstd_compressed_payload_module_is_read_and_loaded(tmp_path: Path) -> None:
+    root = sim_root(tmp_path, "nodriver-8")
+    bundle = payload(tmp_path)
+    subprocess.run(["zstd", "-q", "--rm", str(module_path(bundle))], check=True)
+    assert (bundle / f"lib/modules/{RELEASE}/extra/metax.ko.zst").exists()
+    result = run(root, version=NEW, payload=str(bundle), deploy_policy="Always")
+    assert not result.get("failed") and result["after"]["loaded_version"] == NEW, result
 
 
 def test_missing_payload_or_version(tmp_path: Path) -> None:

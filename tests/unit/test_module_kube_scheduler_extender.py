@@ -292,10 +292,13 @@ def test_scheduler_profile_is_written_with_our_extender_only(root: Path) -> None
     assert "profiles" not in schedfiles.read(str(fresh / "srv/sched/config.yaml")).data
 
 
-def test_absent_in_foreign_config_needs_url_prefix(root: Path) -> None:
-    with_foreign_config(root)
+def test_absent_in_foreign_config_without_a_record_changes_nothing(root: Path) -> None:
+    """No gpuk8s record in the manifest: nothing of the administrator's file is ours."""
+    theirs = with_foreign_config(root)
+    before = snapshot(root)
     result = run_module(MODULE, {"host_root": str(root), "state": "absent"})
-    assert result["failed"] and "url_prefix" in result["msg"]
+    assert not result.get("failed") and not result["changed"], result
+    assert snapshot(root) == before and theirs.read_text() == FOREIGN
 
 
 def test_invalid_options_fail_naming_the_field(root: Path) -> None:
@@ -445,6 +448,17 @@ def test_manifest_enabled_by_hand_gets_no_second_mount_and_keeps_its_own(root: P
     assert removed["changed"]
     assert (root / MANIFEST).read_text() == by_hand
     assert (root / CONFIG).read_text() == MANUAL_CONFIG
+    # a second disable finds no record of ours: the admin's entry at our URL stays
+    again = run(root, state="absent")
+    assert not again.get("failed") and not again["changed"], again
+    plan = schedfiles.plan(schedfiles.Request(state="absent", spec=None, url_prefix=URL,
+                                              host_root=str(root)))
+    assert any(f"the entry at {URL} is left in place" in w for w in plan.warnings), plan
+    assert plan.files == []
+    assert (root / MANIFEST).read_text() == by_hand
+    assert (root / CONFIG).read_text() == MANUAL_CONFIG
+    check = run(root, check=True, state="absent")
+    assert not check["changed"] and (root / CONFIG).read_text() == MANUAL_CONFIG
 
 
 def test_a_resource_both_extenders_manage_is_refused_before_writing(root: Path) -> None:
@@ -577,15 +591,22 @@ def test_absent_in_foreign_config_finds_our_entry_without_url_prefix(root: Path)
     assert (root / MANIFEST).read_bytes() == manifest
 
 
-def test_absent_without_record_finds_our_entry_by_managed_resource(root: Path) -> None:
-    """A manifest patched before the marker existed: the role passes managed_resources."""
+def test_absent_without_record_leaves_an_entry_that_looks_like_ours(root: Path) -> None:
+    """A manifest without gpuk8s's record: an entry at our URL, or managing our resource,
+    may be the administrator's own; it stays, with a warning that names it."""
     theirs = with_foreign_config(root)
-    theirs.write_text(FOREIGN + "- urlPrefix: http://10.96.7.7:8080\n  filterVerb: filter\n"
-                      "  managedResources:\n  - name: metax-tech.com/gpu\n")
+    text = FOREIGN + "- urlPrefix: http://10.96.7.7:8080\n  filterVerb: filter\n" \
+        "  managedResources:\n  - name: metax-tech.com/gpu\n"
+    theirs.write_text(text)
     removed = run_module(MODULE, {"host_root": str(root), "state": "absent",
                                   "managed_resources": [{"name": "metax-tech.com/gpu"}]})
-    assert removed["changed"], removed
-    assert theirs.read_text() == FOREIGN
+    assert not removed["changed"], removed
+    plan = schedfiles.plan(schedfiles.Request(
+        state="absent", spec=None, url_prefix=None, managed_resources=("metax-tech.com/gpu",),
+        host_root=str(root)))
+    assert any("the entry at http://10.96.7.7:8080 is left in place" in w
+               for w in plan.warnings), plan
+    assert theirs.read_text() == text
 
 
 def test_changed_service_ip_replaces_the_old_entry(root: Path) -> None:

@@ -338,16 +338,21 @@ def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> N
                              tls_hash=tls_hash(request)),
         )
     else:
-        target = request.url_prefix or (marker.url_prefix if marker else None)
-        if not target and request.managed_resources:
-            target = schedconf.find_by_resources(doc.data, request.managed_resources)
-        if not target and marker is None and not request.managed_resources:
-            raise ConfigError(
-                f"cannot tell which extender of {host} (the administrator's own --config) is "
-                "ours: the manifest has no record of it; pass url_prefix or managed_resources"
-            )
-        where: int | None
-        if marker is not None and marker.entry_hash:
+        # only an entry the manifest's record says gpuk8s wrote is removed: without a
+        # record (never enabled here, or disabled already) an entry at our URL is the
+        # administrator's, however much it looks like ours
+        where: int | None = None
+        if marker is None:
+            looks = request.url_prefix or (
+                schedconf.find_by_resources(doc.data, request.managed_resources)
+                if request.managed_resources else None)
+            if looks and schedconf.entries_at(doc.data.get("extenders"), looks, nogpu=None):
+                result.warnings.append(
+                    f"{host}: the entry at {looks} is left in place: the manifest has no "
+                    "gpuk8s record of writing it (an administrator's own, or one written "
+                    "before that record existed: remove it yourself if it is gpu-aware's)"
+                )
+        elif marker.entry_hash:
             # the entry present wrote, and only that one (a hand-written one stays)
             where = ours
             if ours is None and schedconf.entries_at(doc.data.get("extenders"),
@@ -356,17 +361,20 @@ def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> N
                     f"{host}: the entry at {marker.url_prefix} differs from the one gpuk8s "
                     "wrote (edited by hand?): left in place; remove it yourself"
                 )
-        else:  # no record of which: the entry at the URL (a manifest marked before)
-            where = schedconf.BY_URL
-        if target and schedconf.remove_extender(doc.data, target, where):
-            result.changes.append(f"{host}: removed extender {target}")
+        else:  # a record from before entry hashes: ours is the one entry at its URL
+            at = schedconf.entries_at(doc.data.get("extenders"), marker.url_prefix)
+            where = at[0] if len(at) == 1 else None
+            if len(at) > 1:
+                result.warnings.append(
+                    f"{host}: {len(at)} entries call {marker.url_prefix} and the record does "
+                    "not say which one gpuk8s wrote: all are left in place; remove ours "
+                    "yourself"
+                )
+        if marker is not None and schedconf.remove_extender(doc.data, marker.url_prefix,
+                                                            where):
+            result.changes.append(f"{host}: removed extender {marker.url_prefix}")
         result.changes += schedconf.unpatch_manifest(manifest, request.config_path,
                                                      remove_flag=False)
-        if not marker and any(c.startswith(f"{host}: removed") for c in result.changes):
-            result.warnings.append(
-                f"{host} changed but the manifest has no gpuk8s record to drop: restart "
-                "kube-scheduler (it reads its configuration only at start)"
-            )
     after = doc.render()
     if after != doc.text:
         result.files.append(FileChange(path, doc.text, after, "config"))

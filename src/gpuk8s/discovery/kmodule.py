@@ -12,7 +12,9 @@ from __future__ import annotations
 import gzip
 import lzma
 import os
+import shutil
 import struct
+import subprocess
 
 OSRELEASE = "/proc/sys/kernel/osrelease"  # what `uname -r` prints
 MODULES_DIR = "/lib/modules"
@@ -36,7 +38,10 @@ def module_name(path: str) -> str:
 
 
 def read_bytes(path: str) -> bytes:
-    """The module's ELF bytes (``.ko.xz`` / ``.ko.gz`` decompressed)."""
+    """The module's ELF bytes (``.ko.xz`` / ``.ko.gz`` decompressed by Python's own codecs,
+    ``.ko.zst`` by the ``zstd`` program: the standard library has no zstd)."""
+    if path.endswith(".zst"):
+        return _unzstd(path)
     try:
         if path.endswith(".xz"):
             with lzma.open(path, "rb") as handle:
@@ -44,14 +49,28 @@ def read_bytes(path: str) -> bytes:
         if path.endswith(".gz"):
             with gzip.open(path, "rb") as handle:
                 return handle.read()
-        if path.endswith(".zst"):
-            raise ModuleFormatError(f"{path}: zstd-compressed modules cannot be read here "
-                                    "(no zstd in Python's standard library); ship it as "
-                                    ".ko or .ko.xz")
         with open(path, "rb") as handle:
             return handle.read()
     except (OSError, lzma.LZMAError, EOFError) as err:
         raise ModuleFormatError(f"{path}: unreadable: {err}") from err
+
+
+def _unzstd(path: str) -> bytes:
+    program = shutil.which("zstd")
+    if program is None:
+        raise ModuleFormatError(f"{path}: a zstd-compressed module, and no zstd program here "
+                                "to read it with (Python's standard library has no zstd): "
+                                "install zstd, or ship the module as .ko or .ko.xz")
+    try:
+        done = subprocess.run([program, "-q", "-d", "-c", "--", path], capture_output=True,
+                              timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise ModuleFormatError(f"{path}: zstd could not run: {err}") from err
+    if done.returncode != 0:
+        said = done.stderr.decode("utf-8", "replace").strip()[-300:]
+        raise ModuleFormatError(f"{path}: unreadable: zstd exited with {done.returncode}: "
+                                f"{said}")
+    return done.stdout
 
 
 def sections(data: bytes, path: str = "module") -> dict[str, bytes]:

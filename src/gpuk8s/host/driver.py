@@ -14,9 +14,11 @@ A *payload* is what gets installed: a directory laid out like the host (``opt/mx
   module is there for the kernel release the node runs (``lib/modules/<release>/``) and
   was built for it (``vermagic``, read from the module's ELF ``.modinfo``), ``depmod``
   can run, and no process holds the GPU devices open. Then it records what runs now
-  (``TRANSACTION``), unloads, installs, runs ``depmod`` for the running release (as kmod's
-  ``modprobe`` finds modules only through ``modules.dep``), loads, reads the running
-  version back, and commits. Directory payloads (and, under a root other than ``/``,
+  (``TRANSACTION``), installs while the running driver runs on, runs ``depmod`` for the
+  running release (as kmod's ``modprobe`` finds modules only through ``modules.dep``),
+  asks kmod which file it would load (``check_resolved``: the payload's, of the wanted
+  ``.modinfo`` version, no other one ranked with it), and only then unloads, loads, reads
+  the running version back, and commits. Directory payloads (and, under a root other than ``/``,
   packages, unpacked and checked before the unload) are copied file by file with a backup
   and a journal (``host.files``): any failure — or a crash, found by ``recover`` at the
   next start — restores the previous files, ``modules.dep`` and ownership record, unloads
@@ -41,7 +43,7 @@ from typing import Callable
 from ..core.errors import ConfigError, GpuK8sError
 from ..discovery import discover, kmodule
 from ..discovery.metax import DRIVER_VERSION_FILE, OWNER_RECORD, read_version_file
-from ..discovery.tools import Runner, host_path
+from ..discovery.tools import Runner, default_runner, host_path
 from . import files
 
 POLICIES = ("IfNotPresent", "Always", "Never")
@@ -57,6 +59,10 @@ TRANSACTION = STATE_DIR + "/driver-transaction.json"
 STAGING_PREFIX = ".gpuk8s-driver-"  # packages unpacked under STATE_DIR
 DEFAULT_LOAD = ("modprobe", "{module}")
 DEFAULT_UNLOAD = ("modprobe", "-r", "{module}")
+# kmod's own lookup of the file it would load, on the target root (loaded or not:
+# `modprobe -n -v` prints nothing for a module that is loaded, --show-depends always)
+RESOLVE_ARGS = ("--show-depends", "-d", "{host_root}", "-S", "{kernel_release}", "{module}")
+DEFAULT_RESOLVE = ("modprobe", *RESOLVE_ARGS)
 # depmod for the running release; under a root other than / with that root as base dir
 DEFAULT_DEPMOD = ("depmod", "-a", "{kernel_release}")
 DEFAULT_DEPMOD_UNDER = ("depmod", "-a", "-b", "{host_root}", "{kernel_release}")
@@ -219,15 +225,28 @@ def check_tree(tree: str, wanted: str, module: str, root: str, source: str) -> s
         try:
             built = kmodule.built_for(os.path.join(tree, rel))
         except kmodule.ModuleFormatError as err:
-            raise PayloadError(f"payload {source}: {err}; the kernel would refuse it; nothing "
-                               "was changed") from err
+            raise PayloadError(f"payload {source}: {err}; nothing was changed") from err
         if built != release:
             raise PayloadError(
                 f"payload {source}: {rel} was built for kernel {built} (its vermagic), but "
                 f"{runs}: the kernel would refuse it (Invalid module format); use the payload "
                 "built for this kernel; nothing was changed"
             )
-    return next(rel for r, rel in ours if r == release)
+    rel = next(rel for r, rel in ours if r == release)
+    inside = module_version(os.path.join(tree, rel))
+    if not same_version(inside, wanted):
+        raise PayloadError(
+            f"payload {source}: {rel} is driver {inside or 'of no version'} (its .modinfo "
+            f"version), but its opt/mxdriver/Version.txt says {wanted}: a broken payload; "
+            "nothing was changed")
+    return rel
+
+
+def module_version(path: str) -> str | None:
+    """The ``version`` of a module's ``.modinfo`` (what the kernel shows in
+    /sys/module/<name>/version once it is loaded); None when it has none."""
+    found = kmodule.modinfo(path).get("version")
+    return found[0] if found else None
 
 
 def install_commands(kind: str, payload: str, root: str,
@@ -330,6 +349,9 @@ class InstallRequest:
     unload_command: tuple[str, ...] = DEFAULT_UNLOAD
     # None: DEFAULT_DEPMOD on /, DEFAULT_DEPMOD_UNDER elsewhere
     depmod_command: tuple[str, ...] | None = None
+    # kmod's lookup (resolve_argv); None: the load command's program asked with
+    # RESOLVE_ARGS when the load command is `PROGRAM... {module}`, else DEFAULT_RESOLVE
+    resolve_command: tuple[str, ...] | None = None
     force: bool = False
     sdk_version: str | None = None
     owner: str | None = None  # record ownership (driver-manager: "driver-manager")
@@ -368,19 +390,171 @@ def plan(root: str, request: InstallRequest, runner: Runner | None = None
                               f"(deploy_policy {request.policy})")
         kind = payload_kind(request.payload, request.payload_kind)
         if kind == "dir" and not request.install_command:
-            check_tree(request.payload, str(request.version), request.module, root,
-                       request.payload)
+            module = check_tree(request.payload, str(request.version), request.module, root,
+                                request.payload)
+            _check_resolve_command(root, request)
+            check_compression(root, request, runner or default_runner, module,
+                              request.payload)
+            check_rivals(root, request, runner or default_runner, module)
         else:  # the install command's / package's own layout: the version when it says
             check_payload(request.payload, kind, str(request.version))
         _check_command(depmod_argv(root, request, "-"), "depmod",
                        "install kmod, or set the depmod command")
+    if decision.changes:
+        _check_resolve_command(root, request)
     return before, decision, kind
+
+
+# what kmod must be built with to read a compressed module (`kmod -V`: +XZ -ZLIB ...)
+COMPRESSION_FEATURES = {".xz": "XZ", ".zst": "ZSTD", ".gz": "ZLIB"}
+
+
+def kmod_features(root: str, request: InstallRequest, runner: Runner) -> dict[str, bool]:
+    """The features the node's kmod was built with (``-V`` of the lookup's program, e.g.
+    ``+ZSTD +XZ -ZLIB``); empty when it does not say."""
+    argv = resolve_argv(root, request, "-")
+    program = argv[:next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))]
+    try:
+        rc, out, _ = runner([*program, "-V"])
+    except OSError:
+        return {}
+    words = out.split() if rc == 0 else []
+    return {w[1:]: w[0] == "+" for w in words if w[:1] in "+-" and len(w) > 1}
+
+
+def check_compression(root: str, request: InstallRequest, runner: Runner, ours: str,
+                      source: str) -> None:
+    """The payload's module is compressed only as the node's kmod reads (nothing changed
+    otherwise: kmod could not load it)."""
+    suffix = os.path.splitext(ours)[1]
+    feature = COMPRESSION_FEATURES.get(suffix)
+    if feature is None:
+        return
+    if kmod_features(root, request, runner).get(feature) is False:
+        raise PayloadError(
+            f"payload {source}: {ours} is {suffix[1:]}-compressed, and this node's kmod "
+            f"was built without {feature} (`kmod -V` says -{feature}): it cannot load the "
+            f"module; ship it as .ko or in a compression kmod reads; nothing was changed")
+
+
+def _check_resolve_command(root: str, request: InstallRequest) -> None:
+    _check_command(resolve_argv(root, request, "-"), "module lookup",
+                   "install kmod, or set the resolve command")
+
+
+def check_rivals(root: str, request: InstallRequest, runner: Runner, ours: str) -> None:
+    """Before anything changes (check mode too): no other file of the module ranks with
+    the payload's ``ours`` (``same_priority``), and the file kmod's lookup finds now is
+    not one it ranks above ours (a DKMS build under updates/). PayloadError otherwise."""
+    tied = same_priority(root, request.module, ours)
+    if tied:
+        raise PayloadError(f"{tied_message(request, tied[0], ours, None)}; nothing was changed")
+    try:
+        now = resolve(root, request, runner)
+    except DriverError:
+        return  # kmod finds none now (no driver, or no depmod run): nothing ranks above
+    if now != os.path.normpath(ours) and _in_updates(now) and not _in_updates(ours):
+        raise PayloadError(
+            f"kmod loads /{now} now, under updates/, which it searches before the "
+            f"payload's /{ours}: {left_behind_hint(request)}; nothing was changed")
+
 
 
 def depmod_argv(root: str, request: InstallRequest, release: str) -> list[str]:
     default = DEFAULT_DEPMOD if os.path.realpath(root) == "/" else DEFAULT_DEPMOD_UNDER
     return expand(request.depmod_command or default, host_root=root, kernel_release=release,
                   module=request.module)
+
+
+def resolve_argv(root: str, request: InstallRequest, release: str) -> list[str]:
+    """kmod's lookup of the file ``modprobe`` would load for the module, on ``root``."""
+    argv = request.resolve_command
+    if argv is None:
+        load = request.load_command
+        argv = (*load[:-1], *RESOLVE_ARGS) if len(load) > 1 and load[-1] == "{module}" \
+            else DEFAULT_RESOLVE
+    return expand(argv, host_root=root, kernel_release=release, module=request.module)
+
+
+def resolve(root: str, request: InstallRequest, runner: Runner) -> str:
+    """The file kmod loads for the module on ``root`` now (its own lookup through
+    ``modules.dep``: ``updates/`` first, e.g. a DKMS build), relative to ``root``."""
+    argv = resolve_argv(root, request, kmodule.kernel_release(root))
+    try:
+        rc, out, err = runner(argv)
+    except OSError as exc:
+        raise DriverError(f"module lookup `{' '.join(argv)}` could not run: {exc}") from exc
+    name = request.module.replace("-", "_")
+    found = [line.split()[1] for line in out.splitlines()
+             if line.startswith("insmod ") and len(line.split()) > 1
+             and kmodule.module_name(line.split()[1]) == name]
+    if rc != 0 or not found:
+        raise DriverError(f"kmod does not find module {request.module} on {root} "
+                          f"(`{' '.join(argv)}` exited with {rc}: "
+                          f"{(err or out).strip()[-300:] or 'no insmod line'})")
+    path = os.path.normpath(found[-1])
+    for base in sorted({os.path.realpath(root), os.path.normpath(root)} - {"/"}):
+        if path.startswith(base + os.sep):  # printed under -d ROOT
+            return path[len(base):].lstrip("/")
+    return path.lstrip("/")
+
+
+def _in_updates(rel: str) -> bool:
+    """``lib/modules/<release>/updates/...``: what depmod's default search order puts
+    first ("updates", then "built-in": every other directory)."""
+    return os.path.normpath(rel).split(os.sep)[3:4] == ["updates"]
+
+
+def same_priority(root: str, module: str, ours: str) -> list[str]:
+    """Other files of ``module`` for the release of ``ours`` (``lib/modules/<release>/...``)
+    that depmod's default search order ranks with it."""
+    ours = os.path.normpath(ours)
+    top = os.sep.join(ours.split(os.sep)[:3])  # lib/modules/<release>
+    name = module.replace("-", "_")
+    return [rel for _, rel in kmodule.modules_in(root) if rel.startswith(top + os.sep)
+            and kmodule.module_name(rel) == name and rel != ours
+            and _in_updates(rel) == _in_updates(ours)]
+
+
+def left_behind_hint(request: InstallRequest) -> str:
+    return (f"another installer left a {request.module} module that kmod prefers (a DKMS "
+            "build under updates/, or an older one beside it); remove it (`dkms remove`, or "
+            "delete the file) and retry")
+
+
+def tied_message(request: InstallRequest, tied: str, ours: str, found: str | None) -> str:
+    takes = f"it takes /{found} now, maybe the other after the next depmod" if found else \
+        "either, by directory order"
+    return (f"/{tied} is another {request.module} module beside the payload's /{ours}, as "
+            "depmod ranks them (neither under updates/, or both): which one kmod loads "
+            f"depends on directory order ({takes}); remove the one left behind and retry")
+
+
+def check_resolved(root: str, request: InstallRequest, runner: Runner,
+                   ours: str | None) -> str:
+    """Before the running driver is unloaded: the file kmod will load (``resolve``) is
+    ``ours`` (the payload's module, when known) and its ``.modinfo`` version is the wanted
+    one. DriverError naming the file kmod prefers otherwise. Returns that file."""
+    wanted = str(request.version)
+    found = resolve(root, request, runner)
+    try:
+        version = module_version(host_path(root, found))
+    except kmodule.ModuleFormatError as err:
+        raise DriverError(f"kmod would load /{found}, which is unreadable: {err}") from err
+    if ours is not None and found != os.path.normpath(ours):
+        raise DriverError(
+            f"kmod would load /{found} (driver {version or 'of no version'}), not the "
+            f"payload's /{ours}: {left_behind_hint(request)}. The running driver was not "
+            "unloaded")
+    tied = same_priority(root, request.module, ours) if ours else []
+    if tied:
+        raise DriverError(f"{tied_message(request, tied[0], str(ours), found)}. The running "
+                          "driver was not unloaded")
+    if not same_version(version, wanted):
+        raise DriverError(
+            f"kmod would load /{found}, which is driver {version or 'of no version'} (its "
+            f".modinfo version), not the wanted {wanted}; the running driver was not unloaded")
+    return found
 
 
 def _check_command(argv: list[str], what: str, hint: str) -> None:
@@ -406,7 +580,7 @@ def planned_after(before: DriverState, decision: Decision, request: InstallReque
 
 
 def planned_actions(before: DriverState, decision: Decision) -> list[str]:
-    steps = (("unload", before.loaded and decision.changes), ("install", decision.install),
+    steps = (("install", decision.install), ("unload", before.loaded and decision.changes),
              ("load", decision.changes))
     return [name for name, on in steps if on]
 
@@ -421,23 +595,31 @@ def _run(runner: Runner, argv: list[str], what: str) -> None:
                           f"{(err or out).strip()[-500:]}")
 
 
-def _stage(root: str, request: InstallRequest, kind: str, runner: Runner) -> str | None:
+def _stage(root: str, request: InstallRequest, kind: str, runner: Runner
+           ) -> tuple[str | None, str | None]:
     """Unpack a package payload (root other than /, no install command) into a staging
-    directory under STATE_DIR and check it like a directory payload; None when the payload
-    is not staged (a directory, the package manager on /, an install command)."""
-    if kind == "dir" or request.install_command or os.path.realpath(root) == "/":
-        return None
+    directory under STATE_DIR and check it like a directory payload. Returns (staging
+    directory, the module's path in it); None for what is not staged / not known (the
+    package manager on /, an install command); a directory payload is not staged."""
+    if request.install_command:
+        return None, None
+    if kind == "dir":
+        return None, check_tree(str(request.payload), str(request.version), request.module,
+                                root, str(request.payload))
+    if os.path.realpath(root) == "/":
+        return None, None
     os.makedirs(host_path(root, STATE_DIR), exist_ok=True)
     staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=host_path(root, STATE_DIR))
     try:
         for argv in install_commands(kind, str(request.payload), staging, request.run_args):
             _run(runner, argv, "unpacking the payload")
-        check_tree(staging, str(request.version), request.module, root,
-                   f"{request.payload} (unpacked)")
+        module = check_tree(staging, str(request.version), request.module, root,
+                            f"{request.payload} (unpacked)")
+        check_compression(root, request, runner, module, f"{request.payload} (unpacked)")
     except GpuK8sError:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return staging
+    return staging, module
 
 
 def _install_files(root: str, request: InstallRequest, kind: str, runner: Runner,
@@ -483,15 +665,26 @@ def _commit(root: str, request: InstallRequest) -> None:
     path = host_path(root, TRANSACTION)
     record = files.read_json(path)
     files.write_json(path, {**(record if isinstance(record, dict) else {}), "committed": True})
-    files.commit(host_path(root, JOURNAL))
+    files.commit(host_path(root, JOURNAL), root)
     files.remove(path)
+
+
+# the records an install writes (files.atomic_write: a killed write leaves a temp file)
+RECORDS = (JOURNAL, TRANSACTION, OWNER_RECORD)
 
 
 def _left_behind(root: str) -> tuple[str, list[str]]:
     """What a process that died during ``converge`` left: ``"committed"`` (past the
     commit point), ``"uncommitted"`` (a transaction record or file journal before it) or
-    ``""``; and the payload unpack directories left under ``STATE_DIR``. Reads only."""
-    stale = [n for n in _listdir(host_path(root, STATE_DIR)) if n.startswith(STAGING_PREFIX)]
+    ``""``; and what is only litter: payload unpack directories, temp files of its
+    records, a backup without a journal (all under ``STATE_DIR``). Reads only."""
+    state_dir = host_path(root, STATE_DIR)
+    temps = tuple(files.temp_prefix(r) for r in RECORDS)
+    stale = [n for n in _listdir(state_dir) if n.startswith(STAGING_PREFIX)
+             or (n.startswith(temps) and n.split(files.TEMP_MARK)[-1].isdigit())]
+    if os.path.lexists(host_path(root, BACKUP)) and \
+            not os.path.lexists(host_path(root, JOURNAL)):
+        stale.append(os.path.basename(BACKUP))
     record = files.read_json(host_path(root, TRANSACTION))
     if isinstance(record, dict) and record.get("committed"):
         return "committed", stale
@@ -508,13 +701,14 @@ def recover(root: str, request: InstallRequest, runner: Runner) -> str | None:
     install, stale = _left_behind(root)
     state_dir = host_path(root, STATE_DIR)
     for name in stale:
-        shutil.rmtree(os.path.join(state_dir, name), ignore_errors=True)
+        files.remove(os.path.join(state_dir, name))
     if install == "committed":
-        files.commit(host_path(root, JOURNAL))
+        files.commit(host_path(root, JOURNAL), root)
         files.remove(host_path(root, TRANSACTION))
         return "finished committing an interrupted driver install"
     if not install:
-        return "removed an interrupted payload unpack" if stale else None
+        return "removed what an interrupted driver install left: " + ", ".join(stale) \
+            if stale else None
     return "rolled back an interrupted driver install: " + _roll_back(root, request, runner)
 
 
@@ -525,7 +719,8 @@ def interrupted(root: str) -> str | None:
         return "a driver install was interrupted after its commit point: it is finished first"
     if install:
         return f"a driver install was interrupted ({JOURNAL}): it is rolled back first"
-    return "an interrupted payload unpack is removed first" if stale else None
+    return ("what an interrupted driver install left is removed first: " + ", ".join(stale)
+            if stale else None)
 
 
 def _listdir(path: str) -> list[str]:
@@ -559,20 +754,24 @@ def _converge(root: str, request: InstallRequest, runner: Runner, outcome: Outco
         busy = gpu_processes(root)
         if busy and not request.force:
             raise GpuBusyError(busy_message(busy))
-    staged = _stage(root, request, str(kind), runner) if decision.install else None
+    staged, module = _stage(root, request, str(kind), runner) if decision.install else \
+        (None, None)
     try:
         os.makedirs(host_path(root, STATE_DIR), exist_ok=True)
         _begin(root, request, before)
         try:
+            # the files first, while the running driver runs on: kmod's own lookup then
+            # says which file it would load, before anything is unloaded
+            if decision.install:
+                on_step("install")
+                _install_files(root, request, str(kind), runner, staged)
+                outcome.actions.append("install")
+            check_resolved(root, request, runner, module)
             if before.loaded:
                 on_step("unload")
                 _run(runner, expand(request.unload_command, module=request.module,
                                     host_root=root), "unloading the driver")
                 outcome.actions.append("unload")
-            if decision.install:
-                on_step("install")
-                _install_files(root, request, str(kind), runner, staged)
-                outcome.actions.append("install")
             on_step("load")
             _load(root, request, runner)
             outcome.actions.append("load")
@@ -610,7 +809,7 @@ def _roll_back(root: str, request: InstallRequest, runner: Runner) -> str:
     was_loaded = bool(record.get("loaded")) if isinstance(record, dict) else True
     previous = record.get("version") if isinstance(record, dict) else None
     said: list[str] = []
-    if files.rollback(host_path(root, JOURNAL)) is not None:
+    if files.rollback(host_path(root, JOURNAL), root) is not None:
         said.append("the previous driver files were restored")
         if _run_quiet(runner, depmod_argv(root, request, kmodule.kernel_release(root))) != 0:
             said.append("depmod failed (run `depmod -a` by hand)")

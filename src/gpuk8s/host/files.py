@@ -5,6 +5,11 @@ temp file + ``rename``), after backing up every file it will replace and writing
 journal that names what it created and replaced. ``rollback`` undoes it from the journal,
 so a process that died half-way (or a later step that failed) leaves the host as it was;
 ``commit`` forgets the backup. The journal lives where a restarted process finds it.
+
+The journal records paths relative to the root it installed onto, the backup's too when
+it lies inside that root, so a process that sees the host's tree at another mount point
+(``/host`` in a pod, ``/`` on the host) replays it exactly. A journal of the first format
+(absolute ``root`` and ``backup``) is translated the same way, or refused with the reason.
 """
 
 from __future__ import annotations
@@ -22,12 +27,16 @@ class HostFileError(GpuK8sError):
     """A file operation on the host failed; the message names the path."""
 
 
+TEMP_MARK = ".tmp"  # atomic_write's temp file: .<name>.tmp<pid> beside <name>
+JOURNAL_FORMAT = 2  # paths relative to the root; 1 (no "format"): absolute root and backup
+
+
 def atomic_write(path: str, text: str, mode: int = 0o644) -> None:
     """Replace ``path`` with ``text`` in one rename (readers see old or new, never half)."""
     directory = os.path.dirname(path) or "."
     try:
         os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+        tmp = os.path.join(directory, f"{temp_prefix(path)}{os.getpid()}")
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -36,6 +45,12 @@ def atomic_write(path: str, text: str, mode: int = 0o644) -> None:
         os.replace(tmp, path)
     except OSError as err:
         raise HostFileError(f"writing {path} failed: {err.strerror or err}") from err
+
+
+def temp_prefix(path: str) -> str:
+    """The name ``atomic_write`` gives its temp file of ``path``, less the pid:
+    ``.<name>.tmp`` (a process killed mid-write leaves ``.<name>.tmp<pid>``)."""
+    return f".{os.path.basename(path)}{TEMP_MARK}"
 
 
 def atomic_symlink(target: str, path: str) -> None:
@@ -77,26 +92,59 @@ def remove(path: str) -> bool:
 
 @dataclass
 class TreeJournal:
-    """What ``install_tree`` did (relative paths under ``root``)."""
+    """What ``install_tree`` did: paths relative to the root it installed onto.
+    ``backup``: relative to that root when it lies inside it, else absolute; ``root``: the
+    root as the writer saw it (format 1 journals: needed to translate their paths)."""
 
     root: str
     backup: str
     created: list[str] = field(default_factory=list)
     replaced: list[str] = field(default_factory=list)
     made_dirs: list[str] = field(default_factory=list)
+    format: int = JOURNAL_FORMAT
 
     def to_dict(self) -> dict[str, Any]:
-        return {"root": self.root, "backup": self.backup, "created": self.created,
-                "replaced": self.replaced, "made_dirs": self.made_dirs}
+        return {"format": self.format, "root": self.root, "backup": self.backup,
+                "created": self.created, "replaced": self.replaced,
+                "made_dirs": self.made_dirs}
 
     @classmethod
     def from_dict(cls, data: Any) -> TreeJournal | None:
         if not isinstance(data, dict) or not isinstance(data.get("root"), str):
             return None
+        fmt = data.get("format", 1)
         return cls(data["root"], str(data.get("backup", "")),
                    [str(p) for p in data.get("created", [])],
                    [str(p) for p in data.get("replaced", [])],
-                   [str(p) for p in data.get("made_dirs", [])])
+                   [str(p) for p in data.get("made_dirs", [])],
+                   fmt if isinstance(fmt, int) else 0)
+
+    def backup_under(self, root: str, journal_path: str) -> str:
+        """The backup directory as seen from ``root`` (where the caller sees the tree the
+        journal describes). HostFileError when the journal cannot be replayed from there."""
+        if self.format == JOURNAL_FORMAT:
+            if not self.backup or os.path.isabs(self.backup):
+                return self.backup
+            return os.path.join(root, self.backup)
+        if self.format != 1:
+            raise HostFileError(f"{journal_path}: journal format {self.format!r} is not one "
+                                f"this version reads (1, {JOURNAL_FORMAT}); nothing was "
+                                "changed: finish it with the version that wrote it")
+        if not os.path.isabs(self.root) or (self.backup and not os.path.isabs(self.backup)):
+            raise HostFileError(f"{journal_path}: a format 1 journal with relative root "
+                                f"{self.root!r} / backup {self.backup!r}; nothing was changed")
+        if not self.backup:
+            return ""
+        inside = os.path.relpath(self.backup, self.root)
+        if not inside.startswith(os.pardir):
+            return os.path.join(root, inside)
+        if os.path.realpath(self.root) == os.path.realpath(root):
+            return self.backup
+        raise HostFileError(
+            f"{journal_path} was written for the tree at {self.root} with its backup at "
+            f"{self.backup}, outside that tree: it cannot be replayed from {root}; run the "
+            f"recovery where the tree is {self.root}, or restore the files named in the "
+            "journal by hand; nothing was changed")
 
 
 def _entries(source: str) -> tuple[list[str], list[str]]:
@@ -139,7 +187,8 @@ def install_tree(source: str, root: str, journal_path: str, backup_dir: str) -> 
     the first file is replaced, so that also works after a crash.
     """
     dirs, files = _entries(source)
-    journal = TreeJournal(root, backup_dir)
+    inside = os.path.relpath(backup_dir, root)
+    journal = TreeJournal(root, backup_dir if inside.startswith(os.pardir) else inside)
     try:
         for rel in dirs:
             target = os.path.join(root, rel)
@@ -176,38 +225,48 @@ def install_tree(source: str, root: str, journal_path: str, backup_dir: str) -> 
     return journal
 
 
-def rollback(journal_path: str) -> TreeJournal | None:
-    """Undo an ``install_tree`` from its journal (idempotent); None when there is none."""
+def rollback(journal_path: str, root: str) -> TreeJournal | None:
+    """Undo an ``install_tree`` onto ``root`` (the tree as this process sees it) from its
+    journal (idempotent); None when there is none. Refuses (HostFileError, nothing
+    changed) a journal that cannot be replayed from ``root`` or whose backup of a replaced
+    file is gone."""
     journal = TreeJournal.from_dict(read_json(journal_path))
     if journal is None:
         return None
+    backup = journal.backup_under(root, journal_path)
+    missing = [rel for rel in journal.replaced
+               if not backup or not os.path.lexists(os.path.join(backup, rel))]
+    if missing:
+        raise HostFileError(
+            f"{journal_path}: the backup of {len(missing)} replaced file(s) is gone "
+            f"({', '.join(missing[:3])} under {backup or 'no backup directory'}): they "
+            "cannot be restored; nothing was changed, the journal is kept")
     try:
         for rel in journal.created + journal.replaced:  # a copy killed before its rename
-            tmp = _temp_of(os.path.join(journal.root, rel))
+            tmp = _temp_of(os.path.join(root, rel))
             if os.path.lexists(tmp):
                 os.unlink(tmp)
         for rel in journal.created:
-            path = os.path.join(journal.root, rel)
+            path = os.path.join(root, rel)
             if os.path.lexists(path):
                 os.unlink(path)
         for rel in journal.replaced:
-            saved = os.path.join(journal.backup, rel)
-            if os.path.lexists(saved):
-                _copy_entry(saved, os.path.join(journal.root, rel))
+            _copy_entry(os.path.join(backup, rel), os.path.join(root, rel))
         for rel in reversed(journal.made_dirs):
-            path = os.path.join(journal.root, rel)
+            path = os.path.join(root, rel)
             if os.path.isdir(path) and not os.listdir(path):
                 os.rmdir(path)
     except OSError as err:
         raise HostFileError(f"rolling back {journal_path} failed: {err.strerror or err}") from err
-    commit(journal_path)
+    commit(journal_path, root)
     return journal
 
 
-def commit(journal_path: str) -> None:
-    """Forget the backup and the journal of a finished ``install_tree``."""
+def commit(journal_path: str, root: str) -> None:
+    """Forget the backup and the journal of a finished ``install_tree`` onto ``root``."""
     journal = TreeJournal.from_dict(read_json(journal_path))
-    if journal is not None and journal.backup:
-        remove(journal.backup)
+    backup = journal.backup_under(root, journal_path) if journal is not None else ""
+    if backup:
+        remove(backup)
     if os.path.lexists(journal_path):
         remove(journal_path)

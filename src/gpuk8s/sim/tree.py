@@ -377,15 +377,12 @@ def depmod(root: str, release: str) -> str:
     from each module's ``depends=``). Returns the file's path."""
     top = _modules_dir(root, release)
     paths: dict[str, str] = {}
-    for _, rel in kmodule.modules_in(root):
-        full = _p(root, rel)
-        if not full.startswith(top + os.sep):
-            continue
-        name, path = kmodule.module_name(rel), os.path.relpath(full, top)
-        # of two modules of one name, the one right in updates/ wins (kmod's default
-        # search order: "updates", then "built-in", every other directory)
-        if name not in paths or (os.path.dirname(path) == "updates"
-                                 and os.path.dirname(paths[name]) != "updates"):
+    for path in _walk_modules(top, ""):
+        name = kmodule.module_name(path)
+        # kmod's default search order is "updates" (and everything under it), then
+        # "built-in" (every other directory); of two modules of one name at the same
+        # priority the one met first in directory (readdir) order wins, as in depmod
+        if name not in paths or (_in_updates(path) and not _in_updates(paths[name])):
             paths[name] = path
     lines = []
     for rel in sorted(paths.values()):
@@ -401,11 +398,32 @@ def depmod(root: str, release: str) -> str:
     return path
 
 
-def resolve_module(root: str, name: str) -> list[str]:
+def _in_updates(path: str) -> bool:
+    return path == "updates" or path.startswith("updates/")
+
+
+def _walk_modules(top: str, rel: str) -> list[str]:
+    """Module files under ``top/rel``, relative to ``top``, depth first in directory
+    order (os.scandir is readdir, the order depmod walks in)."""
+    found: list[str] = []
+    try:
+        entries = list(os.scandir(os.path.join(top, rel)))
+    except OSError:
+        return found
+    for entry in entries:
+        path = os.path.join(rel, entry.name) if rel else entry.name
+        if entry.is_dir(follow_symlinks=False):
+            found.extend(_walk_modules(top, path))
+        elif entry.name.endswith(kmodule.SUFFIXES):
+            found.append(path)
+    return found
+
+
+def resolve_module(root: str, name: str, release: str | None = None) -> list[str]:
     """``modprobe``'s lookup: the files of module ``name`` and its dependencies (those
     first), from ``lib/modules/<running release>/modules.dep``; never a scan of the
     disk, so a module nobody ran ``depmod`` for is not found."""
-    release = kernel_release(root)
+    release = release or kernel_release(root)
     top = _modules_dir(root, release)
     wanted = name.replace("-", "_")
     entries: dict[str, list[str]] = {}

@@ -11,8 +11,11 @@ simulated kernel checks the file as ``init_module`` would: an ELF module built f
 kernel, else ``Invalid module format``, with the reason in the simulated kernel log. Then
 it "loads" it: ``/sys/module/metax`` (version: its ``.modinfo`` ``version``), every GPU
 bound, DRM dirs and /dev nodes. ``modprobe -r metax`` unloads it (refused while
-``/sys/module/metax/refcnt`` > 0). Each load/unload that changes something appends
-``load metax <version>`` / ``unload metax`` to ``<root>/var/lib/gpuk8s-sim/modprobe.log``.
+``/sys/module/metax/refcnt`` > 0). ``modprobe --show-depends [-d DIR] [-S RELEASE] NAME``
+prints kmod's lookup (``insmod PATH`` lines, dependencies first) and changes nothing.
+``-V`` prints Debian 12's kmod 30 version and features (no gzip: ``-ZLIB``).
+Each load/unload that changes something appends ``load metax <version>`` /
+``unload metax`` to ``<root>/var/lib/gpuk8s-sim/modprobe.log``.
 
 ``depmod [-a] [-b BASEDIR] [RELEASE]`` writes ``BASEDIR/lib/modules/RELEASE/modules.dep``
 (BASEDIR: ``-b``, else this root; RELEASE: else the root's running kernel), for places
@@ -26,6 +29,8 @@ import os
 import sys
 from typing import Any
 
+FEATURES = "+ZSTD +XZ -ZLIB +LIBCRYPTO -EXPERIMENTAL"  # `kmod -V` of Debian 12's kmod 30
+
 
 def root_dir() -> str:
     here = os.path.realpath(__file__)
@@ -36,12 +41,37 @@ def root_dir() -> str:
 
 def modprobe(k: Any, root: str, argv: list[str]) -> int:
     """``k``: the simulated kernel (gpuk8s_sim_tree)."""
-    remove = any(a in ("-r", "--remove") for a in argv)
-    words = [a for a in argv if not a.startswith("-")]
+    remove = show = False
+    base, release, words, args = root, None, [], list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg in ("-r", "--remove"):
+            remove = True
+        elif arg in ("-D", "--show-depends"):
+            show = True
+        elif arg in ("-d", "--dirname", "-S", "--set-version"):
+            if not args:
+                print(f"modprobe: ERROR: {arg} needs a value", file=sys.stderr)
+                return 1
+            value = args.pop(0)
+            if arg in ("-d", "--dirname"):
+                base = value
+            else:
+                release = value
+        elif not arg.startswith("-"):
+            words.append(arg)
     if not words:
         print("modprobe: ERROR: missing module name", file=sys.stderr)
         return 1
     module, params = words[0], words[1:]
+    if show:  # kmod's lookup only (loaded or not): "insmod PATH" per file, dependencies first
+        try:
+            found = k.resolve_module(base, module, release)
+        except k.SimError as err:
+            print(str(err), file=sys.stderr)
+            return 1
+        print("".join(f"insmod {path} \n" for path in found), end="")  # kmod's spacing
+        return 0
     if module != "metax":
         print(f"modprobe: FATAL: Module {module} not found in directory "
               f"/lib/modules/{k.kernel_release(root)}", file=sys.stderr)
@@ -89,6 +119,9 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, os.path.join(root, "var/lib/gpuk8s-sim/lib"))
     import gpuk8s_sim_tree as kernel  # type: ignore[import-not-found]  # inside the root
 
+    if argv[1:2] in (["-V"], ["--version"]):  # kmod / modprobe / depmod -V: what it reads
+        print(f"kmod version 30\n{FEATURES}")
+        return 0
     name = os.path.basename(argv[0])
     if name == "kmod" and len(argv) > 1:  # `kmod modprobe ...`, as the real one takes it
         name, argv = argv[1], argv[1:]
