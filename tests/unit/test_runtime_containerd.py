@@ -15,6 +15,7 @@ import pytest
 
 from gpuk8s.services.runtime import containerd
 from gpuk8s.services.runtime.containerd import RuntimeConfigError, configure, unconfigure
+from tests.containerd_corpus import Case, cases
 
 from .fake_cri import FakeCri, cri_config, status_response
 
@@ -132,6 +133,92 @@ def test_resolve_imports_reads_globs_relative_to_the_config(tmp_path: Path) -> N
     found = containerd.resolve_imports(text, "/etc/containerd/config.toml",
                                        lambda p: str(tmp_path) + p)
     assert found == {str(tmp_path / "etc/containerd/conf.d/a.toml"): "[metrics]\n"}
+
+
+# ------------------------------------------------------------------------------ the corpus
+def _strict(text: str) -> dict:
+    import tomllib  # another TOML reader than the editor's: the judge
+
+    return tomllib.loads(text)
+
+
+def _cri(doc: dict) -> dict:
+    plugins = doc["plugins"]
+    for key in containerd.CRI_PLUGINS.values():
+        if key in plugins and "containerd" in plugins[key]:
+            return plugins[key]["containerd"]
+    raise AssertionError(f"no CRI containerd section in {sorted(plugins)}")
+
+
+@pytest.mark.parametrize("case", cases(), ids=lambda c: c.name)
+def test_every_corpus_config_is_edited_right_or_refused(case: Case) -> None:
+    """Edited: the handler lands in the CRI's runtimes (where containerd reads it), a copy of
+    the default runtime with the wrapper as its binary; runc keeps its own options; nothing
+    else changes; unconfigure gives the file back byte for byte (but an inline table's or an
+    empty file's, which uninstall restores from its backup). Refused: the message names why
+    and says nothing was changed."""
+    if case.refusal is not None:
+        with pytest.raises(RuntimeConfigError) as err:
+            configure(case.text, "metax", WRAPPER, True, case.drop_ins)
+        assert case.refusal in str(err.value) and "nothing was changed" in str(err.value)
+        return
+    done = configure(case.text, "metax", WRAPPER, True, case.drop_ins)
+    assert done.changed
+    before = _strict(case.text or containerd.MINIMAL)
+    after = _strict(done.text)
+    section, old = _cri(after), _cri(before)
+    runc_before = old.get("runtimes", {}).get("runc", {})
+    assert section["runtimes"]["runc"] == runc_before or not runc_before  # runc's stay runc's
+    metax = section["runtimes"]["metax"]
+    assert metax["options"]["BinaryName"] == WRAPPER
+    assert [k for k in metax["options"] if k.lower() == "binaryname"] == ["BinaryName"]
+    assert metax["container_annotations"] == ["cdi.k8s.io/*"]
+    assert {k: v for k, v in metax["options"].items() if k != "BinaryName"} == {
+        k: v for k, v in runc_before.get("options", {}).items() if k.lower() != "binaryname"}
+    assert section["default_runtime_name"] == "metax"
+    # nothing else: take the handler out again and it is the file as it was
+    del section["runtimes"]["metax"]
+    section["default_runtime_name"] = old.get("default_runtime_name")
+    if old.get("default_runtime_name") is None:
+        del section["default_runtime_name"]
+    assert after == before
+    assert configure(done.text, "metax", WRAPPER, True, case.drop_ins).changed is False
+    back, changed = unconfigure(done.text, "metax", done.previous_default)
+    assert changed
+    if case.text.strip() and "inline" not in case.name:
+        assert back == case.text  # byte for byte
+    assert _strict(back) == _strict(case.text or containerd.MINIMAL)
+
+
+def test_the_issue_49_dotted_key_config_keeps_runc_options_with_runc() -> None:
+    text = next(c.text for c in cases() if c.name == "dotted-runtimes")
+    done = configure(text, "metax", WRAPPER, True)
+    runtimes = _cri(_strict(done.text))["runtimes"]
+    assert runtimes["runc"] == {"runtime_type": "io.containerd.runc.v2",
+                                "options": {"SystemdCgroup": True}}
+    assert "runtimes" not in _strict(done.text)  # never a top-level [runtimes.metax]
+
+
+def test_a_binary_name_in_another_case_is_what_the_wrapper_runs() -> None:
+    """kubespray writes `binaryName`; containerd matches it case-insensitively, so the copy
+    must not keep it beside the wrapper's `BinaryName`."""
+    text = next(c.text for c in cases() if c.name == "kubespray")
+    done = configure(text, "metax", WRAPPER, True)
+    assert done.base_binary == "/usr/local/bin/runc"
+    assert _cri(_strict(done.text))["runtimes"]["metax"]["options"] == {
+        "systemdCgroup": True, "BinaryName": WRAPPER}
+
+
+def test_an_edit_another_toml_reader_disagrees_with_is_refused_naming_the_construct(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The proof step itself: when the edited text does not read back as intended (here the
+    judge is made to see the file unchanged), the edit is refused with the construct."""
+    text = next(c.text for c in cases() if c.name == "dotted-runtimes")
+    judge = containerd._strict
+    monkeypatch.setattr(containerd, "_strict", lambda t: judge(text))
+    with pytest.raises(RuntimeConfigError, match=r"dotted keys \(`runtimes\.… = …`\)"):
+        configure(text, "metax", WRAPPER, True)
 
 
 # ------------------------------------------------------------------- what containerd serves
