@@ -4,16 +4,20 @@ tests/integration/test_runtime_containerd.py."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from gpuk8s.services.nodeagent import Reporter
 from gpuk8s.services.runtime import containerd
+from gpuk8s.services.runtime.agent import RuntimeAgent, RuntimeSettings
 from gpuk8s.services.runtime.containerd import RuntimeConfigError, configure, unconfigure
 from tests.containerd_corpus import Case, cases
 
@@ -292,3 +296,77 @@ def test_a_process_ignoring_sighup_is_seen_and_not_signalled() -> None:
         for proc in (plain, nohup):
             proc.kill()
             proc.wait()
+
+
+# ------------------------------------------------------------ the agent on each corpus node
+@pytest.fixture
+def corpus_node(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """(GPU tree, node root) for container-runtime; the root short (unix socket paths)."""
+    from gpuk8s import sim
+
+    system = Path(tempfile.mkdtemp(prefix="crc", dir="/tmp"))
+    gpu_root = tmp_path / "gpu"
+    sim.create(str(gpu_root), "c500-8", device_nodes="char")
+    (system / "etc/containerd/conf.d").mkdir(parents=True)
+    (system / "usr/bin").mkdir(parents=True)
+    (system / "usr/bin/python3").symlink_to(sys.executable)
+    yield gpu_root, system
+    shutil.rmtree(system, ignore_errors=True)
+
+
+def _agent(gpu_root: Path, system: Path) -> RuntimeAgent:
+    settings = RuntimeSettings(host_root=str(gpu_root), system_root=str(system),
+                               runtime="containerd", runtime_version="containerd://1.6.20",
+                               restart_mode="none", device_path_prefix=str(gpu_root))
+    return RuntimeAgent(settings, Reporter(None, "container-runtime", "Runtime"))
+
+
+@pytest.mark.parametrize("case", cases(), ids=lambda c: c.name)
+def test_the_agent_on_each_corpus_node_edits_or_refuses_and_uninstall_restores_bytes(
+    corpus_node: tuple[Path, Path], case: Case,
+) -> None:
+    gpu_root, system = corpus_node
+    config = system / "etc/containerd/config.toml"
+    config.write_text(case.text)
+    for path, text in case.drop_ins.items():
+        (system / path.lstrip("/")).write_text(text)
+    agent = _agent(gpu_root, system)
+    report = agent.one_pass()
+    if case.refusal is not None:
+        assert report.state == "failed" and case.refusal in report.message, report.message
+        assert config.read_text() == case.text
+        assert sorted(p.name for p in config.parent.iterdir()) == ["conf.d", "config.toml"]
+        return
+    assert report.state == "pending", report.message  # restart mode none: edited, said
+    assert 'default_runtime_name = "metax"' in config.read_text()
+    agent.uninstall()
+    assert config.read_bytes() == case.text.encode()  # byte for byte, inline tables too
+    assert sorted(p.name for p in config.parent.iterdir()) == ["conf.d", "config.toml"]
+
+
+def test_a_missing_config_is_containerds_defaults_ours_until_uninstall(
+    corpus_node: tuple[Path, Path],
+) -> None:
+    gpu_root, system = corpus_node
+    config = system / "etc/containerd/config.toml"
+    agent = _agent(gpu_root, system)
+    report = agent.one_pass()
+    assert report.state == "pending", report.message
+    written = config.read_text()
+    assert written == configure("", "metax", WRAPPER, True).text
+    section = _cri(_strict(written))
+    assert section["default_runtime_name"] == "metax"
+    assert section["runtimes"]["runc"] == {"runtime_type": "io.containerd.runc.v2"}
+    state = json.loads((system / "usr/local/gpuk8s/state.json").read_text())
+    assert state["createdConfig"] is True
+    assert not (system / "etc/containerd/config.toml.gpuk8s-backup").exists()
+    agent.uninstall()
+    assert not config.exists()  # containerd back on its defaults
+    # an administrator's change to the file since: it stays theirs, the handler goes
+    agent = _agent(gpu_root, system)
+    agent.one_pass()
+    config.write_text(config.read_text() + "\n[metrics]\n  address = \"127.0.0.1:1338\"\n")
+    agent.uninstall()
+    kept = _strict(config.read_text())
+    assert kept["metrics"] == {"address": "127.0.0.1:1338"}
+    assert "metax" not in _cri(kept)["runtimes"] and _cri(kept)["default_runtime_name"] == "runc"

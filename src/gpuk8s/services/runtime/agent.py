@@ -354,6 +354,14 @@ class RuntimeAgent:
         text = _read(config_path)
         if text is None and b.name == "dockerd" and os.path.isdir(os.path.dirname(config_path)):
             text = ""  # no daemon.json yet: dockerd's defaults
+        created = False
+        if text is None and b.name == "containerd":
+            # no config: containerd runs on its defaults; the handler goes into a minimal
+            # config of ours, removed again at uninstall (state.json says we created it)
+            if not os.path.isdir(os.path.dirname(config_path)):
+                raise GpuK8sError(f"{b.name} config {b.config} not found on the node, nor its "
+                                  f"directory (chart option {b.option})")
+            text, created = "", True
         if text is None:
             raise GpuK8sError(f"{b.name} config {b.config} not found on the node "
                               f"(chart option {b.option})")
@@ -383,10 +391,12 @@ class RuntimeAgent:
         if "previousDefault" not in state:
             state["previousDefault"] = result.previous_default
         state.update(handler=s.handler, config=b.config, runtime=b.name)
+        if created:
+            state["createdConfig"] = True
         files.write_json(self._state_path(), state)
         self.details.update(handler=s.handler, default=s.set_default)
         backup = config_path + ".gpuk8s-backup"
-        made_backup = result.changed and not os.path.exists(backup)
+        made_backup = result.changed and not created and not os.path.exists(backup)
         if result.changed:
             if made_backup:
                 files.atomic_write(backup, text)
@@ -396,6 +406,7 @@ class RuntimeAgent:
         if reason is None:
             self._forget_attempt()
             return
+        before = containerd.peer_pid_or_zero(self.socket())
         try:
             done = self._restart_onto(self.wrapper_path(), reason)
         except RestartPending:
@@ -403,7 +414,9 @@ class RuntimeAgent:
         except RuntimeConfigError as err:
             message = str(err)
             if result.changed:
-                message += self._put_back(config_path, text)
+                message += self._put_back(config_path, None if created else text, before)
+                if created:
+                    state.pop("createdConfig", None)
                 if made_backup:
                     files.remove(backup)
             state["attempt"] = {"digest": digest, "reason": message,
@@ -456,12 +469,21 @@ class RuntimeAgent:
                             RESTART_TIMEOUT)
         return f"{done}; now pid {containerd.peer_pid_or_zero(self.socket())}"
 
-    def _put_back(self, config_path: str, text: str) -> str:
-        """The config as it was before our edit; containerd back on it (its service manager
-        restarts it, if it exited refusing the edit). What happened, for the report."""
-        files.atomic_write(config_path, text)
-
+    def _put_back(self, config_path: str, text: str | None, before: int) -> str:
+        """The config as it was before our edit (``text`` None: there was none) and the
+        runtime back on it: containerd, if it was restarted onto the edit (its pid is not
+        ``before``), is restarted again and must answer on its CRI without the handler.
+        What happened, for the report."""
+        s = self.settings
         b = self.backend()
+
+        def restore(body: str) -> None:
+            if text is None:
+                files.remove(config_path)
+            else:
+                files.atomic_write(config_path, body)
+
+        restore(text or "")
 
         def answers() -> str | None:
             try:
@@ -470,18 +492,44 @@ class RuntimeAgent:
                 return str(err)
             return None
 
+        def back(old: int) -> Callable[[], str | None]:
+            def check() -> str | None:
+                pid = containerd.peer_pid_or_zero(self.socket())
+                if b.new_process and (pid <= 0 or pid == old):
+                    return f"{b.name} (pid {old}) has not been replaced"
+                try:
+                    config = b.served(self.socket(), timeout=2.0)
+                except RuntimeConfigError as err:
+                    return str(err)
+                return b.not_served(config, s.handler, None, s.set_default)
+            return check
+
         try:
             if not b.new_process:  # dockerd: reload it onto the old file again
-                files.atomic_write(config_path, b.loadable(text))
-                b.restart(self.settings.restart_mode, self.socket(), self.settings.system_root)
+                files.atomic_write(config_path, b.loadable(text or ""))
+                b.restart(s.restart_mode, self.socket(), s.system_root)
                 containerd.wait_for(f"{b.name} back on the previous config", lambda: b.not_served(
-                    b.served(self.socket(), timeout=2.0), self.settings.handler, None,
-                    self.settings.set_default), RESTART_TIMEOUT)
-                files.atomic_write(config_path, text)
+                    b.served(self.socket(), timeout=2.0), s.handler, None, s.set_default),
+                    RESTART_TIMEOUT)
+                restore(text or "")
+            else:
+                now = containerd.peer_pid_or_zero(self.socket())
+                if now != before:
+                    # restarted onto the edit (or exited on it and not back yet): it runs
+                    # the edit until restarted again; wait for a process to signal first
+                    containerd.wait_for(f"{b.name} running again", lambda: None if
+                                        containerd.peer_pid_or_zero(self.socket()) > 0 else
+                                        f"nothing serves {b.socket}", RESTART_TIMEOUT)
+                    done, old = b.restart(s.restart_mode, self.socket(), s.system_root)
+                    containerd.wait_for(f"after {done}, {b.name} back on the previous config",
+                                        back(old), RESTART_TIMEOUT)
+                    return f"; {b.config} is as it was and {b.name} was restarted onto it " \
+                           f"(now pid {containerd.peer_pid_or_zero(self.socket())}, its CRI " \
+                           "answers)"
             containerd.wait_for(f"{b.name} back on the previous config", answers,
                                 RESTART_TIMEOUT)
         except RuntimeConfigError as err:
-            files.atomic_write(config_path, text)
+            restore(text or "")
             return f"; {b.config} is as it was, but {err}"
         return f"; {b.config} is as it was"
 
@@ -502,6 +550,10 @@ class RuntimeAgent:
             after, changed = b.unconfigure(text, s.handler, state.get("previousDefault"))
             if backup is not None and self._untouched_since_install(backup, text):
                 after = backup  # untouched since we wrote it: back byte for byte
+            created = bool(state.get("createdConfig")) and \
+                self._untouched_since_install("", text)
+            if created:  # ours, untouched: containerd back on its defaults
+                after, changed = "", True
             if changed:
                 files.atomic_write(config_path, b.loadable(after))
                 try:
@@ -513,7 +565,10 @@ class RuntimeAgent:
                     keep_wrapper = True
                     done.append(f"{err}: the wrapper stays in {s.install_dir}")
                 finally:
-                    files.atomic_write(config_path, after)
+                    if created:
+                        files.remove(config_path)
+                    else:
+                        files.atomic_write(config_path, after)
         files.remove(config_path + ".gpuk8s-backup")
         if keep_wrapper:
             if clear_readiness(s.host_root, "runtime.ready", s.status_dir):
