@@ -59,7 +59,7 @@ from ...host import files, ociwrapper
 from ...host.ociwrapper import CONFIG_NAME
 from ...host.readiness import clear_readiness, write_readiness
 from ..nodeagent import Report, Reporter
-from . import containerd, docker
+from . import containerd, docker, proof
 from .containerd import Configured, RuntimeConfigError
 
 log = logging.getLogger("gpuk8s.container-runtime")
@@ -387,6 +387,8 @@ class RuntimeAgent:
                 attempt.get("pid") == containerd.peer_pid_or_zero(self.socket()):
             raise RuntimeConfigError(f"{attempt.get('reason')} (not tried again until "
                                      f"{b.name} or its config changes)")
+        if b.name == "containerd" and result.changed:
+            self._prove(text, result.text, state, digest)
         self._install_wrapper(result.base_binary)
         if "previousDefault" not in state:
             state["previousDefault"] = result.previous_default
@@ -426,6 +428,26 @@ class RuntimeAgent:
         self._forget_attempt()
         log.info("runtime configured", extra={"runtime": b.name, "handler": s.handler,
                                               "restart": done})
+
+    def _prove(self, text: str, candidate: str, state: dict[str, Any], digest: str) -> None:
+        """A private containerd of the node's generation must take ``candidate`` (``proof``);
+        refused: recorded as an attempt (not tried again until containerd or the config
+        changes) and raised, nothing written."""
+        s = self.settings
+        proven = proof.prove(self.socket(), text, candidate, os.path.dirname(s.containerd_config),
+                             s.sys, s.handler, self.wrapper_path(), s.set_default)
+        if proven.failed is None:
+            self.details["proof"] = f"skipped: {proven.skipped}" if proven.skipped else \
+                f"proven with a private {proven.binary}"
+            if proven.skipped:
+                log.warning("edit not proven before the restart", extra={
+                    "reason": proven.skipped})
+            return
+        message = f"{s.containerd_config} not changed: {proven.failed}"
+        state["attempt"] = {"digest": digest, "reason": message,
+                            "pid": containerd.peer_pid_or_zero(self.socket())}
+        files.write_json(self._state_path(), state)
+        raise RuntimeConfigError(message)
 
     def _install_wrapper(self, base_binary: str | None) -> None:
         s = self.settings
