@@ -339,7 +339,11 @@ class RuntimeAgent:
         self.install_hook()
         self._hook_done = True
 
-    def install_hook(self) -> None:
+    def candidate(self) -> tuple[str, str, bool, Configured]:
+        """(config path as seen here, its text now ("" when there is none), whether there is
+        none so that we create it, the edit) for the runtime's config: what a pass writes,
+        and what the Ansible module shows in check and diff mode. Raises what the edit
+        refuses."""
         s = self.settings
         b = self.backend()
         if not os.path.exists(s.sys(s.host_python)):
@@ -368,6 +372,12 @@ class RuntimeAgent:
         imported = containerd.resolve_imports(text, b.config, s.sys) \
             if b.name == "containerd" else None
         result = b.configure(text, s.handler, self.wrapper_path(), s.set_default, imported)
+        return config_path, text, created, result
+
+    def install_hook(self) -> None:
+        s = self.settings
+        b = self.backend()
+        config_path, text, created, result = self.candidate()
         down = ""
         try:
             serving: Any = b.served(self.socket())  # it must answer before any change
@@ -562,35 +572,24 @@ class RuntimeAgent:
         done = []
         if any([files.remove(p) for p in self.spec_paths()]):
             done.append("CDI spec removed")
-        state = files.read_json(self._state_path()) or {}
         b = self.backend()
-        config_path = s.sys(b.config)
-        text = _read(config_path)
-        backup = _read(config_path + ".gpuk8s-backup")
+        config_path, text, after = self.uninstalled()
         keep_wrapper = False
-        if text is not None and state:
-            after, changed = b.unconfigure(text, s.handler, state.get("previousDefault"))
-            if backup is not None and self._untouched_since_install(backup, text):
-                after = backup  # untouched since we wrote it: back byte for byte
-            created = bool(state.get("createdConfig")) and \
-                self._untouched_since_install("", text)
-            if created:  # ours, untouched: containerd back on its defaults
-                after, changed = "", True
-            if changed:
-                files.atomic_write(config_path, b.loadable(after))
-                try:
-                    done.append(self._restart_onto(None, "handler removed"))
-                except RestartPending as err:
-                    done.append(str(err))
-                except RuntimeConfigError as err:
-                    # the runtime may still create containers through the wrapper
-                    keep_wrapper = True
-                    done.append(f"{err}: the wrapper stays in {s.install_dir}")
-                finally:
-                    if created:
-                        files.remove(config_path)
-                    else:
-                        files.atomic_write(config_path, after)
+        if text is not None and after != text:
+            files.atomic_write(config_path, b.loadable(after or ""))
+            try:
+                done.append(self._restart_onto(None, "handler removed"))
+            except RestartPending as err:
+                done.append(str(err))
+            except RuntimeConfigError as err:
+                # the runtime may still create containers through the wrapper
+                keep_wrapper = True
+                done.append(f"{err}: the wrapper stays in {s.install_dir}")
+            finally:
+                if after is None:
+                    files.remove(config_path)
+                else:
+                    files.atomic_write(config_path, after)
         files.remove(config_path + ".gpuk8s-backup")
         if keep_wrapper:
             if clear_readiness(s.host_root, "runtime.ready", s.status_dir):
@@ -617,6 +616,24 @@ class RuntimeAgent:
         if clear_readiness(s.host_root, "runtime.ready", s.status_dir):
             done.append("runtime.ready marker removed")
         return done
+
+    def uninstalled(self) -> tuple[str, str | None, str | None]:
+        """(config path as seen here, its text now (None: there is none), its text after
+        uninstall (None: removed, as we created it)): what ``uninstall`` writes, and what the
+        Ansible module shows in check and diff mode."""
+        s = self.settings
+        b = self.backend()
+        state = files.read_json(self._state_path()) or {}
+        config_path = s.sys(b.config)
+        text = _read(config_path)
+        if text is None or not state:
+            return config_path, text, text
+        if state.get("createdConfig") and self._untouched_since_install("", text):
+            return config_path, text, None  # ours, untouched: containerd on its defaults
+        backup = _read(config_path + ".gpuk8s-backup")
+        if backup is not None and self._untouched_since_install(backup, text):
+            return config_path, text, backup  # untouched since we wrote it: byte for byte
+        return config_path, text, b.unconfigure(text, s.handler, state.get("previousDefault"))[0]
 
     def _untouched_since_install(self, backup: str, text: str) -> bool:
         s = self.settings
