@@ -17,6 +17,7 @@ class Case:
     text: str
     drop_ins: dict[str, str]  # node path -> text
     refusal: str | None  # None: edited; else words of the reason
+    drop_in: bool  # edited by a drop-in of ours (containerd 2.x imports), not in the file
 
     @property
     def generation(self) -> str:
@@ -29,9 +30,11 @@ def cases() -> list[Case]:
     found = []
     for directory in sorted(p for p in CORPUS.iterdir() if p.is_dir()):
         expect = (directory / "expect").read_text().strip()
-        assert expect == "edit" or expect.startswith("refuse "), (directory, expect)
+        assert expect in ("edit", "drop-in") or expect.startswith("refuse "), (directory,
+                                                                             expect)
         drop_ins = {f"{DROP_INS}/{p.name}": p.read_text()
                     for p in sorted((directory / "conf.d").glob("*.toml"))}
         found.append(Case(directory.name, (directory / "config.toml").read_text(), drop_ins,
-                          None if expect == "edit" else expect[len("refuse "):]))
+                          expect[len("refuse "):] if expect.startswith("refuse ") else None,
+                          expect == "drop-in"))
     return found

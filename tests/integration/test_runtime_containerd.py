@@ -39,7 +39,7 @@ from gpuk8s.services.nodeagent import Reporter
 from gpuk8s.services.runtime import agent as agent_module
 from gpuk8s.services.runtime import containerd, proof
 from gpuk8s.services.runtime.agent import WRAPPER_NAME, RuntimeAgent, RuntimeSettings
-from tests.containerd_corpus import Case, cases
+from tests.containerd_corpus import DROP_INS, Case, cases
 
 pytestmark = pytest.mark.integration
 
@@ -386,6 +386,7 @@ def node_private(text: str, version: int) -> str:
     """A corpus config made a private node's: its root, state, sockets, ``opt`` directory
     and stream port moved under @BASE@ (tomlkit, in place: the runtimes' shape, dotted keys
     and inline tables stay as written) and its /etc/containerd paths under @BASE@."""
+    text = text.replace(f'"{DROP_INS}/', '"conf.d/')  # relative: read from the node root
     doc = tomlkit.parse(text.replace('"/etc/containerd/', '"@BASE@/etc/containerd/'))
     doc["root"] = "@BASE@/var/lib/containerd"
     doc["state"] = "@BASE@/run/containerd/state"
@@ -421,6 +422,10 @@ def test_each_edited_corpus_config_is_served_by_the_real_containerd_of_its_gener
             assert line.replace('"/etc/containerd/', '"@BASE@/etc/containerd/') in text, line
     n = node(DEBIAN if case.generation == "1.6" else containerd2(), text)
     (n.base / "etc/containerd/cri-base.json").write_text('{"ociVersion": "1.1.0"}\n')
+    for path, drop_in in case.drop_ins.items():
+        (n.base / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (n.base / path.lstrip("/")).write_text(drop_in.replace(
+            '"/etc/containerd/', f'"{n.base}/etc/containerd/'))
     original = n.config.read_bytes()
     before = n.start()
     assert cri_loaded(n) == "ok"
@@ -433,8 +438,13 @@ def test_each_edited_corpus_config_is_served_by_the_real_containerd_of_its_gener
     assert containerd.not_served(n.served(), "metax", WRAPPER, True) is None
     runc = n.served()["containerd"]["runtimes"]["runc"]
     assert runc["options"].get("BinaryName", "") != WRAPPER  # runc's options stay runc's
+    ours = n.base / "etc/containerd/conf.d/zz-gpuk8s-metax.toml"
+    assert ours.exists() == case.drop_in
+    if case.drop_in:
+        assert n.config.read_bytes() == original  # the handler is in our drop-in
     done = agent.uninstall()
     assert n.config.read_bytes() == original, done
+    assert not ours.exists()
     assert cri_loaded(n) == "ok"
     assert containerd.not_served(n.served(), "metax", None, True) is None
 

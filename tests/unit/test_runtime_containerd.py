@@ -168,6 +168,9 @@ def test_every_corpus_config_is_edited_right_or_refused(case: Case) -> None:
         return
     done = configure(case.text, "metax", WRAPPER, True, case.drop_ins)
     assert done.changed
+    if case.drop_in:
+        _judge_drop_in(case, done)
+        return
     before = _strict(case.text or containerd.MINIMAL)
     after = _strict(done.text)
     section, old = _cri(after), _cri(before)
@@ -192,6 +195,38 @@ def test_every_corpus_config_is_edited_right_or_refused(case: Case) -> None:
     if case.text.strip() and "inline" not in case.name:
         assert back == case.text  # byte for byte
     assert _strict(back) == _strict(case.text or containerd.MINIMAL)
+
+
+def _merged(case: Case, *extra: str) -> dict:
+    """The config as containerd 2.x reads it: drop-ins merged key by key, in order."""
+    def merge(base: dict, over: dict) -> dict:
+        out = dict(base)
+        for key, value in over.items():
+            out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(
+                out.get(key), dict) else value
+        return out
+
+    doc = _strict(case.text)
+    for text in [*case.drop_ins.values(), *extra]:
+        doc = merge(doc, _strict(text))
+    return doc
+
+
+def _judge_drop_in(case: Case, done: containerd.Configured) -> None:
+    """containerd 2.x with a CRI drop-in: the handler in a drop-in of ours read after the
+    others (the file itself not changed), runc as it was."""
+    assert done.drop_in == "/etc/containerd/conf.d/zz-gpuk8s-metax.toml"
+    assert sorted([*case.drop_ins, done.drop_in])[-1] == done.drop_in  # merged last
+    before, after = _cri(_merged(case)), _cri(_merged(case, done.text))
+    metax = after["runtimes"]["metax"]
+    assert metax["options"]["BinaryName"] == WRAPPER
+    assert after["runtimes"]["runc"] == before["runtimes"]["runc"]
+    assert {k: v for k, v in metax["options"].items() if k != "BinaryName"} == \
+        before["runtimes"]["runc"].get("options", {})
+    assert after["default_runtime_name"] == "metax"
+    again = configure(case.text, "metax", WRAPPER, True, {**case.drop_ins,
+                                                          done.drop_in: done.text})
+    assert not again.changed and again.drop_in == done.drop_in
 
 
 def test_the_issue_49_dotted_key_config_keeps_runc_options_with_runc() -> None:
@@ -338,10 +373,19 @@ def test_the_agent_on_each_corpus_node_edits_or_refuses_and_uninstall_restores_b
         assert sorted(p.name for p in config.parent.iterdir()) == ["conf.d", "config.toml"]
         return
     assert report.state == "pending", report.message  # restart mode none: edited, said
-    assert 'default_runtime_name = "metax"' in config.read_text()
+    ours = system / "etc/containerd/conf.d/zz-gpuk8s-metax.toml"
+    if case.drop_in:
+        assert config.read_text() == case.text and 'default_runtime_name = "metax"' in \
+            ours.read_text()
+        assert agent.one_pass().state == "pending" and ours.read_text() == configure(
+            case.text, "metax", WRAPPER, True, case.drop_ins).text  # the same, not again
+    else:
+        assert 'default_runtime_name = "metax"' in config.read_text()
     agent.uninstall()
     assert config.read_bytes() == case.text.encode()  # byte for byte, inline tables too
     assert sorted(p.name for p in config.parent.iterdir()) == ["conf.d", "config.toml"]
+    assert sorted(p.name for p in ours.parent.iterdir()) == sorted(
+        Path(p).name for p in case.drop_ins)
 
 
 def test_a_missing_config_is_containerds_defaults_ours_until_uninstall(
@@ -358,7 +402,7 @@ def test_a_missing_config_is_containerds_defaults_ours_until_uninstall(
     assert section["default_runtime_name"] == "metax"
     assert section["runtimes"]["runc"] == {"runtime_type": "io.containerd.runc.v2"}
     state = json.loads((system / "usr/local/gpuk8s/state.json").read_text())
-    assert state["createdConfig"] is True
+    assert state["created"]["path"] == "/etc/containerd/config.toml"
     assert not (system / "etc/containerd/config.toml.gpuk8s-backup").exists()
     agent.uninstall()
     assert not config.exists()  # containerd back on its defaults

@@ -31,6 +31,7 @@ container's shim still refers to it (they call it again to stop the container).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -372,6 +373,11 @@ class RuntimeAgent:
         imported = containerd.resolve_imports(text, b.config, s.sys) \
             if b.name == "containerd" else None
         result = b.configure(text, s.handler, self.wrapper_path(), s.set_default, imported)
+        if result.drop_in:  # containerd 2.x: our own drop-in instead of an edit of the file
+            result = dataclasses.replace(result, drop_in=os.path.join(
+                os.path.dirname(b.config), result.drop_in))
+            config_path = s.sys(str(result.drop_in))
+            text, created = _read(config_path) or "", True
         return config_path, text, created, result
 
     def install_hook(self) -> None:
@@ -398,13 +404,15 @@ class RuntimeAgent:
             raise RuntimeConfigError(f"{attempt.get('reason')} (not tried again until "
                                      f"{b.name} or its config changes)")
         if b.name == "containerd" and result.changed:
-            self._prove(text, result.text, state, digest)
+            main = _read(s.sys(b.config)) or "" if result.drop_in else text
+            self._prove(main, result.text if not result.drop_in else main,
+                        result.text if result.drop_in else None, state, digest)
         self._install_wrapper(result.base_binary)
         if "previousDefault" not in state:
             state["previousDefault"] = result.previous_default
         state.update(handler=s.handler, config=b.config, runtime=b.name)
-        if created:
-            state["createdConfig"] = True
+        if created:  # ours: removed at uninstall while it is as we wrote it
+            state["created"] = {"path": result.drop_in or b.config, "sha256": digest}
         files.write_json(self._state_path(), state)
         self.details.update(handler=s.handler, default=s.set_default)
         backup = config_path + ".gpuk8s-backup"
@@ -428,7 +436,7 @@ class RuntimeAgent:
             if result.changed:
                 message += self._put_back(config_path, None if created else text, before)
                 if created:
-                    state.pop("createdConfig", None)
+                    state.pop("created", None)
                 if made_backup:
                     files.remove(backup)
             state["attempt"] = {"digest": digest, "reason": message,
@@ -439,13 +447,14 @@ class RuntimeAgent:
         log.info("runtime configured", extra={"runtime": b.name, "handler": s.handler,
                                               "restart": done})
 
-    def _prove(self, text: str, candidate: str, state: dict[str, Any], digest: str) -> None:
+    def _prove(self, text: str, candidate: str, drop_in: str | None, state: dict[str, Any],
+               digest: str) -> None:
         """A private containerd of the node's generation must take ``candidate`` (``proof``);
         refused: recorded as an attempt (not tried again until containerd or the config
         changes) and raised, nothing written."""
         s = self.settings
         proven = proof.prove(self.socket(), text, candidate, os.path.dirname(s.containerd_config),
-                             s.sys, s.handler, self.wrapper_path(), s.set_default)
+                             s.sys, s.handler, self.wrapper_path(), s.set_default, drop_in)
         if proven.failed is None:
             self.details["proof"] = f"skipped: {proven.skipped}" if proven.skipped else \
                 f"proven with a private {proven.binary}"
@@ -626,10 +635,17 @@ class RuntimeAgent:
         state = files.read_json(self._state_path()) or {}
         config_path = s.sys(b.config)
         text = _read(config_path)
+        made = state.get("created") or {}
+        if made.get("path"):  # a file we created (the config, or our drop-in)
+            path = s.sys(made["path"])
+            now = _read(path)
+            if now is not None and hashlib.sha256(now.encode()).hexdigest() == made["sha256"]:
+                return path, now, None  # as we wrote it: removed
+            if made["path"] != b.config or now is None:
+                return path, now, now
+            text = now  # the config, changed since: our part out, theirs stays
         if text is None or not state:
             return config_path, text, text
-        if state.get("createdConfig") and self._untouched_since_install("", text):
-            return config_path, text, None  # ours, untouched: containerd on its defaults
         backup = _read(config_path + ".gpuk8s-backup")
         if backup is not None and self._untouched_since_install(backup, text):
             return config_path, text, backup  # untouched since we wrote it: byte for byte

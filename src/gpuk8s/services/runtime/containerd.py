@@ -5,8 +5,11 @@ proof that containerd serves it.
 the default runtime's table, ``options.BinaryName`` = the wrapper, ``container_annotations``
 += ``cdi.k8s.io/*``) and, with ``set_default``, points ``default_runtime_name`` at it;
 ``unconfigure`` takes exactly that back (restoring the previous default). The file is
-edited in place with tomlkit, in its own config version, so the administrator's comments
-and layout stay:
+edited in its own config version and layout, so the administrator's comments stay: the
+handler's table is appended as its own sections under a marker comment (valid after dotted
+keys, which may get sub-tables) or put inside an inline ``runtimes`` table, and
+``default_runtime_name`` is set in place (tomlkit). The CRI section is the one the file
+uses, checked against its version:
 
 * version 1 (no ``version`` key: containerd 1.x reads it so): ``[plugins.cri.containerd]``.
   It is not converted: a faithful conversion needs every plugin's URI, which only
@@ -16,15 +19,22 @@ and layout stay:
 * versions 3 and 4 (containerd 2.x; 2.4 writes 4):
   ``[plugins."io.containerd.cri.v1.runtime".containerd]``.
 
+Every edit is read back by a second TOML reader (``tomllib``) and must be the original
+plus exactly the handler (runc's options stay runc's), else it is refused naming the
+construct (dotted keys, an inline table). A config without a file is containerd's
+defaults (``MINIMAL``).
+
 A config the edit cannot be made safe in raises ``RuntimeConfigError`` before anything is
 written: it does not parse, its version is unknown, it mixes plugin key styles (containerd
-refuses it), its default runtime is not runc, it uses the deprecated ``default_runtime``
-table (containerd 1.x then ignores ``default_runtime_name``), a runtime of the handler's
-name is someone else's, or an imported file defines the CRI section (it would shadow
-the edit). We do not use a drop-in under ``imports``: containerd 1.x replaces a whole
-plugin section per imported file (containerd#5837; NVIDIA's toolkit works around it by
-copying the entire CRI section into its drop-in, which then shadows later edits of the
-main file).
+refuses it) or one generation's section names with the other's version, its default
+runtime is not runc, it uses the deprecated ``default_runtime`` table (containerd 1.x then
+ignores ``default_runtime_name``), a runtime of the handler's name is someone else's, or,
+on containerd 1.x, an imported file defines the CRI section: 1.x replaces a whole plugin
+section per imported file (containerd#5837; NVIDIA's toolkit copies the entire CRI section
+into its drop-in, which then shadows later edits of the main file). containerd 2.x (config
+versions 3, 4) merges imported files key by key, the last one last: there the handler goes
+into a drop-in of ours (``Configured.drop_in``) read after the others, and the main file is
+not changed.
 
 A changed config takes effect when containerd restarts (it does not reload): ``restart``
 sends SIGHUP to the process serving the socket (found through the socket's peer
@@ -40,6 +50,7 @@ never assumed.
 from __future__ import annotations
 
 import copy
+import fnmatch
 import glob
 import json
 import os
@@ -188,6 +199,21 @@ class Configured:
     previous_default: str | None  # default_runtime_name before (to restore)
     base_binary: str | None  # the default runtime's BinaryName (what the wrapper execs)
     version: int  # the config version the file was edited in
+    # node path (relative: to the config's directory): ``text`` is our own drop-in there
+    drop_in: str | None = None
+
+
+def drop_in_name(handler: str) -> str:
+    return f"zz-gpuk8s-{handler}.toml"
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """containerd 2's merge of an imported file: key by key, tables recursively."""
+    merged = dict(base)
+    for key, value in over.items():
+        merged[key] = _merge(merged[key], value) if isinstance(value, Mapping) and \
+            isinstance(merged.get(key), dict) else copy.deepcopy(value)
+    return merged
 
 
 # A config that does not exist: containerd runs on its built-in defaults (runc the default
@@ -268,45 +294,23 @@ def configure(text: str, handler: str, binary: str, set_default: bool,
     doc = _parse(source)
     plugin = _cri_plugin(doc)
     where = cri_section_name(doc)
-    for path, imported_text in (imported or {}).items():
-        sub = _parse(imported_text)
-        if plugin in (sub.get("plugins") or {}):
-            raise RuntimeConfigError(
-                f"containerd config imports {path}, which defines [{where}]: it would shadow "
-                "the runtime handler in the main file; nothing was changed")
+    own = drop_in_name(handler)
+    others = {p: t for p, t in (imported or {}).items() if os.path.basename(p) != own}
+    shadowing = [p for p, t in others.items() if plugin in (_strict(t).get("plugins") or {})]
+    if shadowing and config_version(doc) < 3:
+        raise RuntimeConfigError(
+            f"containerd config imports {shadowing[0]}, which defines [{where}]: containerd "
+            "1.x takes each imported file's plugin section whole, so it would shadow the "
+            "runtime handler in the main file; nothing was changed")
+    if shadowing:
+        return _configure_drop_in(source, others, (imported or {}), plugin, handler, binary,
+                                  set_default)
     before = _strict(source)
     cri = _mapping(_mapping(before.get("plugins"), "plugins").get(plugin), where)
     section = _mapping(cri.get("containerd"), f"{where}.containerd")
-    legacy = section.get("default_runtime")
-    if isinstance(legacy, Mapping) and legacy.get("runtime_type"):
-        raise RuntimeConfigError(
-            f"containerd config sets [{where}.containerd.default_runtime] (deprecated): "
-            "containerd 1.x then ignores default_runtime_name; move it to "
-            "runtimes.<name> and name it in default_runtime_name; nothing was changed")
-    runtimes = _mapping(section.get("runtimes"), f"{where}.containerd.runtimes")
+    entry, base_binary = _runtime_entry(section, where, handler, binary)
     previous = section.get("default_runtime_name")
-    base_name = str(previous) if previous and previous != handler else "runc"
-    base = _mapping(runtimes.get(base_name), f"runtime {base_name!r}")
-    existing = runtimes.get(handler)
-    if existing is not None and (
-            not isinstance(existing, Mapping)
-            or (existing.get("options") or {}).get("BinaryName") != binary):
-        raise RuntimeConfigError(
-            f"containerd config already has a runtime {handler!r} that is not the wrapper "
-            f"{binary}: choose another handler name (chart option runtime.handler); nothing "
-            "was changed")
-    entry: dict[str, Any] = {**base}
-    entry.setdefault("runtime_type", "io.containerd.runc.v2")
-    if entry["runtime_type"] not in RUNC_TYPES:
-        raise RuntimeConfigError(
-            f"containerd's default runtime {base_name!r} is of type {entry['runtime_type']}: "
-            f"the wrapper wraps runc ({' or '.join(RUNC_TYPES)}); nothing was changed")
-    options = dict(_mapping(entry.get("options"), f"runtime {base_name!r} options"))
-    binary_key = _binary_key(options)
-    base_binary = options.pop(binary_key, None) if binary_key else None
-    entry["options"] = {**options, "BinaryName": binary}
-    annotations = list(entry.get("container_annotations") or [])
-    entry["container_annotations"] = annotations + [a for a in ANNOTATIONS if a not in annotations]
+    existing = _mapping(section.get("runtimes"), "runtimes").get(handler)
     want = copy.deepcopy(before)
     want_section = want.setdefault("plugins", {}).setdefault(plugin, {}).setdefault(
         "containerd", {})
@@ -315,8 +319,8 @@ def configure(text: str, handler: str, binary: str, set_default: bool,
         want_section["default_runtime_name"] = handler
     previous_default = None if previous == handler else (str(previous) if previous else None)
     version = config_version(doc)
-    result = partial(Configured, previous_default=previous_default,
-                     base_binary=str(base_binary) if base_binary else None, version=version)
+    result = partial(Configured, previous_default=previous_default, base_binary=base_binary,
+                     version=version)
     if want == before and text.strip():
         return result(text, False)
     after = source if existing is None else _without_block(source, handler)
@@ -349,6 +353,90 @@ def configure(text: str, handler: str, binary: str, set_default: bool,
             f"that part as [{where}.containerd.runtimes.<name>] tables; nothing was "
             "changed") from None
     return result(after, True)
+
+
+def _runtime_entry(section: Mapping[str, Any], where: str, handler: str, binary: str
+                   ) -> tuple[dict[str, Any], str | None]:
+    """(the handler's table: a copy of the default runtime's with the wrapper as its binary,
+    the default runtime's own binary) from the CRI's ``containerd`` table as containerd
+    reads it; refuses what cannot be wrapped."""
+    legacy = section.get("default_runtime")
+    if isinstance(legacy, Mapping) and legacy.get("runtime_type"):
+        raise RuntimeConfigError(
+            f"containerd config sets [{where}.containerd.default_runtime] (deprecated): "
+            "containerd 1.x then ignores default_runtime_name; move it to "
+            "runtimes.<name> and name it in default_runtime_name; nothing was changed")
+    runtimes = _mapping(section.get("runtimes"), f"{where}.containerd.runtimes")
+    previous = section.get("default_runtime_name")
+    base_name = str(previous) if previous and previous != handler else "runc"
+    base = _mapping(runtimes.get(base_name), f"runtime {base_name!r}")
+    existing = runtimes.get(handler)
+    if existing is not None and (
+            not isinstance(existing, Mapping)
+            or (existing.get("options") or {}).get("BinaryName") != binary):
+        raise RuntimeConfigError(
+            f"containerd config already has a runtime {handler!r} that is not the wrapper "
+            f"{binary}: choose another handler name (chart option runtime.handler); nothing "
+            "was changed")
+    entry: dict[str, Any] = {**base}
+    entry.setdefault("runtime_type", "io.containerd.runc.v2")
+    if entry["runtime_type"] not in RUNC_TYPES:
+        raise RuntimeConfigError(
+            f"containerd's default runtime {base_name!r} is of type {entry['runtime_type']}: "
+            f"the wrapper wraps runc ({' or '.join(RUNC_TYPES)}); nothing was changed")
+    options = dict(_mapping(entry.get("options"), f"runtime {base_name!r} options"))
+    binary_key = _binary_key(options)
+    base_binary = options.pop(binary_key, None) if binary_key else None
+    entry["options"] = {**options, "BinaryName": binary}
+    annotations = list(entry.get("container_annotations") or [])
+    entry["container_annotations"] = annotations + [a for a in ANNOTATIONS if a not in annotations]
+    return entry, str(base_binary) if base_binary else None
+
+
+def _configure_drop_in(text: str, others: Mapping[str, str], imported: Mapping[str, str],
+                       plugin: str, handler: str, binary: str, set_default: bool) -> Configured:
+    """containerd 2.x with a drop-in that defines the CRI section (nvidia-ctk's drop-in
+    mode, Talos): containerd merges imported files key by key, the last one last, so the
+    handler goes into a drop-in of ours that sorts after every other file of the last
+    ``imports`` pattern; the config itself is not changed."""
+    patterns = import_patterns(text)
+    last = patterns[-1]
+    own = drop_in_name(handler)
+    directory = os.path.dirname(last)
+    if not fnmatch.fnmatch(own, os.path.basename(last)):
+        raise RuntimeConfigError(
+            f"containerd config imports {last!r}: a drop-in of ours there ({own}) would not "
+            "be read after the others (a glob such as /etc/containerd/conf.d/*.toml is "
+            "needed); nothing was changed")
+    later = [p for p in others if os.path.basename(p) > own]
+    if later:
+        raise RuntimeConfigError(f"containerd config imports {later[0]}, which sorts after our "
+                                 f"drop-in {own}; nothing was changed")
+    merged = _strict(text)
+    for path in others:
+        merged = _merge(merged, _strict(others[path]))
+    where = _header(["plugins", plugin])
+    section = _mapping(_mapping(_mapping(merged.get("plugins"), "plugins").get(plugin), where)
+                       .get("containerd"), f"{where}.containerd")
+    entry, base_binary = _runtime_entry(section, where, handler, binary)
+    previous = section.get("default_runtime_name")
+    body: dict[str, Any] = {"default_runtime_name": handler} if set_default else {}
+    drop_in = f"version = {config_version(_parse(text))}\n\n" + _MARK.format(
+        handler=handler) + "\n"
+    if body:
+        drop_in += _render(["plugins", plugin, "containerd"], body)
+    drop_in += _render(["plugins", plugin, "containerd", "runtimes", handler], entry)
+    result = _merge(merged, _strict(drop_in))
+    served = result["plugins"][plugin]["containerd"]
+    if served["runtimes"].get(handler) != entry or \
+            (set_default and served.get("default_runtime_name") != handler):
+        raise RuntimeConfigError(f"containerd config: our drop-in {own} would not serve the "
+                                 "handler; nothing was changed")
+    current = next((t for p, t in imported.items() if os.path.basename(p) == own), None)
+    return Configured(drop_in, current != drop_in,
+                      None if previous == handler else (str(previous) if previous else None),
+                      base_binary, config_version(_parse(text)),
+                      drop_in=os.path.join(directory, own))
 
 
 def _item(doc: Any, path: list[str]) -> Any:

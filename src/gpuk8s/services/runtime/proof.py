@@ -71,7 +71,8 @@ def node_binary(socket_path: str) -> tuple[str, str] | str:
     return exe, f"containerd {words[2]}" if len(words) >= 3 else version
 
 
-def private_config(text: str, base: str, config_dir: str, to_host: Any) -> str:
+def private_config(text: str, base: str, config_dir: str, to_host: Any,
+                   drop_in: str | None = None) -> str:
     """``text`` with everything that would touch the node's containerd moved under ``base``
     (a directory as this process sees it); ``config_dir``: the node's config directory
     (relative imports), ``to_host``: a node path as this process sees it."""
@@ -84,6 +85,10 @@ def private_config(text: str, base: str, config_dir: str, to_host: Any) -> str:
     imports = [p if os.path.isabs(p) else os.path.join(config_dir, p)
                for p in doc.get("imports", [])]
     doc["imports"] = [to_host(p) for p in imports]
+    if drop_in is not None:  # ours, merged last as the node's glob would
+        with open(f"{base}/drop-in.toml", "w", encoding="utf-8") as handle:
+            handle.write(drop_in)
+        doc["imports"].append(f"{base}/drop-in.toml")
     plugins = doc.setdefault("plugins", {})
     servers = {"grpc": sock, "ttrpc": sock + ".ttrpc", "debug": "", "metrics": ""}
     for name, address in servers.items():
@@ -147,14 +152,15 @@ def _own_paths(exe: str, config: str, base: str) -> str | None:
 
 
 def run_private(exe: str, text: str, base: str, config_dir: str, to_host: Any, handler: str,
-                binary: str | None, set_default: bool) -> str | None:
+                binary: str | None, set_default: bool, drop_in: str | None = None
+                ) -> str | None:
     """Start ``exe`` on ``text`` (private, under ``base``); None when its CRI loaded and
     serves the handler as asked (``binary`` None: any CRI will do), else why not."""
     shutil.rmtree(base, ignore_errors=True)
     os.makedirs(base, mode=0o700)
     config = os.path.join(base, "config.toml")
     with open(config, "w", encoding="utf-8") as handle:
-        handle.write(private_config(text, base, config_dir, to_host))
+        handle.write(private_config(text, base, config_dir, to_host, drop_in))
     log_path = os.path.join(base, "containerd.log")
     sock = os.path.join(base, "containerd.sock")
     guard = _own_paths(exe, config, base)
@@ -196,9 +202,10 @@ def run_private(exe: str, text: str, base: str, config_dir: str, to_host: Any, h
 
 
 def prove(socket_path: str, original: str, candidate: str, config_dir: str, to_host: Any,
-          handler: str, binary: str, set_default: bool) -> Proof:
+          handler: str, binary: str, set_default: bool, drop_in: str | None = None) -> Proof:
     """Whether the node's containerd would serve the handler from ``candidate`` (see the
-    module doc); ``original``: the config as it is (the control)."""
+    module doc), with ``drop_in`` (our own, imported last) if given; ``original``: the
+    config as it is (the control)."""
     found = node_binary(socket_path)
     if isinstance(found, str):
         return Proof(skipped=found)
@@ -206,7 +213,7 @@ def prove(socket_path: str, original: str, candidate: str, config_dir: str, to_h
     base = to_host(f"{PROOF_DIR}/{os.getpid()}")
     try:
         why = run_private(exe, candidate, base, config_dir, to_host, handler, binary,
-                          set_default)
+                          set_default, drop_in)
         if why is None:
             return Proof(binary=version)
         control = run_private(exe, original, base, config_dir, to_host, handler, None,
