@@ -414,3 +414,38 @@ def test_a_missing_config_is_containerds_defaults_ours_until_uninstall(
     kept = _strict(config.read_text())
     assert kept["metrics"] == {"address": "127.0.0.1:1338"}
     assert "metax" not in _cri(kept)["runtimes"] and _cri(kept)["default_runtime_name"] == "runc"
+
+
+def test_the_private_containerd_config_keeps_nothing_of_the_nodes_but_its_settings(
+    tmp_path: Path,
+) -> None:
+    """What proof.private_config moves aside (root, state, sockets, opt, stream port, NRI)
+    and what it keeps: the candidate's settings, the drop-ins as copies in order with ours
+    last, base runtime specs read where they are seen from here."""
+    from gpuk8s.services.runtime import proof
+
+    node = tmp_path / "node"
+    case = next(c for c in cases() if c.name == "talos-2.x")
+    for path, text in case.drop_ins.items():
+        (node / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (node / path.lstrip("/")).write_text(text)
+    (node / "etc/containerd/cri-base.json").write_text("{}")
+    base = tmp_path / "private"
+    base.mkdir()
+    ours = configure(case.text, "metax", WRAPPER, True, case.drop_ins)
+    text = proof.private_config(case.text, str(base), "/etc/containerd",
+                                lambda p: str(node) + p, ours.text)
+    doc = _strict(text)
+    assert (doc["root"], doc["state"]) == (f"{base}/root", f"{base}/state")
+    servers = doc["plugins"]
+    assert servers["io.containerd.grpc.v1.cri"]["stream_server_port"] == "0"
+    assert doc["grpc"]["address"] == f"{base}/containerd.sock"
+    assert doc["debug"] == {"level": "info", "format": "json", "address": ""}
+    assert "io.containerd.nri.v1.nri" in doc["disabled_plugins"]
+    assert doc["imports"] == [f"{base}/import-000.toml", f"{base}/import-001.toml"]
+    first = _strict((base / "import-000.toml").read_text())
+    runc = first["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["runc"]
+    assert runc["base_runtime_spec"] == f"{node}/etc/containerd/cri-base.json"
+    last = _strict((base / "import-001.toml").read_text())
+    assert last["plugins"]["io.containerd.cri.v1.runtime"]["containerd"][
+        "default_runtime_name"] == "metax"

@@ -8,8 +8,9 @@ replaced; the agent has hostPID). It runs the candidate with only what would tou
 node's containerd moved aside: its root, state, sockets (``[grpc]``/``[ttrpc]``, or the
 server plugins of config version 4), debug and metrics addresses, the ``opt`` plugin's
 directory and the CRI stream server's port (any free one) go to a directory of its own under
-``<node>/run/gpuk8s/proof``, relative ``imports`` are made absolute, and NRI (a node-wide
-socket) is disabled; every other setting, drop-ins included, is the candidate's. It must
+``<node>/run/gpuk8s/proof``, the drop-ins are imported as copies in containerd's order (ours
+last), the runtimes' ``base_runtime_spec`` files are read where this process sees them, and
+NRI (a node-wide socket) is disabled; every other setting is the candidate's. It must
 answer CRI ``Status`` (the CRI plugin loaded: ``containerd config dump`` exits 0 even when
 it does not) with the handler served; then it is stopped and its directory removed.
 
@@ -82,13 +83,21 @@ def private_config(text: str, base: str, config_dir: str, to_host: Any,
     doc.update(root=f"{base}/root", state=f"{base}/state")
     doc.pop("cgroup", None)  # never move the node's containerd cgroup's tasks
     doc["disabled_plugins"] = sorted({*doc.get("disabled_plugins", []), *DISABLED})
-    imports = [p if os.path.isabs(p) else os.path.join(config_dir, p)
-               for p in doc.get("imports", [])]
-    doc["imports"] = [to_host(p) for p in imports]
-    if drop_in is not None:  # ours, merged last as the node's glob would
-        with open(f"{base}/drop-in.toml", "w", encoding="utf-8") as handle:
-            handle.write(drop_in)
-        doc["imports"].append(f"{base}/drop-in.toml")
+    # the drop-ins as copies (their files' paths seen from here too), in containerd's
+    # order, ours last
+    imported = [dict(tomlkit.parse(text).unwrap()) for text in containerd.resolve_imports(
+        tomlkit.dumps({"imports": doc.get("imports", [])}),
+        os.path.join(config_dir, "config.toml"), to_host).values()]
+    if drop_in is not None:
+        imported.append(dict(tomlkit.parse(drop_in).unwrap()))
+    doc["imports"] = []
+    for number, each in enumerate(imported):
+        _seen_from_here(each, to_host)
+        path = f"{base}/import-{number:03d}.toml"
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(tomlkit.dumps(each))
+        doc["imports"].append(path)
+    _seen_from_here(doc, to_host)
     plugins = doc.setdefault("plugins", {})
     servers = {"grpc": sock, "ttrpc": sock + ".ttrpc", "debug": "", "metrics": ""}
     for name, address in servers.items():
@@ -101,6 +110,19 @@ def private_config(text: str, base: str, config_dir: str, to_host: Any,
     plugins.setdefault("cri" if version == 1 else "io.containerd.grpc.v1.cri", {})[
         "stream_server_port"] = "0"
     return tomlkit.dumps(doc)
+
+
+def _seen_from_here(doc: dict[str, Any], to_host: Any) -> None:
+    """The runtimes' ``base_runtime_spec`` files (read when the CRI plugin loads) as this
+    process sees them, where they are there (a node path; a path already seen from here
+    stays)."""
+    for section in (doc.get("plugins") or {}).values():
+        runtimes = ((section or {}).get("containerd") or {}).get("runtimes") \
+            if isinstance(section, dict) else None
+        for runtime in (runtimes or {}).values():
+            spec = runtime.get("base_runtime_spec") if isinstance(runtime, dict) else None
+            if spec and os.path.isabs(spec) and os.path.exists(to_host(spec)):
+                runtime["base_runtime_spec"] = to_host(spec)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
