@@ -19,10 +19,15 @@ Each pass:
    with the wrapper, or CDI), read back over its socket every pass, never assumed (it does
    not wait for the driver: SPEC §12 orders container-runtime before driver-manager).
 
-A restart that fails (containerd ignores SIGHUP, does not come back, or comes back without
-the handler) puts the config back as it was and reports ``failed`` with the reason; the
-same edit is not tried again until containerd (its pid) or its config changes, so a
-broken node is never restarted in a loop. With ``--restart-mode none`` the edit stays and
+An edited containerd config is first proven by a private containerd of the node's own
+binary (``proof``): refused there, the file is not touched. A restart that fails
+(containerd ignores SIGHUP, does not come back, or comes back without its CRI or the
+handler) puts the config back as it was, restarts containerd onto it again where it was
+restarted onto the edit, waits for its CRI, and only then reports ``failed`` with the
+reason; the same edit is not tried again until containerd (its pid) or its config changes,
+so a broken node is never restarted in a loop. A node without a containerd config gets a
+minimal one of ours (removed at uninstall); on containerd 2.x a CRI drop-in gets a drop-in
+of ours (``containerd.configure``). With ``--restart-mode none`` the edit stays and
 the state is ``pending`` until someone restarts containerd.
 
 ``uninstall`` undoes 1-3. The wrapper file itself is removed only when no running
