@@ -449,3 +449,21 @@ def test_the_private_containerd_config_keeps_nothing_of_the_nodes_but_its_settin
     last = _strict((base / "import-001.toml").read_text())
     assert last["plugins"]["io.containerd.cri.v1.runtime"]["containerd"][
         "default_runtime_name"] == "metax"
+
+
+def test_without_tomllib_the_judge_is_tomlkits_reading_with_the_same_verdicts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A host Python < 3.11 (the Ansible module) has no tomllib: every corpus config gets
+    the same edit or the same refusal."""
+    def verdict(case: Case) -> str:
+        try:
+            return configure(case.text, "metax", WRAPPER, True, case.drop_ins).text
+        except RuntimeConfigError as err:
+            return f"refused: {err}"
+
+    with_tomllib = [verdict(c) for c in cases()]
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # import tomllib -> ImportError
+    with pytest.raises(ImportError):
+        import tomllib  # noqa: F401
+    assert [verdict(c) for c in cases()] == with_tomllib
