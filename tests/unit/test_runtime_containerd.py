@@ -467,3 +467,12 @@ def test_without_tomllib_the_judge_is_tomlkits_reading_with_the_same_verdicts(
     with pytest.raises(ImportError):
         import tomllib  # noqa: F401
     assert [verdict(c) for c in cases()] == with_tomllib
+
+
+@pytest.mark.parametrize("ending", ["", "\n", "\n\n", "\n# last words\n"])
+def test_unconfigure_gives_back_every_file_ending_byte_for_byte(ending: str) -> None:
+    text = V2.rstrip("\n") + ending
+    done = configure(text, "metax", WRAPPER, True)
+    assert _strict(done.text)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"][
+        "runtimes"]["metax"]["options"]["BinaryName"] == WRAPPER
+    assert unconfigure(done.text, "metax", done.previous_default)[0] == text

@@ -341,8 +341,9 @@ def configure(text: str, handler: str, binary: str, set_default: bool,
         _item(edit, ["plugins", plugin, "containerd", "runtimes"])[handler] = _inline(entry)
         after = tomlkit.dumps(edit)
     else:
-        after += ("" if after.endswith("\n") else "\n") + "\n" + _MARK.format(
-            handler=handler) + "\n" + _render(
+        # a blank line before the marker, or the newline the file's last line lacked: what
+        # unconfigure takes away again
+        after += "\n" + _MARK.format(handler=handler) + "\n" + _render(
             ["plugins", plugin, "containerd", "runtimes", handler], entry)
     try:
         _edited(want, after, "")
@@ -472,7 +473,11 @@ def _without_block(text: str, handler: str) -> str:
             elif not line.startswith((own + "]", own + ".")):
                 break
         end += 1
-    head = lines[:start - 1] if start > 0 and lines[start - 1] == "\n" else lines[:start]
+    head = lines[:start]
+    if head and head[-1] == "\n":
+        head.pop()  # the blank line before the marker
+    elif head:
+        head[-1] = head[-1][:-1]  # the newline the file's last line did not have
     return "".join(head + lines[end:])
 
 
