@@ -486,7 +486,7 @@ def test_an_edit_the_private_containerd_refuses_never_reaches_the_node(
     assert "not changed: a private containerd 1.6" in report.message, report.message
     assert n.config.read_bytes() == original and n.pid() == pid  # never restarted
     assert cri_loaded(n) == "ok"
-    assert not list((n.base / "run/gpuk8s/proof").glob("*"))  # the private one cleaned up
+    assert not (n.base / "usr/local/gpuk8s/proof").exists()  # the private one cleaned up
     report = agent.one_pass()
     assert report.state == "failed" and "not tried again" in report.message
 
@@ -511,3 +511,24 @@ def test_a_restart_that_loses_the_cri_restores_the_config_restarts_and_says_why(
     assert n.pid() not in (0, first)
     assert cri_loaded(n) == "ok"  # the node has its CRI back
     assert containerd.not_served(n.served(), "metax", None, True) is None
+
+
+def test_a_proof_that_cannot_run_here_is_skipped_and_said(
+    node: Callable[[str, str], Node], tmp_path: Path,
+) -> None:
+    """Where the private containerd's directory cannot be made (a read-only host mount in the
+    pod), or the original itself does not run privately, the edit is not proven and says so;
+    the original must be the control: a private containerd refusing both blames neither."""
+    n = node(DEBIAN, config(Path("@BASE@"), 2, CRI_V2))
+    n.start()
+    text = n.config.read_text()
+    args = ("/etc/containerd", lambda p: str(n.base) + p, "metax", WRAPPER, True)
+    unwritable = proof.prove(n.socket, text, text, *args, work_dir="/dev/null/proof")
+    assert unwritable.failed is None and "Not a directory" in str(unwritable.skipped)
+    broken = text.replace('default_runtime_name = "runc"', 'default_runtime_name = "none"')
+    both = proof.prove(n.socket, broken, broken, *args,
+                       work_dir=str(n.base / "usr/local/gpuk8s/proof"))
+    assert both.failed is None and "does not run the unedited config either" in str(
+        both.skipped), both
+    assert proof.prove(n.socket, text, broken, *args,
+                       work_dir=str(n.base / "usr/local/gpuk8s/proof")).failed

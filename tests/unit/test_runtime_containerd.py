@@ -476,3 +476,19 @@ def test_unconfigure_gives_back_every_file_ending_byte_for_byte(ending: str) -> 
     assert _strict(done.text)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"][
         "runtimes"]["metax"]["options"]["BinaryName"] == WRAPPER
     assert unconfigure(done.text, "metax", done.previous_default)[0] == text
+
+
+def test_no_proof_where_no_containerd_can_be_seen_and_it_says_so(
+    cri: tuple[FakeCri, str], tmp_path: Path,
+) -> None:
+    """The degraded case, said: no process on the socket, or one that is not containerd
+    (here this test's own Python serves the fake CRI)."""
+    from gpuk8s.services.runtime import proof
+
+    args = ("", V2, "/etc/containerd", str, "metax", WRAPPER, True)
+    gone = proof.prove(str(tmp_path / "none.sock"), *args)
+    assert gone.failed is None and gone.skipped == \
+        f"no containerd process visible on {tmp_path / 'none.sock'}"
+    _fake, sock = cri
+    other = proof.prove(sock, *args)
+    assert other.failed is None and "is not containerd itself ('Python 3." in str(other.skipped)

@@ -459,7 +459,8 @@ class RuntimeAgent:
         changes) and raised, nothing written."""
         s = self.settings
         proven = proof.prove(self.socket(), text, candidate, os.path.dirname(s.containerd_config),
-                             s.sys, s.handler, self.wrapper_path(), s.set_default, drop_in)
+                             s.sys, s.handler, self.wrapper_path(), s.set_default, drop_in,
+                             os.path.join(s.sys(s.install_dir), "proof"))
         if proven.failed is None:
             self.details["proof"] = f"skipped: {proven.skipped}" if proven.skipped else \
                 f"proven with a private {proven.binary}"

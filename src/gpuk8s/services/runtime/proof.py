@@ -7,12 +7,13 @@ node's socket (``/proc/<pid>/exe``, so the same build even where the file on dis
 replaced; the agent has hostPID). It runs the candidate with only what would touch the
 node's containerd moved aside: its root, state, sockets (``[grpc]``/``[ttrpc]``, or the
 server plugins of config version 4), debug and metrics addresses, the ``opt`` plugin's
-directory and the CRI stream server's port (any free one) go to a directory of its own under
-``<node>/run/gpuk8s/proof``, the drop-ins are imported as copies in containerd's order (ours
-last), the runtimes' ``base_runtime_spec`` files are read where this process sees them, and
-NRI (a node-wide socket) is disabled; every other setting is the candidate's. It must
-answer CRI ``Status`` (the CRI plugin loaded: ``containerd config dump`` exits 0 even when
-it does not) with the handler served; then it is stopped and its directory removed.
+directory and the CRI stream server's port (any free one) go to a directory of its own
+(``<install dir>/proof/<pid>`` on the node, which the agent's pod may write), the drop-ins
+are imported as copies in containerd's order (ours last), the runtimes'
+``base_runtime_spec`` files are read where this process sees them, and NRI (a node-wide
+socket) is disabled; every other setting is the candidate's. It must answer CRI ``Status``
+(the CRI plugin loaded: ``containerd config dump`` exits 0 even when it does not) with the
+handler served; then it is stopped and its directory removed.
 
 A config the private containerd does not take is only blamed on the candidate when the same
 containerd does take the original: a node where no private containerd can run (containerd
@@ -24,6 +25,7 @@ way back (``agent._put_back``) still hold there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -224,7 +226,8 @@ def run_private(exe: str, text: str, base: str, config_dir: str, to_host: Any, h
 
 
 def prove(socket_path: str, original: str, candidate: str, config_dir: str, to_host: Any,
-          handler: str, binary: str, set_default: bool, drop_in: str | None = None) -> Proof:
+          handler: str, binary: str, set_default: bool, drop_in: str | None = None,
+          work_dir: str = "") -> Proof:
     """Whether the node's containerd would serve the handler from ``candidate`` (see the
     module doc), with ``drop_in`` (our own, imported last) if given; ``original``: the
     config as it is (the control)."""
@@ -232,7 +235,19 @@ def prove(socket_path: str, original: str, candidate: str, config_dir: str, to_h
     if isinstance(found, str):
         return Proof(skipped=found)
     exe, version = found
-    base = to_host(f"{PROOF_DIR}/{os.getpid()}")
+    parent = work_dir or to_host(PROOF_DIR)
+    base = os.path.join(parent, str(os.getpid()))
+    try:
+        return _prove(exe, version, original, candidate, base, config_dir, to_host, handler,
+                      binary, set_default, drop_in)
+    finally:
+        with contextlib.suppress(OSError):
+            os.rmdir(parent)  # when no other proof runs there
+
+
+def _prove(exe: str, version: str, original: str, candidate: str, base: str,
+           config_dir: str, to_host: Any, handler: str, binary: str, set_default: bool,
+           drop_in: str | None) -> Proof:
     try:
         why = run_private(exe, candidate, base, config_dir, to_host, handler, binary,
                           set_default, drop_in)
@@ -243,6 +258,9 @@ def prove(socket_path: str, original: str, candidate: str, config_dir: str, to_h
     except Unsafe as err:
         return Proof(skipped=f"a private {version} cannot run this config apart from the "
                              f"node's: {err}", binary=version)
+    except OSError as err:  # its directory cannot be made here
+        return Proof(skipped=f"no private {version}: {err.strerror or err} ({base})",
+                     binary=version)
     if control is not None:
         return Proof(skipped=f"a private {version} does not run the unedited config either "
                              f"({control})", binary=version)
