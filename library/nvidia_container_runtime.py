@@ -104,7 +104,8 @@ attributes:
   check_mode:
     support: full
   diff_mode:
-    support: none
+    support: full
+    details: containerd's config before and after (C(no file) where it is created).
   platform:
     platforms: linux
 requirements:
@@ -172,7 +173,9 @@ from ansible.module_utils.gpuk8s.host.nvidia_checks import tool_path, version_tu
 try:
     from ansible.module_utils.gpuk8s.services.nodeagent import Reporter
     from ansible.module_utils.gpuk8s.services.runtime import agent as runtime_agent
-    from ansible.module_utils.gpuk8s.services.runtime import containerd
+
+    # packed for the agent, which imports them relatively
+    from ansible.module_utils.gpuk8s.services.runtime import containerd, proof  # noqa: F401
     IMPORT_ERROR = None
 except ImportError as err:  # tomlkit
     IMPORT_ERROR = err
@@ -187,29 +190,40 @@ def _read(path):
 
 
 def planned(agent):
-    """(actions, spec path) a pass would do, read-only."""
+    """(actions, spec path, diff of containerd's config) a pass would do, read-only: the
+    agent's own edit (``candidate``), so that check mode predicts the run."""
     s = agent.settings
     actions = []
     spec = agent.spec()
+    path = hooks = None
     if spec is None:
         actions += [f"remove CDI spec {p}" for p in agent.spec_paths() if os.path.exists(p)]
-        return actions, None
-    path = agent.spec_path(spec["kind"])
-    if _read(path) != runtime_agent.spec_text(spec).encode():
-        actions.append(f"write CDI spec {path}")
+    else:
+        path = agent.spec_path(spec["kind"])
+        if _read(path) != runtime_agent.spec_text(spec).encode():
+            actions.append(f"write CDI spec {path}")
+        hooks = (spec.get("containerEdits") or {}).get("hooks") or []
     wrapper = host_path(s.system_root, agent.wrapper_path())
-    hooks = (spec.get("containerEdits") or {}).get("hooks") or []
+    # the pass installs the wrapper for the handler, and for the spec's hooks that run it
     needs_wrapper = agent.mode() == "wrapper" or any(
-        h.get("path") == agent.wrapper_path() for h in hooks)
+        h.get("path") == agent.wrapper_path() for h in hooks or [])
     if needs_wrapper and _read(wrapper) != runtime_agent.wrapper_zip(s.host_python):
         actions.append(f"install the wrapper {agent.wrapper_path()}")
+    diff = None
     if agent.mode() == "wrapper":
-        text = (_read(s.sys(s.containerd_config)) or b"").decode()
-        if text and containerd.configure(text, s.handler, agent.wrapper_path(),
-                                         s.set_default).changed:
-            actions.append(f"register handler {s.handler} in {s.containerd_config} and restart "
-                           "containerd")
-    return actions, path
+        _config, text, created, result = agent.candidate()  # what the pass writes
+        if result.changed:
+            actions.append(f"{'create' if created else 'register handler ' + s.handler + ' in'}"
+                           f" {s.containerd_config} and restart containerd")
+            diff = config_diff(s.containerd_config, None if created else text, result.text)
+    return actions, path, diff
+
+
+def config_diff(path, before, after):
+    """Ansible's diff of containerd's config (None: no file)."""
+    return {"before": before or "", "after": after or "",
+            "before_header": path if before is not None else "(no file)",
+            "after_header": path if after is not None else "(removed)"}
 
 
 def main():
@@ -258,6 +272,9 @@ def main():
         if p["state"] == "absent":
             present = [path for path in agent.spec_paths() if os.path.exists(path)]
             installed = os.path.exists(settings.sys(settings.install_dir))
+            _config, before, after = agent.uninstalled()
+            diff = config_diff(settings.containerd_config, before, after) \
+                if before != after else None
             if module.check_mode:
                 actions = [f"remove {path}" for path in present] + (
                     [f"remove {settings.install_dir} and the handler"] if installed else [])
@@ -265,8 +282,9 @@ def main():
                 actions = agent.uninstall()
             module.exit_json(changed=bool(actions), mode=agent.mode(), spec_path=None,
                              restart_pending=False, actions=actions,
-                             message="; ".join(actions) or "nothing to remove")
-        actions, path = planned(agent)
+                             message="; ".join(actions) or "nothing to remove",
+                             **({"diff": diff} if diff and module._diff else {}))
+        actions, path, diff = planned(agent)
         message = "; ".join(actions) or "up to date"
         pending = False
         if not module.check_mode:
@@ -283,7 +301,8 @@ def main():
     except GpuK8sError as err:
         module.fail_json(msg=str(err))
     module.exit_json(changed=bool(actions), mode=agent.mode(), spec_path=path, actions=actions,
-                     restart_pending=pending, message=message)
+                     restart_pending=pending, message=message,
+                     **({"diff": diff} if diff and module._diff else {}))
 
 
 if __name__ == "__main__":

@@ -36,8 +36,10 @@ import tomlkit
 from gpuk8s import sim
 from gpuk8s.host.readiness import read_readiness
 from gpuk8s.services.nodeagent import Reporter
-from gpuk8s.services.runtime import containerd
+from gpuk8s.services.runtime import agent as agent_module
+from gpuk8s.services.runtime import containerd, proof
 from gpuk8s.services.runtime.agent import WRAPPER_NAME, RuntimeAgent, RuntimeSettings
+from tests.containerd_corpus import DROP_INS, Case, cases
 
 pytestmark = pytest.mark.integration
 
@@ -255,6 +257,8 @@ def test_real_containerd_serves_the_edited_config_and_uninstall_restores_it(
     assert agent.mode() == "wrapper"
     report = agent.one_pass()
     assert report.state == "ready", report.message
+    # proven first by a private containerd of the same binary
+    assert report.details["proof"].startswith("proven with a private containerd "), report
     after = n.pid()
     assert after not in (0, before)  # really restarted: a new containerd serves the socket
     assert containerd.not_served(n.served(), "metax", WRAPPER, True) is None
@@ -375,3 +379,156 @@ def test_native_cdi_on_containerd_2_is_read_from_its_cri(
     agent = old.agent(tmp_path, runtime="auto", runtime_version="containerd://2.0.0")
     report = agent.one_pass()
     assert report.state == "failed" and "CDI off" in report.message
+
+
+# ------------------------------------------------------------------------------ the corpus
+def node_private(text: str, version: int) -> str:
+    """A corpus config made a private node's: its root, state, sockets, ``opt`` directory
+    and stream port moved under @BASE@ (tomlkit, in place: the runtimes' shape, dotted keys
+    and inline tables stay as written) and its /etc/containerd paths under @BASE@."""
+    text = text.replace(f'"{DROP_INS}/', '"conf.d/')  # relative: read from the node root
+    doc = tomlkit.parse(text.replace('"/etc/containerd/', '"@BASE@/etc/containerd/'))
+    doc["root"] = "@BASE@/var/lib/containerd"
+    doc["state"] = "@BASE@/run/containerd/state"
+    sock = "@BASE@/run/containerd/containerd.sock"
+    plugins = doc.setdefault("plugins", tomlkit.table(is_super_table=True))
+    for name, address in (("grpc", sock), ("ttrpc", sock + ".ttrpc"), ("debug", ""),
+                          ("metrics", "")):
+        table = plugins.setdefault(f"io.containerd.server.v1.{name}", tomlkit.table()) \
+            if version == 4 else doc.setdefault(name, tomlkit.table())
+        table["address"] = address
+    opt = plugins.setdefault("opt" if version == 1 else "io.containerd.internal.v1.opt",
+                             tomlkit.table())
+    opt["path"] = "@BASE@/opt/containerd"
+    cri = plugins.get("cri" if version == 1 else "io.containerd.grpc.v1.cri")
+    if cri is not None and "stream_server_port" in cri:
+        cri["stream_server_port"] = "0"
+    return tomlkit.dumps(doc)
+
+
+@pytest.mark.parametrize("case", [c for c in cases() if c.refusal is None and c.text],
+                         ids=lambda c: c.name)
+def test_each_edited_corpus_config_is_served_by_the_real_containerd_of_its_generation(
+    node: Callable[[str, str], Node], tmp_path: Path, case: Case,
+) -> None:
+    """The agent's edit of every corpus shape, proven by a private containerd first, then
+    judged by the node's containerd itself after the restart: the CRI plugin loaded (`ctr
+    plugins ls`: `ok`, not only `config dump` exiting 0) and the handler served; uninstall
+    gives the file back byte for byte and containerd runs it without the handler."""
+    version = int(tomlkit.parse(case.text).get("version", 1))
+    text = node_private(case.text, version)
+    for line in case.text.splitlines():  # the construct under test is still there
+        if "runtimes" in line or "runc" in line:
+            assert line.replace('"/etc/containerd/', '"@BASE@/etc/containerd/') in text, line
+    n = node(DEBIAN if case.generation == "1.6" else containerd2(), text)
+    (n.base / "etc/containerd/cri-base.json").write_text('{"ociVersion": "1.1.0"}\n')
+    for path, drop_in in case.drop_ins.items():
+        (n.base / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (n.base / path.lstrip("/")).write_text(drop_in.replace(
+            '"/etc/containerd/', f'"{n.base}/etc/containerd/'))
+    original = n.config.read_bytes()
+    before = n.start()
+    assert cri_loaded(n) == "ok"
+    agent = n.agent(tmp_path)
+    report = agent.one_pass()
+    assert report.state == "ready", report.message
+    assert report.details["proof"].startswith("proven with a private containerd "), report
+    assert n.pid() not in (0, before)
+    assert cri_loaded(n) == "ok"
+    assert containerd.not_served(n.served(), "metax", WRAPPER, True) is None
+    runc = n.served()["containerd"]["runtimes"]["runc"]
+    assert runc["options"].get("BinaryName", "") != WRAPPER  # runc's options stay runc's
+    ours = n.base / "etc/containerd/conf.d/zz-gpuk8s-metax.toml"
+    assert ours.exists() == case.drop_in
+    if case.drop_in:
+        assert n.config.read_bytes() == original  # the handler is in our drop-in
+    done = agent.uninstall()
+    assert n.config.read_bytes() == original, done
+    assert not ours.exists()
+    assert cri_loaded(n) == "ok"
+    assert containerd.not_served(n.served(), "metax", None, True) is None
+
+
+def cri_loaded(n: Node) -> str:
+    """The CRI plugin's status in ``ctr plugins ls`` of the node's containerd."""
+    ctr = os.path.join(os.path.dirname(n.binary), "ctr")
+    listed = subprocess.run([ctr, "--address", n.socket, "plugins", "ls"], capture_output=True,
+                            text=True, timeout=60, check=True).stdout
+    rows = [line.split() for line in listed.splitlines()]
+    status = [row[-1] for row in rows
+              if len(row) >= 3 and row[0] == "io.containerd.grpc.v1" and row[1] == "cri"]
+    return status[0] if status else "absent"
+
+
+def _issue_49_edit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The edit issue 49 saw on a dotted-key config: the handler at top level, the default
+    runtime pointing at it; containerd's CRI plugin then fails to load ("no corresponding
+    runtime") while `config dump` exits 0."""
+    def broken(text: str, handler: str, binary: str, set_default: bool,
+               imported: Any = None) -> containerd.Configured:
+        bad = text.replace('default_runtime_name = "runc"', f'default_runtime_name = "{handler}"')
+        bad += f'\n[runtimes.{handler}]\n  runtime_type = "io.containerd.runc.v2"\n'
+        return containerd.Configured(bad, True, "runc", None, 2)
+
+    monkeypatch.setattr(containerd, "configure", broken)
+
+
+def test_an_edit_the_private_containerd_refuses_never_reaches_the_node(
+    node: Callable[[str, str], Node], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    n = node(DEBIAN, config(Path("@BASE@"), 2, CRI_V2))
+    original = n.config.read_bytes()
+    pid = n.start()
+    _issue_49_edit(monkeypatch)
+    agent = n.agent(tmp_path)
+    report = agent.one_pass()
+    assert report.state == "failed", report.message
+    assert "not changed: a private containerd 1.6" in report.message, report.message
+    assert n.config.read_bytes() == original and n.pid() == pid  # never restarted
+    assert cri_loaded(n) == "ok"
+    assert not (n.base / "usr/local/gpuk8s/proof").exists()  # the private one cleaned up
+    report = agent.one_pass()
+    assert report.state == "failed" and "not tried again" in report.message
+
+
+def test_a_restart_that_loses_the_cri_restores_the_config_restarts_and_says_why(
+    node: Callable[[str, str], Node], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 49 item 1 where no private containerd can prove the edit (skipped): after the
+    restart the CRI is gone, so the original goes back, containerd is restarted onto it and
+    its CRI must answer again before the pass reports failed."""
+    n = node(DEBIAN, config(Path("@BASE@"), 2, CRI_V2))
+    original = n.config.read_bytes()
+    first = n.start()
+    _issue_49_edit(monkeypatch)
+    monkeypatch.setattr(proof, "prove", lambda *a, **k: proof.Proof(skipped="test"))
+    monkeypatch.setattr(agent_module, "RESTART_TIMEOUT", 15.0)
+    agent = n.agent(tmp_path)
+    report = agent.one_pass()
+    assert report.state == "failed", report.message
+    assert "is as it was and containerd was restarted onto it" in report.message, report.message
+    assert n.config.read_bytes() == original
+    assert n.pid() not in (0, first)
+    assert cri_loaded(n) == "ok"  # the node has its CRI back
+    assert containerd.not_served(n.served(), "metax", None, True) is None
+
+
+def test_a_proof_that_cannot_run_here_is_skipped_and_said(
+    node: Callable[[str, str], Node], tmp_path: Path,
+) -> None:
+    """Where the private containerd's directory cannot be made (a read-only host mount in the
+    pod), or the original itself does not run privately, the edit is not proven and says so;
+    the original must be the control: a private containerd refusing both blames neither."""
+    n = node(DEBIAN, config(Path("@BASE@"), 2, CRI_V2))
+    n.start()
+    text = n.config.read_text()
+    args = ("/etc/containerd", lambda p: str(n.base) + p, "metax", WRAPPER, True)
+    unwritable = proof.prove(n.socket, text, text, *args, work_dir="/dev/null/proof")
+    assert unwritable.failed is None and "Not a directory" in str(unwritable.skipped)
+    broken = text.replace('default_runtime_name = "runc"', 'default_runtime_name = "none"')
+    both = proof.prove(n.socket, broken, broken, *args,
+                       work_dir=str(n.base / "usr/local/gpuk8s/proof"))
+    assert both.failed is None and "does not run the unedited config either" in str(
+        both.skipped), both
+    assert proof.prove(n.socket, text, broken, *args,
+                       work_dir=str(n.base / "usr/local/gpuk8s/proof")).failed

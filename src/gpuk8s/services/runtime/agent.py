@@ -19,10 +19,15 @@ Each pass:
    with the wrapper, or CDI), read back over its socket every pass, never assumed (it does
    not wait for the driver: SPEC §12 orders container-runtime before driver-manager).
 
-A restart that fails (containerd ignores SIGHUP, does not come back, or comes back without
-the handler) puts the config back as it was and reports ``failed`` with the reason; the
-same edit is not tried again until containerd (its pid) or its config changes, so a
-broken node is never restarted in a loop. With ``--restart-mode none`` the edit stays and
+An edited containerd config is first proven by a private containerd of the node's own
+binary (``proof``): refused there, the file is not touched. A restart that fails
+(containerd ignores SIGHUP, does not come back, or comes back without its CRI or the
+handler) puts the config back as it was, restarts containerd onto it again where it was
+restarted onto the edit, waits for its CRI, and only then reports ``failed`` with the
+reason; the same edit is not tried again until containerd (its pid) or its config changes,
+so a broken node is never restarted in a loop. A node without a containerd config gets a
+minimal one of ours (removed at uninstall); on containerd 2.x a CRI drop-in gets a drop-in
+of ours (``containerd.configure``). With ``--restart-mode none`` the edit stays and
 the state is ``pending`` until someone restarts containerd.
 
 ``uninstall`` undoes 1-3. The wrapper file itself is removed only when no running
@@ -31,6 +36,7 @@ container's shim still refers to it (they call it again to stop the container).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -59,7 +65,7 @@ from ...host import files, ociwrapper
 from ...host.ociwrapper import CONFIG_NAME
 from ...host.readiness import clear_readiness, write_readiness
 from ..nodeagent import Report, Reporter
-from . import containerd, docker
+from . import containerd, docker, proof
 from .containerd import Configured, RuntimeConfigError
 
 log = logging.getLogger("gpuk8s.container-runtime")
@@ -339,7 +345,11 @@ class RuntimeAgent:
         self.install_hook()
         self._hook_done = True
 
-    def install_hook(self) -> None:
+    def candidate(self) -> tuple[str, str, bool, Configured]:
+        """(config path as seen here, its text now ("" when there is none), whether there is
+        none so that we create it, the edit) for the runtime's config: what a pass writes,
+        and what the Ansible module shows in check and diff mode. Raises what the edit
+        refuses."""
         s = self.settings
         b = self.backend()
         if not os.path.exists(s.sys(s.host_python)):
@@ -354,12 +364,31 @@ class RuntimeAgent:
         text = _read(config_path)
         if text is None and b.name == "dockerd" and os.path.isdir(os.path.dirname(config_path)):
             text = ""  # no daemon.json yet: dockerd's defaults
+        created = False
+        if text is None and b.name == "containerd":
+            # no config: containerd runs on its defaults; the handler goes into a minimal
+            # config of ours, removed again at uninstall (state.json says we created it)
+            if not os.path.isdir(os.path.dirname(config_path)):
+                raise GpuK8sError(f"{b.name} config {b.config} not found on the node, nor its "
+                                  f"directory (chart option {b.option})")
+            text, created = "", True
         if text is None:
             raise GpuK8sError(f"{b.name} config {b.config} not found on the node "
                               f"(chart option {b.option})")
         imported = containerd.resolve_imports(text, b.config, s.sys) \
             if b.name == "containerd" else None
         result = b.configure(text, s.handler, self.wrapper_path(), s.set_default, imported)
+        if result.drop_in:  # containerd 2.x: our own drop-in instead of an edit of the file
+            result = dataclasses.replace(result, drop_in=os.path.join(
+                os.path.dirname(b.config), result.drop_in))
+            config_path = s.sys(str(result.drop_in))
+            text, created = _read(config_path) or "", True
+        return config_path, text, created, result
+
+    def install_hook(self) -> None:
+        s = self.settings
+        b = self.backend()
+        config_path, text, created, result = self.candidate()
         down = ""
         try:
             serving: Any = b.served(self.socket())  # it must answer before any change
@@ -379,14 +408,20 @@ class RuntimeAgent:
                 attempt.get("pid") == containerd.peer_pid_or_zero(self.socket()):
             raise RuntimeConfigError(f"{attempt.get('reason')} (not tried again until "
                                      f"{b.name} or its config changes)")
+        if b.name == "containerd" and result.changed:
+            main = _read(s.sys(b.config)) or "" if result.drop_in else text
+            self._prove(main, result.text if not result.drop_in else main,
+                        result.text if result.drop_in else None, state, digest)
         self._install_wrapper(result.base_binary)
         if "previousDefault" not in state:
             state["previousDefault"] = result.previous_default
         state.update(handler=s.handler, config=b.config, runtime=b.name)
+        if created:  # ours: removed at uninstall while it is as we wrote it
+            state["created"] = {"path": result.drop_in or b.config, "sha256": digest}
         files.write_json(self._state_path(), state)
         self.details.update(handler=s.handler, default=s.set_default)
         backup = config_path + ".gpuk8s-backup"
-        made_backup = result.changed and not os.path.exists(backup)
+        made_backup = result.changed and not created and not os.path.exists(backup)
         if result.changed:
             if made_backup:
                 files.atomic_write(backup, text)
@@ -396,6 +431,7 @@ class RuntimeAgent:
         if reason is None:
             self._forget_attempt()
             return
+        before = containerd.peer_pid_or_zero(self.socket())
         try:
             done = self._restart_onto(self.wrapper_path(), reason)
         except RestartPending:
@@ -403,7 +439,9 @@ class RuntimeAgent:
         except RuntimeConfigError as err:
             message = str(err)
             if result.changed:
-                message += self._put_back(config_path, text)
+                message += self._put_back(config_path, None if created else text, before)
+                if created:
+                    state.pop("created", None)
                 if made_backup:
                     files.remove(backup)
             state["attempt"] = {"digest": digest, "reason": message,
@@ -413,6 +451,28 @@ class RuntimeAgent:
         self._forget_attempt()
         log.info("runtime configured", extra={"runtime": b.name, "handler": s.handler,
                                               "restart": done})
+
+    def _prove(self, text: str, candidate: str, drop_in: str | None, state: dict[str, Any],
+               digest: str) -> None:
+        """A private containerd of the node's generation must take ``candidate`` (``proof``);
+        refused: recorded as an attempt (not tried again until containerd or the config
+        changes) and raised, nothing written."""
+        s = self.settings
+        proven = proof.prove(self.socket(), text, candidate, os.path.dirname(s.containerd_config),
+                             s.sys, s.handler, self.wrapper_path(), s.set_default, drop_in,
+                             os.path.join(s.sys(s.install_dir), "proof"))
+        if proven.failed is None:
+            self.details["proof"] = f"skipped: {proven.skipped}" if proven.skipped else \
+                f"proven with a private {proven.binary}"
+            if proven.skipped:
+                log.warning("edit not proven before the restart", extra={
+                    "reason": proven.skipped})
+            return
+        message = f"{s.containerd_config} not changed: {proven.failed}"
+        state["attempt"] = {"digest": digest, "reason": message,
+                            "pid": containerd.peer_pid_or_zero(self.socket())}
+        files.write_json(self._state_path(), state)
+        raise RuntimeConfigError(message)
 
     def _install_wrapper(self, base_binary: str | None) -> None:
         s = self.settings
@@ -456,12 +516,21 @@ class RuntimeAgent:
                             RESTART_TIMEOUT)
         return f"{done}; now pid {containerd.peer_pid_or_zero(self.socket())}"
 
-    def _put_back(self, config_path: str, text: str) -> str:
-        """The config as it was before our edit; containerd back on it (its service manager
-        restarts it, if it exited refusing the edit). What happened, for the report."""
-        files.atomic_write(config_path, text)
-
+    def _put_back(self, config_path: str, text: str | None, before: int) -> str:
+        """The config as it was before our edit (``text`` None: there was none) and the
+        runtime back on it: containerd, if it was restarted onto the edit (its pid is not
+        ``before``), is restarted again and must answer on its CRI without the handler.
+        What happened, for the report."""
+        s = self.settings
         b = self.backend()
+
+        def restore(body: str) -> None:
+            if text is None:
+                files.remove(config_path)
+            else:
+                files.atomic_write(config_path, body)
+
+        restore(text or "")
 
         def answers() -> str | None:
             try:
@@ -470,18 +539,44 @@ class RuntimeAgent:
                 return str(err)
             return None
 
+        def back(old: int) -> Callable[[], str | None]:
+            def check() -> str | None:
+                pid = containerd.peer_pid_or_zero(self.socket())
+                if b.new_process and (pid <= 0 or pid == old):
+                    return f"{b.name} (pid {old}) has not been replaced"
+                try:
+                    config = b.served(self.socket(), timeout=2.0)
+                except RuntimeConfigError as err:
+                    return str(err)
+                return b.not_served(config, s.handler, None, s.set_default)
+            return check
+
         try:
             if not b.new_process:  # dockerd: reload it onto the old file again
-                files.atomic_write(config_path, b.loadable(text))
-                b.restart(self.settings.restart_mode, self.socket(), self.settings.system_root)
+                files.atomic_write(config_path, b.loadable(text or ""))
+                b.restart(s.restart_mode, self.socket(), s.system_root)
                 containerd.wait_for(f"{b.name} back on the previous config", lambda: b.not_served(
-                    b.served(self.socket(), timeout=2.0), self.settings.handler, None,
-                    self.settings.set_default), RESTART_TIMEOUT)
-                files.atomic_write(config_path, text)
+                    b.served(self.socket(), timeout=2.0), s.handler, None, s.set_default),
+                    RESTART_TIMEOUT)
+                restore(text or "")
+            else:
+                now = containerd.peer_pid_or_zero(self.socket())
+                if now != before:
+                    # restarted onto the edit (or exited on it and not back yet): it runs
+                    # the edit until restarted again; wait for a process to signal first
+                    containerd.wait_for(f"{b.name} running again", lambda: None if
+                                        containerd.peer_pid_or_zero(self.socket()) > 0 else
+                                        f"nothing serves {b.socket}", RESTART_TIMEOUT)
+                    done, old = b.restart(s.restart_mode, self.socket(), s.system_root)
+                    containerd.wait_for(f"after {done}, {b.name} back on the previous config",
+                                        back(old), RESTART_TIMEOUT)
+                    return f"; {b.config} is as it was and {b.name} was restarted onto it " \
+                           f"(now pid {containerd.peer_pid_or_zero(self.socket())}, its CRI " \
+                           "answers)"
             containerd.wait_for(f"{b.name} back on the previous config", answers,
                                 RESTART_TIMEOUT)
         except RuntimeConfigError as err:
-            files.atomic_write(config_path, text)
+            restore(text or "")
             return f"; {b.config} is as it was, but {err}"
         return f"; {b.config} is as it was"
 
@@ -492,27 +587,23 @@ class RuntimeAgent:
         done = []
         if any([files.remove(p) for p in self.spec_paths()]):
             done.append("CDI spec removed")
-        state = files.read_json(self._state_path()) or {}
         b = self.backend()
-        config_path = s.sys(b.config)
-        text = _read(config_path)
-        backup = _read(config_path + ".gpuk8s-backup")
+        config_path, text, after = self.uninstalled()
         keep_wrapper = False
-        if text is not None and state:
-            after, changed = b.unconfigure(text, s.handler, state.get("previousDefault"))
-            if backup is not None and self._untouched_since_install(backup, text):
-                after = backup  # untouched since we wrote it: back byte for byte
-            if changed:
-                files.atomic_write(config_path, b.loadable(after))
-                try:
-                    done.append(self._restart_onto(None, "handler removed"))
-                except RestartPending as err:
-                    done.append(str(err))
-                except RuntimeConfigError as err:
-                    # the runtime may still create containers through the wrapper
-                    keep_wrapper = True
-                    done.append(f"{err}: the wrapper stays in {s.install_dir}")
-                finally:
+        if text is not None and after != text:
+            files.atomic_write(config_path, b.loadable(after or ""))
+            try:
+                done.append(self._restart_onto(None, "handler removed"))
+            except RestartPending as err:
+                done.append(str(err))
+            except RuntimeConfigError as err:
+                # the runtime may still create containers through the wrapper
+                keep_wrapper = True
+                done.append(f"{err}: the wrapper stays in {s.install_dir}")
+            finally:
+                if after is None:
+                    files.remove(config_path)
+                else:
                     files.atomic_write(config_path, after)
         files.remove(config_path + ".gpuk8s-backup")
         if keep_wrapper:
@@ -540,6 +631,31 @@ class RuntimeAgent:
         if clear_readiness(s.host_root, "runtime.ready", s.status_dir):
             done.append("runtime.ready marker removed")
         return done
+
+    def uninstalled(self) -> tuple[str, str | None, str | None]:
+        """(config path as seen here, its text now (None: there is none), its text after
+        uninstall (None: removed, as we created it)): what ``uninstall`` writes, and what the
+        Ansible module shows in check and diff mode."""
+        s = self.settings
+        b = self.backend()
+        state = files.read_json(self._state_path()) or {}
+        config_path = s.sys(b.config)
+        text = _read(config_path)
+        made = state.get("created") or {}
+        if made.get("path"):  # a file we created (the config, or our drop-in)
+            path = s.sys(made["path"])
+            now = _read(path)
+            if now is not None and hashlib.sha256(now.encode()).hexdigest() == made["sha256"]:
+                return path, now, None  # as we wrote it: removed
+            if made["path"] != b.config or now is None:
+                return path, now, now
+            text = now  # the config, changed since: our part out, theirs stays
+        if text is None or not state:
+            return config_path, text, text
+        backup = _read(config_path + ".gpuk8s-backup")
+        if backup is not None and self._untouched_since_install(backup, text):
+            return config_path, text, backup  # untouched since we wrote it: byte for byte
+        return config_path, text, b.unconfigure(text, s.handler, state.get("previousDefault"))[0]
 
     def _untouched_since_install(self, backup: str, text: str) -> bool:
         s = self.settings

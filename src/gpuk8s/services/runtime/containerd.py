@@ -5,8 +5,11 @@ proof that containerd serves it.
 the default runtime's table, ``options.BinaryName`` = the wrapper, ``container_annotations``
 += ``cdi.k8s.io/*``) and, with ``set_default``, points ``default_runtime_name`` at it;
 ``unconfigure`` takes exactly that back (restoring the previous default). The file is
-edited in place with tomlkit, in its own config version, so the administrator's comments
-and layout stay:
+edited in its own config version and layout, so the administrator's comments stay: the
+handler's table is appended as its own sections under a marker comment (valid after dotted
+keys, which may get sub-tables) or put inside an inline ``runtimes`` table, and
+``default_runtime_name`` is set in place (tomlkit). The CRI section is the one the file
+uses, checked against its version:
 
 * version 1 (no ``version`` key: containerd 1.x reads it so): ``[plugins.cri.containerd]``.
   It is not converted: a faithful conversion needs every plugin's URI, which only
@@ -16,15 +19,22 @@ and layout stay:
 * versions 3 and 4 (containerd 2.x; 2.4 writes 4):
   ``[plugins."io.containerd.cri.v1.runtime".containerd]``.
 
+Every edit is read back by a second TOML reader (``tomllib``) and must be the original
+plus exactly the handler (runc's options stay runc's), else it is refused naming the
+construct (dotted keys, an inline table). A config without a file is containerd's
+defaults (``MINIMAL``).
+
 A config the edit cannot be made safe in raises ``RuntimeConfigError`` before anything is
 written: it does not parse, its version is unknown, it mixes plugin key styles (containerd
-refuses it), its default runtime is not runc, it uses the deprecated ``default_runtime``
-table (containerd 1.x then ignores ``default_runtime_name``), a runtime of the handler's
-name is someone else's, or an imported file defines the CRI section (it would shadow
-the edit). We do not use a drop-in under ``imports``: containerd 1.x replaces a whole
-plugin section per imported file (containerd#5837; NVIDIA's toolkit works around it by
-copying the entire CRI section into its drop-in, which then shadows later edits of the
-main file).
+refuses it) or one generation's section names with the other's version, its default
+runtime is not runc, it uses the deprecated ``default_runtime`` table (containerd 1.x then
+ignores ``default_runtime_name``), a runtime of the handler's name is someone else's, or,
+on containerd 1.x, an imported file defines the CRI section: 1.x replaces a whole plugin
+section per imported file (containerd#5837; NVIDIA's toolkit copies the entire CRI section
+into its drop-in, which then shadows later edits of the main file). containerd 2.x (config
+versions 3, 4) merges imported files key by key, the last one last: there the handler goes
+into a drop-in of ours (``Configured.drop_in``) read after the others, and the main file is
+not changed.
 
 A changed config takes effect when containerd restarts (it does not reload): ``restart``
 sends SIGHUP to the process serving the socket (found through the socket's peer
@@ -39,6 +49,8 @@ never assumed.
 
 from __future__ import annotations
 
+import copy
+import fnmatch
 import glob
 import json
 import os
@@ -48,8 +60,9 @@ import socket
 import struct
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import tomlkit
@@ -117,22 +130,44 @@ def _cri_plugin(doc: Any) -> str:
             raise RuntimeConfigError(
                 f"containerd config version {version} names a plugin by id ([plugins.{key}]): "
                 f"containerd refuses it (invalid plugin key URI {key!r}); nothing was changed")
+        # the section is chosen from what the file uses: a generation's names in a file of
+        # the other generation's version are read by one containerd and not the other
+        if version == 2 and str(key).startswith("io.containerd.cri.v1."):
+            raise RuntimeConfigError(
+                f"containerd config says version 2 but has [plugins.\"{key}\"], containerd "
+                "2's section (config version 3): containerd 1.x ignores it and containerd 2 "
+                "migrates a version 2 file from [plugins.\"io.containerd.grpc.v1.cri\"], so "
+                "no section serves the handler on both; set version = 3 if the node runs "
+                "containerd 2; nothing was changed")
+    if version >= 3 and "containerd" in _mapping(plugins.get(CRI_PLUGINS[2]), "CRI"):
+        raise RuntimeConfigError(
+            f"containerd config version {version} has [plugins.\"{CRI_PLUGINS[2]}\"."
+            f"containerd], containerd 1.x's section: containerd 2 ignores it there and reads "
+            f"runtimes from [plugins.\"{CRI_PLUGINS[3]}\".containerd]; nothing was changed")
     return CRI_PLUGINS[version]
 
 
-def _table(parent: Any, key: str, where: str) -> Any:
-    if key not in parent:
-        parent[key] = tomlkit.table()
-    value = parent[key]
-    if not isinstance(value, Mapping):
-        raise RuntimeConfigError(f"containerd config: {where}.{key} is not a table; nothing "
-                                 "was changed")
-    return value
+def _strict(text: str) -> dict[str, Any]:
+    """``text`` as a TOML reader other than the editor reads it (``tomllib`` where the
+    Python has it; else tomlkit's own plain values): what the edit is judged by."""
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        return dict(_parse(text).unwrap())
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise RuntimeConfigError(f"containerd config does not parse as TOML ({err}); nothing "
+                                 "was changed") from err
 
 
 def cri_section_name(doc: Any) -> str:
-    key = _cri_plugin(doc)
-    return f"plugins.{key}" if "." not in key else f'plugins."{key}"'
+    return _header(["plugins", _cri_plugin(doc)])
+
+
+def _header(parts: list[str]) -> str:
+    """A table header's dotted key: bare parts as they are, others quoted."""
+    return ".".join(p if re.fullmatch(r"[A-Za-z0-9_-]+", p) else json.dumps(p) for p in parts)
 
 
 def import_patterns(text: str) -> list[str]:
@@ -164,36 +199,178 @@ class Configured:
     previous_default: str | None  # default_runtime_name before (to restore)
     base_binary: str | None  # the default runtime's BinaryName (what the wrapper execs)
     version: int  # the config version the file was edited in
+    # node path (relative: to the config's directory): ``text`` is our own drop-in there
+    drop_in: str | None = None
+
+
+def drop_in_name(handler: str) -> str:
+    return f"zz-gpuk8s-{handler}.toml"
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """containerd 2's merge of an imported file: key by key, tables recursively."""
+    merged = dict(base)
+    for key, value in over.items():
+        merged[key] = _merge(merged[key], value) if isinstance(value, Mapping) and \
+            isinstance(merged.get(key), dict) else copy.deepcopy(value)
+    return merged
+
+
+# A config that does not exist: containerd runs on its built-in defaults (runc the default
+# runtime); what the handler is added to then. Version 2: containerd 1.x reads it and 2.x
+# migrates it.
+MINIMAL = ('version = 2\n\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+           '  default_runtime_name = "runc"\n\n'
+           '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+           '  runtime_type = "io.containerd.runc.v2"\n')
+_MARK = "# gpuk8s container-runtime: runtime handler {handler!r}; uninstall removes this table"
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise RuntimeConfigError(f"containerd config: {where} is not a table; nothing was "
+                                 "changed")
+    return value
+
+
+def _binary_key(options: Mapping[str, Any]) -> str | None:
+    """The options' key containerd reads as ``BinaryName`` (its TOML decoder matches field
+    names case-insensitively: kubespray writes ``binaryName``)."""
+    return next((k for k in options if str(k).lower() == "binaryname"), None)
+
+
+def _dotted(container: Any, key: str) -> bool:
+    """Whether ``key`` in a tomlkit container is written with dotted keys (``a.b = 1``)."""
+    body = getattr(container, "value", container)
+    return any(k is not None and getattr(k, "is_dotted", lambda: False)() and
+               str(getattr(k, "key", "")).split(".")[0] == key
+               for k, _v in getattr(body, "body", []))
+
+
+def _construct(doc: Any, plugin: str) -> str:
+    """How the CRI's runtimes are written, for a refusal: the construct the edit met."""
+    import tomlkit.items as items
+
+    node: Any = doc
+    for key, name in (("plugins", "plugins"), (plugin, "the CRI section"),
+                      ("containerd", "containerd"), ("runtimes", "runtimes")):
+        if not isinstance(node, Mapping) or key not in node:
+            break
+        if _dotted(node, key):
+            return f"dotted keys (`{key}.… = …`) defining {name}"
+        node = node[key]
+        if isinstance(node, items.InlineTable):
+            return f"an inline table (`{key} = {{ … }}`) for {name}"
+    return "its layout"
+
+
+def _render(parts: list[str], table: Mapping[str, Any], indent: str = "") -> str:
+    """``table`` as ``[parts]`` and its sub-tables as their own sections."""
+    head = f"{indent}[{_header(parts)}]\n"
+    subs = ""
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            subs += _render([*parts, str(key)], value, indent + "  ")
+        else:
+            head += f"{indent}  {_header([str(key)])} = {tomlkit.item(value).as_string()}\n"
+    return head + subs
+
+
+def _edited(want: dict[str, Any], text: str, what: str) -> None:
+    if _strict(text) != want:
+        raise RuntimeConfigError(f"containerd config: {what}; nothing was changed")
 
 
 def configure(text: str, handler: str, binary: str, set_default: bool,
               imported: Mapping[str, str] | None = None) -> Configured:
     """``text`` with the runtime handler added (see the module doc). Pure; raises
-    ``RuntimeConfigError`` for a config the edit cannot be made safe in."""
-    doc = _parse(text) if text.strip() else _parse("version = 2\n")
+    ``RuntimeConfigError`` for a config the edit cannot be made safe in. The result is
+    proven by reading it back with another TOML reader: the handler in the CRI's
+    ``runtimes`` (runc's options still runc's), the default runtime as asked, and every
+    other value as it was; anything else is refused with the construct named."""
+    source = text if text.strip() else MINIMAL
+    doc = _parse(source)
     plugin = _cri_plugin(doc)
     where = cri_section_name(doc)
-    for path, imported_text in (imported or {}).items():
-        sub = _parse(imported_text)
-        if plugin in (sub.get("plugins") or {}):
-            raise RuntimeConfigError(
-                f"containerd config imports {path}, which defines [{where}]: it would shadow "
-                "the runtime handler in the main file; nothing was changed")
-    cri = _table(_table(doc, "plugins", ""), plugin, "plugins")
-    containerd = _table(cri, "containerd", where)
-    legacy = containerd.get("default_runtime")
+    own = drop_in_name(handler)
+    others = {p: t for p, t in (imported or {}).items() if os.path.basename(p) != own}
+    shadowing = [p for p, t in others.items() if plugin in (_strict(t).get("plugins") or {})]
+    if shadowing and config_version(doc) < 3:
+        raise RuntimeConfigError(
+            f"containerd config imports {shadowing[0]}, which defines [{where}]: containerd "
+            "1.x takes each imported file's plugin section whole, so it would shadow the "
+            "runtime handler in the main file; nothing was changed")
+    if shadowing:
+        return _configure_drop_in(source, others, (imported or {}), plugin, handler, binary,
+                                  set_default)
+    before = _strict(source)
+    cri = _mapping(_mapping(before.get("plugins"), "plugins").get(plugin), where)
+    section = _mapping(cri.get("containerd"), f"{where}.containerd")
+    entry, base_binary = _runtime_entry(section, where, handler, binary)
+    previous = section.get("default_runtime_name")
+    existing = _mapping(section.get("runtimes"), "runtimes").get(handler)
+    want = copy.deepcopy(before)
+    want_section = want.setdefault("plugins", {}).setdefault(plugin, {}).setdefault(
+        "containerd", {})
+    want_section.setdefault("runtimes", {})[handler] = entry
+    if set_default:
+        want_section["default_runtime_name"] = handler
+    previous_default = None if previous == handler else (str(previous) if previous else None)
+    version = config_version(doc)
+    result = partial(Configured, previous_default=previous_default, base_binary=base_binary,
+                     version=version)
+    if want == before and text.strip():
+        return result(text, False)
+    after = source if existing is None else _without_block(source, handler)
+    if set_default and previous != handler:
+        edit = _parse(after)
+        tables = edit
+        for key in ("plugins", plugin, "containerd"):
+            if key not in tables:
+                tables[key] = tomlkit.table(is_super_table=key != "containerd")
+            tables = tables[key]
+        tables["default_runtime_name"] = handler
+        after = tomlkit.dumps(edit)
+    runtimes_item = _item(_parse(after), ["plugins", plugin, "containerd", "runtimes"])
+    import tomlkit.items as items
+
+    if isinstance(runtimes_item, items.InlineTable):
+        edit = _parse(after)
+        _item(edit, ["plugins", plugin, "containerd", "runtimes"])[handler] = _inline(entry)
+        after = tomlkit.dumps(edit)
+    else:
+        # a blank line before the marker, or the newline the file's last line lacked: what
+        # unconfigure takes away again
+        after += "\n" + _MARK.format(handler=handler) + "\n" + _render(
+            ["plugins", plugin, "containerd", "runtimes", handler], entry)
+    try:
+        _edited(want, after, "")
+    except RuntimeConfigError:
+        raise RuntimeConfigError(
+            f"containerd config: the runtime handler cannot be added where containerd reads "
+            f"it in [{where}.containerd] written with {_construct(doc, plugin)}; rewrite "
+            f"that part as [{where}.containerd.runtimes.<name>] tables; nothing was "
+            "changed") from None
+    return result(after, True)
+
+
+def _runtime_entry(section: Mapping[str, Any], where: str, handler: str, binary: str
+                   ) -> tuple[dict[str, Any], str | None]:
+    """(the handler's table: a copy of the default runtime's with the wrapper as its binary,
+    the default runtime's own binary) from the CRI's ``containerd`` table as containerd
+    reads it; refuses what cannot be wrapped."""
+    legacy = section.get("default_runtime")
     if isinstance(legacy, Mapping) and legacy.get("runtime_type"):
         raise RuntimeConfigError(
             f"containerd config sets [{where}.containerd.default_runtime] (deprecated): "
             "containerd 1.x then ignores default_runtime_name; move it to "
             "runtimes.<name> and name it in default_runtime_name; nothing was changed")
-    runtimes = _table(containerd, "runtimes", f"{where}.containerd")
-    previous = containerd.get("default_runtime_name")
+    runtimes = _mapping(section.get("runtimes"), f"{where}.containerd.runtimes")
+    previous = section.get("default_runtime_name")
     base_name = str(previous) if previous and previous != handler else "runc"
-    base = runtimes.get(base_name)
-    if base is not None and not isinstance(base, Mapping):
-        raise RuntimeConfigError(f"containerd config: runtime {base_name!r} is not a table; "
-                                 "nothing was changed")
+    base = _mapping(runtimes.get(base_name), f"runtime {base_name!r}")
     existing = runtimes.get(handler)
     if existing is not None and (
             not isinstance(existing, Mapping)
@@ -202,39 +379,122 @@ def configure(text: str, handler: str, binary: str, set_default: bool,
             f"containerd config already has a runtime {handler!r} that is not the wrapper "
             f"{binary}: choose another handler name (chart option runtime.handler); nothing "
             "was changed")
-    entry = tomlkit.table()
-    if base is not None:
-        for key, value in (base.unwrap() if hasattr(base, "unwrap") else dict(base)).items():
-            entry[key] = value
+    entry: dict[str, Any] = {**base}
     entry.setdefault("runtime_type", "io.containerd.runc.v2")
     if entry["runtime_type"] not in RUNC_TYPES:
         raise RuntimeConfigError(
             f"containerd's default runtime {base_name!r} is of type {entry['runtime_type']}: "
             f"the wrapper wraps runc ({' or '.join(RUNC_TYPES)}); nothing was changed")
-    options = entry.get("options") or {}
-    base_binary = options.get("BinaryName") or None
+    options = dict(_mapping(entry.get("options"), f"runtime {base_name!r} options"))
+    binary_key = _binary_key(options)
+    base_binary = options.pop(binary_key, None) if binary_key else None
     entry["options"] = {**options, "BinaryName": binary}
     annotations = list(entry.get("container_annotations") or [])
     entry["container_annotations"] = annotations + [a for a in ANNOTATIONS if a not in annotations]
-    runtimes[handler] = entry
-    if set_default:
-        containerd["default_runtime_name"] = handler
-    after = tomlkit.dumps(doc)
-    previous_default = None if previous == handler else (str(previous) if previous else None)
-    return Configured(after, after != text, previous_default,
-                      str(base_binary) if base_binary else None, config_version(doc))
+    return entry, str(base_binary) if base_binary else None
+
+
+def _configure_drop_in(text: str, others: Mapping[str, str], imported: Mapping[str, str],
+                       plugin: str, handler: str, binary: str, set_default: bool) -> Configured:
+    """containerd 2.x with a drop-in that defines the CRI section (nvidia-ctk's drop-in
+    mode, Talos): containerd merges imported files key by key, the last one last, so the
+    handler goes into a drop-in of ours that sorts after every other file of the last
+    ``imports`` pattern; the config itself is not changed."""
+    patterns = import_patterns(text)
+    last = patterns[-1]
+    own = drop_in_name(handler)
+    directory = os.path.dirname(last)
+    if not fnmatch.fnmatch(own, os.path.basename(last)):
+        raise RuntimeConfigError(
+            f"containerd config imports {last!r}: a drop-in of ours there ({own}) would not "
+            "be read after the others (a glob such as /etc/containerd/conf.d/*.toml is "
+            "needed); nothing was changed")
+    later = [p for p in others if os.path.basename(p) > own]
+    if later:
+        raise RuntimeConfigError(f"containerd config imports {later[0]}, which sorts after our "
+                                 f"drop-in {own}; nothing was changed")
+    merged = _strict(text)
+    for path in others:
+        merged = _merge(merged, _strict(others[path]))
+    where = _header(["plugins", plugin])
+    section = _mapping(_mapping(_mapping(merged.get("plugins"), "plugins").get(plugin), where)
+                       .get("containerd"), f"{where}.containerd")
+    entry, base_binary = _runtime_entry(section, where, handler, binary)
+    previous = section.get("default_runtime_name")
+    body: dict[str, Any] = {"default_runtime_name": handler} if set_default else {}
+    drop_in = f"version = {config_version(_parse(text))}\n\n" + _MARK.format(
+        handler=handler) + "\n"
+    if body:
+        drop_in += _render(["plugins", plugin, "containerd"], body)
+    drop_in += _render(["plugins", plugin, "containerd", "runtimes", handler], entry)
+    result = _merge(merged, _strict(drop_in))
+    served = result["plugins"][plugin]["containerd"]
+    if served["runtimes"].get(handler) != entry or \
+            (set_default and served.get("default_runtime_name") != handler):
+        raise RuntimeConfigError(f"containerd config: our drop-in {own} would not serve the "
+                                 "handler; nothing was changed")
+    current = next((t for p, t in imported.items() if os.path.basename(p) == own), None)
+    return Configured(drop_in, current != drop_in,
+                      None if previous == handler else (str(previous) if previous else None),
+                      base_binary, config_version(_parse(text)),
+                      drop_in=os.path.join(directory, own))
+
+
+def _item(doc: Any, path: list[str]) -> Any:
+    node = doc
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _inline(value: Mapping[str, Any]) -> Any:
+    table = tomlkit.inline_table()
+    for key, item in value.items():
+        table[key] = _inline(item) if isinstance(item, Mapping) else item
+    return table
+
+
+def _without_block(text: str, handler: str) -> str:
+    """``text`` without the table ``configure`` appended for ``handler``: its marker line,
+    the blank line before it, and its sections up to the next header of another table."""
+    lines = text.splitlines(keepends=True)
+    mark = _MARK.format(handler=handler)
+    start = next((i for i, line in enumerate(lines) if line.rstrip("\n") == mark), None)
+    if start is None:
+        return text
+    end, own = start + 1, None
+    while end < len(lines):
+        line = lines[end].strip()
+        if line.startswith("["):
+            if own is None:
+                own = line[:-1]
+            elif not line.startswith((own + "]", own + ".")):
+                break
+        end += 1
+    head = lines[:start]
+    if head and head[-1] == "\n":
+        head.pop()  # the blank line before the marker
+    elif head:
+        head[-1] = head[-1][:-1]  # the newline the file's last line did not have
+    return "".join(head + lines[end:])
 
 
 def unconfigure(text: str, handler: str, previous_default: str | None) -> tuple[str, bool]:
     """``text`` without the handler; ``default_runtime_name`` back to ``previous_default``
     when it points at the handler. Pure."""
-    doc = _parse(text)
+    after = _without_block(text, handler)
+    doc = _parse(after)
     try:
-        containerd = doc["plugins"][_cri_plugin(doc)]["containerd"]
-    except (KeyError, RuntimeConfigError):
+        plugin = _cri_plugin(doc)
+    except RuntimeConfigError:
         return text, False
-    runtimes = containerd.get("runtimes") or {}
-    if handler in runtimes:
+    containerd = _item(doc, ["plugins", plugin, "containerd"])
+    if not isinstance(containerd, MutableMapping):
+        return after, after != text
+    runtimes = containerd.get("runtimes")
+    if isinstance(runtimes, MutableMapping) and handler in runtimes:
         del runtimes[handler]
     if containerd.get("default_runtime_name") == handler:
         if previous_default:
