@@ -855,3 +855,26 @@ def test_arrival_mix_is_retaken_once_when_threads_ask_at_once() -> None:
     for t in threads:
         t.join()
     assert Counted.takes == start + 1
+
+
+def test_kept_nodes_are_echoed_byte_for_byte_on_the_sharing_path(
+    annotations: dict[str, str],
+) -> None:
+    """Sharing, and sharing with a CUDA runtime: the kept Node objects are the
+    request's own bytes (``wire.node_raws``), never re-encoded."""
+    from .test_cuda import echoed, odd_nodes_body
+
+    items = [node("a", annotations), node("x", annotations, None), node("b", annotations)]
+    items[2]["metadata"]["labels"].update({"metax-tech.com/cuda-major-version": "11",
+                                           "metax-tech.com/cuda-minor-version": "0"})
+    ext, _, _ = over(items)
+    body, raws = odd_nodes_body(pod("p1"), items)
+    response = ext.handle("filter", body)
+    assert response.status == 200 and echoed(response.body, [raws[0], raws[2]])
+    assert "exclusive" in json.loads(response.body)["FailedAndUnresolvableNodes"]["x"]
+    cuda_pod = pod("p2")
+    cuda_pod["metadata"]["annotations"] = {"gpuk8s.io/cuda-runtime": "12.4"}
+    body, raws = odd_nodes_body(cuda_pod, items)
+    response = ext.handle("filter", body)
+    assert response.status == 200 and echoed(response.body, [raws[0]])
+    assert "CUDA 11.0" in json.loads(response.body)["FailedAndUnresolvableNodes"]["b"]

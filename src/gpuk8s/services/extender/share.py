@@ -115,9 +115,10 @@ from ...core.sharing import (
 )
 from ...core.topology import Topology
 from .. import kube
+from .demand import pod_demand
 from .notify import Notifier, Touch
 from .requeue import Requeue
-from .wire import BadRequest, NodeItem, PodView, pod_totals, view_share
+from .views import POD, BadRequest, NodeItem, PodView
 
 log = logging.getLogger("gpuk8s.extender")
 
@@ -639,36 +640,6 @@ class KubePodApi:
         )
 
 
-class BindArgs(msgspec.Struct, forbid_unknown_fields=True):
-    """ExtenderBindingArgs as kube-scheduler spells it."""
-
-    PodName: str
-    PodNamespace: str
-    PodUID: str
-    Node: str
-
-
-_BIND_ARGS = msgspec.json.Decoder(BindArgs)
-_POD = msgspec.json.Decoder(PodView)
-
-
-def parse_bind(body: bytes) -> BindArgs:
-    """ExtenderBindingArgs; ``BadRequest`` when malformed or without a pod UID (the UID
-    is what ties the binding to the pod kube-scheduler placed)."""
-    try:
-        args = _BIND_ARGS.decode(body)
-    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
-        raise BadRequest(
-            f"bind: body must be ExtenderBindingArgs {{PodName, PodNamespace, PodUID, Node}}: "
-            f"{str(err)[:200]}"
-        ) from None
-    for key in ("PodName", "PodNamespace", "PodUID", "Node"):
-        if not getattr(args, key):
-            raise BadRequest(f"bind: {key} is empty; ExtenderBindingArgs names the pod (and "
-                             "its UID) and the node")
-    return args
-
-
 # what the pod asks besides its share: CPU millicores, memory MiB
 Need = tuple[int, int]
 # what a memoised placement depends on: node identity, ledger version of the node,
@@ -1061,18 +1032,19 @@ class Sharing:
         return ranked
 
     # -- bind ---------------------------------------------------------------------
-    def bind(self, args: BindArgs) -> tuple[int, str]:
-        """Bind one pod: (HTTP status, the ExtenderBindingResult ``Error``, "" on
-        success). A binding kube-scheduler would never ask for is a 4xx and books
-        nothing: a pod that is not the one of that UID (404, 409), one already bound
-        (409), one asking for no GPUs (400); the caller (``Extender``) has checked that
-        the node passed this pod's filter. A failure of ours or of the API is a 200
-        with the Error (kube-scheduler retries the pod)."""
+    def bind(self, ns: str, name: str, uid: str, node: str) -> tuple[int, str]:
+        """Bind pod ``ns/name`` of UID ``uid`` to ``node``: (HTTP status, the
+        ExtenderBindingResult ``Error``, "" on success); the pod's demand is computed
+        from the pod as the API has it (``demand.pod_demand``). A binding
+        kube-scheduler would never ask for is a 4xx and books nothing: a pod that is
+        not the one of that UID (404, 409), one already bound (409), one asking for no
+        GPUs (400); the caller (``Extender``) has checked that the node passed this
+        pod's filter. A failure of ours or of the API is a 200 with the Error
+        (kube-scheduler retries the pod)."""
         if self.api is None:
             return 200, "gpu-aware: bind needs API access (the pod watch is off)"
         if not self.ledger.synced:
             return 200, "gpu-aware: GPU sharing accounting not synced with the API server yet"
-        ns, name, uid, node = args.PodNamespace, args.PodName, args.PodUID, args.Node
         try:
             pod = self.api.get_pod(ns, name)
         except Exception as err:
@@ -1080,9 +1052,8 @@ class Sharing:
                 return 404, f"gpu-aware: no pod {ns}/{name}"
             return 200, f"gpu-aware: cannot read pod {ns}/{name}: {_short(err)}"
         try:
-            view = _POD.decode(json.dumps(pod).encode())
-            share = view_share(view)
-            gpus, cpu_milli, memory_mib = pod_totals(view, lenient=True)
+            view = POD.decode(json.dumps(pod).encode())
+            demand = pod_demand(view, lenient=True)
         except (msgspec.DecodeError, BadRequest) as err:
             return 400, f"gpu-aware: pod {ns}/{name}: {err}"
         meta = view.metadata
@@ -1092,7 +1063,8 @@ class Sharing:
         bound = view.spec.nodeName if view.spec is not None else None
         if bound:
             return 409, f"gpu-aware: pod {ns}/{name} is already bound to {bound}"
-        if share is None and not gpus:
+        share, cpu_milli, memory_mib = demand.share, demand.cpu_milli, demand.memory_mib
+        if share is None and not demand.gpus:
             return 400, (
                 f"gpu-aware: pod {ns}/{name} asks for no GPUs: gpu-aware binds only the GPU "
                 "pods it places (list the GPU resources in the extender's managedResources, "

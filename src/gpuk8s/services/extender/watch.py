@@ -25,7 +25,7 @@ from .cuda import NodeCudaVersions
 from .nodes import BoundPods, NodeCache
 from .packing import NodeRooms, RunningPods, item_room_fields, view_running_fields
 from .share import Ledger, SharedNodes, view_assignment
-from .wire import NodeItem, NodeView, ObjectMeta, PodView, node_item
+from .views import NodeItem, NodeView, ObjectMeta, PodView, node_item
 
 log = logging.getLogger("gpuk8s.extender")
 
