@@ -106,6 +106,7 @@ from gpuk8s.core.sharing import (
 )
 from gpuk8s.discovery import discover
 from gpuk8s.services.deviceplugin.nodestate import published_annotations
+from gpuk8s.services.extender.ledger import Ledger, view_assignment
 from gpuk8s.services.extender.logic import Extender
 from gpuk8s.services.extender.nodes import BoundPods, NodeCache
 from gpuk8s.services.extender.packing import (
@@ -115,7 +116,8 @@ from gpuk8s.services.extender.packing import (
     node_room_fields,
     running_fields,
 )
-from gpuk8s.services.extender.share import Ledger, SharedNodes, Sharing, view_assignment
+from gpuk8s.services.extender.share import Sharing
+from gpuk8s.services.extender.sharednodes import SharedNodes
 from gpuk8s.services.extender.weights import Weights, WeightSource
 from gpuk8s.services.extender.wire import READ_ANNOTATIONS, NodeView, PodView, node_item
 from gpuk8s.services.node.devices import DeviceSet

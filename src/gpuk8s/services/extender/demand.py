@@ -169,4 +169,3 @@ def decode_pod(pod: Mapping[str, Any]) -> PodView:
 def pod_request(pod: Mapping[str, Any]) -> int:
     """``view_request`` of a Pod given as a decoded JSON object (tests, tools)."""
     return view_request(decode_pod(pod))
-

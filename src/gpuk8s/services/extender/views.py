@@ -289,4 +289,3 @@ def decode(decoder: Any, data: Any, root: str) -> Any:
         return decoder.decode(data)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
         raise decode_error(err, root) from None
-
