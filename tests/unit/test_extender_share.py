@@ -878,3 +878,41 @@ def test_kept_nodes_are_echoed_byte_for_byte_on_the_sharing_path(
     response = ext.handle("filter", body)
     assert response.status == 200 and echoed(response.body, [raws[0]])
     assert "CUDA 11.0" in json.loads(response.body)["FailedAndUnresolvableNodes"]["b"]
+
+
+def test_nodes_of_one_shape_and_state_share_one_placement(annotations: dict[str, str]) -> None:
+    """``Sharing._place_class``: the nodes of one shape whose usage and room are equal
+    are placed once per request and mix; a node whose booking moved is placed again;
+    every answer is what ``_place`` gives that node alone."""
+    from gpuk8s.core.sharing import Room
+    from gpuk8s.services.extender import share
+
+    names = [f"n{i}" for i in range(6)]
+    ext, api, _ = over([node(n, annotations) for n in names])
+    sharing = ext.sharing
+    assert sharing is not None
+    assert len({sharing.nodes.get(n).shape for n in names}) == 1  # type: ignore[union-attr]
+    placed: list[str] = []
+    real = share.Sharing._place
+
+    def counted(self: Any, view: Any, *rest: Any) -> Any:
+        placed.append(view.name)
+        return real(self, view, *rest)
+
+    share.Sharing._place = counted  # type: ignore[method-assign]
+    try:
+        sharing.raw(HALF, names)
+        assert placed == ["n0"]  # six nodes, one shape and state: one placement
+        assert bind(ext, api, pod("p1", "60"), "n3") == ""
+        placed.clear()
+        values = sharing.raw(HALF, names)
+        # n3's booking moved it to a class of its own; the other five keep their
+        # answers (memoised per node)
+        assert placed == ["n3"]
+    finally:
+        share.Sharing._place = real  # type: ignore[method-assign]
+    mix = sharing._scarce_mix()[1]
+    alone = [real(sharing, sharing.nodes.get(n), n, HALF, "", Room(None, None), mix)
+             for n in names]
+    assert values == [p.raw if p.gpus is not None else None for p in alone]
+    assert values[3] != values[0]  # the half-booked GPU ranks otherwise

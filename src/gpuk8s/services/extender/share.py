@@ -241,6 +241,11 @@ class Sharing:
         # (node, share, pod CPU and memory) -> ((node identity, ledger version, mix
         # version, node's free CPU and memory), placement)
         self._memo: dict[tuple[str, ShareRequest, int, int], tuple[_Version, Placement]] = {}
+        # (node shape, its usage, share, room, mix version) -> placement: what the
+        # nodes of one shape and state share (``_place_class``), and per node the
+        # usage key of its ledger version
+        self._by_class: dict[tuple[Any, ...], Placement] = {}
+        self._usage_keys: dict[str, tuple[int, tuple[Any, ...]]] = {}
         # (node, pod CPU and memory) -> (same version, value) for pods without GPUs
         self._nogpu_memo: dict[tuple[str, int, int], tuple[_Version, tuple[float, float]]] = {}
         # per node: (its state, free percent per GPU, the node filled with each class and
@@ -297,11 +302,44 @@ class Sharing:
         hit = self._memo.get(key)
         if hit is not None and hit[0] == version:
             return hit[1]
-        placed = self._place(node, name, share, without, room, mix)
+        placed = self._place_class(node, share, room, mix_version, mix)
         if len(self._memo) >= MAX_MEMO:
             self._memo.clear()
         self._memo[key] = (version, placed)
         return placed
+
+    def _place_class(
+        self, node: SharedNode, share: ShareRequest, room: Room, mix_version: Any, mix: ShareMix
+    ) -> Placement:
+        """``_place`` shared by the nodes of one shape (``SharedNode.shape``) and state:
+        the same GPUs, usage and room give the same answer whatever the node's name
+        (the caller has ruled out a pod that holds a share on the node itself)."""
+        if node.shape is None:
+            return self._place(node, node.name, share, "", room, mix)
+        key = (node.shape, self._usage_key(node.name), share, room, mix_version)
+        placed = self._by_class.get(key)
+        if placed is None:
+            placed = self._place(node, node.name, share, "", room, mix)
+            if len(self._by_class) >= MAX_MEMO:
+                self._by_class.clear()
+            self._by_class[key] = placed
+        return placed
+
+    def _usage_key(self, name: str) -> tuple[Any, ...]:
+        """What the ledger books on node ``name``, per GPU, as a hashable value (cached
+        per ledger version of the node)."""
+        version = self.ledger.version(name)
+        known = self._usage_keys.get(name)
+        if known is None or known[0] != version:
+            usage = self.ledger.usage(name)
+            known = (version, tuple(
+                (index, u.core, u.memory_mib, u.shares, u.exclusive)
+                for index, u in sorted(usage.items())
+            ))
+            if len(self._usage_keys) >= MAX_MEMO:
+                self._usage_keys.clear()
+            self._usage_keys[name] = known
+        return known[1]
 
     def _scarce_mix(self) -> tuple[Any, ShareMix]:
         """The arrival mix with each whole-GPU class weighted by its shortage of homes

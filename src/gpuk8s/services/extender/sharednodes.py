@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...core.devicelist import DEVICES_ANNOTATION, parse_device_list
@@ -35,6 +35,8 @@ from ...core.topology import Topology
 from .notify import Notifier
 from .views import NodeItem
 
+MAX_SHAPES = 100_000  # shape ids remembered (node models x health x whole-GPU holds)
+
 
 @dataclass(frozen=True, eq=False)
 class SharedNode:
@@ -47,6 +49,9 @@ class SharedNode:
     problem: str | None = None
     # GPU index -> its link group (MetaXLink/NVLink group, else its PCIe switch)
     groups: Mapping[int, object] = field(default_factory=dict)
+    # nodes with one shape id have equal mode, problem, GPUs, groups and topology shape
+    # (``SharedNodes``: ids are never reused); None: a node of its own
+    shape: int | None = None
 
 
 def shared_node(item: NodeItem) -> SharedNode:
@@ -81,14 +86,30 @@ class SharedNodes(Notifier):
         super().__init__()
         self._nodes: dict[str, tuple[Any, SharedNode]] = {}
         self._lock = threading.Lock()
+        self._shapes: dict[Any, int] = {}  # shape key -> id (``SharedNode.shape``)
+        self._next_shape = 0
+
+    def _shaped(self, node: SharedNode) -> SharedNode:
+        """``node`` with its shape id: equal for nodes whose sharing answers only
+        their usage and room can tell apart."""
+        topology = node.topology.shape if node.topology is not None else None
+        key = (node.mode, node.problem, node.gpus, tuple(node.groups.items()), topology)
+        shape = self._shapes.get(key)
+        if shape is None:
+            if len(self._shapes) >= MAX_SHAPES:
+                self._shapes.clear()  # new ids go on counting: none is reused
+            shape = self._shapes[key] = self._next_shape
+            self._next_shape += 1
+        return replace(node, shape=shape)
 
     def observe(self, item: NodeItem) -> SharedNode:
         key = (bytes(item.raws[0]), bytes(item.labels[0]), bytes(item.labels[1]))
         hit = self._nodes.get(item.name)
         if hit is not None and hit[0] == key:
             return hit[1]
-        node = shared_node(item)
+        parsed = shared_node(item)
         with self._lock:
+            node = self._shaped(parsed)
             self._nodes[item.name] = (key, node)
             self._notify(item.name)
         return node
@@ -104,6 +125,7 @@ class SharedNodes(Notifier):
             key = (bytes(item.raws[0]), bytes(item.labels[0]), bytes(item.labels[1]))
             fresh[item.name] = (key, shared_node(item))
         with self._lock:
+            fresh = {name: (key, self._shaped(node)) for name, (key, node) in fresh.items()}
             self._nodes = fresh
             self._notify(None)
 
