@@ -916,3 +916,37 @@ def test_nodes_of_one_shape_and_state_share_one_placement(annotations: dict[str,
              for n in names]
     assert values == [p.raw if p.gpus is not None else None for p in alone]
     assert values[3] != values[0]  # the half-booked GPU ranks otherwise
+
+
+def test_prioritize_takes_the_filters_placements_while_nothing_moves(
+    annotations: dict[str, str],
+) -> None:
+    """``Sharing.raw`` right after the pod's ``filter_parts`` places no node again; once
+    the ledger moves, it places every node afresh; the values are the same either way."""
+    from gpuk8s.services.extender import share
+
+    names = ["a", "b", "c"]
+    ext, api, _ = over([node(n, annotations) for n in names])
+    sharing = ext.sharing
+    assert sharing is not None
+    placed: list[str] = []
+    real = share.Sharing.place
+
+    def counted(self: Any, name: str, *rest: Any, **options: Any) -> Any:
+        placed.append(name)
+        return real(self, name, *rest, **options)
+
+    share.Sharing.place = counted  # type: ignore[method-assign]
+    try:
+        sharing.filter_parts(HALF, names, "uid-p2")
+        placed.clear()
+        first = sharing.raw(HALF, names, "uid-p2")
+        assert placed == []  # the filter's answers
+        assert sharing.raw(HALF, names, "uid-other") == first and placed == names
+        assert bind(ext, api, pod("p1", "60"), "b") == ""
+        placed.clear()
+        moved = sharing.raw(HALF, names, "uid-p2")
+        assert placed == names  # the ledger moved: placed again
+    finally:
+        share.Sharing.place = real  # type: ignore[method-assign]
+    assert moved[1] != first[1]  # b now holds a 60 % share

@@ -245,6 +245,8 @@ class Sharing:
         # nodes of one shape and state share (``_place_class``), and per node the
         # usage key of its ledger version
         self._by_class: dict[tuple[Any, ...], Placement] = {}
+        # the latest filter's placements per node and what they depended on (``_state``)
+        self._answers: tuple[tuple[Any, ...], dict[str, Placement]] | None = None
         self._usage_keys: dict[str, tuple[int, tuple[Any, ...]]] = {}
         # (node, pod CPU and memory) -> (same version, value) for pods without GPUs
         self._nogpu_memo: dict[tuple[str, int, int], tuple[_Version, tuple[float, float]]] = {}
@@ -501,32 +503,53 @@ class Sharing:
     def filter_parts(
         self, share: ShareRequest, names: list[str], uid: str = "", need: Need = (0, 0)
     ) -> tuple[list[str], dict[str, str], dict[str, str]]:
-        """(nodes kept, failed, unresolvable); the pod counts as an arrival of the mix."""
+        """(nodes kept, failed, unresolvable); the pod counts as an arrival of the mix.
+        The placements are kept for the pod's prioritize (``raw``) while nothing moves."""
         self.arrivals.observe(uid, share, *need)
         keep: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         mixed = self._scarce_mix()
+        table: dict[str, Placement] = {}
         for name in names:
-            placed = self.place(name, share, uid, *need, mixed=mixed)
+            placed = table[name] = self.place(name, share, uid, *need, mixed=mixed)
             if placed.gpus is not None:
                 keep.append(name)
             elif placed.unresolvable:
                 unresolvable[name] = placed.reason
             else:
                 failed[name] = placed.reason
+        state = self._state(share, uid, need, mixed[0])
+        self._answers = (state, table) if state is not None else None
         return keep, failed, unresolvable
 
     def raw(
         self, share: ShareRequest, names: list[str], uid: str = "", need: Need = (0, 0)
     ) -> list[float | None]:
-        """Placement value per node, higher is better (None where the share does not fit)."""
+        """Placement value per node, higher is better (None where the share does not fit);
+        the pod's filter answers where nothing moved since (``_state``)."""
         out: list[float | None] = []
         mixed = self._scarce_mix()
+        state = self._state(share, uid, need, mixed[0])
+        answers = self._answers
+        table = answers[1] if answers is not None and state is not None and (
+            answers[0] == state) else {}
         for name in names:
-            placed = self.place(name, share, uid, *need, mixed=mixed)
+            placed = table.get(name)
+            if placed is None:
+                placed = self.place(name, share, uid, *need, mixed=mixed)
             out.append(placed.raw if placed.gpus is not None else None)
         return out
+
+    def _state(
+        self, share: ShareRequest, uid: str, need: Need, mix_version: Any
+    ) -> tuple[Any, ...] | None:
+        """What every placement of this pod depends on: the request, the ledger, the
+        node views, the rooms and the mix (None: the rooms cannot say when they move)."""
+        if self._free_room is not None and self._room is None:
+            return None
+        rooms = self._room.version() if self._room is not None else None
+        return (share, uid, need, self.ledger.change, self.nodes.changes, rooms, mix_version)
 
     def raw_nogpu(self, names: list[str], need: Need) -> list[float | None]:
         """Placement value per node for a pod without GPUs asking ``need`` (CPU
