@@ -55,11 +55,13 @@ four, 2-GPU nodes a PCIe-only pair (the ``n260-2`` preset), 1-GPU nodes a single
 Each node publishes what gpu-device publishes (``published_annotations``).
 
 Printed per policy: allocation at arrived 100 % / 130 % (mean and range), the paper's
-figure where it has one, failed pods per GPU count (mean per seed), 2/4/8-GPU pods
-placed inside one link group, whole 8-GPU nodes left, for gpu-aware the time of one
-``prioritize`` call; then gpu-aware-sharing against each baseline: the difference of the
-means, the per-seed differences, and "above" only when the mean lies beyond the other's
-range.
+figure where it has one, failed pods per class (mean per seed: ``none`` without GPUs,
+``share`` part of one GPU, else the number of whole GPUs), 2/4/8-GPU pods placed inside
+one link group, whole 8-GPU nodes left, the CPU of the decision per GPU pod (mean, p50,
+p99; gpu-aware: its filter + prioritize + bind calls for the pod, with each verb's
+figures beside; a paper policy: its ``place`` over every node); then gpu-aware-sharing
+against each baseline: the difference of the means, the per-seed differences, and
+"above" only when the mean lies beyond the other's range.
 
 Run: python benchmarks/packing.py [--trace default] [--seeds 42-51] [--jobs 2] [--quick]
 [--json FILE] [--by-shape]. ``--quick`` (2 seeds, every 8th node, for tests) keeps the
