@@ -55,11 +55,13 @@ four, 2-GPU nodes a PCIe-only pair (the ``n260-2`` preset), 1-GPU nodes a single
 Each node publishes what gpu-device publishes (``published_annotations``).
 
 Printed per policy: allocation at arrived 100 % / 130 % (mean and range), the paper's
-figure where it has one, failed pods per GPU count (mean per seed), 2/4/8-GPU pods
-placed inside one link group, whole 8-GPU nodes left, for gpu-aware the time of one
-``prioritize`` call; then gpu-aware-sharing against each baseline: the difference of the
-means, the per-seed differences, and "above" only when the mean lies beyond the other's
-range.
+figure where it has one, failed pods per class (mean per seed: ``none`` without GPUs,
+``share`` part of one GPU, else the number of whole GPUs), 2/4/8-GPU pods placed inside
+one link group, whole 8-GPU nodes left, the CPU of the decision per GPU pod (mean, p50,
+p99; gpu-aware: its filter + prioritize + bind calls for the pod, with each verb's
+figures beside; a paper policy: its ``place`` over every node); then gpu-aware-sharing
+against each baseline: the difference of the means, the per-seed differences, and
+"above" only when the mean lies beyond the other's range.
 
 Run: python benchmarks/packing.py [--trace default] [--seeds 42-51] [--jobs 2] [--quick]
 [--json FILE] [--by-shape]. ``--quick`` (2 seeds, every 8th node, for tests) keeps the
@@ -107,6 +109,7 @@ from gpuk8s.core.sharing import (
 )
 from gpuk8s.discovery import discover
 from gpuk8s.services.deviceplugin.nodestate import published_annotations
+from gpuk8s.services.extender.ledger import Ledger, view_assignment
 from gpuk8s.services.extender.logic import Extender
 from gpuk8s.services.extender.nodes import BoundPods, NodeCache
 from gpuk8s.services.extender.packing import (
@@ -116,7 +119,8 @@ from gpuk8s.services.extender.packing import (
     node_room_fields,
     running_fields,
 )
-from gpuk8s.services.extender.share import Ledger, SharedNodes, Sharing, view_assignment
+from gpuk8s.services.extender.share import Sharing
+from gpuk8s.services.extender.sharednodes import SharedNodes
 from gpuk8s.services.extender.weights import Weights, WeightSource
 from gpuk8s.services.extender.wire import READ_ANNOTATIONS, NodeView, PodView, node_item
 from gpuk8s.services.node.devices import DeviceSet
@@ -365,7 +369,8 @@ class Result:
     policy: str
     seed: int
     allocation: dict[str, float] = field(default_factory=dict)  # "100" / "130" -> %
-    failed: dict[str, dict[int, int]] = field(default_factory=dict)  # mark -> size -> n
+    # mark -> the failed pods' class (``pod_class``: "none", "share", "1".."8") -> n
+    failed: dict[str, dict[str, int]] = field(default_factory=dict)
     inside: dict[int, list[int]] = field(default_factory=dict)  # size -> [inside, placed]
     whole8: dict[str, int] = field(default_factory=dict)
     # at arrived 100 %, per node shape ("GPUs x cores"): [nodes, free GPUs, free cores]
@@ -375,6 +380,9 @@ class Result:
     prioritize_ms: list[float] = field(default_factory=list)
     bind_ms: list[float] = field(default_factory=list)
     nogpu_ms: list[float] = field(default_factory=list)  # the entry for pods without GPUs
+    # CPU time of the policy's decision per GPU pod: gpu-aware's filter + prioritize +
+    # bind for that pod; a paper policy's whole ``place`` (its score over every node)
+    pod_ms: list[float] = field(default_factory=list)
     # milli-GPUs of the pods reported placed, and what the cluster's own accounting
     # holds for them at the end (sharing policies; None: not audited)
     reported: int = 0
@@ -767,7 +775,18 @@ class Replay:
             self._pod_event(pod_object(pod, uid, node.spec.name))
 
     def run(self, pods: Iterable[PodSpec]) -> Result:
+        verbs = (self.result.filter_ms, self.result.prioritize_ms, self.result.bind_ms)
+
         def place(pod: PodSpec) -> bool:
+            before = [len(times) for times in verbs]
+            placed = decide(pod)
+            if pod.gpus:  # gpu-aware's CPU for this pod: its calls' times
+                self.result.pod_ms.append(
+                    sum(sum(times[at:]) for times, at in zip(verbs, before, strict=True))
+                )
+            return placed
+
+        def decide(pod: PodSpec) -> bool:
             self.uid += 1
             uid = f"pod-{self.uid}"
             index = self.choose(pod, uid)
@@ -813,10 +832,14 @@ class PaperReplay:
                 for s, n in zip(self.specs, self.scheduler.nodes, strict=True)
             ]
 
-        result = replay(
-            pods, lambda pod: self.scheduler.place(pod) is not None, self.capacity,
-            self.result, state,
-        )
+        def place(pod: PodSpec) -> bool:
+            started = time.thread_time()
+            placed = self.scheduler.place(pod) is not None
+            if pod.gpus:
+                self.result.pod_ms.append((time.thread_time() - started) * 1000)
+            return placed
+
+        result = replay(pods, place, self.capacity, self.result, state)
         result.held = sum(MILLI * len(n.gpus) - sum(n.gpus) for n in self.scheduler.nodes)
         return result
 
@@ -829,17 +852,18 @@ def replay(
     state: Callable[[], Sequence[NodeState]],
 ) -> Result:
     """The protocol's loop: each pod placed once or skipped; at arrived 100 % and 130 %
-    of ``capacity`` (milli-GPUs) the allocation, the failed pods per GPU count and the
-    8-GPU nodes left whole are read into ``result``."""
+    of ``capacity`` (milli-GPUs) the allocation, the failed pods per class
+    (``pod_class``) and the 8-GPU nodes left whole are read into ``result``."""
     marks = [("100", 1.0), ("130", 1.3)]
     arrived = allocated = 0
-    failed: dict[int, int] = {}
+    failed: dict[str, int] = {}
     for pod in pods:
         arrived += pod.requested
         if place(pod):
             allocated += pod.requested
         else:
-            failed[pod.gpus] = failed.get(pod.gpus, 0) + 1
+            klass = pod_class(pod)
+            failed[klass] = failed.get(klass, 0) + 1
         while marks and arrived >= marks[0][1] * capacity:
             mark = marks.pop(0)[0]
             result.allocation[mark] = 100 * allocated / capacity
@@ -852,6 +876,17 @@ def replay(
             break  # later pods change no figure
     result.reported = allocated
     return result
+
+
+FAILED_CLASSES = ("none", "share", "1", "2", "4", "8")  # the table's order
+
+
+def pod_class(pod: PodSpec) -> str:
+    """A pod's class for the failure counts: "none" (no GPU), "share" (part of one GPU),
+    else its number of whole GPUs."""
+    if not pod.gpus:
+        return "none"
+    return "share" if pod.gpus == 1 and pod.milli < MILLI else str(pod.gpus)
 
 
 def by_shape(nodes: Sequence[NodeState]) -> dict[str, list[float]]:
@@ -1017,10 +1052,11 @@ def summarise(results: list[Result]) -> list[dict[str, Any]]:
                 acc[1] += b
         row["inside"] = inside
         row["inside_by_size"] = per_size
-        for verb in ("filter", "prioritize", "bind", "nogpu"):
+        for verb in ("filter", "prioritize", "bind", "nogpu", "pod"):
             times = [t for r in mine for t in getattr(r, f"{verb}_ms")]
             if times:
                 row[f"{verb}_ms_mean"] = statistics.mean(times)
+                row[f"{verb}_ms_p50"] = percentile(times, 0.5)
                 row[f"{verb}_ms_p99"] = percentile(times, 0.99)
         rows.append(row)
     return rows
@@ -1034,14 +1070,16 @@ def table(rows: list[dict[str, Any]], trace: str = "default") -> str:
     """The rows as a Markdown table; the paper's own figures where it has them."""
     paper = PAPER_FIGURES.get(trace, {})
 
-    def failed(counts: dict[int, float]) -> str:
-        return " ".join(f"{k}:{v:g}" for k, v in sorted(counts.items())) or "-"
+    def failed(counts: dict[Any, float]) -> str:
+        order = {k: i for i, k in enumerate(FAILED_CLASSES)}
+        ranked = sorted(counts.items(), key=lambda kv: (order.get(str(kv[0]), 99), str(kv[0])))
+        return " ".join(f"{k}:{v:g}" for k, v in ranked) or "-"
 
     lines = [
         "| policy | alloc @100 %, mean (min–max) | paper @100 % | alloc @130 % "
-        "| failed pods per seed @100 % (GPUs:count) | failed @130 % "
+        "| failed pods per seed @100 % (class:count) | failed @130 % "
         "| 2/4/8-GPU pods in one link group | whole 8-GPU nodes @100 % "
-        "| gpu-aware CPU per call, mean / p99 |",
+        "| decision CPU, mean / p50 / p99 ms |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -1050,12 +1088,14 @@ def table(rows: list[dict[str, Any]], trace: str = "default") -> str:
         if row["policy"] in BOUNDS:
             inside = "-"
         timing = "; ".join(
-            f"{label} {row[f'{verb}_ms_mean']:.2f} / {row[f'{verb}_ms_p99']:.2f} ms"
+            f"{label} {row[f'{verb}_ms_mean']:.2f} / {row[f'{verb}_ms_p50']:.2f} / "
+            f"{row[f'{verb}_ms_p99']:.2f}"
             for verb, label in (
                 ("filter", "filter"),
                 ("prioritize", "prioritize"),
                 ("bind", "bind"),
                 ("nogpu", "pods without GPUs"),
+                ("pod", "per GPU pod"),
             )
             if f"{verb}_ms_mean" in row
         ) or "-"

@@ -182,3 +182,31 @@ def test_a_malformed_annotation_refuses_every_node_naming_it(runtime: Any) -> No
     assert answer["Nodes"]["items"] == []
     reasons = set(answer["FailedAndUnresolvableNodes"].values())
     assert len(reasons) == 1 and RUNTIME_ANNOTATION in reasons.pop()
+
+
+def odd_nodes_body(pod: dict[str, Any], items: list[dict[str, Any]]) -> tuple[bytes, list[bytes]]:
+    """A filter body whose Node objects are spelled as no encoder here would spell them
+    (indented, non-ASCII kept, fields gpu-aware skips); (the body, each item's bytes)."""
+    raws = []
+    for item in items:
+        odd = {"kind": "Node", **item, "spec": {"taints": [{"key": "zoné", "effect": "x"}]}}
+        raws.append(json.dumps(odd, indent=1, ensure_ascii=False).encode())
+    body = (b'{"Pod": ' + json.dumps(pod).encode() + b',\n "Nodes": {"metadata": {"x": 1},'
+            b' "items": [' + b" ,\n".join(raws) + b"]}}")
+    return body, raws
+
+
+def echoed(answer: bytes, kept: list[bytes]) -> bool:
+    """Whether ``answer`` carries exactly ``kept`` as its Node items, byte for byte."""
+    return answer.startswith(b'{"Nodes":{"metadata":{"x": 1},"items":[' + b",".join(kept)
+                             + b"]}")
+
+
+def test_kept_nodes_are_echoed_byte_for_byte_on_the_cuda_path() -> None:
+    ext = Extender(WeightSource(None, Weights(1, 1)))
+    body, raws = odd_nodes_body(pod_obj("12.4"), NODES)
+    assert all(json.dumps(json.loads(r), separators=(",", ":")).encode() != r for r in raws)
+    response = ext.handle("filter", body)
+    assert response.status == 200
+    assert echoed(response.body, raws[1:]), response.body[:300]  # "old" refused
+    assert "CUDA 12.2" in json.loads(response.body)["FailedAndUnresolvableNodes"]["old"]

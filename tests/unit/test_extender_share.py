@@ -855,3 +855,98 @@ def test_arrival_mix_is_retaken_once_when_threads_ask_at_once() -> None:
     for t in threads:
         t.join()
     assert Counted.takes == start + 1
+
+
+def test_kept_nodes_are_echoed_byte_for_byte_on_the_sharing_path(
+    annotations: dict[str, str],
+) -> None:
+    """Sharing, and sharing with a CUDA runtime: the kept Node objects are the
+    request's own bytes (``wire.node_raws``), never re-encoded."""
+    from .test_cuda import echoed, odd_nodes_body
+
+    items = [node("a", annotations), node("x", annotations, None), node("b", annotations)]
+    items[2]["metadata"]["labels"].update({"metax-tech.com/cuda-major-version": "11",
+                                           "metax-tech.com/cuda-minor-version": "0"})
+    ext, _, _ = over(items)
+    body, raws = odd_nodes_body(pod("p1"), items)
+    response = ext.handle("filter", body)
+    assert response.status == 200 and echoed(response.body, [raws[0], raws[2]])
+    assert "exclusive" in json.loads(response.body)["FailedAndUnresolvableNodes"]["x"]
+    cuda_pod = pod("p2")
+    cuda_pod["metadata"]["annotations"] = {"gpuk8s.io/cuda-runtime": "12.4"}
+    body, raws = odd_nodes_body(cuda_pod, items)
+    response = ext.handle("filter", body)
+    assert response.status == 200 and echoed(response.body, [raws[0]])
+    assert "CUDA 11.0" in json.loads(response.body)["FailedAndUnresolvableNodes"]["b"]
+
+
+def test_nodes_of_one_shape_and_state_share_one_placement(annotations: dict[str, str]) -> None:
+    """``Sharing._place_class``: the nodes of one shape whose usage and room are equal
+    are placed once per request and mix; a node whose booking moved is placed again;
+    every answer is what ``_place`` gives that node alone."""
+    from gpuk8s.core.sharing import Room
+    from gpuk8s.services.extender import share
+
+    names = [f"n{i}" for i in range(6)]
+    ext, api, _ = over([node(n, annotations) for n in names])
+    sharing = ext.sharing
+    assert sharing is not None
+    assert len({sharing.nodes.get(n).shape for n in names}) == 1  # type: ignore[union-attr]
+    placed: list[str] = []
+    real = share.Sharing._place
+
+    def counted(self: Any, view: Any, *rest: Any) -> Any:
+        placed.append(view.name)
+        return real(self, view, *rest)
+
+    share.Sharing._place = counted  # type: ignore[method-assign]
+    try:
+        sharing.raw(HALF, names)
+        assert placed == ["n0"]  # six nodes, one shape and state: one placement
+        assert bind(ext, api, pod("p1", "60"), "n3") == ""
+        placed.clear()
+        values = sharing.raw(HALF, names)
+        # n3's booking moved it to a class of its own; the other five keep their
+        # answers (memoised per node)
+        assert placed == ["n3"]
+    finally:
+        share.Sharing._place = real  # type: ignore[method-assign]
+    mix = sharing._scarce_mix()[1]
+    alone = [real(sharing, sharing.nodes.get(n), n, HALF, "", Room(None, None), mix)
+             for n in names]
+    assert values == [p.raw if p.gpus is not None else None for p in alone]
+    assert values[3] != values[0]  # the half-booked GPU ranks otherwise
+
+
+def test_prioritize_takes_the_filters_placements_while_nothing_moves(
+    annotations: dict[str, str],
+) -> None:
+    """``Sharing.raw`` right after the pod's ``filter_parts`` places no node again; once
+    the ledger moves, it places every node afresh; the values are the same either way."""
+    from gpuk8s.services.extender import share
+
+    names = ["a", "b", "c"]
+    ext, api, _ = over([node(n, annotations) for n in names])
+    sharing = ext.sharing
+    assert sharing is not None
+    placed: list[str] = []
+    real = share.Sharing.place
+
+    def counted(self: Any, name: str, *rest: Any, **options: Any) -> Any:
+        placed.append(name)
+        return real(self, name, *rest, **options)
+
+    share.Sharing.place = counted  # type: ignore[method-assign]
+    try:
+        sharing.filter_parts(HALF, names, "uid-p2")
+        placed.clear()
+        first = sharing.raw(HALF, names, "uid-p2")
+        assert placed == []  # the filter's answers
+        assert sharing.raw(HALF, names, "uid-other") == first and placed == names
+        assert bind(ext, api, pod("p1", "60"), "b") == ""
+        placed.clear()
+        moved = sharing.raw(HALF, names, "uid-p2")
+        assert placed == names  # the ledger moved: placed again
+    finally:
+        share.Sharing.place = real  # type: ignore[method-assign]
+    assert moved[1] != first[1]  # b now holds a 60 % share

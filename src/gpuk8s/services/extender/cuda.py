@@ -19,13 +19,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import msgspec
 
 from ...core.cuda import RUNTIME_ANNOTATION, CudaVersion, check, node_version, parse_version
 from ...core.errors import ConfigError
-from .wire import ExtenderArgs, NodeItem
+from .demand import Demand
+from .views import NodeItem
 
 log = logging.getLogger("gpuk8s.extender")
 
@@ -79,11 +79,11 @@ class NodeCudaVersions:
         return self._versions.get(name)
 
 
-def runtime_of(args: ExtenderArgs) -> tuple[CudaVersion | None, str | None]:
+def runtime_of(demand: Demand) -> tuple[CudaVersion | None, str | None]:
     """(the pod's CUDA runtime, why its annotation is unusable); (None, None) without one."""
-    if args.cuda_runtime is None:
+    if demand.cuda_runtime is None:
         return None, None
-    text = _text(args.cuda_runtime)
+    text = _text(demand.cuda_runtime)
     if text is None:
         return None, f"annotation {RUNTIME_ANNOTATION} must be a string such as \"12.4\""
     try:
@@ -92,36 +92,28 @@ def runtime_of(args: ExtenderArgs) -> tuple[CudaVersion | None, str | None]:
         return None, str(err)
 
 
-def restrict(result: dict[str, Any], args: ExtenderArgs, versions: NodeCudaVersions
-             ) -> dict[str, Any]:
-    """``result`` (a filter answer as a dict) without the nodes the pod's CUDA runtime
-    cannot run on; they are added to ``FailedAndUnresolvableNodes``."""
-    runtime, problem = runtime_of(args)
-    if runtime is None and problem is None:
-        return result
+def refusals(
+    demand: Demand,
+    names: Iterable[str],
+    versions: NodeCudaVersions,
+    items: Iterable[NodeItem] | None = None,
+    pod_ref: str = "",
+) -> dict[str, str]:
+    """The nodes of ``names`` the pod's CUDA runtime cannot run on, with the reason
+    (for ``FailedAndUnresolvableNodes``); the labels come from ``items`` (full nodes in
+    the request) or else from ``versions`` (the node watch)."""
+    runtime, problem = runtime_of(demand)
+    if runtime is None:
+        return {} if problem is None else dict.fromkeys(names, f"gpu-aware: {problem}")
     lookup: Callable[[str], CudaVersion | None] = versions.get
-    if args.nodes is not None:
-        lookup = {item.name: item_version(item) for item in args.nodes}.get
-    unresolvable: dict[str, str] = result.setdefault("FailedAndUnresolvableNodes", {})
-
-    def refused(name: str) -> bool:
-        if problem is not None:
-            unresolvable[name] = f"gpu-aware: {problem}"
-            return True
-        assert runtime is not None
+    if items is not None:
+        lookup = {item.name: item_version(item) for item in items}.get
+    refused: dict[str, str] = {}
+    for name in names:
         why, warning = check(lookup(name), runtime)
         if warning is not None:
-            log.warning("CUDA version gap", extra={"pod": args.pod_ref, "node": name,
+            log.warning("CUDA version gap", extra={"pod": pod_ref, "node": name,
                                                    "detail": warning})
         if why is not None:
-            unresolvable[name] = f"gpu-aware: {why}"
-            return True
-        return False
-
-    nodes = result.get("Nodes")
-    if nodes is not None:
-        nodes["items"] = [n for n in nodes.get("items") or []
-                          if not refused(str((n.get("metadata") or {}).get("name", "")))]
-    else:
-        result["NodeNames"] = [n for n in result.get("NodeNames") or [] if not refused(n)]
-    return result
+            refused[name] = f"gpu-aware: {why}"
+    return refused

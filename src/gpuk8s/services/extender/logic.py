@@ -12,8 +12,8 @@ import collections
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Sized
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from itertools import filterfalse
 from json.encoder import encode_basestring_ascii
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ...core.schedconf import NOGPU_VERB
-from .cuda import NodeCudaVersions, restrict
+from .cuda import NodeCudaVersions, refusals
 from .filtered import FilterMemory
 from .nodes import (
     BoundPods,
@@ -41,15 +41,17 @@ from .packing import (
     rank_map,
     rank_scores,
 )
-from .share import BindArgs, Sharing, parse_bind
+from .share import Sharing
 from .weights import Weights, WeightSource
 from .wire import (
     MAX_EXTENDER_PRIORITY,
     BadRequest,
+    BindArgs,
     ExtenderArgs,
     error_body,
     node_raws,
     parse_args,
+    parse_bind,
 )
 
 log = logging.getLogger("gpuk8s.extender")
@@ -249,12 +251,10 @@ class Extender:
         # the nodes each pod passed in filter: bind checks its node is one of them
         self.filtered = FilterMemory()
 
-    # -- node states ----------------------------------------------------------
-    def _candidates(self, args: ExtenderArgs) -> tuple[list[str], Iterable[NodeState | None]]:
-        """Names and states (None: not in the cache) of the candidates, request order."""
-        if args.nodes is not None:
-            return [n.name for n in args.nodes], list(map(self.memo.get_item, args.nodes))
-        assert args.node_names is not None
+    # -- candidates -------------------------------------------------------------
+    def _synced_cache(self) -> NodeCache:
+        """The node cache, for a request that gives NodeNames; BadRequest without one,
+        _NotReady before its first sync."""
         cache = self.cache
         if cache is None:
             raise BadRequest(
@@ -263,29 +263,33 @@ class Extender:
             )
         if not cache.synced:
             raise _NotReady("node cache not synced with the API server yet")
+        return cache
+
+    def _candidates(self, args: ExtenderArgs) -> tuple[list[str], Iterable[NodeState | None]]:
+        """Names and states (None: not in the cache) of the candidates, request order."""
+        if args.nodes is not None:
+            return [n.name for n in args.nodes], list(map(self.memo.get_item, args.nodes))
+        assert args.node_names is not None
         names = args.node_names
-        return names, map(cache.snapshot().get, names)  # lazy, C-level lookups
+        return names, map(self._synced_cache().snapshot().get, names)  # lazy, C-level
 
-    # -- filter ---------------------------------------------------------------
-    def filter(self, args: ExtenderArgs) -> dict[str, Any]:
-        need = args.gpus
-        if need == 0:
-            every = (
-                [n.name for n in args.nodes]
-                if args.nodes is not None
-                else list(args.node_names or [])
+    def _sharing_names(self, args: ExtenderArgs) -> tuple[Sharing, list[str]]:
+        """The sharing decider and the candidates (full nodes are observed first)."""
+        if self.sharing is None:
+            raise _NotReady(
+                "GPU sharing is off in this extender (it needs the pod watch and API "
+                "access; start it without --no-pod-watch)"
             )
-            return self._filter_result(args, every, {}, {})
-        if args.nodes is None and self.cache is not None and self.cache.synced:
-            keep, failed, unresolvable = self._filter_cached(args.node_names or [], need)
+        if not self.sharing.ledger.synced:
+            raise _NotReady("GPU sharing accounting not synced with the API server yet")
+        if args.nodes is not None:
+            for item in args.nodes:
+                self.sharing.nodes.observe(item)
         else:
-            keep, failed, unresolvable = self._filter_states(args, need)
-        if failed:
-            self.metrics.rejected.labels("failed").inc(len(failed))
-        if unresolvable:
-            self.metrics.rejected.labels("unresolvable").inc(len(unresolvable))
-        return self._filter_result(args, keep, failed, unresolvable)
+            self._synced_cache()
+        return self.sharing, args.names()
 
+    # -- filter: the checks, as passes over one verdict set ----------------------
     def _promise_check(
         self, name: str, state: NodeState, need: int, requested: dict[str, int]
     ) -> str | None:
@@ -295,15 +299,13 @@ class Extender:
             return short_reason(state, need, promised)
         return None
 
-    def _filter_states(
-        self, args: ExtenderArgs, need: int
-    ) -> tuple[list[str], dict[str, str], dict[str, str]]:
-        """One loop over (name, state): full nodes in the request, or the cache's slow path."""
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
+    def _capacity(
+        self, names: list[str], states: Iterable[NodeState | None], need: int
+    ) -> Verdicts:
+        """Duplicates, then capacity and promised GPUs, one loop over (name, state)."""
+        verdicts = Verdicts([])
+        failed, unresolvable, keep = verdicts.failed, verdicts.unresolvable, verdicts.keep
         requested = self.pods.per_node() if self.pods is not None else {}
-        keep: list[str] = []
-        names, states = self._candidates(args)
         repeated = _repeated(names)
         for name, state in zip(names, states, strict=True):
             if repeated and name in repeated:
@@ -321,20 +323,79 @@ class Extender:
                 failed[name] = why
             else:
                 keep.append(name)
-        return keep, failed, unresolvable
+        return verdicts
+
+    def _filter_states(
+        self, args: ExtenderArgs, need: int
+    ) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """``_capacity`` over the request's candidates, as a tuple."""
+        return self._capacity(*self._candidates(args), need).parts()
 
     def _filter_cached(
         self, names: list[str], need: int
     ) -> tuple[list[str], dict[str, str], dict[str, str]]:
-        """``_filter_cached_parts`` with the rejections as dicts (the plain result)."""
-        parts = self._filter_cached_parts(names, need)
+        """``_cached_parts`` with the rejections as dicts; ``_capacity`` over the cache
+        when a node event moved a node while it read."""
+        parts = self._cached_parts(names, need)
         if parts is None:
-            return self._filter_states(ExtenderArgs("", "", need, None, names), need)
+            assert self.cache is not None
+            return self._capacity(names, map(self.cache.snapshot().get, names), need).parts()
         keep, failed, unresolvable = parts
         kept: list[str] = json.loads("[" + ",".join(keep) + "]")
         return kept, _members(failed), _members(unresolvable)
 
-    def _filter_cached_parts(
+    def _whole(self, args: ExtenderArgs) -> Verdicts:
+        """The verdicts for a pod asking for whole GPUs (or none: every node kept)."""
+        need = args.gpus
+        if need == 0:
+            return Verdicts(args.names())
+        if args.nodes is None and self.cache is not None and self.cache.synced:
+            return Verdicts(*self._filter_cached(args.node_names or [], need))
+        return Verdicts(*self._filter_states(args, need))
+
+    def _shared(self, args: ExtenderArgs) -> Verdicts:
+        """The verdicts for a pod asking for shared GPUs (``Sharing.filter_parts``)."""
+        demand = args.demand
+        assert demand.share is not None
+        sharing, names = self._sharing_names(args)
+        since = sharing.requeue.generation
+        verdicts = Verdicts(*sharing.filter_parts(demand.share, names, args.pod_uid,
+                                                  demand.need))
+        if not verdicts.keep and args.pod_uid:  # retried once a share is freed (requeue.py)
+            sharing.requeue.turned_away(args.pod_uid, args.pod_namespace, args.pod_name, since)
+        repeated = _repeated(names)
+        verdicts.refuse(
+            {name: DUPLICATE.format(count=count) for name, count in repeated.items()},
+            unresolvable=True,
+        )
+        return verdicts
+
+    def _verdicts(self, args: ExtenderArgs) -> Verdicts:
+        """Every check, in order: duplicates, capacity and promised GPUs (or sharing),
+        then the pod's CUDA runtime."""
+        demand = args.demand
+        verdicts = self._shared(args) if demand.share is not None else self._whole(args)
+        if demand.cuda_runtime is not None:  # the pod states its CUDA runtime (cuda.py)
+            verdicts.refuse(
+                refusals(demand, verdicts.keep, self.cuda, args.nodes, args.pod_ref),
+                unresolvable=True,
+            )
+        return verdicts
+
+    def _fast_parts(self, args: ExtenderArgs) -> tuple[list[str], list[str], list[str]] | None:
+        """The node cache's pre-encoded answer parts when they decide the whole answer
+        (NodeNames, cache synced, no sharing, no CUDA runtime), else None."""
+        demand = args.demand
+        cache = self.cache
+        if (args.nodes is not None or cache is None or not cache.synced
+                or demand.share is not None or demand.cuda_runtime is not None):
+            return None
+        names = args.node_names or []
+        if demand.gpus == 0:
+            return list(map(encode_basestring_ascii, names)), [], []
+        return self._cached_parts(names, demand.gpus)
+
+    def _cached_parts(
         self, names: list[str], need: int
     ) -> tuple[list[str], list[str], list[str]] | None:
         """(kept names, FailedNodes members, FailedAndUnresolvableNodes members), all
@@ -399,199 +460,80 @@ class Extender:
                         keep = list(filterfalse(gone.__contains__, keep))
         return keep, failed, unresolvable
 
-    # -- GPU sharing ----------------------------------------------------------
-    def _sharing_names(self, args: ExtenderArgs) -> tuple[Sharing, list[str]]:
-        """The sharing decider and the candidates (full nodes are observed first)."""
-        if self.sharing is None:
-            raise _NotReady(
-                "GPU sharing is off in this extender (it needs the pod watch and API "
-                "access; start it without --no-pod-watch)"
-            )
-        if not self.sharing.ledger.synced:
-            raise _NotReady("GPU sharing accounting not synced with the API server yet")
-        if args.nodes is not None:
-            for item in args.nodes:
-                self.sharing.nodes.observe(item)
-            return self.sharing, [n.name for n in args.nodes]
-        self._candidates(args)  # the node cache must be there and synced
-        return self.sharing, list(args.node_names or [])
-
-    def _filter_shared(self, args: ExtenderArgs) -> dict[str, Any]:
-        assert args.share is not None
-        sharing, names = self._sharing_names(args)
-        since = sharing.requeue.generation
-        keep, failed, unresolvable = sharing.filter_parts(
-            args.share, names, args.pod_uid, (args.cpu_milli, args.memory_mib)
-        )
-        if not keep and args.pod_uid:  # retried once a share is freed (requeue.py)
-            sharing.requeue.turned_away(args.pod_uid, args.pod_namespace, args.pod_name, since)
-        repeated = _repeated(names)
-        for name in repeated:
-            unresolvable[name] = DUPLICATE.format(count=repeated[name])
-        keep = [n for n in keep if n not in repeated]
-        self._count(failed, unresolvable)
-        return self._filter_result(args, keep, failed, unresolvable)
-
-    def _prioritize_shared(self, args: ExtenderArgs) -> bytes:
-        assert args.share is not None
-        sharing, names = self._sharing_names(args)
-        values = sharing.raw(args.share, names, args.pod_uid, (args.cpu_milli, args.memory_mib))
-        raw = [MISSING if v is None else v for v in values]
-        heads = _encoded(self._host_heads, names, _host_head)
-        return _priority_answer(heads, raw, self.min_score)
-
-    def _answer(self, args: ExtenderArgs, result: dict[str, Any]) -> bytes:
-        """A filter answer built as a dict, encoded; its kept nodes recorded for bind."""
-        nodes = result.get("Nodes")
-        if nodes is not None:
-            kept = [str((n.get("metadata") or {}).get("name", "")) for n in nodes["items"]]
-        else:
-            kept = list(result.get("NodeNames") or ())
-        self.filtered.record(args.pod_uid, kept)
-        return _encode(result).encode()
-
-    def prioritize_nogpu(self, args: ExtenderArgs) -> bytes:
-        """The ``NOGPU_VERB`` answer: pods without GPUs ranked by ``Sharing.raw_nogpu``
-        (where their CPU and memory strand the least GPU capacity); every node 0 for a
-        pod asking for GPUs (the main entry ranks it) or when GPU sharing is off."""
-        if args.gpus or args.share is not None or self.sharing is None:
-            names = [n.name for n in args.nodes] if args.nodes is not None else list(
-                args.node_names or [])
-            raw = [MISSING] * len(names)
-        else:
-            sharing, names = self._sharing_names(args)
-            values = sharing.raw_nogpu(names, (args.cpu_milli, args.memory_mib))
-            raw = [MISSING if v is None else v for v in values]
-        heads = _encoded(self._host_heads, names, _host_head)
-        return _priority_answer(heads, raw, self.min_score)
-
+    # -- filter: the one encoder ---------------------------------------------------
     def filter_json(self, args: ExtenderArgs) -> bytes:
-        """The filter answer, encoded. With the node cache it is assembled from the
-        index's pre-encoded members; with full nodes, the kept Node objects are the
-        request's own bytes; otherwise ``json.dumps`` of ``filter``. The kept nodes are
-        recorded for the pod (``FilterMemory``: bind checks them)."""
-        if args.share is not None:
-            result = self._filter_shared(args)
-            if args.cuda_runtime is not None:
-                result = restrict(result, args, self.cuda)
-            return self._answer(args, result)
-        if args.cuda_runtime is not None:  # the pod states its CUDA runtime (cuda.py)
-            return self._answer(args, restrict(self.filter(args), args, self.cuda))
-        if args.nodes is not None:
-            return self._filter_nodes_json(args)
-        cache = self.cache
-        if args.nodes is None and cache is not None and cache.synced:
-            names = args.node_names or []
-            need = args.gpus
-            parts = (
-                (list(map(encode_basestring_ascii, names)), [], [])
-                if need == 0
-                else self._filter_cached_parts(names, need)
-            )
-            if parts is not None:
-                keep, failed, unresolvable = parts
-                if failed:
-                    self.metrics.rejected.labels("failed").inc(len(failed))
-                if unresolvable:
-                    self.metrics.rejected.labels("unresolvable").inc(len(unresolvable))
-                self.filtered.record(args.pod_uid, keep, encoded=True)
-                return "".join(
-                    (
-                        '{"Nodes":null,"NodeNames":[',
-                        ",".join(keep),
-                        '],"FailedNodes":{',
-                        ",".join(failed),
-                        '},"FailedAndUnresolvableNodes":{',
-                        ",".join(unresolvable),
-                        '},"Error":""}',
-                    )
-                ).encode()
-        return self._answer(args, self.filter(args))
-
-    def _filter_nodes_json(self, args: ExtenderArgs) -> bytes:
-        """nodeCacheCapable: false -- the scheduler reads the surviving Node objects; they
-        go back exactly as they came (slices of the request), never re-encoded."""
-        assert args.nodes is not None
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
-        if args.gpus == 0:
-            keep = [n.name for n in args.nodes]
+        """The filter answer, encoded: from the node cache's pre-encoded parts when they
+        decide it, else from the checks' verdicts (``_verdicts``). The rejections are
+        counted and the kept nodes recorded for the pod (``FilterMemory``: bind checks
+        them) here, once."""
+        parts = self._fast_parts(args)
+        if parts is not None:
+            keep, failed, unresolvable = parts
+            encoded = True
         else:
-            keep, failed, unresolvable = self._filter_states(args, args.gpus)
-            self._count(failed, unresolvable)
-        meta, raws = node_raws(args)
-        kept = set(keep)
-        items = [raw for node, raw in zip(args.nodes, raws, strict=True) if node.name in kept]
-        self.filtered.record(args.pod_uid, keep)
-        return b"".join(
-            (
-                b'{"Nodes":{"metadata":',
-                meta,
-                b',"items":[',
-                b",".join(items),
-                b']},"NodeNames":null,"FailedNodes":',
-                _encode(failed).encode(),
-                b',"FailedAndUnresolvableNodes":',
-                _encode(unresolvable).encode(),
-                b',"Error":""}',
-            )
-        )
-
-    def _count(self, failed: Sized, unresolvable: Sized) -> None:
+            verdicts = self._verdicts(args)
+            keep, failed, unresolvable = verdicts.keep, *verdicts.members()
+            encoded = False
         if failed:
             self.metrics.rejected.labels("failed").inc(len(failed))
         if unresolvable:
             self.metrics.rejected.labels("unresolvable").inc(len(unresolvable))
+        self.filtered.record(args.pod_uid, keep, encoded=encoded)
+        return _filter_answer(args, keep, failed, unresolvable, encoded)
+
+    def filter(self, args: ExtenderArgs) -> dict[str, Any]:
+        """The filter answer as a dict (tools and tests; nothing counted or recorded)."""
+        parts = self._fast_parts(args)
+        if parts is not None:
+            body = _filter_answer(args, *parts, encoded=True)
+        else:
+            verdicts = self._verdicts(args)
+            body = _filter_answer(args, verdicts.keep, *verdicts.members())
+        result: dict[str, Any] = json.loads(body)
+        return result
 
     @staticmethod
     def _filter_result(
         args: ExtenderArgs, keep: list[str], failed: dict[str, str], unresolvable: dict[str, str]
     ) -> dict[str, Any]:
-        result: dict[str, Any] = {
-            "Nodes": None,
-            "NodeNames": None,
-            "FailedNodes": failed,
-            "FailedAndUnresolvableNodes": unresolvable,
-            "Error": "",
-        }
-        if args.nodes is not None:
-            # nodeCacheCapable: false -- the scheduler reads the surviving Node objects
-            kept = set(keep)
-            meta, raws = node_raws(args)
-            result["Nodes"] = {
-                "metadata": json.loads(meta),
-                "items": [
-                    json.loads(bytes(raw))
-                    for node, raw in zip(args.nodes, raws, strict=True)
-                    if node.name in kept
-                ],
-            }
-        else:
-            result["NodeNames"] = keep
+        """The answer for these verdicts as a dict (``_filter_answer``, decoded)."""
+        result: dict[str, Any] = json.loads(
+            _filter_answer(args, keep, *Verdicts(keep, failed, unresolvable).members())
+        )
         return result
 
     # -- prioritize -----------------------------------------------------------
-    def _raw(self, args: ExtenderArgs) -> tuple[list[str], list[float] | None]:
+    def _raw(
+        self, args: ExtenderArgs, nogpu: bool = False
+    ) -> tuple[list[str], list[float] | None]:
         """(names, raw priorities, MISSING where no data) in request order; raw is None
-        when the pod asks for no GPUs (every score 0)."""
-        need = args.gpus
-        if args.nodes is not None:
-            names = [n.name for n in args.nodes]
-        else:
-            names = list(args.node_names or [])
-        if need == 0:
+        when every node scores 0. ``nogpu``: the ``NOGPU_VERB`` entry, which ranks only
+        the pods asking for no GPUs (``Sharing.raw_nogpu``)."""
+        demand = args.demand
+        if nogpu:
+            if demand.gpus or demand.share is not None or self.sharing is None:
+                return args.names(), None
+            sharing, names = self._sharing_names(args)
+            return names, _missing(sharing.raw_nogpu(names, demand.need))
+        if demand.share is not None:
+            sharing, names = self._sharing_names(args)
+            return names, _missing(
+                sharing.raw(demand.share, names, args.pod_uid, demand.need)
+            )
+        names = args.names()
+        if demand.gpus == 0:
             return names, None
         if args.nodes is not None:
             rooms = self.rooms
             for item in args.nodes:  # nodeCacheCapable: false -- the request has them
                 rooms.observe_item(item)
         else:
-            self._candidates(args)  # the cache must be synced (else: not ready)
+            self._synced_cache()
         weights: Weights = self.weights.current()
-        shape = (need, args.cpu_milli, args.memory_mib)
+        shape = (demand.gpus, demand.cpu_milli, demand.memory_mib)
         raw = self.ranker.raw((weights.score, weights.loss), shape, names)
-        if len(set(names)) != len(names):  # offered twice: filter excluded it, score 0
-            repeated = _repeated(names)
+        repeated = _repeated(names)
+        if repeated:  # offered twice: filter excluded it, score 0
             raw = [MISSING if n in repeated else r for n, r in zip(names, raw, strict=True)]
         return names, raw
 
@@ -600,15 +542,13 @@ class Extender:
         names, raw = self._raw(args)
         return names, [0] * len(names) if raw is None else rank_scores(raw)
 
-    def prioritize(self, args: ExtenderArgs) -> bytes:
+    def prioritize(self, args: ExtenderArgs, nogpu: bool = False) -> bytes:
         """The HostPriorityList, encoded by hand from cached pieces (no json.dumps)."""
-        if args.share is not None:
-            return self._prioritize_shared(args)
-        names, raw = self._raw(args)
+        names, raw = self._raw(args, nogpu)
         # (a dict of whole '{"Host":..,"Score":s}' strings per name and score was
         # slower: the per-request memory touched matters more than the concatenation)
         heads = _encoded(self._host_heads, names, _host_head)
-        if raw is None:  # no GPUs asked: every node scores 0
+        if raw is None:  # every node scores 0
             raw = [MISSING] * len(names)
         return _priority_answer(heads, raw, self.min_score)
 
@@ -626,7 +566,7 @@ class Extender:
             )
         if self.sharing is None:
             return 200, "gpu-aware: bind needs the pod watch and API access (GPU sharing off)"
-        return self.sharing.bind(args)
+        return self.sharing.bind(args.PodNamespace, args.PodName, uid, node)
 
     # -- protocol -------------------------------------------------------------
     def handle(self, verb: str, body: bytes) -> Response:
@@ -659,25 +599,14 @@ class Extender:
                     data = (
                         self.filter_json(args)
                         if kind == "filter"
-                        else self.prioritize_nogpu(args)
-                        if verb in NOGPU_VERBS
-                        else self.prioritize(args)
+                        else self.prioritize(args, nogpu=verb in NOGPU_VERBS)
                     )
                     response = Response(200, data)
                 except _NotReady as err:
                     if kind == "filter":
                         # the scheduler reports Error as this pod's scheduling failure, retries
                         response = Response(
-                            200,
-                            json.dumps(
-                                {
-                                    "Nodes": None,
-                                    "NodeNames": None,
-                                    "FailedNodes": {},
-                                    "FailedAndUnresolvableNodes": {},
-                                    "Error": f"gpu-aware: {err}",
-                                }
-                            ).encode(),
+                            200, _filter_answer(args, [], [], [], error=f"gpu-aware: {err}")
                         )
                     else:
                         response = Response(503, error_body(f"gpu-aware: {err}"))
@@ -689,6 +618,78 @@ class Extender:
         self.metrics.requests.labels(kind, str(response.status)).inc()
         self.metrics.latency.labels(kind).observe(self._clock() - started)
         return response
+
+
+@dataclass
+class Verdicts:
+    """One filter's verdict per candidate: kept (request order) or refused, with the
+    reason, as ``FailedNodes`` (preemption may help) or ``FailedAndUnresolvableNodes``.
+    Each check is a pass that refuses some of ``keep``."""
+
+    keep: list[str]
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+
+    def refuse(self, reasons: dict[str, str], unresolvable: bool) -> None:
+        """Take the nodes of ``reasons`` out of ``keep``, with their reasons."""
+        if reasons:
+            (self.unresolvable if unresolvable else self.failed).update(reasons)
+            self.keep = [name for name in self.keep if name not in reasons]
+
+    def parts(self) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        return self.keep, self.failed, self.unresolvable
+
+    def members(self) -> tuple[list[str], list[str]]:
+        """The rejections as pre-encoded ``"name":"reason"`` members."""
+        return (
+            [json_member(name, why) for name, why in self.failed.items()],
+            [json_member(name, why) for name, why in self.unresolvable.items()],
+        )
+
+
+def _filter_answer(
+    args: ExtenderArgs,
+    keep: list[str],
+    failed: list[str],
+    unresolvable: list[str],
+    encoded: bool = False,
+    error: str = "",
+) -> bytes:
+    """The one ExtenderFilterResult encoder. ``keep``: the kept names (JSON-encoded,
+    quotes included, when ``encoded``); ``failed`` / ``unresolvable``: pre-encoded
+    ``"name":"reason"`` members. With full nodes in the request (nodeCacheCapable:
+    false) the kept Node objects go back as the request's own bytes, never
+    re-encoded; ``error`` answers no nodes at all."""
+    # one join over the parts: the echoed items are copied once (megabytes at 1,000 nodes)
+    if error:
+        nodes: tuple[bytes, ...] = (b'{"Nodes":null,"NodeNames":null',)
+    elif args.nodes is not None:
+        assert not encoded
+        meta, raws = node_raws(args)
+        kept = set(keep)
+        items = [raw for node, raw in zip(args.nodes, raws, strict=True) if node.name in kept]
+        nodes = (b'{"Nodes":{"metadata":', meta, b',"items":[', b",".join(items),
+                 b']},"NodeNames":null')
+    else:
+        names = keep if encoded else list(map(encode_basestring_ascii, keep))
+        nodes = (('{"Nodes":null,"NodeNames":[' + ",".join(names) + "]").encode(),)
+    return b"".join(
+        (
+            *nodes,
+            b',"FailedNodes":{',
+            ",".join(failed).encode(),
+            b'},"FailedAndUnresolvableNodes":{',
+            ",".join(unresolvable).encode(),
+            b'},"Error":',
+            encode_basestring_ascii(error).encode(),
+            b"}",
+        )
+    )
+
+
+def _missing(values: list[float | None]) -> list[float]:
+    """Raw priorities with None (no data) as ``MISSING``."""
+    return [MISSING if v is None else v for v in values]
 
 
 def _repeated(names: list[str]) -> dict[str, int]:

@@ -52,9 +52,11 @@ from .leader import (
     KubePodLabeler,
     gate,
 )
+from .ledger import Ledger
 from .logic import Extender
 from .nodes import BoundPods, NodeCache
 from .packing import FreeRoom, NodeRooms, RunningPods, parse_prior
+from .podapi import KubePodApi
 from .requeue import Requeue
 from .server import (
     DEFAULT_MAX_BODY,
@@ -64,7 +66,8 @@ from .server import (
     ExtenderHTTPServer,
     register_metrics,
 )
-from .share import KubePodApi, Ledger, SharedNodes, Sharing
+from .share import Sharing
+from .sharednodes import SharedNodes
 from .tls import ServerTls, TlsFiles
 from .watch import WatchLoop, ledger_watch_loop, node_watch_loop, pod_watch_loop
 from .weights import Weights, WeightSource, parse_weight

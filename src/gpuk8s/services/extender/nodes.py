@@ -30,7 +30,7 @@ from typing import Any
 from ...core.devicelist import DEVICES_ANNOTATION, parse_device_list
 from ...core.errors import GpuK8sError
 from ...core.scoring import LOSS_LIMIT, LOSSES_ANNOTATION, SCORES_ANNOTATION, parse_table
-from .wire import GPU_RESOURCE, NodeItem
+from .views import GPU_RESOURCE, NodeItem
 
 log = logging.getLogger("gpuk8s.extender")
 

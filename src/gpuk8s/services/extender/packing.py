@@ -48,17 +48,9 @@ from ...core.scoring import (
     topology_from_devices,
 )
 from ...core.topology import Topology
+from .demand import decode_pod, pod_totals, quantity_of
 from .notify import Notifier, Touch
-from .wire import (
-    BadRequest,
-    NodeItem,
-    NodeView,
-    PodView,
-    decode_pod,
-    node_item,
-    pod_totals,
-    quantity_of,
-)
+from .views import BadRequest, NodeItem, NodeView, PodView, node_item
 
 MISSING = float("-inf")  # "no data for this node": scores 0
 MIX_DRIFT = 1.0  # re-take the mix after the pods moved this share of its weight
@@ -69,7 +61,7 @@ MAX_MEMO = 200_000  # (layout, free devices, k) placements remembered
 
 # -- pods -----------------------------------------------------------------------------
 def view_shape(view: PodView) -> PodShape:
-    """(GPUs, CPU millicores, memory MiB) of a pod (``wire.pod_totals``, the one
+    """(GPUs, CPU millicores, memory MiB) of a pod (``demand.pod_totals``, the one
     implementation of the scheduler's request rules); a GPU request the extender cannot
     read counts as none."""
     return pod_totals(view, lenient=True)

@@ -1,65 +1,32 @@
-"""GPU sharing in the extender: per-GPU accounting, filter/prioritize, and ``bind``.
+"""GPU sharing's choice and binding: where a shared pod goes, and ``bind``.
 
-Pods that ask for a sharing resource (``core.sharing``: sGPU, vcuda, MPS) are placed
-on a node **and** on GPUs by the extender, because kube-scheduler only counts whole
-devices:
+Pods that ask for a sharing resource (``core.sharing``: sGPU, vcuda, MPS) are placed on
+a node **and** on GPUs by the extender, because kube-scheduler counts only whole
+devices. Map: ``sharednodes`` (a node as sharing sees it), ``ledger`` (who holds what),
+``arrivals`` (the request mix), ``podapi`` (the API ``bind`` writes through), and here
+``Sharing``: ``filter_parts`` / ``raw`` (filter and prioritize a shared pod, one
+``place`` per node), ``raw_nogpu`` (pods without GPUs) and ``bind``.
 
-* ``SharedNodes``: per node, its sharing mode (label ``gpuk8s.io/sharing-mode``), its
-  physical GPUs (the whole-GPU entries of the device-list annotation: health, whether
-  a whole-GPU container holds one) and their memory (the ``gpu.memory`` label), plus
-  the topology of those GPUs for whole-GPU vcuda requests (``core.allocator``).
-* ``Ledger``: pod UID -> ``Assignment`` from the pods' ``gpuk8s.io/sharing.assigned``
-  annotations (a watch on all pods), plus the extender's own reservations not yet
-  seen by the watch. Usage per GPU is summed from it, so a restarted extender rebuilds
-  its accounting from the annotations (the watch's first list) before it binds again.
-* ``Sharing.bind``: under one lock, choose the GPUs against the ledger and reserve
-  them; then write the assignment on the pod (a patch carrying the pod's
-  ``resourceVersion``: the API refuses it if the pod changed since it was read) and
-  bind it (``pods/binding``). A failure releases the reservation and removes the
-  annotation. Concurrent binds therefore never over-commit a GPU within one extender
-  (the chart runs one replica). gpu-device's ``Allocate`` learns only a number of
-  device ids from the kubelet (``core.sharing.allocate_ids``), so bind waits (up to
-  ``BIND_WAIT_S``) while another pod of the same node, mode and number of ids waits
-  for ``Allocate`` (the ledger follows the ``phase`` annotation): the plugin then
-  always has exactly one pod to match.
+Choice (FGD, Weng et al., ATC '23): the node and GPU where the node's fragmentation
+(``core.sharing.node_fragmentation``) rises least against the arriving mix, each
+whole-GPU class weighted by its shortage across the cluster (``whole_scarcity``, homes
+counted by ``_Homes``); fractional shares first by their waste against the mix's LP
+packing (``WASTE_RANK``), whole GPUs among the unshared ones by the topology allocator;
+nodes ranked by that rise plus ``CPU_BALANCE`` x the node's CPU imbalance after the
+pod. Pods without GPUs go where their CPU and memory strand the least GPU capacity
+(``fill_stranded``, then ``gpus_per_core``, then the rise: ``LOAD_RANK``).
 
-Placement follows FGD (Weng et al., ATC '23): the node and GPU where the node's
-fragmentation rises least (``core.sharing.node_fragmentation``: the free GPU capacity
-that the request mix cannot use, a node's free CPU being a hard limit for each request
-class), measured against the mix of the sharing pods that *arrive* (``ArrivalMix``,
-the pods seen by ``filter``, placed or not), not only of those that run, each of its
-whole-GPU classes weighing more by its shortage across the cluster
-(``core.sharing.whole_scarcity``: a class's pods still to come, at the mix's GPUs per
-pod, with those of its GPU count that need as much CPU and memory or more, over the
-nodes' homes for it -- ``k`` wholly free GPUs and the free CPU and memory to feed
-them, ``_Homes`` --; 1 while the homes suffice): FGD's rise sees one node, and without
-it 1-GPU pods broke the 8-GPU nodes that 8-GPU pods needed (openb ``multigpu40``:
-8-GPU homes ran out at arrived ~88 %). Fractional
-shares go first where they lose least against the tightest packing of that mix
-(``ShareMix.prices``: the configuration LP of the mix's share sizes, ``core.binpack``;
-a share that completes or opens a GPU as that packing would loses nothing, one that
-leaves a GPU with room the mix can no longer fill as well loses the difference), node
-and GPU alike (``WASTE_RANK``), then by the rise of fragmentation (ties: best fit, then
-the link group with the fewest unshared GPUs); whole GPUs (``vcuda-core`` multiples of
-100) are chosen among the unshared ones by the topology allocator, and the node by the
-same rise. Nodes are ranked by that rise plus ``CPU_BALANCE`` x the node's CPU
-imbalance after the pod (``core.sharing.cpu_balance``: how far its free CPU is from
-what its free GPU capacity needs at the arriving pods' CPU per GPU, a core short
-counting four in excess): on the openb trace the pods that fail at the end are those
-that find free GPUs only on nodes whose CPU is spent.
+Bind: under one lock choose the GPUs against the ledger and reserve them; write the
+assignment on the pod (a patch carrying its ``resourceVersion``), then bind it; a
+failure releases the reservation and removes the annotation. It waits up to
+``BIND_WAIT_S`` while another pod of the same node, mode and number of device ids
+waits for gpu-device's ``Allocate`` (which learns only that number).
 
-Pods without GPUs reach gpu-aware only through the scheduler's second, prioritize-only
-entry (``core.schedconf.NOGPU_VERB``, ``ExtenderSpec.rank_nogpu``); ``raw_nogpu`` ranks
-them first by the free GPU capacity their CPU and memory take out of use when the node
-is filled with each request class of the mix alone (``core.sharing.fill_stranded``: an
-empty 8-GPU node whose cores would fall below what an 8-GPU pod asks loses that class's
-whole use), then by the free GPU capacity left per free core
-(``core.sharing.gpus_per_core``), the least first: their CPU goes where it strands the
-least GPU capacity per core -- nodes whose GPUs are taken, then the CPU-rich ones -- and
-GPU-dense nodes keep their cores for GPU pods; among equal or near-equal loads
-(``LOAD_RANK``), where their CPU and memory raise the node's fragmentation least (FGD's
-measure). No threshold sized for a cluster: the nodes' own free CPU and GPUs and the
-arriving pods decide.
+Example (``test_filter_prioritize_bind_best_fit``): on two ``sgpu`` nodes where node
+``a`` already holds a 60 % share of one GPU and ``b`` is empty, a pod asking ``sgpu: 1,
+vcore: 40`` is kept on both by ``filter_parts``, ranked higher on ``a`` by ``raw`` (it
+fills that GPU exactly; ``b`` would open a fresh one), and ``bind`` annotates it
+``gpuk8s.io/sharing.assigned`` with node ``a`` and that GPU, then binds it.
 """
 
 from __future__ import annotations
@@ -68,71 +35,67 @@ import json
 import logging
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from ...core.allocator import BestSets
-from ...core.devicelist import DEVICES_ANNOTATION, parse_device_list
-from ...core.errors import GpuK8sError
-from ...core.scoring import topology_from_devices
 from ...core.sharing import (
     ASSIGNED_ANNOTATION,
     BIND_TIME_ANNOTATION,
     COUNTED_RESOURCE,
-    DEFAULT_SHARE_MIX,
-    FULL_CORE,
     MODE_EXCLUSIVE,
     PHASE_ALLOCATING,
     PHASE_ANNOTATION,
     SHARING_MODE_LABEL,
     Assignment,
     Filled,
-    GpuCapacity,
     GpuUsage,
     Room,
-    ShareClass,
     ShareMix,
     ShareRequest,
-    SharingError,
     allocate_ids,
-    check_mode,
     choose_shared,
     cpu_balance,
     fill_taken,
     filled,
     free_percent,
     gpus_per_core,
-    memory_label_mib,
     node_fragmentation,
-    parse_assignment,
     whole_homes,
     whole_rise,
     whole_scarcity,
 )
-from ...core.topology import Topology
-from .. import kube
-from .notify import Notifier, Touch
+from .arrivals import ArrivalMix
+from .demand import pod_demand
+from .ledger import ALLOCATE_WAIT_S, PENDING_TTL_S, Ledger, view_assignment
+from .notify import Touch
+from .podapi import KubePodApi, PodApi
 from .requeue import Requeue
-from .wire import BadRequest, NodeItem, PodView, pod_totals, view_share
+from .sharednodes import SharedNode, SharedNodes
+from .views import POD, BadRequest
 
 log = logging.getLogger("gpuk8s.extender")
 
-# a reservation the watch has not confirmed yet survives a relist this long
-PENDING_TTL_S = 120.0
+# what the extender's users import from here (the sharing modules' entry points)
+__all__ = [
+    "ALLOCATE_WAIT_S",
+    "PENDING_TTL_S",
+    "ArrivalMix",
+    "KubePodApi",
+    "Ledger",
+    "Placement",
+    "SharedNodes",
+    "Sharing",
+    "view_assignment",
+]
+
 # bind waits this long for another pod of the same node, mode and number of device ids
 # to be Allocated (well inside kube-scheduler's 5 s default extender timeout), then
 # fails the binding; kube-scheduler retries the pod after its back-off
 BIND_WAIT_S = 2.0
-# a pod bound this long ago that still waits for Allocate (its kubelet is away, say)
-# holds the others back no longer
-ALLOCATE_WAIT_S = 300.0
-MIX_DRIFT = 0.05  # re-take the request mix after this share of its weight changed
-MIX_PRIOR = 0.1  # weight of DEFAULT_SHARE_MIX next to the arrived pods' requests
-ARRIVALS = 20_000  # sharing pods remembered for the request mix (the latest)
 TIE = 1e-3  # weight of "unshared GPUs left on the node" in the best-fit value
 # pods without GPUs, after the capacity taken out of use (``fill_stranded``, which
 # decides first): -(GPUs per free core, ``gpus_per_core``, in millionths) - the rise of
@@ -149,43 +112,6 @@ CPU_BALANCE = 0.5
 # 8 GPUs (at most 800)
 WASTE_RANK = 1e8
 MAX_MEMO = 200_000  # placements remembered (per node state and share)
-
-
-@dataclass(frozen=True, eq=False)
-class SharedNode:
-    """A node as GPU sharing sees it."""
-
-    name: str
-    mode: str
-    gpus: tuple[GpuCapacity, ...]
-    topology: Topology | None = None  # of the whole GPUs, in ``gpus`` order
-    problem: str | None = None
-    # GPU index -> its link group (MetaXLink/NVLink group, else its PCIe switch)
-    groups: Mapping[int, object] = field(default_factory=dict)
-
-
-def shared_node(item: NodeItem) -> SharedNode:
-    """A node's sharing view from what the extender decoded (request or watch)."""
-    mode_label, memory = item.label_values()
-    try:
-        mode = check_mode(mode_label)
-    except SharingError as err:
-        return SharedNode(item.name, MODE_EXCLUSIVE, (), problem=str(err))
-    annotations, problem = item.annotations()
-    if problem is not None:
-        return SharedNode(item.name, mode, (), problem=problem)
-    raw = annotations.get(DEVICES_ANNOTATION)
-    if raw is None:
-        return SharedNode(item.name, mode, (), problem=f"no {DEVICES_ANNOTATION} annotation")
-    try:
-        entries = [e for e in parse_device_list(raw) if e.vf is None]
-        topology = topology_from_devices(entries) if entries else None
-    except GpuK8sError as err:
-        return SharedNode(item.name, mode, (), problem=f"unusable device list: {err}")
-    mib = memory_label_mib(memory)
-    gpus = tuple(GpuCapacity(e.gpu, mib, e.healthy, not e.allocated) for e in entries)
-    groups = {e.gpu: e.group if e.group is not None else e.switch for e in entries}
-    return SharedNode(item.name, mode, gpus, topology, groups=groups)
 
 
 @runtime_checkable
@@ -223,450 +149,8 @@ class _Touched:
         return names
 
 
-class SharedNodes(Notifier):
-    """Node name -> ``SharedNode``; re-parsed only when its inputs change (``changes``
-    moves and the listeners hear of the node whenever its view changes)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._nodes: dict[str, tuple[Any, SharedNode]] = {}
-        self._lock = threading.Lock()
-
-    def observe(self, item: NodeItem) -> SharedNode:
-        key = (bytes(item.raws[0]), bytes(item.labels[0]), bytes(item.labels[1]))
-        hit = self._nodes.get(item.name)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        node = shared_node(item)
-        with self._lock:
-            self._nodes[item.name] = (key, node)
-            self._notify(item.name)
-        return node
-
-    def forget(self, name: str) -> None:
-        with self._lock:
-            self._nodes.pop(name, None)
-            self._notify(name)
-
-    def replace(self, items: Iterable[NodeItem]) -> None:
-        fresh = {}
-        for item in items:
-            key = (bytes(item.raws[0]), bytes(item.labels[0]), bytes(item.labels[1]))
-            fresh[item.name] = (key, shared_node(item))
-        with self._lock:
-            self._nodes = fresh
-            self._notify(None)
-
-    def get(self, name: str) -> SharedNode | None:
-        hit = self._nodes.get(name)
-        return hit[1] if hit is not None else None
-
-    def all(self) -> list[SharedNode]:
-        return [node for _, node in list(self._nodes.values())]
-
-
-class Ledger:
-    """Assignments of live pods (from their annotations) and our own reservations,
-    indexed per node (usage of a node costs the pods on it, not all pods)."""
-
-    def __init__(
-        self,
-        clock: Callable[[], float] = time.monotonic,
-        on_free: Callable[[], None] | None = None,
-        wall: Callable[[], float] = time.time,
-    ) -> None:
-        self._clock = clock
-        self._wall = wall  # bind times are wall-clock (the pods' annotation)
-        # called (under the ledger's lock) when a pod's share goes away or changes
-        self._on_free = on_free
-        self._watched: dict[str, Assignment] = {}
-        # our reservations: assignment, expiry (``clock``), when reserved (``wall``)
-        self._pending: dict[str, tuple[Assignment, float, float]] = {}
-        # uid -> bind time (``wall``) of watched pods still waiting for Allocate
-        self._awaiting: dict[str, float] = {}
-        self._effective: dict[str, Assignment] = {}
-        self._by_node: dict[str, dict[str, Assignment]] = {}
-        self._versions: dict[str, int] = {}
-        self._listeners: list[Touch] = []
-        self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
-        self._change = 0  # moves at every update (``wait_for_change``)
-        self._synced = threading.Event()
-
-    @property
-    def synced(self) -> bool:
-        return self._synced.is_set()
-
-    def listen(self, callback: Touch) -> None:
-        """``callback(node)`` (under the ledger's lock) whenever what the pods hold on
-        ``node`` changed (its ``version``), before ``change`` moves."""
-        self._listeners.append(callback)
-
-    def _bump(self, node: str) -> None:
-        self._versions[node] = self._versions.get(node, 0) + 1
-        for callback in self._listeners:
-            callback(node)
-
-    def wait_synced(self, timeout: float) -> bool:
-        return self._synced.wait(timeout)
-
-    def _refresh(self, uid: str) -> None:
-        """Recompute what ``uid`` holds (a reservation wins over what the watch saw)."""
-        pending = self._pending.get(uid)
-        now = pending[0] if pending is not None else self._watched.get(uid)
-        before = self._effective.get(uid)
-        if now == before:
-            return
-        if before is not None:
-            on = self._by_node.get(before.node)
-            if on is not None:
-                on.pop(uid, None)
-                if not on:
-                    del self._by_node[before.node]
-            self._bump(before.node)
-            if self._on_free is not None:
-                self._on_free()
-        if now is None:
-            self._effective.pop(uid, None)
-        else:
-            self._effective[uid] = now
-            self._by_node.setdefault(now.node, {})[uid] = now
-            self._bump(now.node)
-
-    def _changed_all(self) -> None:
-        self._change += 1
-        self._changed.notify_all()
-
-    def set(
-        self,
-        uid: str,
-        assignment: Assignment | None,
-        deleted: bool = False,
-        awaiting: float | None = None,
-    ) -> None:
-        """What the watch saw for a pod (None: no assignment, or finished); ``awaiting``:
-        its bind time while it waits for Allocate (``view_assignment``).
-
-        A reservation of ours stays until the watch shows that very assignment, or the
-        pod is deleted: an older event of the pod (seen after we reserved) must not
-        free GPUs we just promised."""
-        with self._lock:
-            pending = self._pending.get(uid)
-            if deleted or (pending is not None and pending[0] == assignment):
-                self._pending.pop(uid, None)
-            if assignment is None:
-                self._watched.pop(uid, None)
-            else:
-                self._watched[uid] = assignment
-            if assignment is None or awaiting is None:
-                self._awaiting.pop(uid, None)
-            else:
-                self._awaiting[uid] = awaiting
-            self._refresh(uid)
-            self._changed_all()
-
-    def replace(
-        self, pods: Iterable[tuple[str, Assignment]], awaiting: Mapping[str, float] | None = None
-    ) -> None:
-        """The full list (``awaiting``: uid -> bind time of those waiting for Allocate);
-        reservations not in it yet stay until ``PENDING_TTL_S``."""
-        with self._lock:
-            self._watched = dict(pods)
-            self._awaiting = {
-                uid: since for uid, since in (awaiting or {}).items() if uid in self._watched
-            }
-            now = self._clock()
-            self._pending = {
-                uid: entry
-                for uid, entry in self._pending.items()
-                if uid not in self._watched and entry[1] > now
-            }
-            for uid in set(self._effective) | set(self._watched) | set(self._pending):
-                self._refresh(uid)
-            self._changed_all()
-        self._synced.set()
-
-    def reserve(self, uid: str, assignment: Assignment) -> None:
-        """Our choice for a pod we are binding: it waits for Allocate from now on."""
-        with self._lock:
-            self._pending[uid] = (assignment, self._clock() + PENDING_TTL_S, self._wall())
-            self._refresh(uid)
-            self._changed_all()
-
-    def release(self, uid: str) -> None:
-        with self._lock:
-            self._pending.pop(uid, None)
-            self._watched.pop(uid, None)
-            self._awaiting.pop(uid, None)
-            self._refresh(uid)
-            self._changed_all()
-
-    def awaiting_allocate(self, node: str, share: ShareRequest, without: str = "") -> bool:
-        """Whether a pod on ``node`` (other than ``without``) waits for Allocate with
-        ``share``'s mode and number of device ids, bound within ``ALLOCATE_WAIT_S``."""
-        ids = allocate_ids(share)
-        cutoff = self._wall() - ALLOCATE_WAIT_S
-        with self._lock:
-            for uid, held in self._by_node.get(node, {}).items():
-                if uid == without or held.share.mode != share.mode:
-                    continue
-                pending = self._pending.get(uid)
-                since = pending[2] if pending is not None else self._awaiting.get(uid)
-                if since is not None and since > cutoff and allocate_ids(held.share) == ids:
-                    return True
-        return False
-
-    @property
-    def change(self) -> int:
-        return self._change
-
-    def wait_for_change(self, change: int, timeout: float) -> bool:
-        """Wait until the ledger moved past ``change`` (True) or ``timeout`` passed."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self._change != change, timeout)
-
-    def assignments(self) -> dict[str, Assignment]:
-        with self._lock:
-            return dict(self._effective)
-
-    def reserved(self) -> list[str]:
-        """UIDs of our reservations the pod watch has not confirmed yet."""
-        with self._lock:
-            return list(self._pending)
-
-    def get(self, uid: str) -> Assignment | None:
-        return self._effective.get(uid)
-
-    def version(self, node: str) -> int:
-        """Moves whenever what the pods hold on ``node`` changes."""
-        return self._versions.get(node, 0)
-
-    def usage(self, node: str, without: str = "") -> dict[int, GpuUsage]:
-        """GPU index -> usage on ``node`` (leaving out the pod ``without``)."""
-        per: dict[int, GpuUsage] = {}
-        with self._lock:
-            pods = list(self._by_node.get(node, {}).items())
-        for uid, a in pods:
-            if uid != without:
-                for index in a.gpus:
-                    per.setdefault(index, GpuUsage()).add(a.share)
-        return per
-
-    def __len__(self) -> int:
-        return len(self._effective)
-
-
-class ArrivalMix:
-    """The request mix that placements are measured against: the requests of the
-    sharing pods the extender was asked to place (``filter``), each pod once (by UID),
-    the latest ``ARRIVALS`` of them -- pods that found no room included: FGD measures
-    fragmentation against the workload that arrives, and a mix of the running pods
-    alone forgets exactly the requests that failed -- blended with ``prior`` (weight
-    ``MIX_PRIOR``; CPU 0). A class is (GPUs, percent of each, CPU millicores, memory
-    MiB) and weighs the number of its pods, as FGD's typical pods do (an 8-GPU pod counts
-    as much as a quarter-GPU one: weighing classes by the GPUs they ask let the rare
-    large pods decide, and fragmented the GPUs the many small ones use). The mix is
-    re-taken when ``MIX_DRIFT`` of its pods changed, so placements memoised per mix
-    version stay valid meanwhile."""
-
-    def __init__(
-        self,
-        prior: tuple[tuple[int, float], ...] = DEFAULT_SHARE_MIX,
-        window: int = ARRIVALS,
-    ) -> None:
-        self._prior = prior
-        self._window = window
-        self._seen: OrderedDict[str, ShareClass] = OrderedDict()
-        self._pods: dict[ShareClass, int] = {}  # class -> pods in the window
-        self._total = 0
-        self._drift = 0
-        self._lock = threading.Lock()
-        self._mix: tuple[int, ShareMix] = (1, self._take())
-
-    def observe(self, uid: str, share: ShareRequest, cpu_milli: int, memory_mib: int = 0) -> None:
-        """A pod the scheduler asks about (once per UID; the oldest leave the window)."""
-        if not uid or uid in self._seen:
-            return
-        pct = FULL_CORE if share.whole else min(max(share.core, 0), FULL_CORE)
-        if pct <= 0:
-            return  # best effort: reserves nothing, strands nothing
-        klass = (share.gpus, pct, max(cpu_milli, 0), max(memory_mib, 0))
-        with self._lock:
-            self._seen[uid] = klass
-            self._pods[klass] = self._pods.get(klass, 0) + 1
-            self._total += 1
-            self._drift += 1
-            while len(self._seen) > self._window:
-                _, old = self._seen.popitem(last=False)
-                left = self._pods.get(old, 0) - 1
-                if left > 0:
-                    self._pods[old] = left
-                else:
-                    self._pods.pop(old, None)
-                self._total -= 1
-                self._drift += 1
-
-    def _take(self) -> ShareMix:
-        total = self._total
-        blend: dict[ShareClass, float] = dict(self._pods)
-        prior = sum(w for _, w in self._prior)
-        scale = MIX_PRIOR * max(total, 1.0) / prior if prior > 0 else 0.0
-        for pct, w in self._prior:
-            klass = (1, pct, 0, 0)
-            blend[klass] = blend.get(klass, 0.0) + w * scale
-        # CPU per GPU of the arrived pods: their CPU over the GPUs they ask for, a class
-        # (GPUs, percent, CPU) of n pods asking n x GPUs x percent / 100 GPUs
-        cpu = sum(n * c[2] for c, n in self._pods.items())
-        gpus = sum(n * c[0] * c[1] / FULL_CORE for c, n in self._pods.items())
-        return ShareMix(blend, cpu_per_gpu=cpu / gpus if gpus > 0 else None)
-
-    def mix(self) -> tuple[int, ShareMix]:
-        """(version, mix)."""
-        if self._drift <= MIX_DRIFT * max(self._total, 1.0):
-            return self._mix
-        with self._lock:
-            if self._drift <= MIX_DRIFT * max(self._total, 1.0):
-                return self._mix  # another thread re-took it while this one waited
-            self._mix = (self._mix[0] + 1, self._take())
-            self._drift = 0
-            return self._mix
-
-    def __len__(self) -> int:
-        return len(self._seen)
-
-
-def view_assignment(view: PodView) -> tuple[str, Assignment | None, float | None]:
-    """(uid, the live assignment or None, its bind time in seconds since the epoch while
-    it waits for Allocate, else None) of a pod from the API; finished pods and
-    unreadable annotations hold nothing (the latter is logged)."""
-    meta = view.metadata
-    uid = (meta.uid if meta is not None else None) or ""
-    phase = view.status.phase if view.status is not None else None
-    ann = meta.annotations if meta is not None else None
-    if ann is None or not ann.assigned or phase in ("Succeeded", "Failed"):
-        return uid, None, None
-    try:
-        raw = msgspec.json.decode(bytes(ann.assigned))
-        assignment = parse_assignment(raw if isinstance(raw, str) else None)
-    except (msgspec.DecodeError, SharingError) as err:
-        log.warning("pod sharing annotation unreadable", extra={"uid": uid, "error": str(err)})
-        return uid, None, None
-    bound = view.spec.nodeName if view.spec is not None else None
-    if assignment is not None and bound and bound != assignment.node:
-        # not an assignment bind wrote (bind annotates, then binds to that very node):
-        # it holds nothing anywhere
-        log.warning(
-            "pod sharing annotation names another node than the pod's; ignored",
-            extra={"uid": uid, "node": bound, "assigned": assignment.node},
-        )
-        return uid, None, None
-    return uid, assignment, _awaiting_since(ann.phase, ann.bind_time)
-
-
-def _awaiting_since(phase: msgspec.Raw, bind_time: msgspec.Raw) -> float | None:
-    """The bind time (epoch seconds) of a pod whose phase annotation is ``allocating``;
-    0.0 when the bind time is unreadable (it then holds nobody back)."""
-    try:
-        if not phase or msgspec.json.decode(bytes(phase)) != PHASE_ALLOCATING:
-            return None
-        raw = msgspec.json.decode(bytes(bind_time)) if bind_time else ""
-        return int(raw) / 1e9 if isinstance(raw, str) and raw.isdigit() else 0.0
-    except (msgspec.DecodeError, ValueError):
-        return None
-
-
 # tries of the choice's write when the pod changed meanwhile for another reason
 _RECORD_ATTEMPTS = 3
-
-
-class PodApi(Protocol):
-    """The API calls ``bind`` makes (``KubePodApi``; tests may pass their own)."""
-
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
-
-    def annotate(
-        self, namespace: str, name: str, resource_version: str, annotations: dict[str, str | None]
-    ) -> None: ...
-
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
-
-
-class KubePodApi:
-    """``PodApi`` over the kubernetes client (pods get/patch, pods/binding create)."""
-
-    def __init__(self, api_client: Any) -> None:
-        from kubernetes import client
-
-        self._core = client.CoreV1Api(api_client)
-
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        resp: Any = self._core.read_namespaced_pod(name, namespace, _preload_content=False)
-        data: dict[str, Any] = json.loads(kube.body(resp))
-        return data
-
-    def annotate(
-        self, namespace: str, name: str, resource_version: str, annotations: dict[str, str | None]
-    ) -> None:
-        """Set annotations if the pod is still at ``resource_version`` (409 otherwise)."""
-        self._patch_metadata(
-            namespace, name, {"resourceVersion": resource_version, "annotations": annotations}
-        )
-
-    def touch(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        """Set annotations whatever the pod's version (``requeue.PodToucher``)."""
-        self._patch_metadata(namespace, name, {"annotations": annotations})
-
-    def _patch_metadata(self, namespace: str, name: str, metadata: dict[str, Any]) -> None:
-        kube.body(
-            self._core.patch_namespaced_pod(
-                name,
-                namespace,
-                {"metadata": metadata},
-                _content_type="application/merge-patch+json",
-                _preload_content=False,
-            )
-        )
-
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        body: Any = {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        }
-        kube.body(
-            self._core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
-        )
-
-
-class BindArgs(msgspec.Struct, forbid_unknown_fields=True):
-    """ExtenderBindingArgs as kube-scheduler spells it."""
-
-    PodName: str
-    PodNamespace: str
-    PodUID: str
-    Node: str
-
-
-_BIND_ARGS = msgspec.json.Decoder(BindArgs)
-_POD = msgspec.json.Decoder(PodView)
-
-
-def parse_bind(body: bytes) -> BindArgs:
-    """ExtenderBindingArgs; ``BadRequest`` when malformed or without a pod UID (the UID
-    is what ties the binding to the pod kube-scheduler placed)."""
-    try:
-        args = _BIND_ARGS.decode(body)
-    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
-        raise BadRequest(
-            f"bind: body must be ExtenderBindingArgs {{PodName, PodNamespace, PodUID, Node}}: "
-            f"{str(err)[:200]}"
-        ) from None
-    for key in ("PodName", "PodNamespace", "PodUID", "Node"):
-        if not getattr(args, key):
-            raise BadRequest(f"bind: {key} is empty; ExtenderBindingArgs names the pod (and "
-                             "its UID) and the node")
-    return args
 
 
 # what the pod asks besides its share: CPU millicores, memory MiB
@@ -757,6 +241,13 @@ class Sharing:
         # (node, share, pod CPU and memory) -> ((node identity, ledger version, mix
         # version, node's free CPU and memory), placement)
         self._memo: dict[tuple[str, ShareRequest, int, int], tuple[_Version, Placement]] = {}
+        # (node shape, its usage, share, room, mix version) -> placement: what the
+        # nodes of one shape and state share (``_place_class``), and per node the
+        # usage key of its ledger version
+        self._by_class: dict[tuple[Any, ...], Placement] = {}
+        # the latest filter's placements per node and what they depended on (``_state``)
+        self._answers: tuple[tuple[Any, ...], dict[str, Placement]] | None = None
+        self._usage_keys: dict[str, tuple[int, tuple[Any, ...]]] = {}
         # (node, pod CPU and memory) -> (same version, value) for pods without GPUs
         self._nogpu_memo: dict[tuple[str, int, int], tuple[_Version, tuple[float, float]]] = {}
         # per node: (its state, free percent per GPU, the node filled with each class and
@@ -813,11 +304,44 @@ class Sharing:
         hit = self._memo.get(key)
         if hit is not None and hit[0] == version:
             return hit[1]
-        placed = self._place(node, name, share, without, room, mix)
+        placed = self._place_class(node, share, room, mix_version, mix)
         if len(self._memo) >= MAX_MEMO:
             self._memo.clear()
         self._memo[key] = (version, placed)
         return placed
+
+    def _place_class(
+        self, node: SharedNode, share: ShareRequest, room: Room, mix_version: Any, mix: ShareMix
+    ) -> Placement:
+        """``_place`` shared by the nodes of one shape (``SharedNode.shape``) and state:
+        the same GPUs, usage and room give the same answer whatever the node's name
+        (the caller has ruled out a pod that holds a share on the node itself)."""
+        if node.shape is None:
+            return self._place(node, node.name, share, "", room, mix)
+        key = (node.shape, self._usage_key(node.name), share, room, mix_version)
+        placed = self._by_class.get(key)
+        if placed is None:
+            placed = self._place(node, node.name, share, "", room, mix)
+            if len(self._by_class) >= MAX_MEMO:
+                self._by_class.clear()
+            self._by_class[key] = placed
+        return placed
+
+    def _usage_key(self, name: str) -> tuple[Any, ...]:
+        """What the ledger books on node ``name``, per GPU, as a hashable value (cached
+        per ledger version of the node)."""
+        version = self.ledger.version(name)
+        known = self._usage_keys.get(name)
+        if known is None or known[0] != version:
+            usage = self.ledger.usage(name)
+            known = (version, tuple(
+                (index, u.core, u.memory_mib, u.shares, u.exclusive)
+                for index, u in sorted(usage.items())
+            ))
+            if len(self._usage_keys) >= MAX_MEMO:
+                self._usage_keys.clear()
+            self._usage_keys[name] = known
+        return known[1]
 
     def _scarce_mix(self) -> tuple[Any, ShareMix]:
         """The arrival mix with each whole-GPU class weighted by its shortage of homes
@@ -979,32 +503,53 @@ class Sharing:
     def filter_parts(
         self, share: ShareRequest, names: list[str], uid: str = "", need: Need = (0, 0)
     ) -> tuple[list[str], dict[str, str], dict[str, str]]:
-        """(nodes kept, failed, unresolvable); the pod counts as an arrival of the mix."""
+        """(nodes kept, failed, unresolvable); the pod counts as an arrival of the mix.
+        The placements are kept for the pod's prioritize (``raw``) while nothing moves."""
         self.arrivals.observe(uid, share, *need)
         keep: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         mixed = self._scarce_mix()
+        table: dict[str, Placement] = {}
         for name in names:
-            placed = self.place(name, share, uid, *need, mixed=mixed)
+            placed = table[name] = self.place(name, share, uid, *need, mixed=mixed)
             if placed.gpus is not None:
                 keep.append(name)
             elif placed.unresolvable:
                 unresolvable[name] = placed.reason
             else:
                 failed[name] = placed.reason
+        state = self._state(share, uid, need, mixed[0])
+        self._answers = (state, table) if state is not None else None
         return keep, failed, unresolvable
 
     def raw(
         self, share: ShareRequest, names: list[str], uid: str = "", need: Need = (0, 0)
     ) -> list[float | None]:
-        """Placement value per node, higher is better (None where the share does not fit)."""
+        """Placement value per node, higher is better (None where the share does not fit);
+        the pod's filter answers where nothing moved since (``_state``)."""
         out: list[float | None] = []
         mixed = self._scarce_mix()
+        state = self._state(share, uid, need, mixed[0])
+        answers = self._answers
+        table = answers[1] if answers is not None and state is not None and (
+            answers[0] == state) else {}
         for name in names:
-            placed = self.place(name, share, uid, *need, mixed=mixed)
+            placed = table.get(name)
+            if placed is None:
+                placed = self.place(name, share, uid, *need, mixed=mixed)
             out.append(placed.raw if placed.gpus is not None else None)
         return out
+
+    def _state(
+        self, share: ShareRequest, uid: str, need: Need, mix_version: Any
+    ) -> tuple[Any, ...] | None:
+        """What every placement of this pod depends on: the request, the ledger, the
+        node views, the rooms and the mix (None: the rooms cannot say when they move)."""
+        if self._free_room is not None and self._room is None:
+            return None
+        rooms = self._room.version() if self._room is not None else None
+        return (share, uid, need, self.ledger.change, self.nodes.changes, rooms, mix_version)
 
     def raw_nogpu(self, names: list[str], need: Need) -> list[float | None]:
         """Placement value per node for a pod without GPUs asking ``need`` (CPU
@@ -1061,18 +606,19 @@ class Sharing:
         return ranked
 
     # -- bind ---------------------------------------------------------------------
-    def bind(self, args: BindArgs) -> tuple[int, str]:
-        """Bind one pod: (HTTP status, the ExtenderBindingResult ``Error``, "" on
-        success). A binding kube-scheduler would never ask for is a 4xx and books
-        nothing: a pod that is not the one of that UID (404, 409), one already bound
-        (409), one asking for no GPUs (400); the caller (``Extender``) has checked that
-        the node passed this pod's filter. A failure of ours or of the API is a 200
-        with the Error (kube-scheduler retries the pod)."""
+    def bind(self, ns: str, name: str, uid: str, node: str) -> tuple[int, str]:
+        """Bind pod ``ns/name`` of UID ``uid`` to ``node``: (HTTP status, the
+        ExtenderBindingResult ``Error``, "" on success); the pod's demand is computed
+        from the pod as the API has it (``demand.pod_demand``). A binding
+        kube-scheduler would never ask for is a 4xx and books nothing: a pod that is
+        not the one of that UID (404, 409), one already bound (409), one asking for no
+        GPUs (400); the caller (``Extender``) has checked that the node passed this
+        pod's filter. A failure of ours or of the API is a 200 with the Error
+        (kube-scheduler retries the pod)."""
         if self.api is None:
             return 200, "gpu-aware: bind needs API access (the pod watch is off)"
         if not self.ledger.synced:
             return 200, "gpu-aware: GPU sharing accounting not synced with the API server yet"
-        ns, name, uid, node = args.PodNamespace, args.PodName, args.PodUID, args.Node
         try:
             pod = self.api.get_pod(ns, name)
         except Exception as err:
@@ -1080,9 +626,8 @@ class Sharing:
                 return 404, f"gpu-aware: no pod {ns}/{name}"
             return 200, f"gpu-aware: cannot read pod {ns}/{name}: {_short(err)}"
         try:
-            view = _POD.decode(json.dumps(pod).encode())
-            share = view_share(view)
-            gpus, cpu_milli, memory_mib = pod_totals(view, lenient=True)
+            view = POD.decode(json.dumps(pod).encode())
+            demand = pod_demand(view, lenient=True)
         except (msgspec.DecodeError, BadRequest) as err:
             return 400, f"gpu-aware: pod {ns}/{name}: {err}"
         meta = view.metadata
@@ -1092,7 +637,8 @@ class Sharing:
         bound = view.spec.nodeName if view.spec is not None else None
         if bound:
             return 409, f"gpu-aware: pod {ns}/{name} is already bound to {bound}"
-        if share is None and not gpus:
+        share, cpu_milli, memory_mib = demand.share, demand.cpu_milli, demand.memory_mib
+        if share is None and not demand.gpus:
             return 400, (
                 f"gpu-aware: pod {ns}/{name} asks for no GPUs: gpu-aware binds only the GPU "
                 "pods it places (list the GPU resources in the extender's managedResources, "

@@ -22,10 +22,11 @@ import msgspec
 from ...core.scoring import PodShape
 from ..kube import TemporaryApiError, classify
 from .cuda import NodeCudaVersions
+from .ledger import Ledger, view_assignment
 from .nodes import BoundPods, NodeCache
 from .packing import NodeRooms, RunningPods, item_room_fields, view_running_fields
-from .share import Ledger, SharedNodes, view_assignment
-from .wire import NodeItem, NodeView, ObjectMeta, PodView, node_item
+from .sharednodes import SharedNodes
+from .views import NodeItem, NodeView, ObjectMeta, PodView, node_item
 
 log = logging.getLogger("gpuk8s.extender")
 

@@ -3,17 +3,16 @@
 The extender structs carry no json tags, so the scheduler sends and expects the Go
 field names (``Pod``, ``Nodes``, ``NodeNames``; ``FailedNodes``, ``Host``, ``Score``...).
 Go's decoder matches keys case-insensitively; so do we. Objects inside (the Pod and
-the NodeList) are ordinary Kubernetes JSON with lower-camel keys.
+the NodeList) are ordinary Kubernetes JSON with lower-camel keys, read through the
+typed views of ``views`` (everything else in a Node -- images, conditions, managed
+fields: ~95 % of a full-list request -- is skipped, not built into Python objects).
 
-Decoding reads only what the extender needs (msgspec typed views): the pod's name,
-uid, GPU, CPU and memory requests and ``gpuk8s.io/cuda-runtime`` annotation, each
-node's name, three annotations, two CUDA version labels and allocatable CPU and
-memory. Everything else in a Node (images, conditions, managed
-fields: ~95 % of a full-list request) is skipped, not
-built into Python objects, and a filter answer echoes the kept Node objects as the
-very bytes of the request (``node_raws``). Memory per request is therefore a small
-multiple of the body (``docs/extender.md``, "Limits"), and hostile values cost no more
-than their size.
+``parse_args`` decodes a filter or prioritize body once: the pod (its ``Demand``
+computed once, ``demand.pod_demand``), the candidates (``Nodes`` or ``NodeNames``) and
+where the Nodes sit in the body, so that a filter answer echoes the kept Node objects
+as the very bytes of the request (``node_raws``). ``parse_bind`` decodes a bind body.
+Memory per request is a small multiple of the body (``docs/extender.md``, "Limits"),
+and hostile values cost no more than their size.
 
 A request that does not follow the protocol raises ``BadRequest`` naming the field (an
 HTTP 400). A *node* whose GPU annotations are unusable is not the request's fault: it
@@ -24,46 +23,66 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from fractions import Fraction
-from typing import Any
 
 import msgspec
-from msgspec import Raw, Struct, field
+from msgspec import Raw, Struct
 
-from ...core.cuda import MAJOR_LABEL, MINOR_LABEL, RUNTIME_ANNOTATION
-from ...core.devicelist import DEVICES_ANNOTATION
-from ...core.effective import APP, combine, kind_of
-from ...core.errors import GpuK8sError
-from ...core.quantity import QuantityError, parse_json_text, whole_count
-from ...core.scoring import LOSSES_ANNOTATION, SCORES_ANNOTATION
-from ...core.sharing import (
-    ASSIGNED_ANNOTATION,
-    BIND_TIME_ANNOTATION,
-    MPS_CORE_RESOURCE,
-    MPS_MEMORY_RESOURCE,
-    PHASE_ANNOTATION,
-    SGPU_RESOURCE,
-    SHARING_MODE_LABEL,
-    VCORE_RESOURCE,
-    VCUDA_CORE_RESOURCE,
-    VCUDA_MEMORY_RESOURCE,
-    VMEMORY_RESOURCE,
-    WHOLE_GPU_RESOURCES,
-    ShareRequest,
-    SharingError,
-    pod_share,
+from ...core.sharing import ShareRequest
+from .demand import (
+    Demand,
+    PodTotals,
+    cpu_milli,
+    decode_pod,
+    memory_mib,
+    pod_demand,
+    pod_request,
+    pod_totals,
+)
+from .views import (
+    EXPECTED,
+    GOT_WORDS,
+    POD,
+    READ_ANNOTATIONS,
+    UNKNOWN_FIELD,
+    BadRequest,
+    NodeItem,
+    NodeView,
+    ObjectMeta,
+    PodView,
+    decode,
+    decode_error,
+    node_item,
 )
 
-GPU_RESOURCE, NVIDIA_GPU_RESOURCE = WHOLE_GPU_RESOURCES
-GPU_MEMORY_LABEL = "metax-tech.com/gpu.memory"  # memory per GPU (gpu-label, SPEC §4)
+# what tests and tools import from here (the wire format's neighbours, re-exported)
+__all__ = [
+    "MAX_EXTENDER_PRIORITY",
+    "READ_ANNOTATIONS",
+    "BadRequest",
+    "BindArgs",
+    "Demand",
+    "ExtenderArgs",
+    "NodeItem",
+    "NodeView",
+    "PodTotals",
+    "PodView",
+    "cpu_milli",
+    "decode_pod",
+    "error_body",
+    "go_strings",
+    "memory_mib",
+    "node_item",
+    "node_raws",
+    "parse_args",
+    "parse_bind",
+    "pod_request",
+    "pod_totals",
+]
+
 MAX_EXTENDER_PRIORITY = 10
 MIN_EXTENDER_PRIORITY = 0
-# the node annotations the extender reads (published by gpu-device)
-READ_ANNOTATIONS = (DEVICES_ANNOTATION, SCORES_ANNOTATION, LOSSES_ANNOTATION)
 # Largest NodeNames / Nodes.items accepted: Kubernetes supports 5,000 nodes per cluster.
 # Checked before the names are built, so a body of tiny names cannot multiply memory.
 MAX_NODES = 50_000
@@ -71,21 +90,15 @@ MAX_NODES = 50_000
 # ones must use Go's field names exactly, as kube-scheduler does (bounded fallback).
 CASE_FOLD_MAX_BODY = 1024 * 1024
 
-PodTotals = tuple[int, int, int]  # GPUs, CPU millicores, memory MiB
-
 _ARGS_FIELDS = {"pod": "Pod", "nodes": "Nodes", "nodenames": "NodeNames"}
 _EMPTY = Raw()
-
-
-class BadRequest(GpuK8sError):
-    """The request body is not what the extender protocol allows (HTTP 400)."""
 
 
 class _Unreadable(BadRequest):
     """The body is not JSON as msgspec reads it (``go_strings`` may make it so)."""
 
 
-# -- typed views: the only parts of a request that become Python objects ----------------
+# -- the request's own structs (the objects inside are ``views``) ------------------------
 # (gc=False: plain data without reference cycles, 16 bytes less per object)
 class _RawArgs(Struct, gc=False):
     """The fields as JSON text (the case-insensitive fallback)."""
@@ -93,131 +106,6 @@ class _RawArgs(Struct, gc=False):
     Pod: Raw = _EMPTY
     Nodes: Raw = _EMPTY
     NodeNames: Raw = _EMPTY
-
-
-class _Quantities(Struct, gc=False):
-    """``resources.limits`` / ``.requests`` / ``overhead`` / ``allocatable``: the GPU,
-    CPU and memory entries, each as its JSON text."""
-
-    gpu: Raw = field(name=GPU_RESOURCE, default=_EMPTY)
-    nvidia_gpu: Raw = field(name=NVIDIA_GPU_RESOURCE, default=_EMPTY)
-    cpu: Raw = _EMPTY
-    memory: Raw = _EMPTY
-    # GPU sharing (core.sharing): read only to build the pod's ShareRequest
-    sgpu: Raw = field(name=SGPU_RESOURCE, default=_EMPTY)
-    vcore: Raw = field(name=VCORE_RESOURCE, default=_EMPTY)
-    vmemory: Raw = field(name=VMEMORY_RESOURCE, default=_EMPTY)
-    vcuda_core: Raw = field(name=VCUDA_CORE_RESOURCE, default=_EMPTY)
-    vcuda_memory: Raw = field(name=VCUDA_MEMORY_RESOURCE, default=_EMPTY)
-    mps_core: Raw = field(name=MPS_CORE_RESOURCE, default=_EMPTY)
-    mps_memory: Raw = field(name=MPS_MEMORY_RESOURCE, default=_EMPTY)
-
-    def sharing(self) -> dict[str, str]:
-        """The sharing resources given, and the whole-GPU ones (a pod asks for one or
-        the other: ``core.sharing.pod_share``), as quantity text (JSON quotes removed)."""
-        out: dict[str, str] = {}
-        for name, raw in (
-            (GPU_RESOURCE, self.gpu),
-            (NVIDIA_GPU_RESOURCE, self.nvidia_gpu),
-            (SGPU_RESOURCE, self.sgpu),
-            (VCORE_RESOURCE, self.vcore),
-            (VMEMORY_RESOURCE, self.vmemory),
-            (VCUDA_CORE_RESOURCE, self.vcuda_core),
-            (VCUDA_MEMORY_RESOURCE, self.vcuda_memory),
-            (MPS_CORE_RESOURCE, self.mps_core),
-            (MPS_MEMORY_RESOURCE, self.mps_memory),
-        ):
-            if raw and bytes(raw) != b"null":
-                try:
-                    value = msgspec.json.decode(bytes(raw))
-                except msgspec.DecodeError:
-                    value = None
-                if isinstance(value, (str, int)) and not isinstance(value, bool):
-                    out[name] = str(value)
-                else:  # a JSON value no quantity has: the text, for the error message
-                    out[name] = bytes(raw).decode("utf-8", "replace")[:60]
-        return out
-
-
-class _Resources(Struct, gc=False):
-    limits: _Quantities | None = None
-    requests: _Quantities | None = None
-
-
-class _Container(Struct, gc=False):
-    name: str  # required by the API; also keeps a list of "{}" from costing memory
-    resources: _Resources | None = None
-    restartPolicy: str | None = None
-
-
-class _PodSpec(Struct, gc=False):
-    containers: list[_Container] | None = None
-    initContainers: list[_Container] | None = None
-    nodeName: str | None = None
-    overhead: _Quantities | None = None
-
-
-class _PodAnnotations(Struct, gc=False):
-    """The pod annotations the extender reads, each as its JSON text."""
-
-    cuda_runtime: Raw = field(name=RUNTIME_ANNOTATION, default=_EMPTY)
-    assigned: Raw = field(name=ASSIGNED_ANNOTATION, default=_EMPTY)
-    phase: Raw = field(name=PHASE_ANNOTATION, default=_EMPTY)
-    bind_time: Raw = field(name=BIND_TIME_ANNOTATION, default=_EMPTY)
-
-
-class ObjectMeta(Struct, gc=False):
-    name: str | None = None
-    namespace: str | None = None
-    uid: str | None = None
-    resourceVersion: str | None = None
-    annotations: _PodAnnotations | None = None
-
-
-class _PodStatus(Struct, gc=False):
-    phase: str | None = None
-
-
-class PodView(Struct, gc=False):
-    """A Pod as far as the extender reads it (also used by the pod watch)."""
-
-    metadata: ObjectMeta | None = None
-    spec: _PodSpec | None = None
-    status: _PodStatus | None = None
-
-
-class _Annotations(Struct, gc=False):
-    devices: Raw = field(name=DEVICES_ANNOTATION, default=_EMPTY)
-    scores: Raw = field(name=SCORES_ANNOTATION, default=_EMPTY)
-    losses: Raw = field(name=LOSSES_ANNOTATION, default=_EMPTY)
-
-
-class _NodeStatus(Struct, gc=False):
-    allocatable: _Quantities | None = None
-
-
-class _NodeLabels(Struct, gc=False):
-    """The node labels the extender reads, as JSON text: GPU sharing's mode and GPU
-    memory, gpu-label's CUDA version."""
-
-    sharing_mode: Raw = field(name=SHARING_MODE_LABEL, default=_EMPTY)
-    gpu_memory: Raw = field(name=GPU_MEMORY_LABEL, default=_EMPTY)
-    cuda_major: Raw = field(name=MAJOR_LABEL, default=_EMPTY)
-    cuda_minor: Raw = field(name=MINOR_LABEL, default=_EMPTY)
-
-
-class _NodeMeta(Struct, gc=False):
-    name: str
-    annotations: _Annotations | None = None
-    labels: _NodeLabels | None = None
-    resourceVersion: str | None = None
-
-
-class NodeView(Struct, gc=False):
-    """A Node as far as the extender reads it (also used by the node watch)."""
-
-    metadata: _NodeMeta
-    status: _NodeStatus | None = None
 
 
 class _NodeList(Struct, gc=False):
@@ -246,251 +134,53 @@ class _EchoArgs(Struct, gc=False):
 
 _ARGS = msgspec.json.Decoder(_Args)
 _ECHO_ARGS = msgspec.json.Decoder(_EchoArgs)
-_POD = msgspec.json.Decoder(PodView)
 _NODE_LIST = msgspec.json.Decoder(_NodeList)
 _NODE_LIST_RAW = msgspec.json.Decoder(_NodeListRaw)
 _NAMES = msgspec.json.Decoder(list[str])
 _KEYS = msgspec.json.Decoder(dict[str, Raw])
-_STRING = msgspec.json.Decoder(str)
-
-
-class NodeItem(Struct, frozen=True, gc=False):
-    """One node of ``Nodes.items`` (or of a watch) as the extender needs it."""
-
-    name: str
-    # the three annotations as sent (JSON text; empty when absent): the memo key, so
-    # unchanged nodes are neither decoded nor parsed again
-    raws: tuple[Raw, Raw, Raw]
-    # status.allocatable cpu and memory as sent (JSON text; empty when absent)
-    allocatable: tuple[Raw, Raw] = (_EMPTY, _EMPTY)
-    # the sharing-mode and gpu.memory labels as sent (JSON text; empty when absent)
-    labels: tuple[Raw, Raw] = (_EMPTY, _EMPTY)
-    # the CUDA major / minor version labels as sent (JSON text; empty when absent)
-    cuda: tuple[Raw, Raw] = (_EMPTY, _EMPTY)
-    # why the node is unusable whatever its annotations (its name), else None
-    problem: str | None = None
-
-    def label_values(self) -> tuple[str | None, str | None]:
-        """(sharing mode label, gpu.memory label); None when absent or not a string."""
-        out: list[str | None] = []
-        for raw in self.labels:
-            try:
-                value = _STRING.decode(raw) if raw and bytes(raw) != b"null" else None
-            except msgspec.DecodeError:
-                value = None
-            out.append(value)
-        return out[0], out[1]
-
-    def annotations(self) -> tuple[dict[str, str], str | None]:
-        """(the annotations that are strings, why the others are unusable or None)."""
-        out: dict[str, str] = {}
-        if self.problem is not None:
-            return out, self.problem
-        for key, raw in zip(READ_ANNOTATIONS, self.raws, strict=True):
-            if not raw or bytes(raw) == b"null":
-                continue
-            try:
-                out[key] = _STRING.decode(raw)
-            except msgspec.DecodeError:
-                return out, f"annotation {key} must be a string (a JSON document as text)"
-        return out, None
-
-
-def node_item(view: NodeView) -> NodeItem:
-    ann = view.metadata.annotations
-    raws = (ann.devices, ann.scores, ann.losses) if ann is not None else (_EMPTY,) * 3
-    status = view.status
-    alloc = status.allocatable if status is not None else None
-    labels = view.metadata.labels
-    label_raws = (labels.sharing_mode, labels.gpu_memory) if labels else (_EMPTY, _EMPTY)
-    cuda = (labels.cuda_major, labels.cuda_minor) if labels else (_EMPTY, _EMPTY)
-    if alloc is None:
-        return NodeItem(view.metadata.name, raws, labels=label_raws, cuda=cuda)
-    return NodeItem(view.metadata.name, raws, (alloc.cpu, alloc.memory), label_raws, cuda)
 
 
 @dataclass(frozen=True)
 class ExtenderArgs:
+    """A filter or prioritize request, decoded once (``parse_args``)."""
+
     pod_uid: str
     pod_ref: str  # namespace/name, for messages
-    gpus: int  # the pod's effective metax-tech.com/gpu request
     nodes: list[NodeItem] | None  # nodeCacheCapable: false
     node_names: list[str] | None  # nodeCacheCapable: true
+    demand: Demand = dataclasses.field(default_factory=Demand)  # demand.pod_demand
     # where filter finds the Nodes as sent, to echo kept items: the whole body, or the
     # Nodes value itself (after the case-insensitive fallback)
     body: bytes = b""
     nodes_raw: Raw = dataclasses.field(default_factory=Raw)
-    cpu_milli: int = 0  # the pod's effective CPU request (millicores, rounded up)
-    memory_mib: int = 0  # the pod's effective memory request (MiB, rounded up)
-    # the pod's gpuk8s.io/cuda-runtime annotation as sent (JSON text), None when absent
-    cuda_runtime: bytes | None = None
-    share: ShareRequest | None = None  # the pod asks for shared GPUs (core.sharing)
     pod_name: str = ""
     pod_namespace: str = ""
 
+    @property
+    def gpus(self) -> int:
+        return self.demand.gpus
 
-# -- errors -----------------------------------------------------------------------------
-_AT = r"(?: - at `\$(?P<at>.*)`)?$"
-_EXPECTED = re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`" + _AT)
-_MISSING = re.compile(r"Object missing required field `(?P<key>[^`]+)`" + _AT)
-_UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>[^`]+)`")
-_TYPE_WORDS = {
-    "object": "an object",
-    "array": "an array",
-    "str": "a string",
-    "int": "an integer",
-    "float": "a number",
-    "bool": "a boolean",
-    "null": "null",
-}
-_GOT_WORDS = {"str": "string", "int": "number", "float": "number", "bool": "boolean"}
+    @property
+    def cpu_milli(self) -> int:
+        return self.demand.cpu_milli
 
+    @property
+    def memory_mib(self) -> int:
+        return self.demand.memory_mib
 
-def _at(root: str, path: str | None) -> str:
-    path = (path or "").replace("[...]", "")
-    return root + path if root else path.lstrip(".") or "request body"
+    @property
+    def share(self) -> ShareRequest | None:
+        return self.demand.share
 
+    @property
+    def cuda_runtime(self) -> bytes | None:
+        return self.demand.cuda_runtime
 
-def _decode_error(err: Exception, root: str) -> BadRequest:
-    """A msgspec/JSON error as a ``BadRequest`` naming the field in our words."""
-    if isinstance(err, RecursionError):
-        return BadRequest(f"{root or 'request body'}: JSON nested too deeply")
-    if isinstance(err, UnicodeDecodeError):
-        return BadRequest(f"request body: not UTF-8 ({err.reason} at byte {err.start})")
-    text = str(err)
-    match = _EXPECTED.match(text)
-    if match:
-        kinds = [w for w in match["want"].split(" | ") if w != "null"] or ["null"]
-        wants = " or ".join(_TYPE_WORDS.get(w, w) for w in kinds)
-        got = _GOT_WORDS.get(match["got"], match["got"])
-        return BadRequest(f"{_at(root, match['at'])}: must be {wants}, got {got}")
-    match = _MISSING.match(text)
-    if match:
-        return BadRequest(f"{_at(root, match['at'])}.{match['key']}: required")
-    if isinstance(err, msgspec.ValidationError):
-        return BadRequest(f"{root or 'request body'}: {text}")
-    return BadRequest(f"request body: not valid JSON: {text}")
-
-
-def _decode(decoder: Any, data: Any, root: str) -> Any:
-    try:
-        return decoder.decode(data)
-    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
-        raise _decode_error(err, root) from None
-
-
-# -- the pod ------------------------------------------------------------------------------
-def quantity_of(raw: Raw | bytes) -> Fraction | None:
-    """A quantity from its JSON text (``resource.Quantity`` grammar, ``core.quantity``);
-    None when absent, negative or not a quantity (the apiserver validated what it
-    stored: an unreadable value counts as nothing rather than failing a request)."""
-    if not raw:
-        return None
-    try:
-        amount = parse_json_text(bytes(raw).decode("utf-8"))
-    except (QuantityError, UnicodeDecodeError):
-        return None
-    return amount if amount >= 0 else None
-
-
-def cpu_milli(raw: Raw | bytes) -> int:
-    """CPU millicores (rounded up) of a quantity given as JSON text; 0 when unreadable."""
-    amount = quantity_of(raw)
-    return math.ceil(amount * 1000) if amount is not None else 0
-
-
-def memory_mib(raw: Raw | bytes) -> int:
-    """Memory MiB (rounded up) of a quantity given as JSON text; 0 when unreadable."""
-    amount = quantity_of(raw)
-    return math.ceil(amount / 2**20) if amount is not None else 0
-
-
-def _container_amounts(container: _Container, where: str, lenient: bool) -> PodTotals:
-    """(GPUs, CPU millicores, memory MiB) one container asks for."""
-    resources = container.resources
-    if resources is None:
-        return (0, 0, 0)
-    values = []
-    for kind, block in (("limits", resources.limits), ("requests", resources.requests)):
-        if block is not None and block.gpu:
-            what = f"{where}.resources.{kind}[{GPU_RESOURCE!r}]"
-            try:
-                values.append(whole_count(bytes(block.gpu).decode("utf-8"), what, json_text=True))
-            except (QuantityError, UnicodeDecodeError) as err:
-                if lenient:
-                    continue  # the apiserver validated it: unreadable here counts as none
-                raise BadRequest(str(err) if isinstance(err, QuantityError) else what) from None
-    # Extended resources: requests default to limits and must equal them when both set.
-    gpus = max(values) if values else 0
-    requests = resources.requests
-    if requests is None:
-        return (gpus, 0, 0)
-    return (gpus, cpu_milli(requests.cpu), memory_mib(requests.memory))
-
-
-def pod_totals(pod: PodView, root: str = "Pod", lenient: bool = False) -> PodTotals:
-    """(GPUs, CPU millicores, memory MiB) the scheduler reserves for the pod: the
-    effective requests of its containers, init containers and sidecars
-    (``core.effective.combine``), plus its ``overhead`` (CPU and memory). An unreadable
-    GPU request is a ``BadRequest`` unless ``lenient`` (then it counts as none).
-    """
-    spec = pod.spec
-    if spec is None:
-        return (0, 0, 0)
-    amounts = [
-        (kind_of({"restartPolicy": c.restartPolicy}, True),
-         _container_amounts(c, f"{root}.spec.initContainers[{i}]", lenient))
-        for i, c in enumerate(spec.initContainers or ())
-    ]
-    amounts += [
-        (APP, _container_amounts(c, f"{root}.spec.containers[{i}]", lenient))
-        for i, c in enumerate(spec.containers or ())
-    ]
-    total = combine(amounts, 3)
-    overhead = spec.overhead
-    if overhead is not None:
-        total[1] += cpu_milli(overhead.cpu)
-        total[2] += memory_mib(overhead.memory)
-    return (total[0], total[1], total[2])
-
-
-def view_request(pod: PodView, root: str = "Pod") -> int:
-    """The pod's effective ``metax-tech.com/gpu`` request (the scheduler's rule, see
-    ``pod_totals``); an unreadable request is a ``BadRequest`` naming the field."""
-    return pod_totals(pod, root)[0]
-
-
-def view_share(pod: PodView, root: str = "Pod") -> ShareRequest | None:
-    """The pod's GPU-sharing request (``core.sharing.pod_share``: app, init and sidecar
-    containers); ``BadRequest`` naming the field when it is invalid."""
-    spec = pod.spec
-    if spec is None:
-        return None
-    containers = []
-    for key, items in (("initContainers", spec.initContainers), ("containers", spec.containers)):
-        for i, container in enumerate(items or ()):
-            res = container.resources
-            limits = res.limits.sharing() if res is not None and res.limits is not None else {}
-            requests = (
-                res.requests.sharing() if res is not None and res.requests is not None else {}
-            )
-            containers.append((container.name, limits, requests, f"{root}.spec.{key}[{i}]"))
-    try:
-        return pod_share(containers)
-    except SharingError as err:
-        raise BadRequest(str(err)) from None
-
-
-def decode_pod(pod: Mapping[str, Any]) -> PodView:
-    """A Pod given as a decoded JSON object (tests, tools, the packing benchmark)."""
-    if not isinstance(pod, Mapping):
-        raise BadRequest(f"Pod: must be an object, got {type(pod).__name__}")
-    return _decode(_POD, json.dumps(pod).encode(), "Pod")  # type: ignore[no-any-return]
-
-
-def pod_request(pod: Mapping[str, Any]) -> int:
-    """``view_request`` of a Pod given as a decoded JSON object (tests, tools)."""
-    return view_request(decode_pod(pod))
+    def names(self) -> list[str]:
+        """The candidates' names in request order (a fresh list)."""
+        if self.nodes is not None:
+            return [n.name for n in self.nodes]
+        return list(self.node_names or ())
 
 
 # -- the request --------------------------------------------------------------------------
@@ -503,7 +193,7 @@ def _fold_case(body: bytes, unknown: str) -> _RawArgs:
             f"NodeNames (spelled exactly so in bodies over {CASE_FOLD_MAX_BODY >> 10} KiB)"
         )
     found: dict[str, Raw] = {}
-    for key, value in _decode(_KEYS, body, "").items():
+    for key, value in decode(_KEYS, body, "").items():
         canonical = _ARGS_FIELDS.get(key.lower())
         if canonical is None:
             raise BadRequest(
@@ -524,24 +214,24 @@ def _top(body: bytes) -> tuple[_Args, Raw]:
         args: _Args = _ARGS.decode(body)
         return args, _EMPTY
     except msgspec.ValidationError as err:
-        unknown = _UNKNOWN.match(str(err))
+        unknown = UNKNOWN_FIELD.match(str(err))
         if unknown is None:
-            expected = _EXPECTED.match(str(err))
+            expected = EXPECTED.match(str(err))
             if expected is not None and not expected["at"]:
-                kind = _GOT_WORDS.get(expected["got"], expected["got"])
+                kind = GOT_WORDS.get(expected["got"], expected["got"])
                 raise BadRequest(
                     f"request body: must be a JSON object (ExtenderArgs), got {kind}"
                 ) from None
-            raise _decode_error(err, "") from None
+            raise decode_error(err, "") from None
     except (msgspec.DecodeError, UnicodeDecodeError) as err:
-        raise _Unreadable(str(_decode_error(err, ""))) from None
+        raise _Unreadable(str(decode_error(err, ""))) from None
     except RecursionError as err:
-        raise _decode_error(err, "") from None
+        raise decode_error(err, "") from None
     raw = _fold_case(body, unknown["key"])
     return (
         _Args(
-            Pod=None if _is_null(raw.Pod) else _decode(_POD, raw.Pod, "Pod"),
-            Nodes=None if _is_null(raw.Nodes) else _decode(_NODE_LIST, raw.Nodes, "Nodes"),
+            Pod=None if _is_null(raw.Pod) else decode(POD, raw.Pod, "Pod"),
+            Nodes=None if _is_null(raw.Nodes) else decode(_NODE_LIST, raw.Nodes, "Nodes"),
             NodeNames=raw.NodeNames,
         ),
         raw.Nodes,
@@ -599,7 +289,7 @@ def parse_args(body: bytes) -> ExtenderArgs:
     if pod is None:
         raise BadRequest("Pod: required (an object)")
     meta = pod.metadata or ObjectMeta()
-    gpus, cpu_milli, memory_mib = pod_totals(pod)
+    demand = pod_demand(pod)
 
     nodes: list[NodeItem] | None = None
     if fields.Nodes is not None:
@@ -619,28 +309,21 @@ def parse_args(body: bytes) -> ExtenderArgs:
     node_names: list[str] | None = None
     if not _is_null(fields.NodeNames):
         _count_bound(fields.NodeNames, "NodeNames")
-        node_names = _decode(_NAMES, fields.NodeNames, "NodeNames")
+        node_names = decode(_NAMES, fields.NodeNames, "NodeNames")
     if nodes is None and node_names is None:
         raise BadRequest(
             "request body: needs Nodes (nodeCacheCapable: false) or NodeNames "
             "(nodeCacheCapable: true)"
         )
     namespace = meta.namespace or "default"
-    annotations = meta.annotations
-    cuda_runtime = annotations.cuda_runtime if annotations is not None else _EMPTY
-    share = view_share(pod)
     return ExtenderArgs(
         pod_uid=meta.uid or "",
         pod_ref=f"{namespace}/{meta.name or ''}",
-        gpus=gpus,
         nodes=nodes,
         node_names=node_names,
+        demand=demand,
         body=body if nodes is not None and not nodes_raw else b"",
         nodes_raw=nodes_raw if nodes is not None else _EMPTY,
-        cpu_milli=cpu_milli,
-        memory_mib=memory_mib,
-        cuda_runtime=None if _is_null(cuda_runtime) else bytes(cuda_runtime),
-        share=share,
         pod_name=meta.name or "",
         pod_namespace=namespace,
     )
@@ -651,9 +334,9 @@ def node_raws(args: ExtenderArgs) -> tuple[bytes, list[Raw]]:
     echoing kept nodes without re-encoding them (one more pass over the request, which
     builds one small object per node: the count was bounded by ``parse_args``)."""
     if args.nodes_raw:
-        node_list: _NodeListRaw | None = _decode(_NODE_LIST_RAW, args.nodes_raw, "Nodes")
+        node_list: _NodeListRaw | None = decode(_NODE_LIST_RAW, args.nodes_raw, "Nodes")
     elif args.body:
-        node_list = _decode(_ECHO_ARGS, args.body, "").Nodes
+        node_list = decode(_ECHO_ARGS, args.body, "").Nodes
     else:
         node_list = None
     if node_list is None:
@@ -664,3 +347,32 @@ def node_raws(args: ExtenderArgs) -> tuple[bytes, list[Raw]]:
 
 def error_body(message: str) -> bytes:
     return json.dumps({"Error": message}).encode()
+
+
+class BindArgs(msgspec.Struct, forbid_unknown_fields=True):
+    """ExtenderBindingArgs as kube-scheduler spells it."""
+
+    PodName: str
+    PodNamespace: str
+    PodUID: str
+    Node: str
+
+
+_BIND_ARGS = msgspec.json.Decoder(BindArgs)
+
+
+def parse_bind(body: bytes) -> BindArgs:
+    """ExtenderBindingArgs; ``BadRequest`` when malformed or without a pod UID (the UID
+    is what ties the binding to the pod kube-scheduler placed)."""
+    try:
+        args = _BIND_ARGS.decode(body)
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
+        raise BadRequest(
+            f"bind: body must be ExtenderBindingArgs {{PodName, PodNamespace, PodUID, Node}}: "
+            f"{str(err)[:200]}"
+        ) from None
+    for key in ("PodName", "PodNamespace", "PodUID", "Node"):
+        if not getattr(args, key):
+            raise BadRequest(f"bind: {key} is empty; ExtenderBindingArgs names the pod (and "
+                             "its UID) and the node")
+    return args
