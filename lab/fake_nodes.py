@@ -13,7 +13,7 @@ A variant is a simulator preset plus the GPU indices already in use on that node
 of a simulated root, the device plugin's DeviceSet, core.scoring), so fake nodes publish
 exactly what a real gpu-device would for that topology and usage.
 
-With --dra each node also publishes what gpu-dra would (`core.dra.build_slices`: its
+With --dra each node also publishes what gpu-dra would (`core.dra.node_slices`: its
 ResourceSlices, devices in the steering order for its used GPUs), and its used GPUs are
 held by allocated ResourceClaims `used-<node>` in the namespace `gpuk8s-fake-claims` (the
 scheduler's DRA allocator counts those), so a DRA claim sees the same free GPUs as a
@@ -263,15 +263,11 @@ def dra_objects(name: str, variant: str, groups: bool = True
                 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """(ResourceSlices, the used-GPU claim or None) of node ``name`` in DRA mode: what
     gpu-dra publishes on such a node once the used GPUs' claims are prepared."""
-    from gpuk8s.core.dra import DRIVER, PoolOptions, build_slices, pool_devices, steering_order
-    from gpuk8s.core.topology import Topology, units_for_inventory
+    from gpuk8s.core.dra import DRIVER, PoolOptions, node_slices
 
     preset, used = parse_variant(variant)
-    inventory = preset_inventory(preset)
-    options = PoolOptions(groups=groups)
-    topology = Topology.from_inventory(inventory, units_for_inventory(inventory))
-    order = steering_order(topology, pool_devices(inventory, options), sorted(used))
-    slices = build_slices(name, inventory, options, order=[d.name for d in order])
+    slices = node_slices(name, preset_inventory(preset), PoolOptions(groups=groups),
+                         busy=sorted(used))
     if not used:
         return slices, None
     claim = {

@@ -107,7 +107,7 @@ def cmd_dra_slices(args: argparse.Namespace) -> int:
     groups, _ = group_devices_wanted(args.group_devices, args.kube_version)
     options = PoolOptions(sharing=args.sharing_mode, groups=groups,
                           unhealthy=args.unhealthy_devices)
-    slices = node_slices(args.node_name, inv, options, unhealthy=sick)
+    slices = node_slices(args.node_name, inv, options, unhealthy=sick, node_uid=args.node_uid)
     if args.json:
         print(json.dumps(slices, indent=2))
     else:
@@ -196,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the API server's version (v1.35.4) that --group-devices auto "
                         "weighs (default: unknown)")
     p.add_argument("--unhealthy-devices", choices=UNHEALTHY_MODES, default="taint")
+    p.add_argument("--node-uid", default="",
+                   help="the Node's metadata.uid: the slices' owner reference, as the plugin "
+                        "sets it (default: none)")
     p.set_defaults(func=cmd_dra_slices)
 
     p = sub.add_parser("topo", help="topology matrix (MX/PIX/NODE/SYS)")

@@ -281,8 +281,17 @@ class Cluster:
             proc.wait(20)
 
     def node(self, name: str, preset_inventory: Any, options: PoolOptions) -> None:
-        self.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {
-            "name": name, "labels": {"kubernetes.io/hostname": name}}})
+        """A Ready node publishing the slices of ``preset_inventory`` once."""
+        self.bare_node(name)
+        from gpuk8s.services.kube import api_client
+
+        SlicePublisher(name, preset_inventory, options,
+                       KubeSlices(api_client(self.apiserver.kubeconfig("admin")))).sync_once()
+
+    def bare_node(self, name: str) -> str:
+        """A Ready node without slices; its uid."""
+        uid = str(self.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": name, "labels": {"kubernetes.io/hostname": name}}}).metadata.uid)
         self.core.patch_node_status(name, {"status": {
             "capacity": {"cpu": "64", "memory": "256Gi", "pods": "110"},
             "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"},
@@ -291,10 +300,7 @@ class Cluster:
                             "lastTransitionTime": _now()}]}})
         # the TaintNodesByCondition admission put not-ready on it; no node controller here
         self.core.patch_node(name, {"spec": {"taints": None}})
-        from gpuk8s.services.kube import api_client
-
-        SlicePublisher(name, preset_inventory, options,
-                       KubeSlices(api_client(self.apiserver.kubeconfig("admin")))).sync_once()
+        return uid
 
     def claim(self, name: str, requests: list[dict[str, Any]],
               constraints: list[dict[str, Any]] | None = None) -> None:
@@ -579,6 +585,70 @@ def test_a_gpu_claim_never_gets_vfs(cluster: Cluster) -> None:
         cluster.pod(name, "dra-vf", name)
     time.sleep(5)
     assert cluster.allocated("vf-node-gpus") == [] == cluster.allocated("vf-node-linked")
+
+
+def test_a_faulted_gpu_is_tainted_passed_over_by_the_scheduler_and_back_on_heal(
+    cluster: Cluster
+) -> None:
+    """gpu-dra as it runs (DraApp: the health loop gpu-device runs, the publisher) on a
+    simulated c500-8, against the real API server and scheduler: ``sim fail`` of GPU 3
+    taints gpu-3 (NoSchedule, key gpu.metax-tech.com/unhealthy) and the groups holding it
+    in the published slice; a claim pinned to GPU 3 is not allocated while the taint is
+    there, and is allocated gpu-3 once ``sim heal`` has removed it."""
+    from gpuk8s.services.dra.driver import KubeClaims
+    from gpuk8s.services.dra.main import DraApp, DraConfig
+    from gpuk8s.services.kube import api_client
+
+    node = "dra-health"
+    work = Path(tempfile.mkdtemp(prefix="dra-h-"))
+    root = str(work / "sim")
+    sim.create(root, "c500-8")
+    uid = cluster.bare_node(node)
+    client = api_client(cluster.apiserver.kubeconfig("admin"))
+    config = DraConfig(host_root=root, node_name=node, plugin_dir=str(work / "p"),
+                       registry_dir=str(work / "r"), cdi_dir=str(work / "cdi"),
+                       healthy_interval=1.0, resync_interval=30.0)
+    app = DraApp(config, discover(root), claims=KubeClaims(client),
+                 slices=KubeSlices(client), node_uid=uid)
+    slices = _slices_api(cluster.apiserver)
+
+    def taints() -> dict[str, list[dict[str, Any]]]:
+        return {d["name"]: d.get("taints") or [] for s in slices.list(node)
+                for d in s["spec"].get("devices") or []}
+
+    def wait(what: str, ok: Any, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not ok():
+            assert time.monotonic() < deadline, f"{what}: {taints()}"
+            time.sleep(0.2)
+
+    app.start()
+    try:
+        wait("published, nothing tainted",
+             lambda: "gpu-3" in taints() and not any(taints().values()))
+        sim.fail(root, 3, "fault", "ECC errors")
+        wait("gpu-3 tainted", lambda: bool(taints().get("gpu-3")))
+        tainted = {name for name, t in taints().items() if t}
+        assert tainted == {"gpu-3", "group-2-3", "group-0-1-2-3"}
+        [taint] = taints()["gpu-3"]
+        assert (taint["key"], taint["effect"]) == (f"{DRIVER}/unhealthy", "NoSchedule")
+        assert taint["value"] == "ECC-errors" and taint.get("timeAdded")
+        cluster.claim("on-gpu-3", [gpu_request(cel=index_is(3))])
+        cluster.pod("on-gpu-3", node, "on-gpu-3")
+        cluster.claim("any-gpu", [gpu_request()])
+        cluster.pod("any-gpu", node, "any-gpu")
+        assert cluster.devices("any-gpu") != ["gpu-3"], "the scheduler works on this node"
+        time.sleep(5)
+        assert cluster.allocated("on-gpu-3") == [] and cluster.bound("on-gpu-3") is None
+        sim.heal(root, 3)
+        wait("gpu-3 healed", lambda: "gpu-3" in taints() and not any(taints().values()))
+        assert cluster.devices("on-gpu-3", 60) == ["gpu-3"]
+    finally:
+        app.stop()
+        for pod in ("on-gpu-3", "any-gpu"):
+            cluster.core.delete_namespaced_pod(pod, NS, grace_period_seconds=0)
+        _delete_node_slices(cluster.apiserver, node)
+        cluster.core.delete_node(node)
 
 
 def test_a_legacy_extended_resource_pod_is_served_by_dra(cluster: Cluster) -> None:

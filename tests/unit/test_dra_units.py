@@ -21,6 +21,8 @@ from gpuk8s.discovery import discover
 from gpuk8s.services.dra.publisher import SlicePublisher
 from gpuk8s.services.node import protos
 
+from .dra_kubelet import FakeResourceApi
+
 pytestmark = pytest.mark.usefixtures("fast_python3")
 
 
@@ -149,6 +151,42 @@ def test_unhealthy_devices_are_tainted_or_left_out(roots: dict[str, str]) -> Non
                                     unhealthy={2: "gone"})
     left = {d["name"] for d in removed["spec"]["devices"]}
     assert "gpu-2" not in left and "group-0-1-2-3" not in left and "gpu-3" in left
+
+
+@pytest.mark.parametrize("gates_off", [(), ("DRADeviceTaints",)])
+def test_the_publisher_taints_a_faulted_gpu_or_withdraws_it_and_brings_it_back(
+    roots: dict[str, str], gates_off: tuple[str, ...]
+) -> None:
+    """The publisher's decision for GPU 2 faulting and healing: tainted NoSchedule where the
+    API server keeps taints; where it drops them (DRADeviceTaints off), the devices holding
+    GPU 2 are left out of the slice, with the reason in ``problems``. Healed, gpu-2 is back
+    untainted either way; each change is a new pool generation."""
+    sick: dict[int, str] = {}
+    api = FakeResourceApi(disabled_gates=gates_off)
+    publisher = SlicePublisher("n", inventory(roots, "c500-8"), dra.PoolOptions(groups=False),
+                               api, unhealthy=lambda: sick)
+
+    def devices() -> dict[str, dict[str, Any]]:
+        return {d["name"]: d for s in api.list("n") for d in s["spec"].get("devices") or []}
+
+    assert publisher.sync_once() and not any("taints" in d for d in devices().values())
+    sick[2] = "ECC errors"
+    assert publisher.sync_once()
+    if gates_off:  # written with the taint, read back without it, written again without gpu-2
+        assert publisher.generation == 3
+        assert "gpu-2" not in devices() and len(devices()) == 7
+        assert any("DRADeviceTaints" in p for p in publisher.problems)
+    else:
+        assert devices()["gpu-2"]["taints"] == [{"key": "gpu.metax-tech.com/unhealthy",
+                                                  "value": "ECC-errors",
+                                                  "effect": "NoSchedule"}]
+        assert [n for n, d in devices().items() if "taints" in d] == ["gpu-2"]
+        assert publisher.problems == [] and publisher.generation == 2
+    assert publisher.sync_once() is False, "nothing changed: nothing written"
+    faulted = publisher.generation
+    del sick[2]
+    assert publisher.sync_once() and publisher.generation == faulted + 1
+    assert "gpu-2" in devices() and not any("taints" in d for d in devices().values())
 
 
 def test_sgpu_capacity_follows_gpu_awares_accounting(roots: dict[str, str]) -> None:
@@ -281,6 +319,13 @@ def test_cli_prints_the_slices_as_yaml_and_json(roots: dict[str, str]) -> None:
     assert [len(s["spec"].get("devices") or []) for s in grouped] == [0, 14]
     published = SlicePublisher("gpu-7", inv, dra.PoolOptions(), _NoApi())
     assert published.wanted(1) == grouped, "the plugin publishes what the CLI prints"
+    owned = json.loads(run("--json", "--group-devices", "on", "--node-uid", "u-1"))
+    assert owned == SlicePublisher("gpu-7", inv, dra.PoolOptions(), _NoApi(),
+                                   node_uid="u-1").wanted(1)
+    assert {json.dumps(s["metadata"]["ownerReferences"]) for s in owned} == {json.dumps([{
+        "apiVersion": "v1", "kind": "Node", "name": "gpu-7", "uid": "u-1",
+        "controller": True}])}
+    assert all("ownerReferences" not in s["metadata"] for s in grouped)
     bad = subprocess.run([sys.executable, "-m", "gpuk8s.cli", "dra", "slices", "--root",
                           roots["c500-8"]], capture_output=True, text=True)
     assert bad.returncode == 2 and "--node-name" in bad.stderr

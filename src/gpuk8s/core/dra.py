@@ -466,17 +466,26 @@ def node_slices(
     unhealthy: Mapping[int, str] | None = None,
     busy: Sequence[int] = (),
     topology: Topology | None = None,
+    node_uid: str = "",
 ) -> list[dict[str, Any]]:
     """What gpu-dra publishes for the node: ``build_slices`` with the devices in
     ``steering_order`` for the GPUs in use (``busy``, GPU indices held by prepared claims)
-    and the unhealthy ones. ``topology``: the node's, when the caller keeps it."""
+    and the unhealthy ones. ``topology``: the node's, when the caller keeps it.
+    ``node_uid``: the Node object's uid; the slices then belong to it (deleting the Node
+    deletes them)."""
     sick = dict(unhealthy or {})
     if topology is None:
         topology = Topology.from_inventory(inventory, units_for_inventory(inventory))
     order = steering_order(topology, pool_devices(inventory, options),
                            sorted(set(busy) | set(sick)))
-    return build_slices(node, inventory, options, generation=generation, unhealthy=sick,
-                        order=[d.name for d in order])
+    slices = build_slices(node, inventory, options, generation=generation, unhealthy=sick,
+                          order=[d.name for d in order])
+    if node_uid:
+        for body in slices:
+            body["metadata"]["ownerReferences"] = [{
+                "apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid,
+                "controller": True}]
+    return slices
 
 
 def device_index(inventory: NodeInventory, options: PoolOptions) -> dict[str, DraDevice]:

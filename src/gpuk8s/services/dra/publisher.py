@@ -169,15 +169,9 @@ class SlicePublisher:
         self._watch_stop = threading.Event()
 
     def wanted(self, generation: int) -> list[dict[str, Any]]:
-        slices = node_slices(self.node, self.inventory, self.options, generation=generation,
-                             unhealthy=self.unhealthy(), busy=sorted(self.busy()),
-                             topology=self.topology)
-        if self.node_uid:
-            for body in slices:
-                body["metadata"]["ownerReferences"] = [{
-                    "apiVersion": "v1", "kind": "Node", "name": self.node,
-                    "uid": self.node_uid, "controller": True}]
-        return slices
+        return node_slices(self.node, self.inventory, self.options, generation=generation,
+                           unhealthy=self.unhealthy(), busy=sorted(self.busy()),
+                           topology=self.topology, node_uid=self.node_uid)
 
     def sync_once(self) -> bool:
         """Make the API server's slices match; True when something was written."""
