@@ -307,7 +307,8 @@ def test_node_agents_may_patch_only_their_own_node(
 ) -> None:
     """The ValidatingAdmissionPolicy on this real kube-apiserver (1.35): a node agent's
     token bound to its pod on node A (the token carries the node, as the kubelet's does)
-    patches A, and is denied on B (RBAC alone allows both)."""
+    patches a key it owns on A, and is denied on B (RBAC alone allows both) and for a key
+    it does not own on A (issue 50: NodeRestriction's rule)."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
@@ -317,11 +318,17 @@ def test_node_agents_may_patch_only_their_own_node(
     helm("install", rel, charts[chart], "-n", ns, "--create-namespace", *values)
     core, _apps, _rbac, authz = _clients(apiserver)
     a, b = "vap-node-a", "vap-node-b"
-    patch = {"metadata": {"labels": {"metax-tech.com/gpu.installed": "true"}}}
+    # a key each agent owns (gpuk8s.nodeAgentKeys)
+    owned = {"gpu-label": {"labels": {"metax-tech.com/gpu.installed": "true"}},
+             "gpu-device": {"annotations": {"metax-tech.com/gpu.devices": "[]"}},
+             "driver-manager": {"annotations": {
+                 "metax-tech.com/driver-manager.driver.state": "{}"}},
+             "container-runtime": {"annotations": {"metax-tech.com/container-runtime.state": "{}"}}}
     try:
         _node(core, a)
         _node(core, b)
         for agent in agents:
+            patch = {"metadata": owned[agent]}
             # the agent's pod on node A (no kubelet here: it is only an API object)
             pod = core.create_namespaced_pod(ns, {
                 "metadata": {"name": f"{agent}-a"},
@@ -336,8 +343,8 @@ def test_node_agents_may_patch_only_their_own_node(
             as_agent = client.CoreV1Api(api_client(apiserver.token_kubeconfig(
                 f"{ns}-{agent}", token.status.token)))
 
-            def denied_on_b(api: Any = as_agent) -> bool:  # policies load within seconds
-                try:
+            def denied_on_b(api: Any = as_agent, patch: Any = patch) -> bool:
+                try:  # policies load within seconds
                     api.patch_node(b, patch, dry_run="All")
                 except ApiException as err:
                     return err.status == 403
@@ -349,11 +356,16 @@ def test_node_agents_may_patch_only_their_own_node(
                 time.sleep(0.5)
             as_agent.patch_node(a, patch)  # its own node: allowed
             with pytest.raises(ApiException) as denied:
-                as_agent.patch_node(b, {"metadata": {"annotations": {
-                    f"metax-tech.com/{agent}.state": "{}"}}})
+                as_agent.patch_node(b, patch)
             assert denied.value.status == 403, agent
             assert f"{agent} may change only the Node its pod runs on, not {b}" in \
                 denied.value.body
+            with pytest.raises(ApiException) as denied:  # its own Node, not its key
+                as_agent.patch_node(a, {"metadata": {"labels": {
+                    "node-role.kubernetes.io/control-plane": ""}}})
+            assert denied.value.status == 403, agent
+            assert "may not change the Node labels node-role.kubernetes.io/control-plane" in \
+                denied.value.body, denied.value.body
             assert not [k for k in core.read_node(b).metadata.labels or {}
                         if k.startswith("metax-tech.com/")]
             assert not (core.read_node(b).metadata.annotations or {})

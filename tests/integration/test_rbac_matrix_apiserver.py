@@ -11,7 +11,9 @@ where the agent's pod runs, and node B; namespaced ones (ConfigMaps, Secrets, Le
 ResourceClaims) in the release's namespace and another namespace.
 
 The test fails when a node agent (the ServiceAccount of a DaemonSet) can write an object
-of another node, or change a Pod in any way other than the annotations it owns; when a
+of another node, change a Pod in any way other than the annotations it owns, or change its
+own Node beyond the labels and annotations it owns (a key of its own is tried, and others:
+node-role and hostname labels, another component's, a taint, unschedulable); when a
 held permission has no row (the rules review finds one the matrix does not try), or a row
 says nothing about what the permission is for. It prints the matrix and compares it with
 docs/security.md; ``GPUK8S_WRITE_DOCS=1`` writes it there instead.
@@ -71,12 +73,32 @@ RESOURCES = {
 SUB_VERBS = {"status": ("get", "update", "patch"), "binding": ("create",), "eviction": ("create",)}
 # the Pod annotations each node agent owns, and the value it writes
 OWNED_POD_ANNOTATIONS = {"gpu-device": ("gpuk8s.io/sharing.phase", "allocated")}
+# a Node key each node agent owns (labels or annotations, key, value): patching it on its own
+# Node must be admitted; every key in FOREIGN_NODE_PATCHES refused
+OWNED_NODE_KEYS = {
+    "gpu-label": ("labels", "metax-tech.com/gpu.installed", "true"),
+    "gpu-device": ("annotations", "metax-tech.com/gpu.topology.scores", "{}"),
+    "driver-manager": ("annotations", "metax-tech.com/driver-manager.driver.state", "{}"),
+    "container-runtime": ("annotations", "metax-tech.com/container-runtime.state", "{}"),
+}
+# what no node agent may change on any Node (NodeRestriction's rule for the kubelet)
+FOREIGN_NODE_PATCHES: dict[str, dict[str, Any]] = {
+    "patch label node-role.kubernetes.io/control-plane":
+        {"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}},
+    "patch label kubernetes.io/hostname": {"metadata": {"labels": {"kubernetes.io/hostname": "x"}}},
+    "patch label metax-tech.com/driver.upgrade-state":
+        {"metadata": {"labels": {"metax-tech.com/driver.upgrade-state": "upgrading"}}},
+    "patch annotation metax-tech.com/maintenance":
+        {"metadata": {"annotations": {"metax-tech.com/maintenance": "x"}}},
+    "patch taint": {"spec": {"taints": [{"key": "matrix", "effect": "NoSchedule"}]}},
+    "patch spec.unschedulable": {"spec": {"unschedulable": True}},
+}
 # what each permission is for (ServiceAccount, resource) -> why; a held one without an
 # entry fails the test
 PURPOSE = {
     ("gpu-device", "nodes"): "its node's GPU topology annotations (scores, losses, devices)",
     ("gpu-device", "pods"): "GPU sharing: the pods bound to its node, marked allocated",
-    ("gpu-label", "nodes"): "its node's metax-tech.com/ labels",
+    ("gpu-label", "nodes"): "its node's metax-tech.com/, GFD and bare cuda-*-version labels",
     ("gpu-dra", "nodes"): "its node's gpuk8s.io/sharing-mode label",
     ("gpu-dra", "resourceslices"): "publishes its node's devices",
     ("gpu-dra", "resourceclaims"): "the claims the kubelet asks it to prepare",
@@ -86,10 +108,10 @@ PURPOSE = {
     ("gpu-aware", "pods"): "GPUs already requested; sharing: the assignment annotations",
     ("gpu-aware", "configmaps"): "its weights (gpu-aware-plugin)",
     ("gpu-aware", "leases"): "leader election (replicas > 1)",
-    ("driver-manager", "nodes"): "its node's driver state labels",
+    ("driver-manager", "nodes"): "its node's driver and maca state annotations",
     ("driver-manager", "pods"): "its own pod's status (image pull errors)",
     ("driver-manager", "events"): "Events about its Node",
-    ("container-runtime", "nodes"): "its node's runtime.ready label",
+    ("container-runtime", "nodes"): "its node's runtime state annotation",
     ("container-runtime", "events"): "Events about its Node",
     ("operator-controller", "nodes"): "cordons, labels and upgrades any GPU node",
     ("operator-controller", "pods"): "drains GPU pods; restarts node agents",
@@ -352,6 +374,14 @@ def _rows(api: Any, admin: Any, ns: str, sa: str, names: dict[str, str],
                                               "resourceSliceCount": 1}}}))
                       for node, pool in ((NODE_A, NODE_B), (NODE_B, NODE_A)))
         rows.append(("resourceslices", "create in the other node's pool", own, other))
+    if node_agent and any(r[:2] == ("nodes", "patch") for r in rows):
+        # the Node keys: one it owns, then labels, annotations and spec it does not
+        field, key, value = OWNED_NODE_KEYS.get(sa, ("annotations", "gpuk8s.io/matrix", "x"))
+        for label, patch in ((f"patch {field[:-1]} {key}", {"metadata": {field: {key: value}}}),
+                             *FOREIGN_NODE_PATCHES.items()):
+            own, other = (_patch(api, "/".join(targets.path("nodes", where, names)), patch)
+                          for where in ("own", "other"))
+            rows.append(("nodes", label, own, other))
     if node_agent and any(r[:2] == ("pods", "patch") for r in rows):
         # the Pod fields: the annotation it owns, and one it does not (the image)
         key, value = OWNED_POD_ANNOTATIONS.get(sa, ("gpuk8s.io/matrix", "x"))
@@ -365,6 +395,45 @@ def _rows(api: Any, admin: Any, ns: str, sa: str, names: dict[str, str],
                           for where in ("own", "other"))
             rows.append(("pods", label, own, other))
     return rows
+
+
+def _agent_writes(api: Any, sa: str) -> list[str]:
+    """The agent's own writer, as its service runs it, on its own Node (a real write): every
+    key it can write, set and then removed, must pass the own-node policy."""
+    from gpuk8s.core import cuda, labels
+    from gpuk8s.core.devicelist import DEVICES_ANNOTATION
+    from gpuk8s.core.scoring import tables_as_annotations
+    from gpuk8s.services.node.nodeclient import KubernetesNodePatcher
+    from gpuk8s.services.nodeagent import KubeNodeApi, state_annotation
+
+    writers: dict[str, Any] = {}
+    if sa == "gpu-label":
+        from gpuk8s.services.labeller.reconcile import KubeNodeLabelStore
+
+        store = KubeNodeLabelStore(api)
+        keys = [*(labels.PREFIX + n for n in labels.LABEL_NAMES), *cuda.BARE_LABELS,
+                *labels.GFD_LABELS]
+
+        def write(changes: dict[str, str | None]) -> None:
+            store.patch(NODE_A, changes, store.read(NODE_A)[1])
+        writers[sa] = (write, keys)
+    elif sa == "gpu-device":
+        writers[sa] = (lambda changes: KubernetesNodePatcher(api_client=api).patch_annotations(
+            NODE_A, changes), [DEVICES_ANNOTATION, *tables_as_annotations({}, {})])
+    elif sa in ("driver-manager", "container-runtime"):
+        agents = (["driver-manager.driver", "driver-manager.maca"] if sa == "driver-manager"
+                  else ["container-runtime"])
+        writers[sa] = (KubeNodeApi(api, NODE_A, sa, "default").annotate,
+                       [state_annotation(a) for a in agents])
+    problems = []
+    for write, keys in writers.values():
+        for value in ("1", None):
+            try:
+                write(dict.fromkeys(keys, value))
+            except Exception as err:
+                problems.append(f"node agent {sa} cannot {'set' if value else 'remove'} "
+                                f"the keys it owns on its own Node: {err}")
+    return problems
 
 
 def _markdown(matrix: dict[str, list[tuple[str, str, str, str, str, str]]]) -> str:
@@ -415,6 +484,8 @@ def test_rbac_and_admission_matrix(apiserver: Any, helm: Any, charts: dict[str, 
                     rows.append((sa + (" (node agent)" if sa in agents else ""), resource,
                                  verb, own, other, why))
                     problems += _judge(sa, sa in agents, resource, verb, own, other, why)
+                if sa in agents:
+                    problems += _agent_writes(api, sa)
                 tried = {(r, v) for r, v, *_ in found}
                 problems += [f"{sa}: holds {v} {r} (rules review), the matrix does not show it"
                              for r, v in held if r in RESOURCES and (r, v) not in tried
@@ -466,6 +537,14 @@ def _judge(sa: str, agent: bool, resource: str, verb: str, own: str, other: str,
         found.append(f"node agent {sa} may {verb} {resource} of another node")
     if verb.endswith("the other node's pool") and "yes" in (own, other):
         found.append(f"node agent {sa} may {verb} ({resource})")
+    if base == "nodes" and verb in FOREIGN_NODE_PATCHES and "yes" in (own, other):
+        found.append(f"node agent {sa} may {verb} (a Node key it does not own)")
+    node_key = OWNED_NODE_KEYS.get(sa)
+    if node_key and verb == f"patch {node_key[0][:-1]} {node_key[1]}" and own != "yes":
+        found.append(f"node agent {sa} may not {verb} on its own node: it cannot work")
+    if base == "nodes" and write and own == "yes" and not (
+            node_key and verb == f"patch {node_key[0][:-1]} {node_key[1]}"):
+        found.append(f"node agent {sa} may {verb} {resource} beyond the keys it owns")
     owned = OWNED_POD_ANNOTATIONS.get(sa)
     if base == "pods" and write and own == "yes" and not (
             owned and verb == f"patch {owned[0]}={owned[1]}"):

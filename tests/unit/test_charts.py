@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable
@@ -1597,13 +1598,62 @@ def test_node_agents_may_patch_only_their_own_node(chart: Path, values: dict[str
     assert condition["expression"] == f"request.userInfo.username in {json.dumps(users)}".replace(
         ", ", ","
     )
-    [check] = spec["validations"]
-    assert "authentication.kubernetes.io/node-name" in check["expression"]
+    checks = spec["validations"]
+    assert "authentication.kubernetes.io/node-name" in checks[0]["expression"]
+    # and only the keys each agent owns (test_node_agents_own_the_node_keys_they_write)
+    assert set(_owned_node_keys(spec)) == set(users)
     patchers = {sa for sa, rules in _rules_by_subject(objs(chart, values)).items()
                 if ("", "nodes", "patch", ANY) in _permissions(rules)}
     assert patchers - set(agents) <= {"operator-controller"}, patchers
     # without the API (older clusters, plain `helm template`) nothing is rendered
     assert not objs(chart, values).of("ValidatingAdmissionPolicy")
+
+
+def _owned_node_keys(spec: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
+    """The own-node policy's table of the Node keys each ServiceAccount owns (a JSON
+    object, which is a CEL map literal, indexed by the request's user)."""
+    [owned] = [v["expression"] for v in spec["variables"] if v["name"] == "owned"]
+    table, end = json.JSONDecoder().raw_decode(owned)
+    assert owned[end:] == "[request.userInfo.username]", owned[end:]
+    return dict(table)
+
+
+def test_node_agents_own_the_node_keys_they_write() -> None:
+    """Issue 50: the chart's list of the Node labels and annotations each node agent may
+    change (gpuk8s.nodeAgentKeys) is exactly what the agents' code writes -- a key the code
+    writes and the list lacks would be refused by the API server and break the agent."""
+    from gpuk8s.core import cuda, labels
+    from gpuk8s.core.devicelist import DEVICES_ANNOTATION
+    from gpuk8s.core.scoring import tables_as_annotations
+    from gpuk8s.services.nodeagent import state_annotation
+
+    # the agents that report a state annotation (services/nodeagent.Reporter), per service
+    src = REPO / "src" / "gpuk8s" / "services"
+    reporters = {sa: sorted(state_annotation(name) for path in (src / pkg).glob("*.py")
+                            for name in re.findall(r'Reporter\(\w+, "([^"]+)"', path.read_text()))
+                 for sa, pkg in (("driver-manager", "drivermanager"),
+                                 ("container-runtime", "runtime"))}
+    assert reporters["driver-manager"] and reporters["container-runtime"], reporters
+    empty: dict[str, list[str]] = {f: [] for f in (
+        "labels", "labelPrefixes", "labelExcept", "annotations", "annotationPrefixes",
+        "annotationExcept")}
+    expected = {
+        "gpu-label": {**empty, "labelPrefixes": [labels.PREFIX],
+                      "labelExcept": sorted(labels.FOREIGN_LABELS),
+                      "labels": sorted((*cuda.BARE_LABELS, *labels.GFD_LABELS))},
+        "gpu-device": {**empty, "annotations": sorted(
+            (DEVICES_ANNOTATION, *tables_as_annotations({}, {})))},
+        **{sa: {**empty, "annotations": keys} for sa, keys in reporters.items()},
+    }
+    proc = run_helm(["template", REL, str(OP), "-n", NS, "--kube-version", KUBE_VERSION,
+                     "--api-versions", VAP_API], OP_MIN)
+    assert proc.returncode == 0, proc.stderr
+    [policy] = [d for d in yaml.safe_load_all(proc.stdout) if d
+                and d["kind"] == "ValidatingAdmissionPolicy"
+                and d["metadata"]["name"] == f"{REL}-own-node"]
+    found = {user.rsplit(":", 1)[1]: {f: sorted(keys) for f, keys in table.items()}
+             for user, table in _owned_node_keys(policy["spec"]).items()}
+    assert found == expected
 
 
 @pytest.mark.parametrize(("chart", "values", "policies"), [

@@ -1,20 +1,99 @@
 {{/*
-Kubernetes RBAC cannot say "only your own Node": the node agents' ClusterRoles allow
-`patch` on every Node. Where the cluster serves ValidatingAdmissionPolicy
-(admissionregistration.k8s.io/v1, Kubernetes >= 1.30) this policy closes the gap: a
-request from one of these ServiceAccounts that changes a Node is denied unless the Node
-is the one its pod runs on. The node comes from the token (pod-bound ServiceAccount
-tokens carry authentication.kubernetes.io/node-name since 1.30); a token without it
-(a legacy Secret token) cannot change any Node.
-Context: root, serviceAccounts (names in the release namespace).
+The Node keys each node agent owns: the labels and annotations it writes on its own Node
+(and may remove), and nothing else of the Node. The one list: tests/unit/test_charts.py
+checks it against the Python constants the agents write with.
+  gpu-label          its labels (services/labeller): every label under metax-tech.com/
+                     (core.labels.PREFIX) except operator-controller's driver.upgrade-state
+                     (core.labels.FOREIGN_LABELS), GFD's nvidia.com/ labels
+                     (core.labels.GFD_LABELS) and the manual's bare cuda-*-version
+                     (core.cuda.BARE_LABELS)
+  gpu-device         its annotations (deviceplugin.nodestate): the device list and the
+                     topology score and loss tables
+  driver-manager     its state annotations (nodeagent.state_annotation of
+  container-runtime  driver-manager.driver, driver-manager.maca, container-runtime)
+Fields: labels / annotations (exact keys), labelPrefixes / annotationPrefixes, and
+labelExcept / annotationExcept (keys under a prefix that are not the agent's).
+*/}}
+{{- define "gpuk8s.nodeAgentKeys" -}}
+gpu-label:
+  labelPrefixes: [metax-tech.com/]
+  labelExcept: [metax-tech.com/driver.upgrade-state]
+  labels:
+    - cuda-major-version
+    - cuda-minor-version
+    - nvidia.com/gpu.product
+    - nvidia.com/gpu.memory
+    - nvidia.com/gpu.count
+    - nvidia.com/gpu.family
+    - nvidia.com/gpu.compute.major
+    - nvidia.com/gpu.compute.minor
+    - nvidia.com/cuda.driver.major
+    - nvidia.com/cuda.driver.minor
+    - nvidia.com/cuda.driver.rev
+    - nvidia.com/cuda.runtime.major
+    - nvidia.com/cuda.runtime.minor
+    - nvidia.com/cuda.driver-version.major
+    - nvidia.com/cuda.driver-version.minor
+    - nvidia.com/cuda.driver-version.revision
+    - nvidia.com/cuda.driver-version.full
+    - nvidia.com/cuda.runtime-version.major
+    - nvidia.com/cuda.runtime-version.minor
+    - nvidia.com/cuda.runtime-version.full
+    - nvidia.com/gpu.replicas
+    - nvidia.com/gpu.sharing-strategy
+    - nvidia.com/mps.capable
+    - nvidia.com/mig.capable
+    - nvidia.com/mig.strategy
+    - nvidia.com/gpu.machine
+    - nvidia.com/gpu.present
+gpu-device:
+  annotations:
+    - metax-tech.com/gpu.devices
+    - metax-tech.com/gpu.topology.scores
+    - metax-tech.com/gpu.topology.losses
+driver-manager:
+  annotations:
+    - metax-tech.com/driver-manager.driver.state
+    - metax-tech.com/driver-manager.maca.state
+container-runtime:
+  annotations:
+    - metax-tech.com/container-runtime.state
+{{- end -}}
+
+
+{{/*
+Kubernetes RBAC cannot say "only your own Node" or "only these keys": the node agents'
+ClusterRoles allow `patch` on every Node. Where the cluster serves
+ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1, Kubernetes >= 1.30) this
+policy closes the gap, as NodeRestriction does for the kubelet: a request from one of these
+ServiceAccounts that changes a Node is denied unless the Node is the one its pod runs on,
+and unless it only adds, changes or removes the labels and annotations the agent owns
+(gpuk8s.nodeAgentKeys): no other label or annotation (node-role.kubernetes.io/...,
+kubernetes.io/hostname, another agent's), no spec (taints, unschedulable), no finalizers
+or owners, no status, no delete. The node comes from the token (pod-bound ServiceAccount
+tokens carry authentication.kubernetes.io/node-name since 1.30); a token without it (a
+legacy Secret token) cannot change any Node.
+Context: root, serviceAccounts (names in the release namespace, each in gpuk8s.nodeAgentKeys).
 */}}
 {{- define "gpuk8s.ownNodePolicy" -}}
 {{- $root := .root -}}
 {{- if $root.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" }}
 {{- $ctx := dict "root" $root "component" "own-node" -}}
+{{- $keys := include "gpuk8s.nodeAgentKeys" $root | fromYaml -}}
 {{- $users := list -}}
+{{- $owned := dict -}}
 {{- range .serviceAccounts }}
-{{- $users = append $users (printf "system:serviceaccount:%s:%s" $root.Release.Namespace .) -}}
+{{- $user := printf "system:serviceaccount:%s:%s" $root.Release.Namespace . -}}
+{{- $users = append $users $user -}}
+{{- if not (hasKey $keys .) }}
+{{- fail (printf "gpuk8s.ownNodePolicy: %s owns no Node keys in gpuk8s.nodeAgentKeys (known: %s)" . (keys $keys | sortAlpha | join ", ")) }}
+{{- end }}
+{{- $mine := get $keys . -}}
+{{- $entry := dict -}}
+{{- range $field := list "labels" "labelPrefixes" "labelExcept" "annotations" "annotationPrefixes" "annotationExcept" }}
+{{- $_ := set $entry $field (get $mine $field | default list) -}}
+{{- end }}
+{{- $_ := set $owned $user $entry -}}
 {{- end }}
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicy
@@ -33,6 +112,32 @@ spec:
   matchConditions:
     - name: gpuk8s-node-agent
       expression: {{ printf "request.userInfo.username in %s" ($users | toJson) | quote }}
+  variables:
+    - name: owned
+      expression: {{ printf "%s[request.userInfo.username]" ($owned | toJson) | quote }}
+    - name: oldLabels
+      expression: "oldObject == null ? {} : oldObject.metadata.?labels.orValue({})"
+    - name: newLabels
+      expression: "object == null ? {} : object.metadata.?labels.orValue({})"
+    - name: oldAnnotations
+      expression: "oldObject == null ? {} : oldObject.metadata.?annotations.orValue({})"
+    - name: newAnnotations
+      expression: "object == null ? {} : object.metadata.?annotations.orValue({})"
+    - name: foreignLabels
+      expression: >-
+        (variables.newLabels.filter(k, !(k in variables.oldLabels) ||
+        variables.oldLabels[k] != variables.newLabels[k]) +
+        variables.oldLabels.filter(k, !(k in variables.newLabels))).filter(k,
+        !((k in variables.owned.labels || variables.owned.labelPrefixes.exists(p, k.startsWith(p))) &&
+        !(k in variables.owned.labelExcept)))
+    - name: foreignAnnotations
+      expression: >-
+        (variables.newAnnotations.filter(k, !(k in variables.oldAnnotations) ||
+        variables.oldAnnotations[k] != variables.newAnnotations[k]) +
+        variables.oldAnnotations.filter(k, !(k in variables.newAnnotations))).filter(k,
+        !((k in variables.owned.annotations ||
+        variables.owned.annotationPrefixes.exists(p, k.startsWith(p))) &&
+        !(k in variables.owned.annotationExcept)))
   validations:
     - expression: >-
         has(request.userInfo.extra) &&
@@ -41,6 +146,32 @@ spec:
       messageExpression: >-
         request.userInfo.username + ' may change only the Node its pod runs on, not ' +
         oldObject.metadata.name
+      reason: Forbidden
+    - expression: "request.operation == 'UPDATE' && request.?subResource.orValue('') == ''"
+      messageExpression: >-
+        request.userInfo.username + ' may only patch its Node\'s labels and annotations, not ' +
+        (request.operation == 'DELETE' ? 'delete the Node' : 'change its status')
+      reason: Forbidden
+    - expression: >-
+        request.operation != 'UPDATE' || (
+        object.?spec.orValue({}) == oldObject.?spec.orValue({}) &&
+        object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([]) &&
+        object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([]))
+      messageExpression: >-
+        request.userInfo.username + ' may not change the Node\'s spec (taints, unschedulable, ...),
+        finalizers or owners'
+      reason: Forbidden
+    - expression: "variables.foreignLabels.size() == 0"
+      messageExpression: >-
+        request.userInfo.username + ' may not change the Node labels ' +
+        variables.foreignLabels.join(', ') + ': not its own (it owns ' +
+        (variables.owned.labels + variables.owned.labelPrefixes.map(p, p + '*')).join(', ') + ')'
+      reason: Forbidden
+    - expression: "variables.foreignAnnotations.size() == 0"
+      messageExpression: >-
+        request.userInfo.username + ' may not change the Node annotations ' +
+        variables.foreignAnnotations.join(', ') + ': not its own (it owns ' +
+        (variables.owned.annotations + variables.owned.annotationPrefixes.map(p, p + '*')).join(', ') + ')'
       reason: Forbidden
 ---
 apiVersion: admissionregistration.k8s.io/v1
