@@ -133,7 +133,9 @@ def package_sources(package: Path) -> dict[str, bytes]:
     module's AnsiballZ payload: the modules it imports), from that zip. (importlib.resources
     would follow a module spec that aliasing importers, e.g. Ansible's module_utils, may
     replace.)"""
-    wanted = re.compile(r"^(__init__\.py|(" + "|".join(WRAPPER_PACKAGES) + r")/[^/]+\.py)$")
+    # subpackages too (core/sharing/ is a package of its own)
+    packages = "|".join(WRAPPER_PACKAGES)
+    wanted = re.compile(r"^(__init__\.py|(" + packages + r")/([^/]+/)*[^/]+\.py)$")
     if package.is_dir():
         return {p.relative_to(package).as_posix(): p.read_bytes()
                 for p in sorted(package.rglob("*.py"))
