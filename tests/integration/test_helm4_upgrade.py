@@ -22,11 +22,16 @@ import pytest
 
 from tests.integration.test_package_install import _helm3, _helm_as
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 NS = "metax-gpu-extensions"
-ON = ("--set", "deployExtenderGPUAware=true")
+# gpu-aware's NetworkPolicy fails closed: this API server has no control-plane Node to look
+# up, so kube-scheduler's host is named (a documentation address)
+ON = ("--set", "deployExtenderGPUAware=true",
+      "--set", "gpuAware.networkPolicy.controlPlaneCIDRs={192.0.2.10/32}")
 
 
 def _status(helm: Any, rel: str, ns: str) -> str:
