@@ -64,10 +64,14 @@ against each baseline: the difference of the means, the per-seed differences, an
 "above" only when the mean lies beyond the other's range.
 
 Run: python benchmarks/packing.py [--trace default] [--seeds 42-51] [--jobs 2] [--quick]
-[--json FILE] [--by-shape]. ``--quick`` (2 seeds, every 8th node, for tests) keeps the
-protocol on a sub-cluster; ``--by-shape`` adds a table of where each policy leaves its
-capacity: per node shape (GPUs x cores), the free GPUs and free cores at arrived 100 %
-(mean per seed).
+[--json FILE] [--by-shape] [--cpu-scale F] [--churn [--lifetimes trace|exp]
+[--churn-load L] [--churn-span S]]. ``--cpu-scale`` derives a cluster with every node's
+CPU times F (``scale_cpu``); ``--churn`` lets pods leave (``churn_workload``,
+``churn_replay``: arrivals a fixed gap apart, each placed pod leaving after its lifetime)
+and prints the time-weighted allocation instead. ``--quick`` (2 seeds, every 8th node,
+for tests) keeps the protocol on a sub-cluster; ``--by-shape`` adds a table of where each
+policy leaves its capacity: per node shape (GPUs x cores), the free GPUs and free cores
+at arrived 100 % (mean per seed).
 """
 
 from __future__ import annotations
@@ -318,8 +322,9 @@ CHURN_STEP = 0.5  # churn runs read the allocation every half capacity of arrive
 @dataclass(frozen=True)
 class Churn:
     """Pods also leave: pods arrive ``gap`` seconds apart until their requests reach
-    ``span`` x capacity; each placed pod leaves ``lifetime`` after it arrived (its
-    ``duration`` in the trace, or ``exp``: exponential, mean 1, drawn with the seed).
+    at least ``span`` x capacity (``workload``); each placed pod leaves its lifetime
+    after it arrived (its ``duration`` in the trace, or ``exp``: exponential, mean 1,
+    drawn with the seed).
     The gap makes the offered load ``load`` x capacity at the run's end (``churn_gap``)."""
 
     load: float = 1.3
@@ -1544,7 +1549,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if churn is not None:
         print(f"churn: lifetimes {churn.lifetimes}, offered load {churn.load:g} x capacity "
-              f"at the end, arrivals until {churn.span:g} x capacity")
+              f"at the end, arrivals until at least {churn.span:g} x capacity")
         print(churn_table(rows))
     else:
         print(table(rows, args.trace))
