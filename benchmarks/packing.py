@@ -64,16 +64,21 @@ against each baseline: the difference of the means, the per-seed differences, an
 "above" only when the mean lies beyond the other's range.
 
 Run: python benchmarks/packing.py [--trace default] [--seeds 42-51] [--jobs 2] [--quick]
-[--json FILE] [--by-shape]. ``--quick`` (2 seeds, every 8th node, for tests) keeps the
-protocol on a sub-cluster; ``--by-shape`` adds a table of where each policy leaves its
-capacity: per node shape (GPUs x cores), the free GPUs and free cores at arrived 100 %
-(mean per seed).
+[--json FILE] [--by-shape] [--cpu-scale F] [--churn [--lifetimes trace|exp]
+[--churn-load L] [--churn-span S]]. ``--cpu-scale`` derives a cluster with every node's
+CPU times F (``scale_cpu``); ``--churn`` lets pods leave (``churn_workload``,
+``churn_replay``: arrivals a fixed gap apart, each placed pod leaving after its lifetime)
+and prints the time-weighted allocation instead. ``--quick`` (2 seeds, every 8th node,
+for tests) keeps the protocol on a sub-cluster; ``--by-shape`` adds a table of where each
+policy leaves its capacity: per node shape (GPUs x cores), the free GPUs and free cores
+at arrived 100 % (mean per seed).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import heapq
 import json
 import math
 import os
@@ -206,6 +211,7 @@ class PodSpec:
     memory: int
     gpus: int
     milli: int  # per GPU
+    duration: int = 0  # seconds the trace's pod lived (deletion - creation; churn runs)
 
     @property
     def requested(self) -> int:
@@ -237,10 +243,28 @@ def load(data: Path, trace: str = "default") -> tuple[list[NodeSpec], list[PodSp
                 int(r["memory_mib"]),
                 int(r["num_gpu"]),
                 int(r["gpu_milli"]) if int(r["num_gpu"]) else 0,
+                _lifetime(r),
             )
             for r in csv.DictReader(handle)
         ]
     return nodes, pods
+
+
+def _lifetime(row: dict[str, str]) -> int:
+    """Seconds a pod of the trace lived: ``deletion_time - creation_time`` (0 where the
+    columns are missing, empty or not after each other)."""
+    try:
+        return max(0, int(row.get("deletion_time") or 0) - int(row.get("creation_time") or 0))
+    except ValueError:
+        return 0
+
+
+def scale_cpu(nodes: Sequence[NodeSpec], scale: float) -> list[NodeSpec]:
+    """The nodes with their CPU times ``scale`` (rounded down to a millicore): a cluster
+    derived from the trace's, short of CPU below 1."""
+    if not 0 < scale <= 1000:
+        raise ValueError(f"cpu scale {scale}: a factor above 0 (at most 1000) is allowed")
+    return [replace(n, cpu=int(n.cpu * scale)) for n in nodes]
 
 
 def model_note(data: Path, trace: str = "default") -> str:
@@ -259,7 +283,8 @@ def model_note(data: Path, trace: str = "default") -> str:
 def save(data: Path, nodes: Sequence[NodeSpec], pods: Sequence[PodSpec],
          trace: str = "default") -> Path:
     """``load``'s inverse: a trace in the openb format (the columns ``load`` reads; the
-    model, QoS and time columns it ignores hold fixed values). ``data``."""
+    model and QoS columns it ignores hold fixed values; a pod's ``duration`` is written as
+    its deletion time, created at 0). ``data``."""
     data.mkdir(parents=True, exist_ok=True)
     with open(data / "openb_node_list_gpu_node.csv", "w", newline="") as handle:
         out = csv.writer(handle)
@@ -269,8 +294,8 @@ def save(data: Path, nodes: Sequence[NodeSpec], pods: Sequence[PodSpec],
         out = csv.writer(handle)
         out.writerow(["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec",
                       "qos", "pod_phase", "creation_time", "deletion_time", "scheduled_time"])
-        out.writerows([p.name, p.cpu, p.memory, p.gpus, p.milli, "", "LS", "Running", 0, 0, 0]
-                      for p in pods)
+        out.writerows([p.name, p.cpu, p.memory, p.gpus, p.milli, "", "LS", "Running", 0,
+                       p.duration, 0] for p in pods)
     return data
 
 
@@ -288,6 +313,79 @@ def workload(
         order.append(extra)
         total += extra.requested
     return order
+
+
+LIFETIMES = ("trace", "exp")
+CHURN_STEP = 0.5  # churn runs read the allocation every half capacity of arrived requests
+
+
+@dataclass(frozen=True)
+class Churn:
+    """Pods also leave: pods arrive ``gap`` seconds apart until their requests reach
+    at least ``span`` x capacity (``workload``); each placed pod leaves its lifetime
+    after it arrived (its ``duration`` in the trace, or ``exp``: exponential, mean 1,
+    drawn with the seed).
+    The gap makes the offered load ``load`` x capacity at the run's end (``churn_gap``)."""
+
+    load: float = 1.3
+    span: float = 4.0
+    lifetimes: str = "trace"
+
+    def __post_init__(self) -> None:
+        if self.lifetimes not in LIFETIMES:
+            raise ValueError(f"lifetimes {self.lifetimes!r}: allowed are {', '.join(LIFETIMES)}")
+        if not self.load > 0:
+            raise ValueError(f"churn load {self.load}: a factor above 0 is allowed")
+        if not self.span >= 1:
+            raise ValueError(f"churn span {self.span}: at least 1 (arrived 100 %) is allowed")
+
+
+def churn_workload(
+    pods: Sequence[PodSpec], capacity: int, seed: int, churn: Churn
+) -> tuple[list[PodSpec], list[float], float]:
+    """The pods of a churn run (``workload`` up to ``span`` x capacity: its first pods are
+    the fill protocol's), their lifetimes, and the arrival gap (``churn_gap``)."""
+    order = workload(pods, capacity, seed, churn.span)
+    if churn.lifetimes == "trace":
+        lives = [float(p.duration) for p in order]
+        if not any(lives):
+            raise ValueError("lifetimes 'trace': the pod list has no durations "
+                             "(deletion_time - creation_time); allowed: exp")
+    else:
+        draw = random.Random(seed * 7919 + 1)
+        lives = [draw.expovariate(1.0) for _ in order]
+    return order, lives, churn_gap(order, lives, capacity * MILLI * churn.load)
+
+
+def churn_gap(pods: Sequence[PodSpec], lives: Sequence[float], offered: float) -> float:
+    """The arrival gap g at which the pods, arriving g apart, would hold ``offered``
+    milli-GPUs at the end of the run were none refused, in expectation: g x offered =
+    mean over the pods of requested x min(lifetime, horizon), horizon = len(pods) x g.
+    (Without the horizon a heavy tail of lifetimes, as openb's, sets a gap at which the
+    cluster never fills within the run.) Bisection; the smallest such gap."""
+    asks = [(p.requested, life) for p, life in zip(pods, lives, strict=True) if p.requested]
+    if not asks or offered <= 0:
+        raise ValueError("churn: no GPU pod with a lifetime above 0 to set the arrival gap")
+    count = len(pods)
+
+    def excess(gap: float) -> float:
+        horizon = count * gap
+        held = sum(r * min(life, horizon) for r, life in asks) / count
+        return gap * offered - held
+
+    high = sum(r * life for r, life in asks) / count / offered
+    if high <= 0:
+        raise ValueError("churn: every GPU pod has lifetime 0; allowed: lifetimes above 0")
+    low = high * 1e-9
+    if excess(low) >= 0:
+        return low
+    for _ in range(60):
+        mid = (low + high) / 2
+        if excess(mid) >= 0:
+            high = mid
+        else:
+            low = mid
+    return high
 
 
 # ----------------------------------------------------------------------------- shapes
@@ -387,6 +485,10 @@ class Result:
     # holds for them at the end (sharing policies; None: not audited)
     reported: int = 0
     held: int | None = None
+    # churn runs: the time-weighted mean allocation (%) from arrived 100 % to the last
+    # arrival, and the pods that left by then
+    churn_mean: float | None = None
+    departed: int = 0
 
 
 def node_object(
@@ -555,6 +657,9 @@ class PodStore:
         self.pods[obj["metadata"]["name"]] = obj
 
     def drop(self, uid: str) -> None:
+        if self.pods.get(uid, {}).get("metadata", {}).get("uid") == uid:
+            del self.pods[uid]  # the replay names its sharing pods by their uid
+            return
         for name, obj in list(self.pods.items()):
             if obj["metadata"]["uid"] == uid:
                 del self.pods[name]
@@ -588,7 +693,36 @@ class PodStore:
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         self.pods[name]["spec"]["nodeName"] = node
-class Replay:
+class Runs:
+    """A policy's replay over one seed's pods: the fill protocol (``run``) or churn
+    (``run_churn``), from the subclass's ``decide`` (a token for a placed pod, None for
+    one that fits nowhere), ``release`` (of a token), ``_state`` and ``_audit``."""
+
+    capacity: int
+    result: Result
+
+    def decide(self, pod: PodSpec) -> Any:
+        raise NotImplementedError
+
+    def release(self, token: Any) -> None:
+        raise NotImplementedError
+
+    def _state(self) -> list[NodeState]:
+        raise NotImplementedError
+
+    def _audit(self, result: Result) -> Result:
+        raise NotImplementedError
+
+    def run(self, pods: Iterable[PodSpec]) -> Result:
+        return self._audit(replay(pods, lambda pod: self.decide(pod) is not None,
+                                  self.capacity, self.result, self._state))
+
+    def run_churn(self, pods: Sequence[PodSpec], lives: Sequence[float], gap: float) -> Result:
+        return self._audit(churn_replay(pods, lives, gap, self.decide, self.release,
+                                        self.capacity, self.result, self._state))
+
+
+class Replay(Runs):
     """One policy over one seed's pod sequence."""
 
     def __init__(
@@ -615,6 +749,9 @@ class Replay:
         if policy.startswith("gpu-aware"):
             self._start_extender()
         self.uid = 0
+        # placed pods, for churn: uid -> (node index, pod); per node, uid -> its GPU ids
+        self.held: dict[str, tuple[int, PodSpec]] = {}
+        self.on_node: list[dict[str, frozenset[str]]] = [{} for _ in self.nodes]
 
     # -- the extender and the watches that feed it ---------------------------------
     def _start_extender(self) -> None:
@@ -748,6 +885,8 @@ class Replay:
         used = {node.shape.topology.units[i].id for i in range(len(node.shape.ids))
                 if node.shape.topology.units[i].gpu in assignment.gpus}
         node.allocated = node.allocated | frozenset(used)  # for "whole 8-GPU nodes left"
+        self.held[uid] = (index, pod)
+        self.on_node[index][uid] = frozenset(used)
         node.core_free -= pod.vcuda_core
         node.cpu -= pod.cpu
         node.memory -= pod.memory
@@ -757,8 +896,10 @@ class Replay:
     def place(self, pod: PodSpec, index: int, uid: str) -> None:
         node = self.nodes[index]
         free = [d for d in node.shape.ids if d not in node.allocated]
+        self.held[uid] = (index, pod)
         if pod.gpus:
             chosen = allocate(node.shape.topology, free, pod.gpus).devices
+            self.on_node[index][uid] = frozenset(chosen)
             positions = [node.shape.topology.position[d] for d in chosen]
             if pod.gpus >= 2:
                 counts = self.result.inside.setdefault(pod.gpus, [0, 0])
@@ -774,37 +915,58 @@ class Replay:
                 self._node_event(node)
             self._pod_event(pod_object(pod, uid, node.spec.name))
 
-    def run(self, pods: Iterable[PodSpec]) -> Result:
+    def decide(self, pod: PodSpec) -> str | None:
+        """Schedule ``pod``: the uid it was placed under, or None (fits nowhere); the
+        CPU of gpu-aware's calls for a GPU pod goes to ``pod_ms``."""
         verbs = (self.result.filter_ms, self.result.prioritize_ms, self.result.bind_ms)
-
-        def place(pod: PodSpec) -> bool:
-            before = [len(times) for times in verbs]
-            placed = decide(pod)
-            if pod.gpus:  # gpu-aware's CPU for this pod: its calls' times
-                self.result.pod_ms.append(
-                    sum(sum(times[at:]) for times, at in zip(verbs, before, strict=True))
-                )
-            return placed
-
-        def decide(pod: PodSpec) -> bool:
-            self.uid += 1
-            uid = f"pod-{self.uid}"
-            index = self.choose(pod, uid)
-            if index is not None and self.sharing and pod.gpus:
-                return self.bind(pod, index, uid)
-            if index is None:
-                return False
+        before = [len(times) for times in verbs]
+        self.uid += 1
+        uid = f"pod-{self.uid}"
+        index = self.choose(pod, uid)
+        if index is None:
+            placed = False
+        elif self.sharing and pod.gpus:
+            placed = self.bind(pod, index, uid)
+        else:
             self.place(pod, index, uid)
-            return True
+            placed = True
+        if pod.gpus:  # gpu-aware's CPU for this pod: its calls' times
+            self.result.pod_ms.append(
+                sum(sum(times[at:]) for times, at in zip(verbs, before, strict=True))
+            )
+        return uid if placed else None
 
-        def state() -> list[NodeState]:
-            return [
-                (n.spec.gpus, n.spec.cpu, n.cpu,
-                 n.core_free * MILLI // 100 if self.sharing else n.free_gpus * MILLI)
-                for n in self.nodes
-            ]
+    def release(self, uid: str) -> None:
+        """The pod ``uid`` ends: its node gets its CPU, memory and GPUs back, and the
+        watches see it go (the pod watch's DELETED event; the device plugin republishes
+        the node in the whole-GPU mode)."""
+        index, pod = self.held.pop(uid)
+        node = self.nodes[index]
+        self.on_node[index].pop(uid, None)
+        node.allocated = frozenset().union(*self.on_node[index].values())
+        node.cpu += pod.cpu
+        node.memory += pod.memory
+        if self.sharing and pod.gpus:
+            assert self.store is not None
+            node.core_free += pod.vcuda_core
+            self.store.drop(uid)
+            self.ledger.set(uid, None, deleted=True)
+        elif pod.gpus:
+            node.free_gpus += pod.gpus
+            if self.extender is not None:
+                self._node_event(node)
+        if self.extender is not None:
+            self.bound.forget(uid)
+            self.running.forget(uid)
 
-        result = replay(pods, place, self.capacity, self.result, state)
+    def _state(self) -> list[NodeState]:
+        return [
+            (n.spec.gpus, n.spec.cpu, n.cpu,
+             n.core_free * MILLI // 100 if self.sharing else n.free_gpus * MILLI)
+            for n in self.nodes
+        ]
+
+    def _audit(self, result: Result) -> Result:
         if self.sharing:  # the extender's ledger, fed by the pods' annotations
             result.held = sum(
                 a.share.core * len(a.gpus) * MILLI // 100
@@ -813,7 +975,8 @@ class Replay:
         return result
 
 
-class PaperReplay:
+
+class PaperReplay(Runs):
     """One of the paper's policies (``paper_policies``) over one seed's pod sequence."""
 
     def __init__(
@@ -825,23 +988,28 @@ class PaperReplay:
         self.capacity = sum(s.gpus for s in specs) * MILLI
         self.result = Result(policy, seed)
 
-    def run(self, pods: Iterable[PodSpec]) -> Result:
-        def state() -> list[NodeState]:
-            return [
-                (s.gpus, s.cpu, n.cpu, sum(n.gpus))
-                for s, n in zip(self.specs, self.scheduler.nodes, strict=True)
-            ]
+    def _state(self) -> list[NodeState]:
+        return [
+            (s.gpus, s.cpu, n.cpu, sum(n.gpus))
+            for s, n in zip(self.specs, self.scheduler.nodes, strict=True)
+        ]
 
-        def place(pod: PodSpec) -> bool:
-            started = time.thread_time()
-            placed = self.scheduler.place(pod) is not None
-            if pod.gpus:
-                self.result.pod_ms.append((time.thread_time() - started) * 1000)
-            return placed
+    def decide(self, pod: PodSpec) -> tuple[int, tuple[int, ...], PodSpec] | None:
+        """Schedule ``pod``: (node index, GPUs, pod), or None; the CPU of a GPU pod's
+        decision goes to ``pod_ms``."""
+        started = time.thread_time()
+        where = self.scheduler.place(pod)
+        if pod.gpus:
+            self.result.pod_ms.append((time.thread_time() - started) * 1000)
+        return None if where is None else (*where, pod)
 
-        result = replay(pods, place, self.capacity, self.result, state)
+    def release(self, placed: tuple[int, tuple[int, ...], PodSpec]) -> None:
+        self.scheduler.release(*placed)
+
+    def _audit(self, result: Result) -> Result:
         result.held = sum(MILLI * len(n.gpus) - sum(n.gpus) for n in self.scheduler.nodes)
         return result
+
 
 
 def replay(
@@ -874,6 +1042,76 @@ def replay(
                 result.by_shape = by_shape(nodes)
         if not marks:
             break  # later pods change no figure
+    result.reported = allocated
+    return result
+
+
+def churn_replay(
+    pods: Sequence[PodSpec],
+    lives: Sequence[float],
+    gap: float,
+    place: Callable[[PodSpec], Any],
+    release: Callable[[Any], None],
+    capacity: int,
+    result: Result,
+    state: Callable[[], Sequence[NodeState]],
+) -> Result:
+    """The churn loop: pod ``i`` arrives at ``i`` x ``gap`` seconds, after every placed
+    pod whose lifetime (``lives[i]``, from its arrival) has ended by then has left
+    (``release`` of what ``place`` returned; ``place`` returns None for a pod that fits
+    nowhere, which is skipped). Read into ``result``: the allocation and failed pods
+    per class at every ``CHURN_STEP`` of arrived requests from 100 % of ``capacity``
+    (milli-GPUs) on (marks "100", "150", ...), the failed pods after arrived 100 %
+    (``failed["churn"]``), the time-weighted mean allocation from arrived 100 % to the
+    last arrival (``churn_mean``) and the pods that left."""
+    steps = math.floor(sum(p.requested for p in pods) / capacity / CHURN_STEP + 1e-9)
+    marks = [k * CHURN_STEP for k in range(int(1 / CHURN_STEP), steps + 1)]
+    leaving: list[tuple[float, int, int, Any]] = []  # (end, arrival, requested, token)
+    arrived = allocated = 0
+    failed: dict[str, int] = {}
+    before: dict[str, int] = {}  # failed by arrived 100 %
+    area = 0.0
+    start: float | None = None
+    last = now = 0.0
+
+    def advance(to: float) -> None:
+        nonlocal area, last
+        if start is not None:
+            area += allocated * (to - last)
+        last = to
+
+    for i, (pod, life) in enumerate(zip(pods, lives, strict=True)):
+        now = i * gap
+        while leaving and leaving[0][0] <= now:
+            end, _, requested, token = heapq.heappop(leaving)
+            advance(end)
+            release(token)
+            allocated -= requested
+            result.departed += 1
+        advance(now)
+        arrived += pod.requested
+        token = place(pod)
+        if token is None:
+            klass = pod_class(pod)
+            failed[klass] = failed.get(klass, 0) + 1
+        else:
+            allocated += pod.requested
+            heapq.heappush(leaving, (now + life, i, pod.requested, token))
+        while marks and arrived >= marks[0] * capacity:
+            mark = f"{round(100 * marks.pop(0))}"
+            result.allocation[mark] = 100 * allocated / capacity
+            result.failed[mark] = dict(failed)
+            result.whole8[mark] = sum(
+                1 for g, _, _, free in state() if g == 8 and free == 8 * MILLI)
+            if start is None:
+                start = last = now
+                result.failed["churn"] = {}
+                before = dict(failed)
+    if start is not None:
+        result.failed["churn"] = {k: n - before.get(k, 0) for k, n in failed.items()
+                                  if n > before.get(k, 0)}
+        result.churn_mean = (100 * area / (now - start) / capacity if now > start
+                             else 100 * allocated / capacity)
     result.reported = allocated
     return result
 
@@ -997,17 +1235,26 @@ def _shapes() -> dict[int, Shape]:
 
 def run_seed(
     seed: int, policies: Sequence[str], data: str, every: int, taint: float,
-    trace: str = "default", nogpu: bool = True,
+    trace: str = "default", nogpu: bool = True, cpu_scale: float = 1.0,
+    churn: Churn | None = None,
 ) -> list[Result]:
     specs, pods = load(Path(data), trace)
-    specs = specs[::every]
+    specs = scale_cpu(specs[::every], cpu_scale)
     capacity = sum(s.gpus for s in specs)
+    typical = typical_pods(pods)  # FGD's: from the trace's pod list, as the paper
+    if churn is not None:  # the same pods, lifetimes and gap for every policy
+        order, lives, gap = churn_workload(pods, capacity, seed, churn)
+        return [
+            (PaperReplay(policy, specs, typical, seed) if policy in PAPER_POLICIES
+             else Replay(policy, specs, _shapes(), seed, taint, nogpu)).run_churn(
+                 order, lives, gap)
+            for policy in policies
+        ]
     order = workload(pods, capacity, seed)
     out = [pooled(specs, order, seed)]
     if any(p not in ("gpu-aware", *WHOLE_BASELINES) for p in policies):
         out.append(pooled(specs, order, seed, shared=True))
         out.append(shares_packed(specs, order, seed))
-    typical = typical_pods(pods)  # FGD's: from the trace's pod list, as the paper
     for policy in policies:
         if policy in PAPER_POLICIES:
             out.append(PaperReplay(policy, specs, typical, seed).run(order))
@@ -1023,7 +1270,11 @@ def summarise(results: list[Result]) -> list[dict[str, Any]]:
     for policy in dict.fromkeys(r.policy for r in results):
         mine = [r for r in results if r.policy == policy]
         row: dict[str, Any] = {"policy": policy, "seeds": [r.seed for r in mine]}
-        for mark in ("100", "130"):
+        churned = any(r.churn_mean is not None for r in mine)  # else the fill protocol's
+        marks = sorted({m for r in mine for m in r.allocation} if churned else {"100", "130"},
+                       key=float)
+        row["marks"] = marks
+        for mark in marks:
             per_seed = [r.allocation.get(mark, 0.0) for r in mine]
             row[f"alloc{mark}_seeds"] = per_seed
             row[f"alloc{mark}_range"] = spread(per_seed)
@@ -1034,6 +1285,15 @@ def summarise(results: list[Result]) -> list[dict[str, Any]]:
                 for k in sizes
             }
             row[f"whole8_{mark}"] = statistics.mean(r.whole8.get(mark, 0) for r in mine)
+        if churned:
+            per_seed = [r.churn_mean or 0.0 for r in mine]
+            row["allocchurn_seeds"] = per_seed
+            row["allocchurn_range"] = spread(per_seed)
+            row["failedchurn"] = {
+                k: sum(r.failed.get("churn", {}).get(k, 0) for r in mine) / len(mine)
+                for k in sorted({k for r in mine for k in r.failed.get("churn", {})})
+            }
+            row["departed"] = statistics.mean(r.departed for r in mine)
         shapes: dict[str, list[float]] = {}
         for r in mine:
             for shape, (nodes, gpus, cores) in r.by_shape.items():
@@ -1066,15 +1326,45 @@ def _range(r: dict[str, float]) -> str:
     return f"{r['mean']:.2f} % ({r['min']:.2f}–{r['max']:.2f})"
 
 
+def failed(counts: dict[Any, float]) -> str:
+    """Failed pods per class as ``class:count`` in ``FAILED_CLASSES`` order."""
+    order = {k: i for i, k in enumerate(FAILED_CLASSES)}
+    ranked = sorted(counts.items(), key=lambda kv: (order.get(str(kv[0]), 99), str(kv[0])))
+    return " ".join(f"{k}:{v:g}" for k, v in ranked) or "-"
+
+
+def _decision(row: dict[str, Any]) -> str:
+    if "pod_ms_mean" not in row:
+        return "-"
+    return f"{row['pod_ms_mean']:.2f} / {row['pod_ms_p50']:.2f} / {row['pod_ms_p99']:.2f}"
+
+
+def churn_table(rows: list[dict[str, Any]]) -> str:
+    """Churn runs as a Markdown table: per policy the time-weighted mean allocation
+    after arrived 100 % (mean and range over the seeds), the allocation at each mark
+    of arrived requests (mean), failed pods after arrived 100 % and the pods that left
+    (mean per seed), the decision CPU per GPU pod."""
+    marks = rows[0]["marks"] if rows else []
+    lines = [
+        "| policy | time-weighted alloc after arrived 100 %, mean (min–max) | alloc at arrived "
+        + " / ".join(f"{m} %" for m in marks)
+        + " (mean) | failed pods per seed after arrived 100 % (class:count) "
+        "| pods that left per seed | decision CPU per GPU pod, mean / p50 / p99 ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        at = " / ".join(f"{row[f'alloc{m}']:.2f}" for m in marks)
+        lines.append(
+            f"| {LABELS.get(row['policy'], row['policy'])} | {_range(row['allocchurn_range'])} "
+            f"| {at} | {failed(row['failedchurn'])} | {row['departed']:.0f} "
+            f"| {_decision(row)} |"
+        )
+    return "\n".join(lines)
+
+
 def table(rows: list[dict[str, Any]], trace: str = "default") -> str:
     """The rows as a Markdown table; the paper's own figures where it has them."""
     paper = PAPER_FIGURES.get(trace, {})
-
-    def failed(counts: dict[Any, float]) -> str:
-        order = {k: i for i, k in enumerate(FAILED_CLASSES)}
-        ranked = sorted(counts.items(), key=lambda kv: (order.get(str(kv[0]), 99), str(kv[0])))
-        return " ".join(f"{k}:{v:g}" for k, v in ranked) or "-"
-
     lines = [
         "| policy | alloc @100 %, mean (min–max) | paper @100 % | alloc @130 % "
         "| failed pods per seed @100 % (class:count) | failed @130 % "
@@ -1176,12 +1466,18 @@ def run(
     taint: float = TAINT_CORES_PER_GPU,
     trace: str = "default",
     nogpu: bool = True,
+    cpu_scale: float = 1.0,
+    churn: Churn | None = None,
 ) -> list[dict[str, Any]]:
-    """Replay every seed with every policy; one summary row per policy."""
+    """Replay every seed with every policy; one summary row per policy. ``cpu_scale``:
+    every node's CPU times this (``scale_cpu``); ``churn``: pods also leave
+    (``churn_replay``) instead of the fill protocol."""
     unknown = [p for p in policies if p not in ALL_POLICIES]
     if unknown:
         raise ValueError(f"policies {', '.join(unknown)}: known are {', '.join(ALL_POLICIES)}")
-    args = [(s, tuple(policies), str(data), every, taint, trace, nogpu) for s in seeds]
+    scale_cpu([], cpu_scale)  # a bad factor fails here, before any replay
+    args = [(s, tuple(policies), str(data), every, taint, trace, nogpu, cpu_scale, churn)
+            for s in seeds]
     if jobs > 1 and len(seeds) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             chunks = list(pool.map(run_seed, *zip(*args, strict=True)))
@@ -1210,6 +1506,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="processes (one seed each)")
     parser.add_argument("--quick", action="store_true",
                         help="seeds 42,43 on every 8th node: seconds, for tests")
+    parser.add_argument("--cpu-scale", type=float, default=1.0,
+                        help="every node's CPU times this (0.75: a CPU-short cluster "
+                        "derived from the trace's)")
+    parser.add_argument("--churn", action="store_true",
+                        help="pods also leave (see --lifetimes, --churn-load, --churn-span) "
+                        "instead of the fill protocol")
+    parser.add_argument("--lifetimes", default="trace", choices=LIFETIMES,
+                        help="churn: each pod's lifetime from the trace (deletion_time - "
+                        "creation_time) or exponential with mean 1 (exp)")
+    parser.add_argument("--churn-load", type=float, default=Churn.load,
+                        help="churn: offered load at the run's end, x capacity")
+    parser.add_argument("--churn-span", type=float, default=Churn.span,
+                        help="churn: pods arrive until their requests reach this x capacity")
     parser.add_argument("--json", default=None, help="also write the rows as JSON here")
     parser.add_argument("--by-shape", action="store_true",
                         help="also print, per node shape, the free GPUs and cores each "
@@ -1218,6 +1527,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [42, 43] if args.quick else seeds_arg(args.seeds)
     every = 8 if args.quick and args.every == 1 else args.every
     policies = [p for p in args.policies.split(",") if p]
+    churn = (Churn(args.churn_load, args.churn_span, args.lifetimes) if args.churn
+             else None)
     note = model_note(Path(args.data), args.trace)
     if note:
         print(note, flush=True)
@@ -1227,22 +1538,30 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     started = time.perf_counter()
     rows = run(seeds, policies, Path(args.data), every, args.jobs, args.taint_cores_per_gpu,
-               args.trace, not args.no_rank_nogpu)
+               args.trace, not args.no_rank_nogpu, args.cpu_scale, churn)
     elapsed = time.perf_counter() - started
     specs, _ = load(Path(args.data), args.trace)
-    specs = specs[::every]
+    specs = scale_cpu(specs[::every], args.cpu_scale)
     print(
         f"openb trace {args.trace!r}: {len(specs)} nodes, {sum(s.gpus for s in specs)} GPUs, "
+        f"{sum(s.cpu for s in specs) // 1000} cores (CPU x {args.cpu_scale:g}), "
         f"seeds {','.join(map(str, seeds))}, {elapsed:.0f} s ({args.jobs} process(es))"
     )
-    print(table(rows, args.trace))
+    if churn is not None:
+        print(f"churn: lifetimes {churn.lifetimes}, offered load {churn.load:g} x capacity "
+              f"at the end, arrivals until at least {churn.span:g} x capacity")
+        print(churn_table(rows))
+    else:
+        print(table(rows, args.trace))
     if args.by_shape:
         print(shape_table(rows))
     by = {row["policy"]: row for row in rows}
+    mark, what = ("churn", "time-weighted after arrived 100 %") if churn else ("100",
+                                                                              "at arrived 100 %")
     if SHARING in by:
         for other in ("fgd", "bestfit", "dotprod", "random"):
             if other in by:
-                print(f"{SHARING} vs {other} at arrived 100 %: {compare(by[SHARING], by[other])}")
+                print(f"{SHARING} vs {other} {what}: {compare(by[SHARING], by[other], mark)}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
     return 0

@@ -289,6 +289,16 @@ class PaperScheduler:
                 top, first, chosen = score, rank[index], (index, gpus)
         return self._take(chosen[0], pod, chosen[1])
 
+    def release(self, index: int, gpus: tuple[int, ...], pod: Pod) -> None:
+        """``pod``, placed on node ``index`` with ``gpus`` by ``place``, ends: the node
+        gets its CPU, memory and milli-GPUs back."""
+        node = self.nodes[index]
+        node.cpu += pod.cpu
+        node.memory += pod.memory
+        for i in gpus:
+            node.gpus[i] += pod.milli
+        node.scores = {}
+
     def _take(self, index: int, pod: Pod, gpus: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
         node = self.nodes[index]
         node.cpu -= pod.cpu

@@ -433,3 +433,128 @@ def test_quick_replay_of_the_openb_trace() -> None:
     if not (bench.DATA / "openb_pod_list_default.csv").is_file():
         pytest.skip(f"the openb trace is not at {bench.DATA} (set OPENB_DIR)")
     assert bench.main(["--quick", "--jobs", "1", "--policies", "fgd,bestfit"]) == 0
+
+
+def test_cpu_scale_shrinks_every_nodes_cpu_and_nothing_else(multi_gpu_trace: Path) -> None:
+    bench = load_benchmark()
+    nodes, _ = bench.load(multi_gpu_trace)
+    short = bench.scale_cpu(nodes, 0.75)
+    assert [n.cpu for n in short] == [int(n.cpu * 0.75) for n in nodes]
+    assert [(n.name, n.memory, n.gpus) for n in short] == [
+        (n.name, n.memory, n.gpus) for n in nodes]
+    for bad in (0, -1.0):
+        with pytest.raises(ValueError, match=r"cpu scale .*above 0"):
+            bench.run([42], ("bestfit",), data=multi_gpu_trace, cpu_scale=bad)
+
+
+def test_a_cpu_short_cluster_fails_pods_without_gpus_the_full_one_places(
+    tmp_path: Path,
+) -> None:
+    """Pods without GPUs that the trace's cluster holds find too little CPU once every
+    node keeps half of it: the replay counts them, by class, for every policy."""
+    bench = load_benchmark()
+    nodes = [(32_000, 262_144, 4)] * 4
+    pods = [(1000, 1024, 1, 1000)] * 16 + [(6000, 1024, 0, 0)] * 16
+    data = write_trace(tmp_path, nodes, pods)
+    policies = ("gpu-aware-sharing", "fgd", "bestfit")
+    full = rows_by_policy(bench.run([42], policies, data=data))
+    short = rows_by_policy(bench.run([42], policies, data=data, cpu_scale=0.5))
+    for policy in policies:
+        assert full[policy]["failed100"].get("none", 0) == 0
+        assert short[policy]["failed100"].get("none", 0) > 0
+
+
+def test_trace_durations_are_read_and_written(tmp_path: Path) -> None:
+    bench = load_benchmark()
+    spec = bench.PodSpec
+    pods = [spec("a", 1000, 1, 1, 500, 30), spec("b", 1000, 1, 0, 0, 0)]
+    bench.save(tmp_path, [bench.NodeSpec("n", 8000, 8192, 1)], pods)
+    assert [p.duration for p in bench.load(tmp_path)[1]] == [30, 0]
+    assert bench._lifetime({"creation_time": "100", "deletion_time": "40"}) == 0
+    assert bench._lifetime({}) == 0
+
+
+def test_churn_gap_holds_the_offered_load_at_the_horizon() -> None:
+    bench = load_benchmark()
+    spec = bench.PodSpec
+    pods = [spec("a", 1, 1, 1, 1000)] * 10
+    # equal lifetimes 10, no truncation: 10 pods x 1000 x 10 / 10 = g x offered
+    gap = bench.churn_gap(pods, [10.0] * 10, 2000.0)
+    assert gap == pytest.approx(5.0, rel=1e-6)  # horizon 50 > 10
+    # one very long life: held = (9 x 1000 x 1 + 1000 x 10 g) / 10 = 900 + 1000 g,
+    # so 2000 g = 900 + 1000 g at g = 0.9; without the horizon it would be 5e7
+    lives = [1.0] * 9 + [1e9]
+    gap = bench.churn_gap(pods, lives, 2000.0)
+    assert gap == pytest.approx(0.9, rel=1e-6)
+    with pytest.raises(ValueError, match="lifetime"):
+        bench.churn_gap([spec("c", 1, 1, 0, 0)], [1.0], 1000.0)
+
+
+def test_churn_options_name_the_allowed_values() -> None:
+    bench = load_benchmark()
+    with pytest.raises(ValueError, match="allowed are trace, exp"):
+        bench.Churn(lifetimes="weibull")
+    with pytest.raises(ValueError, match="churn span"):
+        bench.Churn(span=0.5)
+    with pytest.raises(ValueError, match="churn load"):
+        bench.Churn(load=0)
+
+
+def test_churn_replay_releases_what_it_placed_at_the_right_times() -> None:
+    """A cluster of one GPU: a pod that lives two gaps leaves before the third arrives,
+    so every other pod fits; the time-weighted mean counts the GPU held half the time."""
+    bench = load_benchmark()
+    spec = bench.PodSpec
+    pods = [spec(f"p{i}", 1, 1, 1, 1000) for i in range(8)]
+    lives = [2.0] * 8
+    held: list[str] = []
+    events: list[tuple[str, str]] = []
+
+    def place(pod: Any) -> str | None:
+        if held:
+            return None
+        held.append(pod.name)
+        events.append(("in", pod.name))
+        return pod.name
+
+    def release(token: str) -> None:
+        held.remove(token)
+        events.append(("out", token))
+
+    result = bench.churn_replay(pods, lives, 1.0, place, release, 1000, bench.Result("x", 1),
+                                lambda: [])
+    assert events[:5] == [("in", "p0"), ("out", "p0"), ("in", "p2"), ("out", "p2"),
+                          ("in", "p4")]
+    assert result.departed == 3 and result.reported == 1000
+    assert sorted(result.allocation, key=float) == [str(m) for m in range(100, 801, 50)]
+    assert result.failed["800"] == {"1": 4}
+    assert result.failed["churn"] == {"1": 4}  # p1, p3, p5, p7 after arrived 100 % (p0)
+    assert result.churn_mean == pytest.approx(100.0)  # always one pod on the GPU
+
+
+@pytest.mark.parametrize("lifetimes", ["exp", "trace"])
+def test_churn_run_frees_capacity_and_every_policy_sees_the_same_pods(
+    tmp_path: Path, lifetimes: str
+) -> None:
+    """Pods leave in every policy; the cluster's own accounting holds exactly the pods
+    still placed at the end (the extender's ledger for gpu-aware), and an arrival
+    stream that overfills the cluster without departures is placed almost whole."""
+    bench = load_benchmark()
+    nodes = [(64_000, 262_144, 4)] * 3 + [(32_000, 131_072, 2)] * 2
+    pods = ([(2000, 4096, 1, 500, 50)] * 20 + [(4000, 8192, 1, 1000, 80)] * 10
+            + [(8000, 16_384, 2, 1000, 120)] * 4 + [(2000, 4096, 0, 0, 60)] * 6)
+    data = write_trace(tmp_path, nodes, pods)
+    policies = ("gpu-aware-sharing", "fgd", "bestfit")
+    churn = bench.Churn(load=0.5, span=6, lifetimes=lifetimes)
+    rows = rows_by_policy(bench.run([42, 43], policies, data=data, churn=churn))
+    for policy in policies:
+        row = rows[policy]
+        assert row["departed"] > 0
+        assert row["marks"][0] == "100" and row["marks"][-1] == "600"
+        # six capacities arrived at half the capacity offered: most pods placed
+        assert row["alloc600"] > 0 and row["allocchurn_range"]["mean"] > 0
+    results = bench.run_seed(42, policies, str(data), 1, 0.0, churn=churn)
+    for result in results:
+        assert result.held == result.reported > 0
+    table = bench.churn_table(list(rows.values()))
+    assert table.count("\n") == 2 + len(policies) - 1 and "600 %" in table
