@@ -950,3 +950,43 @@ def test_prioritize_takes_the_filters_placements_while_nothing_moves(
     finally:
         share.Sharing.place = real  # type: ignore[method-assign]
     assert moved[1] != first[1]  # b now holds a 60 % share
+
+
+def test_pods_without_gpus_rank_nodes_of_one_state_once(
+    annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Sharing._nogpu_class_value``: nodes whose free GPUs, CPU and memory are equal
+    are filled with the mix once per pod and mix, whatever their names; a node whose
+    booking moved is filled again; the ranks are those of an extender that never saw
+    the nodes before."""
+    from gpuk8s.core.sharing import filled
+    from gpuk8s.services.extender import share
+
+    names = [f"n{i}" for i in range(6)]
+    free = {n: (32_000, 65_536) for n in names}
+    arrivals = ArrivalMix()
+    for i in range(10):
+        arrivals.observe(f"s{i}", HALF, 8000, 1024)
+    ext, api, _ = over([node(n, annotations) for n in names],
+                       free_room=lambda name: free[name], arrivals=arrivals)
+    sharing = ext.sharing
+    assert sharing is not None
+    fills: list[tuple[int, ...]] = []
+    real = filled
+
+    def counted(gpus: Any, *rest: Any) -> Any:
+        fills.append(tuple(gpus))
+        return real(gpus, *rest)
+
+    monkeypatch.setattr(share, "filled", counted)
+    assert sharing.raw_nogpu(names, (4000, 1024)) == [0.0] * 6
+    assert len(fills) == 1  # six nodes, one state: filled once
+    assert bind(ext, api, pod("p1", "60"), "n3") == ""
+    fills.clear()
+    ranked = sharing.raw_nogpu(names, (2000, 512))
+    assert fills == [(40, 100)]  # only n3's new state; the others' base is kept
+    monkeypatch.undo()
+    fresh = share.Sharing(sharing.nodes, sharing.ledger, free_room=lambda name: free[name],
+                          arrivals=arrivals)
+    assert ranked == fresh.raw_nogpu(names, (2000, 512))
+    assert ranked[3] != ranked[0]

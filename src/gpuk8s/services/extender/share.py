@@ -248,12 +248,12 @@ class Sharing:
         # the latest filter's placements per node and what they depended on (``_state``)
         self._answers: tuple[tuple[Any, ...], dict[str, Placement]] | None = None
         self._usage_keys: dict[str, tuple[int, tuple[Any, ...]]] = {}
-        # (node, pod CPU and memory) -> (same version, value) for pods without GPUs
-        self._nogpu_memo: dict[tuple[str, int, int], tuple[_Version, tuple[float, float]]] = {}
-        # per node: (its state, free percent per GPU, the node filled with each class and
-        # its fragmentation before a pod without GPUs) -- the same for every such pod
-        # until it changes
-        self._nogpu_base: dict[str, tuple[_Version, list[int], Filled, float]] = {}
+        # what pods without GPUs share across nodes of one state: (free percent per GPU,
+        # free CPU and memory, mix version) -> (the node filled with each class, its
+        # fragmentation) before the pod; with the pod's CPU and memory added -> its value
+        # (``_nogpu_class``)
+        self._nogpu_base: dict[tuple[Any, ...], tuple[Filled, float]] = {}
+        self._nogpu_class: dict[tuple[Any, ...], tuple[float, float]] = {}
         # the mix with whole-GPU classes weighted by their shortage (``whole_scarcity``):
         # ((ledger change, node views' changes, mix version, room version), (version,
         # scaled mix)); the homes counted for it (``_Homes``); per node ((node
@@ -267,7 +267,7 @@ class Sharing:
         ledger.listen(self._touched)
         if self._room is not None:
             self._room.listen(self._touched)
-        self._free_of: dict[str, tuple[tuple[int, int], list[int]]] = {}
+        self._free_of: dict[str, tuple[tuple[int, int], tuple[int, ...]]] = {}
         # the allocator's best sets, shared by the nodes of one topology
         self._sets = BestSets()
         self.binds = 0
@@ -393,13 +393,13 @@ class Sharing:
             self._homes.count(name, at, sum(free), whole_homes(free, Room(cpu, memory), mix))
         return True
 
-    def _free_percents(self, node: SharedNode) -> list[int]:
+    def _free_percents(self, node: SharedNode) -> tuple[int, ...]:
         """Percent free per usable GPU of ``node`` (``core.sharing.free_percent``),
         cached until the node's view or its ledger version changes."""
         at = (id(node), self.ledger.version(node.name))
         known = self._free_of.get(node.name)
         if known is None or known[0] != at:
-            known = (at, list(free_percent(node.gpus, self.ledger.usage(node.name)).values()))
+            known = (at, tuple(free_percent(node.gpus, self.ledger.usage(node.name)).values()))
             if len(self._free_of) >= MAX_MEMO:
                 self._free_of.clear()
             self._free_of[node.name] = known
@@ -580,29 +580,45 @@ class Sharing:
         if node is None or node.problem is not None:
             return None
         cpu, memory = self._free_room(name) if self._free_room is not None else (None, None)
-        key = (name, *need)
-        version = (id(node), self.ledger.version(name), mix_version, cpu, memory)
-        hit = self._nogpu_memo.get(key)
-        if hit is not None and hit[0] == version:
-            return hit[1]
+        return self._nogpu_class_value(
+            self._free_percents(node), cpu, memory, need, mix_version, mix
+        )
+
+    def _nogpu_class_value(
+        self,
+        free: tuple[int, ...],
+        cpu: int | None,
+        memory: int | None,
+        need: Need,
+        mix_version: int,
+        mix: ShareMix,
+    ) -> tuple[float, float]:
+        """``_nogpu``'s value from all it reads (the node's free percent per GPU, its free
+        CPU and memory, the pod's, the mix), shared by the nodes of one state: most of a
+        cluster's nodes are alike, and a pod without GPUs would otherwise fill each of
+        them with every class of the mix again."""
+        key = (free, cpu, memory, need, mix_version)
+        ranked = self._nogpu_class.get(key)
+        if ranked is not None:
+            return ranked
         room = Room(cpu, memory, *need)
         after = room.after()
-        base = self._nogpu_base.get(name)
-        if base is None or base[0] != version:
-            free = self._free_percents(node)
-            base = (version, free, filled(free, room, mix), node_fragmentation(free, room, mix))
+        at = (free, cpu, memory, mix_version)
+        base = self._nogpu_base.get(at)
+        if base is None:
+            base = (filled(free, room, mix), node_fragmentation(free, room, mix))
             if len(self._nogpu_base) >= MAX_MEMO:
                 self._nogpu_base.clear()
-            self._nogpu_base[name] = base
-        _, free, fill_before, frag_before = base
+            self._nogpu_base[at] = base
+        fill_before, frag_before = base
         stranded = fill_taken(fill_before, after, mix)
         rise = node_fragmentation(free, after, mix) - frag_before
         load = gpus_per_core(sum(free), after)
         value = -rise if load is None else -round(load, 6) * LOAD_RANK - rise
         ranked = (-round(stranded, 6), round(value, 9))
-        if len(self._nogpu_memo) >= MAX_MEMO:
-            self._nogpu_memo.clear()
-        self._nogpu_memo[key] = (version, ranked)
+        if len(self._nogpu_class) >= MAX_MEMO:
+            self._nogpu_class.clear()
+        self._nogpu_class[key] = ranked
         return ranked
 
     # -- bind ---------------------------------------------------------------------
