@@ -881,7 +881,7 @@ def test_kept_nodes_are_echoed_byte_for_byte_on_the_sharing_path(
 
 
 def test_nodes_of_one_shape_and_state_share_one_placement(annotations: dict[str, str]) -> None:
-    """``Sharing._place_class``: the nodes of one shape whose usage and room are equal
+    """``Sharing._placements``: the nodes of one shape whose usage and room are equal
     are placed once per request and mix; a node whose booking moved is placed again;
     every answer is what ``_place`` gives that node alone."""
     from gpuk8s.core.sharing import Room
@@ -930,13 +930,13 @@ def test_prioritize_takes_the_filters_placements_while_nothing_moves(
     sharing = ext.sharing
     assert sharing is not None
     placed: list[str] = []
-    real = share.Sharing.place
+    real = share.Sharing._placements
 
-    def counted(self: Any, name: str, *rest: Any, **options: Any) -> Any:
-        placed.append(name)
-        return real(self, name, *rest, **options)
+    def counted(self: Any, request: Any, names: list[str], *rest: Any) -> Any:
+        placed.extend(names)
+        return real(self, request, names, *rest)
 
-    share.Sharing.place = counted  # type: ignore[method-assign]
+    share.Sharing._placements = counted  # type: ignore[method-assign]
     try:
         sharing.filter_parts(HALF, names, "uid-p2")
         placed.clear()
@@ -948,7 +948,7 @@ def test_prioritize_takes_the_filters_placements_while_nothing_moves(
         moved = sharing.raw(HALF, names, "uid-p2")
         assert placed == names  # the ledger moved: placed again
     finally:
-        share.Sharing.place = real  # type: ignore[method-assign]
+        share.Sharing._placements = real  # type: ignore[method-assign]
     assert moved[1] != first[1]  # b now holds a 60 % share
 
 
@@ -990,3 +990,38 @@ def test_pods_without_gpus_rank_nodes_of_one_state_once(
                           arrivals=arrivals)
     assert ranked == fresh.raw_nogpu(names, (2000, 512))
     assert ranked[3] != ranked[0]
+
+
+def test_a_filter_looks_up_what_all_nodes_share_once(
+    annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Sharing._placements``: the pod's own assignment is looked up once per request,
+    not once per node, and each node's answer is still what ``place`` gives it alone
+    (the node holding the pod's own share placed without it)."""
+    names = [f"n{i}" for i in range(6)]
+    ext, api, ledger = over([node(n, annotations) for n in names])
+    sharing = ext.sharing
+    assert sharing is not None
+    assert bind(ext, api, pod("p1", "60"), "n2") == ""
+    uid = "uid-p1"
+    assert ledger.get(uid) is not None and ledger.get(uid).node == "n2"  # type: ignore[union-attr]
+    looked: list[str] = []
+    real = ledger.get
+
+    def counted(key: str) -> Any:
+        looked.append(key)
+        return real(key)
+
+    monkeypatch.setattr(ledger, "get", counted)
+    keep, failed, unresolvable = sharing.filter_parts(HALF, names, uid)
+    assert looked == [uid]  # six nodes, one lookup
+    monkeypatch.undo()
+    assert keep == names and not failed and not unresolvable
+    from gpuk8s.services.extender import share
+
+    alone = [sharing.place(n, HALF, uid) for n in names]
+    fresh = share.Sharing(sharing.nodes, ledger, arrivals=sharing.arrivals)
+    assert alone == [fresh.place(n, HALF, uid) for n in names]
+    assert sharing.raw(HALF, names, uid) == [p.raw for p in alone]
+    # n2 without the pod's own share is as empty as the others
+    assert alone[2] == alone[0]

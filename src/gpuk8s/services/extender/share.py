@@ -155,9 +155,6 @@ _RECORD_ATTEMPTS = 3
 
 # what the pod asks besides its share: CPU millicores, memory MiB
 Need = tuple[int, int]
-# what a memoised placement depends on: node identity, ledger version of the node,
-# mix version, the node's free CPU and memory
-_Version = tuple[int, int, object, int | None, int | None]
 
 
 @dataclass(frozen=True)
@@ -238,13 +235,12 @@ class Sharing:
         self._room = free_room if isinstance(free_room, RoomView) else None
         self.arrivals = arrivals if arrivals is not None else ArrivalMix()
         self._lock = threading.Lock()
-        # (node, share, pod CPU and memory) -> ((node identity, ledger version, mix
-        # version, node's free CPU and memory), placement)
-        self._memo: dict[tuple[str, ShareRequest, int, int], tuple[_Version, Placement]] = {}
-        # (node shape, its usage, share, room, mix version) -> placement: what the
-        # nodes of one shape and state share (``_place_class``), and per node the
-        # usage key of its ledger version
-        self._by_class: dict[tuple[Any, ...], Placement] = {}
+        # per request (share, pod CPU and memory, mix version): (node shape, its usage,
+        # its free CPU and memory) -> placement, what the nodes of one shape and state
+        # share (``_placements``); ``_classes``: the entries over all requests; per node
+        # the usage key of its ledger version (``_usage_key``)
+        self._by_class: dict[tuple[Any, ...], dict[tuple[Any, ...], Placement]] = {}
+        self._classes = 0
         # the latest filter's placements per node and what they depended on (``_state``)
         self._answers: tuple[tuple[Any, ...], dict[str, Placement]] | None = None
         self._usage_keys: dict[str, tuple[int, tuple[Any, ...]]] = {}
@@ -289,43 +285,55 @@ class Sharing:
         mixed: tuple[Any, ShareMix] | None = None,
     ) -> Placement:
         """Where ``share`` goes on node ``name`` for a pod requesting ``cpu_milli`` and
-        ``memory_mib`` (memoised per node state and request; ``without``: a pod whose
-        own assignment does not count, e.g. on a re-bind; ``mixed``: ``_scarce_mix()``
-        when the caller took it once for many nodes)."""
-        node = self.nodes.get(name)
-        own = self.ledger.get(without) if without else None
-        cpu, memory = self._free_room(name) if self._free_room is not None else (None, None)
-        room = Room(cpu, memory, cpu_milli, memory_mib)
-        mix_version, mix = mixed if mixed is not None else self._scarce_mix()
-        if node is None or (own is not None and own.node == name):
-            return self._place(node, name, share, without, room, mix)
-        key = (name, share, cpu_milli, memory_mib)
-        version = (id(node), self.ledger.version(name), mix_version, cpu, memory)
-        hit = self._memo.get(key)
-        if hit is not None and hit[0] == version:
-            return hit[1]
-        placed = self._place_class(node, share, room, mix_version, mix)
-        if len(self._memo) >= MAX_MEMO:
-            self._memo.clear()
-        self._memo[key] = (version, placed)
-        return placed
+        ``memory_mib`` (``without``: a pod whose own assignment does not count, e.g. on a
+        re-bind; ``mixed``: ``_scarce_mix()`` when the caller took it already)."""
+        mixed = mixed if mixed is not None else self._scarce_mix()
+        return self._placements(share, [name], without, (cpu_milli, memory_mib), mixed)[name]
 
-    def _place_class(
-        self, node: SharedNode, share: ShareRequest, room: Room, mix_version: Any, mix: ShareMix
-    ) -> Placement:
-        """``_place`` shared by the nodes of one shape (``SharedNode.shape``) and state:
-        the same GPUs, usage and room give the same answer whatever the node's name
-        (the caller has ruled out a pod that holds a share on the node itself)."""
-        if node.shape is None:
-            return self._place(node, node.name, share, "", room, mix)
-        key = (node.shape, self._usage_key(node.name), share, room, mix_version)
-        placed = self._by_class.get(key)
-        if placed is None:
-            placed = self._place(node, node.name, share, "", room, mix)
-            if len(self._by_class) >= MAX_MEMO:
-                self._by_class.clear()
-            self._by_class[key] = placed
-        return placed
+    def _placements(
+        self,
+        share: ShareRequest,
+        names: list[str],
+        without: str,
+        need: Need,
+        mixed: tuple[Any, ShareMix],
+    ) -> dict[str, Placement]:
+        """``place`` for each of ``names``, shared by the nodes of one shape
+        (``SharedNode.shape``) and state: the same GPUs, usage and room give the same
+        answer whatever the node's name, so one lookup per node finds it (what is the
+        same for every node -- the request, the mix, the pod's own assignment -- is
+        looked up once). A node that holds ``without``'s share, or has no view, is
+        placed alone every time."""
+        mix_version, mix = mixed
+        own = self.ledger.get(without) if without else None
+        mine = own.node if own is not None else None
+        request = (share, need, mix_version)
+        classes = self._by_class.get(request)
+        if classes is None:
+            classes = self._by_class[request] = {}
+            self._classes += 1
+        free_room, nodes, usage_key = self._free_room, self.nodes, self._usage_key
+        out: dict[str, Placement] = {}
+        for name in names:
+            node = nodes.get(name)
+            cpu, memory = free_room(name) if free_room is not None else (None, None)
+            if node is None or name == mine:
+                room = Room(cpu, memory, *need)
+                out[name] = self._place(node, name, share, without, room, mix)
+                continue
+            shape = node.shape if node.shape is not None else (name, id(node))
+            key = (shape, usage_key(name), cpu, memory)
+            placed = classes.get(key)
+            if placed is None:
+                placed = self._place(node, name, share, "", Room(cpu, memory, *need), mix)
+                if self._classes >= MAX_MEMO:
+                    self._by_class.clear()
+                    classes = self._by_class[request] = {}
+                    self._classes = 0
+                classes[key] = placed
+                self._classes += 1
+            out[name] = placed
+        return out
 
     def _usage_key(self, name: str) -> tuple[Any, ...]:
         """What the ledger books on node ``name``, per GPU, as a hashable value (cached
@@ -510,9 +518,9 @@ class Sharing:
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         mixed = self._scarce_mix()
-        table: dict[str, Placement] = {}
+        table = self._placements(share, names, uid, need, mixed)
         for name in names:
-            placed = table[name] = self.place(name, share, uid, *need, mixed=mixed)
+            placed = table[name]
             if placed.gpus is not None:
                 keep.append(name)
             elif placed.unresolvable:
@@ -534,10 +542,11 @@ class Sharing:
         answers = self._answers
         table = answers[1] if answers is not None and state is not None and (
             answers[0] == state) else {}
+        missing = [name for name in names if name not in table]
+        if missing:
+            table = {**table, **self._placements(share, missing, uid, need, mixed)}
         for name in names:
-            placed = table.get(name)
-            if placed is None:
-                placed = self.place(name, share, uid, *need, mixed=mixed)
+            placed = table[name]
             out.append(placed.raw if placed.gpus is not None else None)
         return out
 
