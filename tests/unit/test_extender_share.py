@@ -1025,3 +1025,36 @@ def test_a_filter_looks_up_what_all_nodes_share_once(
     assert sharing.raw(HALF, names, uid) == [p.raw for p in alone]
     # n2 without the pod's own share is as empty as the others
     assert alone[2] == alone[0]
+
+
+def test_homes_are_counted_once_per_node_state(
+    annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Sharing._recount``: nodes whose free GPUs, CPU and memory are equal count the
+    same homes per whole-GPU class, computed once per mix version; the scarcity mix
+    is the one an extender that counted every node alone gives."""
+    from gpuk8s.core.sharing import whole_homes
+    from gpuk8s.services.extender import share
+
+    names = [f"n{i}" for i in range(6)]
+    free = {n: (32_000, 65_536) for n in names}
+    arrivals = ArrivalMix()
+    for i in range(10):
+        arrivals.observe(f"w{i}", ShareRequest(MODE_SGPU, 1, 100, 0), 8000, 1024)
+    ext, _, ledger = over([node(n, annotations) for n in names],
+                            free_room=lambda name: free[name], arrivals=arrivals)
+    sharing = ext.sharing
+    assert sharing is not None
+    counted: list[tuple[int, ...]] = []
+
+    def homes(gpus: Any, *rest: Any) -> Any:
+        counted.append(tuple(gpus))
+        return whole_homes(gpus, *rest)
+
+    monkeypatch.setattr(share, "whole_homes", homes)
+    mixed = sharing._scarce_mix()
+    assert counted == [(100, 100)]  # six nodes, one state: counted once
+    monkeypatch.undo()
+    fresh = share.Sharing(sharing.nodes, ledger, free_room=lambda name: free[name],
+                          arrivals=arrivals)
+    assert fresh._scarce_mix() == mixed

@@ -257,6 +257,9 @@ class Sharing:
         # read too (``_free_percents``)
         self._scarce: tuple[tuple[Any, ...], tuple[Any, ShareMix]] | None = None
         self._homes = _Homes()
+        # (free percent per GPU, free CPU and memory, mix version) -> the homes of a
+        # node in that state (``_recount``)
+        self._homes_of: dict[tuple[Any, ...], tuple[int, ...]] = {}
         # the nodes whose homes may have moved since the last recount
         self._touched = _Touched()
         nodes.listen(self._touched)
@@ -398,7 +401,15 @@ class Sharing:
         at = (id(node), self.ledger.version(name), cpu, memory)
         if self._homes.at(name) != at:
             free = self._free_percents(node)
-            self._homes.count(name, at, sum(free), whole_homes(free, Room(cpu, memory), mix))
+            # nodes of one state have the same homes: counted once per mix version
+            key = (free, cpu, memory, self._homes.version)
+            homes = self._homes_of.get(key)
+            if homes is None:
+                homes = whole_homes(free, Room(cpu, memory), mix)
+                if len(self._homes_of) >= MAX_MEMO:
+                    self._homes_of.clear()
+                self._homes_of[key] = homes
+            self._homes.count(name, at, sum(free), homes)
         return True
 
     def _free_percents(self, node: SharedNode) -> tuple[int, ...]:
