@@ -4,8 +4,9 @@ Pods that ask for a sharing resource (``core.sharing``: sGPU, vcuda, MPS) are pl
 a node **and** on GPUs by the extender, because kube-scheduler counts only whole
 devices. Map: ``sharednodes`` (a node as sharing sees it), ``ledger`` (who holds what),
 ``arrivals`` (the request mix), ``podapi`` (the API ``bind`` writes through), and here
-``Sharing``: ``filter_parts`` / ``raw`` (filter and prioritize a shared pod, one
-``place`` per node), ``raw_nogpu`` (pods without GPUs) and ``bind``.
+``Sharing``: ``filter_parts`` / ``raw`` (filter and prioritize a shared pod,
+``_placements`` over the nodes: one answer per node shape and state), ``raw_nogpu``
+(pods without GPUs, one value per node state) and ``bind``.
 
 Choice (FGD, Weng et al., ATC '23): the node and GPU where the node's fragmentation
 (``core.sharing.node_fragmentation``) rises least against the arriving mix, each
