@@ -881,7 +881,7 @@ def test_kept_nodes_are_echoed_byte_for_byte_on_the_sharing_path(
 
 
 def test_nodes_of_one_shape_and_state_share_one_placement(annotations: dict[str, str]) -> None:
-    """``Sharing._place_class``: the nodes of one shape whose usage and room are equal
+    """``Sharing._placements``: the nodes of one shape whose usage and room are equal
     are placed once per request and mix; a node whose booking moved is placed again;
     every answer is what ``_place`` gives that node alone."""
     from gpuk8s.core.sharing import Room
@@ -930,13 +930,13 @@ def test_prioritize_takes_the_filters_placements_while_nothing_moves(
     sharing = ext.sharing
     assert sharing is not None
     placed: list[str] = []
-    real = share.Sharing.place
+    real = share.Sharing._placements
 
-    def counted(self: Any, name: str, *rest: Any, **options: Any) -> Any:
-        placed.append(name)
-        return real(self, name, *rest, **options)
+    def counted(self: Any, request: Any, names: list[str], *rest: Any) -> Any:
+        placed.extend(names)
+        return real(self, request, names, *rest)
 
-    share.Sharing.place = counted  # type: ignore[method-assign]
+    share.Sharing._placements = counted  # type: ignore[method-assign]
     try:
         sharing.filter_parts(HALF, names, "uid-p2")
         placed.clear()
@@ -948,5 +948,113 @@ def test_prioritize_takes_the_filters_placements_while_nothing_moves(
         moved = sharing.raw(HALF, names, "uid-p2")
         assert placed == names  # the ledger moved: placed again
     finally:
-        share.Sharing.place = real  # type: ignore[method-assign]
+        share.Sharing._placements = real  # type: ignore[method-assign]
     assert moved[1] != first[1]  # b now holds a 60 % share
+
+
+def test_pods_without_gpus_rank_nodes_of_one_state_once(
+    annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Sharing._nogpu_class_value``: nodes whose free GPUs, CPU and memory are equal
+    are filled with the mix once per pod and mix, whatever their names; a node whose
+    booking moved is filled again; the ranks are those of an extender that never saw
+    the nodes before."""
+    from gpuk8s.core.sharing import filled
+    from gpuk8s.services.extender import share
+
+    names = [f"n{i}" for i in range(6)]
+    free = {n: (32_000, 65_536) for n in names}
+    arrivals = ArrivalMix()
+    for i in range(10):
+        arrivals.observe(f"s{i}", HALF, 8000, 1024)
+    ext, api, _ = over([node(n, annotations) for n in names],
+                       free_room=lambda name: free[name], arrivals=arrivals)
+    sharing = ext.sharing
+    assert sharing is not None
+    fills: list[tuple[int, ...]] = []
+    real = filled
+
+    def counted(gpus: Any, *rest: Any) -> Any:
+        fills.append(tuple(gpus))
+        return real(gpus, *rest)
+
+    monkeypatch.setattr(share, "filled", counted)
+    assert sharing.raw_nogpu(names, (4000, 1024)) == [0.0] * 6
+    assert len(fills) == 1  # six nodes, one state: filled once
+    assert bind(ext, api, pod("p1", "60"), "n3") == ""
+    fills.clear()
+    ranked = sharing.raw_nogpu(names, (2000, 512))
+    assert fills == [(40, 100)]  # only n3's new state; the others' base is kept
+    monkeypatch.undo()
+    fresh = share.Sharing(sharing.nodes, sharing.ledger, free_room=lambda name: free[name],
+                          arrivals=arrivals)
+    assert ranked == fresh.raw_nogpu(names, (2000, 512))
+    assert ranked[3] != ranked[0]
+
+
+def test_a_filter_looks_up_what_all_nodes_share_once(
+    annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Sharing._placements``: the pod's own assignment is looked up once per request,
+    not once per node, and each node's answer is still what ``place`` gives it alone
+    (the node holding the pod's own share placed without it)."""
+    names = [f"n{i}" for i in range(6)]
+    ext, api, ledger = over([node(n, annotations) for n in names])
+    sharing = ext.sharing
+    assert sharing is not None
+    assert bind(ext, api, pod("p1", "60"), "n2") == ""
+    uid = "uid-p1"
+    assert ledger.get(uid) is not None and ledger.get(uid).node == "n2"  # type: ignore[union-attr]
+    looked: list[str] = []
+    real = ledger.get
+
+    def counted(key: str) -> Any:
+        looked.append(key)
+        return real(key)
+
+    monkeypatch.setattr(ledger, "get", counted)
+    keep, failed, unresolvable = sharing.filter_parts(HALF, names, uid)
+    assert looked == [uid]  # six nodes, one lookup
+    monkeypatch.undo()
+    assert keep == names and not failed and not unresolvable
+    from gpuk8s.services.extender import share
+
+    alone = [sharing.place(n, HALF, uid) for n in names]
+    fresh = share.Sharing(sharing.nodes, ledger, arrivals=sharing.arrivals)
+    assert alone == [fresh.place(n, HALF, uid) for n in names]
+    assert sharing.raw(HALF, names, uid) == [p.raw for p in alone]
+    # n2 without the pod's own share is as empty as the others
+    assert alone[2] == alone[0]
+
+
+def test_homes_are_counted_once_per_node_state(
+    annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Sharing._recount``: nodes whose free GPUs, CPU and memory are equal count the
+    same homes per whole-GPU class, computed once per mix version; the scarcity mix
+    is the one an extender that counted every node alone gives."""
+    from gpuk8s.core.sharing import whole_homes
+    from gpuk8s.services.extender import share
+
+    names = [f"n{i}" for i in range(6)]
+    free = {n: (32_000, 65_536) for n in names}
+    arrivals = ArrivalMix()
+    for i in range(10):
+        arrivals.observe(f"w{i}", ShareRequest(MODE_SGPU, 1, 100, 0), 8000, 1024)
+    ext, _, ledger = over([node(n, annotations) for n in names],
+                            free_room=lambda name: free[name], arrivals=arrivals)
+    sharing = ext.sharing
+    assert sharing is not None
+    counted: list[tuple[int, ...]] = []
+
+    def homes(gpus: Any, *rest: Any) -> Any:
+        counted.append(tuple(gpus))
+        return whole_homes(gpus, *rest)
+
+    monkeypatch.setattr(share, "whole_homes", homes)
+    mixed = sharing._scarce_mix()
+    assert counted == [(100, 100)]  # six nodes, one state: counted once
+    monkeypatch.undo()
+    fresh = share.Sharing(sharing.nodes, ledger, free_room=lambda name: free[name],
+                          arrivals=arrivals)
+    assert fresh._scarce_mix() == mixed

@@ -4,8 +4,9 @@ Pods that ask for a sharing resource (``core.sharing``: sGPU, vcuda, MPS) are pl
 a node **and** on GPUs by the extender, because kube-scheduler counts only whole
 devices. Map: ``sharednodes`` (a node as sharing sees it), ``ledger`` (who holds what),
 ``arrivals`` (the request mix), ``podapi`` (the API ``bind`` writes through), and here
-``Sharing``: ``filter_parts`` / ``raw`` (filter and prioritize a shared pod, one
-``place`` per node), ``raw_nogpu`` (pods without GPUs) and ``bind``.
+``Sharing``: ``filter_parts`` / ``raw`` (filter and prioritize a shared pod,
+``_placements`` over the nodes: one answer per node shape and state), ``raw_nogpu``
+(pods without GPUs, one value per node state) and ``bind``.
 
 Choice (FGD, Weng et al., ATC '23): the node and GPU where the node's fragmentation
 (``core.sharing.node_fragmentation``) rises least against the arriving mix, each
@@ -155,9 +156,6 @@ _RECORD_ATTEMPTS = 3
 
 # what the pod asks besides its share: CPU millicores, memory MiB
 Need = tuple[int, int]
-# what a memoised placement depends on: node identity, ledger version of the node,
-# mix version, the node's free CPU and memory
-_Version = tuple[int, int, object, int | None, int | None]
 
 
 @dataclass(frozen=True)
@@ -238,22 +236,21 @@ class Sharing:
         self._room = free_room if isinstance(free_room, RoomView) else None
         self.arrivals = arrivals if arrivals is not None else ArrivalMix()
         self._lock = threading.Lock()
-        # (node, share, pod CPU and memory) -> ((node identity, ledger version, mix
-        # version, node's free CPU and memory), placement)
-        self._memo: dict[tuple[str, ShareRequest, int, int], tuple[_Version, Placement]] = {}
-        # (node shape, its usage, share, room, mix version) -> placement: what the
-        # nodes of one shape and state share (``_place_class``), and per node the
-        # usage key of its ledger version
-        self._by_class: dict[tuple[Any, ...], Placement] = {}
+        # per request (share, pod CPU and memory, mix version): (node shape, its usage,
+        # its free CPU and memory) -> placement, what the nodes of one shape and state
+        # share (``_placements``); ``_classes``: the entries over all requests; per node
+        # the usage key of its ledger version (``_usage_key``)
+        self._by_class: dict[tuple[Any, ...], dict[tuple[Any, ...], Placement]] = {}
+        self._classes = 0
         # the latest filter's placements per node and what they depended on (``_state``)
         self._answers: tuple[tuple[Any, ...], dict[str, Placement]] | None = None
         self._usage_keys: dict[str, tuple[int, tuple[Any, ...]]] = {}
-        # (node, pod CPU and memory) -> (same version, value) for pods without GPUs
-        self._nogpu_memo: dict[tuple[str, int, int], tuple[_Version, tuple[float, float]]] = {}
-        # per node: (its state, free percent per GPU, the node filled with each class and
-        # its fragmentation before a pod without GPUs) -- the same for every such pod
-        # until it changes
-        self._nogpu_base: dict[str, tuple[_Version, list[int], Filled, float]] = {}
+        # what pods without GPUs share across nodes of one state: (free percent per GPU,
+        # free CPU and memory, mix version) -> (the node filled with each class, its
+        # fragmentation) before the pod; with the pod's CPU and memory added -> its value
+        # (``_nogpu_class``)
+        self._nogpu_base: dict[tuple[Any, ...], tuple[Filled, float]] = {}
+        self._nogpu_class: dict[tuple[Any, ...], tuple[float, float]] = {}
         # the mix with whole-GPU classes weighted by their shortage (``whole_scarcity``):
         # ((ledger change, node views' changes, mix version, room version), (version,
         # scaled mix)); the homes counted for it (``_Homes``); per node ((node
@@ -261,13 +258,16 @@ class Sharing:
         # read too (``_free_percents``)
         self._scarce: tuple[tuple[Any, ...], tuple[Any, ShareMix]] | None = None
         self._homes = _Homes()
+        # (free percent per GPU, free CPU and memory, mix version) -> the homes of a
+        # node in that state (``_recount``)
+        self._homes_of: dict[tuple[Any, ...], tuple[int, ...]] = {}
         # the nodes whose homes may have moved since the last recount
         self._touched = _Touched()
         nodes.listen(self._touched)
         ledger.listen(self._touched)
         if self._room is not None:
             self._room.listen(self._touched)
-        self._free_of: dict[str, tuple[tuple[int, int], list[int]]] = {}
+        self._free_of: dict[str, tuple[tuple[int, int], tuple[int, ...]]] = {}
         # the allocator's best sets, shared by the nodes of one topology
         self._sets = BestSets()
         self.binds = 0
@@ -289,43 +289,55 @@ class Sharing:
         mixed: tuple[Any, ShareMix] | None = None,
     ) -> Placement:
         """Where ``share`` goes on node ``name`` for a pod requesting ``cpu_milli`` and
-        ``memory_mib`` (memoised per node state and request; ``without``: a pod whose
-        own assignment does not count, e.g. on a re-bind; ``mixed``: ``_scarce_mix()``
-        when the caller took it once for many nodes)."""
-        node = self.nodes.get(name)
-        own = self.ledger.get(without) if without else None
-        cpu, memory = self._free_room(name) if self._free_room is not None else (None, None)
-        room = Room(cpu, memory, cpu_milli, memory_mib)
-        mix_version, mix = mixed if mixed is not None else self._scarce_mix()
-        if node is None or (own is not None and own.node == name):
-            return self._place(node, name, share, without, room, mix)
-        key = (name, share, cpu_milli, memory_mib)
-        version = (id(node), self.ledger.version(name), mix_version, cpu, memory)
-        hit = self._memo.get(key)
-        if hit is not None and hit[0] == version:
-            return hit[1]
-        placed = self._place_class(node, share, room, mix_version, mix)
-        if len(self._memo) >= MAX_MEMO:
-            self._memo.clear()
-        self._memo[key] = (version, placed)
-        return placed
+        ``memory_mib`` (``without``: a pod whose own assignment does not count, e.g. on a
+        re-bind; ``mixed``: ``_scarce_mix()`` when the caller took it already)."""
+        mixed = mixed if mixed is not None else self._scarce_mix()
+        return self._placements(share, [name], without, (cpu_milli, memory_mib), mixed)[name]
 
-    def _place_class(
-        self, node: SharedNode, share: ShareRequest, room: Room, mix_version: Any, mix: ShareMix
-    ) -> Placement:
-        """``_place`` shared by the nodes of one shape (``SharedNode.shape``) and state:
-        the same GPUs, usage and room give the same answer whatever the node's name
-        (the caller has ruled out a pod that holds a share on the node itself)."""
-        if node.shape is None:
-            return self._place(node, node.name, share, "", room, mix)
-        key = (node.shape, self._usage_key(node.name), share, room, mix_version)
-        placed = self._by_class.get(key)
-        if placed is None:
-            placed = self._place(node, node.name, share, "", room, mix)
-            if len(self._by_class) >= MAX_MEMO:
-                self._by_class.clear()
-            self._by_class[key] = placed
-        return placed
+    def _placements(
+        self,
+        share: ShareRequest,
+        names: list[str],
+        without: str,
+        need: Need,
+        mixed: tuple[Any, ShareMix],
+    ) -> dict[str, Placement]:
+        """``place`` for each of ``names``, shared by the nodes of one shape
+        (``SharedNode.shape``) and state: the same GPUs, usage and room give the same
+        answer whatever the node's name, so one lookup per node finds it (what is the
+        same for every node -- the request, the mix, the pod's own assignment -- is
+        looked up once). A node that holds ``without``'s share, or has no view, is
+        placed alone every time."""
+        mix_version, mix = mixed
+        own = self.ledger.get(without) if without else None
+        mine = own.node if own is not None else None
+        request = (share, need, mix_version)
+        classes = self._by_class.get(request)
+        if classes is None:
+            classes = self._by_class[request] = {}
+            self._classes += 1
+        free_room, nodes, usage_key = self._free_room, self.nodes, self._usage_key
+        out: dict[str, Placement] = {}
+        for name in names:
+            node = nodes.get(name)
+            cpu, memory = free_room(name) if free_room is not None else (None, None)
+            if node is None or name == mine:
+                room = Room(cpu, memory, *need)
+                out[name] = self._place(node, name, share, without, room, mix)
+                continue
+            shape = node.shape if node.shape is not None else (name, id(node))
+            key = (shape, usage_key(name), cpu, memory)
+            placed = classes.get(key)
+            if placed is None:
+                placed = self._place(node, name, share, "", Room(cpu, memory, *need), mix)
+                if self._classes >= MAX_MEMO:
+                    self._by_class.clear()
+                    classes = self._by_class[request] = {}
+                    self._classes = 0
+                classes[key] = placed
+                self._classes += 1
+            out[name] = placed
+        return out
 
     def _usage_key(self, name: str) -> tuple[Any, ...]:
         """What the ledger books on node ``name``, per GPU, as a hashable value (cached
@@ -390,16 +402,24 @@ class Sharing:
         at = (id(node), self.ledger.version(name), cpu, memory)
         if self._homes.at(name) != at:
             free = self._free_percents(node)
-            self._homes.count(name, at, sum(free), whole_homes(free, Room(cpu, memory), mix))
+            # nodes of one state have the same homes: counted once per mix version
+            key = (free, cpu, memory, self._homes.version)
+            homes = self._homes_of.get(key)
+            if homes is None:
+                homes = whole_homes(free, Room(cpu, memory), mix)
+                if len(self._homes_of) >= MAX_MEMO:
+                    self._homes_of.clear()
+                self._homes_of[key] = homes
+            self._homes.count(name, at, sum(free), homes)
         return True
 
-    def _free_percents(self, node: SharedNode) -> list[int]:
+    def _free_percents(self, node: SharedNode) -> tuple[int, ...]:
         """Percent free per usable GPU of ``node`` (``core.sharing.free_percent``),
         cached until the node's view or its ledger version changes."""
         at = (id(node), self.ledger.version(node.name))
         known = self._free_of.get(node.name)
         if known is None or known[0] != at:
-            known = (at, list(free_percent(node.gpus, self.ledger.usage(node.name)).values()))
+            known = (at, tuple(free_percent(node.gpus, self.ledger.usage(node.name)).values()))
             if len(self._free_of) >= MAX_MEMO:
                 self._free_of.clear()
             self._free_of[node.name] = known
@@ -510,9 +530,9 @@ class Sharing:
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         mixed = self._scarce_mix()
-        table: dict[str, Placement] = {}
+        table = self._placements(share, names, uid, need, mixed)
         for name in names:
-            placed = table[name] = self.place(name, share, uid, *need, mixed=mixed)
+            placed = table[name]
             if placed.gpus is not None:
                 keep.append(name)
             elif placed.unresolvable:
@@ -534,10 +554,11 @@ class Sharing:
         answers = self._answers
         table = answers[1] if answers is not None and state is not None and (
             answers[0] == state) else {}
+        missing = [name for name in names if name not in table]
+        if missing:
+            table = {**table, **self._placements(share, missing, uid, need, mixed)}
         for name in names:
-            placed = table.get(name)
-            if placed is None:
-                placed = self.place(name, share, uid, *need, mixed=mixed)
+            placed = table[name]
             out.append(placed.raw if placed.gpus is not None else None)
         return out
 
@@ -580,29 +601,45 @@ class Sharing:
         if node is None or node.problem is not None:
             return None
         cpu, memory = self._free_room(name) if self._free_room is not None else (None, None)
-        key = (name, *need)
-        version = (id(node), self.ledger.version(name), mix_version, cpu, memory)
-        hit = self._nogpu_memo.get(key)
-        if hit is not None and hit[0] == version:
-            return hit[1]
+        return self._nogpu_class_value(
+            self._free_percents(node), cpu, memory, need, mix_version, mix
+        )
+
+    def _nogpu_class_value(
+        self,
+        free: tuple[int, ...],
+        cpu: int | None,
+        memory: int | None,
+        need: Need,
+        mix_version: int,
+        mix: ShareMix,
+    ) -> tuple[float, float]:
+        """``_nogpu``'s value from all it reads (the node's free percent per GPU, its free
+        CPU and memory, the pod's, the mix), shared by the nodes of one state: most of a
+        cluster's nodes are alike, and a pod without GPUs would otherwise fill each of
+        them with every class of the mix again."""
+        key = (free, cpu, memory, need, mix_version)
+        ranked = self._nogpu_class.get(key)
+        if ranked is not None:
+            return ranked
         room = Room(cpu, memory, *need)
         after = room.after()
-        base = self._nogpu_base.get(name)
-        if base is None or base[0] != version:
-            free = self._free_percents(node)
-            base = (version, free, filled(free, room, mix), node_fragmentation(free, room, mix))
+        at = (free, cpu, memory, mix_version)
+        base = self._nogpu_base.get(at)
+        if base is None:
+            base = (filled(free, room, mix), node_fragmentation(free, room, mix))
             if len(self._nogpu_base) >= MAX_MEMO:
                 self._nogpu_base.clear()
-            self._nogpu_base[name] = base
-        _, free, fill_before, frag_before = base
+            self._nogpu_base[at] = base
+        fill_before, frag_before = base
         stranded = fill_taken(fill_before, after, mix)
         rise = node_fragmentation(free, after, mix) - frag_before
         load = gpus_per_core(sum(free), after)
         value = -rise if load is None else -round(load, 6) * LOAD_RANK - rise
         ranked = (-round(stranded, 6), round(value, 9))
-        if len(self._nogpu_memo) >= MAX_MEMO:
-            self._nogpu_memo.clear()
-        self._nogpu_memo[key] = (version, ranked)
+        if len(self._nogpu_class) >= MAX_MEMO:
+            self._nogpu_class.clear()
+        self._nogpu_class[key] = ranked
         return ranked
 
     # -- bind ---------------------------------------------------------------------
