@@ -306,8 +306,9 @@ def test_5_rbac_matrix_each_service_account_may_do_its_job_and_nothing_else(
 def test_6_node_agents_may_patch_only_their_own_node(
     installed: dict[str, str], tmp_path: Path
 ) -> None:
-    """The chart's ValidatingAdmissionPolicy on the lab's kube-apiserver (1.35): a token
-    of the real gpu-label pod changes its own Node, never another one."""
+    """The chart's ValidatingAdmissionPolicies on the lab's kube-apiserver (1.35): a token
+    of the real gpu-label pod changes a label it writes on its own Node, never another
+    Node, and on its own Node no label it does not own."""
     node = installed["node"]
     other = "e2e-not-this-node"
     pod = kubectl("-n", NS, "get", "pods", "-l", "app.kubernetes.io/name=gpu-label",
@@ -326,7 +327,7 @@ def test_6_node_agents_may_patch_only_their_own_node(
         "current-context": "agent"}))
     apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": other}})
     try:
-        label = ["label", "node", "--overwrite", "--dry-run=server", "e2e.gpuk8s.io/probe=1"]
+        label = ["label", "node", "--overwrite", "--dry-run=server", "metax-tech.com/e2e-probe=1"]
         own = run(KUBECTL, "--kubeconfig", str(as_agent), *label[:2], node, *label[2:],
                   check=False)
         assert own.returncode == 0, own.stderr
@@ -334,6 +335,11 @@ def test_6_node_agents_may_patch_only_their_own_node(
                      check=False)
         assert denied.returncode != 0
         assert "may change only the Node its pod runs on" in denied.stderr, denied.stderr
+        foreign = run(KUBECTL, "--kubeconfig", str(as_agent), "label", "node", node,
+                      "--overwrite", "--dry-run=server", "e2e.gpuk8s.io/probe=1", check=False)
+        assert foreign.returncode != 0
+        assert "may not change the Node labels e2e.gpuk8s.io/probe" in foreign.stderr, \
+            foreign.stderr
         # RBAC alone would allow it: the policy is what stops it
         assert can_i("gpu-label", "patch", "nodes", NS, other)
     finally:
