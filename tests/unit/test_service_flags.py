@@ -12,8 +12,8 @@ import pytest
 from gpuk8s.cli import SERVICES
 from gpuk8s.services.flags import KUBECONFIG_FALLBACK, port_number
 
-# the extender's --health-port is its own: unset means "the main port serves the probes"
-# and 0 an ephemeral port, so only the others share the 0-is-off declaration
+# the extender's --health-port is the shared one with ``unset``: unset means "the main port
+# serves the probes" and 0 a free port; the others default to 0, off
 OWN_HEALTH_PORT = {"extender"}
 NO_HEALTH_PORT = {"exporter"}  # the probes are on its --port, beside /metrics
 
@@ -62,6 +62,14 @@ def test_a_port_out_of_range_is_a_usage_error(
         _parser(service).parse_args(["--health-port", "70000"])
     assert exited.value.code == 2
     assert "--health-port: 70000 is not in 0..65535 (0: off)" in capsys.readouterr().err
+
+
+def test_the_extenders_health_port_is_the_shared_one_unset_by_default() -> None:
+    health = _action(_parser("extender"), "--health-port")
+    assert health is not None and health.type is port_number and health.default is None
+    assert health.help is not None
+    assert "the main port serves them too; 0: a free port" in health.help
+    assert _parser("extender").parse_args(["--health-port", "0"]).health_port == 0
 
 
 def test_port_number() -> None:

@@ -7,6 +7,8 @@ flag                default    meaning
                                pod, else ``$KUBECONFIG``, else ``~/.kube/config``
                                (``kube.api_client``)
 ``--health-port``   ``0``      serve the service's probe endpoints on this port; 0: none
+                               (gpu-aware, whose main port answers them too: unset, and
+                               0 a free port)
 log options         stderr     ``--log-dir``, ``--log-level``, ... (``logging_setup``)
 ==================  =========  ==============================================================
 
@@ -49,9 +51,21 @@ def port_number(text: str) -> int:
     return port
 
 
-def add_health_port_argument(parser: argparse.ArgumentParser, *, serves: str) -> None:
-    """``--health-port PORT``, default 0 (no endpoint); ``serves`` names what it answers."""
+def add_health_port_argument(parser: argparse.ArgumentParser, *, serves: str,
+                             unset: str | None = None) -> None:
+    """``--health-port PORT``, default 0 (no endpoint); ``serves`` names what it answers.
+
+    A service whose main port already answers the probes (gpu-aware) passes ``unset``:
+    the flag then defaults to None (no listener of its own, ``unset`` says what serves
+    them instead) and 0 asks the kernel for a free port."""
+    if unset is None:
+        parser.add_argument(
+            "--health-port", type=port_number, default=0, metavar="PORT",
+            help=f"serve {serves} on this port (default 0: off)",
+        )
+        return
     parser.add_argument(
-        "--health-port", type=port_number, default=0, metavar="PORT",
-        help=f"serve {serves} on this port (default 0: off)",
+        "--health-port", type=port_number, default=None, metavar="PORT",
+        help=f"also serve {serves} on this port, on a listener of its own (default: none; "
+             f"{unset}; 0: a free port)",
     )

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 from ...core.errors import ConfigError, GpuK8sError
 from ...core.scoring import DEFAULT_PRIOR, DEFAULT_PRIOR_GPUS
-from ..flags import add_kubeconfig_argument, add_log_arguments
+from ..flags import add_health_port_argument, add_kubeconfig_argument, add_log_arguments
 from ..kube import api_client
 from ..logging_setup import LogOptions, configure_logging
 from .cuda import NodeCudaVersions
@@ -165,13 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="CA bundle (PEM) that signs the clients' certificates (kube-scheduler's certFile)",
     )
-    parser.add_argument(
-        "--health-port",
-        type=int,
-        default=None,
-        help="also serve GET /healthz, /readyz, /metrics in plain HTTP on this port, on "
-        "its own listener (default: none; the main port serves them too)",
-    )
+    add_health_port_argument(parser, serves="GET /healthz, /readyz, /metrics in plain HTTP",
+                             unset="the main port serves them too")
     parser.add_argument(
         "--prioritize-min-score",
         type=int,
