@@ -23,7 +23,7 @@ Bounds, so that no client can take the service down:
   ``IDLE_TIMEOUT_S``;
 * a new connection is *pending* until its TLS handshake (plain HTTP: its first request)
   has finished, within ``handshake_timeout`` (3 s); pending connections have a pool of
-  their own, ``max_pending`` (64) in total and ``max_pending_per_client`` (4) per
+  their own, ``max_pending`` (64) in total and ``max_pending_per_client`` (16) per
   address: past the latter the new one is refused, at the total cap the oldest pending
   one gives way. They never take an established connection's place;
 * new connections per address are rate-limited (``admission.AcceptRate``: 20 a second,
@@ -80,7 +80,9 @@ DEFAULT_MAX_PER_CLIENT = 16
 # their own, a short deadline, so they never hold an established connection's place
 DEFAULT_HANDSHAKE_TIMEOUT_S = 3.0
 DEFAULT_MAX_PENDING = 64
-DEFAULT_MAX_PENDING_PER_CLIENT = 4
+# as many as one client may hold established: kube-scheduler starting with a burst of
+# binds opens that many at once before any is answered (a cap of 4 refused its 5th)
+DEFAULT_MAX_PENDING_PER_CLIENT = 16
 STUCK_AFTER_S = 30.0  # liveness: a request in the extender this long means a stuck server
 _RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset, no TIME_WAIT
 IDLE_TIMEOUT_S = 120.0  # longer than Go's idle keep-alive (90 s), so the client closes first
