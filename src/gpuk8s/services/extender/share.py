@@ -128,6 +128,14 @@ class RoomView(Protocol):
     def listen(self, callback: Touch) -> None: ...
 
 
+def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
+    """``memo[key] = value``, a memo that starts over once it holds ``MAX_MEMO`` entries
+    (memory bounded by design; what it held is recomputed on demand)."""
+    if len(memo) >= MAX_MEMO:
+        memo.clear()
+    memo[key] = value
+
+
 class _Touched:
     """The nodes that may have changed since the last ``take`` (a ``Touch``); its lock
     is taken alone, so a source may touch while holding its own."""
@@ -350,9 +358,7 @@ class Sharing:
                 (index, u.core, u.memory_mib, u.shares, u.exclusive)
                 for index, u in sorted(usage.items())
             ))
-            if len(self._usage_keys) >= MAX_MEMO:
-                self._usage_keys.clear()
-            self._usage_keys[name] = known
+            _remember(self._usage_keys, name, known)
         return known[1]
 
     def _scarce_mix(self) -> tuple[Any, ShareMix]:
@@ -407,9 +413,7 @@ class Sharing:
             homes = self._homes_of.get(key)
             if homes is None:
                 homes = whole_homes(free, Room(cpu, memory), mix)
-                if len(self._homes_of) >= MAX_MEMO:
-                    self._homes_of.clear()
-                self._homes_of[key] = homes
+                _remember(self._homes_of, key, homes)
             self._homes.count(name, at, sum(free), homes)
         return True
 
@@ -420,9 +424,7 @@ class Sharing:
         known = self._free_of.get(node.name)
         if known is None or known[0] != at:
             known = (at, tuple(free_percent(node.gpus, self.ledger.usage(node.name)).values()))
-            if len(self._free_of) >= MAX_MEMO:
-                self._free_of.clear()
-            self._free_of[node.name] = known
+            _remember(self._free_of, node.name, known)
         return known[1]
 
     def _place(
@@ -628,18 +630,14 @@ class Sharing:
         base = self._nogpu_base.get(at)
         if base is None:
             base = (filled(free, room, mix), node_fragmentation(free, room, mix))
-            if len(self._nogpu_base) >= MAX_MEMO:
-                self._nogpu_base.clear()
-            self._nogpu_base[at] = base
+            _remember(self._nogpu_base, at, base)
         fill_before, frag_before = base
         stranded = fill_taken(fill_before, after, mix)
         rise = node_fragmentation(free, after, mix) - frag_before
         load = gpus_per_core(sum(free), after)
         value = -rise if load is None else -round(load, 6) * LOAD_RANK - rise
         ranked = (-round(stranded, 6), round(value, 9))
-        if len(self._nogpu_class) >= MAX_MEMO:
-            self._nogpu_class.clear()
-        self._nogpu_class[key] = ranked
+        _remember(self._nogpu_class, key, ranked)
         return ranked
 
     # -- bind ---------------------------------------------------------------------
