@@ -285,8 +285,6 @@ def build_service(
             f"--max-connections-per-client: {args.max_connections_per_client} must be 1.."
             f"{args.max_connections} (--max-connections)"
         )
-    if args.health_port is not None and not 0 <= args.health_port <= 65535:
-        raise ConfigError(f"--health-port: {args.health_port} must be 0..65535")
     if args.health_port is not None and args.health_port == args.port != 0:
         raise ConfigError(f"--health-port: {args.health_port} is --port too; pick another")
     tls_files = (args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
