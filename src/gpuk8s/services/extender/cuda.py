@@ -20,30 +20,16 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
-import msgspec
-
 from ...core.cuda import RUNTIME_ANNOTATION, CudaVersion, check, node_version, parse_version
 from ...core.errors import ConfigError
 from .demand import Demand
-from .views import NodeItem
+from .views import NodeItem, raw_text
 
 log = logging.getLogger("gpuk8s.extender")
 
-_STRING = msgspec.json.Decoder(str)
-
-
-def _text(raw: msgspec.Raw | bytes) -> str | None:
-    if not raw:
-        return None
-    try:
-        return _STRING.decode(raw)
-    except msgspec.DecodeError:
-        return None
-
-
 def item_version(item: NodeItem) -> CudaVersion | None:
     """The node's driver CUDA version from its labels; None when unlabelled."""
-    return node_version(_text(item.cuda[0]), _text(item.cuda[1]))
+    return node_version(raw_text(item.cuda[0]), raw_text(item.cuda[1]))
 
 
 class NodeCudaVersions:
@@ -83,7 +69,7 @@ def runtime_of(demand: Demand) -> tuple[CudaVersion | None, str | None]:
     """(the pod's CUDA runtime, why its annotation is unusable); (None, None) without one."""
     if demand.cuda_runtime is None:
         return None, None
-    text = _text(demand.cuda_runtime)
+    text = raw_text(demand.cuda_runtime)
     if text is None:
         return None, f"annotation {RUNTIME_ANNOTATION} must be a string such as \"12.4\""
     try:

@@ -182,7 +182,16 @@ class NodeView(Struct, gc=False):
 
 POD = msgspec.json.Decoder(PodView)
 STRING = msgspec.json.Decoder(str)
-_STRING = STRING
+
+
+def raw_text(raw: Raw | bytes) -> str | None:
+    """The JSON string sent as ``raw``; None when absent, null or not a string."""
+    if not raw or bytes(raw) == b"null":
+        return None
+    try:
+        return STRING.decode(raw)
+    except msgspec.DecodeError:
+        return None
 
 
 class NodeItem(Struct, frozen=True, gc=False):
@@ -203,14 +212,7 @@ class NodeItem(Struct, frozen=True, gc=False):
 
     def label_values(self) -> tuple[str | None, str | None]:
         """(sharing mode label, gpu.memory label); None when absent or not a string."""
-        out: list[str | None] = []
-        for raw in self.labels:
-            try:
-                value = _STRING.decode(raw) if raw and bytes(raw) != b"null" else None
-            except msgspec.DecodeError:
-                value = None
-            out.append(value)
-        return out[0], out[1]
+        return raw_text(self.labels[0]), raw_text(self.labels[1])
 
     def annotations(self) -> tuple[dict[str, str], str | None]:
         """(the annotations that are strings, why the others are unusable or None)."""
@@ -221,7 +223,7 @@ class NodeItem(Struct, frozen=True, gc=False):
             if not raw or bytes(raw) == b"null":
                 continue
             try:
-                out[key] = _STRING.decode(raw)
+                out[key] = STRING.decode(raw)
             except msgspec.DecodeError:
                 return out, f"annotation {key} must be a string (a JSON document as text)"
         return out, None
