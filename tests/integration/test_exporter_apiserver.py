@@ -53,7 +53,7 @@ def test_in_cluster_reader_lists_the_pods_of_one_node(apiserver: Any, tmp_path: 
         index = in_cluster_lister("gpu-1", reader)()
         assert index.by_id == {CID: ContainerRef(ns, "train", "main")}
         assert list(index.by_uid) == [pod.metadata.uid]  # only gpu-1's pod
-        assert index.assigned == {(ns, "train"): (5,)}  # its sharing assignment, read back
+        assert {k: a.gpus for k, a in index.assigned.items()} == {(ns, "train"): (5,)}
         assert index.listed == {(ns, "train")} and not index.unreadable
         (tmp_path / "nobody").mkdir()
         nobody = InClusterReader(_secrets(tmp_path / "nobody", apiserver, "nobody-token"),

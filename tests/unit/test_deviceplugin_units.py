@@ -174,6 +174,7 @@ def entry(**kw: object) -> dict[str, object]:
     base: dict[str, object] = {
         "id": "0000:03:00.0", "pci": "0000:03:00.0", "gpu": 0, "vf": None, "product": "C500",
         "numa": 0, "group": 0, "switch": "0000:01:00.0", "healthy": True, "allocated": False,
+        "uuid": "GPU-6a7b11c3-f18b-4878-7af9-0ab897f24684",
     }  # fmt: skip
     base.update(kw)
     return base
@@ -184,6 +185,7 @@ def test_device_list_format_is_the_documented_one() -> None:
     assert json.loads(raw) == [entry()]
     assert list(json.loads(raw)[0]) == [
         "id", "pci", "gpu", "vf", "product", "numa", "group", "switch", "healthy", "allocated",
+        "uuid",
     ]  # fmt: skip
     assert " " not in raw
     assert DEVICES_ANNOTATION == "metax-tech.com/gpu.devices"
@@ -201,11 +203,21 @@ def test_device_list_format_is_the_documented_one() -> None:
         (json.dumps([entry(numa="0")]), "'numa' must be a non-negative integer or null"),
         (json.dumps([entry(id="x" * 64)]), "at most 63"),
         (json.dumps([entry(), entry()]), "duplicate device id"),
+        (json.dumps([entry(uuid=7)]), "'uuid' must be a non-empty string or null"),
     ],
 )
 def test_device_list_errors_name_entry_and_key(raw: str, message: str) -> None:
     with pytest.raises(InventoryError, match=message):
         parse_device_list(raw)
+
+
+def test_device_list_names_gpus_by_uuid_else_pci_and_reads_lists_without_uuid() -> None:
+    [new] = parse_device_list(json.dumps([entry(pci="0000:06:00.0", gpu=3)]))
+    assert (new.uuid, new.stable_id) == (entry()["uuid"],) * 2
+    old = entry(pci="0000:06:00.0", gpu=3)
+    del old["uuid"]  # a list written before the key existed
+    [parsed] = parse_device_list(json.dumps([old]))
+    assert (parsed.uuid, parsed.stable_id, parsed.gpu) == (None, "0000:06:00.0", 3)
 
 
 def test_device_list_tolerates_absence_and_extra_keys() -> None:

@@ -877,7 +877,7 @@ def test_pods_are_indexed_from_their_json() -> None:
     assert index.by_id == {CID["a"]: A}
     assert index.by_uid == {UID_A: [A, ContainerRef("team-a", "train", "waiting")], UID_B: [],
                             "x": []}
-    assert index.assigned == {("team-b", "serve"): (5,)}  # the unreadable one is left out
+    assert {k: a.gpus for k, a in index.assigned.items()} == {("team-b", "serve"): (5,)}
     assert list(index.unreadable) == [("team-c", "bad")]
     assert "sharing.assigned" in index.unreadable[("team-c", "bad")]
     assert index.listed == {("team-a", "train"), ("team-b", "serve"), ("team-c", "bad")}

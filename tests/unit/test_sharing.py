@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
 import pytest
 
 from gpuk8s.core import sharing as s
+from gpuk8s.core.model import index_by_id, stable_gpu_id
 
 
 def test_sgpu_family_defaults_and_units() -> None:
@@ -214,10 +216,57 @@ def test_assignment_round_trip_and_rebuild() -> None:
     assert s.parse_assignment(None) is None
 
 
+UUID5 = "GPU-229b3f47-d17d-b38a-0cd6-ebe34d285343"
+UUID6 = "GPU-e6b8cde0-4b40-e5c1-a8f1-930b57a23499"
+
+
+def test_assignment_names_gpus_by_stable_id_and_finds_them_after_a_renumbering() -> None:
+    a = s.Assignment("n1", (5, 6), s.ShareRequest(s.MODE_SGPU, 2, 25, 0), (UUID5, UUID6))
+    raw = a.to_json()
+    assert json.loads(raw)["ids"] == [UUID5, UUID6] and json.loads(raw)["gpus"] == [5, 6]
+    assert s.parse_assignment(raw) == a
+    before = index_by_id([(5, UUID5, "0000:85:00.0"), (6, UUID6, "0000:86:00.0")])
+    assert a.current(before) == (5, 6)
+    # GPU 3 left the bus: discovery numbers the two cards 4 and 5 now
+    after = index_by_id([(4, UUID5, "0000:85:00.0"), (5, UUID6, "0000:86:00.0")])
+    assert a.current(after) == (4, 5)
+    assert a.current(index_by_id([(4, UUID5, "0000:85:00.0")])) == (4,)  # 6's card left
+    assert a.current(None) == (5, 6)  # no inventory at hand: the indexes as written
+
+
+def test_a_gpu_without_uuid_is_named_by_its_pci_address() -> None:
+    gpus = index_by_id([(0, None, "0000:03:00.0"), (1, UUID5, "0000:04:00.0")])
+    assert gpus == {"0000:03:00.0": 0, "0000:04:00.0": 1, UUID5: 1}
+    assert stable_gpu_id(None, "0000:03:00.0") == "0000:03:00.0"
+    assert stable_gpu_id(UUID5, "0000:04:00.0") == UUID5
+    a = s.Assignment("n1", (0,), s.ShareRequest(s.MODE_MPS, 1, 30, 0), ("0000:03:00.0",))
+    assert s.parse_assignment(a.to_json()) == a and a.current(gpus) == (0,)
+
+
+def test_an_old_assignment_without_ids_is_read_by_index_as_is() -> None:
+    raw = '{"container":"main","core":50,"gpus":[5],"memoryMiB":0,"mode":"sgpu","node":"n",' \
+          '"whole":false}'
+    old = s.parse_assignment(raw)
+    assert old is not None and old.ids == () and old.gpus == (5,)
+    assert old.to_json() == raw  # written back unchanged: no ids invented
+    # read after a loss it is taken as it is: the documented ambiguity
+    assert old.current(index_by_id([(5, UUID6, "0000:86:00.0")])) == (5,)
+
+
 @pytest.mark.parametrize(
     ("raw", "match"),
     [
         ("{", "not JSON"),
+        ('{"node":"n","mode":"mps","gpus":[0,1],"ids":["a"],"core":1,"memoryMiB":0,'
+         '"whole":false}', "'ids' must be 2 distinct GPU ids"),
+        ('{"node":"n","mode":"mps","gpus":[0,1],"ids":["a","a"],"core":1,"memoryMiB":0,'
+         '"whole":false}', "'ids' must be 2 distinct"),
+        ('{"node":"n","mode":"mps","gpus":[0],"ids":[3],"core":1,"memoryMiB":0,'
+         '"whole":false}', "'ids' must be 1 distinct"),
+        ('{"node":"n","mode":"mps","gpus":[0],"ids":"GPU-1","core":1,"memoryMiB":0,'
+         '"whole":false}', "'ids' must be"),
+        ('{"node":"n","mode":"mps","gpus":[0],"ids":["' + "x" * 65 + '"],"core":1,'
+         '"memoryMiB":0,"whole":false}', "1-64 characters"),
         ("[]", "JSON object"),
         ('{"node":"n","mode":"x","gpus":[0],"core":1,"memoryMiB":0,"whole":false}', "mode"),
         ('{"node":"n","mode":"mps","gpus":[0,0],"core":1,"memoryMiB":0,"whole":false}', "gpus"),

@@ -20,7 +20,14 @@ key             JSON type      meaning
 ``healthy``     boolean        false while the device is Unhealthy
 ``allocated``   boolean        true while a container holds it (kubelet
                                PodResources API)
+``uuid``        string|null    UUID of the physical GPU; null when the vendor tool
+                               reports none. Optional: lists written before it
+                               existed lack it (read as null)
 ==============  =============  ==================================================
+
+``id`` (the kubelet's device id, a PCI address) and ``uuid``/``pci`` name a GPU for
+good; ``gpu`` is its index in the current discovery pass, which moves when a GPU with a
+lower PCI address leaves the bus (display only; ``DeviceEntry.stable_id``).
 
 Stdlib only, no I/O: safe for the extender, the plugin and Ansible modules alike.
 """
@@ -34,6 +41,7 @@ from typing import Any
 
 from .boundedjson import BoundedJsonError, loads_bounded
 from .errors import InventoryError
+from .model import stable_gpu_id
 
 DEVICES_ANNOTATION = "metax-tech.com/gpu.devices"
 MAX_ID_LENGTH = 63
@@ -55,6 +63,12 @@ class DeviceEntry:
     switch: str | None
     healthy: bool
     allocated: bool
+    uuid: str | None = None
+
+    @property
+    def stable_id(self) -> str:
+        """The physical GPU's name in records that outlive a discovery pass."""
+        return stable_gpu_id(self.uuid, self.pci)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +82,7 @@ class DeviceEntry:
             "switch": self.switch,
             "healthy": self.healthy,
             "allocated": self.allocated,
+            "uuid": self.uuid,
         }
 
     @property
@@ -77,6 +92,8 @@ class DeviceEntry:
 
 
 FIELDS: tuple[str, ...] = tuple(DeviceEntry.__dataclass_fields__)
+OPTIONAL_FIELDS = ("uuid",)  # added later: a list without them still reads
+REQUIRED_FIELDS = tuple(k for k in FIELDS if k not in OPTIONAL_FIELDS)
 
 
 def format_device_list(entries: Iterable[DeviceEntry]) -> str:
@@ -115,7 +132,7 @@ def _bool(index: int, key: str, value: object) -> bool:
 def _entry(index: int, raw: object) -> DeviceEntry:
     if not isinstance(raw, Mapping):
         raise InventoryError(f"{DEVICES_ANNOTATION}: entry {index} is not an object")
-    missing = [k for k in FIELDS if k not in raw]
+    missing = [k for k in REQUIRED_FIELDS if k not in raw]
     if missing:
         raise InventoryError(
             f"{DEVICES_ANNOTATION}: entry {index} lacks {', '.join(missing)} "
@@ -142,6 +159,7 @@ def _entry(index: int, raw: object) -> DeviceEntry:
         switch=_str(index, "switch", raw["switch"], True),
         healthy=_bool(index, "healthy", raw["healthy"]),
         allocated=_bool(index, "allocated", raw["allocated"]),
+        uuid=_str(index, "uuid", raw.get("uuid"), True),
     )
 
 

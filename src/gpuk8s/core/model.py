@@ -8,6 +8,7 @@ consumes them.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -97,6 +98,11 @@ class Gpu:
     compute_capability: tuple[int, int] | None = None
 
     @property
+    def stable_id(self) -> str:
+        """The name that outlives a discovery pass (``stable_gpu_id``)."""
+        return stable_gpu_id(self.uuid, self.pci_address)
+
+    @property
     def memory_label(self) -> str | None:
         """Memory as the ``gpu.memory`` label shows it (``64GB``)."""
         if self.memory_mib is None:
@@ -167,6 +173,10 @@ class NodeInventory:
                 return gpu
         raise InventoryError(f"no GPU with index {index}")
 
+    def index_by_id(self) -> dict[str, int]:
+        """Stable id (UUID and PCI address) -> index now (``index_by_id``)."""
+        return index_by_id((g.index, g.uuid, g.pci_address) for g in self.gpus)
+
     def with_problem(self, problem: str) -> NodeInventory:
         return replace(self, problems=(*self.problems, problem))
 
@@ -186,6 +196,25 @@ class NodeInventory:
             "problems": list(self.problems),
             "gpus": [gpu_to_dict(g) for g in self.gpus],
         }
+
+
+def stable_gpu_id(uuid: str | None, pci_address: str) -> str:
+    """What names a physical GPU in records that outlive a discovery pass: its UUID,
+    else (no UUID reported) its PCI address. Indexes are for display only: discovery
+    numbers GPUs in PCI order, so when one leaves the bus the GPUs above it move down."""
+    return uuid or pci_address
+
+
+def index_by_id(gpus: Iterable[tuple[int, str | None, str]]) -> dict[str, int]:
+    """(index, UUID or None, PCI address) of each GPU present -> stable id -> index
+    now. Both the UUID and the PCI address are keys, so a record written while a GPU
+    reported no UUID still finds it once it does."""
+    out: dict[str, int] = {}
+    for index, uuid, pci in gpus:
+        out.setdefault(pci, index)
+        if uuid:
+            out[uuid] = index
+    return out
 
 
 def gpu_to_dict(gpu: Gpu) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 =================================  ===================================================
 ``gpuk8s.io/sharing.assigned``     ``Assignment.to_json`` / ``parse_assignment``:
-                                   node, mode, GPU indexes, the share on each
+                                   node, mode, GPU ids and indexes, the share on each
 ``gpuk8s.io/sharing.bind-time``    nanoseconds since the epoch of the bind
 ``gpuk8s.io/sharing.phase``        ``allocating`` with the assignment, ``allocated``
                                    once the device plugin's ``Allocate`` mapped it
@@ -17,8 +17,17 @@ count match, and gpu-aware binds a pod only while no other pod there waits with 
 same mode and count. A pod holds its share from the assignment until it finishes or is
 deleted.
 
-Example: ``{"container":"main","core":50,"gpus":[5],"memoryMiB":0,"mode":"sgpu",
-"node":"n1","whole":false}`` is half of GPU 5 of node n1 for container main.
+Example: ``{"container":"main","core":50,"gpus":[5],"ids":["GPU-3f0c..."],
+"memoryMiB":0,"mode":"sgpu","node":"n1","whole":false}`` is half of the GPU with that
+UUID (GPU 5 when it was assigned) of node n1 for container main.
+
+GPUs are named by ``ids``, what the hardware keeps (``core.model.stable_gpu_id``: the
+UUID, else the PCI address); ``gpus`` holds their indexes when the record was written,
+for display. Discovery numbers GPUs in PCI order, so when one leaves the bus the GPUs
+above it move down: readers find a GPU's index *now* with ``Assignment.current``. A
+record without ``ids`` (written before they existed) is read too; its indexes are taken
+as they are, so such a record read after a GPU left the bus may point at the neighbour
+of the GPU it meant.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import json
 import re
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .capacity import GpuUsage
 from .names import (
@@ -36,6 +45,7 @@ from .names import (
     FAMILY_BY_MODE,
     FULL_CORE,
     MAX_ASSIGNMENT_CHARS,
+    MAX_ID_CHARS,
     MAX_SHARED_GPUS,
     SHARING_MODE_LABEL,
     SHARING_MODES,
@@ -49,23 +59,33 @@ class Assignment:
     """The extender's choice for a pod: node, GPUs, and the share on each."""
 
     node: str
-    gpus: tuple[int, ...]
+    gpus: tuple[int, ...]  # indexes when assigned, for display (``current`` for now)
     share: ShareRequest
+    ids: tuple[str, ...] = ()  # stable ids, parallel to ``gpus``; () in an old record
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "node": self.node,
-                "mode": self.share.mode,
-                "gpus": list(self.gpus),
-                "core": self.share.core,
-                "memoryMiB": self.share.memory_mib,
-                "whole": self.share.whole,
-                "container": self.share.container,
-            },
-            separators=(",", ":"),
-            sort_keys=True,
-        )
+        data: dict[str, object] = {
+            "node": self.node,
+            "mode": self.share.mode,
+            "gpus": list(self.gpus),
+            "core": self.share.core,
+            "memoryMiB": self.share.memory_mib,
+            "whole": self.share.whole,
+            "container": self.share.container,
+        }
+        if self.ids:
+            data["ids"] = list(self.ids)
+        return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+    def current(self, index_by_id: Mapping[str, int] | None) -> tuple[int, ...]:
+        """The assigned GPUs' indexes in the current discovery pass, from
+        ``index_by_id`` (stable id -> index now: ``NodeInventory.index_by_id``, or
+        ``core.model.index_by_id`` over a device list). A GPU not present now (off the
+        bus) is left out. An old record without ids, or no map: the recorded indexes,
+        as they are."""
+        if not self.ids or index_by_id is None:
+            return self.gpus
+        return tuple(index_by_id[i] for i in self.ids if i in index_by_id)
 
 
 def parse_assignment(raw: str | None) -> Assignment | None:
@@ -102,6 +122,17 @@ def parse_assignment(raw: str | None) -> Assignment | None:
         or len(set(gpus)) != len(gpus)
     ):
         raise SharingError(f"{what}: 'gpus' must be 1-{MAX_SHARED_GPUS} distinct indexes >= 0")
+    ids = data.get("ids", [])
+    if (
+        not isinstance(ids, list)
+        or (ids and len(ids) != len(gpus))
+        or any(not isinstance(i, str) or not 0 < len(i) <= MAX_ID_CHARS for i in ids)
+        or len(set(ids)) != len(ids)
+    ):
+        raise SharingError(
+            f"{what}: 'ids' must be {len(gpus)} distinct GPU ids (UUID or PCI address, "
+            f"1-{MAX_ID_CHARS} characters) parallel to 'gpus', got {ids!r}"
+        )
     core = get("core", int, "a percent 0-100")
     memory = get("memoryMiB", int, "MiB >= 0")
     whole = get("whole", bool, "true or false")
@@ -111,7 +142,7 @@ def parse_assignment(raw: str | None) -> Assignment | None:
         raise SharingError(f"{what}: 'core' must be 0-100 and 'memoryMiB' >= 0")
     assert isinstance(node, str) and isinstance(mode, str)
     share = ShareRequest(mode, len(gpus), core, memory, whole, container)
-    return Assignment(node, tuple(gpus), share)
+    return Assignment(node, tuple(gpus), share, tuple(ids))
 
 
 def check_mode(value: str | None, what: str = SHARING_MODE_LABEL) -> str:

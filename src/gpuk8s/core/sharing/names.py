@@ -54,7 +54,8 @@ MAX_MEMORY_MIB = 1 << 30
 MAX_SHARED_GPUS = 64
 # shares one GPU may hold at once (device ids advertised per GPU for the count resources)
 DEFAULT_SLOTS = 16
-MAX_ASSIGNMENT_CHARS = 4096
+MAX_ASSIGNMENT_CHARS = 8192  # 64 GPUs with ids of MAX_ID_CHARS fit
+MAX_ID_CHARS = 64  # a GPU's stable id in an assignment: a UUID (40) or a PCI address
 
 
 @dataclass(frozen=True)

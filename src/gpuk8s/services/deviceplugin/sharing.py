@@ -250,13 +250,16 @@ class SharedDevices:
     def _spec(self, assignment: Assignment) -> ContainerSpec:
         inventory = self.devices.inventory
         opts = self.devices.options
+        # the assigned GPUs by stable id, at their indexes in this discovery pass
+        assignment = replace(assignment, gpus=assignment.current(inventory.index_by_id()))
         units = sorted(
             (u for u in self.units if u.gpu in assignment.gpus),
             key=lambda u: self.devices.topology.position[u.id],
         )
-        if len(units) != len(assignment.gpus):
+        if len(units) != len(assignment.gpus) or len(units) != assignment.share.gpus:
+            named = list(assignment.ids or assignment.gpus)
             raise AllocationError(
-                f"assigned GPUs {list(assignment.gpus)} are not all whole GPUs of this node"
+                f"assigned GPUs {named} are not all whole GPUs of this node"
             )
         sdk = None
         if opts.mount_sdk and opts.sdk_paths:

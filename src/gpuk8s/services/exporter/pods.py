@@ -29,6 +29,7 @@ from ...core.errors import GpuK8sError
 from ...core.sharing import (
     ASSIGNED_ANNOTATION,
     GPU_RESOURCES,
+    Assignment,
     SharingError,
     parse_assignment,
 )
@@ -42,22 +43,23 @@ PodKey = tuple[str, str]  # (namespace, pod)
 
 class PodIndex(NamedTuple):
     """The node's pods: container ID -> container, pod UID -> its containers,
-    (namespace, pod) -> the GPU indexes of its sharing assignment, the pods whose
+    (namespace, pod) -> its sharing assignment (GPUs by stable id), the pods whose
     assignment annotation cannot be read (-> why), and every pod listed."""
 
     by_id: dict[str, ContainerRef]
     by_uid: dict[str, list[ContainerRef]]
-    assigned: Mapping[PodKey, tuple[int, ...]] = MappingProxyType({})
+    assigned: Mapping[PodKey, Assignment] = MappingProxyType({})
     unreadable: Mapping[PodKey, str] = MappingProxyType({})
     listed: frozenset[PodKey] = frozenset()
 
 
 class Assignments(NamedTuple):
-    """What the node's pod list says of some pods on shared GPUs: their assigned GPU
-    indexes; those whose assignment cannot be read (-> why); those listed without one
+    """What the node's pod list says of some pods on shared GPUs: their assignments
+    (``Assignment.current`` finds the GPUs in this discovery pass); those whose
+    assignment cannot be read (-> why); those listed without one
     (a pod not in the last list is in none of them: the list failed, or it is new)."""
 
-    gpus: dict[PodKey, tuple[int, ...]]
+    assigned: dict[PodKey, Assignment]
     unreadable: dict[PodKey, str]
     missing: tuple[PodKey, ...]
 
@@ -70,7 +72,7 @@ def index_pods(pods: list[dict[str, Any]]) -> PodIndex:
     """Index pods in their JSON form (``metadata``, ``status.containerStatuses``)."""
     by_id: dict[str, ContainerRef] = {}
     by_uid: dict[str, list[ContainerRef]] = {}
-    assigned: dict[PodKey, tuple[int, ...]] = {}
+    assigned: dict[PodKey, Assignment] = {}
     unreadable: dict[PodKey, str] = {}
     listed: set[PodKey] = set()
     for pod in pods:
@@ -86,7 +88,7 @@ def index_pods(pods: list[dict[str, Any]]) -> PodIndex:
             unreadable[key] = str(err)
             assignment = None
         if assignment is not None:
-            assigned[key] = assignment.gpus
+            assigned[key] = assignment
         refs = by_uid.setdefault(str(meta["uid"]).lower(), [])
         statuses = [*(status.get("containerStatuses") or []),
                     *(status.get("initContainerStatuses") or [])]
@@ -192,7 +194,7 @@ class PodDirectory:
                 self._refresh(force=True)  # a pod bound since the last list
             index = self._index
             return Assignments(
-                {key: gpus for key, gpus in index.assigned.items() if key in wanted},
+                {key: a for key, a in index.assigned.items() if key in wanted},
                 {key: why for key, why in index.unreadable.items() if key in wanted},
                 tuple(sorted(key for key in wanted & index.listed
                              if key not in index.assigned and key not in index.unreadable)),

@@ -141,14 +141,21 @@ class Sampler:
         for namespace, pod in found.missing:
             problems.append(("assignment-missing", f"pod {namespace}/{pod} holds shared-GPU "
                              "ids but has no gpuk8s.io/sharing.assigned annotation"))
+        # by stable id: a GPU that left the bus renumbers the others, not the pods
+        index_by_id = inventory.index_by_id()
         present = {gpu.index for gpu in inventory.gpus}
-        for (namespace, pod), gpus in sorted(found.gpus.items()):
-            lacking = [g for g in gpus if g not in present]
+        out: dict[tuple[str, str], tuple[int, ...]] = {}
+        for (namespace, pod), assignment in sorted(found.assigned.items()):
+            gpus = out[(namespace, pod)] = assignment.current(index_by_id)
+            if assignment.ids:
+                lacking = [i for i in assignment.ids if i not in index_by_id]
+            else:  # an old record: indexes as written
+                lacking = [str(g) for g in gpus if g not in present]
             if lacking:
                 problems.append(("assignment-unknown-gpu", f"pod {namespace}/{pod}: assigned "
-                                 f"GPU {','.join(map(str, lacking))}, which this node lacks "
+                                 f"GPU {','.join(lacking)}, which this node lacks "
                                  f"(it has {len(present)})"))
-        return found.gpus
+        return out
 
     def sample_once(self) -> Snapshot:
         started = time.monotonic()

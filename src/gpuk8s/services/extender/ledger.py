@@ -221,14 +221,19 @@ class Ledger:
         """Moves whenever what the pods hold on ``node`` changes."""
         return self._versions.get(node, 0)
 
-    def usage(self, node: str, without: str = "") -> dict[int, GpuUsage]:
-        """GPU index -> usage on ``node`` (leaving out the pod ``without``)."""
+    def usage(
+        self, node: str, without: str = "", index_by_id: Mapping[str, int] | None = None
+    ) -> dict[int, GpuUsage]:
+        """GPU index now -> usage on ``node`` (leaving out the pod ``without``): each
+        booking finds its GPUs by stable id in ``index_by_id`` (the node's device list:
+        ``SharedNode.index_by_id``), so a GPU leaving the bus moves no booking onto its
+        neighbour (``Assignment.current``)."""
         per: dict[int, GpuUsage] = {}
         with self._lock:
             pods = list(self._by_node.get(node, {}).items())
         for uid, a in pods:
             if uid != without:
-                for index in a.gpus:
+                for index in a.current(index_by_id):
                     per.setdefault(index, GpuUsage()).add(a.share)
         return per
 

@@ -252,7 +252,7 @@ class Sharing:
         self._classes = 0
         # the latest filter's placements per node and what they depended on (``_state``)
         self._answers: tuple[tuple[Any, ...], dict[str, Placement]] | None = None
-        self._usage_keys: dict[str, tuple[int, tuple[Any, ...]]] = {}
+        self._usage_keys: dict[str, tuple[tuple[int, int], tuple[Any, ...]]] = {}
         # what pods without GPUs share across nodes of one state: (free percent per GPU,
         # free CPU and memory, mix version) -> (the node filled with each class, its
         # fragmentation) before the pod; with the pod's CPU and memory added -> its value
@@ -334,7 +334,7 @@ class Sharing:
                 out[name] = self._place(node, name, share, without, room, mix)
                 continue
             shape = node.shape if node.shape is not None else (name, id(node))
-            key = (shape, usage_key(name), cpu, memory)
+            key = (shape, usage_key(node), cpu, memory)
             placed = classes.get(key)
             if placed is None:
                 placed = self._place(node, name, share, "", Room(cpu, memory, *need), mix)
@@ -347,13 +347,15 @@ class Sharing:
             out[name] = placed
         return out
 
-    def _usage_key(self, name: str) -> tuple[Any, ...]:
-        """What the ledger books on node ``name``, per GPU, as a hashable value (cached
-        per ledger version of the node)."""
-        version = self.ledger.version(name)
+    def _usage_key(self, node: SharedNode) -> tuple[Any, ...]:
+        """What the ledger books on ``node``, per GPU index now, as a hashable value
+        (cached per ledger version of the node and view of it: a GPU leaving the bus
+        renumbers the others)."""
+        name = node.name
+        version = (self.ledger.version(name), id(node))
         known = self._usage_keys.get(name)
         if known is None or known[0] != version:
-            usage = self.ledger.usage(name)
+            usage = self.ledger.usage(name, index_by_id=node.index_by_id)
             known = (version, tuple(
                 (index, u.core, u.memory_mib, u.shares, u.exclusive)
                 for index, u in sorted(usage.items())
@@ -423,7 +425,8 @@ class Sharing:
         at = (id(node), self.ledger.version(node.name))
         known = self._free_of.get(node.name)
         if known is None or known[0] != at:
-            known = (at, tuple(free_percent(node.gpus, self.ledger.usage(node.name)).values()))
+            usage = self.ledger.usage(node.name, index_by_id=node.index_by_id)
+            known = (at, tuple(free_percent(node.gpus, usage).values()))
             _remember(self._free_of, node.name, known)
         return known[1]
 
@@ -454,7 +457,7 @@ class Sharing:
                 f"gpu-aware: node has {healthy} healthy GPU(s); the pod needs {share.gpus}",
                 True,
             )
-        usage = self.ledger.usage(name, without)
+        usage = self.ledger.usage(name, without, node.index_by_id)
         # unshared GPUs per link group: opening a GPU where few are left keeps whole
         # groups (and nodes) for the multi-GPU pods
         unshared = [
@@ -692,7 +695,8 @@ class Sharing:
                 if placed.gpus is None:
                     return 200, f"{placed.reason} (pod {ns}/{name} on {node})"
                 if not self.ledger.awaiting_allocate(node, share, uid):
-                    assignment = Assignment(node, placed.gpus, share)
+                    assignment = Assignment(node, placed.gpus, share,
+                                            self._stable_ids(node, placed.gpus))
                     self.ledger.reserve(uid, assignment)
                     break
             left = deadline - time.monotonic()
@@ -729,6 +733,13 @@ class Sharing:
             extra={"pod": f"{ns}/{name}", "node": node, "gpus": list(placed.gpus)},
         )
         return 200, ""
+
+    def _stable_ids(self, node: str, gpus: tuple[int, ...]) -> tuple[str, ...]:
+        """The stable ids of ``node``'s GPUs ``gpus`` (indexes now) from its device
+        list; () when it names one of them not (an old record's shape, read by index)."""
+        view = self.nodes.get(node)
+        ids = view.ids if view is not None else {}
+        return tuple(ids[i] for i in gpus) if all(i in ids for i in gpus) else ()
 
     def _record(
         self, ns: str, name: str, uid: str, version: str, annotations: dict[str, str | None]

@@ -23,6 +23,7 @@ from typing import Any
 
 from ...core.devicelist import DEVICES_ANNOTATION, parse_device_list
 from ...core.errors import GpuK8sError
+from ...core.model import index_by_id
 from ...core.scoring import topology_from_devices
 from ...core.sharing import (
     MODE_EXCLUSIVE,
@@ -49,6 +50,10 @@ class SharedNode:
     problem: str | None = None
     # GPU index -> its link group (MetaXLink/NVLink group, else its PCIe switch)
     groups: Mapping[int, object] = field(default_factory=dict)
+    # stable id (UUID and PCI address) -> GPU index now; index -> the GPU's stable id
+    # (``core.model.index_by_id``): bookings name GPUs by id, placement by index
+    index_by_id: Mapping[str, int] = field(default_factory=dict)
+    ids: Mapping[int, str] = field(default_factory=dict)
     # nodes with one shape id have equal mode, problem, GPUs, groups and topology shape
     # (``SharedNodes``: ids are never reused); None: a node of its own
     shape: int | None = None
@@ -75,7 +80,11 @@ def shared_node(item: NodeItem) -> SharedNode:
     mib = memory_label_mib(memory)
     gpus = tuple(GpuCapacity(e.gpu, mib, e.healthy, not e.allocated) for e in entries)
     groups = {e.gpu: e.group if e.group is not None else e.switch for e in entries}
-    return SharedNode(item.name, mode, gpus, topology, groups=groups)
+    return SharedNode(
+        item.name, mode, gpus, topology, groups=groups,
+        index_by_id=index_by_id((e.gpu, e.uuid, e.pci) for e in entries),
+        ids={e.gpu: e.stable_id for e in entries},
+    )
 
 
 class SharedNodes(Notifier):

@@ -224,6 +224,7 @@ class DeviceSet:
                     switch=gpu.pcie_switch,
                     healthy=reasons[unit.id] is None,
                     allocated=unit.id in allocated,
+                    uuid=gpu.uuid,
                 )
             )
         return out
