@@ -80,3 +80,43 @@ def test_a_format_this_version_does_not_know_is_moved_aside(tmp_path: Path) -> N
         assert Checkpoint(str(tmp_path)).claims() == {}, form
         assert (tmp_path / "checkpoint.json.corrupt").read_text() == text
         assert not (tmp_path / state.FILE_NAME).exists()
+
+
+def test_claims_name_their_gpus_by_stable_id_and_a_restart_after_a_loss_finds_them(
+    tmp_path: Path,
+) -> None:
+    """Version 3 records each claim's GPUs by UUID (else PCI address) beside the indexes;
+    a plugin restarted after GPU 3 left the bus (discovery renumbers the GPUs above it)
+    counts the claim on the card it holds, not on the card renumbered into its place. A
+    claim of versions 1 and 2 (no ids) is read by its indexes as written."""
+    from gpuk8s import sim
+    from gpuk8s.core.dra import PoolOptions
+    from gpuk8s.discovery import discover
+    from gpuk8s.services.dra.driver import Driver
+    from gpuk8s.services.node.devices import DeviceSet
+
+    root = str(tmp_path / "node")
+    sim.create(root, "c500-8")
+    before = discover(root)
+    card = before.gpu(5).uuid
+    assert card is not None
+    point = Checkpoint(str(tmp_path))
+    point.put("u1", PreparedClaim.from_json(dict(CLAIM, gpus=[5], ids=[card])))
+    assert _read(tmp_path)["claims"]["u1"]["ids"] == [card]
+    assert version1_reads(_read(tmp_path))["u1"][3] == [5]  # a rollback still reads it
+    point.put("old", PreparedClaim.from_json(dict(CLAIM, gpus=[6])))  # no ids: version 2
+    assert "ids" not in _read(tmp_path)["claims"]["old"]
+
+    def busy() -> set[int]:
+        inventory = discover(root)
+        driver = Driver(DeviceSet(inventory, "metax-tech.com/gpu"), PoolOptions(), "n1",
+                        claims=None,  # type: ignore[arg-type]  # never asked here
+                        checkpoint=Checkpoint(str(tmp_path)), cdi_dir=str(tmp_path / "cdi"))
+        return driver.busy_gpus()
+
+    assert busy() == {5, 6}
+    sim.fail(root, 3, "remove")
+    assert discover(root).gpu(4).uuid == card  # renumbered
+    assert busy() == {4, 6}  # the claim's card is GPU 4 now; the old claim as written
+    sim.heal(root, 3)
+    assert busy() == {5, 6}

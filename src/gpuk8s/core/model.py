@@ -8,7 +8,7 @@ consumes them.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -215,6 +215,18 @@ def index_by_id(gpus: Iterable[tuple[int, str | None, str]]) -> dict[str, int]:
         if uuid:
             out[uuid] = index
     return out
+
+
+def indexes_now(
+    ids: Sequence[str], recorded: Sequence[int], index_by_id: Mapping[str, int] | None
+) -> tuple[int, ...]:
+    """The indexes now of the GPUs a record names by stable ``ids`` (``index_by_id``
+    of the current discovery), leaving out a GPU not present now (off the bus). A record
+    without ids (written before them), or no map at hand: its ``recorded`` indexes, as
+    they are -- after a loss they may name the neighbour of the GPU meant."""
+    if not ids or index_by_id is None:
+        return tuple(recorded)
+    return tuple(index_by_id[i] for i in ids if i in index_by_id)
 
 
 def gpu_to_dict(gpu: Gpu) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Mapping, Sequence
 
+from ..model import indexes_now
 from .capacity import GpuUsage
 from .names import (
     ASSIGNED_ANNOTATION,
@@ -83,9 +84,7 @@ class Assignment:
         ``core.model.index_by_id`` over a device list). A GPU not present now (off the
         bus) is left out. An old record without ids, or no map: the recorded indexes,
         as they are."""
-        if not self.ids or index_by_id is None:
-            return self.gpus
-        return tuple(index_by_id[i] for i in self.ids if i in index_by_id)
+        return indexes_now(self.ids, self.gpus, index_by_id)
 
 
 def parse_assignment(raw: str | None) -> Assignment | None:

@@ -248,8 +248,9 @@ class Driver:
             for (r, d), (name, _) in zip(chosen, names, strict=True)
         )
         try:
+            ids = tuple(self.devices.inventory.gpu(g).stable_id for g in gpus)
             self.checkpoint.put(ref.uid, PreparedClaim(ref.namespace, ref.name, prepared, gpus,
-                                                       path))
+                                                       path, ids=ids))
         except GpuK8sError:
             remove(path)
             raise
@@ -300,5 +301,7 @@ class Driver:
         return path
 
     def busy_gpus(self) -> set[int]:
-        """GPUs held by prepared claims."""
-        return {g for claim in self.checkpoint.claims().values() for g in claim.gpus}
+        """GPUs held by prepared claims, at their indexes in this plugin's discovery
+        (a claim prepared before a GPU left the bus names its GPUs by stable id)."""
+        now = self.devices.inventory.index_by_id()
+        return {g for claim in self.checkpoint.claims().values() for g in claim.current(now)}

@@ -8,8 +8,14 @@ recorded with its CDI spec written, or not at all (and the kubelet asks again).
 Versions, and reading across one release (an upgrade, or a rollback, of gpu-dra must not
 forget the claims prepared on the node)::
 
-    {"format": 1, "version": 2, "claims": {"<claim uid>": {"namespace": ..., "name": ...,
-     "devices": [...], "gpus": [...], "cdiSpec": ...}}}
+    {"format": 1, "version": 3, "claims": {"<claim uid>": {"namespace": ..., "name": ...,
+     "devices": [...], "gpus": [...], "ids": [...], "cdiSpec": ...}}}
+
+* ``gpus`` are the GPUs' indexes when the claim was prepared; ``ids`` (version 3) their
+  stable ids (UUID, else PCI address: ``core.model.stable_gpu_id``), which a plugin
+  restarted after a GPU left the bus (discovery renumbers the GPUs above it) maps to
+  the indexes of its own discovery. A claim without ``ids`` (versions 1 and 2) is read
+  by its indexes as written.
 
 * ``version`` is the release of this file's layout that wrote it (``VERSION``; absent:
   1, the first release). ``format`` is the oldest version that can read the file.
@@ -39,16 +45,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...core.model import indexes_now
 from ...host.files import write_json
 from .grpcapi import PreparedDevice
 
 log = logging.getLogger("gpuk8s.dra.state")
 
-VERSION = 2  # the layout this release writes (2: ``version`` and unknown keys kept)
+VERSION = 3  # the layout this release writes (2: ``version`` and unknown keys kept; 3: ids)
 FORMAT = 1  # the layout this release writes: the oldest version that reads it
 READS = (1,)  # the formats this release reads
 FILE_NAME = "checkpoint.json"
-_CLAIM_KEYS = ("namespace", "name", "devices", "gpus", "cdiSpec")
+_CLAIM_KEYS = ("namespace", "name", "devices", "gpus", "ids", "cdiSpec")
 
 
 @dataclass(frozen=True)
@@ -56,22 +63,31 @@ class PreparedClaim:
     namespace: str
     name: str
     devices: tuple[PreparedDevice, ...]
-    gpus: tuple[int, ...]  # GPU indices the claim holds (steering, health)
+    gpus: tuple[int, ...]  # GPU indices the claim holds when prepared (display)
     cdi_spec: str  # the claim's CDI spec file
     unknown: Mapping[str, Any] = field(default_factory=dict)  # a newer version's keys
+    ids: tuple[str, ...] = ()  # the GPUs' stable ids (steering, health); () before v3
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.unknown,
-                "namespace": self.namespace, "name": self.name,
-                "devices": [d.to_json() for d in self.devices],
-                "gpus": list(self.gpus), "cdiSpec": self.cdi_spec}
+        out = {**self.unknown,
+               "namespace": self.namespace, "name": self.name,
+               "devices": [d.to_json() for d in self.devices],
+               "gpus": list(self.gpus), "cdiSpec": self.cdi_spec}
+        if self.ids:
+            out["ids"] = list(self.ids)
+        return out
+
+    def current(self, index_by_id: Mapping[str, int]) -> tuple[int, ...]:
+        """The claim's GPUs at their indexes now (``NodeInventory.index_by_id``)."""
+        return indexes_now(self.ids, self.gpus, index_by_id)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreparedClaim:
         return cls(str(data["namespace"]), str(data["name"]),
                    tuple(PreparedDevice.from_json(d) for d in data["devices"]),
                    tuple(int(g) for g in data["gpus"]), str(data["cdiSpec"]),
-                   {k: v for k, v in data.items() if k not in _CLAIM_KEYS})
+                   {k: v for k, v in data.items() if k not in _CLAIM_KEYS},
+                   tuple(str(i) for i in data.get("ids") or ()))
 
 
 class Checkpoint:
