@@ -232,6 +232,9 @@ def test_assignment_names_gpus_by_stable_id_and_finds_them_after_a_renumbering()
     assert a.current(after) == (4, 5)
     assert a.current(index_by_id([(4, UUID5, "0000:85:00.0")])) == (4,)  # 6's card left
     assert a.current(None) == (5, 6)  # no inventory at hand: the indexes as written
+    usage = s.usage_from_assignments([a], {"n1": after})["n1"]
+    assert sorted(usage) == [4, 5] and usage[4].core == usage[5].core == 25
+    assert sorted(s.usage_from_assignments([a])["n1"]) == [5, 6]
 
 
 def test_a_gpu_without_uuid_is_named_by_its_pci_address() -> None:

@@ -169,12 +169,18 @@ def memory_label_mib(value: str | None) -> int | None:
     return int(amount * unit)
 
 
-def usage_from_assignments(assignments: Sequence[Assignment]) -> dict[str, dict[int, GpuUsage]]:
-    """node -> GPU index -> usage, from the assignments of live pods."""
+def usage_from_assignments(
+    assignments: Sequence[Assignment],
+    index_by_id: Mapping[str, Mapping[str, int]] | None = None,
+) -> dict[str, dict[int, GpuUsage]]:
+    """node -> GPU index now -> usage, from the assignments of live pods; each finds
+    its GPUs by stable id in its node's ``index_by_id`` (node -> stable id -> index now;
+    ``Assignment.current``)."""
     out: dict[str, dict[int, GpuUsage]] = {}
     for a in assignments:
         per = out.setdefault(a.node, {})
-        for index in a.gpus:
+        now = index_by_id.get(a.node) if index_by_id is not None else None
+        for index in a.current(now):
             per.setdefault(index, GpuUsage()).add(a.share)
     return out
 

@@ -30,6 +30,7 @@ from ...core.sharing import (
     SharingError,
     allocate_ids,
     parse_assignment,
+    usage_from_assignments,
 )
 from .notify import Touch
 from .views import PodView
@@ -228,14 +229,10 @@ class Ledger:
         booking finds its GPUs by stable id in ``index_by_id`` (the node's device list:
         ``SharedNode.index_by_id``), so a GPU leaving the bus moves no booking onto its
         neighbour (``Assignment.current``)."""
-        per: dict[int, GpuUsage] = {}
         with self._lock:
-            pods = list(self._by_node.get(node, {}).items())
-        for uid, a in pods:
-            if uid != without:
-                for index in a.current(index_by_id):
-                    per.setdefault(index, GpuUsage()).add(a.share)
-        return per
+            held = [a for uid, a in self._by_node.get(node, {}).items() if uid != without]
+        now = {node: index_by_id} if index_by_id is not None else None
+        return usage_from_assignments(held, now).get(node, {})
 
     def __len__(self) -> int:
         return len(self._effective)
