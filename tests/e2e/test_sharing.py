@@ -172,10 +172,13 @@ def index_of_unit(node: str) -> dict[str, int]:
     return {e["id"]: e["gpu"] for e in json.loads(raw) if e.get("vf") is None}
 
 
-def gpu_in_container(name: str, node: str) -> tuple[set[int], set[int], dict[str, str]]:
+def gpu_in_container(
+    name: str, node: str, work: str = WORK
+) -> tuple[set[int], set[int], dict[str, str]]:
     """(GPUs of the /dev/dri cards, GPUs named by GPUK8S_DEVICE_IDS, the sGPU env) as the
-    container sees them: what Allocate handed the real kubelet."""
-    out = kubectl("-n", WORK, "exec", name, "--", "sh", "-c", "ls /dev/dri; echo ---; env")
+    container of pod ``name`` in namespace ``work`` sees them: what Allocate handed the
+    real kubelet."""
+    out = kubectl("-n", work, "exec", name, "--", "sh", "-c", "ls /dev/dri; echo ---; env")
     cards_part, _, env_part = out.partition("---")
     card_of = {g["card"]: g["index"] for g in sim_state()["gpus"]}
     cards = {card_of[int(c)] for c in re.findall(r"card(\d+)", cards_part)}

@@ -181,7 +181,7 @@ def place_new(name: str, node: str) -> str:
     assert a is not None and len(a.get("ids") or []) == 1, a
     uid = a["ids"][0]
     assert stable_ids(node)[a["gpus"][0]] == uid, (a, stable_ids(node))
-    cards, _named, _env = gpu_in_container(name, node)
+    cards, _named, _env = gpu_in_container(name, node, WORK)
     assert cards == {sim_index_of(uid)}, (name, cards, uid)
     return str(uid)
 
@@ -195,7 +195,7 @@ def test_1_pinned_shares_run_and_are_metered_on_their_cards(stack: dict[str, str
         apply(pinned_pod(name, node, index, ids[index], vcore))
         pod = running(name)
         assert pod["metadata"]["annotations"][PHASE] == "allocated", name
-        seen_cards, _named, _env = gpu_in_container(name, node)
+        seen_cards, _named, _env = gpu_in_container(name, node, WORK)
         assert seen_cards == {sim_index_of(ids[index])}, (name, seen_cards)
     cards = {name: ids[index] for name, (index, _) in SHARES.items()}
     seen = metered(node)
