@@ -127,6 +127,14 @@ class Node:
         uuid = next(g.uuid for g in self.inventory.gpus if g.pci_address == pci)
         return pci, str(uuid)
 
+    def device_ids(self, uuids: list[str]) -> list[str]:
+        """gpu-device's device ids (the kubelet's: whole GPU and first share replica)
+        of the cards ``uuids``."""
+        devices = DeviceSet(self.inventory, "metax-tech.com/gpu")
+        index = {g.uuid: g.index for g in self.inventory.gpus}
+        units = {u.gpu: u.id for u in devices.units if u.vf is None}
+        return [i for u in uuids for i in (units[index[u]], replica_id(units[index[u]], 0))]
+
     def metered(self) -> dict[str, tuple[str, str, float]]:
         """pod -> (uuid label, kind, memory) of its container series; and per-GPU
         container counts by uuid under the key ``gpu:<uuid>``."""
@@ -180,6 +188,7 @@ def test_shares_stay_on_their_cards_when_a_gpu_leaves_the_bus_and_returns(lab: N
             "new share": lab.uuids(placed.gpus),
             "served a": lab.served(mine["a"])[1],
             "served b": lab.served(mine["b"])[1],
+            "device ids": lab.device_ids([card["a"], card["b"]]),
             "metered": lab.metered(),
         }
 
@@ -189,6 +198,7 @@ def test_shares_stay_on_their_cards_when_a_gpu_leaves_the_bus_and_returns(lab: N
     assert len(before["new share"]) == 1 and before["new share"][0] in card.values()
     target = before["new share"][0]
     assert (before["served a"], before["served b"]) == (card["a"], card["b"])
+    assert before["device ids"][:2] == [inv.gpu(5).pci_address, inv.gpu(5).pci_address + "::0"]
     m = before["metered"]
     mib = 2**20
     assert (m["a"], m["b"]) == ((card["a"], "vGPU", 3000 * mib), (card["b"], "vGPU", 1000 * mib))
