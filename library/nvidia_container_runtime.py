@@ -129,6 +129,15 @@ mode:
   returned: always
   type: str
   sample: wrapper
+proof:
+  description:
+    - How the edit of containerd's config was proven before it replaced the file -
+      C(proven with a private containerd <version>), or C(skipped) and why where no private
+      containerd could run it (it is then checked after the restart); null when this run
+      edited nothing.
+  returned: always
+  type: str
+  sample: proven with a private containerd 1.6.20
 spec_path:
   description: The CDI spec file (null when the node has no GPU device yet).
   returned: always
@@ -211,12 +220,19 @@ def planned(agent):
         actions.append(f"install the wrapper {agent.wrapper_path()}")
     diff = None
     if agent.mode() == "wrapper":
-        _config, text, created, result = agent.candidate()  # what the pass writes
+        config, text, created, result = agent.candidate()  # what the pass writes
         if result.changed:
+            # the config, or on containerd 2.x with drop-ins a drop-in of ours
+            written = node_path(s.system_root, config)
             actions.append(f"{'create' if created else 'register handler ' + s.handler + ' in'}"
-                           f" {s.containerd_config} and restart containerd")
-            diff = config_diff(s.containerd_config, None if created else text, result.text)
+                           f" {written} and restart containerd")
+            diff = config_diff(written, None if created else text, result.text)
     return actions, path, diff
+
+
+def node_path(system_root, path):
+    """``path`` (under ``system_root``, as seen here) as the node names it."""
+    return "/" + os.path.relpath(path, system_root).lstrip("/")
 
 
 def config_diff(path, before, after):
@@ -272,21 +288,22 @@ def main():
         if p["state"] == "absent":
             present = [path for path in agent.spec_paths() if os.path.exists(path)]
             installed = os.path.exists(settings.sys(settings.install_dir))
-            _config, before, after = agent.uninstalled()
-            diff = config_diff(settings.containerd_config, before, after) \
+            config, before, after = agent.uninstalled()
+            diff = config_diff(node_path(settings.system_root, config), before, after) \
                 if before != after else None
             if module.check_mode:
                 actions = [f"remove {path}" for path in present] + (
                     [f"remove {settings.install_dir} and the handler"] if installed else [])
             else:
                 actions = agent.uninstall()
-            module.exit_json(changed=bool(actions), mode=agent.mode(), spec_path=None,
+            module.exit_json(changed=bool(actions), mode=agent.mode(), spec_path=None, proof=None,
                              restart_pending=False, actions=actions,
                              message="; ".join(actions) or "nothing to remove",
                              **({"diff": diff} if diff and module._diff else {}))
         actions, path, diff = planned(agent)
         message = "; ".join(actions) or "up to date"
         pending = False
+        proven = None
         if not module.check_mode:
             report = agent.one_pass()
             # restart_mode none: the administrator restarts containerd; until then it runs
@@ -298,10 +315,11 @@ def main():
                 module.fail_json(msg=report.message, mode=agent.mode(), spec_path=path,
                                  actions=actions)
             message = report.message
+            proven = report.details.get("proof")
     except GpuK8sError as err:
         module.fail_json(msg=str(err))
     module.exit_json(changed=bool(actions), mode=agent.mode(), spec_path=path, actions=actions,
-                     restart_pending=pending, message=message,
+                     restart_pending=pending, message=message, proof=proven,
                      **({"diff": diff} if diff and module._diff else {}))
 
 

@@ -1,14 +1,20 @@
 """The corpus of containerd configs under tests/data/containerd (its README says what each
-is): one ``Case`` per directory, for the unit tests (the editor) and the integration tests
-(the real containerd of its generation)."""
+is): one ``Case`` per directory, and one per node dialect of the fleet lab
+(lab/fleet/dialects, rendered with the lab's values: ``fleet-<dialect>``), for the unit tests
+(the editor) and the integration tests (the real containerd of its generation)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.fleet_dialects import dialects
+
 CORPUS = Path(__file__).resolve().parent / "data/containerd"
 DROP_INS = "/etc/containerd/conf.d"  # where each case's conf.d lies on the node
+# what container-runtime does with each fleet dialect (see tests/data/containerd/README.md)
+FLEET_EXPECT = {"containerd2": "drop-in", "k3s-rke2": "edit", "kubeadm": "edit",
+                "kubespray": "edit"}
 
 
 @dataclass(frozen=True)
@@ -37,4 +43,9 @@ def cases() -> list[Case]:
         found.append(Case(directory.name, (directory / "config.toml").read_text(), drop_ins,
                           expect[len("refuse "):] if expect.startswith("refuse ") else None,
                           expect == "drop-in"))
+    for dialect in dialects():
+        found.append(Case(f"fleet-{dialect.name}", dialect.config,
+                          {path: text for path, text in dialect.files.items()
+                           if path.startswith(DROP_INS + "/")},
+                          None, FLEET_EXPECT[dialect.name] == "drop-in"))
     return found

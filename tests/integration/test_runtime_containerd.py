@@ -386,8 +386,10 @@ def node_private(text: str, version: int) -> str:
     """A corpus config made a private node's: its root, state, sockets, ``opt`` directory
     and stream port moved under @BASE@ (tomlkit, in place: the runtimes' shape, dotted keys
     and inline tables stay as written) and its /etc/containerd paths under @BASE@."""
-    text = text.replace(f'"{DROP_INS}/', '"conf.d/')  # relative: read from the node root
-    doc = tomlkit.parse(text.replace('"/etc/containerd/', '"@BASE@/etc/containerd/'))
+    for quote in "\"'":  # basic and literal strings (containerd 2.x writes the latter)
+        text = text.replace(f"{quote}{DROP_INS}/", f"{quote}conf.d/")  # relative: the node's
+        text = text.replace(f"{quote}/etc/containerd/", f"{quote}@BASE@/etc/containerd/")
+    doc = tomlkit.parse(text)
     doc["root"] = "@BASE@/var/lib/containerd"
     doc["state"] = "@BASE@/run/containerd/state"
     sock = "@BASE@/run/containerd/containerd.sock"

@@ -321,6 +321,7 @@ def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> N
                 )
         elif marker is not None and marker.url_prefix.rstrip("/") != url.rstrip("/"):
             result.changes.append(f"{host}: extender {marker.url_prefix} -> {url} (URL changed)")
+        made_key = "extenders" not in doc.data or (marker is not None and marker.extenders_key)
         if schedconf.upsert_extender(doc.data, request.spec, ours):
             result.changes.append(f"{host}: extender {url}")
         text = doc.render()
@@ -335,7 +336,7 @@ def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> N
             manifest,
             schedconf.Marker(schedconf.config_hash(text), url, False,
                              entry_hash=schedconf.entry_hash(entry),
-                             tls_hash=tls_hash(request)),
+                             tls_hash=tls_hash(request), extenders_key=made_key),
         )
     else:
         # only an entry the manifest's record says gpuk8s wrote is removed: without a
@@ -373,6 +374,8 @@ def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> N
         if marker is not None and schedconf.remove_extender(doc.data, marker.url_prefix,
                                                             where):
             result.changes.append(f"{host}: removed extender {marker.url_prefix}")
+            if marker.extenders_key and doc.data.get("extenders") == []:
+                del doc.data["extenders"]  # ours made the key: the file as it was
         result.changes += schedconf.unpatch_manifest(manifest, request.config_path,
                                                      remove_flag=False)
     after = doc.render()

@@ -628,6 +628,9 @@ class Marker:
     # the tlsConfig files' content: kube-scheduler reads them only at start, so renewed
     # certificates change the manifest (the kubelet restarts it); "" without TLS
     tls_hash: str = ""
+    # the administrator's file had no ``extenders`` key: ours made it, and removing our
+    # entry removes the key again (the file back byte for byte)
+    extenders_key: bool = False
 
     def render(self) -> str:
         data: dict[str, Any] = {"configHash": self.config_hash, "urlPrefix": self.url_prefix,
@@ -636,6 +639,8 @@ class Marker:
             data["entryHash"] = self.entry_hash
         if self.tls_hash:
             data["tlsHash"] = self.tls_hash
+        if self.extenders_key:
+            data["extendersKey"] = True
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
@@ -664,6 +669,7 @@ def read_marker(manifest: Mapping[str, Any]) -> Marker | None:
         config_flag=data.get("configFlag") is True,
         entry_hash=str(data.get("entryHash", "")),
         tls_hash=str(data.get("tlsHash", "")),
+        extenders_key=data.get("extendersKey") is True,
     )
 
 
