@@ -150,8 +150,67 @@ def _gpu_aware_playbook(state: str, namespace: str) -> None:
         timeout=900, cwd=str(REPO), env={**os.environ, "GPUK8S_HELM": helm3})
 
 
+FLEET_STANDBY = "cp2"  # the fleet's second control plane (lab/fleetctl, lab/README.md "Fleet")
+STANDBY_MANIFEST = "/etc/kubernetes/manifests/kube-scheduler.yaml"
+STANDBY_PARKED = "/etc/kubernetes/kube-scheduler.yaml.e2e-parked"
+
+
+def fleet_up() -> bool:
+    """The fleet's second control plane runs (lab/up starts the fleet unless --no-fleet)."""
+    if not (STATE / "fleet" / FLEET_STANDBY).is_dir():
+        return False
+    return subprocess.run([str(LAB / "fleetctl"), "exec", FLEET_STANDBY, "true"],
+                          capture_output=True, check=False).returncode == 0
+
+
+def scheduler_leader() -> str:
+    """The node whose kube-scheduler holds the lease (holderIdentity is NODE_UUID)."""
+    holder = kubectl("-n", "kube-system", "get", "lease", "kube-scheduler", "-o",
+                     "jsonpath={.spec.holderIdentity}", check=False).strip()
+    return holder.rsplit("_", 1)[0] if "_" in holder else holder
+
+
+def standby_scheduler(run_it: bool, lab_node: str) -> None:
+    """Run or park the fleet's second kube-scheduler (its static pod manifest moved aside).
+
+    The single-node tier configures gpu-aware on the lab node's scheduler only
+    (inventories/lab); a restart of that scheduler hands the lease to cp2's, which knows
+    nothing of gpu-aware. So the single-node tests run with cp2's scheduler parked and the
+    lab node's leading; the fleet's own tests (test_fleet_ops.py) run both, configured
+    through inventories/fleet."""
+    src, dst = (STANDBY_PARKED, STANDBY_MANIFEST) if run_it else (STANDBY_MANIFEST, STANDBY_PARKED)
+    subprocess.run([str(LAB / "fleetctl"), "exec", FLEET_STANDBY, "sh", "-c",
+                    f"if [ -e {src} ]; then mv {src} {dst}; fi"], check=True, timeout=60)
+    mirror = f"kube-scheduler-{FLEET_STANDBY}"
+
+    def settled() -> bool:
+        present = kubectl("-n", "kube-system", "get", "pod", mirror, "-o", "name",
+                          check=False).strip() != ""
+        assert present == run_it, f"{mirror} present={present}, want {run_it}"
+        if not run_it:
+            assert scheduler_leader() == lab_node, f"lease held by {scheduler_leader()!r}"
+        return True
+
+    wait_until(f"{FLEET_STANDBY}'s kube-scheduler {'running' if run_it else 'parked'}",
+               settled, 180)
+
+
 @pytest.fixture(scope="session", autouse=True)
-def releases_set_aside() -> Iterator[list[dict[str, Any]]]:
+def standby_scheduler_parked(lab: dict[str, str]) -> Iterator[bool]:
+    """cp2's kube-scheduler parked for the tier, running again afterwards (see
+    standby_scheduler); yields whether the fleet is up."""
+    if os.environ.get("GPUK8S_E2E") != "1" or not fleet_up():
+        yield False
+        return
+    standby_scheduler(False, lab["node"])
+    try:
+        yield True
+    finally:
+        standby_scheduler(True, lab["node"])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def releases_set_aside(standby_scheduler_parked: bool) -> Iterator[list[dict[str, Any]]]:
     """The README's first command (lab/install) leaves the toolkit installed; the e2e tier
     installs and removes its own releases, as on a fresh CI lab. So an installed release
     of our charts is set aside first (`helm uninstall --keep-history`, the scheduler
