@@ -41,7 +41,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +80,16 @@ class PreparedClaim:
     def current(self, index_by_id: Mapping[str, int]) -> tuple[int, ...]:
         """The claim's GPUs at their indexes now (``NodeInventory.index_by_id``)."""
         return indexes_now(self.ids, self.gpus, index_by_id)
+
+    def indexes_of(self, recorded: Sequence[int],
+                   index_by_id: Mapping[str, int]) -> tuple[int, ...]:
+        """Some of the claim's GPUs, named by their ``recorded`` indexes (``gpus``), at
+        their indexes now: by the stable ids recorded beside them (version 3), else as
+        recorded."""
+        if len(self.ids) != len(self.gpus):
+            return tuple(recorded)
+        ids = dict(zip(self.gpus, self.ids, strict=True))
+        return indexes_now(tuple(ids[g] for g in recorded if g in ids), recorded, index_by_id)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreparedClaim:
