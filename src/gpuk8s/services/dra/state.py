@@ -16,6 +16,10 @@ forget the claims prepared on the node)::
   restarted after a GPU left the bus (discovery renumbers the GPUs above it) maps to
   the indexes of its own discovery. A claim without ``ids`` (versions 1 and 2) is read
   by its indexes as written.
+* ``devices[].device`` is the device name the claim was allocated under: built from the
+  card's PCI address (``core.dra.gpu_device_name``), or, for a claim prepared by a release
+  before those names, from indexes (``gpu-3``: ``core.dra.legacy_device_gpus``), which
+  the driver maps to cards through the claim's ``ids``.
 
 * ``version`` is the release of this file's layout that wrote it (``VERSION``; absent:
   1, the first release). ``format`` is the oldest version that can read the file.
