@@ -44,7 +44,7 @@ from scheduling import KUBECONFIG, REPO, cache_bin, fake_nodes, fake_nodes_cmd
 from stats import percentile
 
 from gpuk8s.core.allocator import allocate
-from gpuk8s.core.dra import DRIVER
+from gpuk8s.core.dra import DRIVER, PoolOptions, device_index
 from gpuk8s.core.topology import Topology, units_for_inventory
 
 NS = "gpuk8s-bench-dra"
@@ -231,7 +231,8 @@ def placement(api: fake_nodes.Api, args: argparse.Namespace, nodes: list[tuple[s
                 missed[f"{variant} k={size}"] += 1
             continue
         counted += 1
-        gpus = sorted(int(d.split("-")[1]) for d in devices)
+        by_name = device_index(inventory, PoolOptions())  # names are the cards' addresses
+        gpus = sorted(g for d in devices for g in by_name[d].gpus)
         spec = sorted(topology.units[topology.position[u]].gpu
                       for u in allocate(topology, free, size).devices)
         spec_equal += gpus == spec

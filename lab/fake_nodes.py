@@ -263,11 +263,11 @@ def dra_objects(name: str, variant: str, groups: bool = True
                 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """(ResourceSlices, the used-GPU claim or None) of node ``name`` in DRA mode: what
     gpu-dra publishes on such a node once the used GPUs' claims are prepared."""
-    from gpuk8s.core.dra import DRIVER, PoolOptions, node_slices
+    from gpuk8s.core.dra import DRIVER, PoolOptions, gpu_device_name, node_slices
 
     preset, used = parse_variant(variant)
-    slices = node_slices(name, preset_inventory(preset), PoolOptions(groups=groups),
-                         busy=sorted(used))
+    inventory = preset_inventory(preset)
+    slices = node_slices(name, inventory, PoolOptions(groups=groups), busy=sorted(used))
     if not used:
         return slices, None
     claim = {
@@ -278,7 +278,8 @@ def dra_objects(name: str, variant: str, groups: bool = True
     }
     allocation = {
         "devices": {"results": [{"request": "gpus", "driver": DRIVER, "pool": name,
-                                 "device": f"gpu-{i}"} for i in sorted(used)]},
+                                 "device": gpu_device_name(inventory.gpu(i))}
+                                for i in sorted(used)]},
         "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
             {"key": "metadata.name", "operator": "In", "values": [name]}]}]},
     }

@@ -74,6 +74,19 @@ def devices(node: str) -> dict[str, dict[str, Any]]:
             for d in s["spec"].get("devices") or []}
 
 
+def device_of(node: str, *gpus: int) -> str:
+    """The published name of GPU ``gpus[0]``'s device (one index given) or of the group
+    device of exactly ``gpus`` (several), found by the attributes that show indexes:
+    names are built from PCI addresses (docs/dra.md, Device names)."""
+    want = {"type": {"string": "gpu"}, "index": {"int": gpus[0]}} if len(gpus) == 1 else \
+        {"type": {"string": "group"}, "members": {"string": ",".join(map(str, gpus))}}
+    published = devices(node)
+    for name, device in published.items():
+        if all(device["attributes"].get(k) == v for k, v in want.items()):
+            return name
+    raise AssertionError(f"no device of GPUs {gpus} published: {sorted(published)}")
+
+
 def dra_pod() -> str:
     out = kubectl("-n", NS, "get", "pods", "-l", "app.kubernetes.io/component=gpu-dra",
                   "-o", "jsonpath={.items[*].metadata.name}")
@@ -236,8 +249,13 @@ def test_1_slices_are_what_gpuk8s_dra_slices_prints(dra: dict[str, str]) -> None
                              "--json", "--group-devices", "on" if groups else "off"))
     want_devices = {d["name"]: d for s in want for d in s["spec"].get("devices") or []}
     assert set(devices(node)) == set(want_devices)
-    assert devices(node)["gpu-5"]["attributes"] == want_devices["gpu-5"]["attributes"]
-    assert devices(node)["gpu-5"]["attributes"]["linkGroup"] == {"int": 1}
+    five = device_of(node, 5)
+    attributes = devices(node)[five]["attributes"]
+    assert attributes == want_devices[five]["attributes"]
+    assert attributes["linkGroup"] == {"int": 1}
+    # named by the card's PCI address, not by its index
+    pci = attributes["resource.kubernetes.io/pciBusID"]["string"]
+    assert five == "gpu-" + re.sub(r"[:.]", "-", pci), five
     assert kubectl_json("get", "node", node)["status"]["allocatable"].get(
         "metax-tech.com/gpu", "0") == "0", "gpu-device left the node"
     if not groups:
@@ -331,19 +349,20 @@ def test_6_a_failing_gpu_is_tainted_and_comes_back(dra: dict[str, str]) -> None:
     def tainted(name: str) -> bool:
         return bool(devices(node).get(name, {}).get("taints"))
 
+    six, seven, pair = device_of(node, 6), device_of(node, 7), device_of(node, 6, 7)
     gpuk8s("sim", "fail", "--root", str(SIM_ROOT), "--gpu", "7")
     t0 = time.monotonic()
     try:
-        wait_until("gpu-7 tainted", lambda: tainted("gpu-7"), HEALTHY_INTERVAL + 2,
+        wait_until("GPU 7 tainted", lambda: tainted(seven), HEALTHY_INTERVAL + 2,
                    interval=0.2)
         assert time.monotonic() - t0 <= HEALTHY_INTERVAL + 2
-        assert tainted("group-6-7") and not tainted("gpu-6")
+        assert tainted(pair) and not tainted(six)
         run_claim("seven", [request(cel=index_is(7))], wait=False)
         time.sleep(5)
         assert pod_phase(PODS, "seven") == "Pending", "a tainted device is not allocated"
     finally:
         gpuk8s("sim", "heal", "--root", str(SIM_ROOT), "--gpu", "7")
-    wait_until("gpu-7 untainted", lambda: not tainted("gpu-7"), HEALTHY_INTERVAL + 2,
+    wait_until("GPU 7 untainted", lambda: not tainted(seven), HEALTHY_INTERVAL + 2,
                interval=0.2)
     wait_running("seven")
     assert gpus_seen("seven") == {7}
@@ -355,7 +374,7 @@ def test_7_two_sgpu_claims_share_one_gpu(dra: dict[str, str]) -> None:
     kubectl("label", "node", node, f"{SHARING_LABEL}=sgpu", "--overwrite")
     try:
         restart_gpu_dra(node, 8)
-        assert devices(node)["gpu-0"]["allowMultipleAllocations"] is True
+        assert devices(node)[device_of(node, 0)]["allowMultipleAllocations"] is True
         share = {"requests": {"vcore": "50", "vmemory": "8Gi"}}
         run_claim("half-a", [request(cls="sgpu.gpu.metax-tech.com", capacity=share)])
         run_claim("half-b", [request(cls="sgpu.gpu.metax-tech.com", capacity=share)])

@@ -59,6 +59,16 @@ def _slices_api(apiserver: Any, user: str = "admin", kubeconfig: str | None = No
     return KubeSlices(api_client(kubeconfig or apiserver.kubeconfig(user)))
 
 
+def gpu_names(inventory: Any, *indexes: int) -> list[str]:
+    """The device names of GPUs ``indexes`` (built from their PCI addresses), in the order
+    ``Cluster.devices`` sorts names: PCI order, which is index order."""
+    return [dra.gpu_device_name(inventory.gpu(i)) for i in indexes]
+
+
+def group_name(inventory: Any, *members: int) -> str:
+    return dra.group_device_name([inventory.gpu(i) for i in members])
+
+
 def _delete_node_slices(apiserver: Any, node: str) -> None:
     api = _slices_api(apiserver)
     for body in api.list(node):
@@ -106,8 +116,9 @@ def test_every_slice_shape_is_valid_and_kept_whole(
                 body["metadata"]["name"]
         devices = [d for s in api.list(node) for d in s["spec"].get("devices") or []]
         if options.unhealthy == "taint":
+            one = inventories[preset].gpu(1)
             assert [d["name"] for d in devices if d.get("taints")][:1] in (
-                ["gpu-1"], ["gpu-1-vf-0"])
+                [dra.gpu_device_name(one)], [dra.gpu_device_name(one, 0)])
     finally:
         _delete_node_slices(apiserver, node)
 
@@ -154,7 +165,9 @@ def test_publisher_syncs_and_keeps_the_generation_when_nothing_changed(
             "owned by the Node: the garbage collector deletes them with it"
         tainted = {d["name"] for s in slices for d in s["spec"].get("devices") or []
                    if d.get("taints")}
-        assert tainted == {"gpu-2", "group-2-3", "group-0-1-2-3"}
+        inv = inventories["c500-8"]
+        assert tainted == {*gpu_names(inv, 2), group_name(inv, 2, 3),
+                           group_name(inv, 0, 1, 2, 3)}
         assert publisher.sync_once() is False, "timeAdded stamped by the server is not a change"
         assert publisher.problems == []
         publisher.start()  # a starting kubelet deletes the node's slices: they come back
@@ -357,17 +370,13 @@ class Cluster:
         while time.monotonic() < deadline:
             found = self.allocated(claim)
             if found:
-                return sorted((r["device"] for r in found), key=_natural)
+                return sorted(r["device"] for r in found)
             time.sleep(0.2)
         raise AssertionError(f"claim {claim} not allocated within {timeout}s; scheduler log: "
                              + (self.work / "kube-scheduler.log").read_text()[-3000:])
 
     def bound(self, pod: str) -> str | None:
         return self.core.read_namespaced_pod(pod, NS).spec.node_name
-
-
-def _natural(name: str) -> tuple[Any, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in name.split("-"))
 
 
 def _now() -> str:
@@ -423,37 +432,43 @@ def index_is(i: int) -> str:
     return f"device.attributes['{DRIVER}'].index == {i}"
 
 
-def test_scheduler_keeps_a_matchattribute_claim_in_one_link_group(cluster: Cluster) -> None:
+def test_scheduler_keeps_a_matchattribute_claim_in_one_link_group(
+    cluster: Cluster, inventories: dict[str, Any]
+) -> None:
     """GPUs 0 and 4 busy on a c500-8 ({0-3}, {4-7} MetaXLinked): a 4-GPU claim with
     matchAttribute linkGroup waits (no group has 4 free) instead of straddling groups;
     once GPU 0 is free it lands on 0-3."""
+    inv = inventories["c500-8"]
     for i in (0, 4):
         cluster.claim(f"busy-{i}", [gpu_request(cel=index_is(i))])
         cluster.pod(f"busy-{i}", "dra-excl", f"busy-{i}")
-        assert cluster.devices(f"busy-{i}") == [f"gpu-{i}"]
+        assert cluster.devices(f"busy-{i}") == gpu_names(inv, i)
     cluster.claim("quad", [gpu_request(count=4)],
                   [{"matchAttribute": f"{DRIVER}/linkGroup"}])
     cluster.pod("quad", "dra-excl", "quad")
     time.sleep(5)
     assert cluster.allocated("quad") == [] and cluster.bound("quad") is None
     cluster.core.delete_namespaced_pod("busy-0", NS, grace_period_seconds=0)
-    assert cluster.devices("quad", 60) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    assert cluster.devices("quad", 60) == gpu_names(inv, 0, 1, 2, 3)
 
 
-def test_claims_from_templates_free_their_gpus_when_the_pod_goes(cluster: Cluster) -> None:
+def test_claims_from_templates_free_their_gpus_when_the_pod_goes(
+    cluster: Cluster, inventories: dict[str, Any]
+) -> None:
     """As the e2e test on the lab does it: claims made from templates by the resource-claim
     controller; deleting the pod holding GPU 0 lets the waiting 4-GPU claim land on 0-3."""
+    inv = inventories["c500-8"]
     for i in (0, 4):
         cluster.template(f"t-busy-{i}", [gpu_request(cel=index_is(i))])
         cluster.pod(f"t-busy-{i}", "dra-tmpl", template=f"t-busy-{i}")
-        assert cluster.devices(cluster.claim_of(f"t-busy-{i}")) == [f"gpu-{i}"]
+        assert cluster.devices(cluster.claim_of(f"t-busy-{i}")) == gpu_names(inv, i)
     cluster.template("t-quad", [gpu_request(count=4)], [{"matchAttribute": f"{DRIVER}/linkGroup"}])
     cluster.pod("t-quad", "dra-tmpl", template="t-quad")
     quad = cluster.claim_of("t-quad")
     time.sleep(5)
     assert cluster.allocated(quad) == []
     cluster.core.delete_namespaced_pod("t-busy-0", NS, grace_period_seconds=0)
-    assert cluster.devices(quad, 60) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    assert cluster.devices(quad, 60) == gpu_names(inv, 0, 1, 2, 3)
 
 
 def test_group_devices_auto_follows_what_the_real_scheduler_allocates(
@@ -470,20 +485,20 @@ def test_group_devices_auto_follows_what_the_real_scheduler_allocates(
     version = _server_version(api_client(cluster.apiserver.kubeconfig("admin")))
     assert version is not None and dra.kube_version(version) is not None, version
     fixed, why = dra.group_devices_wanted("auto", version)
+    inv = inventories["c500-8"]
     nodes = {"dra-gpus-only": PoolOptions(groups=False), "dra-with-groups": PoolOptions()}
     try:
         for node, options in nodes.items():
             cluster.node(node, inventories["c500-8"], options)
             cluster.claim(f"{node}-busy", [gpu_request(cel=index_is(1))])
             cluster.pod(f"{node}-busy", node, f"{node}-busy")
-            assert cluster.devices(f"{node}-busy") == ["gpu-1"]
+            assert cluster.devices(f"{node}-busy") == gpu_names(inv, 1)
             cluster.claim(f"{node}-quad", [gpu_request(count=4)],
                           [{"matchAttribute": f"{DRIVER}/linkGroup"}])
             cluster.pod(f"{node}-quad", node, f"{node}-quad")
-        assert cluster.devices("dra-gpus-only-quad") == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]
+        assert cluster.devices("dra-gpus-only-quad") == gpu_names(inv, 4, 5, 6, 7)
         if fixed:
-            assert cluster.devices("dra-with-groups-quad") == [
-                "gpu-4", "gpu-5", "gpu-6", "gpu-7"]
+            assert cluster.devices("dra-with-groups-quad") == gpu_names(inv, 4, 5, 6, 7)
         else:
             time.sleep(5)
             assert cluster.allocated("dra-with-groups-quad") == [], (
@@ -497,13 +512,15 @@ def test_group_devices_auto_follows_what_the_real_scheduler_allocates(
             cluster.core.delete_node(node)
 
 
-def test_group_devices_consume_their_members(cluster: Cluster) -> None:
+def test_group_devices_consume_their_members(
+    cluster: Cluster, inventories: dict[str, Any]
+) -> None:
     """A group-2 claim gets one link-complete pair; its GPUs are not handed out again."""
     cluster.claim("pair", [gpu_request(cls="group-2.gpu.metax-tech.com")])
     cluster.pod("pair", "dra-excl", "pair")
     [pair] = cluster.devices("pair")
-    assert pair.startswith("group-") and pair.count("-") == 2
-    members = [int(i) for i in pair.split("-")[1:]]
+    members = list(dra.device_index(inventories["c500-8"], PoolOptions())[pair].gpus)
+    assert pair.startswith("group2-") and len(members) == 2
     cluster.claim("member", [gpu_request(cel=index_is(members[0]))])
     cluster.pod("member", "dra-excl", "member")
     time.sleep(5)
@@ -511,7 +528,7 @@ def test_group_devices_consume_their_members(cluster: Cluster) -> None:
 
 
 def test_sgpu_shares_are_accounted_by_consumable_capacity(cluster: Cluster) -> None:
-    """Two 50-percent shares fit one GPU (first fit puts both on gpu-0); a 60-percent
+    """Two 50-percent shares fit one GPU (first fit puts both on GPU 0); a 60-percent
     share does not fit beside them and goes to the next GPU."""
     got = {}
     for name, core in (("half-a", "50"), ("half-b", "50"), ("sixty", "60")):
@@ -539,7 +556,9 @@ SHARE_CASES: list[tuple[str, dict[str, str] | None, int, tuple[int, int] | None]
 ]
 
 
-def test_what_the_api_server_accepts_prepare_serves(cluster: Cluster) -> None:
+def test_what_the_api_server_accepts_prepare_serves(
+    cluster: Cluster, inventories: dict[str, Any]
+) -> None:
     """Shares (issue 51): each sGPU claim the chart's policy lets through is allocated by
     the real scheduler and served by prepare's share rule (``driver._share_of``, what
     NodePrepareResources turns into the container's limits) with exactly what it asked;
@@ -548,6 +567,7 @@ def test_what_the_api_server_accepts_prepare_serves(cluster: Cluster) -> None:
 
     from gpuk8s.services.dra.driver import _share_of
 
+    pool = dra.device_index(inventories["c500-8"], PoolOptions(sharing="sgpu"))
     for name, capacity, count, served in SHARE_CASES:
         extra = {} if capacity is None else {"capacity": {"requests": capacity}}
         try:
@@ -560,7 +580,7 @@ def test_what_the_api_server_accepts_prepare_serves(cluster: Cluster) -> None:
         cluster.pod(name, "dra-sgpu", name)
         cluster.devices(name)
         results = cluster.allocated(name)
-        gpus = tuple(int(r["device"].split("-")[1]) for r in results)
+        gpus = tuple(g for r in results for g in pool[r["device"]].gpus)
         share = _share_of(results, gpus, "dra-sgpu")
         assert share is not None and len(results) == count
         assert (share.share.core, share.share.memory_mib) == served, name
@@ -592,9 +612,9 @@ def test_a_faulted_gpu_is_tainted_passed_over_by_the_scheduler_and_back_on_heal(
 ) -> None:
     """gpu-dra as it runs (DraApp: the health loop gpu-device runs, the publisher) on a
     simulated c500-8, against the real API server and scheduler: ``sim fail`` of GPU 3
-    taints gpu-3 (NoSchedule, key gpu.metax-tech.com/unhealthy) and the groups holding it
-    in the published slice; a claim pinned to GPU 3 is not allocated while the taint is
-    there, and is allocated gpu-3 once ``sim heal`` has removed it."""
+    taints GPU 3's device (NoSchedule, key gpu.metax-tech.com/unhealthy) and the groups
+    holding it in the published slice; a claim pinned to GPU 3 is not allocated while the
+    taint is there, and is allocated GPU 3 once ``sim heal`` has removed it."""
     from gpuk8s.services.dra.driver import KubeClaims
     from gpuk8s.services.dra.main import DraApp, DraConfig
     from gpuk8s.services.kube import api_client
@@ -608,8 +628,10 @@ def test_a_faulted_gpu_is_tainted_passed_over_by_the_scheduler_and_back_on_heal(
     config = DraConfig(host_root=root, node_name=node, plugin_dir=str(work / "p"),
                        registry_dir=str(work / "r"), cdi_dir=str(work / "cdi"),
                        healthy_interval=1.0, resync_interval=30.0)
-    app = DraApp(config, discover(root), claims=KubeClaims(client),
-                 slices=KubeSlices(client), node_uid=uid)
+    inv = discover(root)
+    [three] = gpu_names(inv, 3)
+    app = DraApp(config, inv, claims=KubeClaims(client), slices=KubeSlices(client),
+                 node_uid=uid)
     slices = _slices_api(cluster.apiserver)
 
     def taints() -> dict[str, list[dict[str, Any]]]:
@@ -625,24 +647,24 @@ def test_a_faulted_gpu_is_tainted_passed_over_by_the_scheduler_and_back_on_heal(
     app.start()
     try:
         wait("published, nothing tainted",
-             lambda: "gpu-3" in taints() and not any(taints().values()))
+             lambda: three in taints() and not any(taints().values()))
         sim.fail(root, 3, "fault", "ECC errors")
-        wait("gpu-3 tainted", lambda: bool(taints().get("gpu-3")))
+        wait("GPU 3 tainted", lambda: bool(taints().get(three)))
         tainted = {name for name, t in taints().items() if t}
-        assert tainted == {"gpu-3", "group-2-3", "group-0-1-2-3"}
-        [taint] = taints()["gpu-3"]
+        assert tainted == {three, group_name(inv, 2, 3), group_name(inv, 0, 1, 2, 3)}
+        [taint] = taints()[three]
         assert (taint["key"], taint["effect"]) == (f"{DRIVER}/unhealthy", "NoSchedule")
         assert taint["value"] == "ECC-errors" and taint.get("timeAdded")
         cluster.claim("on-gpu-3", [gpu_request(cel=index_is(3))])
         cluster.pod("on-gpu-3", node, "on-gpu-3")
         cluster.claim("any-gpu", [gpu_request()])
         cluster.pod("any-gpu", node, "any-gpu")
-        assert cluster.devices("any-gpu") != ["gpu-3"], "the scheduler works on this node"
+        assert cluster.devices("any-gpu") != [three], "the scheduler works on this node"
         time.sleep(5)
         assert cluster.allocated("on-gpu-3") == [] and cluster.bound("on-gpu-3") is None
         sim.heal(root, 3)
-        wait("gpu-3 healed", lambda: "gpu-3" in taints() and not any(taints().values()))
-        assert cluster.devices("on-gpu-3", 60) == ["gpu-3"]
+        wait("GPU 3 healed", lambda: three in taints() and not any(taints().values()))
+        assert cluster.devices("on-gpu-3", 60) == [three]
     finally:
         app.stop()
         for pod in ("on-gpu-3", "any-gpu"):

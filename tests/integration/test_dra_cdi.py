@@ -16,7 +16,8 @@ import pytest
 
 from gpuk8s import sim
 from gpuk8s.core.cdi import parse_spec, resolve
-from gpuk8s.core.dra import DRIVER, PoolOptions
+from gpuk8s.core.dra import DRIVER, PoolOptions, gpu_device_name, group_device_name
+from gpuk8s.core.model import NodeInventory
 from gpuk8s.discovery import discover
 from gpuk8s.services.dra.driver import Driver
 from gpuk8s.services.dra.grpcapi import ClaimRef
@@ -40,18 +41,26 @@ def allocated(uid: str, devices: list[str], **extra: Any) -> dict[str, Any]:
         for d in devices]}}}}
 
 
-@pytest.mark.parametrize(("preset", "sharing", "claims"), [
-    ("c500-8", "exclusive", {"a": ["gpu-1", "gpu-2"], "b": ["group-4-5-6-7"]}),
-    ("c500-8-vf4", "exclusive", {"a": ["gpu-0-vf-1", "gpu-3-vf-0"], "b": ["gpu-7-vf-3"]}),
-    ("c500-8", "sgpu", {"a": ["gpu-2"], "b": ["gpu-2"]}),
-    ("nvidia-8", "exclusive", {"a": ["gpu-0"], "b": ["gpu-6", "gpu-7"]}),
+def device_name(inventory: NodeInventory, device: tuple[Any, ...]) -> str:
+    if device[0] == "group":
+        return group_device_name([inventory.gpu(i) for i in device[1:]])
+    return gpu_device_name(inventory.gpu(device[0]), device[2] if len(device) > 1 else None)
+
+
+@pytest.mark.parametrize(("preset", "sharing", "wanted"), [
+    ("c500-8", "exclusive", {"a": [(1,), (2,)], "b": [("group", 4, 5, 6, 7)]}),
+    ("c500-8-vf4", "exclusive", {"a": [(0, "vf", 1), (3, "vf", 0)], "b": [(7, "vf", 3)]}),
+    ("c500-8", "sgpu", {"a": [(2,)], "b": [(2,)]}),
+    ("nvidia-8", "exclusive", {"a": [(0,)], "b": [(6,), (7,)]}),
 ], ids=["gpus-and-group", "vfs", "sgpu-shares", "nvidia"])  # fmt: skip
 def test_claim_specs_are_injected_by_the_reference_library(
-    cdi_check: str, tmp_path: Path, preset: str, sharing: str, claims: dict[str, list[str]]
+    cdi_check: str, tmp_path: Path, preset: str, sharing: str,
+    wanted: dict[str, list[tuple[Any, ...]]],
 ) -> None:
     root = tmp_path / "root"
     sim.create(str(root), preset, device_nodes="char")  # the library stats device nodes
     inventory = discover(str(root))
+    claims = {name: [device_name(inventory, d) for d in found] for name, found in wanted.items()}
     devices = DeviceSet(inventory, DRIVER, AllocateOptions(device_path_prefix=str(root)))
     extra: dict[str, Any] = {}
     if sharing == "sgpu":

@@ -21,7 +21,7 @@ import pytest
 
 from gpuk8s import sim
 from gpuk8s.core import cdi
-from gpuk8s.core.dra import DRIVER, PoolOptions
+from gpuk8s.core.dra import DRIVER, PoolOptions, gpu_device_name, group_device_name
 from gpuk8s.core.model import NodeInventory
 from gpuk8s.discovery import discover
 from gpuk8s.services.dra.driver import CDI_KIND, spec_path
@@ -88,6 +88,15 @@ def start(nodes: list[Node], root: str, inventory: NodeInventory, dirs: dict[str
 
 def result(device: str, request: str = "gpus", **extra: Any) -> dict[str, Any]:
     return {"request": request, "driver": DRIVER, "pool": NODE, "device": device, **extra}
+
+
+def gpu(inv: NodeInventory, index: int) -> str:
+    """The published device name of GPU ``index`` (built from its PCI address)."""
+    return gpu_device_name(inv.gpu(index))
+
+
+def group(inv: NodeInventory, *members: int) -> str:
+    return group_device_name([inv.gpu(i) for i in members])
 
 
 def container_edits(cdi_dir: str, ids: list[str]) -> cdi.ContainerEdits:
@@ -161,11 +170,11 @@ def test_prepare_returns_cdi_ids_that_give_the_container_its_gpus(
     root, inv = c500
     node = start(nodes, root, inv, dirs)
     node.kubelet.wait_registrations(1)
-    node.api.add_claim("team", "train", "uid-1", [result("gpu-5"), result("gpu-4")])
+    node.api.add_claim("team", "train", "uid-1", [result(gpu(inv, 5)), result(gpu(inv, 4))])
     response = node.kubelet.prepare([("team", "uid-1", "train")], service)
     [dev4, _] = sorted(response.claims["uid-1"].devices, key=lambda d: d.device_name)
-    assert (dev4.pool_name, dev4.device_name, list(dev4.request_names)) == (NODE, "gpu-4",
-                                                                           ["gpus"])
+    assert (dev4.pool_name, dev4.device_name, list(dev4.request_names)) == (
+        NODE, gpu(inv, 4), ["gpus"])
     ids = cdi_ids(response, "uid-1")
     assert all(i.startswith(CDI_KIND + "=uid-1-") for i in ids)
     edits = container_edits(dirs["cdi"], ids)
@@ -186,7 +195,7 @@ def test_prepare_is_idempotent_and_survives_a_plugin_restart(
     api = FakeResourceApi()
     node = start(nodes, root, inv, dirs, api=api)
     node.kubelet.wait_registrations(1)
-    api.add_claim("team", "train", "uid-1", [result("gpu-0")])
+    api.add_claim("team", "train", "uid-1", [result(gpu(inv, 0))])
     first = node.kubelet.prepare([("team", "uid-1", "train")])
     again = node.kubelet.prepare([("team", "uid-1", "train")])
     assert cdi_ids(first, "uid-1") == cdi_ids(again, "uid-1")
@@ -226,7 +235,7 @@ def test_a_kubelet_restart_keeps_prepared_claims(
     root, inv = c500
     node = start(nodes, root, inv, dirs)
     node.kubelet.wait_registrations(1)
-    node.api.add_claim("team", "train", "uid-1", [result("gpu-2")])
+    node.api.add_claim("team", "train", "uid-1", [result(gpu(inv, 2))])
     before = cdi_ids(node.kubelet.prepare([("team", "uid-1", "train")]), "uid-1")
     node.kubelet.restart()
     regs = node.kubelet.wait_registrations(2)
@@ -242,10 +251,10 @@ def test_claims_that_cannot_be_prepared_say_why_and_change_nothing(
     node = start(nodes, root, inv, dirs)
     node.kubelet.wait_registrations(1)
     api = node.api
-    api.add_claim("ns", "recreated", "uid-new", [result("gpu-0")])
+    api.add_claim("ns", "recreated", "uid-new", [result(gpu(inv, 0))])
     api.add_claim("ns", "pending", "uid-p", None)
-    api.add_claim("ns", "elsewhere", "uid-e", [{**result("gpu-0"), "pool": "node-b"}])
-    api.add_claim("ns", "unknown", "uid-u", [result("gpu-9")])
+    api.add_claim("ns", "elsewhere", "uid-e", [{**result(gpu(inv, 0)), "pool": "node-b"}])
+    api.add_claim("ns", "unknown", "uid-u", [result("tpu-0")])
     response = node.kubelet.prepare([("ns", "uid-old", "recreated"), ("ns", "uid-p", "pending"),
                                      ("ns", "uid-e", "elsewhere"), ("ns", "uid-u", "unknown"),
                                      ("ns", "uid-x", "missing")])
@@ -253,7 +262,8 @@ def test_claims_that_cannot_be_prepared_say_why_and_change_nothing(
     assert "has UID uid-new, the kubelet asked for uid-old" in errors["uid-old"]
     assert "is not allocated" in errors["uid-p"]
     assert f"no device of driver {DRIVER} in pool {NODE}" in errors["uid-e"]
-    assert "'gpu-9' is not one of this node's" in errors["uid-u"]
+    assert f"device 'tpu-0' of pool {NODE} cannot be prepared: it is not one of this " \
+        "node's devices" in errors["uid-u"]
     assert "not found" in errors["uid-x"]
     assert all(not c.devices for c in response.claims.values())
     assert os.listdir(dirs["cdi"]) == []
@@ -266,10 +276,11 @@ def test_a_group_device_gives_all_four_gpus(
     root, inv = c500
     node = start(nodes, root, inv, dirs)
     node.kubelet.wait_registrations(1)
-    node.api.add_claim("ns", "quad", "uid-q", [result("group-4-5-6-7", request="quad")])
+    quad = group(inv, 4, 5, 6, 7)
+    node.api.add_claim("ns", "quad", "uid-q", [result(quad, request="quad")])
     response = node.kubelet.prepare([("ns", "uid-q", "quad")])
     [device] = response.claims["uid-q"].devices
-    assert device.device_name == "group-4-5-6-7"
+    assert device.device_name == quad
     edits = container_edits(dirs["cdi"], list(device.cdi_device_ids))
     got = {n.path for n in edits.device_nodes}
     for index in (4, 5, 6, 7):
@@ -286,7 +297,7 @@ def test_sgpu_shares_get_their_limits_and_share_ids(
     node.kubelet.wait_registrations(1)
     for uid, core in (("uid-a", "30"), ("uid-b", "70")):
         node.api.add_claim("ns", uid, uid, [result(
-            "gpu-3", shareID=f"share-{uid}",
+            gpu(inv, 3), shareID=f"share-{uid}",
             consumedCapacity={"vcore": core, "vmemory": "8Gi", "shares": "1"})])
     a = node.kubelet.prepare([("ns", "uid-a", "uid-a")])
     b = node.kubelet.prepare([("ns", "uid-b", "uid-b")], DRA_V1BETA1)
@@ -302,18 +313,19 @@ def test_sgpu_shares_get_their_limits_and_share_ids(
 def test_a_device_prepared_for_another_claim_is_refused_naming_both(
     c500: tuple[str, NodeInventory], dirs: dict[str, str], nodes: list[Node]
 ) -> None:
-    """GPU 1 prepared for train: a claim for gpu-1, or for the group holding it, is refused
+    """GPU 1 prepared for train: a claim for GPU 1, or for the group holding it, is refused
     with both claims named (nothing written for it), and prepared once train is gone."""
     root, inv = c500
     node = start(nodes, root, inv, dirs)
     node.kubelet.wait_registrations(1)
-    node.api.add_claim("team", "train", "uid-t", [result("gpu-1")])
+    node.api.add_claim("team", "train", "uid-t", [result(gpu(inv, 1))])
     assert cdi_ids(node.kubelet.prepare([("team", "uid-t", "train")]), "uid-t")
-    for name, uid, device in (("again", "uid-g", "gpu-1"), ("pair", "uid-p", "group-0-1")):
+    for name, uid, device in (("again", "uid-g", gpu(inv, 1)),
+                              ("pair", "uid-p", group(inv, 0, 1))):
         node.api.add_claim("lab", name, uid, [result(device)])
         error = node.kubelet.prepare([("lab", uid, name)]).claims[uid].error
         assert f"device {device} of claim lab/{name} (UID {uid}) is already prepared for " \
-               "claim team/train (UID uid-t, device gpu-1)" in error, error
+               f"claim team/train (UID uid-t, device {gpu(inv, 1)})" in error, error
         assert not os.path.exists(spec_path(dirs["cdi"], uid))
     saved = json.loads(Path(dirs["plugin"], "checkpoint.json").read_text())["claims"]
     assert set(saved) == {"uid-t"}
@@ -329,8 +341,79 @@ def test_a_corrupt_checkpoint_is_kept_aside(
     node = start(nodes, root, inv, dirs)
     assert Path(dirs["plugin"], "checkpoint.json.corrupt").read_text() == "{not json"
     node.kubelet.wait_registrations(1)
-    node.api.add_claim("ns", "c", "uid-c", [result("gpu-1")])
+    node.api.add_claim("ns", "c", "uid-c", [result(gpu(inv, 1))])
     assert cdi_ids(node.kubelet.prepare([("ns", "uid-c", "c")]), "uid-c")
+
+
+def test_a_claim_allocated_before_a_loss_gets_its_card_after_a_restart(
+    tmp_path: Path, dirs: dict[str, str], nodes: list[Node]
+) -> None:
+    """Claims allocated while GPU 3 was on the bus, prepared by a plugin started after it
+    left (discovery renumbered the GPUs above it): the claim for the card that was GPU 5
+    gets that card, now GPU 4; the claim for GPU 3's card is refused, naming its address."""
+    root = str(tmp_path / "sim")
+    sim.create(root, "c500-8")
+    before = discover(root)
+    five, three = gpu(before, 5), gpu(before, 3)
+    sim.fail(root, 3, "remove")
+    after = discover(root)
+    assert after.gpu(4).pci_address == before.gpu(5).pci_address  # renumbered
+    node = start(nodes, root, after, dirs)
+    node.kubelet.wait_registrations(1)
+    node.api.add_claim("team", "train", "uid-5", [result(five)])
+    node.api.add_claim("team", "lost", "uid-3", [result(three)])
+    response = node.kubelet.prepare([("team", "uid-5", "train"), ("team", "uid-3", "lost")])
+    edits = container_edits(dirs["cdi"], cdi_ids(response, "uid-5"))
+    assert edits.env_map()["GPUK8S_DEVICE_IDS"] == before.gpu(5).pci_address
+    assert {n.path for n in edits.device_nodes} == {"/dev/mxcd", *after.gpu(4).device_nodes}
+    assert f"device {three!r} of pool {NODE} cannot be prepared: the GPU at PCI address " \
+        f"{before.gpu(3).pci_address} is not on this node's bus now" in \
+        response.claims["uid-3"].error
+    assert not os.path.exists(spec_path(dirs["cdi"], "uid-3"))
+
+
+@pytest.mark.parametrize(("device", "gpus", "with_ids"), [
+    ("gpu-1", [1], True),  # version 3: index-built names, the cards' ids beside them
+    ("group-0-1", [0, 1], False),  # versions 1 and 2: indexes only
+])  # fmt: skip
+def test_claims_prepared_before_stable_names_are_kept_held_and_unprepared(
+    c500: tuple[str, NodeInventory], dirs: dict[str, str], nodes: list[Node],
+    device: str, gpus: list[int], with_ids: bool,
+) -> None:
+    """A checkpoint written by the release before stable device names: after the upgrade
+    the kubelet's repeated prepare is answered from it, the GPUs it holds are not
+    prepared for another claim, a claim allocated under an index-built name but not yet
+    prepared is refused with the reason, and unprepare removes the old claim."""
+    root, inv = c500
+    old_spec = spec_path(dirs["cdi"], "uid-old")
+    Path(old_spec).write_text("{}")
+    cdi_id = f"{CDI_KIND}=uid-old-0-{device}"
+    claim: dict[str, Any] = {
+        "namespace": "team", "name": "old", "gpus": gpus, "cdiSpec": old_spec,
+        "devices": [{"requests": ["gpus"], "pool": NODE, "device": device,
+                     "cdiDeviceIds": [cdi_id]}]}
+    if with_ids:
+        claim["ids"] = [inv.gpu(g).stable_id for g in gpus]
+    Path(dirs["plugin"], "checkpoint.json").write_text(json.dumps(
+        {"format": 1, "version": 3 if with_ids else 2, "claims": {"uid-old": claim}}))
+    node = start(nodes, root, inv, dirs)
+    node.kubelet.wait_registrations(1)
+    again = node.kubelet.prepare([("team", "uid-old", "old")])
+    assert [d.device_name for d in again.claims["uid-old"].devices] == [device]
+    assert cdi_ids(again, "uid-old") == [cdi_id] and node.api.claim_reads == 0
+    node.api.add_claim("lab", "new", "uid-new", [result(gpu(inv, 1))])
+    node.api.add_claim("lab", "stale", "uid-s", [result("gpu-2")])  # allocated before
+    response = node.kubelet.prepare([("lab", "uid-new", "new"), ("lab", "uid-s", "stale")])
+    assert f"is already prepared for claim team/old (UID uid-old, device {device})" in \
+        response.claims["uid-new"].error
+    assert "device 'gpu-2' of pool node-a cannot be prepared: it names a GPU by index" in \
+        response.claims["uid-s"].error
+    assert "allocated before gpu-dra was upgraded" in response.claims["uid-s"].error
+    assert node.kubelet.unprepare([("team", "uid-old", "old")]).claims["uid-old"].error == ""
+    assert not os.path.exists(old_spec)
+    assert cdi_ids(node.kubelet.prepare([("lab", "uid-new", "new")]), "uid-new")
+    saved = json.loads(Path(dirs["plugin"], "checkpoint.json").read_text())["claims"]
+    assert set(saved) == {"uid-new"} and saved["uid-new"]["devices"][0]["device"] == gpu(inv, 1)
 
 
 # -- slices and health ------------------------------------------------------------------------
@@ -345,8 +428,9 @@ def test_slices_are_published_at_start_with_every_device(
     when = node.api.wait(lambda: len(node.api.devices()) == 14, 5, "14 devices")
     assert when - started < 2.0
     devices = node.api.devices()
-    assert {f"gpu-{i}" for i in range(8)} <= set(devices)
-    assert {"group-0-1-2-3", "group-4-5-6-7", "group-0-1", "group-6-7"} <= set(devices)
+    assert {gpu(inv, i) for i in range(8)} <= set(devices)
+    assert {group(inv, 0, 1, 2, 3), group(inv, 4, 5, 6, 7), group(inv, 0, 1),
+            group(inv, 6, 7)} <= set(devices)
     names = sorted(s["metadata"]["name"] for s in node.api.slices.values())
     assert names == [f"{NODE}-gpu-metax-tech-com-counters", f"{NODE}-gpu-metax-tech-com-devices-0"]
 
@@ -357,9 +441,10 @@ def test_unhealthy_gpu_is_tainted_within_the_interval_and_back_on_heal(
     root = str(tmp_path / "sim")
     sim.create(root, "c500-8")
     inv = discover(root)
+    three = gpu(inv, 3)
     node = start(nodes, root, inv, dirs, healthy_interval=1.0)
     node.kubelet.wait_registrations(1)
-    node.api.wait(lambda: "gpu-3" in node.api.devices(), 5, "slices")
+    node.api.wait(lambda: three in node.api.devices(), 5, "slices")
     watch = node.kubelet.watch_health()
     node.kubelet.wait_for(lambda: bool(watch.updates), 5, "first health update")
     assert set(watch.updates[0].values()) == {HEALTHY}
@@ -370,18 +455,19 @@ def test_unhealthy_gpu_is_tainted_within_the_interval_and_back_on_heal(
     def tainted(name: str) -> bool:
         return bool(node.api.devices().get(name, {}).get("taints"))
 
-    when = node.api.wait(lambda: tainted("gpu-3"), 1.0 + 2.0 + 1.0, "gpu-3 tainted")
+    when = node.api.wait(lambda: tainted(three), 1.0 + 2.0 + 1.0, "GPU 3 tainted")
     assert when - failed <= 1.0 + 2.0
-    taint = node.api.devices()["gpu-3"]["taints"][0]
+    taint = node.api.devices()[three]["taints"][0]
     assert taint["key"] == f"{DRIVER}/unhealthy" and taint["effect"] == "NoSchedule"
-    assert tainted("group-2-3") and tainted("group-0-1-2-3") and not tainted("gpu-2")
-    node.kubelet.wait_for(lambda: watch.updates[-1].get("gpu-3") == UNHEALTHY, 3, "stream")
-    node.api.add_claim("ns", "c", "uid-c", [result("gpu-3")])
+    assert tainted(group(inv, 2, 3)) and tainted(group(inv, 0, 1, 2, 3))
+    assert not tainted(gpu(inv, 2))
+    node.kubelet.wait_for(lambda: watch.updates[-1].get(three) == UNHEALTHY, 3, "stream")
+    node.api.add_claim("ns", "c", "uid-c", [result(three)])
     refused = node.kubelet.prepare([("ns", "uid-c", "c")])
-    assert "gpu-3 is unhealthy" in refused.claims["uid-c"].error
+    assert f"{three} is unhealthy" in refused.claims["uid-c"].error
     sim.heal(root, 3)
-    node.api.wait(lambda: not tainted("gpu-3"), 4.0, "gpu-3 healed")
-    node.kubelet.wait_for(lambda: watch.updates[-1].get("gpu-3") == HEALTHY, 3, "stream heal")
+    node.api.wait(lambda: not tainted(three), 4.0, "GPU 3 healed")
+    node.kubelet.wait_for(lambda: watch.updates[-1].get(three) == HEALTHY, 3, "stream heal")
 
 
 def test_gated_fields_dropped_by_the_api_server_fall_back(
@@ -393,7 +479,7 @@ def test_gated_fields_dropped_by_the_api_server_fall_back(
     inv = discover(root)
     api = FakeResourceApi(disabled_gates=("DRAPartitionableDevices", "DRADeviceTaints"))
     node = start(nodes, root, inv, dirs, api=api, healthy_interval=1.0)
-    api.wait(lambda: set(api.devices()) == {f"gpu-{i}" for i in range(8) if i != 1}, 5,
+    api.wait(lambda: set(api.devices()) == {gpu(inv, i) for i in range(8) if i != 1}, 5,
              "group devices and the unhealthy GPU gone")
     problems = " ".join(node.app.publisher.problems)
     assert "DRAPartitionableDevices" in problems and "DRADeviceTaints" in problems
@@ -407,13 +493,13 @@ def test_republishing_orders_devices_for_first_fit(
     node.kubelet.wait_registrations(1)
     node.api.wait(lambda: len(node.api.devices()) == 14, 5, "slices")
     generation = node.app.publisher.generation
-    node.api.add_claim("ns", "c", "uid-c", [result("gpu-5")])
+    node.api.add_claim("ns", "c", "uid-c", [result(gpu(inv, 5))])
     node.kubelet.prepare([("ns", "uid-c", "c")])
 
     def order() -> list[str]:
         return [d["name"] for s in node.api.slices.values() for d in s["spec"].get("devices", [])]
 
-    node.api.wait(lambda: order()[:4] == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"], 5, "reorder")
+    node.api.wait(lambda: order()[:4] == [gpu(inv, i) for i in (4, 5, 6, 7)], 5, "reorder")
     assert node.app.publisher.generation == generation, "a reorder keeps the generation"
 
 
@@ -424,9 +510,9 @@ def test_sgpu_pool_publishes_consumable_capacity(
     node = start(nodes, root, inv, dirs, pool=PoolOptions(sharing="sgpu"),
                  allocate=AllocateOptions())
     node.api.wait(lambda: len(node.api.devices()) == 8, 5, "8 shared GPUs")
-    gpu = node.api.devices()["gpu-0"]
-    assert gpu["allowMultipleAllocations"] is True
-    assert gpu["capacity"]["vcore"]["requestPolicy"]["validRange"] == {
+    first = node.api.devices()[gpu(inv, 0)]
+    assert first["allowMultipleAllocations"] is True
+    assert first["capacity"]["vcore"]["requestPolicy"]["validRange"] == {
         "min": "1", "max": "100", "step": "1"}
-    assert gpu["capacity"]["vmemory"]["value"] == "64Gi"
-    assert "consumesCounters" not in gpu
+    assert first["capacity"]["vmemory"]["value"] == "64Gi"
+    assert "consumesCounters" not in first

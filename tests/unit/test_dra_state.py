@@ -120,3 +120,14 @@ def test_claims_name_their_gpus_by_stable_id_and_a_restart_after_a_loss_finds_th
     assert busy() == {4, 6}  # the claim's card is GPU 4 now; the old claim as written
     sim.heal(root, 3)
     assert busy() == {5, 6}
+
+
+def test_a_claim_of_the_release_before_stable_names_finds_its_cards_by_id() -> None:
+    """A version-3 claim names its devices by index (``gpu-5``) with the cards' ids
+    beside the indexes: the index in such a name is mapped to the card's index now; a
+    claim without ids (versions 1-2) keeps its indexes; a card off the bus is left out."""
+    old = PreparedClaim.from_json(dict(CLAIM, gpus=[5, 6], ids=["GPU-a", "GPU-b"]))
+    assert old.indexes_of([5], {"GPU-a": 4, "GPU-b": 5}) == (4,)
+    assert old.indexes_of([6, 5], {"GPU-a": 4, "GPU-b": 5}) == (5, 4)
+    assert old.indexes_of([5], {"GPU-b": 5}) == ()
+    assert PreparedClaim.from_json(dict(CLAIM, gpus=[5])).indexes_of([5], {"GPU-a": 4}) == (5,)

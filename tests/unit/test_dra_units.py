@@ -44,11 +44,21 @@ def names(devices: list[dra.DraDevice]) -> list[str]:
     return [d.name for d in devices]
 
 
+def gpu(inv: NodeInventory, index: int, vf: int | None = None) -> str:
+    """The device name of GPU ``index`` (or of its VF) now."""
+    return dra.gpu_device_name(inv.gpu(index), vf)
+
+
+def group(inv: NodeInventory, *members: int) -> str:
+    return dra.group_device_name([inv.gpu(i) for i in members])
+
+
 def test_gpu_devices_carry_every_attribute_and_memory(roots: dict[str, str]) -> None:
     inv = inventory(roots, "c500-8")
     devices = dra.unit_devices(inv, dra.PoolOptions())
-    assert names(devices) == [f"gpu-{i}" for i in range(8)]
+    assert names(devices) == [gpu(inv, i) for i in range(8)]
     gpu5 = inv.gpu(5)
+    assert gpu5.pci_address == "0000:84:00.0" and devices[5].name == "gpu-0000-84-00-0"
     attrs = devices[5].attributes
     assert attrs == {
         "type": {"string": "gpu"}, "productName": {"string": "C500"},
@@ -62,7 +72,8 @@ def test_gpu_devices_carry_every_attribute_and_memory(roots: dict[str, str]) -> 
     assert devices[5].capacity == {"memory": {"value": "64Gi"}}
     assert devices[5].counters == ()
     pooled = dra.pool_devices(inv, dra.PoolOptions())
-    assert pooled[5].counters == ("gpu-5",), "beside group devices a GPU consumes its counter"
+    assert pooled[5].counters == ("gpu-0000-84-00-0",), \
+        "beside group devices a GPU consumes its counter, named as its device"
 
 
 @pytest.mark.parametrize(("preset", "options"), [
@@ -85,7 +96,7 @@ def test_vfs_are_the_devices_when_configured(roots: dict[str, str]) -> None:
     devices = dra.pool_devices(inv, dra.PoolOptions())
     assert len(devices) == 32 and all(d.type == "vf" for d in devices), "no group of VFs"
     vf = devices[6]  # GPU 1, VF 2
-    assert vf.name == "gpu-1-vf-2"
+    assert inv.gpu(1).pci_address == "0000:04:00.0" and vf.name == "gpu-0000-04-00-0-vf-2"
     assert vf.attributes["parentIndex"] == {"int": 1} and vf.attributes["vfIndex"] == {"int": 2}
     assert vf.attributes["index"] == {"int": 6}
     assert vf.attributes["resource.kubernetes.io/pciBusID"]["string"] == \
@@ -96,34 +107,115 @@ def test_vfs_are_the_devices_when_configured(roots: dict[str, str]) -> None:
         dra.pool_devices(inv, dra.PoolOptions(sharing="sgpu"))
 
 
+QUADS = [(0, 1), (2, 3), (4, 5), (6, 7), (0, 1, 2, 3), (4, 5, 6, 7)]
+
+
 @pytest.mark.parametrize(("preset", "groups"), [
-    ("c500-8", ["group-0-1", "group-2-3", "group-4-5", "group-6-7", "group-0-1-2-3",
-                "group-4-5-6-7"]),
-    ("c550-8", ["group-0-1", "group-2-3", "group-4-5", "group-6-7", "group-0-1-2-3",
-                "group-4-5-6-7", "group-0-1-2-3-4-5-6-7"]),
-    ("nvidia-8", ["group-0-1", "group-2-3", "group-4-5", "group-6-7", "group-0-1-2-3",
-                  "group-4-5-6-7", "group-0-1-2-3-4-5-6-7"]),
+    ("c500-8", QUADS),
+    ("c550-8", [*QUADS, tuple(range(8))]),
+    ("nvidia-8", [*QUADS, tuple(range(8))]),
     ("n260-2", []),
 ])  # fmt: skip
 def test_group_devices_are_link_complete_aligned_blocks(
-    roots: dict[str, str], preset: str, groups: list[str]
+    roots: dict[str, str], preset: str, groups: list[tuple[int, ...]]
 ) -> None:
     inv = inventory(roots, preset)
     found = dra.group_devices(inv, dra.PoolOptions())
-    assert names(found) == groups
-    for group in found:
-        members = group.gpus
+    assert [d.gpus for d in found] == groups
+    assert names(found) == [group(inv, *members) for members in groups]
+    for device in found:
+        members = device.gpus
         assert all(frozenset((a, b)) in inv.links for a in members for b in members if a < b)
-        assert group.counters == tuple(f"gpu-{i}" for i in members)
-        assert group.attributes["groupSize"] == {"int": len(members)}
+        assert device.counters == tuple(gpu(inv, i) for i in members)
+        assert device.attributes["groupSize"] == {"int": len(members)}
+        assert device.attributes["members"] == {"string": ",".join(map(str, members))}
     assert not dra.group_devices(inv, dra.PoolOptions(groups=False))
     assert not dra.group_devices(inv, dra.PoolOptions(sharing="sgpu"))
 
 
 def test_mixed_16_groups_of_eight(roots: dict[str, str]) -> None:
-    found = names(dra.group_devices(inventory(roots, "mixed-16"), dra.PoolOptions()))
-    assert "group-0-1-2-3-4-5-6-7" in found and "group-8-9-10-11-12-13-14-15" in found
-    assert len(found) == 8 + 4 + 2
+    inv = inventory(roots, "mixed-16")
+    found = names(dra.group_devices(inv, dra.PoolOptions()))
+    assert group(inv, *range(8)) in found and group(inv, *range(8, 16)) in found
+    assert len(found) == len(set(found)) == 8 + 4 + 2
+
+
+def _cards(devices: list[dra.DraDevice]) -> dict[str, frozenset[str]]:
+    """Device name -> the units (PCI addresses of GPUs and VFs) it gives a claim."""
+    return {d.name: frozenset(u.id for u in d.units) for d in devices}
+
+
+@pytest.mark.parametrize(("preset", "removed"), [
+    ("c500-8", 3), ("c550-8", 1), ("c500-8-vf4", 3), ("mixed-16", 0),
+])  # fmt: skip
+def test_device_names_follow_the_card_when_a_gpu_leaves_the_bus_and_comes_back(
+    tmp_path: Path, preset: str, removed: int
+) -> None:
+    """A claim is allocated by device name and may be prepared by a plugin restarted after
+    a GPU left the bus, when discovery has renumbered the GPUs above it: every other GPU
+    and VF keeps its name, a name never comes to mean other cards (group blocks shift: a
+    shifted group gets a new name), and healing gives back the same devices and slices."""
+    root = str(tmp_path / preset)
+    sim.create(root, preset)
+    options = dra.PoolOptions(groups=True)
+    before_inv = discover(root)
+    before = dra.pool_devices(before_inv, options)
+    slices = dra.node_slices("n", before_inv, options)
+    gone = before_inv.gpu(removed).pci_address
+    sim.fail(root, removed, "remove")
+    after_inv = discover(root)
+    assert [g.index for g in after_inv.gpus] == list(range(len(before_inv.gpus) - 1))
+    after = dra.pool_devices(after_inv, options)
+    was, now = _cards(before), _cards(after)
+    units_before = {d.name for d in before if d.type != dra.TYPE_GROUP
+                    and before_inv.gpu(d.units[0].gpu).pci_address != gone}
+    assert {d.name for d in after if d.type != dra.TYPE_GROUP} == units_before
+    for name in set(was) & set(now):
+        assert was[name] == now[name], f"{name} names other cards after the loss"
+    for device in after:  # the index attribute is for display: it moved, the name did not
+        if device.type == dra.TYPE_GPU:
+            card = after_inv.gpu(device.units[0].gpu)
+            assert device.name == dra.gpu_device_name(card)
+            assert device.attributes["index"] == {"int": card.index}
+    index_then = {g.pci_address: g.index for g in before_inv.gpus}
+    assert any(index_then[g.pci_address] != g.index for g in after_inv.gpus), "renumbered"
+    if preset == "c500-8":  # the groups without GPU 3 keep their names
+        assert set(now) == set(was) - {n for n, c in was.items() if gone in c}
+    sim.heal(root, removed)
+    healed = discover(root)
+    assert _cards(dra.pool_devices(healed, options)) == was
+    assert dra.node_slices("n", healed, options) == slices
+
+
+def test_device_names_are_dns_labels_from_pci_addresses() -> None:
+    """Names fit the API's DNS-label rule (63 characters) even with a long PCI domain;
+    an index-built name of the releases before is read back; two GPUs that report one
+    address are refused rather than published under one name."""
+    from dataclasses import replace
+
+    from gpuk8s.core.model import Gpu
+
+    card = Gpu(index=0, pci_address="10000:e1:1f.7", vendor="metax", vendor_id=0x9999,
+               device_id=0x4000, product="C500")
+    eight = [replace(card, index=i, pci_address=f"10000:e{i}:1f.7") for i in range(8)]
+    names = [dra.gpu_device_name(card), dra.gpu_device_name(card, 15),
+             dra.group_device_name(eight), dra.counter_name(card)]
+    assert names[:2] == ["gpu-10000-e1-1f-7", "gpu-10000-e1-1f-7-vf-15"]
+    assert names[2].startswith("group8-10000-e0-1f-7-") and len(names[2]) <= 63
+    assert all(dra.DNS_LABEL.match(n) for n in names), names
+    assert dra.group_device_name(eight[:2]) != dra.group_device_name([eight[0], eight[2]])
+    assert dra.legacy_device_gpus("gpu-3") == ((3,), None)
+    assert dra.legacy_device_gpus("gpu-3-vf-1") == ((3,), 1)
+    assert dra.legacy_device_gpus("group-4-5-6-7") == ((4, 5, 6, 7), None)
+    for name in names:
+        assert dra.legacy_device_gpus(name) is None, name
+    assert "was upgraded" in dra.missing_device_reason("gpu-3")
+    assert "PCI address 10000:e1:1f.7 is not on this node's bus" in \
+        dra.missing_device_reason(names[1])
+    assert "a GPU of that group" in dra.missing_device_reason(names[2])
+    twins = NodeInventory("metax", (card, replace(card, index=1)))
+    with pytest.raises(dra.DraError, match="'gpu-10000-e1-1f-7' is not unique"):
+        dra.pool_devices(twins, dra.PoolOptions())
 
 
 def test_slices_hold_counters_apart_and_respect_the_limits(roots: dict[str, str]) -> None:
@@ -131,7 +223,7 @@ def test_slices_hold_counters_apart_and_respect_the_limits(roots: dict[str, str]
     slices = dra.build_slices("n1", inv, dra.PoolOptions(), generation=7)
     counters, devices = slices
     assert counters["spec"]["sharedCounters"] == [
-        {"name": "gpus", "counters": {f"gpu-{i}": {"value": "1"} for i in range(8)}}]
+        {"name": "gpus", "counters": {gpu(inv, i): {"value": "1"} for i in range(8)}}]
     assert "devices" not in counters["spec"] and "sharedCounters" not in devices["spec"]
     for body in slices:
         assert body["spec"]["pool"] == {"name": "n1", "generation": 7, "resourceSliceCount": 2}
@@ -144,13 +236,14 @@ def test_unhealthy_devices_are_tainted_or_left_out(roots: dict[str, str]) -> Non
     inv = inventory(roots, "c500-8")
     [_, tainted] = dra.build_slices("n", inv, dra.PoolOptions(), unhealthy={2: "PCIe: gone!"})
     by_name = {d["name"]: d for d in tainted["spec"]["devices"]}
-    assert by_name["gpu-2"]["taints"] == [
+    assert by_name[gpu(inv, 2)]["taints"] == [
         {"key": "gpu.metax-tech.com/unhealthy", "value": "PCIe-gone", "effect": "NoSchedule"}]
-    assert "taints" in by_name["group-2-3"] and "taints" not in by_name["group-0-1"]
+    assert "taints" in by_name[group(inv, 2, 3)] and "taints" not in by_name[group(inv, 0, 1)]
     [_, removed] = dra.build_slices("n", inv, dra.PoolOptions(unhealthy="remove"),
                                     unhealthy={2: "gone"})
     left = {d["name"] for d in removed["spec"]["devices"]}
-    assert "gpu-2" not in left and "group-0-1-2-3" not in left and "gpu-3" in left
+    assert gpu(inv, 2) not in left and group(inv, 0, 1, 2, 3) not in left
+    assert gpu(inv, 3) in left
 
 
 @pytest.mark.parametrize("gates_off", [(), ("DRADeviceTaints",)])
@@ -159,12 +252,14 @@ def test_the_publisher_taints_a_faulted_gpu_or_withdraws_it_and_brings_it_back(
 ) -> None:
     """The publisher's decision for GPU 2 faulting and healing: tainted NoSchedule where the
     API server keeps taints; where it drops them (DRADeviceTaints off), the devices holding
-    GPU 2 are left out of the slice, with the reason in ``problems``. Healed, gpu-2 is back
+    GPU 2 are left out of the slice, with the reason in ``problems``. Healed, GPU 2 is back
     untainted either way; each change is a new pool generation."""
     sick: dict[int, str] = {}
     api = FakeResourceApi(disabled_gates=gates_off)
-    publisher = SlicePublisher("n", inventory(roots, "c500-8"), dra.PoolOptions(groups=False),
-                               api, unhealthy=lambda: sick)
+    inv = inventory(roots, "c500-8")
+    two = gpu(inv, 2)
+    publisher = SlicePublisher("n", inv, dra.PoolOptions(groups=False), api,
+                               unhealthy=lambda: sick)
 
     def devices() -> dict[str, dict[str, Any]]:
         return {d["name"]: d for s in api.list("n") for d in s["spec"].get("devices") or []}
@@ -172,21 +267,21 @@ def test_the_publisher_taints_a_faulted_gpu_or_withdraws_it_and_brings_it_back(
     assert publisher.sync_once() and not any("taints" in d for d in devices().values())
     sick[2] = "ECC errors"
     assert publisher.sync_once()
-    if gates_off:  # written with the taint, read back without it, written again without gpu-2
+    if gates_off:  # written with the taint, read back without it, written again without GPU 2
         assert publisher.generation == 3
-        assert "gpu-2" not in devices() and len(devices()) == 7
+        assert two not in devices() and len(devices()) == 7
         assert any("DRADeviceTaints" in p for p in publisher.problems)
     else:
-        assert devices()["gpu-2"]["taints"] == [{"key": "gpu.metax-tech.com/unhealthy",
+        assert devices()[two]["taints"] == [{"key": "gpu.metax-tech.com/unhealthy",
                                                   "value": "ECC-errors",
                                                   "effect": "NoSchedule"}]
-        assert [n for n, d in devices().items() if "taints" in d] == ["gpu-2"]
+        assert [n for n, d in devices().items() if "taints" in d] == [two]
         assert publisher.problems == [] and publisher.generation == 2
     assert publisher.sync_once() is False, "nothing changed: nothing written"
     faulted = publisher.generation
     del sick[2]
     assert publisher.sync_once() and publisher.generation == faulted + 1
-    assert "gpu-2" in devices() and not any("taints" in d for d in devices().values())
+    assert two in devices() and not any("taints" in d for d in devices().values())
 
 
 def test_sgpu_capacity_follows_gpu_awares_accounting(roots: dict[str, str]) -> None:
@@ -206,19 +301,20 @@ def test_bad_options_name_the_flag() -> None:
 
 
 @pytest.mark.parametrize(("busy", "first"), [
-    ((), ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]),
-    ((0, 1), ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]),  # the partly used group fills first
-    ((5,), ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]),
-    ((0, 4, 5), ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]),  # 2 free beat 3 free
+    ((), [0, 1, 2, 3]),
+    ((0, 1), [0, 1, 2, 3]),  # the partly used group fills first
+    ((5,), [4, 5, 6, 7]),
+    ((0, 4, 5), [4, 5, 6, 7]),  # 2 free beat 3 free
 ])  # fmt: skip
 def test_steering_order_is_best_fit_per_link_group(
-    roots: dict[str, str], busy: tuple[int, ...], first: list[str]
+    roots: dict[str, str], busy: tuple[int, ...], first: list[int]
 ) -> None:
     inv = inventory(roots, "c500-8")
     topo = Topology.from_inventory(inv, units_for_inventory(inv))
-    order = names(dra.steering_order(topo, dra.pool_devices(inv, dra.PoolOptions()), busy))
-    assert order[:4] == first
-    assert order[8:] == sorted(order[8:], key=lambda n: n.count("-")), "groups after units"
+    order = dra.steering_order(topo, dra.pool_devices(inv, dra.PoolOptions()), busy)
+    assert names(order[:4]) == [gpu(inv, i) for i in first]
+    sizes = [len(d.gpus) for d in order[8:]]
+    assert sizes == sorted(sizes) and min(sizes) == 2, "groups after units, smaller first"
 
 
 def test_claim_spec_is_valid_cdi_with_per_claim_env(roots: dict[str, str]) -> None:

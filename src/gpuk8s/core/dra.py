@@ -1,21 +1,30 @@
 """What gpu-dra publishes: a node's GPUs as DRA devices in ResourceSlices (resource.k8s.io/v1).
 
 One device per allocatable unit (``core.topology.units_for_inventory``: a GPU, or a VF
-when VFs are configured), named ``gpu-<index>`` / ``gpu-<index>-vf-<n>``, with the
-attributes of SPEC §14 under the driver's domain (``gpu.metax-tech.com``) and Kubernetes'
-standard ``resource.kubernetes.io/pcieRoot`` and ``pciBusID``; capacity ``memory``.
+when VFs are configured), with the attributes of SPEC §14 under the driver's domain
+(``gpu.metax-tech.com``) and Kubernetes' standard ``resource.kubernetes.io/pcieRoot`` and
+``pciBusID``; capacity ``memory``.
+
+Device names outlive a discovery pass (a claim is allocated by name, and may be prepared
+by a plugin restarted after a GPU left the bus, when discovery has renumbered the GPUs
+above it), so they are built from the card's PCI address, never from its index:
+``gpu-0000-3b-00-0`` (``gpu_device_name``), ``gpu-0000-3b-00-0-vf-2`` for its VF 2, and
+``group4-0000-3b-00-0-<8 hex>`` for a 4-GPU group device whose first member is that card
+(the hex digits: a digest of every member's address, ``group_device_name``). The
+``index`` attribute shows the index for people. Releases before these names built them
+from indexes (``gpu-<index>``, ``group-<i>-<j>...``): ``legacy_device_gpus`` reads them.
 
 Two optional shapes, each needing an alpha feature of Kubernetes 1.35:
 
 * **Group devices** (``DRAPartitionableDevices``): a link-complete 2-, 4- or 8-GPU set
-  (every pair joined by MetaXLink / NVLink) as one device ``group-<i>-<j>...``. A counter
+  (every pair joined by MetaXLink / NVLink) as one device ``group<k>-...``. A counter
   set ``gpus`` (in a slice of its own: the API allows counters or devices per slice) has
-  one counter per GPU; each GPU device consumes its GPU's counter and a group device its
-  members', so a GPU is never handed out twice. Groups are the aligned 2- and 4-blocks of
-  each link group in index order and the whole group when its size is 2, 4 or 8, so
-  that pairs do not straddle quads (SPEC §3 rule 3). A node with no group device (no
-  links, VFs, sGPU, groups off) publishes no counters either. Off unless asked for
-  (``group_devices_wanted``).
+  one counter per GPU (named as the GPU's device); each GPU device consumes its GPU's
+  counter and a group device its members', so a GPU is never handed out twice. Groups
+  are the aligned 2- and 4-blocks of each link group in index order and the whole group
+  when its size is 2, 4 or 8, so that pairs do not straddle quads (SPEC §3 rule 3). A
+  node with no group device (no links, VFs, sGPU, groups off) publishes no counters
+  either. Off unless asked for (``group_devices_wanted``).
 * **sGPU** (``DRAConsumableCapacity``; the node's ``gpuk8s.io/sharing-mode`` is ``sgpu``):
   each GPU device allows multiple allocations and offers consumable ``vcore`` (percent,
   1-100), ``vmemory`` (MiB steps) and ``shares`` (16 slots, one per allocation), the
@@ -31,6 +40,7 @@ prints. Pure: stdlib only, Python 3.8+.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -88,7 +98,7 @@ CAPACITY_VMEMORY = "vmemory"
 CAPACITY_SHARES = "shares"
 
 SELF = int(LinkKind.SELF)
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 class DraError(ConfigError):
@@ -196,16 +206,66 @@ def _taint_value(reason: str) -> str:
     return text or "unhealthy"
 
 
-def gpu_device_name(gpu: int, vf: int | None = None) -> str:
-    return f"gpu-{gpu}" if vf is None else f"gpu-{gpu}-vf-{vf}"
+def _slug(pci_address: str) -> str:
+    """A PCI address as DNS-label characters: ``0000:3b:00.0`` -> ``0000-3b-00-0``."""
+    return re.sub(r"[^a-z0-9]+", "-", pci_address.lower()).strip("-")
 
 
-def group_device_name(members: Sequence[int]) -> str:
-    return "group-" + "-".join(str(m) for m in members)
+def gpu_device_name(gpu: Gpu, vf: int | None = None) -> str:
+    """The device name of ``gpu`` (``gpu-<PCI address>``), or of its VF ``vf``
+    (``...-vf-<n>``): the same card keeps its name whatever index discovery gives it."""
+    name = f"gpu-{_slug(gpu.pci_address)}"
+    return name if vf is None else f"{name}-vf-{vf}"
 
 
-def counter_name(gpu: int) -> str:
-    return f"gpu-{gpu}"
+def group_device_name(members: Sequence[Gpu]) -> str:
+    """``group<k>-<first member's address>-<digest>``: k GPUs, the first in PCI order, and
+    8 hex digits of the SHA-256 of every member's address, so that two groups which
+    share a first card (after a GPU left the bus, the aligned blocks of a link group move)
+    never share a name. At most 28 characters for ``dddd:bb:dd.f`` addresses."""
+    addresses = sorted(g.pci_address for g in members)
+    digest = hashlib.sha256(",".join(addresses).encode()).hexdigest()[:8]
+    return f"group{len(addresses)}-{_slug(addresses[0])}-{digest}"
+
+
+def counter_name(gpu: Gpu) -> str:
+    """The GPU's counter in ``COUNTER_SET``: named as its device."""
+    return gpu_device_name(gpu)
+
+
+_LEGACY_GPU = re.compile(r"^gpu-(\d+)(?:-vf-(\d+))?$")
+_LEGACY_GROUP = re.compile(r"^group-(\d+(?:-\d+)+)$")
+_GPU_NAME = re.compile(r"^gpu-([0-9a-f]{4,8})-([0-9a-f]{2})-([0-9a-f]{2})-([0-7])(?:-vf-\d+)?$")
+
+
+def legacy_device_gpus(name: str) -> tuple[tuple[int, ...], int | None] | None:
+    """(GPU indexes, VF number or None) of a device name built from indexes by the
+    releases before stable names (``gpu-3``, ``gpu-3-vf-1``, ``group-4-5-6-7``); None for
+    any other name. Those indexes are the ones of that plugin's discovery."""
+    found = _LEGACY_GPU.match(name)
+    if found:
+        return (int(found[1]),), None if found[2] is None else int(found[2])
+    found = _LEGACY_GROUP.match(name)
+    if found:
+        return tuple(int(i) for i in found[1].split("-")), None
+    return None
+
+
+def missing_device_reason(name: str) -> str:
+    """Why a device an allocation names is not in the pool now, for the error."""
+    if legacy_device_gpus(name) is not None:
+        return ("it names a GPU by index, as gpu-dra did before device names were built "
+                "from PCI addresses: the claim was allocated before gpu-dra was upgraded "
+                "and is not prepared by this release (indexes move when a GPU leaves the "
+                "bus); delete the claim, or the pod of a template's claim, to have it "
+                "allocated again")
+    found = _GPU_NAME.match(name)
+    if found:
+        return (f"the GPU at PCI address {found[1]}:{found[2]}:{found[3]}.{found[4]} is "
+                "not on this node's bus now (or its VFs changed)")
+    if name.startswith("group"):
+        return "a GPU of that group is not on this node's bus now (or its link group changed)"
+    return "it is not one of this node's devices"
 
 
 def _common(inventory: NodeInventory, gpu: Gpu) -> dict[str, dict[str, Any]]:
@@ -286,12 +346,12 @@ def unit_devices(inventory: NodeInventory, options: PoolOptions,
             mib = None if gpu.memory_mib is None else gpu.memory_mib // vfs
         shared = options.sharing == MODE_SGPU
         out.append(DraDevice(
-            name=gpu_device_name(gpu.index, unit.vf),
+            name=gpu_device_name(gpu, unit.vf),
             type=TYPE_GPU if unit.vf is None else TYPE_VF,
             units=(unit,),
             attributes=attrs,
             capacity=_sgpu_capacity(mib) if shared else _memory(mib),
-            counters=(counter_name(gpu.index),) if counters else (),
+            counters=(counter_name(gpu),) if counters else (),
             shared=shared,
         ))
     return out
@@ -347,12 +407,12 @@ def group_devices(inventory: NodeInventory, options: PoolOptions) -> list[DraDev
         memory = [g.memory_mib for g in gpus]
         total = None if any(m is None for m in memory) else sum(m or 0 for m in memory)
         out.append(DraDevice(
-            name=group_device_name(members),
+            name=group_device_name(gpus),
             type=TYPE_GROUP,
             units=tuple(Unit(g.pci_address, g.index) for g in gpus),
             attributes=attrs,
             capacity=_memory(total),
-            counters=tuple(counter_name(i) for i in members),
+            counters=tuple(counter_name(g) for g in gpus),
         ))
     return out
 
@@ -362,15 +422,21 @@ def pool_devices(inventory: NodeInventory, options: PoolOptions) -> list[DraDevi
     counters only where there are group devices: a node without links publishes none."""
     groups = group_devices(inventory, options)
     devices = unit_devices(inventory, options, counted=bool(groups)) + groups
+    seen: set[str] = set()
     for device in devices:
-        if not _DNS_LABEL.match(device.name):
-            raise DraError(f"device name {device.name!r} is not a DNS label")
+        if not DNS_LABEL.match(device.name):
+            raise DraError(f"device name {device.name!r} is not a DNS label (built from "
+                           "the PCI address discovery reported)")
+        if device.name in seen:
+            raise DraError(f"device name {device.name!r} is not unique in the pool (two "
+                           "GPUs report one PCI address)")
+        seen.add(device.name)
     return devices
 
 
 def counter_set(inventory: NodeInventory) -> dict[str, Any]:
     return {"name": COUNTER_SET,
-            "counters": {counter_name(g.index): {"value": "1"} for g in inventory.gpus}}
+            "counters": {counter_name(g): {"value": "1"} for g in inventory.gpus}}
 
 
 def steering_order(topology: Topology, devices: Sequence[DraDevice],

@@ -6,9 +6,12 @@ For each claim the kubelet names (namespace, name, UID) the driver
    asks again after its own or the plugin's restart, and for every pod sharing a claim);
 2. reads the ResourceClaim from the API server (its UID must match) and takes the results
    of its allocation for this driver and this node's pool;
-3. refuses a device that is unknown or unhealthy now, or already prepared for another
-   claim (a GPU, VF or group member another claim holds, unless both are sGPU shares of
-   it; the kubelet retries, the pod waits);
+3. finds each allocated device by its name (built from the card's PCI address,
+   ``core.dra``) and refuses one that is not in the pool now (its card is off the bus, or
+   the name is one of the index-built names of releases before), unhealthy now, or already
+   prepared for another claim (a GPU, VF or group member another claim holds, unless both
+   are sGPU shares of it; a claim prepared by an earlier release, whose device names are
+   index-built, holds the cards its stable ids name; the kubelet retries, the pod waits);
 4. writes the claim's CDI spec (``core.cdi.build_claim_spec``: each allocated device's
    device nodes; once per container the control devices, the optional SDK mounts and the
    claim's environment -- visible devices, ``GPUK8S_DEVICE_IDS``, sGPU limits), checked by
@@ -29,7 +32,14 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from ...core.cdi import build_claim_spec, parse_spec, qualified
-from ...core.dra import DRIVER, DraDevice, PoolOptions, device_index
+from ...core.dra import (
+    DRIVER,
+    DraDevice,
+    PoolOptions,
+    device_index,
+    legacy_device_gpus,
+    missing_device_reason,
+)
 from ...core.errors import GpuK8sError
 from ...core.quantity import QuantityError, parse_quantity
 from ...core.sharing import MODE_SGPU, Assignment, ShareRequest, SharingError, share_env
@@ -220,10 +230,11 @@ class Driver:
                                f"driver {DRIVER} in pool {self.node}")
         chosen: list[tuple[Mapping[str, Any], DraDevice]] = []
         for result in results:
-            device = self.index.get(str(result.get("device")))
+            name = str(result.get("device"))
+            device = self.index.get(name)
             if device is None:
-                raise PrepareError(f"device {result.get('device')!r} is not one of this "
-                                   f"node's (pool {self.node})")
+                raise PrepareError(f"device {name!r} of pool {self.node} cannot be prepared: "
+                                   f"{missing_device_reason(name)}")
             self._check_health(device)
             chosen.append((result, device))
         self._check_not_held(ref, [d for _, d in chosen])
@@ -269,20 +280,39 @@ class Driver:
         """Refuse a device whose GPU, VF or group member another prepared claim holds
         (sGPU shares of one GPU may be held by many claims)."""
         wanted = {u.id: d for d in devices if not d.shared for u in d.units}
+        now = self.devices.inventory.index_by_id()
         for uid, other in self.checkpoint.claims().items():
             if uid == ref.uid:
                 continue
             for prepared in other.devices:
-                held = self.index.get(prepared.device)
-                if held is None or held.shared:
+                held, shared = self._held_units(other, prepared, now)
+                if shared:
                     continue
-                clash = next((wanted[u.id] for u in held.units if u.id in wanted), None)
+                clash = next((wanted[u] for u in held if u in wanted), None)
                 if clash is not None:
                     raise PrepareError(
                         f"device {clash.name} of claim {ref.namespace}/{ref.name} (UID "
                         f"{ref.uid}) is already prepared for claim {other.namespace}/"
-                        f"{other.name} (UID {uid}, device {held.name}) on this node; it is "
-                        "prepared once that claim is unprepared")
+                        f"{other.name} (UID {uid}, device {prepared.device}) on this node; "
+                        "it is prepared once that claim is unprepared")
+
+    def _held_units(self, claim: PreparedClaim, prepared: PreparedDevice,
+                    now: Mapping[str, int]) -> tuple[set[str], bool]:
+        """(unit ids, sGPU share?) of a device a prepared claim holds: the pool's device of
+        that name; for an index-built name of an earlier release (``gpu-3``), the units of
+        the GPUs the claim names by stable id, at their indexes now. A device of neither
+        kind (its card left the bus) holds nothing here."""
+        device = self.index.get(prepared.device)
+        if device is not None:
+            return {u.id for u in device.units}, device.shared
+        legacy = legacy_device_gpus(prepared.device)
+        if legacy is None:
+            return set(), False
+        recorded, vf = legacy
+        gpus = set(claim.indexes_of(recorded, now))
+        return ({u.id for u in self.devices.units
+                 if u.gpu in gpus and (vf is None or u.vf == vf)},
+                prepared.share_id is not None)
 
     def _write_spec(self, ref: ClaimRef, names: list[tuple[str, tuple[Unit, ...]]],
                     env: dict[str, str]) -> str:

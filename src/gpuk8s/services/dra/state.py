@@ -16,6 +16,10 @@ forget the claims prepared on the node)::
   restarted after a GPU left the bus (discovery renumbers the GPUs above it) maps to
   the indexes of its own discovery. A claim without ``ids`` (versions 1 and 2) is read
   by its indexes as written.
+* ``devices[].device`` is the device name the claim was allocated under: built from the
+  card's PCI address (``core.dra.gpu_device_name``), or, for a claim prepared by a release
+  before those names, from indexes (``gpu-3``: ``core.dra.legacy_device_gpus``), which
+  the driver maps to cards through the claim's ``ids``.
 
 * ``version`` is the release of this file's layout that wrote it (``VERSION``; absent:
   1, the first release). ``format`` is the oldest version that can read the file.
@@ -41,7 +45,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +84,16 @@ class PreparedClaim:
     def current(self, index_by_id: Mapping[str, int]) -> tuple[int, ...]:
         """The claim's GPUs at their indexes now (``NodeInventory.index_by_id``)."""
         return indexes_now(self.ids, self.gpus, index_by_id)
+
+    def indexes_of(self, recorded: Sequence[int],
+                   index_by_id: Mapping[str, int]) -> tuple[int, ...]:
+        """Some of the claim's GPUs, named by their ``recorded`` indexes (``gpus``), at
+        their indexes now: by the stable ids recorded beside them (version 3), else as
+        recorded."""
+        if len(self.ids) != len(self.gpus):
+            return tuple(recorded)
+        ids = dict(zip(self.gpus, self.ids, strict=True))
+        return indexes_now(tuple(ids[g] for g in recorded if g in ids), recorded, index_by_id)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreparedClaim:
