@@ -27,6 +27,7 @@ import pytest
 
 from gpuk8s import sim
 from gpuk8s.discovery import discover
+from tests.ansible.test_ansible_layer import changed_tasks
 
 pytestmark = pytest.mark.integration
 
@@ -265,6 +266,25 @@ def test_check_mode_of_an_upgrade_changes_nothing_and_waits_for_nothing(
     assert not cordoned and MARK not in annotations
     assert discover(str(node["root"])).driver.version == "2.32.0.6"
     assert not (node["root"] / "var/lib/gpuk8s-sim/modprobe.log").exists()
+
+
+def test_check_mode_predicts_the_tasks_the_upgrade_changes(
+    apiserver: Any, node: dict[str, Any]
+) -> None:
+    """--check, then the real upgrade: the same tasks report changed (the cordon, the
+    uncordon and the end of the mark included, which a check cannot do for real)."""
+    check = driver_run(apiserver, node, "Always", "--check")
+    assert check.returncode == 0, check.stdout[-4000:]
+    real = driver_run(apiserver, node, "Always")
+    assert real.returncode == 0, real.stdout[-4000:]
+    predicted, done = changed_tasks(check.stdout), changed_tasks(real.stdout)
+    assert sorted(predicted) == sorted(done), (predicted, done)
+    for step in ("Cordon the node", "Uncordon the node (unless it was cordoned before)",
+                 "End the maintenance mark", "Install or upgrade the driver"):
+        assert f"node_maintenance : {step}" in done, done
+    cordoned, annotations = state(apiserver, node["name"])
+    assert not cordoned and MARK not in annotations
+    assert discover(str(node["root"])).driver.version == "2.33.0.6"
 
 
 class Killed(BaseException):
