@@ -50,7 +50,8 @@ def test_a_link_group_of_nine_gets_an_event_a_group_of_four_none(
     from kubernetes import client
 
     admin = api_client(apiserver.kubeconfig("admin"))
-    core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
+    core: Any = client.CoreV1Api(admin)
+    custom: Any = client.CustomObjectsApi(admin)
     ns = f"pending-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns}})
     core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
