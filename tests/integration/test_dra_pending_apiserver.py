@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -116,3 +117,59 @@ def test_a_link_group_of_nine_gets_an_event_a_group_of_four_none(
         for body in slices.list(nodes[0]) + slices.list(nodes[1]):
             slices.delete(body["metadata"]["name"])
         core.delete_namespace(ns)
+
+
+def test_the_chart_rbac_is_enough_and_no_more(
+        apiserver: Any, helm: Any, charts: dict[str, str], tmp_path: Any) -> None:
+    """gpu-dra-pending's ServiceAccount as the chart makes it: with its token the elected
+    judge takes the Lease, reads pods, claims and slices cluster-wide and writes its Event;
+    it may not read Secrets nor delete Events. The chart's claims policy is installed too:
+    what it refuses at creation never waits."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    admin = api_client(apiserver.kubeconfig("admin"))
+    core: Any = client.CoreV1Api(admin)
+    custom: Any = client.CustomObjectsApi(admin)
+    rel_ns, ns = "dra-pending-rbac", f"users-{uuid.uuid4().hex[:6]}"
+    helm("install", "drp", charts["metax-gpu-extensions"], "-n", rel_ns, "--create-namespace",
+         "--set", "gpuDra.enabled=true")
+    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+    root = str(tmp_path / "sim")
+    sim.create(root, "c500-8")
+    slices = KubeSlices(admin)
+    node = f"{ns}-node"
+    try:
+        for body in build_slices(node, discover(root), PoolOptions(groups=False)):
+            slices.create(body)
+        # five linked GPUs: the claims policy lets it through (a link group may have 8),
+        # but this cluster's largest link group has 4
+        _claim(custom, ns, "five", DRIVER, 5, linked=True)
+        _pod(core, ns, "wants-five", "five")
+        token = core.create_namespaced_service_account_token("gpu-dra-pending", rel_ns, {
+            "spec": {"audiences": ["https://kubernetes.default.svc"],
+                     "expirationSeconds": 600}})
+        as_sa = api_client(apiserver.token_kubeconfig("dra-pending", token.status.token))
+        elector = Elector(KubeLeaseApi(as_sa, rel_ns, "gpu-dra-pending"), "replica-a",
+                          rel_ns, "gpu-dra-pending", duration=30, renew_deadline=20, retry=1)
+        assert elector.try_once()
+        judge = PendingReasons(KubePendingApi(as_sa), "replica-a", PendingOptions(after=0),
+                               leading=elector.leading)
+        [(where, pod, why)] = judge.tick()
+        assert (where, pod, why.reason) == (ns, "wants-five", REASON_NO_LINK_GROUP)
+        [event] = [e for e in core.list_namespaced_event(ns).items
+                   if e.reason == REASON_NO_LINK_GROUP]
+        sa_core: Any = client.CoreV1Api(as_sa)
+        attempts: list[Callable[[], Any]] = [
+            lambda: sa_core.list_namespaced_secret(rel_ns),
+            lambda: sa_core.delete_namespaced_event(event.metadata.name, ns)]
+        for forbidden in attempts:
+            with pytest.raises(ApiException) as denied:
+                forbidden()
+            assert denied.value.status == 403
+    finally:
+        for body in slices.list(node):
+            slices.delete(body["metadata"]["name"])
+        core.delete_namespace(ns)
+        helm("uninstall", "drp", "-n", rel_ns, check=False)
