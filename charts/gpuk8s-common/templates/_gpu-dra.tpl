@@ -356,6 +356,7 @@ spec:
             - {{ printf "--after=%v" $v.pending.after | quote }}
             - {{ printf "--log-level=%s" $log.level | quote }}
             - {{ printf "--log-format=%s" $log.format | quote }}
+            - --health-port=8084
           env:
             - name: POD_NAME  # the identity in the Lease
               valueFrom:
@@ -365,6 +366,24 @@ spec:
               valueFrom:
                 fieldRef:
                   fieldPath: metadata.namespace
+          ports:
+            - name: health
+              containerPort: 8084
+              protocol: TCP
+          # live and ready while its rounds complete (the last within 3 intervals, >= 60 s)
+          livenessProbe:
+            httpGet:
+              path: /healthz
+              port: health
+            initialDelaySeconds: 30
+            periodSeconds: 30
+            timeoutSeconds: 5
+          readinessProbe:
+            httpGet:
+              path: /readyz
+              port: health
+            periodSeconds: 10
+            timeoutSeconds: 5
           securityContext:
             {{- include "gpuk8s.restrictedSecurityContext" (dict "uid" (include "gpuk8s.deploymentUid" $ctx | int)) | nindent 12 }}
           {{- with include "gpuk8s.resources" $ctx | trim }}{{ . | nindent 10 }}{{ end }}

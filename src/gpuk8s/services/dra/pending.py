@@ -32,7 +32,8 @@ from ...core.dra import DRIVER
 from ...core.drapending import Unmet, unmet
 from ...core.errors import ConfigError, GpuK8sError
 from .. import kube
-from ..flags import add_kubeconfig_argument, add_log_arguments
+from ..flags import add_health_port_argument, add_kubeconfig_argument, add_log_arguments
+from ..healthserver import serve_health
 from ..leader import LEASE_DURATION_S, RENEW_DEADLINE_S, RETRY_PERIOD_S, Elector, KubeLeaseApi
 from ..logging_setup import LogOptions, configure_logging
 
@@ -117,17 +118,21 @@ class PendingReasons:
         self.options = options
         self._leading = leading
         self._wall = wall
+        self._started = wall()
         self._written: dict[tuple[str, str], float] = {}  # (namespace, event) -> wall
+        self.last_round: float | None = None  # wall time of the last completed round
 
     def tick(self) -> list[tuple[str, str, Unmet]]:
         """One round; (namespace, pod, reason) of each Event written or refreshed."""
-        if not self._leading():
-            return []
         now = self._wall()
+        if not self._leading():
+            self.last_round = now
+            return []
         waiting = [p for p in self.api.pending_pods()
                    if _age(p.get("metadata") or {}, now) >= self.options.after and
                    pod_claim_names(p)]
         if not waiting:
+            self.last_round = now
             return []
         claims = {(str(c["metadata"].get("namespace")), str(c["metadata"].get("name"))): c
                   for c in self.api.claims()}
@@ -144,7 +149,17 @@ class PendingReasons:
                     if self._write(pod, claim, why, now):
                         out.append((namespace, str(meta.get("name")), why))
         self._forget(now)
+        self.last_round = now
         return out
+
+    def liveness(self) -> tuple[bool, dict[str, Any]]:
+        """Live while rounds complete: the last within 3 intervals (at least 60 s) or
+        none yet for as long since the start."""
+        limit = max(3 * self.options.interval, 60.0)
+        last = self.last_round if self.last_round is not None else self._started
+        age = self._wall() - last
+        return age <= limit, {"lastRoundAgeSeconds": round(age, 1), "limitSeconds": limit,
+                              "leading": self._leading()}
 
     def _write(self, pod: dict[str, Any], claim: dict[str, Any], why: Unmet,
                now: float) -> bool:
@@ -265,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between refreshes of one Event (default 300)")
     p.add_argument("--interval", type=float, default=15.0,
                    help="seconds between rounds (default 15)")
+    add_health_port_argument(p, serves="/healthz (rounds complete) and /readyz")
     add_log_arguments(p)
     return p
 
@@ -301,8 +317,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     threading.Thread(target=elector.run, args=(stop,), name="lease", daemon=True).start()
+    http = serve_health(args.health_port, {"/healthz": judge.liveness,
+                                           "/readyz": judge.liveness},
+                        name="dra-pending-http") if args.health_port else None
     log.info("starting", extra={"lease": lease, "identity": args.identity,
                                 "after": options.after, "refresh": options.refresh})
     judge.run(stop)
     elector.release()
+    if http is not None:
+        http.shutdown()
+        http.server_close()
     return 0
