@@ -29,6 +29,7 @@ SERVICES: dict[str, str] = {
     "operator-controller": "gpuk8s.services.operator.main",
     "mps": "gpuk8s.services.mps.main",
     "dra-plugin": "gpuk8s.services.dra.main",
+    "dra-pending": "gpuk8s.services.dra.pending",
 }
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gpuk8s.core.sharing import Assignment
-from gpuk8s.services.extender.leader import Conflict, Elector, gate
+from gpuk8s.services.extender.leader import DEFAULT_LEASE, Conflict, Elector, gate
 from gpuk8s.services.extender.server import ExtenderHTTPServer, serve_in_thread
 from gpuk8s.services.extender.share import Ledger
 
@@ -85,7 +85,7 @@ class Clock:
 
 def elector(leases: Leases, clock: Clock, identity: str, **kw: Any) -> Elector:
     changes: list[bool] = kw.pop("changes", [])
-    return Elector(leases, identity, "ns", clock=clock, wall=lambda: 1.7e9 + clock.t,
+    return Elector(leases, identity, "ns", DEFAULT_LEASE, clock=clock, wall=lambda: 1.7e9 + clock.t,
                    on_change=changes.append, **kw)  # fmt: skip
 
 
@@ -167,7 +167,7 @@ def test_a_restarted_leader_renews_its_own_lease_at_once() -> None:
 
 def test_timings_must_leave_the_safety_margin() -> None:
     with pytest.raises(ValueError, match="renew deadline"):
-        Elector(Leases(), "a", "ns", duration=10, renew_deadline=10, retry=2)
+        Elector(Leases(), "a", "ns", DEFAULT_LEASE, duration=10, renew_deadline=10, retry=2)
 
 
 def test_only_the_leader_books_shared_gpus(annotations: dict[str, str]) -> None:

@@ -225,6 +225,168 @@ spec:
 {{- if $v.deviceClasses }}
 {{- include "gpuk8s.draDeviceClasses" $root }}
 {{- end }}
+{{- if $v.pending.enabled }}
+{{- include "gpuk8s.gpuDraPending" $root }}
+{{- end }}
+{{- end -}}
+
+{{/*
+gpu-dra-pending (gpuk8s serve dra-pending, docs/dra.md "Why a pod stays pending"): reads
+every pending pod, ResourceClaim and gpu-dra ResourceSlice of the cluster and writes Events
+on pods whose claims gpu-dra can never serve. A Deployment of its own ServiceAccount, off
+the nodes: the node agents' accounts stay limited to their node. Replicas elect one actor
+with the Lease gpu-dra-pending. It logs to stdout only. Same image as gpu-dra.
+*/}}
+{{- define "gpuk8s.gpuDraPending" -}}
+{{- $v := .Values.gpuDra -}}
+{{- $ctx := dict "root" . "component" "gpu-dra-pending" "values" $v -}}
+{{- $log := include "gpuk8s.log" $ctx | fromYaml }}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: gpu-dra-pending
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+automountServiceAccountToken: true
+---
+# reads pods, claims and gpu-dra's slices of the cluster; writes Events (get for the
+# refresh of its own Event, patch to count it): nothing else
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: {{ include "gpuk8s.clusterName" $ctx }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+rules:
+  - apiGroups: [""]
+    resources: ["pods"]
+    verbs: ["list"]
+  - apiGroups: ["resource.k8s.io"]
+    resources: ["resourceclaims", "resourceslices"]
+    verbs: ["list"]
+  - apiGroups: [""]
+    resources: ["events"]
+    verbs: ["get", "create", "patch"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: {{ include "gpuk8s.clusterName" $ctx }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: {{ include "gpuk8s.clusterName" $ctx }}
+subjects:
+  - kind: ServiceAccount
+    name: gpu-dra-pending
+    namespace: {{ .Release.Namespace }}
+---
+# leader election: the Lease gpu-dra-pending (create cannot be limited to a name)
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: gpu-dra-pending
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+rules:
+  - apiGroups: ["coordination.k8s.io"]
+    resources: ["leases"]
+    verbs: ["create"]
+  - apiGroups: ["coordination.k8s.io"]
+    resources: ["leases"]
+    resourceNames: ["gpu-dra-pending"]
+    verbs: ["get", "update"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: gpu-dra-pending
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: gpu-dra-pending
+subjects:
+  - kind: ServiceAccount
+    name: gpu-dra-pending
+    namespace: {{ .Release.Namespace }}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: metax-gpu-dra-pending
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- include "gpuk8s.labels" $ctx | nindent 4 }}
+spec:
+  replicas: {{ int $v.pending.replicas }}
+  selector:
+    matchLabels:
+      {{- include "gpuk8s.selectorLabels" $ctx | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- include "gpuk8s.labels" $ctx | nindent 8 }}
+    spec:
+      serviceAccountName: gpu-dra-pending
+      {{- with include "gpuk8s.imagePullSecrets" . | trim }}{{ . | nindent 6 }}{{ end }}
+      nodeSelector:
+        kubernetes.io/os: linux
+      affinity:
+        {{- include "gpuk8s.preferControlPlane" . | nindent 8 }}
+      tolerations:
+        {{- include "gpuk8s.controlPlaneTolerations" . | nindent 8 }}
+      securityContext:
+        {{- include "gpuk8s.podSecurityContext" . | nindent 8 }}
+      containers:
+        - name: gpu-dra-pending
+          image: {{ include "gpuk8s.image" (dict "root" . "component" "gpu-dra" "values" $v) | quote }}
+          imagePullPolicy: {{ .Values.pullPolicy | quote }}
+          command: ["gpuk8s"]
+          args:
+            - serve
+            - dra-pending
+            - {{ printf "--after=%v" $v.pending.after | quote }}
+            - {{ printf "--log-level=%s" $log.level | quote }}
+            - {{ printf "--log-format=%s" $log.format | quote }}
+            - --health-port=8084
+          env:
+            - name: POD_NAME  # the identity in the Lease
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.name
+            - name: POD_NAMESPACE  # the Lease's namespace
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.namespace
+          ports:
+            - name: health
+              containerPort: 8084
+              protocol: TCP
+          # live and ready while its rounds complete (the last within 3 intervals, >= 60 s)
+          livenessProbe:
+            httpGet:
+              path: /healthz
+              port: health
+            initialDelaySeconds: 30
+            periodSeconds: 30
+            timeoutSeconds: 5
+          readinessProbe:
+            httpGet:
+              path: /readyz
+              port: health
+            periodSeconds: 10
+            timeoutSeconds: 5
+          securityContext:
+            {{- include "gpuk8s.restrictedSecurityContext" (dict "uid" (include "gpuk8s.deploymentUid" $ctx | int)) | nindent 12 }}
+          {{- with include "gpuk8s.resources" $ctx | trim }}{{ . | nindent 10 }}{{ end }}
 {{- end -}}
 
 {{/*
