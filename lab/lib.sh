@@ -446,8 +446,13 @@ run_kubelet() {
         --root-dir="$KUBELET_DIR" --v=1 "$@"
 }
 
-# scheduler_manifest: kube-scheduler's static pod, the file kubeadm writes.
-scheduler_manifest() {
-    sed -e "s|@IMAGE@|$SCHEDULER_IMAGE|" -e "s|@FEATURE_GATES@|$KUBE_FEATURE_GATES|" \
-        "$LAB_DIR/manifests/kube-scheduler.yaml"
+# fill_template FILE: FILE with the lab's values for its placeholders, the one set every node
+# template uses (lab/manifests/, lab/fleet/dialects/): @SANDBOX_IMAGE@ the pause image,
+# @IMAGE@ kube-scheduler's image, @FEATURE_GATES@ the cluster's feature gates.
+fill_template() {
+    sed -e "s|@SANDBOX_IMAGE@|$PAUSE_IMAGE|g" -e "s|@IMAGE@|$SCHEDULER_IMAGE|g" \
+        -e "s|@FEATURE_GATES@|$KUBE_FEATURE_GATES|g" "$1"
 }
+
+# scheduler_manifest: kube-scheduler's static pod, the file kubeadm writes.
+scheduler_manifest() { fill_template "$LAB_DIR/manifests/kube-scheduler.yaml"; }
