@@ -94,7 +94,10 @@ netpol_start() {
     local bin; bin="$("$LAB_DIR/tools.sh" netpol)"
     netpol_rbac
     netpol_kubeconfig
-    DAEMON_INPUTS="$NETPOL_KUBECONFIG" start_daemon netpol "$bin" --kubeconfig="$NETPOL_KUBECONFIG" \
+    # supervised (restart on exit, as the kubelet restarts the DaemonSet's pod): while none
+    # runs, new connections of the pods a policy selects are dropped (fail closed)
+    DAEMON_INPUTS="$NETPOL_KUBECONFIG" start_daemon netpol "$LAB_DIR/supervise" "$bin" \
+        --kubeconfig="$NETPOL_KUBECONFIG" \
         --hostname-override="$NODE_NAME" --nfqueue-id="$NETPOL_QUEUE" \
         --metrics-bind-address="$NETPOL_METRICS" --v=2
     wait_for "netpol (kube-network-policies) metrics on $NETPOL_METRICS" 60 \

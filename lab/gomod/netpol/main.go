@@ -137,7 +137,11 @@ func run() int {
 			QueueID:     queueID,
 			NodeName:    nodeName,
 			NFTableName: tableName,
-			NRIdisabled: true, // pod IPs from the API server (the lab's containerd runs no NRI)
+			// NRI on, as upstream's default: with it off, v0.8.0 dereferences its nil NRI
+			// plugin for a packet whose address no pod holds (a host process's, a deleted
+			// pod's) and crashes. Where containerd serves no NRI the plugin only logs that
+			// it could not connect, and pod addresses come from the API server.
+			NRIdisabled: false,
 		},
 	)
 	if err != nil {
