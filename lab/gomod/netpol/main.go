@@ -3,8 +3,9 @@
 // runs it on a real node. lab/netpol.sh starts it; lab/tools.sh netpol builds it.
 //
 //	gpuk8s-netpol --kubeconfig FILE --hostname-override NODE [--nfqueue-id N] [--metrics-bind-address ADDR] [--v N]
-//	gpuk8s-netpol --cleanup      delete the controller's nftables table (a daemon killed
-//	                             hard leaves it) and exit; lab/netpol.sh stop runs it
+//	gpuk8s-netpol --cleanup      delete the controller's nftables table and the steering
+//	                             chain (a daemon killed hard leaves them) and exit;
+//	                             lab/netpol.sh stop runs it
 //
 // Why a wrapper and not the module's cmd: that one only reads the in-cluster service-account
 // files (a host daemon has none) and stops on SIGINT only, so SIGTERM (how lab/down and

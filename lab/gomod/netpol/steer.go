@@ -8,6 +8,7 @@ package main
 // which skips root's own traffic (the kubelet's probes, host daemons: upstream's `meta
 // skuid 0 accept`) and established flows, and queues the first packet of every connection
 // to or from a pod of this node that a NetworkPolicy selects (upstream's podips set).
+// IPv4 only (the lab has no IPv6 pod addresses).
 
 import (
 	"bytes"
