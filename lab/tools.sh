@@ -12,6 +12,8 @@
 #                                 (tags.cncf.io/container-device-interface) validating specs
 #   lab/tools.sh containerd2   -> absolute path of the directory holding containerd 2.x
 #                                 (containerd, containerd-shim-runc-v2, ctr; lab/gomod/containerd)
+#   lab/tools.sh netpol        -> absolute path of gpuk8s-netpol: kube-network-policies'
+#                                 NetworkPolicy controller as a host daemon (lab/gomod/netpol)
 #   lab/tools.sh schemas       -> absolute path of the kubeconform JSON schema directory
 #                                 (generated from the built kube-apiserver's OpenAPI; see lab/README.md)
 #   lab/tools.sh all           -> builds everything (helm first), prints a timing summary
@@ -158,20 +160,32 @@ ensure_etcd() {
     echo "$dir"
 }
 
-# Kubernetes JSON schemas for kubeconform, generated offline from the apiserver we built
-# (see lab/schemas.py). Needs a running apiserver, so lab/up produces them; this prints the dir.
-ensure_cdi() {
-    local dir="$BIN/cdi-check-$CDI_VERSION"
-    if [ ! -x "$dir/gpuk8s-cdi-check" ]; then
-        local work="$CACHE/work/cdi-check-$CDI_VERSION"
+# ensure_gomod DIR NAME VERSION MODULE BINARY: build lab/gomod/DIR, our small main package
+# around MODULE (required at VERSION by its go.mod), into $BIN/NAME-VERSION/BINARY unless it
+# is there; print its path.
+ensure_gomod() {
+    local src="$LAB_DIR/gomod/$1" name="$2-$3" version="$3" module="$4" binary="$5"
+    local dir="$BIN/$name"
+    if [ ! -x "$dir/$binary" ]; then
+        local work="$CACHE/work/$name"
         mkdir -p "$work" "$dir"
-        cp "$LAB_DIR/gomod/cdi/go.mod" "$LAB_DIR/gomod/cdi/go.sum" "$LAB_DIR/gomod/cdi/main.go" "$work/"
-        grep -q "tags.cncf.io/container-device-interface $CDI_VERSION" "$work/go.mod" ||
-            die "lab/gomod/cdi/go.mod does not require container-device-interface $CDI_VERSION"
+        cp "$src/go.mod" "$src/go.sum" "$src/"*.go "$work/"
+        grep -q "$module $version" "$work/go.mod" || die "lab/gomod/$1/go.mod does not require $module $version"
         go_env
-        timed "cdi-check-$CDI_VERSION" bash -c "cd '$work' && '$GO' build -trimpath -ldflags='-s -w' -o '$dir/gpuk8s-cdi-check.tmp' . && mv '$dir/gpuk8s-cdi-check.tmp' '$dir/gpuk8s-cdi-check'"
+        timed "$name" bash -c "cd '$work' && nice -n 10 '$GO' build -trimpath -ldflags='-s -w' -o '$dir/$binary.tmp' . && mv '$dir/$binary.tmp' '$dir/$binary'"
     fi
-    echo "$dir/gpuk8s-cdi-check"
+    echo "$dir/$binary"
+}
+
+ensure_cdi() {
+    ensure_gomod cdi cdi-check "$CDI_VERSION" tags.cncf.io/container-device-interface gpuk8s-cdi-check
+}
+
+# NetworkPolicy enforcement: sigs.k8s.io/kube-network-policies' controller in our wrapper
+# (lab/gomod/netpol: a kubeconfig instead of in-cluster files, SIGTERM cleans up, iptables
+# steering for kernels without nft_queue).
+ensure_netpol() {
+    ensure_gomod netpol netpol "$NETPOL_VERSION" sigs.k8s.io/kube-network-policies gpuk8s-netpol
 }
 
 # containerd 2.x: the daemon, its runc shim and ctr, from github.com/containerd/containerd/v2
@@ -198,6 +212,8 @@ ensure_containerd2() {
     echo "$dir"
 }
 
+# Kubernetes JSON schemas for kubeconform, generated offline from the apiserver we built
+# (see lab/schemas.py). Needs a running apiserver, so lab/up produces them; this prints the dir.
 schemas_dir() {
     echo "$CACHE/schemas/kube-$KUBE_VERSION"
 }
@@ -218,12 +234,13 @@ case "${1:-}" in
     etcd) ensure_etcd ;;
     cdi) ensure_cdi ;;
     containerd2) ensure_containerd2 ;;
+    netpol) ensure_netpol ;;
     schemas) schemas_dir ;;
     versions) cat "$LAB_DIR/versions.env" ;;
     all)
         t0=$(date +%s)
-        ensure_helm; ensure_kubeconform; ensure_kube; ensure_etcd; ensure_helm3; ensure_cdi; ensure_containerd2
+        ensure_helm; ensure_kubeconform; ensure_kube; ensure_etcd; ensure_helm3; ensure_cdi; ensure_containerd2; ensure_netpol
         log "all tools ready in $(( $(date +%s) - t0 ))s; build times: $CACHE/build-times.log"
         ;;
-    *) echo "usage: $0 helm|helm3|kubeconform|kube|etcd|cdi|containerd2|schemas|all|versions" >&2; exit 2 ;;
+    *) echo "usage: $0 helm|helm3|kubeconform|kube|etcd|cdi|containerd2|netpol|schemas|all|versions" >&2; exit 2 ;;
 esac
