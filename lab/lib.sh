@@ -250,3 +250,204 @@ umount_under() {
     awk '{print $2}' /proc/mounts | { grep -E "$1" || true; } | sort -r \
         | while read -r m; do umount -l "$m" 2>/dev/null || true; done
 }
+
+# ---------------------------------------------------------------- PKI (openssl)
+# cert NAME CN ORG KEYUSAGE [SANS]: signs $CERT_DIR/NAME.crt (default $PKI) with the cluster
+# CA in $PKI unless present (lab/up: the lab's certificates; lab/fleetctl: each node's).
+cert() {
+    local name="$1" cn="$2" org="$3" usage="$4" sans="${5:-}" dir="${CERT_DIR:-$PKI}"
+    [ -s "$dir/$name.crt" ] && [ -s "$dir/$name.key" ] && return 0
+    local subj="/CN=$cn"; [ -n "$org" ] && subj="/O=$org$subj"
+    local ext; ext="$(mktemp)"
+    {
+        echo "basicConstraints=critical,CA:FALSE"
+        echo "keyUsage=critical,digitalSignature,keyEncipherment"
+        echo "extendedKeyUsage=$usage"
+        [ -n "$sans" ] && echo "subjectAltName=$sans"
+    } >"$ext"
+    openssl req -new -newkey rsa:2048 -nodes -keyout "$dir/$name.key" -subj "$subj" -out "$dir/$name.csr" 2>/dev/null
+    openssl x509 -req -in "$dir/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+        -days 3650 -sha256 -extfile "$ext" -out "$dir/$name.crt" 2>/dev/null
+    rm -f "$ext" "$dir/$name.csr"
+    chmod 600 "$dir/$name.key"
+}
+
+# kubeconfig FILE USER CERTNAME [SERVER]: a kubeadm-style kubeconfig with embedded credentials
+# (the certificate from $CERT_DIR, default $PKI).
+kubeconfig() {
+    local file="$1" user="$2" certname="$3" server="${4:-$APISERVER}"
+    [ -s "$file" ] && grep -q "server: $server" "$file" && return 0
+    cat >"$file" <<EOF
+apiVersion: v1
+clusters:
+- cluster:
+    certificate-authority-data: $(base64 -w0 <"$PKI/ca.crt")
+    server: $server
+  name: kubernetes
+contexts:
+- context:
+    cluster: kubernetes
+    user: $user
+  name: $user@kubernetes
+current-context: $user@kubernetes
+kind: Config
+preferences: {}
+users:
+- name: $user
+  user:
+    client-certificate-data: $(base64 -w0 <"${CERT_DIR:-$PKI}/$certname.crt")
+    client-key-data: $(base64 -w0 <"${CERT_DIR:-$PKI}/$certname.key")
+EOF
+    chmod 600 "$file"
+}
+
+# ---------------------------------------------------------------- node configuration
+# A node's files, printed: lab/up writes the lab node's, lab/fleet/node-init a fleet node's
+# (where its dialect under lab/fleet/dialects/ has no file of its own).
+
+# cni_conflist SUBNET: the bridge CNI conflist of a node whose pods get SUBNET.
+cni_conflist() {
+    cat <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "gpuk8s-lab",
+  "plugins": [
+    {
+      "type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+      "ipam": { "type": "host-local", "ranges": [[{ "subnet": "$1" }]],
+                "routes": [{ "dst": "0.0.0.0/0" }] }
+    },
+    { "type": "portmap", "capabilities": { "portMappings": true } },
+    { "type": "firewall" }
+  ]
+}
+EOF
+}
+
+# registry_hosts_toml URL: containerd's hosts.toml that sends a registry's pulls to URL.
+registry_hosts_toml() {
+    cat <<EOF
+# gpuk8s-lab: the local registry speaks plain HTTP.
+server = "$1"
+[host."$1"]
+  capabilities = ["pull", "resolve", "push"]
+EOF
+}
+
+# containerd_config 1.6|2: the containerd config for Debian's 1.6 (version 2) or for the 2.x
+# lab/tools.sh builds (version 3; its own root and state, see CONTAINERD2_ROOT).
+containerd_config() {
+    if [ "$1" = 2 ]; then
+        cat <<EOF
+version = 3
+root = "$CONTAINERD2_ROOT"
+state = "$CONTAINERD2_STATE"
+[grpc]
+  address = "$CONTAINERD_SOCK"
+[ttrpc]
+  address = "$CONTAINERD_SOCK.ttrpc"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "$PAUSE_IMAGE"
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "/etc/containerd/certs.d"
+[plugins."io.containerd.cri.v1.runtime"]
+  # Machines of this kind deny lowering oom_score_adj (see the 1.6 config above).
+  restrict_oom_score_adj = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["/opt/cni/bin"]
+    conf_dir = "/etc/cni/net.d"
+EOF
+    else
+        cat <<EOF
+version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  # Machines of this kind deny lowering oom_score_adj (no CAP_SYS_RESOURCE): without this,
+  # runc fails every pod sandbox (the kubelet asks -998) with "can't get final child's PID".
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/opt/cni/bin"
+    conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "/etc/containerd/certs.d"
+EOF
+    fi
+}
+
+# kubelet_config: the KubeletConfiguration of a node (its files under $KUBE_ETC).
+kubelet_config() {
+    cat <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# cgroup v1 host (hybrid hierarchy): Kubernetes 1.35 refuses it unless this is false.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
+staticPodPath: $KUBE_ETC/manifests
+authentication:
+  anonymous: { enabled: false }
+  webhook: { enabled: true }
+  x509: { clientCAFile: $PKI/ca.crt }
+authorization: { mode: Webhook }
+tlsCertFile: $PKI/kubelet-server.crt
+tlsPrivateKeyFile: $PKI/kubelet-server.key
+failSwapOn: false
+resolvConf: /etc/resolv.conf
+clusterDomain: cluster.local
+maxPods: 110
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+evictionHard: { memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%" }
+syncFrequency: 10s
+fileCheckFrequency: 5s
+# Report allocatable changes (device plugin health) within a second.
+nodeStatusUpdateFrequency: 1s
+nodeStatusReportFrequency: 1m
+# The alpha DRA parts gpu-dra uses (lab/versions.env, as the control plane has them).
+featureGates:
+$(tr ',' '\n' <<<"$KUBE_FEATURE_GATES" | sed -E 's/^([^=]+)=(.*)$/  \1: \2/')
+EOF
+}
+
+# kube_proxy_config: the KubeProxyConfiguration of node $NODE_NAME.
+kube_proxy_config() {
+    cat <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: { kubeconfig: $KUBE_ETC/proxy.conf }
+mode: iptables
+clusterCIDR: $POD_CIDR
+hostnameOverride: $NODE_NAME
+# Leave the host's conntrack sysctls alone (not writable in every VM).
+conntrack: { maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s }
+EOF
+}
+
+# run_kubelet [FLAG...]: start node $NODE_NAME's kubelet on $KUBELET_DIR/config.yaml.
+run_kubelet() {
+    DAEMON_INPUTS="$KUBELET_DIR/config.yaml" start_daemon kubelet "$(kube_bin kubelet)" --config="$KUBELET_DIR/config.yaml" \
+        --kubeconfig="$KUBE_ETC/kubelet.conf" --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" \
+        --root-dir="$KUBELET_DIR" --v=1 "$@"
+}
+
+# scheduler_manifest: kube-scheduler's static pod, the file kubeadm writes.
+scheduler_manifest() {
+    sed -e "s|@IMAGE@|$SCHEDULER_IMAGE|" -e "s|@FEATURE_GATES@|$KUBE_FEATURE_GATES|" \
+        "$LAB_DIR/manifests/kube-scheduler.yaml"
+}
