@@ -23,8 +23,9 @@ description:
     second containerd editor is involved.
   - O(state=absent) takes all of it back (the containerd config byte for byte when untouched
     since).
-  - Needs the Python package C(tomlkit) on the node's Python (containerd's config is edited in
-    place, comments kept).
+  - Needs the Python packages C(tomlkit) (containerd's config is edited in place, comments
+    kept) and C(grpcio) (the candidate config is proven by a private containerd whose CRI
+    is asked over gRPC) on the node's Python; Debian/Ubuntu C(python3-tomlkit python3-grpcio).
 version_added: "0.2.0"
 author:
   - gpuk8s contributors
@@ -110,6 +111,7 @@ attributes:
     platforms: linux
 requirements:
   - tomlkit
+  - grpcio
 """
 
 EXAMPLES = r"""
@@ -171,13 +173,14 @@ from ansible.module_utils.gpuk8s.host import cdihook, ociwrapper  # noqa: E402, 
 from ansible.module_utils.gpuk8s.host.nvidia_checks import tool_path, version_tuple  # noqa: E402
 
 try:
+    import grpc  # noqa: F401  # asked lazily by the proof; missing it must fail here, by name
     from ansible.module_utils.gpuk8s.services.nodeagent import Reporter
     from ansible.module_utils.gpuk8s.services.runtime import agent as runtime_agent
 
     # packed for the agent, which imports them relatively
     from ansible.module_utils.gpuk8s.services.runtime import containerd, proof  # noqa: F401
     IMPORT_ERROR = None
-except ImportError as err:  # tomlkit
+except ImportError as err:  # tomlkit or grpcio
     IMPORT_ERROR = err
 
 
@@ -249,7 +252,8 @@ def main():
         supports_check_mode=True,
     )
     if IMPORT_ERROR is not None:
-        module.fail_json(msg=missing_required_lib("tomlkit"), exception=str(IMPORT_ERROR))
+        missing = "grpcio" if getattr(IMPORT_ERROR, "name", "") == "grpc" else "tomlkit"
+        module.fail_json(msg=missing_required_lib(missing), exception=str(IMPORT_ERROR))
     p = module.params
     version = p["containerd_version"]
     if p["runtime"] == "containerd" and not version:
