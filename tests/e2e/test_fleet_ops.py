@@ -1,0 +1,250 @@
+"""The toolkit driven over SSH against the fleet (inventories/fleet, lab/README.md "Fleet"),
+as an administrator runs it from a workstation: push_artifacts.yml, install.yml, verify.yml
+and uninstall.yml through real sshd and sudo on every node, each test asserting what the
+cluster and the nodes show, never task output.
+
+One install is shared by the module: the GPU Extensions scheme under the release name
+``e2e-fleet`` (a name the session fixture ``releases_set_aside`` treats as the tier's own:
+the release lab/install left is set aside before and given back after the tier). The fleet's
+nodes are tainted lab.gpuk8s.io/fleet, so the release tolerates that taint. Images and charts
+go to their own registry project, so the single-node tier's stay as lab/up pushed them.
+
+The operator node (gpu-op, no driver) is outside this install: the charts have no node
+selector, so one scheme per cluster; its GPUs are found by gpu-label but never advertised."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .conftest import (
+    CACHE,
+    HELM,
+    KUBECONFIG,
+    LAB,
+    REGISTRY,
+    REPO,
+    STATE,
+    VERSIONS,
+    kubectl,
+    kubectl_json,
+    run,
+    tool,
+)
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not (STATE / "fleet").is_dir(), reason="no fleet: lab/up --no-fleet"),
+]
+
+FLEET_NODES = ("cp2", "gpu-ext", "gpu-vf", "gpu-op", "gpu-nv")
+RELEASE = "e2e-fleet"
+NAMESPACE = "metax-gpu-extensions"
+FLEET_TAINT = {"key": "lab.gpuk8s.io/fleet", "operator": "Exists", "effect": "NoSchedule"}
+OUR_LABEL_PREFIXES = ("metax-tech.com/", "gpuk8s.io/")
+BUILD = REPO / "build"
+# lab/up builds the images in the checkout it runs from; a worktree uses the main checkout's
+IMAGES = next(
+    (d for d in (BUILD / "images", REPO.parent.parent / "main" / "build" / "images") if d.is_dir()),
+    BUILD / "images",
+)
+HELM3 = str(CACHE / "bin" / f"helm-{VERSIONS['HELM3_VERSION']}" / "helm")  # kubernetes.core.helm
+# What lab/install's inventory sets for the lab registry and helm, given on the command line:
+# inventories/fleet describes the nodes, not where this checkout's artifacts are.
+EXTRA_VARS: dict[str, Any] = {
+    "gpuk8s_scheme": "extensions",
+    # the API tasks on the controller (this venv has the kubernetes library; the lab node's
+    # system Python, found by interpreter discovery over SSH, has not)
+    "gpuk8s_api_host": "localhost",
+    "gpuk8s_registry": f"{REGISTRY}/e2e-fleet",
+    "gpuk8s_helm_binary": HELM3,
+    "gpuk8s_images_dir": str(IMAGES),
+    "gpuk8s_charts_dir": str(BUILD / "charts"),
+    "gpuk8s_host_extra_read_paths": ["/var/lib/gpuk8s-sim"],
+    "gpu_artifacts_charts_force": True,
+    "gpu_artifacts_images_tls_verify": False,
+    "gpu_artifacts_charts_plain_http": True,
+    "gpu_extensions_plain_http": True,
+    "gpu_extensions_release_name": RELEASE,
+    "gpu_extensions_values": {"tolerations": [FLEET_TAINT]},
+    # the driverless operator node, the NVIDIA node (outside gpu_nodes) and other sessions'
+    # fake nodes are not this install's to verify
+    "gpu_extensions_gpu_node_selector": (
+        "metax-tech.com/gpu.installed=true,lab.gpuk8s.io/fleet-role notin (operator,nvidia),"
+        "lab.gpuk8s.io/fake-node!=true"
+    ),
+    "gpu_extensions_min_gpu_nodes": 3,
+}
+# node -> GPUs it advertises under the extensions scheme (lab/fleetctl's presets: c500-8 on
+# the lab node and gpu-ext, c500-8-vf4 on gpu-vf: 8 GPUs x 4 VFs)
+EXPECTED_GPUS = {"gpu-ext": 8, "gpu-vf": 32}
+
+
+def playbook(name: str, *args: str, extra: dict[str, Any] | None = None) -> None:
+    """ansible-playbook -i inventories/fleet playbooks/NAME.yml over SSH; timed."""
+    start = time.monotonic()
+    run(
+        tool("ansible-playbook"),
+        "-i",
+        str(REPO / "inventories" / "fleet"),
+        str(REPO / "playbooks" / f"{name}.yml"),
+        "-e",
+        json.dumps({**EXTRA_VARS, **(extra or {})}),
+        *args,
+        cwd=str(REPO),
+        timeout=1200,
+    )
+    print(f"\n[fleet] {name}.yml in {time.monotonic() - start:.0f}s", file=sys.stderr)
+
+
+def node_exec(node: str, *command: str) -> str:
+    """A command in a fleet node's own root (its mount and network namespaces)."""
+    return run(str(LAB / "fleetctl"), "exec", node, *command, timeout=60).stdout
+
+
+def containerd_config_hash(node: str) -> str:
+    """sha256 of the node's containerd config as the node sees it ('' when absent)."""
+    out = run(
+        str(LAB / "fleetctl"),
+        "exec",
+        node,
+        "cat",
+        "/etc/containerd/config.toml",
+        check=False,
+        timeout=60,
+    )
+    return hashlib.sha256(out.stdout.encode()).hexdigest() if out.returncode == 0 else ""
+
+
+def nodes() -> dict[str, dict[str, Any]]:
+    return {n["metadata"]["name"]: n for n in kubectl_json("get", "nodes")["items"]}
+
+
+def our_labels(node: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = node["metadata"].get("labels", {})
+    return {k: v for k, v in labels.items() if k.startswith(OUR_LABEL_PREFIXES)}
+
+
+def restore_labels(before: dict[str, dict[str, str]]) -> None:
+    """Our labels on the fleet nodes back to what they were before the module (the
+    single-node tier and the next run find the fleet as lab/up left it)."""
+    found = nodes()
+    for name, labels in before.items():
+        now = our_labels(found[name])
+        changes = [f"{k}-" for k in now if k not in labels]
+        changes += [f"{k}={v}" for k, v in labels.items() if now.get(k) != v]
+        if changes:
+            kubectl("label", "--overwrite", "node", name, *changes)
+
+
+def package_charts() -> None:
+    (BUILD / "charts").mkdir(parents=True, exist_ok=True)
+    for chart in ("metax-gpu-extensions", "metax-operator"):
+        run(HELM, "package", str(REPO / "charts" / chart), "-d", str(BUILD / "charts"))
+
+
+@pytest.fixture(scope="module")
+def before_install(lab: dict[str, str]) -> dict[str, Any]:
+    """The fleet as found: each fleet node's containerd config hash and our labels."""
+    assert IMAGES.is_dir(), f"{IMAGES} missing: lab/up builds the images"
+    found = nodes()
+    return {
+        "containerd": {n: containerd_config_hash(n) for n in FLEET_NODES},
+        "labels": {n: our_labels(found[n]) for n in FLEET_NODES},
+    }
+
+
+@pytest.fixture(scope="module")
+def installed(before_install: dict[str, Any], lab: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """push_artifacts.yml + install.yml over SSH, once for the module; uninstall.yml after."""
+    package_charts()
+    playbook("push_artifacts")
+    state = {"uninstalled": False}
+    try:  # a failed install is uninstalled too
+        playbook("install")
+        yield state
+    finally:
+        if not state["uninstalled"]:
+            playbook("uninstall")
+        restore_labels(before_install["labels"])
+
+
+def test_install_over_ssh_advertises_every_extensions_node_gpus(
+    installed: dict[str, Any], lab: dict[str, str]
+) -> None:
+    found = nodes()
+    expected = {lab["node"]: 8, **EXPECTED_GPUS}
+    for name, gpus in expected.items():
+        node = found[name]
+        assert node["status"]["allocatable"].get("metax-tech.com/gpu") == str(gpus), name
+        labels = node["metadata"]["labels"]
+        assert labels["metax-tech.com/gpu.product"] == "C500", name
+        assert labels["metax-tech.com/driver.ready"] == "true", name
+    assert found["gpu-vf"]["metadata"]["labels"]["metax-tech.com/gpu.sriov"] == "on"
+    # the driverless node: its GPUs found, none advertised without a driver
+    op = found["gpu-op"]
+    assert op["metadata"]["labels"]["metax-tech.com/gpu.installed"] == "true"
+    assert op["metadata"]["labels"].get("metax-tech.com/driver.ready") != "true"
+    assert op["status"]["allocatable"].get("metax-tech.com/gpu", "0") == "0"
+    # the second control plane has no GPUs
+    assert found["cp2"]["status"]["allocatable"].get("metax-tech.com/gpu", "0") == "0"
+    assert found["cp2"]["metadata"]["labels"]["metax-tech.com/gpu.installed"] == "false"
+    # the release's node agents run on the fleet's GPU nodes (the fleet taint tolerated)
+    pods = kubectl_json(
+        "-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/instance=" + RELEASE
+    )
+    device_nodes = {
+        p["spec"].get("nodeName")
+        for p in pods["items"]
+        if p["metadata"]["labels"].get("app.kubernetes.io/name") == "gpu-device"
+    }
+    assert set(expected) <= device_nodes, device_nodes
+    assert "gpu-op" not in device_nodes and "cp2" not in device_nodes, device_nodes
+
+
+def test_verify_playbook_passes_over_ssh_on_the_extensions_nodes(installed: dict[str, Any]) -> None:
+    # verify.yml compares each node's labels and allocatable with what the modules read on
+    # the node itself over SSH: a mismatch fails the run (run() raises)
+    playbook("verify", "--limit", "gpu_extensions_nodes")
+
+
+def test_uninstall_over_ssh_leaves_every_node_as_found(
+    installed: dict[str, Any], before_install: dict[str, Any]
+) -> None:
+    playbook("uninstall")
+    installed["uninstalled"] = True
+    releases = json.loads(
+        run(
+            HELM,
+            "--kubeconfig",
+            KUBECONFIG,
+            "list",
+            "-n",
+            NAMESPACE,
+            "--deployed",
+            "--failed",
+            "--pending",
+            "--uninstalling",
+            "-o",
+            "json",
+        ).stdout
+        or "[]"
+    )
+    assert RELEASE not in {r["name"] for r in releases}
+    for name in FLEET_NODES:
+        assert containerd_config_hash(name) == before_install["containerd"][name], name
+        # the node's CRI serves (containerd's own client against its socket)
+        assert "Server:" in node_exec(name, "ctr", "version"), name
+    # Not yet true, so not asserted here (issue 49, item 4): the extensions scheme's uninstall
+    # leaves gpu-label's metax-tech.com/ labels on every node it ran on; the module's teardown
+    # gives each fleet node its labels as found (restore_labels).
+    pods = kubectl_json(
+        "-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/instance=" + RELEASE
+    )
+    assert pods["items"] == []
