@@ -634,6 +634,39 @@ def test_pods_without_gpus_go_where_their_cpu_strands_no_gpu(
     assert status == 200 and [h["Score"] for h in result] == [0]
 
 
+def test_pods_without_gpus_keep_a_home_for_the_largest_one_seen(
+    annotations: dict[str, str],
+) -> None:
+    """On a cluster short of CPU: once a pod without GPUs asking 32 cores was seen, a
+    4-core one goes where the most CPU per free GPU is left (``gpus_per_core``) only if
+    that leaves some node with 32 cores; else to the node it does not take below 32
+    (b). Among nodes alike in all else the one left with the least CPU ranks first
+    (best fit: the holes for large pods stay large)."""
+    free = {"a": (34_000, 65_536), "b": (24_000, 65_536), "c": (8_000, 65_536)}
+    arrivals = ArrivalMix(prior=())
+    for i in range(4):  # shares asking a little CPU: the CPU takes nothing out of use
+        arrivals.observe(f"s{i}", HALF, 1000, 1024)
+    ext, _, ledger = over([node(n, annotations) for n in "abc"],
+                          free_room=lambda name: free[name], arrivals=arrivals)
+    sharing = ext.sharing
+    assert sharing is not None
+    small, large = (4_000, 1_024), (32_000, 1_024)
+    first = dict(zip("abc", sharing.raw_nogpu(list("abc"), small), strict=True))
+    assert first["a"] > first["b"] > first["c"]  # nothing large seen: the most CPU first
+    sharing.raw_nogpu(list("abc"), large)
+    then = dict(zip("abc", sharing.raw_nogpu(list("abc"), small), strict=True))
+    assert then["b"] > then["a"]  # a is the last node a 32-core pod fits
+    free["a"] = (64_000, 65_536)  # now a keeps room for one after the small pod
+    assert max(zip(sharing.raw_nogpu(list("abc"), small), "abc", strict=True))[1] == "a"
+    # all GPUs booked on a and b: no GPU capacity to strand, both as good but for the CPU
+    for n in "ab":
+        for gpu in (0, 1):
+            ledger.set(f"{n}{gpu}", Assignment(n, (gpu,), ShareRequest(MODE_SGPU, 1, 100, 0)))
+    free["a"], free["b"] = (60_000, 65_536), (50_000, 65_536)
+    ranks = dict(zip("ab", sharing.raw_nogpu(list("ab"), small), strict=True))
+    assert ranks["b"] > ranks["a"]
+
+
 def test_prioritize_follows_the_mix_packing_before_fragmentation(
     annotations: dict[str, str],
 ) -> None:

@@ -15,7 +15,8 @@ counted by ``_Homes``); fractional shares first by their waste against the mix's
 packing (``WASTE_RANK``), whole GPUs among the unshared ones by the topology allocator;
 nodes ranked by that rise plus ``CPU_BALANCE`` x the node's CPU imbalance after the
 pod. Pods without GPUs go where their CPU and memory strand the least GPU capacity
-(``fill_stranded``, then ``gpus_per_core``, then the rise: ``LOAD_RANK``).
+(``fill_stranded``; then not where they take the last room of the largest pod without
+GPUs seen; then ``gpus_per_core``, then the rise: ``LOAD_RANK``; then best fit on CPU).
 
 Bind: under one lock choose the GPUs against the ledger and reserve them; write the
 assignment on the pod (a patch carrying its ``resourceVersion``), then bind it; a
@@ -134,6 +135,13 @@ def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
     if len(memo) >= MAX_MEMO:
         memo.clear()
     memo[key] = value
+
+
+def _holds(room: Room, need: Need) -> bool:
+    """Whether a node with ``room`` free (None: not known, limits nothing) has the CPU
+    millicores and memory MiB of ``need`` for one more pod."""
+    return (room.cpu is None or room.cpu >= need[0]) and (
+        room.memory is None or room.memory >= need[1])
 
 
 class _Touched:
@@ -310,7 +318,9 @@ class Sharing:
         # fragmentation) before the pod; with the pod's CPU and memory added -> its value
         # (``_nogpu_class``)
         self._nogpu_base: dict[tuple[Any, ...], tuple[Filled, float]] = {}
-        self._nogpu_class: dict[tuple[Any, ...], tuple[float, float]] = {}
+        self._nogpu_class: dict[tuple[Any, ...], tuple[float, ...]] = {}
+        # the largest CPU and the largest memory a pod without GPUs asked (``raw_nogpu``)
+        self._nogpu_largest: Need = (0, 0)
         # the mix with whole-GPU classes weighted by their shortage (``whole_scarcity``):
         # ((ledger change, node views' changes, mix version, room version), (version,
         # scaled mix)); the homes counted for it (``_Homes``); per node ((node
@@ -664,15 +674,23 @@ class Sharing:
         cores its GPUs need, the most), then, among equal or near-equal loads
         (``LOAD_RANK``), the least rise of the node's fragmentation that its CPU and
         memory cause (FGD's measure, which the paper applies to pods without GPUs too).
-        None for a node gpu-aware has no usable view of."""
+        Between the first and the second: a node that could hold the largest pod
+        without GPUs seen so far (its CPU and its memory, each the largest asked) and
+        would not after this pod comes last (on a cluster short of CPU, small pods
+        spread over the CPU-rich nodes otherwise leave no node for the large ones); and
+        after the last, the node left with the least free CPU (best fit: large holes
+        stay large). None for a node gpu-aware has no usable view of."""
         mix_version, mix = self.arrivals.mix()
+        with self._lock:
+            largest = self._nogpu_largest = (
+                max(self._nogpu_largest[0], need[0]), max(self._nogpu_largest[1], need[1]))
         keys = self._keys
         epoch = keys.begin() if keys is not None else 0
         get = keys.get if keys is not None else None
         # (minus the capacity taken out of use, minus the load and rise) per node, once
         # per node state; None for a node with no usable view
-        values: dict[Any, tuple[float, float]] = {}
-        ranked: list[tuple[float, float] | None] = []
+        values: dict[Any, tuple[float, ...]] = {}
+        ranked: list[tuple[float, ...] | None] = []
         for name in names:
             entry = get(name) if get is not None else None
             if entry is None:
@@ -683,7 +701,7 @@ class Sharing:
             value = values.get(entry[4])
             if value is None:
                 value = values[entry[4]] = self._nogpu_class_value(
-                    entry[5], entry[1], entry[2], need, mix_version, mix)
+                    entry[5], entry[1], entry[2], need, mix_version, mix, largest)
             ranked.append(value)
         known = sorted({value for value in ranked if value is not None})
         order = {value: float(at) for at, value in enumerate(known)}
@@ -697,12 +715,13 @@ class Sharing:
         need: Need,
         mix_version: int,
         mix: ShareMix,
-    ) -> tuple[float, float]:
+        largest: Need = (0, 0),
+    ) -> tuple[float, ...]:
         """``raw_nogpu``'s value from all it reads (the node's free percent per GPU, its free
-        CPU and memory, the pod's, the mix), shared by the nodes of one state: most of a
-        cluster's nodes are alike, and a pod without GPUs would otherwise fill each of
-        them with every class of the mix again."""
-        key = (free, cpu, memory, need, mix_version)
+        CPU and memory, the pod's, the mix, the largest pod without GPUs seen), shared by
+        the nodes of one state: most of a cluster's nodes are alike, and a pod without
+        GPUs would otherwise fill each of them with every class of the mix again."""
+        key = (free, cpu, memory, need, mix_version, largest)
         ranked = self._nogpu_class.get(key)
         if ranked is not None:
             return ranked
@@ -718,7 +737,9 @@ class Sharing:
         rise = node_fragmentation(free, after, mix) - frag_before
         load = gpus_per_core(sum(free), after)
         value = -rise if load is None else -round(load, 6) * LOAD_RANK - rise
-        ranked = (-round(stranded, 6), round(value, 9))
+        breaks = _holds(room, largest) and not _holds(after, largest)
+        left = after.cpu if after.cpu is not None else 0
+        ranked = (-round(stranded, 6), -float(breaks), round(value, 9), -float(left))
         _remember(self._nogpu_class, key, ranked)
         return ranked
 
