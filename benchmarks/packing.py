@@ -64,14 +64,15 @@ against each baseline: the difference of the means, the per-seed differences, an
 "above" only when the mean lies beyond the other's range.
 
 Run: python benchmarks/packing.py [--trace default] [--seeds 42-51] [--jobs 2] [--quick]
-[--json FILE] [--by-shape] [--cpu-scale F] [--churn [--lifetimes trace|exp]
-[--churn-load L] [--churn-span S]]. ``--cpu-scale`` derives a cluster with every node's
-CPU times F (``scale_cpu``); ``--churn`` lets pods leave (``churn_workload``,
-``churn_replay``: arrivals a fixed gap apart, each placed pod leaving after its lifetime)
-and prints the time-weighted allocation instead. ``--quick`` (2 seeds, every 8th node,
-for tests) keeps the protocol on a sub-cluster; ``--by-shape`` adds a table of where each
-policy leaves its capacity: per node shape (GPUs x cores), the free GPUs and free cores
-at arrived 100 % (mean per seed).
+[--json FILE] [--by-shape] [--cpu-scale F] [--nodes-scale N] [--churn [--lifetimes
+trace|exp] [--churn-load L] [--churn-span S]]. ``--cpu-scale`` derives a cluster with
+every node's CPU times F (``scale_cpu``), ``--nodes-scale`` one with the nodes N times
+over (``repeat_nodes``: 4 makes openb's 1,213 nodes 4,852); ``--churn`` lets pods leave
+(``churn_workload``, ``churn_replay``: arrivals a fixed gap apart, each placed pod
+leaving after its lifetime) and prints the time-weighted allocation instead.
+``--quick`` (2 seeds, every 8th node, for tests) keeps the protocol on a sub-cluster;
+``--by-shape`` adds a table of where each policy leaves its capacity: per node shape
+(GPUs x cores), the free GPUs and free cores at arrived 100 % (mean per seed).
 """
 
 from __future__ import annotations
@@ -265,6 +266,24 @@ def scale_cpu(nodes: Sequence[NodeSpec], scale: float) -> list[NodeSpec]:
     if not 0 < scale <= 1000:
         raise ValueError(f"cpu scale {scale}: a factor above 0 (at most 1000) is allowed")
     return [replace(n, cpu=int(n.cpu * scale)) for n in nodes]
+
+
+def repeat_nodes(nodes: Sequence[NodeSpec], times: int) -> list[NodeSpec]:
+    """The nodes ``times`` over (copy ``c`` > 0 of a node named ``-c<c>`` after it): a
+    cluster ``times`` as large with the trace's node mix; the fill protocol then
+    resamples the pod list up to its capacity, the same pod mix scaled."""
+    if not 1 <= times <= 100:
+        raise ValueError(f"nodes scale {times}: a whole number from 1 to 100 is allowed")
+    return [n if c == 0 else replace(n, name=f"{n.name}-c{c}")
+            for c in range(times) for n in nodes]
+
+
+def cluster(
+    nodes: Sequence[NodeSpec], every: int = 1, cpu_scale: float = 1.0, times: int = 1
+) -> list[NodeSpec]:
+    """The cluster a run replays: every ``every``-th node of the trace, repeated
+    ``times`` (``repeat_nodes``), each node's CPU times ``cpu_scale`` (``scale_cpu``)."""
+    return scale_cpu(repeat_nodes(nodes[::every], times), cpu_scale)
 
 
 def model_note(data: Path, trace: str = "default") -> str:
@@ -1236,10 +1255,10 @@ def _shapes() -> dict[int, Shape]:
 def run_seed(
     seed: int, policies: Sequence[str], data: str, every: int, taint: float,
     trace: str = "default", nogpu: bool = True, cpu_scale: float = 1.0,
-    churn: Churn | None = None,
+    churn: Churn | None = None, times: int = 1,
 ) -> list[Result]:
     specs, pods = load(Path(data), trace)
-    specs = scale_cpu(specs[::every], cpu_scale)
+    specs = cluster(specs, every, cpu_scale, times)
     capacity = sum(s.gpus for s in specs)
     typical = typical_pods(pods)  # FGD's: from the trace's pod list, as the paper
     if churn is not None:  # the same pods, lifetimes and gap for every policy
@@ -1468,16 +1487,18 @@ def run(
     nogpu: bool = True,
     cpu_scale: float = 1.0,
     churn: Churn | None = None,
+    times: int = 1,
 ) -> list[dict[str, Any]]:
     """Replay every seed with every policy; one summary row per policy. ``cpu_scale``:
     every node's CPU times this (``scale_cpu``); ``churn``: pods also leave
-    (``churn_replay``) instead of the fill protocol."""
+    (``churn_replay``) instead of the fill protocol; ``times``: the nodes repeated
+    (``repeat_nodes``)."""
     unknown = [p for p in policies if p not in ALL_POLICIES]
     if unknown:
         raise ValueError(f"policies {', '.join(unknown)}: known are {', '.join(ALL_POLICIES)}")
-    scale_cpu([], cpu_scale)  # a bad factor fails here, before any replay
-    args = [(s, tuple(policies), str(data), every, taint, trace, nogpu, cpu_scale, churn)
-            for s in seeds]
+    cluster([], 1, cpu_scale, times)  # a bad factor fails here, before any replay
+    args = [(s, tuple(policies), str(data), every, taint, trace, nogpu, cpu_scale, churn,
+             times) for s in seeds]
     if jobs > 1 and len(seeds) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             chunks = list(pool.map(run_seed, *zip(*args, strict=True)))
@@ -1509,6 +1530,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-scale", type=float, default=1.0,
                         help="every node's CPU times this (0.75: a CPU-short cluster "
                         "derived from the trace's)")
+    parser.add_argument("--nodes-scale", type=int, default=1,
+                        help="the trace's nodes this many times over (4: openb's 1,213 "
+                        "nodes as 4,852, the pods resampled to fill them)")
     parser.add_argument("--churn", action="store_true",
                         help="pods also leave (see --lifetimes, --churn-load, --churn-span) "
                         "instead of the fill protocol")
@@ -1538,10 +1562,10 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     started = time.perf_counter()
     rows = run(seeds, policies, Path(args.data), every, args.jobs, args.taint_cores_per_gpu,
-               args.trace, not args.no_rank_nogpu, args.cpu_scale, churn)
+               args.trace, not args.no_rank_nogpu, args.cpu_scale, churn, args.nodes_scale)
     elapsed = time.perf_counter() - started
     specs, _ = load(Path(args.data), args.trace)
-    specs = scale_cpu(specs[::every], args.cpu_scale)
+    specs = cluster(specs, every, args.cpu_scale, args.nodes_scale)
     print(
         f"openb trace {args.trace!r}: {len(specs)} nodes, {sum(s.gpus for s in specs)} GPUs, "
         f"{sum(s.cpu for s in specs) // 1000} cores (CPU x {args.cpu_scale:g}), "

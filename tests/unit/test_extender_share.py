@@ -634,6 +634,39 @@ def test_pods_without_gpus_go_where_their_cpu_strands_no_gpu(
     assert status == 200 and [h["Score"] for h in result] == [0]
 
 
+def test_pods_without_gpus_keep_a_home_for_the_largest_one_seen(
+    annotations: dict[str, str],
+) -> None:
+    """On a cluster short of CPU: once a pod without GPUs asking 32 cores was seen, a
+    4-core one goes where the most CPU per free GPU is left (``gpus_per_core``) only if
+    that leaves some node with 32 cores; else to the node it does not take below 32
+    (b). Among nodes alike in all else the one left with the least CPU ranks first
+    (best fit: the holes for large pods stay large)."""
+    free = {"a": (34_000, 65_536), "b": (24_000, 65_536), "c": (8_000, 65_536)}
+    arrivals = ArrivalMix(prior=())
+    for i in range(4):  # shares asking a little CPU: the CPU takes nothing out of use
+        arrivals.observe(f"s{i}", HALF, 1000, 1024)
+    ext, _, ledger = over([node(n, annotations) for n in "abc"],
+                          free_room=lambda name: free[name], arrivals=arrivals)
+    sharing = ext.sharing
+    assert sharing is not None
+    small, large = (4_000, 1_024), (32_000, 1_024)
+    first = dict(zip("abc", sharing.raw_nogpu(list("abc"), small), strict=True))
+    assert first["a"] > first["b"] > first["c"]  # nothing large seen: the most CPU first
+    sharing.raw_nogpu(list("abc"), large)
+    then = dict(zip("abc", sharing.raw_nogpu(list("abc"), small), strict=True))
+    assert then["b"] > then["a"]  # a is the last node a 32-core pod fits
+    free["a"] = (64_000, 65_536)  # now a keeps room for one after the small pod
+    assert max(zip(sharing.raw_nogpu(list("abc"), small), "abc", strict=True))[1] == "a"
+    # all GPUs booked on a and b: no GPU capacity to strand, both as good but for the CPU
+    for n in "ab":
+        for gpu in (0, 1):
+            ledger.set(f"{n}{gpu}", Assignment(n, (gpu,), ShareRequest(MODE_SGPU, 1, 100, 0)))
+    free["a"], free["b"] = (60_000, 65_536), (50_000, 65_536)
+    ranks = dict(zip("ab", sharing.raw_nogpu(list("ab"), small), strict=True))
+    assert ranks["b"] > ranks["a"]
+
+
 def test_prioritize_follows_the_mix_packing_before_fragmentation(
     annotations: dict[str, str],
 ) -> None:
@@ -724,6 +757,31 @@ class DictRoom:
         self.changes += 1
 
 
+def touch_one(
+    rng: Any, step: int, names: list[str], room: DictRoom, ledger: Ledger, sharing: Sharing,
+    annotations: dict[str, str], cpus: tuple[int, ...], core: int,
+) -> str:
+    """One random change to one node -- its room (CPU from ``cpus``), a share of
+    ``core`` percent booked or one released, or its view (exclusive or sharing) --
+    and the node changed."""
+    name = rng.choice(names)
+    what = rng.randrange(4)
+    if what == 0:
+        room.set(name, (rng.choice(cpus), 65_536))
+    elif what == 1:
+        gpu = rng.randrange(2)
+        ledger.set(f"u{step}", Assignment(name, (gpu,), ShareRequest(MODE_SGPU, 1, core, 0)))
+    elif what == 2 and ledger.assignments():
+        uid = rng.choice(sorted(ledger.assignments()))
+        name = ledger.assignments()[uid].node
+        ledger.release(uid)
+    else:  # the node's view: exclusive, then back to sharing
+        mode = rng.choice(("sgpu", None))
+        sharing.nodes.observe(node_item(msgspec.json.decode(
+            json.dumps(node(name, annotations, mode)), type=NodeView)))
+    return name
+
+
 def test_homes_recount_only_touched_nodes_and_match_a_full_count(
     annotations: dict[str, str],
 ) -> None:
@@ -757,21 +815,8 @@ def test_homes_recount_only_touched_nodes_and_match_a_full_count(
         assert sorted(counted) == names  # the first count sees every node
         for step in range(60):
             counted.clear()
-            name = rng.choice(names)
-            what = rng.randrange(4)
-            if what == 0:
-                room.set(name, (rng.choice((4_000, 16_000, 64_000)), 65_536))
-            elif what == 1:
-                gpu = rng.randrange(2)
-                ledger.set(f"u{step}", Assignment(name, (gpu,), ShareRequest(MODE_SGPU, 1, 100, 0)))
-            elif what == 2 and ledger.assignments():
-                uid = rng.choice(sorted(ledger.assignments()))
-                name = ledger.assignments()[uid].node
-                ledger.release(uid)
-            else:  # the node's view: exclusive, then back to sharing
-                mode = rng.choice(("sgpu", None))
-                sharing.nodes.observe(node_item(msgspec.json.decode(
-                    json.dumps(node(name, annotations, mode)), type=NodeView)))
+            name = touch_one(rng, step, names, room, ledger, sharing, annotations,
+                             (4_000, 16_000, 64_000), 100)
             factors, _ = sharing._scarce_mix()  # (mix version, scarcity factors), mix
             assert set(counted) <= {name}  # only the node touched
             fresh = Sharing(sharing.nodes, ledger, free_room=room, arrivals=arrivals)
@@ -781,6 +826,53 @@ def test_homes_recount_only_touched_nodes_and_match_a_full_count(
             assert again == factors
     finally:
         share.Sharing._recount = real  # type: ignore[method-assign]
+
+
+def test_a_node_is_read_again_only_once_touched_and_answers_as_from_scratch(
+    annotations: dict[str, str],
+) -> None:
+    """``_NodeKeys``: a request (a GPU pod's or one without GPUs) reads a node's free
+    room and booked usage again only after the node was touched (its room, booking or
+    view moved); after any run of such changes every node's placement and rank equal a
+    fresh extender's."""
+    import random
+
+    from gpuk8s.services.extender import share
+
+    rng = random.Random(5)
+    names = [f"n{i}" for i in range(6)]
+    room = DictRoom({n: (64_000, 65_536) for n in names})
+    ext, _, ledger = over([node(n, annotations) for n in names], free_room=room)
+    sharing = ext.sharing
+    assert sharing is not None
+    read: list[str] = []
+    real = share.Sharing._usage_key
+
+    def usage_key(self: Any, node: Any) -> Any:
+        read.append(node.name)
+        return real(self, node)
+
+    share.Sharing._usage_key = usage_key  # type: ignore[method-assign]
+    try:
+        requests = [HALF, ShareRequest(MODE_SGPU, 1, 30, 0), ShareRequest(MODE_SGPU, 1, 100, 0)]
+        for share_request in requests:
+            sharing.filter_parts(share_request, names, need=(2_000, 1_024))
+        assert sorted(read) == names  # each node read once, whatever the request
+        for step in range(60):
+            read.clear()
+            name = touch_one(rng, step, names, room, ledger, sharing, annotations,
+                             (1_000, 16_000, 64_000), 40)
+            request = rng.choice(requests)
+            mixed = sharing._scarce_mix()
+            got = sharing._placements(request, names, "", (2_000, 1_024), mixed)
+            ranked = sharing.raw_nogpu(names, (3_000, 2_048))
+            assert set(read) <= {name}, step  # only the node touched is read again
+            fresh = Sharing(sharing.nodes, ledger, free_room=room, arrivals=sharing.arrivals)
+            want = fresh._placements(request, names, "", (2_000, 1_024), fresh._scarce_mix())
+            assert got == want, step
+            assert ranked == fresh.raw_nogpu(names, (3_000, 2_048)), step
+    finally:
+        share.Sharing._usage_key = real  # type: ignore[method-assign]
 
 
 def test_homes_totals_stay_the_sum_of_the_parts_counted() -> None:

@@ -447,6 +447,28 @@ def test_cpu_scale_shrinks_every_nodes_cpu_and_nothing_else(multi_gpu_trace: Pat
             bench.run([42], ("bestfit",), data=multi_gpu_trace, cpu_scale=bad)
 
 
+def test_nodes_scale_repeats_every_node_under_a_name_of_its_own(
+    multi_gpu_trace: Path,
+) -> None:
+    """``--nodes-scale``: the (sub-)cluster's nodes N times over, each copy named apart,
+    the CPU scale applied to every copy; the fill protocol fills the larger capacity."""
+    bench = load_benchmark()
+    nodes, _ = bench.load(multi_gpu_trace)
+    big = bench.cluster(nodes, 1, 0.5, 3)
+    assert len(big) == 3 * len(nodes)
+    assert len({n.name for n in big}) == len(big)
+    assert [(n.memory, n.gpus, n.cpu) for n in big] == [
+        (n.memory, n.gpus, int(n.cpu * 0.5)) for n in nodes] * 3
+    assert bench.cluster(nodes, 2) == nodes[::2]
+    for bad in (0, 101):
+        with pytest.raises(ValueError, match=r"nodes scale .*from 1 to 100"):
+            bench.run([42], ("bestfit",), data=multi_gpu_trace, times=bad)
+    one = rows_by_policy(bench.run([42], ("bestfit",), data=multi_gpu_trace))
+    four = rows_by_policy(bench.run([42], ("bestfit",), data=multi_gpu_trace, times=4))
+    row, row4 = one["bestfit"]["by_shape"], four["bestfit"]["by_shape"]
+    assert {k: v[0] * 4 for k, v in row.items()} == {k: v[0] for k, v in row4.items()}
+
+
 def test_a_cpu_short_cluster_fails_pods_without_gpus_the_full_one_places(
     tmp_path: Path,
 ) -> None:

@@ -15,7 +15,8 @@ counted by ``_Homes``); fractional shares first by their waste against the mix's
 packing (``WASTE_RANK``), whole GPUs among the unshared ones by the topology allocator;
 nodes ranked by that rise plus ``CPU_BALANCE`` x the node's CPU imbalance after the
 pod. Pods without GPUs go where their CPU and memory strand the least GPU capacity
-(``fill_stranded``, then ``gpus_per_core``, then the rise: ``LOAD_RANK``).
+(``fill_stranded``; then not where they take the last room of the largest pod without
+GPUs seen; then ``gpus_per_core``, then the rise: ``LOAD_RANK``; then best fit on CPU).
 
 Bind: under one lock choose the GPUs against the ledger and reserve them; write the
 assignment on the pod (a patch carrying its ``resourceVersion``), then bind it; a
@@ -75,7 +76,7 @@ from .ledger import ALLOCATE_WAIT_S, PENDING_TTL_S, Ledger, view_assignment
 from .notify import Touch
 from .podapi import KubePodApi, PodApi
 from .requeue import Requeue
-from .sharednodes import SharedNode, SharedNodes
+from .sharednodes import Ids, SharedNode, SharedNodes
 from .views import POD, BadRequest
 
 log = logging.getLogger("gpuk8s.extender")
@@ -136,6 +137,13 @@ def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
     memo[key] = value
 
 
+def _holds(room: Room, need: Need) -> bool:
+    """Whether a node with ``room`` free (None: not known, limits nothing) has the CPU
+    millicores and memory MiB of ``need`` for one more pod."""
+    return (room.cpu is None or room.cpu >= need[0]) and (
+        room.memory is None or room.memory >= need[1])
+
+
 class _Touched:
     """The nodes that may have changed since the last ``take`` (a ``Touch``); its lock
     is taken alone, so a source may touch while holding its own."""
@@ -156,6 +164,57 @@ class _Touched:
         with self._lock:
             names, self._names = self._names, set()
         return names
+
+
+# what a request reads of a node: its view, free CPU and memory, its class (shape,
+# booked usage, free CPU and memory), its state (free percent per GPU, free CPU and
+# memory) and that free percent per GPU; class and state as ids (``_NodeKeys``) or as
+# the keys themselves
+_Entry = tuple[SharedNode, int | None, int | None, Any, Any, tuple[int, ...]]
+
+
+class _NodeKeys:
+    """Per node, what a request reads of it (an ``_Entry``, class and state as ids),
+    kept until the node is touched (its view, ledger or room). The sources touch a node
+    after the change they announce (``notify.Notifier``, ``Ledger.listen``), so an
+    entry read after a ``begin`` is current unless its node is touched later, and
+    then the next ``begin`` drops it; an entry read while another request's ``begin``
+    ran is not kept (``epoch``). Ids are never reused: equal ids, equal keys."""
+
+    def __init__(self) -> None:
+        self.touched = _Touched()
+        self._lock = threading.Lock()
+        self._epoch = 0
+        self._keys: dict[str, _Entry] = {}
+        self._ids = Ids(MAX_MEMO)
+
+    def begin(self) -> int:
+        """Drop the touched nodes' entries; the epoch to ``keep`` new ones under."""
+        names = self.touched.take()
+        with self._lock:
+            if names is None:
+                self._keys.clear()
+                self._epoch += 1
+            elif names:
+                for name in names:
+                    self._keys.pop(name, None)
+                self._epoch += 1
+            return self._epoch
+
+    def get(self, name: str) -> _Entry | None:
+        return self._keys.get(name)
+
+    def keep(self, epoch: int, name: str, read: _Entry) -> _Entry:
+        """``read`` with its class and state as ids, kept if nothing was dropped since
+        ``epoch``."""
+        node, cpu, memory, klass, state, free = read
+        with self._lock:
+            entry = (node, cpu, memory, self._ids(klass), self._ids(state), free)
+            if epoch == self._epoch:
+                if len(self._keys) >= MAX_MEMO:
+                    self._keys.clear()
+                self._keys[name] = entry
+        return entry
 
 
 # tries of the choice's write when the pod changed meanwhile for another reason
@@ -244,11 +303,12 @@ class Sharing:
         self._room = free_room if isinstance(free_room, RoomView) else None
         self.arrivals = arrivals if arrivals is not None else ArrivalMix()
         self._lock = threading.Lock()
-        # per request (share, pod CPU and memory, mix version): (node shape, its usage,
-        # its free CPU and memory) -> placement, what the nodes of one shape and state
-        # share (``_placements``); ``_classes``: the entries over all requests; per node
-        # the usage key of its ledger version (``_usage_key``)
-        self._by_class: dict[tuple[Any, ...], dict[tuple[Any, ...], Placement]] = {}
+        # per request (share, pod CPU and memory, mix version): the class of (node
+        # shape, its usage, its free CPU and memory; ``_NodeKeys``' id of it) ->
+        # placement, what the nodes of one shape and state share (``_placements``);
+        # ``_classes``: the entries over all requests; per node the usage key of its
+        # ledger version (``_usage_key``)
+        self._by_class: dict[tuple[Any, ...], dict[Any, Placement]] = {}
         self._classes = 0
         # the latest filter's placements per node and what they depended on (``_state``)
         self._answers: tuple[tuple[Any, ...], dict[str, Placement]] | None = None
@@ -258,7 +318,9 @@ class Sharing:
         # fragmentation) before the pod; with the pod's CPU and memory added -> its value
         # (``_nogpu_class``)
         self._nogpu_base: dict[tuple[Any, ...], tuple[Filled, float]] = {}
-        self._nogpu_class: dict[tuple[Any, ...], tuple[float, float]] = {}
+        self._nogpu_class: dict[tuple[Any, ...], tuple[float, ...]] = {}
+        # the largest CPU and the largest memory a pod without GPUs asked (``raw_nogpu``)
+        self._nogpu_largest: Need = (0, 0)
         # the mix with whole-GPU classes weighted by their shortage (``whole_scarcity``):
         # ((ledger change, node views' changes, mix version, room version), (version,
         # scaled mix)); the homes counted for it (``_Homes``); per node ((node
@@ -271,10 +333,15 @@ class Sharing:
         self._homes_of: dict[tuple[Any, ...], tuple[int, ...]] = {}
         # the nodes whose homes may have moved since the last recount
         self._touched = _Touched()
-        nodes.listen(self._touched)
-        ledger.listen(self._touched)
-        if self._room is not None:
-            self._room.listen(self._touched)
+        # per node its class key until touched (``_placements``); None where the rooms
+        # cannot say when they move (a plain function)
+        self._keys = _NodeKeys() if self._room is not None or free_room is None else None
+        for touched in (self._touched, self._keys.touched if self._keys else None):
+            if touched is not None:
+                nodes.listen(touched)
+                ledger.listen(touched)
+                if self._room is not None:
+                    self._room.listen(touched)
         self._free_of: dict[str, tuple[tuple[int, int], tuple[int, ...]]] = {}
         # the allocator's best sets, shared by the nodes of one topology
         self._sets = BestSets()
@@ -324,28 +391,48 @@ class Sharing:
         if classes is None:
             classes = self._by_class[request] = {}
             self._classes += 1
-        free_room, nodes, usage_key = self._free_room, self.nodes, self._usage_key
+        keys = self._keys
+        epoch = keys.begin() if keys is not None else 0
+        get = keys.get if keys is not None else None
         out: dict[str, Placement] = {}
         for name in names:
-            node = nodes.get(name)
-            cpu, memory = free_room(name) if free_room is not None else (None, None)
-            if node is None or name == mine:
+            entry = get(name) if get is not None else None
+            if entry is None:
+                entry = self._node_entry(name, epoch)
+                if entry is None:
+                    out[name] = self._place(None, name, share, without, Room(), mix)
+                    continue
+            node, cpu, memory, klass = entry[0], entry[1], entry[2], entry[3]
+            if name == mine:
                 room = Room(cpu, memory, *need)
                 out[name] = self._place(node, name, share, without, room, mix)
                 continue
-            shape = node.shape if node.shape is not None else (name, id(node))
-            key = (shape, usage_key(node), cpu, memory)
-            placed = classes.get(key)
+            placed = classes.get(klass)
             if placed is None:
                 placed = self._place(node, name, share, "", Room(cpu, memory, *need), mix)
                 if self._classes >= MAX_MEMO:
                     self._by_class.clear()
                     classes = self._by_class[request] = {}
                     self._classes = 0
-                classes[key] = placed
+                classes[klass] = placed
                 self._classes += 1
             out[name] = placed
         return out
+
+    def _node_entry(self, name: str, epoch: int) -> _Entry | None:
+        """What a request reads of node ``name`` (None: no view), read now and kept
+        until the node is touched (``_NodeKeys``, under ``epoch``); a node with a
+        problem takes no pod, its room is not read."""
+        node = self.nodes.get(name)
+        if node is None:
+            return None
+        cpu, memory = (self._free_room(name) if self._free_room is not None
+                       and node.problem is None else (None, None))
+        shape = node.shape if node.shape is not None else (name, id(node))
+        free = self._free_percents(node)
+        read = (node, cpu, memory, (shape, self._usage_key(node), cpu, memory),
+                (free, cpu, memory), free)
+        return read if self._keys is None else self._keys.keep(epoch, name, read)
 
     def _usage_key(self, node: SharedNode) -> tuple[Any, ...]:
         """What the ledger books on ``node``, per GPU index now, as a hashable value
@@ -590,25 +677,38 @@ class Sharing:
         cores its GPUs need, the most), then, among equal or near-equal loads
         (``LOAD_RANK``), the least rise of the node's fragmentation that its CPU and
         memory cause (FGD's measure, which the paper applies to pods without GPUs too).
-        None for a node gpu-aware has no usable view of."""
+        Between the first and the second: a node that could hold the largest pod
+        without GPUs seen so far (its CPU and its memory, each the largest asked) and
+        would not after this pod comes last (on a cluster short of CPU, small pods
+        spread over the CPU-rich nodes otherwise leave no node for the large ones); and
+        after the last, the node left with the least free CPU (best fit: large holes
+        stay large). None for a node gpu-aware has no usable view of."""
         mix_version, mix = self.arrivals.mix()
-        keys = [self._nogpu(name, need, mix_version, mix) for name in names]
-        known = sorted({key for key in keys if key is not None})
-        order = {key: float(at) for at, key in enumerate(known)}
-        return [None if key is None else order[key] for key in keys]
-
-    def _nogpu(
-        self, name: str, need: Need, mix_version: int, mix: ShareMix
-    ) -> tuple[float, float] | None:
-        """(minus the capacity taken out of use, minus the load and rise), higher is
-        better; None for a node with no usable view."""
-        node = self.nodes.get(name)
-        if node is None or node.problem is not None:
-            return None
-        cpu, memory = self._free_room(name) if self._free_room is not None else (None, None)
-        return self._nogpu_class_value(
-            self._free_percents(node), cpu, memory, need, mix_version, mix
-        )
+        with self._lock:
+            largest = self._nogpu_largest = (
+                max(self._nogpu_largest[0], need[0]), max(self._nogpu_largest[1], need[1]))
+        keys = self._keys
+        epoch = keys.begin() if keys is not None else 0
+        get = keys.get if keys is not None else None
+        # (minus the capacity taken out of use, minus the load and rise) per node, once
+        # per node state; None for a node with no usable view
+        values: dict[Any, tuple[float, ...]] = {}
+        ranked: list[tuple[float, ...] | None] = []
+        for name in names:
+            entry = get(name) if get is not None else None
+            if entry is None:
+                entry = self._node_entry(name, epoch)
+            if entry is None or entry[0].problem is not None:
+                ranked.append(None)
+                continue
+            value = values.get(entry[4])
+            if value is None:
+                value = values[entry[4]] = self._nogpu_class_value(
+                    entry[5], entry[1], entry[2], need, mix_version, mix, largest)
+            ranked.append(value)
+        known = sorted({value for value in ranked if value is not None})
+        order = {value: float(at) for at, value in enumerate(known)}
+        return [None if value is None else order[value] for value in ranked]
 
     def _nogpu_class_value(
         self,
@@ -618,12 +718,13 @@ class Sharing:
         need: Need,
         mix_version: int,
         mix: ShareMix,
-    ) -> tuple[float, float]:
-        """``_nogpu``'s value from all it reads (the node's free percent per GPU, its free
-        CPU and memory, the pod's, the mix), shared by the nodes of one state: most of a
-        cluster's nodes are alike, and a pod without GPUs would otherwise fill each of
-        them with every class of the mix again."""
-        key = (free, cpu, memory, need, mix_version)
+        largest: Need = (0, 0),
+    ) -> tuple[float, ...]:
+        """``raw_nogpu``'s value from all it reads (the node's free percent per GPU, its free
+        CPU and memory, the pod's, the mix, the largest pod without GPUs seen), shared by
+        the nodes of one state: most of a cluster's nodes are alike, and a pod without
+        GPUs would otherwise fill each of them with every class of the mix again."""
+        key = (free, cpu, memory, need, mix_version, largest)
         ranked = self._nogpu_class.get(key)
         if ranked is not None:
             return ranked
@@ -639,7 +740,9 @@ class Sharing:
         rise = node_fragmentation(free, after, mix) - frag_before
         load = gpus_per_core(sum(free), after)
         value = -rise if load is None else -round(load, 6) * LOAD_RANK - rise
-        ranked = (-round(stranded, 6), round(value, 9))
+        breaks = _holds(room, largest) and not _holds(after, largest)
+        left = after.cpu if after.cpu is not None else 0
+        ranked = (-round(stranded, 6), -float(breaks), round(value, 9), -float(left))
         _remember(self._nogpu_class, key, ranked)
         return ranked
 

@@ -87,6 +87,26 @@ def shared_node(item: NodeItem) -> SharedNode:
     )
 
 
+class Ids:
+    """A number per distinct key, never reused: after ``limit`` keys the table starts
+    over and a key seen before gets a new number (memory bounded; equal numbers still
+    mean equal keys). Not locked: the caller holds its own lock."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._ids: dict[Any, int] = {}
+        self._next = 0
+
+    def __call__(self, key: Any) -> int:
+        got = self._ids.get(key)
+        if got is None:
+            if len(self._ids) >= self._limit:
+                self._ids.clear()
+            got = self._ids[key] = self._next
+            self._next += 1
+        return got
+
+
 class SharedNodes(Notifier):
     """Node name -> ``SharedNode``; re-parsed only when its inputs change (``changes``
     moves and the listeners hear of the node whenever its view changes)."""
@@ -95,21 +115,14 @@ class SharedNodes(Notifier):
         super().__init__()
         self._nodes: dict[str, tuple[Any, SharedNode]] = {}
         self._lock = threading.Lock()
-        self._shapes: dict[Any, int] = {}  # shape key -> id (``SharedNode.shape``)
-        self._next_shape = 0
+        self._shapes = Ids(MAX_SHAPES)  # shape key -> id (``SharedNode.shape``)
 
     def _shaped(self, node: SharedNode) -> SharedNode:
         """``node`` with its shape id: equal for nodes whose sharing answers only
         their usage and room can tell apart."""
         topology = node.topology.shape if node.topology is not None else None
         key = (node.mode, node.problem, node.gpus, tuple(node.groups.items()), topology)
-        shape = self._shapes.get(key)
-        if shape is None:
-            if len(self._shapes) >= MAX_SHAPES:
-                self._shapes.clear()  # new ids go on counting: none is reused
-            shape = self._shapes[key] = self._next_shape
-            self._next_shape += 1
-        return replace(node, shape=shape)
+        return replace(node, shape=self._shapes(key))
 
     def observe(self, item: NodeItem) -> SharedNode:
         key = (bytes(item.raws[0]), bytes(item.labels[0]), bytes(item.labels[1]))
