@@ -30,7 +30,7 @@ LAB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${GPUK8S_CACHE:-/var/cache/gpuk8s}"
 BIN="$CACHE/bin"
 LOGS="$CACHE/logs"
-KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+KUBE_COMMANDS=(kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet kube-proxy)  # integration tier first
 
 log() { printf '[tools] %s\n' "$*" >&2; }
 die() { printf '[tools] ERROR: %s\n' "$*" >&2; exit 1; }

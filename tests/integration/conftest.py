@@ -339,7 +339,11 @@ def apiserver() -> Iterator[ApiServer]:
 
         from gpuk8s.services.kube import api_client
 
-        rbac = client.RbacAuthorizationV1Api(api_client(kubeconfigs["admin"]))
+        admin = api_client(kubeconfigs["admin"])
+        if os.environ.get("GPUK8S_KUBE_VERSION"):  # the release asked for, not a fallback
+            served = client.VersionApi(admin).get_code().git_version
+            assert served == versions["KUBE_VERSION"], (served, apiserver_bin)
+        rbac = client.RbacAuthorizationV1Api(admin)
         for name, rules in ROLES.items():
             rbac.create_cluster_role({"metadata": {"name": name}, "rules": rules})
             rbac.create_cluster_role_binding(
