@@ -45,7 +45,7 @@ import fake_nodes  # noqa: E402  (lab/fake_nodes.py: the API client and node var
 import versions as lab_versions  # noqa: E402  (lab/versions.py: versions.env, GPUK8S_KUBE_VERSION)
 from baseline import extract  # noqa: E402  (benchmarks/baseline.py)
 
-KUBECONFIG = "/etc/kubernetes/admin.conf"
+KUBECONFIG = os.environ.get("KUBECONFIG", "/etc/kubernetes/admin.conf")  # as lab/fake_nodes.py
 NS = "gpuk8s-bench"
 SCHEDULER_NAME = "gpuk8s-bench"
 
