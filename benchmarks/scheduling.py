@@ -42,20 +42,18 @@ REPO = Path(__file__).resolve().parents[1]
 LAB = REPO / "lab"
 sys.path.insert(0, str(LAB))
 import fake_nodes  # noqa: E402  (lab/fake_nodes.py: the API client and node variants)
+import versions as lab_versions  # noqa: E402  (lab/versions.py: versions.env, GPUK8S_KUBE_VERSION)
 from baseline import extract  # noqa: E402  (benchmarks/baseline.py)
 
-KUBECONFIG = "/etc/kubernetes/admin.conf"
+KUBECONFIG = os.environ.get("KUBECONFIG", "/etc/kubernetes/admin.conf")  # as lab/fake_nodes.py
 NS = "gpuk8s-bench"
 SCHEDULER_NAME = "gpuk8s-bench"
 
 
 def versions() -> dict[str, str]:
-    out = {}
-    for line in (LAB / "versions.env").read_text().splitlines():
-        if "=" in line and not line.startswith("#"):
-            key, value = line.split("=", 1)
-            out[key] = value
-    return out
+    """lab/versions.env for the release this run uses (GPUK8S_KUBE_VERSION picks another)."""
+    resolved: dict[str, str] = lab_versions.load()
+    return resolved
 
 
 def cache_bin(name: str) -> str:

@@ -25,8 +25,8 @@ set -euo pipefail
 
 IMAGES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$IMAGES_DIR/.." && pwd)"
-# shellcheck source=lab/versions.env
-. "$REPO_DIR/lab/versions.env"
+# shellcheck source=lab/versions.sh
+. "$REPO_DIR/lab/versions.sh"
 CACHE="${GPUK8S_CACHE:-/var/cache/gpuk8s}"
 BUILD_DIR="${GPUK8S_BUILD_DIR:-$REPO_DIR/build}"
 OUT="$BUILD_DIR/images"

@@ -4,8 +4,8 @@
 
 LAB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$LAB_DIR/.." && pwd)"
-# shellcheck source=lab/versions.env
-. "$LAB_DIR/versions.env"
+# shellcheck source=lab/versions.sh
+. "$LAB_DIR/versions.sh"
 
 CACHE="${GPUK8S_CACHE:-/var/cache/gpuk8s}"
 STATE="${GPUK8S_LAB_STATE:-/var/lib/gpuk8s-lab}"

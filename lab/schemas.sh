@@ -7,8 +7,8 @@
 #   kubeconform -strict -schema-location "$(lab/schemas.sh)/{{.ResourceKind}}{{.KindSuffix}}.json" FILE
 set -euo pipefail
 LAB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=lab/versions.env
-. "$LAB_DIR/versions.env"
+# shellcheck source=lab/versions.sh
+. "$LAB_DIR/versions.sh"
 CACHE="${GPUK8S_CACHE:-/var/cache/gpuk8s}"
 OUT="$CACHE/schemas/kube-$KUBE_VERSION"
 if [ -s "$OUT/deployment-apps-v1.json" ] && [ "${1:-}" != --force ]; then echo "$OUT"; exit 0; fi
@@ -24,9 +24,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if [ -s /etc/kubernetes/pki/admin.crt ] &&
+# The lab's apiserver only when it runs this release (GPUK8S_KUBE_VERSION may pick another).
+lab_api() {
     curl -fsSk --cert /etc/kubernetes/pki/admin.crt --key /etc/kubernetes/pki/admin.key \
-        https://127.0.0.1:6443/openapi/v2 -o "$swagger" 2>/dev/null; then
+        "https://127.0.0.1:6443$1" "${@:2}" 2>/dev/null
+}
+if [ -s /etc/kubernetes/pki/admin.crt ] &&
+    lab_api /version | grep -q "\"gitVersion\": \"$KUBE_VERSION\"" &&
+    lab_api /openapi/v2 -o "$swagger"; then
     :
 else
     kube="$("$LAB_DIR/tools.sh" kube)"; etcd="$("$LAB_DIR/tools.sh" etcd)"

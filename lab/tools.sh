@@ -6,7 +6,8 @@
 #   lab/tools.sh kubeconform   -> absolute path of a ready kubeconform binary
 #   lab/tools.sh kube          -> absolute path of the directory holding kube-apiserver,
 #                                 kube-controller-manager, kube-scheduler, kubelet,
-#                                 kube-proxy, kubectl
+#                                 kube-proxy, kubectl (the lab's KUBE_VERSION, or the release
+#                                 GPUK8S_KUBE_VERSION names: lab/gomod/kube/<release>/)
 #   lab/tools.sh etcd          -> absolute path of the directory holding etcd, etcdctl
 #   lab/tools.sh cdi           -> absolute path of gpuk8s-cdi-check: the reference CDI library
 #                                 (tags.cncf.io/container-device-interface) validating specs
@@ -25,13 +26,13 @@
 set -euo pipefail
 
 LAB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=lab/versions.env
-. "$LAB_DIR/versions.env"
+# shellcheck source=lab/versions.sh
+. "$LAB_DIR/versions.sh"
 
 CACHE="${GPUK8S_CACHE:-/var/cache/gpuk8s}"
 BIN="$CACHE/bin"
 LOGS="$CACHE/logs"
-KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+KUBE_COMMANDS=(kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet kube-proxy)  # integration tier first
 
 log() { printf '[tools] %s\n' "$*" >&2; }
 die() { printf '[tools] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -77,6 +78,7 @@ go_install_into() {
 ensure_helm() {
     local dir="$BIN/helm-$HELM_VERSION"
     if [ ! -x "$dir/helm" ]; then
+        lock_builds
         rm -rf "$dir.tmp"; mkdir -p "$dir.tmp"
         timed "helm-$HELM_VERSION" go_install_into "$dir" "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" \
             "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION"
@@ -88,6 +90,7 @@ ensure_helm() {
 ensure_helm3() {
     local dir="$BIN/helm-$HELM3_VERSION"
     if [ ! -x "$dir/helm" ]; then
+        lock_builds
         rm -rf "$dir.tmp"; mkdir -p "$dir.tmp"
         timed "helm-$HELM3_VERSION" go_install_into "$dir" "helm.sh/helm/v3/cmd/helm@$HELM3_VERSION" \
             "-X helm.sh/helm/v3/internal/version.version=$HELM3_VERSION"
@@ -99,6 +102,7 @@ ensure_helm3() {
 ensure_kubeconform() {
     local dir="$BIN/kubeconform-$KUBECONFORM_VERSION"
     if [ ! -x "$dir/kubeconform" ]; then
+        lock_builds
         rm -rf "$dir.tmp"; mkdir -p "$dir.tmp"
         timed "kubeconform-$KUBECONFORM_VERSION" go_install_into "$dir" \
             "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION" "-X main.version=$KUBECONFORM_VERSION"
@@ -107,8 +111,8 @@ ensure_kubeconform() {
     echo "$dir/kubeconform"
 }
 
-# Our wrapper module (lab/gomod/kube) requires k8s.io/kubernetes and replaces every staging
-# module with its published v0.Y.Z; it is copied to a scratch dir so the repo stays clean.
+# Our wrapper module (lab/gomod/kube/<release>/) requires k8s.io/kubernetes and replaces every
+# staging module with its published v0.Y.Z; it is copied to a scratch dir so the repo stays clean.
 kube_build_one() {
     local cmd="$1" out="$2"
     local minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
@@ -126,16 +130,19 @@ kube_build_one() {
 kube_prepare_workdir() {
     KUBE_WORK="$CACHE/work/kube-$KUBE_VERSION"
     mkdir -p "$KUBE_WORK"
-    cp "$LAB_DIR/gomod/kube/go.mod" "$LAB_DIR/gomod/kube/tools.go" "$KUBE_WORK/"
-    [ -f "$LAB_DIR/gomod/kube/go.sum" ] && cp "$LAB_DIR/gomod/kube/go.sum" "$KUBE_WORK/"
+    local mod="$LAB_DIR/gomod/kube/$KUBE_VERSION"
+    [ -f "$mod/go.mod" ] && [ -f "$mod/go.sum" ] ||
+        die "no lab/gomod/kube/$KUBE_VERSION/go.mod and go.sum (run: lab/gomod/gen-kube-gomod.sh $KUBE_VERSION)"
+    cp "$mod/go.mod" "$mod/go.sum" "$LAB_DIR/gomod/kube/tools.go" "$KUBE_WORK/"
     grep -q "k8s.io/kubernetes $KUBE_VERSION" "$KUBE_WORK/go.mod" ||
-        die "lab/gomod/kube/go.mod does not require k8s.io/kubernetes $KUBE_VERSION (run: lab/gomod/gen-kube-gomod.sh)"
+        die "lab/gomod/kube/$KUBE_VERSION/go.mod does not require k8s.io/kubernetes $KUBE_VERSION"
 }
 
 ensure_kube() {
     local dir="$BIN/kube-$KUBE_VERSION" missing=()
     for c in "${KUBE_COMMANDS[@]}"; do [ -x "$dir/$c" ] || missing+=("$c"); done
     if [ "${#missing[@]}" -gt 0 ]; then
+        lock_builds
         kube_prepare_workdir
         mkdir -p "$dir"
         for c in "${missing[@]}"; do
@@ -149,6 +156,7 @@ ensure_kube() {
 ensure_etcd() {
     local dir="$BIN/etcd-$ETCD_VERSION"
     if [ ! -x "$dir/etcd" ] || [ ! -x "$dir/etcdctl" ]; then
+        lock_builds
         local work="$CACHE/work/etcd-$ETCD_VERSION"
         mkdir -p "$work" "$dir"
         cp "$LAB_DIR/gomod/etcd/go.mod" "$LAB_DIR/gomod/etcd/tools.go" "$work/"
@@ -167,6 +175,7 @@ ensure_gomod() {
     local src="$LAB_DIR/gomod/$1" name="$2-$3" version="$3" module="$4" binary="$5"
     local dir="$BIN/$name"
     if [ ! -x "$dir/$binary" ]; then
+        lock_builds
         local work="$CACHE/work/$name"
         mkdir -p "$work" "$dir"
         cp "$src/go.mod" "$src/go.sum" "$src/"*.go "$work/"
@@ -195,6 +204,7 @@ ensure_containerd2() {
     local dir="$BIN/containerd-$CONTAINERD2_VERSION" missing=() c
     for c in "${CONTAINERD2_COMMANDS[@]}"; do [ -x "$dir/$c" ] || missing+=("$c"); done
     if [ "${#missing[@]}" -gt 0 ]; then
+        lock_builds
         local work="$CACHE/work/containerd-$CONTAINERD2_VERSION"
         local pkg=github.com/containerd/containerd/v2
         local x="-X $pkg/version.Version=$CONTAINERD2_VERSION -X $pkg/version.Revision=gomod"
@@ -218,13 +228,22 @@ schemas_dir() {
     echo "$CACHE/schemas/kube-$KUBE_VERSION"
 }
 
-# One build at a time across processes (several engineers call this concurrently).
-mkdir -p "$CACHE"
-exec 9>"$CACHE/.tools.lock"
-if ! flock -n 9; then
-    log "waiting for another lab/tools.sh build to finish (lock $CACHE/.tools.lock)"
-    flock 9
-fi
+# One build at a time across processes (several engineers call this concurrently). Taken
+# only to build: a tool already built is printed at once, even during another's long build.
+# After waiting, the script starts over holding the lock (fd 9 stays open across exec), so
+# what the other build made is not built twice.
+TOOLS_ARGS=("$@")
+lock_builds() {
+    [ -n "${TOOLS_LOCKED:-}" ] && return 0
+    mkdir -p "$CACHE"
+    exec 9>"$CACHE/.tools.lock"
+    export TOOLS_LOCKED=1
+    if ! flock -n 9; then
+        log "waiting for another lab/tools.sh build to finish (lock $CACHE/.tools.lock)"
+        flock 9
+        exec "$0" "${TOOLS_ARGS[@]}"
+    fi
+}
 
 case "${1:-}" in
     helm) ensure_helm ;;
@@ -238,6 +257,7 @@ case "${1:-}" in
     schemas) schemas_dir ;;
     versions) cat "$LAB_DIR/versions.env" ;;
     all)
+        lock_builds
         t0=$(date +%s)
         ensure_helm; ensure_kubeconform; ensure_kube; ensure_etcd; ensure_helm3; ensure_cdi; ensure_containerd2; ensure_netpol
         log "all tools ready in $(( $(date +%s) - t0 ))s; build times: $CACHE/build-times.log"

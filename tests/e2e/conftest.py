@@ -32,12 +32,15 @@ FAKE_TOLERATION = {"key": "lab.gpuk8s.io/fake-node", "operator": "Exists", "effe
 
 
 def versions() -> dict[str, str]:
-    out = {}
-    for line in (LAB / "versions.env").read_text().splitlines():
-        if "=" in line and not line.startswith("#"):
-            k, v = line.split("=", 1)
-            out[k.strip()] = v.strip()
-    return out
+    """lab/versions.env for the lab's release (lab/versions.py; GPUK8S_KUBE_VERSION as lab/up
+    had it)."""
+    sys.path.insert(0, str(LAB))
+    try:
+        import versions as lab_versions
+    finally:
+        sys.path.remove(str(LAB))
+    resolved: dict[str, str] = lab_versions.load()
+    return resolved
 
 
 VERSIONS = versions()

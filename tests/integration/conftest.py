@@ -17,11 +17,14 @@ user            groups             RBAC granted by the fixture
 ``nobody``      gpuk8s-test        nothing
 ==============  =================  ==========================================
 
-The apiserver runs with the lab's feature gates and runtime config (``KUBE_FEATURE_GATES``,
-``KUBE_RUNTIME_CONFIG`` in lab/versions.env: the alpha DRA parts gpu-dra uses).
+The apiserver runs with the lab's feature gates and runtime config for its release
+(``KUBE_FEATURE_GATES_v1_<minor>``, ``KUBE_RUNTIME_CONFIG_v1_<minor>`` in lab/versions.env: the
+DRA parts gpu-dra uses). ``GPUK8S_KUBE_VERSION=v1.37.2`` runs the tier on another release the
+lab knows (``KUBE_VERSIONS``; lab/versions.py resolves it).
 
 Binaries: kube-apiserver from ``$GPUK8S_CACHE/bin/kube-<KUBE_VERSION>/`` (built by
-``lab/tools.sh kube``; any ``kube-*`` there or on PATH as a fallback), etcd from
+``lab/tools.sh kube``; any ``kube-*`` there or on PATH as a fallback, except when
+``GPUK8S_KUBE_VERSION`` names the release: then only that one), etcd from
 ``$GPUK8S_CACHE/bin/etcd-<ETCD_VERSION>/`` (``lab/tools.sh etcd``), else ``etcd`` on
 PATH (Debian: ``apt-get install etcd-server``). Tests using the fixture skip only when
 one of these (or openssl) is missing, and the skip names what is missing.
@@ -39,6 +42,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -78,21 +82,25 @@ ROLES = {
 
 
 def _pinned_versions() -> dict[str, str]:
-    out: dict[str, str] = {}
-    path = REPO / "lab" / "versions.env"
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            if "=" in line and not line.lstrip().startswith("#"):
-                key, value = line.split("=", 1)
-                out[key.strip()] = value.strip()
-    return out
+    """lab/versions.env for the release this run uses (lab/versions.py: GPUK8S_KUBE_VERSION)."""
+    sys.path.insert(0, str(REPO / "lab"))
+    try:
+        import versions as lab_versions
+    finally:
+        sys.path.remove(str(REPO / "lab"))
+    resolved: dict[str, str] = lab_versions.load()
+    return resolved
 
 
 def find_binary(name: str, pinned_dir: str | None) -> str | None:
-    """``name`` in the pinned cache dir, else any cached version, else on PATH."""
+    """``name`` in the pinned cache dir, else any cached version, else on PATH; only the
+    pinned dir for Kubernetes programs when GPUK8S_KUBE_VERSION chose the release."""
     candidates = []
     if pinned_dir:
         candidates.append(CACHE_BIN / pinned_dir / name)
+        if pinned_dir.startswith("kube-") and os.environ.get("GPUK8S_KUBE_VERSION"):
+            path = candidates[0]
+            return str(path) if path.is_file() and os.access(path, os.X_OK) else None
     prefix = pinned_dir.split("-")[0] if pinned_dir else name
     candidates += [
         Path(p) for p in sorted(glob.glob(f"{CACHE_BIN}/{prefix}-*/{name}"), reverse=True)
@@ -331,7 +339,11 @@ def apiserver() -> Iterator[ApiServer]:
 
         from gpuk8s.services.kube import api_client
 
-        rbac = client.RbacAuthorizationV1Api(api_client(kubeconfigs["admin"]))
+        admin = api_client(kubeconfigs["admin"])
+        if os.environ.get("GPUK8S_KUBE_VERSION"):  # the release asked for, not a fallback
+            served = client.VersionApi(admin).get_code().git_version
+            assert served == versions["KUBE_VERSION"], (served, apiserver_bin)
+        rbac = client.RbacAuthorizationV1Api(admin)
         for name, rules in ROLES.items():
             rbac.create_cluster_role({"metadata": {"name": name}, "rules": rules})
             rbac.create_cluster_role_binding(

@@ -535,9 +535,11 @@ def test_real_kube_scheduler_asks_gpu_aware_about_pods_without_gpus(
         return core.read_namespaced_pod(name, "default").spec.node_name  # type: ignore[no-any-return]
 
     # what already runs: CPU and memory taken, no GPU. kube-scheduler's balance score
-    # prefers busy for a 6-core pod (its CPU and memory fractions end up close) ...
-    pod(f"{tag}-held-busy", "", {"cpu": "52", "memory": "200Gi"}, busy)
-    pod(f"{tag}-held-roomy", "", {"cpu": "1", "memory": "200Gi"}, roomy)
+    # prefers busy for a 6-core pod: there its CPU and memory fractions end up equal
+    # (58/64, 232Gi/256Gi), on roomy apart (7/64, 9Gi/256Gi): the score of 1.35 (balance
+    # after) and of 1.37 (balance gained: busy's improves, roomy's worsens) agree ...
+    pod(f"{tag}-held-busy", "", {"cpu": "52", "memory": "224Gi"}, busy)
+    pod(f"{tag}-held-roomy", "", {"cpu": "1", "memory": "1Gi"}, roomy)
     service = _service(apiserver)
     calls: list[str] = []
     handle = service.extender.handle
