@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The values.schema.json fragments of Kubernetes-typed values, one source for every chart.
 
-Container `resources` and pod `tolerations` are Kubernetes objects; the Kubernetes OpenAPI
-schema (kubeconform's) types them but leaves what only the apiserver checks (a quantity's
-syntax, a resource name, the operator and effect of a toleration) to the install. These
+Container `resources`, pod `tolerations`, `nodeSelector` and `affinity` are Kubernetes
+objects; the Kubernetes OpenAPI schema (kubeconform's) types them but leaves what only the
+apiserver checks (a quantity's syntax, a resource name, the operator and effect of a
+toleration, a label's name and value) to the install. These
 definitions check that at `helm template` time. helm cannot share a schema file between
 charts (a `$ref` to another file resolves against the working directory, or not at all,
 depending on the helm version), so this script writes them into the `$defs` of each
@@ -13,8 +14,9 @@ chart's values.schema.json; the rest of each schema is edited by hand.
     charts/schema_fragments.py --check    exit 1 when a schema is out of date
 
 Values use them as `{"$ref": "#/$defs/resources"}` and, for a list of tolerations,
-`"items": {"$ref": "#/$defs/toleration"}` (tests/unit/test_charts_k8s_values.py checks
-that every such value does).
+`"items": {"$ref": "#/$defs/toleration"}`, and `nodeSelector`/`affinity` as
+`{"$ref": "#/$defs/nodeSelector"}`/`{"$ref": "#/$defs/affinity"}`
+(tests/unit/test_charts_k8s_values.py checks that every such value does).
 """
 
 from __future__ import annotations
@@ -62,6 +64,56 @@ DEFS: dict[str, Any] = {
         "properties": {
             "requests": {"$ref": "#/$defs/resourceList"},
             "limits": {"$ref": "#/$defs/resourceList"},
+        },
+    },
+    "nodeSelector": {
+        "description": "Node labels, as a Pod's nodeSelector: a qualified label name "
+        "(prefix/name) to a label value.",
+        "type": "object",
+        "patternProperties": {
+            rf"^({_SUBDOMAIN}/)?{_NAME}$": {
+                "type": "string",
+                "maxLength": 63,
+                "pattern": r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$",
+            },
+        },
+        "additionalProperties": False,
+    },
+    "affinity": {
+        "description": "A Pod's affinity: nodeAffinity (requiredDuringSchedulingIgnoredDuring"
+        "Execution.nodeSelectorTerms, preferredDuringSchedulingIgnoredDuringExecution), "
+        "podAffinity, podAntiAffinity.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "nodeAffinity": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["nodeSelectorTerms"],
+                        "properties": {
+                            "nodeSelectorTerms": {
+                                "type": "array",
+                                "minItems": 1,
+                                "items": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "matchExpressions": {"type": "array"},
+                                        "matchFields": {"type": "array"},
+                                    },
+                                },
+                            },
+                        },
+                    },
+                    "preferredDuringSchedulingIgnoredDuringExecution": {"type": "array"},
+                },
+            },
+            "podAffinity": {"type": "object"},
+            "podAntiAffinity": {"type": "object"},
         },
     },
     "toleration": {

@@ -282,12 +282,14 @@ def test_every_kubernetes_typed_value_uses_the_shared_definitions(chart: Path) -
             assert sub == {"$ref": "#/$defs/resources"}, path
         elif name == "tolerations":
             assert sub["items"] == {"$ref": "#/$defs/toleration"}, path
-        elif name in ("affinity", "nodeSelector", "securityContext", "podSecurityContext",
+        elif name in ("affinity", "nodeSelector"):
+            assert sub.get("$ref") == f"#/$defs/{name}", path
+        elif name in ("securityContext", "podSecurityContext",
                       "env", "extraEnv", "volumes", "extraVolumes", "volumeMounts"):
             pytest.fail(f"{path}: a Kubernetes-typed value without a shared definition "
                         "(add one to charts/schema_fragments.py)")
         seen.add(name)
-    assert {"resources", "tolerations"} <= seen
+    assert {"resources", "tolerations", "affinity", "nodeSelector"} <= seen
 
 
 def _checked_files(chart: Path) -> set[str]:

@@ -76,9 +76,8 @@ spec:
       serviceAccountName: gpu-device
       priorityClassName: system-node-critical
       {{- with include "gpuk8s.imagePullSecrets" $root | trim }}{{ . | nindent 6 }}{{ end }}
-      affinity:
-        {{- /* a node labelled gpuk8s.io/allocation-mode=dra is gpu-dra's, never both */}}
-        {{- include "gpuk8s.requireLabels" (merge (dict "excludedLabels" (dict (include "gpuk8s.draModeLabel" .) "dra")) .) | nindent 8 }}
+      {{- /* a node labelled gpuk8s.io/allocation-mode=dra is gpu-dra's, never both */}}
+      {{- include "gpuk8s.nodeAgentPlacement" (dict "root" $root "affinity" (merge (dict "excludedLabels" (dict (include "gpuk8s.draModeLabel" .) "dra")) .)) | trim | nindent 6 }}
       tolerations:
         {{- include "gpuk8s.nodeAgentTolerations" $root | nindent 8 }}
       securityContext:

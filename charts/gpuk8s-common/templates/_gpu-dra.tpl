@@ -136,8 +136,7 @@ spec:
       serviceAccountName: gpu-dra
       priorityClassName: system-node-critical
       {{- with include "gpuk8s.imagePullSecrets" $root | trim }}{{ . | nindent 6 }}{{ end }}
-      affinity:
-        {{- include "gpuk8s.requireLabels" (dict "requiredLabels" (merge (dict (include "gpuk8s.draModeLabel" .) "dra") .requiredLabels)) | nindent 8 }}
+      {{- include "gpuk8s.nodeAgentPlacement" (dict "root" $root "affinity" (dict "requiredLabels" (merge (dict (include "gpuk8s.draModeLabel" .) "dra") .requiredLabels))) | trim | nindent 6 }}
       tolerations:
         {{- include "gpuk8s.nodeAgentTolerations" $root | nindent 8 }}
       securityContext:

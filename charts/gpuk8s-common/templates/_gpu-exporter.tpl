@@ -100,8 +100,7 @@ spec:
       serviceAccountName: gpu-exporter
       priorityClassName: system-node-critical
       {{- with include "gpuk8s.imagePullSecrets" $root | trim }}{{ . | nindent 6 }}{{ end }}
-      affinity:
-        {{- include "gpuk8s.requireLabels" . | nindent 8 }}
+      {{- include "gpuk8s.nodeAgentPlacement" (dict "root" $root "affinity" .) | trim | nindent 6 }}
       tolerations:
         {{- include "gpuk8s.nodeAgentTolerations" $root | nindent 8 }}
       securityContext:

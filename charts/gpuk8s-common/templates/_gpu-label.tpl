@@ -66,8 +66,7 @@ spec:
       serviceAccountName: gpu-label
       priorityClassName: system-node-critical
       {{- with include "gpuk8s.imagePullSecrets" $root | trim }}{{ . | nindent 6 }}{{ end }}
-      nodeSelector:
-        kubernetes.io/os: linux
+      {{- include "gpuk8s.nodeAgentPlacement" (dict "root" $root) | trim | nindent 6 }}
       tolerations:
         {{- include "gpuk8s.nodeAgentTolerations" $root | nindent 8 }}
       securityContext:

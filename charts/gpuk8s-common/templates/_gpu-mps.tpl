@@ -72,8 +72,7 @@ spec:
       serviceAccountName: gpu-mps
       priorityClassName: system-node-critical
       {{- with include "gpuk8s.imagePullSecrets" $root | trim }}{{ . | nindent 6 }}{{ end }}
-      affinity:
-        {{- include "gpuk8s.requireLabels" (dict "requiredLabels" (dict "gpuk8s.io/sharing-mode" "mps")) | nindent 8 }}
+      {{- include "gpuk8s.nodeAgentPlacement" (dict "root" $root "affinity" (dict "requiredLabels" (dict "gpuk8s.io/sharing-mode" "mps"))) | trim | nindent 6 }}
       tolerations:
         {{- include "gpuk8s.nodeAgentTolerations" $root | nindent 8 }}
       securityContext:

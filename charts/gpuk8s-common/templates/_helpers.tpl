@@ -194,6 +194,45 @@ nodeAffinity:
 {{- end }}
 {{- end -}}
 
+{{/*
+Where a node agent DaemonSet's pods run: nodeSelector (kubernetes.io/os=linux plus the
+release's .Values.nodeSelector) and affinity (the agent's own required labels, each
+term of the release's .Values.affinity required nodeSelectorTerms ANDed with them; its
+preferred terms, podAffinity and podAntiAffinity as given). With both values empty the
+output is the agent's own placement, unchanged. Context: root, and affinity (the
+gpuk8s.requireLabels context of an agent that requires labels; absent: the agent runs on
+every Linux node).
+*/}}
+{{- define "gpuk8s.nodeAgentPlacement" -}}
+{{- $sel := .root.Values.nodeSelector | default dict -}}
+{{- $aff := .root.Values.affinity | default dict -}}
+{{- if or (not .affinity) $sel }}
+nodeSelector:
+  {{- toYaml (merge (dict "kubernetes.io/os" "linux") $sel) | nindent 2 }}
+{{- end }}
+{{- if and .affinity (not $aff) }}
+affinity:
+  {{- include "gpuk8s.requireLabels" .affinity | nindent 2 }}
+{{- else if .affinity }}
+{{- $ours := include "gpuk8s.requireLabels" .affinity | fromYaml -}}
+{{- $exprs := (first $ours.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms).matchExpressions -}}
+{{- $na := $aff.nodeAffinity | default dict -}}
+{{- $req := $na.requiredDuringSchedulingIgnoredDuringExecution | default dict -}}
+{{- $terms := list -}}
+{{- range $req.nodeSelectorTerms | default (list dict) -}}
+{{- $term := deepCopy . -}}
+{{- $_ := set $term "matchExpressions" (concat $exprs (.matchExpressions | default list)) -}}
+{{- $terms = append $terms $term -}}
+{{- end -}}
+{{- $outNa := merge (dict "requiredDuringSchedulingIgnoredDuringExecution" (dict "nodeSelectorTerms" $terms)) (omit $na "requiredDuringSchedulingIgnoredDuringExecution") }}
+affinity:
+  {{- toYaml (merge (dict "nodeAffinity" $outNa) (omit $aff "nodeAffinity")) | nindent 2 }}
+{{- else if $aff }}
+affinity:
+  {{- toYaml $aff | nindent 2 }}
+{{- end }}
+{{- end -}}
+
 {{/* Pod-level security context shared by every pod. */}}
 {{- define "gpuk8s.podSecurityContext" -}}
 seccompProfile:
