@@ -155,7 +155,8 @@ def _gpu_aware_playbook(state: str, namespace: str) -> None:
 
 FLEET_STANDBY = "cp2"  # the fleet's second control plane (lab/fleetctl, lab/README.md "Fleet")
 STANDBY_MANIFEST = "/etc/kubernetes/manifests/kube-scheduler.yaml"
-STANDBY_PARKED = "/etc/kubernetes/kube-scheduler.yaml.e2e-parked"
+# parked outside /etc/kubernetes (test_fleet_lab.py lists that directory)
+STANDBY_PARKED = "/var/tmp/gpuk8s-e2e-parked-kube-scheduler.yaml"
 
 
 def fleet_up() -> bool:
@@ -210,6 +211,21 @@ def standby_scheduler_parked(lab: dict[str, str]) -> Iterator[bool]:
         yield True
     finally:
         standby_scheduler(True, lab["node"])
+
+
+@pytest.fixture()
+def standby_scheduler_running(
+    lab: dict[str, str], standby_scheduler_parked: bool
+) -> Iterator[None]:
+    """cp2's kube-scheduler running for one test (the lab node's still leading), parked
+    again after it."""
+    if standby_scheduler_parked:
+        standby_scheduler(True, lab["node"])
+    try:
+        yield
+    finally:
+        if standby_scheduler_parked:
+            standby_scheduler(False, lab["node"])
 
 
 @pytest.fixture(scope="session", autouse=True)

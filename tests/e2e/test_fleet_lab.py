@@ -80,6 +80,7 @@ def test_fleet_nodes_are_ready_with_their_address_runtime_and_taints() -> None:
         assert ("node-role.kubernetes.io/control-plane" in labels) == (role == "control-plane")
 
 
+@pytest.mark.usefixtures("standby_scheduler_running")
 def test_second_control_plane_runs_a_standby_kube_scheduler() -> None:
     pod = kubectl_json("-n", "kube-system", "get", "pod", "kube-scheduler-cp2")
     assert pod["spec"]["nodeName"] == "cp2"
