@@ -35,6 +35,7 @@ from .conftest import (
     kubectl,
     kubectl_json,
     run,
+    standby_scheduler,
     tool,
 )
 
@@ -150,7 +151,20 @@ def package_charts() -> None:
 
 
 @pytest.fixture(scope="module")
-def before_install(lab: dict[str, str]) -> dict[str, Any]:
+def both_schedulers(lab: dict[str, str], standby_scheduler_parked: bool) -> Iterator[None]:
+    """cp2's kube-scheduler running for the module (the tier parks it: conftest's
+    standby_scheduler): the playbooks configure and restore both control planes."""
+    if standby_scheduler_parked:
+        standby_scheduler(True, lab["node"])
+    try:
+        yield
+    finally:
+        if standby_scheduler_parked:
+            standby_scheduler(False, lab["node"])
+
+
+@pytest.fixture(scope="module")
+def before_install(lab: dict[str, str], both_schedulers: None) -> dict[str, Any]:
     """The fleet as found: each fleet node's containerd config hash and our labels."""
     assert IMAGES.is_dir(), f"{IMAGES} missing: lab/up builds the images"
     found = nodes()
