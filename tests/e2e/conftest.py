@@ -8,6 +8,7 @@ skipped by `requires_paths(...)` naming the missing files (also documented).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -153,6 +154,12 @@ def _gpu_aware_playbook(state: str, namespace: str) -> None:
         timeout=900, cwd=str(REPO), env={**os.environ, "GPUK8S_HELM": helm3})
 
 
+# the fleet's test modules: e2e, and the one documented skip besides GPUK8S_E2E (lab/up
+# --no-fleet, GPUK8S_LAB_FLEET=0)
+FLEET_MARKS = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not (STATE / "fleet").is_dir(), reason="no fleet: lab/up --no-fleet"),
+]
 FLEET_STANDBY = "cp2"  # the fleet's second control plane (lab/fleetctl, lab/README.md "Fleet")
 STANDBY_MANIFEST = "/etc/kubernetes/manifests/kube-scheduler.yaml"
 # parked outside /etc/kubernetes (test_fleet_lab.py lists that directory)
@@ -213,19 +220,26 @@ def standby_scheduler_parked(lab: dict[str, str]) -> Iterator[bool]:
         standby_scheduler(True, lab["node"])
 
 
+@contextlib.contextmanager
+def standby_scheduler_up(lab_node: str, parked: bool) -> Iterator[None]:
+    """cp2's kube-scheduler running inside the block when the tier parked it (``parked``,
+    see standby_scheduler), parked again after it."""
+    if parked:
+        standby_scheduler(True, lab_node)
+    try:
+        yield
+    finally:
+        if parked:
+            standby_scheduler(False, lab_node)
+
+
 @pytest.fixture()
 def standby_scheduler_running(
     lab: dict[str, str], standby_scheduler_parked: bool
 ) -> Iterator[None]:
-    """cp2's kube-scheduler running for one test (the lab node's still leading), parked
-    again after it."""
-    if standby_scheduler_parked:
-        standby_scheduler(True, lab["node"])
-    try:
+    """cp2's kube-scheduler running for one test (the lab node's still leading)."""
+    with standby_scheduler_up(lab["node"], standby_scheduler_parked):
         yield
-    finally:
-        if standby_scheduler_parked:
-            standby_scheduler(False, lab["node"])
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -13,6 +13,7 @@ import pytest
 from .conftest import (
     BUSYBOX,
     CACHE,
+    FLEET_MARKS,
     LAB,
     REPO,
     STATE,
@@ -24,11 +25,7 @@ from .conftest import (
     wait_until,
 )
 
-# The one documented skip besides GPUK8S_E2E: lab/up --no-fleet (GPUK8S_LAB_FLEET=0).
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(not (STATE / "fleet").is_dir(), reason="no fleet: lab/up --no-fleet"),
-]
+pytestmark = FLEET_MARKS
 
 FLEET = {  # node -> (address, containerd major, role)
     "cp2": ("10.250.0.11", "1", "control-plane"),

@@ -25,24 +25,21 @@ import pytest
 
 from .conftest import (
     CACHE,
+    FLEET_MARKS,
     HELM,
     KUBECONFIG,
     LAB,
     REGISTRY,
     REPO,
-    STATE,
     VERSIONS,
     kubectl,
     kubectl_json,
     run,
-    standby_scheduler,
+    standby_scheduler_up,
     tool,
 )
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(not (STATE / "fleet").is_dir(), reason="no fleet: lab/up --no-fleet"),
-]
+pytestmark = FLEET_MARKS
 
 FLEET_NODES = ("cp2", "gpu-ext", "gpu-vf", "gpu-op", "gpu-nv")
 RELEASE = "e2e-fleet"
@@ -152,15 +149,10 @@ def package_charts() -> None:
 
 @pytest.fixture(scope="module")
 def both_schedulers(lab: dict[str, str], standby_scheduler_parked: bool) -> Iterator[None]:
-    """cp2's kube-scheduler running for the module (the tier parks it: conftest's
-    standby_scheduler): the playbooks configure and restore both control planes."""
-    if standby_scheduler_parked:
-        standby_scheduler(True, lab["node"])
-    try:
+    """cp2's kube-scheduler running for the module (the tier parks it): the playbooks
+    configure and restore both control planes."""
+    with standby_scheduler_up(lab["node"], standby_scheduler_parked):
         yield
-    finally:
-        if standby_scheduler_parked:
-            standby_scheduler(False, lab["node"])
 
 
 @pytest.fixture(scope="module")
