@@ -409,62 +409,11 @@ def test_8_a_vf_claim_gets_vfs(dra: dict[str, str]) -> None:
         restart_gpu_dra(node, 14)
 
 
-def device_of_gpu(node: str, index: int) -> str:
-    """The published name of GPU ``index``'s device (names are gpu-dra's to choose)."""
-    return next(name for name, d in devices(node).items()
-                if d["attributes"].get("type", {}).get("string") == "gpu"
-                and d["attributes"].get("index", {}).get("int") == index)
-
-
-def allocated_health(pod: str) -> dict[str, str]:
-    """resourceID -> health of every claim device in the pod's containers'
-    ``allocatedResourcesStatus`` (the kubelet writes it from gpu-dra's health stream,
-    ResourceHealthStatus gate)."""
-    status = kubectl_json("-n", PODS, "get", "pod", pod)["status"]
-    return {str(r.get("resourceID")): str(r.get("health"))
-            for c in status.get("containerStatuses") or []
-            for s in c.get("allocatedResourcesStatus") or []
-            if str(s.get("name", "")).startswith("claim:")
-            for r in s.get("resources") or []}
-
-
-def test_9_a_running_pods_faulted_gpu_shows_in_its_allocated_resources_status(
-        dra: dict[str, str]) -> None:
-    """Issue 51 item 6: the kubelet's own view of a claim's device health. A pod runs on
-    GPU 5; after `sim fail` its container's allocatedResourcesStatus says Unhealthy for
-    that device (gpu-dra's NodeWatchResources stream, read by the kubelet), and Healthy
-    after `sim heal`. Needs a real kubelet with ResourceHealthStatus (lab/versions.env)."""
-    node = dra["node"]
-    run_claim("five", [request(cel=index_is(5))])
-    device = device_of_gpu(node, 5)
-
-    def health() -> str | None:
-        # the resourceID names the device last (<driver>/<pool>/<device>)
-        found = [h for rid, h in allocated_health("five").items()
-                 if rid.endswith(f"/{device}")]
-        return found[0] if len(found) == 1 else None
-
-    wait_until("the kubelet reports the claim's device Healthy",
-               lambda: health() == "Healthy", 60)
-    gpuk8s("sim", "fail", "--root", str(SIM_ROOT), "--gpu", "5")
-    try:
-        wait_until("the kubelet reports the claim's device Unhealthy",
-                   lambda: health() == "Unhealthy",
-                   HEALTHY_INTERVAL + 30)
-        assert pod_phase(PODS, "five") == "Running", "NoSchedule: the running pod stays"
-    finally:
-        gpuk8s("sim", "heal", "--root", str(SIM_ROOT), "--gpu", "5")
-    wait_until("the kubelet reports the claim's device Healthy again",
-               lambda: health() == "Healthy",
-               HEALTHY_INTERVAL + 30)
-    delete_pods("five")
-
-
 def test_10_a_claim_no_node_can_serve_gets_an_event_on_its_pod(dra: dict[str, str]) -> None:
     """Issue 51 item 4 on the lab: the chart's gpu-dra-pending (gpuDra.pending, default on)
     writes GpuDraNoLinkGroup on a pod asking for one more linked GPU than the node's
     largest link group (the claims policy lets up to 8 through), and nothing on a pod
-    whose claim fits."""
+    whose claim fits (running or waiting)."""
     node = dra["node"]
     groups: dict[int, int] = {}
     for d in devices(node).values():
@@ -475,7 +424,9 @@ def test_10_a_claim_no_node_can_serve_gets_an_event_on_its_pod(dra: dict[str, st
     assert largest < 8, "the lab node's link groups leave room for a claim the policy allows"
     linked = [{"matchAttribute": f"{DRIVER}/linkGroup"}]
     run_claim("too-linked", [request(count=largest + 1)], linked, wait=False)
-    run_claim("linked", [request(count=largest)], linked)
+    # a claim that fits the node gets no reason even while it waits for GPUs the earlier
+    # tests' pods hold (pending for capacity is not unsatisfiable)
+    run_claim("linked", [request(count=largest)], linked, wait=False)
 
     def reasons(pod: str) -> set[str]:
         events = kubectl_json("-n", PODS, "get", "events", "--field-selector",
