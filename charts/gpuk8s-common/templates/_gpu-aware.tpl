@@ -469,7 +469,8 @@ default) every render has the policy or stops, naming the value to set -- never 
 without one (helm template, GitOps, a cluster whose control-plane nodes carry no known
 role label). Port 8080 (the extender verbs) admits only the hosts kube-scheduler runs on
 (gpuk8s.gpuAwareSchedulerSources); the health port (/healthz, /readyz, /metrics) admits
-gpuAware.networkPolicy.healthFrom (e.g. Prometheus's namespace). The kubelet's probes need
+gpuAware.networkPolicy.healthFrom (e.g. Prometheus's namespace) and the release's `helm test`
+pod. The kubelet's probes need
 no rule: traffic from the node a pod runs on is always allowed (NetworkPolicy semantics).
 Enforced only where the CNI implements NetworkPolicy; client certificates are gpu-aware's
 authentication in any case.
@@ -505,13 +506,17 @@ spec:
         - ipBlock:
             cidr: {{ . | quote }}
         {{- end }}
-    {{- with $v.healthFrom }}
+    # the release's own `helm test` pod (templates/tests: it checks gpu-aware answers)
     - ports:
         - port: {{ int $root.Values.gpuAware.healthPort }}
           protocol: TCP
       from:
+        - podSelector:
+            matchLabels:
+              {{- include "gpuk8s.selectorLabels" (dict "root" $root "component" "gpu-test") | nindent 14 }}
+        {{- with $v.healthFrom }}
         {{- toYaml . | nindent 8 }}
-    {{- end }}
+        {{- end }}
 {{- end -}}
 {{- end -}}
 
