@@ -139,9 +139,14 @@ def test_network_policy_admits_only_the_scheduler_hosts() -> None:
     [policy] = rendered.of("NetworkPolicy")
     assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "gpu-aware"
     assert policy["spec"]["policyTypes"] == ["Ingress"]
-    # the extender port from those hosts only; the health port from nobody else (the
-    # kubelet's probes come from the pod's own node, which NetworkPolicy always admits)
-    [extender_port] = policy["spec"]["ingress"]
+    # the extender port from those hosts only; the health port from the release's own helm
+    # test pod only (the kubelet's probes come from the pod's own node, which NetworkPolicy
+    # always admits)
+    release = policy["metadata"]["labels"]["app.kubernetes.io/instance"]
+    test_pod = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "gpu-test",
+                                                "app.kubernetes.io/instance": release}}}
+    extender_port, health_port = policy["spec"]["ingress"]
+    assert health_port == {"ports": [{"port": 8081, "protocol": "TCP"}], "from": [test_pod]}
     assert extender_port["ports"] == [{"port": 8080, "protocol": "TCP"}]
     assert extender_port["from"] == [{"ipBlock": {"cidr": "192.0.2.10/32"}},
                                      {"ipBlock": {"cidr": "198.51.100.7/32"}}]
@@ -149,7 +154,7 @@ def test_network_policy_admits_only_the_scheduler_hosts() -> None:
     peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     scraped = objs(EXT, {**ON, "gpuAware": {"networkPolicy": {"healthFrom": [peer]}}})
     _extender, health = scraped.get("NetworkPolicy", "gpu-aware")["spec"]["ingress"]
-    assert health == {"ports": [{"port": 8081, "protocol": "TCP"}], "from": [peer]}
+    assert health == {"ports": [{"port": 8081, "protocol": "TCP"}], "from": [test_pod, peer]}
 
 
 @pytest.mark.parametrize(
