@@ -519,8 +519,12 @@ def test_gpu_aware_certificates_are_kept_renewed_and_only_the_control_plane_admi
         assert not _verify(tmp_path, server["client-ca.crt"], server["tls.crt"])
         assert int(server_notes["metax-tech.com/not-after"]) > time.time() + 360 * 86400
         policy = net.read_namespaced_network_policy("gpu-aware", ns)
-        # the health port: only from the node (the kubelet), which NetworkPolicy always admits
-        [extender] = policy.spec.ingress
+        # the health port: only from the node (the kubelet), which NetworkPolicy always
+        # admits, and the release's own helm test pod
+        extender, helm_test = policy.spec.ingress
+        assert [p.port for p in helm_test.ports] == [8081]
+        assert [f.pod_selector.match_labels["app.kubernetes.io/name"]
+                for f in helm_test._from] == ["gpu-test"]
         assert [p.port for p in extender.ports] == [8080]
         # the node's address and its host's CNI gateway and tunnel addresses, never the
         # pod CIDR (its pods are not kube-scheduler)
