@@ -9,6 +9,7 @@ skipped by `requires_paths(...)` naming the missing files (also documented).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -114,8 +115,28 @@ def containerd_generation() -> str:
     return "2" if any(b"/containerd-v2" in part for part in cmd) else "1.6"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def lab_session_lock() -> Iterator[None]:
+    """One e2e session on the lab at a time: each sets aside and gives back the installed
+    releases and parks cp2's scheduler, so two at once undo each other's work. A second
+    session waits here (flock on the lab's state directory) until the first ends."""
+    if os.environ.get("GPUK8S_E2E") != "1" or not STATE.is_dir():
+        yield
+        return
+    with open(STATE / "e2e.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"\n[e2e] another e2e session holds {STATE / 'e2e.lock'}: waiting", flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
-def lab() -> dict[str, str]:
+def lab(lab_session_lock: None) -> dict[str, str]:
     """The lab must be up; a missing lab is a failure here, never a skip."""
     assert Path(KUBECONFIG).exists(), f"{KUBECONFIG} missing: run lab/up first"
     assert Path(KUBECTL).exists(), f"{KUBECTL} missing: run lab/tools.sh kube"
@@ -207,7 +228,7 @@ def standby_scheduler(run_it: bool, lab_node: str) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def standby_scheduler_parked(lab: dict[str, str]) -> Iterator[bool]:
+def standby_scheduler_parked(lab_session_lock: None, lab: dict[str, str]) -> Iterator[bool]:
     """cp2's kube-scheduler parked for the tier, running again afterwards (see
     standby_scheduler); yields whether the fleet is up."""
     if os.environ.get("GPUK8S_E2E") != "1" or not fleet_up():
