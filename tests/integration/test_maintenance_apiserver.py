@@ -287,6 +287,28 @@ def test_check_mode_predicts_the_tasks_the_upgrade_changes(
     assert discover(str(node["root"])).driver.version == "2.33.0.6"
 
 
+def test_the_resolve_command_given_is_kmods_lookup_of_the_upgrade(
+    apiserver: Any, node: dict[str, Any]
+) -> None:
+    """node_maintenance_driver_resolve_command reaches gpu_driver: the lookup is asked
+    there (a wrapper that logs, then runs Debian's real modprobe on the root), and an
+    upgrade that real kmod confirms is done."""
+    log = node["tmp"] / "resolve.log"
+    wrapper = node["tmp"] / "resolve"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {log}\n'
+                       'PATH="$PATH:/usr/sbin:/sbin" exec modprobe "$@"\n')
+    wrapper.chmod(0o755)
+    resolve = [str(wrapper), "--show-depends", "-d", "{host_root}", "-S", "{kernel_release}",
+               "{module}"]
+    run = driver_run(apiserver, node, "Always", "-e",
+                     json.dumps({"node_maintenance_driver_resolve_command": resolve}))
+    assert run.returncode == 0, run.stdout[-4000:]
+    asked = log.read_text().splitlines() if log.exists() else []
+    assert asked and all(line.split()[-1] == "metax" and str(node["root"]) in line
+                         for line in asked), asked
+    assert discover(str(node["root"])).driver.version == "2.33.0.6"
+
+
 class Killed(BaseException):
     """kill -9 between the load and the commit: nothing of the installer's runs after it."""
 
