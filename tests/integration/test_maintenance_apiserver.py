@@ -27,7 +27,8 @@ import pytest
 
 from gpuk8s import sim
 from gpuk8s.discovery import discover
-from tests.ansible.test_ansible_layer import changed_tasks
+from tests import sshd
+from tests.ansible.test_ansible_layer import changed_by_host, changed_tasks
 
 pytestmark = pytest.mark.integration
 
@@ -82,16 +83,25 @@ def state(apiserver: Any, name: str) -> tuple[bool, dict[str, str]]:
 
 
 def maintenance(
-    apiserver: Any, node: dict[str, Any], *extra: str
+    apiserver: Any, node: dict[str, Any], *extra: str, ssh: sshd.Sshd | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """The playbook on the node ``gpu``: local, or with ``ssh`` as on a fleet (over that
+    sshd as its non-root user, root through sudo, interpreter discovery; the API calls on
+    the controller, ``localhost``)."""
     tmp = node["tmp"]
     inventory = tmp / "hosts.json"
-    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-            "gpuk8s_node_name": node["name"], "gpuk8s_api_host": "gpu",
-            "gpuk8s_kubeconfig": apiserver.kubeconfig("admin"),
+    host = {"gpuk8s_node_name": node["name"], "gpuk8s_kubeconfig": apiserver.kubeconfig("admin"),
             "gpuk8s_gpu_root": str(node["root"])}
-    inventory.write_text(json.dumps({"all": {"children": {
-        "kube_control_plane": {"hosts": {"gpu": host}}, "gpu_nodes": {"hosts": {"gpu": {}}}}}}))
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    if ssh is None:
+        inventory.write_text(json.dumps({"all": {"children": {
+            "kube_control_plane": {"hosts": {"gpu": {**local, **host, "gpuk8s_api_host": "gpu"}}},
+            "gpu_nodes": {"hosts": {"gpu": {}}}}}}))
+    else:
+        remote = json.loads(ssh.inventory((), host="gpu").read_text())["all"]["hosts"]["gpu"]
+        inventory.write_text(json.dumps({"all": {"children": {
+            "kube_control_plane": {"hosts": {"localhost": local}},
+            "gpu_nodes": {"hosts": {"gpu": {**remote, **host, "gpuk8s_api_host": "localhost"}}}}}}))
     failing = tmp / "fail.yml"
     failing.write_text("---\n- name: The driver work fails\n  ansible.builtin.fail:\n"
                        "    msg: simulated failure of the maintenance action\n")
@@ -213,8 +223,8 @@ def test_eviction_refuses_bare_and_emptydir_pods_like_kubectl_drain(
         core.delete_namespace(ns)
 
 
-def driver_run(apiserver: Any, node: dict[str, Any], policy: str, *extra: str
-               ) -> subprocess.CompletedProcess[str]:
+def driver_run(apiserver: Any, node: dict[str, Any], policy: str, *extra: str,
+               ssh: sshd.Sshd | None = None) -> subprocess.CompletedProcess[str]:
     """The maintenance playbook's driver action towards 2.33.0.6 (the simulated node runs
     2.32.0.6), with the simulator's modprobe."""
     payload = node["tmp"] / "driver-2.33.0.6"
@@ -229,7 +239,7 @@ def driver_run(apiserver: Any, node: dict[str, Any], policy: str, *extra: str
                           "node_maintenance_driver_load_command": [*modprobe, "{module}"],
                           "node_maintenance_driver_unload_command": [*modprobe, "-r",
                                                                      "{module}"]}),
-        *extra)
+        *extra, ssh=ssh)
 
 
 def recap(run: subprocess.CompletedProcess[str]) -> str:
@@ -307,6 +317,40 @@ def test_the_resolve_command_given_is_kmods_lookup_of_the_upgrade(
     assert asked and all(line.split()[-1] == "metax" and str(node["root"]) in line
                          for line in asked), asked
     assert discover(str(node["root"])).driver.version == "2.33.0.6"
+
+
+def test_an_upgrade_over_ssh_with_sudo_is_predicted_per_host_and_found_by_real_kmod(
+    apiserver: Any, node: dict[str, Any]
+) -> None:
+    """As on a fleet: the node over a private sshd as a non-root user, root through real
+    sudo; --check --diff, then the real upgrade: the tasks changed, per host, are the same
+    (the node's, and the API calls it delegates to the controller). Real depmod wrote the
+    indexes, and real kmod's lookup on the node's root names the new module."""
+    why = sshd.missing()
+    if why:
+        pytest.skip(why)
+    os.chmod(node["tmp"], 0o755)
+    resolve = {"node_maintenance_driver_resolve_command": [
+        "modprobe", "--show-depends", "-d", "{host_root}", "-S", "{kernel_release}", "{module}"]}
+    with sshd.private_sshd() as server:
+        check = driver_run(apiserver, node, "Always", "--check", "--diff", "-e",
+                           json.dumps(resolve), ssh=server)
+        assert check.returncode == 0, check.stdout[-4000:]
+        real = driver_run(apiserver, node, "Always", "-e", json.dumps(resolve), ssh=server)
+        assert real.returncode == 0, real.stdout[-4000:]
+    predicted, done = changed_by_host(check.stdout), changed_by_host(real.stdout)
+    assert predicted == done, (predicted, done)
+    assert list(done) == ["gpu"] and "node_maintenance : Cordon the node" in done["gpu"], done
+    cordoned, annotations = state(apiserver, node["name"])
+    assert not cordoned and MARK not in annotations
+    root = str(node["root"])
+    release = (node["root"] / "proc/sys/kernel/osrelease").read_text().strip()
+    shown = subprocess.run(["/usr/sbin/modprobe", "--show-depends", "-d", root, "-S", release,
+                            "metax"], capture_output=True, text=True, check=True).stdout
+    module = shown.split()[1]
+    assert module == f"{root}/lib/modules/{release}/extra/metax.ko", shown
+    assert subprocess.run(["/usr/sbin/modinfo", "-F", "version", module], capture_output=True,
+                          text=True, check=True).stdout.strip() == "2.33.0.6"
 
 
 class Killed(BaseException):
