@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -198,16 +199,34 @@ def nvidia_play(extra: dict[str, object], check: bool = False
     return proc, int(found.group(1)) if found else -1
 
 
-def changed_tasks(out: str) -> list[str]:
-    """The tasks of an ansible-playbook run (default callback) that reported changed."""
-    found: list[str] = []
+def changed_lines(out: str) -> Iterator[tuple[str, str]]:
+    """(task, host) for each ``changed: [host]`` line of an ansible-playbook run (default
+    callback), in order; a delegated task's ``[host -> delegate]`` counts for its host."""
     task = ""
     for line in out.splitlines():
         header = re.match(r"TASK \[(.*)\] \**$", line)
         if header:
             task = header.group(1)
-        elif line.startswith("changed: ") and task not in found:
+        changed = re.match(r"changed: \[([^\]\s]+)", line)
+        if changed:
+            yield task, changed.group(1)
+
+
+def changed_tasks(out: str) -> list[str]:
+    """The tasks of an ansible-playbook run (default callback) that reported changed."""
+    found: list[str] = []
+    for task, _host in changed_lines(out):
+        if task not in found:
             found.append(task)
+    return found
+
+
+def changed_by_host(out: str) -> dict[str, list[str]]:
+    """Per host, the tasks of an ansible-playbook run that reported changed on it."""
+    found: dict[str, list[str]] = {}
+    for task, host in changed_lines(out):
+        if task not in found.setdefault(host, []):
+            found[host].append(task)
     return found
 
 

@@ -13,10 +13,12 @@ the maintenance. The maintenance action is a task file that fails, or nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,7 +29,8 @@ import pytest
 
 from gpuk8s import sim
 from gpuk8s.discovery import discover
-from tests.ansible.test_ansible_layer import changed_tasks
+from tests import sshd
+from tests.ansible.test_ansible_layer import changed_by_host, changed_tasks
 
 pytestmark = pytest.mark.integration
 
@@ -37,15 +40,16 @@ MARK = "metax-tech.com/maintenance"
 BEFORE = "metax-tech.com/maintenance-before"
 
 
-@pytest.fixture
-def node(apiserver: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
+@contextlib.contextmanager
+def simulated_node(apiserver: Any, tmp: Path) -> Iterator[dict[str, Any]]:
+    """A Node object with 8 GPUs, its simulated host under ``tmp`` and the real labeller."""
     name = f"maint-{uuid.uuid4().hex[:6]}"
     core = apiserver.core()
     core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
     # what the kubelet would report with gpu-device running
     core.patch_node_status(name, {"status": {"capacity": {"metax-tech.com/gpu": "8"},
                                              "allocatable": {"metax-tech.com/gpu": "8"}}})
-    root = tmp_path / "sim"
+    root = tmp / "sim"
     sim.create(str(root), "c500-8")
     labeller = subprocess.Popen(
         [str(BIN / "gpuk8s"), "serve", "labeller", "--node-name", name, "--host-root",
@@ -56,11 +60,17 @@ def node(apiserver: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
     try:
         wait_for(lambda: labels(apiserver, name).get("metax-tech.com/gpu.installed") == "true",
                  "labels written by gpu-label")
-        yield {"name": name, "root": root, "tmp": tmp_path}
+        yield {"name": name, "root": root, "tmp": tmp}
     finally:
         labeller.terminate()
         labeller.wait(10)
         core.delete_node(name)
+
+
+@pytest.fixture
+def node(apiserver: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    with simulated_node(apiserver, tmp_path) as made:
+        yield made
 
 
 def wait_for(predicate: Any, what: str, timeout: float = 60) -> None:
@@ -82,16 +92,30 @@ def state(apiserver: Any, name: str) -> tuple[bool, dict[str, str]]:
 
 
 def maintenance(
-    apiserver: Any, node: dict[str, Any], *extra: str
+    apiserver: Any, node: dict[str, Any], *extra: str, ssh: sshd.Sshd | None = None,
+    more: tuple[dict[str, Any], ...] = (),
 ) -> subprocess.CompletedProcess[str]:
+    """The playbook on the node ``gpu``: local, or with ``ssh`` as on a fleet (over that
+    sshd as its non-root user, root through sudo, interpreter discovery; the API calls on
+    the controller, ``localhost``). ``more`` nodes: local hosts gpu2, gpu3, ... after it."""
     tmp = node["tmp"]
     inventory = tmp / "hosts.json"
-    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-            "gpuk8s_node_name": node["name"], "gpuk8s_api_host": "gpu",
-            "gpuk8s_kubeconfig": apiserver.kubeconfig("admin"),
+    host = {"gpuk8s_node_name": node["name"], "gpuk8s_kubeconfig": apiserver.kubeconfig("admin"),
             "gpuk8s_gpu_root": str(node["root"])}
-    inventory.write_text(json.dumps({"all": {"children": {
-        "kube_control_plane": {"hosts": {"gpu": host}}, "gpu_nodes": {"hosts": {"gpu": {}}}}}}))
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    if ssh is None:
+        others = {f"gpu{i}": {**local, "gpuk8s_node_name": other["name"],
+                              "gpuk8s_gpu_root": str(other["root"]), "gpuk8s_api_host": "gpu",
+                              "gpuk8s_kubeconfig": apiserver.kubeconfig("admin")}
+                  for i, other in enumerate(more, start=2)}
+        inventory.write_text(json.dumps({"all": {"children": {
+            "kube_control_plane": {"hosts": {"gpu": {**local, **host, "gpuk8s_api_host": "gpu"}}},
+            "gpu_nodes": {"hosts": {"gpu": {}, **others}}}}}))
+    else:
+        remote = json.loads(ssh.inventory((), host="gpu").read_text())["all"]["hosts"]["gpu"]
+        inventory.write_text(json.dumps({"all": {"children": {
+            "kube_control_plane": {"hosts": {"localhost": local}},
+            "gpu_nodes": {"hosts": {"gpu": {**remote, **host, "gpuk8s_api_host": "localhost"}}}}}}))
     failing = tmp / "fail.yml"
     failing.write_text("---\n- name: The driver work fails\n  ansible.builtin.fail:\n"
                        "    msg: simulated failure of the maintenance action\n")
@@ -213,7 +237,8 @@ def test_eviction_refuses_bare_and_emptydir_pods_like_kubectl_drain(
         core.delete_namespace(ns)
 
 
-def driver_run(apiserver: Any, node: dict[str, Any], policy: str, *extra: str
+def driver_run(apiserver: Any, node: dict[str, Any], policy: str, *extra: str,
+               ssh: sshd.Sshd | None = None, more: tuple[dict[str, Any], ...] = ()
                ) -> subprocess.CompletedProcess[str]:
     """The maintenance playbook's driver action towards 2.33.0.6 (the simulated node runs
     2.32.0.6), with the simulator's modprobe."""
@@ -229,7 +254,7 @@ def driver_run(apiserver: Any, node: dict[str, Any], policy: str, *extra: str
                           "node_maintenance_driver_load_command": [*modprobe, "{module}"],
                           "node_maintenance_driver_unload_command": [*modprobe, "-r",
                                                                      "{module}"]}),
-        *extra)
+        *extra, ssh=ssh, more=more)
 
 
 def recap(run: subprocess.CompletedProcess[str]) -> str:
@@ -285,6 +310,99 @@ def test_check_mode_predicts_the_tasks_the_upgrade_changes(
     cordoned, annotations = state(apiserver, node["name"])
     assert not cordoned and MARK not in annotations
     assert discover(str(node["root"])).driver.version == "2.33.0.6"
+
+
+def test_the_resolve_command_given_is_kmods_lookup_of_the_upgrade(
+    apiserver: Any, node: dict[str, Any]
+) -> None:
+    """node_maintenance_driver_resolve_command reaches gpu_driver: the lookup is asked
+    there (a wrapper that logs, then runs Debian's real modprobe on the root), and an
+    upgrade that real kmod confirms is done."""
+    log = node["tmp"] / "resolve.log"
+    wrapper = node["tmp"] / "resolve"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {log}\n'
+                       'PATH="$PATH:/usr/sbin:/sbin" exec modprobe "$@"\n')
+    wrapper.chmod(0o755)
+    resolve = [str(wrapper), "--show-depends", "-d", "{host_root}", "-S", "{kernel_release}",
+               "{module}"]
+    run = driver_run(apiserver, node, "Always", "-e",
+                     json.dumps({"node_maintenance_driver_resolve_command": resolve}))
+    assert run.returncode == 0, run.stdout[-4000:]
+    asked = log.read_text().splitlines() if log.exists() else []
+    assert asked and all(line.split()[-1] == "metax" and str(node["root"]) in line
+                         for line in asked), asked
+    assert discover(str(node["root"])).driver.version == "2.33.0.6"
+
+
+def test_an_upgrade_over_ssh_with_sudo_is_predicted_per_host_and_found_by_real_kmod(
+    apiserver: Any, node: dict[str, Any]
+) -> None:
+    """As on a fleet: the node over a private sshd as a non-root user, root through real
+    sudo; --check --diff, then the real upgrade: the tasks changed, per host, are the same
+    (the node's, and the API calls it delegates to the controller). Real depmod wrote the
+    indexes, and real kmod's lookup on the node's root names the new module."""
+    why = sshd.missing()
+    if why:
+        pytest.skip(why)
+    os.chmod(node["tmp"], 0o755)
+    resolve = {"node_maintenance_driver_resolve_command": [
+        "modprobe", "--show-depends", "-d", "{host_root}", "-S", "{kernel_release}", "{module}"]}
+    with sshd.private_sshd() as server:
+        check = driver_run(apiserver, node, "Always", "--check", "--diff", "-e",
+                           json.dumps(resolve), ssh=server)
+        assert check.returncode == 0, check.stdout[-4000:]
+        real = driver_run(apiserver, node, "Always", "-e", json.dumps(resolve), ssh=server)
+        assert real.returncode == 0, real.stdout[-4000:]
+    predicted, done = changed_by_host(check.stdout), changed_by_host(real.stdout)
+    assert predicted == done, (predicted, done)
+    assert list(done) == ["gpu"] and "node_maintenance : Cordon the node" in done["gpu"], done
+    cordoned, annotations = state(apiserver, node["name"])
+    assert not cordoned and MARK not in annotations
+    root = str(node["root"])
+    release = (node["root"] / "proc/sys/kernel/osrelease").read_text().strip()
+    shown = subprocess.run(["/usr/sbin/modprobe", "--show-depends", "-d", root, "-S", release,
+                            "metax"], capture_output=True, text=True, check=True).stdout
+    module = shown.split()[1]
+    assert module == f"{root}/lib/modules/{release}/extra/metax.ko", shown
+    assert subprocess.run(["/usr/sbin/modinfo", "-F", "version", module], capture_output=True,
+                          text=True, check=True).stdout.strip() == "2.33.0.6"
+
+
+def test_an_upgrade_of_two_nodes_takes_one_at_a_time(
+    apiserver: Any, node: dict[str, Any]
+) -> None:
+    """serial 1, read from the nodes themselves (polled while the play runs): the second
+    node is cordoned only after the first was given back, in inventory order."""
+    with simulated_node(apiserver, node["tmp"] / "second") as second:
+        seen: list[tuple[float, str, bool]] = []
+        stop = threading.Event()
+
+        def watch() -> None:
+            core = apiserver.core()
+            while not stop.is_set():
+                for name in (node["name"], second["name"]):
+                    cordoned = bool(core.read_node(name).spec.unschedulable)
+                    seen.append((time.monotonic(), name, cordoned))
+                time.sleep(0.1)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            run = driver_run(apiserver, node, "Always", more=(second,))
+        finally:
+            stop.set()
+            watcher.join(10)
+        assert run.returncode == 0, run.stdout[-4000:]
+        for made in (node, second):
+            assert discover(str(made["root"])).driver.version == "2.33.0.6"
+            cordoned, annotations = state(apiserver, made["name"])
+            assert not cordoned and MARK not in annotations
+    spans = {}
+    for name in (node["name"], second["name"]):
+        times = [t for t, n, cordoned in seen if n == name and cordoned]
+        assert times, f"{name} never seen cordoned"
+        spans[name] = (min(times), max(times))
+    assert spans[node["name"]][1] < spans[second["name"]][0], spans
 
 
 class Killed(BaseException):
