@@ -6,7 +6,8 @@ process. This replays the same pods through the parts a user runs: the API serve
 real kube-scheduler (the lab's binary, v1.35), gpu-aware over HTTP (this checkout's
 ``gpuk8s serve extender``, its filter / prioritize / bind verbs) and the watches, on fake
 nodes (``lab/fake_nodes.py``: Node objects kept Ready, publishing the product's own
-annotations). Needs the lab (``lab/up``), as root, under the lab lock.
+annotations). Needs the lab (``lab/up``), as root, under the lab's lock (``--lab-lock``:
+``lab/lablock.py``, the file the e2e tier holds too).
 
 Nodes: one per line of the node list, named as the trace names it; 8-GPU nodes are the
 simulator's ``c500-8`` (two MetaXLink groups of four), 2-GPU nodes ``n260-2`` (a PCIe
@@ -54,9 +55,9 @@ device plugin's view (what Allocate handed out, per pod) and the API (the pods'
 ``gpuk8s.io/sharing.assigned`` annotations): stale and missing bookings, and GPUs booked
 beyond 100 %.
 
-    flock /tmp/gpuk8s-lab.lock .venv/bin/python benchmarks/replay.py      (default trace)
-    benchmarks/replay.py --lab-lock /tmp/gpuk8s-lab.lock                  (takes the lock
-        itself after the in-process figure)
+    .venv/bin/python benchmarks/replay.py --lab-lock       (default trace; takes the lab's
+        lock itself after the in-process figure)
+    python3 lab/lablock.py .venv/bin/python benchmarks/replay.py   (under the lock throughout)
 
 Everything it created (nodes, namespace, processes) is removed at the end.
 
@@ -148,9 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--lab-lock",
+        nargs="?",
+        const=str(LOCK),
         default=None,
         metavar="PATH",
-        help=f"take the lab lock (e.g. {LOCK}) for the lab part only",
+        help=f"take the lab's lock (default {LOCK}, the e2e tier's) for the lab part only",
     )
     ap.add_argument("--json", default=None, help="also write the report as JSON here")
     ap.add_argument("--keep", action="store_true", help="leave nodes and pods (debugging)")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -45,6 +44,7 @@ LAB = REPO / "lab"
 sys.path.insert(0, str(LAB))
 sys.path.insert(0, str(REPO / "benchmarks"))
 import fake_nodes  # noqa: E402  (lab/fake_nodes.py: the API client, node objects, heartbeat)
+import lablock  # noqa: E402  (lab/lablock.py: the lab's one lock, the e2e tier's too)
 import packing  # noqa: E402  (benchmarks/packing.py: trace, workload, node shapes, figure)
 from scheduling import versions  # noqa: E402
 from stats import Buckets, histogram_quantile  # noqa: E402
@@ -81,7 +81,7 @@ HOLD_LABEL = "lab.gpuk8s.io/hold-allocate"  # the fake kubelet leaves such a pod
 GPU_TAINT = {"key": "metax-tech.com/gpu", "value": "present", "effect": "PreferNoSchedule"}
 BUSYBOX = "127.0.0.1:5000/gpuk8s/lab-busybox:1.0"
 ROLE_DEFAULTS = REPO / "roles" / "gpu_aware" / "defaults" / "main.yml"
-LOCK = "/tmp/gpuk8s-lab.lock"
+LOCK = lablock.lock_path()
 LAB_RUN = Path(os.environ.get("GPUK8S_LAB_STATE", "/var/lib/gpuk8s-lab")) / "run"  # pid files
 LEASE = "gpu-aware"  # with --replicas 2: the replicas' Lease in the replay namespace
 RESERVED = Path("/tmp/gpuk8s-lab.reserved")
@@ -839,16 +839,11 @@ def node_ready_since(api: fake_nodes.Api, name: str, since: float) -> bool:
 
 @contextlib.contextmanager
 def lab_lock(path: str | None) -> Iterator[None]:
+    """The lab's lock (``lab/lablock.py``) at ``path`` inside the block; none for None."""
     if path is None:
         yield
         return
-    with open(path, "a") as handle:
-        print(f"waiting for the lab lock {path} ...", flush=True)
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            if RESERVED.exists():
-                raise SystemExit(f"the lab is reserved: {RESERVED.read_text().strip()}")
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
+    with lablock.hold(Path(path), lambda line: print(line, flush=True)):
+        if RESERVED.exists():
+            raise SystemExit(f"the lab is reserved: {RESERVED.read_text().strip()}")
+        yield
