@@ -141,6 +141,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--taint-cores-per-gpu", type=float, default=packing.TAINT_CORES_PER_GPU)
     ap.add_argument("--max-pods", type=int, default=None, help="stop the fill after this many")
+    ap.add_argument(
+        "--alone",
+        type=int,
+        default=0,
+        metavar="N",
+        help="before the fill, its first N pods through kube-scheduler alone (the same "
+        "profile without gpu-aware, same nodes, same window), then deleted: pods/s and "
+        "CPU per pod without the extender, beside the fill's first N",
+    )
     ap.add_argument("--extender-port", type=int, default=18090)
     ap.add_argument(
         "--no-in-process",
@@ -173,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"{flag}: unknown {unknown}; use {', '.join(allowed)}")
     if args.window < 1:
         raise SystemExit(f"--window: {args.window} must be 1 or more")
+    if args.alone < 0:
+        raise SystemExit(f"--alone: {args.alone} must be 0 or more")
     options = Options(
         data=Path(args.data),
         seed=args.seed,
@@ -186,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         extender_port=args.extender_port,
         replicas=args.replicas,
         max_pods=args.max_pods,
+        alone=args.alone,
         keep=args.keep,
     )
     row, seconds = (None, 0.0)

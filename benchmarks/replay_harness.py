@@ -76,6 +76,7 @@ from gpuk8s.services.node.devices import DeviceSet  # noqa: E402
 KUBECONFIG = "/etc/kubernetes/admin.conf"
 NS = "gpuk8s-replay"
 SCHEDULER_NAME = "gpuk8s-replay"
+ALONE_SCHEDULER_NAME = "gpuk8s-replay-alone"  # the same profile without gpu-aware (--alone)
 RUN_LABEL = "lab.gpuk8s.io/replay"  # on the replay's nodes and pods
 HOLD_LABEL = "lab.gpuk8s.io/hold-allocate"  # the fake kubelet leaves such a pod alone
 GPU_TAINT = {"key": "metax-tech.com/gpu", "value": "present", "effect": "PreferNoSchedule"}
@@ -89,7 +90,7 @@ MILLI = packing.MILLI
 PHASES = ("fill", "churn", "faults")
 FAULTS = ("extender-kill", "kubelet-restart", "node-delete", "delete-before-allocate")
 LEADER_FAULTS = ("leader-loss",)  # with --replicas 2
-PREFIX = {"fill": "f", "churn": "c", "fault": "x", "load": "l"}  # of the pods' names
+PREFIX = {"fill": "f", "alone": "a", "churn": "c", "fault": "x", "load": "l"}  # of the pods' names
 # seconds between two renewals of every fake node's Lease. A kubelet renews every 10 s;
 # the node controller marks a node unhealthy 50 s after the last renewal
 # (--node-monitor-grace-period), which 25 s plus one pass over every node (a few seconds
@@ -166,6 +167,7 @@ def pod_object(
     phase: str,
     node: str | None = None,
     labels: dict[str, str] | None = None,
+    scheduler: str = SCHEDULER_NAME,
 ) -> dict[str, Any]:
     requests = {"cpu": f"{spec.cpu}m", "memory": f"{spec.memory}Mi"}
     resources: dict[str, Any] = {"requests": requests}
@@ -185,7 +187,7 @@ def pod_object(
             "annotations": {"lab.gpuk8s.io/trace-pod": spec.name},
         },
         "spec": {
-            "schedulerName": SCHEDULER_NAME,
+            "schedulerName": scheduler,
             "nodeSelector": selector,
             "tolerations": [
                 {"key": fake_nodes.FAKE_LABEL, "operator": "Exists", "effect": "NoSchedule"}
@@ -612,9 +614,11 @@ class LeaderProxy:
         self.server.server_close()
 
 
-def scheduler_config(path: Path, extender_url: str) -> None:
+def scheduler_config(path: Path, extender_url: str, extender: bool = True) -> None:
     """The configuration the gpu_aware role writes (extender with bind, node cache, the
-    role's managedResources, the ``packing`` profile) for a second scheduler of ours."""
+    role's managedResources, the ``packing`` profile) for a second scheduler of ours;
+    ``extender`` False: the same profile without gpu-aware (``ALONE_SCHEDULER_NAME``), to
+    measure kube-scheduler alone on the same nodes and pods."""
     defaults = yaml.safe_load(ROLE_DEFAULTS.read_text())
     spec = ExtenderSpec(
         url_prefix=extender_url,
@@ -633,6 +637,9 @@ def scheduler_config(path: Path, extender_url: str) -> None:
     spec.validate()
     cfg = new_config(spec, api_version_for(versions()["KUBE_VERSION"]), KUBECONFIG)
     cfg["profiles"][0]["schedulerName"] = SCHEDULER_NAME
+    if not extender:
+        del cfg["extenders"]
+        cfg["profiles"][0]["schedulerName"] = ALONE_SCHEDULER_NAME
     cfg["leaderElection"] = {"leaderElect": False}
     # the client's rate limit must not be what is measured
     cfg["clientConnection"].update({"qps": 5000, "burst": 10000})
