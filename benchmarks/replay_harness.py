@@ -73,7 +73,8 @@ from gpuk8s.services.deviceplugin.nodestate import published_annotations  # noqa
 from gpuk8s.services.deviceplugin.sharing import SharedDevices, replica_id  # noqa: E402
 from gpuk8s.services.node.devices import DeviceSet  # noqa: E402
 
-KUBECONFIG = "/etc/kubernetes/admin.conf"
+# the lab's; another API server's (e.g. a private one, with a bearer token) by $KUBECONFIG
+KUBECONFIG = fake_nodes.KUBECONFIG
 NS = "gpuk8s-replay"
 SCHEDULER_NAME = "gpuk8s-replay"
 ALONE_SCHEDULER_NAME = "gpuk8s-replay-alone"  # the same profile without gpu-aware (--alone)
