@@ -627,7 +627,7 @@ def test_pods_without_gpus_go_where_their_cpu_strands_no_gpu(
     status, result = call(off, "prioritize-nogpu", {
         "Pod": plain_pod("p", "4"),
         "Nodes": {"items": [node("a", annotations)]}})
-    assert status == 200 and [h["Score"] for h in result] == [0]
+    assert (status, result) == (200, [])  # no sharing: every node 0
 
 
 def test_pods_without_gpus_keep_a_home_for_the_largest_one_seen(
