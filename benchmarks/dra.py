@@ -16,9 +16,9 @@
 
 Fake nodes: ``lab/fake_nodes.py ensure N --dra`` (the device plugin's view and gpu-dra's:
 slices in the steering order, used GPUs held by allocated claims). Needs the lab with its
-DRA feature gates (lab/up) and runs under the lab lock:
+DRA feature gates (lab/up) and runs under the lab's lock (``lab/lablock.py``):
 
-    flock /tmp/gpuk8s-lab.lock .venv/bin/python benchmarks/dra.py --nodes 500 --pods 500
+    python3 lab/lablock.py .venv/bin/python benchmarks/dra.py --nodes 500 --pods 500
 
 On 2 cores the real scheduler binds DRA claims at well under 1 pod/s on 500 nodes, so
 ``--placement-pods N`` places claims on the first N nodes only (the whole cluster keeps

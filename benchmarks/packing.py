@@ -710,8 +710,15 @@ class PodStore:
         meta = self.pods[name]["metadata"]
         self.annotate("openb", name, meta["resourceVersion"], {PHASE_ANNOTATION: PHASE_ALLOCATED})
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind(
+        self, namespace: str, name: str, uid: str, node: str,
+        annotations: dict[str, str] | None = None,
+    ) -> None:
+        """pods/binding: the node and the Binding's annotations, one write (one event)."""
         self.pods[name]["spec"]["nodeName"] = node
+        if annotations:
+            version = self.pods[name]["metadata"]["resourceVersion"]
+            self.annotate(namespace, name, version, dict[str, str | None](annotations))
 class Runs:
     """A policy's replay over one seed's pods: the fill protocol (``run``) or churn
     (``run_churn``), from the subclass's ``decide`` (a token for a placed pod, None for

@@ -3,10 +3,11 @@
 
 ``benchmarks/packing.py`` places the trace's pods by calling the product's code in one
 process. This replays the same pods through the parts a user runs: the API server, a
-real kube-scheduler (the lab's binary, v1.35), gpu-aware over HTTP (this checkout's
+real kube-scheduler (the lab's binary, v1.37.2), gpu-aware over HTTP (this checkout's
 ``gpuk8s serve extender``, its filter / prioritize / bind verbs) and the watches, on fake
 nodes (``lab/fake_nodes.py``: Node objects kept Ready, publishing the product's own
-annotations). Needs the lab (``lab/up``), as root, under the lab lock.
+annotations). Needs the lab (``lab/up``), as root, under the lab's lock (``--lab-lock``:
+``lab/lablock.py``, the file the e2e tier holds too).
 
 Nodes: one per line of the node list, named as the trace names it; 8-GPU nodes are the
 simulator's ``c500-8`` (two MetaXLink groups of four), 2-GPU nodes ``n260-2`` (a PCIe
@@ -54,9 +55,9 @@ device plugin's view (what Allocate handed out, per pod) and the API (the pods'
 ``gpuk8s.io/sharing.assigned`` annotations): stale and missing bookings, and GPUs booked
 beyond 100 %.
 
-    flock /tmp/gpuk8s-lab.lock .venv/bin/python benchmarks/replay.py      (default trace)
-    benchmarks/replay.py --lab-lock /tmp/gpuk8s-lab.lock                  (takes the lock
-        itself after the in-process figure)
+    .venv/bin/python benchmarks/replay.py --lab-lock       (default trace; takes the lab's
+        lock itself after the in-process figure)
+    python3 lab/lablock.py .venv/bin/python benchmarks/replay.py   (under the lock throughout)
 
 Everything it created (nodes, namespace, processes) is removed at the end.
 
@@ -140,6 +141,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--taint-cores-per-gpu", type=float, default=packing.TAINT_CORES_PER_GPU)
     ap.add_argument("--max-pods", type=int, default=None, help="stop the fill after this many")
+    ap.add_argument(
+        "--alone",
+        type=int,
+        default=0,
+        metavar="N",
+        help="before the fill, its first N pods through kube-scheduler alone (the same "
+        "profile without gpu-aware, same nodes, same window), then deleted: pods/s and "
+        "CPU per pod without the extender, beside the fill's first N",
+    )
     ap.add_argument("--extender-port", type=int, default=18090)
     ap.add_argument(
         "--no-in-process",
@@ -148,9 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--lab-lock",
+        nargs="?",
+        const=str(LOCK),
         default=None,
         metavar="PATH",
-        help=f"take the lab lock (e.g. {LOCK}) for the lab part only",
+        help=f"take the lab's lock (default {LOCK}, the e2e tier's) for the lab part only",
     )
     ap.add_argument("--json", default=None, help="also write the report as JSON here")
     ap.add_argument("--keep", action="store_true", help="leave nodes and pods (debugging)")
@@ -170,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"{flag}: unknown {unknown}; use {', '.join(allowed)}")
     if args.window < 1:
         raise SystemExit(f"--window: {args.window} must be 1 or more")
+    if args.alone < 0:
+        raise SystemExit(f"--alone: {args.alone} must be 0 or more")
     options = Options(
         data=Path(args.data),
         seed=args.seed,
@@ -183,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         extender_port=args.extender_port,
         replicas=args.replicas,
         max_pods=args.max_pods,
+        alone=args.alone,
         keep=args.keep,
     )
     row, seconds = (None, 0.0)

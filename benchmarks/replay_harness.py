@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -45,6 +44,7 @@ LAB = REPO / "lab"
 sys.path.insert(0, str(LAB))
 sys.path.insert(0, str(REPO / "benchmarks"))
 import fake_nodes  # noqa: E402  (lab/fake_nodes.py: the API client, node objects, heartbeat)
+import lablock  # noqa: E402  (lab/lablock.py: the lab's one lock, the e2e tier's too)
 import packing  # noqa: E402  (benchmarks/packing.py: trace, workload, node shapes, figure)
 from scheduling import versions  # noqa: E402
 from stats import Buckets, histogram_quantile  # noqa: E402
@@ -73,15 +73,17 @@ from gpuk8s.services.deviceplugin.nodestate import published_annotations  # noqa
 from gpuk8s.services.deviceplugin.sharing import SharedDevices, replica_id  # noqa: E402
 from gpuk8s.services.node.devices import DeviceSet  # noqa: E402
 
-KUBECONFIG = "/etc/kubernetes/admin.conf"
+# the lab's; another API server's (e.g. a private one, with a bearer token) by $KUBECONFIG
+KUBECONFIG = fake_nodes.KUBECONFIG
 NS = "gpuk8s-replay"
 SCHEDULER_NAME = "gpuk8s-replay"
+ALONE_SCHEDULER_NAME = "gpuk8s-replay-alone"  # the same profile without gpu-aware (--alone)
 RUN_LABEL = "lab.gpuk8s.io/replay"  # on the replay's nodes and pods
 HOLD_LABEL = "lab.gpuk8s.io/hold-allocate"  # the fake kubelet leaves such a pod alone
 GPU_TAINT = {"key": "metax-tech.com/gpu", "value": "present", "effect": "PreferNoSchedule"}
 BUSYBOX = "127.0.0.1:5000/gpuk8s/lab-busybox:1.0"
 ROLE_DEFAULTS = REPO / "roles" / "gpu_aware" / "defaults" / "main.yml"
-LOCK = "/tmp/gpuk8s-lab.lock"
+LOCK = lablock.lock_path()
 LAB_RUN = Path(os.environ.get("GPUK8S_LAB_STATE", "/var/lib/gpuk8s-lab")) / "run"  # pid files
 LEASE = "gpu-aware"  # with --replicas 2: the replicas' Lease in the replay namespace
 RESERVED = Path("/tmp/gpuk8s-lab.reserved")
@@ -89,7 +91,7 @@ MILLI = packing.MILLI
 PHASES = ("fill", "churn", "faults")
 FAULTS = ("extender-kill", "kubelet-restart", "node-delete", "delete-before-allocate")
 LEADER_FAULTS = ("leader-loss",)  # with --replicas 2
-PREFIX = {"fill": "f", "churn": "c", "fault": "x", "load": "l"}  # of the pods' names
+PREFIX = {"fill": "f", "alone": "a", "churn": "c", "fault": "x", "load": "l"}  # of the pods' names
 # seconds between two renewals of every fake node's Lease. A kubelet renews every 10 s;
 # the node controller marks a node unhealthy 50 s after the last renewal
 # (--node-monitor-grace-period), which 25 s plus one pass over every node (a few seconds
@@ -166,6 +168,7 @@ def pod_object(
     phase: str,
     node: str | None = None,
     labels: dict[str, str] | None = None,
+    scheduler: str = SCHEDULER_NAME,
 ) -> dict[str, Any]:
     requests = {"cpu": f"{spec.cpu}m", "memory": f"{spec.memory}Mi"}
     resources: dict[str, Any] = {"requests": requests}
@@ -185,7 +188,7 @@ def pod_object(
             "annotations": {"lab.gpuk8s.io/trace-pod": spec.name},
         },
         "spec": {
-            "schedulerName": SCHEDULER_NAME,
+            "schedulerName": scheduler,
             "nodeSelector": selector,
             "tolerations": [
                 {"key": fake_nodes.FAKE_LABEL, "operator": "Exists", "effect": "NoSchedule"}
@@ -612,9 +615,11 @@ class LeaderProxy:
         self.server.server_close()
 
 
-def scheduler_config(path: Path, extender_url: str) -> None:
+def scheduler_config(path: Path, extender_url: str, extender: bool = True) -> None:
     """The configuration the gpu_aware role writes (extender with bind, node cache, the
-    role's managedResources, the ``packing`` profile) for a second scheduler of ours."""
+    role's managedResources, the ``packing`` profile) for a second scheduler of ours;
+    ``extender`` False: the same profile without gpu-aware (``ALONE_SCHEDULER_NAME``), to
+    measure kube-scheduler alone on the same nodes and pods."""
     defaults = yaml.safe_load(ROLE_DEFAULTS.read_text())
     spec = ExtenderSpec(
         url_prefix=extender_url,
@@ -633,6 +638,9 @@ def scheduler_config(path: Path, extender_url: str) -> None:
     spec.validate()
     cfg = new_config(spec, api_version_for(versions()["KUBE_VERSION"]), KUBECONFIG)
     cfg["profiles"][0]["schedulerName"] = SCHEDULER_NAME
+    if not extender:
+        del cfg["extenders"]
+        cfg["profiles"][0]["schedulerName"] = ALONE_SCHEDULER_NAME
     cfg["leaderElection"] = {"leaderElect": False}
     # the client's rate limit must not be what is measured
     cfg["clientConnection"].update({"qps": 5000, "burst": 10000})
@@ -839,16 +847,11 @@ def node_ready_since(api: fake_nodes.Api, name: str, since: float) -> bool:
 
 @contextlib.contextmanager
 def lab_lock(path: str | None) -> Iterator[None]:
+    """The lab's lock (``lab/lablock.py``) at ``path`` inside the block; none for None."""
     if path is None:
         yield
         return
-    with open(path, "a") as handle:
-        print(f"waiting for the lab lock {path} ...", flush=True)
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            if RESERVED.exists():
-                raise SystemExit(f"the lab is reserved: {RESERVED.read_text().strip()}")
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
+    with lablock.hold(Path(path), lambda line: print(line, flush=True)):
+        if RESERVED.exists():
+            raise SystemExit(f"the lab is reserved: {RESERVED.read_text().strip()}")
+        yield

@@ -28,6 +28,11 @@ def failed_text(counts: dict[Any, Any]) -> str:
     return " ".join(f"{k}:{v}" for k, v in sorted((int(k), v) for k, v in counts.items())) or "-"
 
 
+def cpu_text(cpu_s: dict[str, float], pods: int) -> str:
+    """process -> CPU seconds as "name ms-per-pod, ..."."""
+    return ", ".join(f"{k} {1e3 * v / pods:.1f}" for k, v in cpu_s.items())
+
+
 def render(report: Report) -> str:
     o = report.options
     lines = [
@@ -58,8 +63,18 @@ def render(report: Report) -> str:
             f"| pods / s | {f.rate:.1f} ({f.pods} pods in {f.seconds:.0f} s) | {in_process} |",
         ]
         if f.cpu_s and f.pods:
-            cpu = ", ".join(f"{k} {1e3 * v / f.pods:.1f}" for k, v in f.cpu_s.items())
-            lines.append(f"| CPU ms per pod (this machine: 2 cores, shared) | {cpu} | - |")
+            lines.append(f"| CPU ms per pod (this machine: 2 cores, shared) "
+                         f"| {cpu_text(f.cpu_s, f.pods)} | - |")
+        a = report.alone
+        if a is not None and f.head[0]:
+            n, seconds = f.head
+            lines += [
+                f"| the first {n} pods: pods / s, with gpu-aware | {n / max(seconds, 1e-9):.1f} "
+                f"({n} pods in {seconds:.0f} s) | - |",
+                f"| the same {a.pods} pods, kube-scheduler alone (before the fill, then "
+                f"deleted) | {a.rate:.1f} ({a.placed} placed in {a.seconds:.0f} s) | - |",
+                f"| CPU ms per pod, kube-scheduler alone | {cpu_text(a.cpu_s, a.pods)} | - |",
+            ]
         for verb in ("filter", "prioritize", "bind"):
             lat = f.latency.get(verb, {})
             p50, p99 = lat.get("p50_ms"), lat.get("p99_ms")

@@ -24,13 +24,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from replay_harness import (  # first: it puts lab/ on sys.path
+    ALONE_SCHEDULER_NAME,
     FAULTS,
     HEARTBEAT_S,
     HOLD_LABEL,
@@ -43,6 +44,7 @@ from replay_harness import (  # first: it puts lab/ on sys.path
     PHASES,
     PREFIX,
     RUN_LABEL,
+    SCHEDULER_NAME,
     Check,
     Cluster,
     Extender,
@@ -89,6 +91,7 @@ class Options:
     replicas: int = 1  # gpu-aware replicas; more than one elect a leader
     fill_timeout: float = 1800.0
     max_pods: int | None = None  # stop the fill earlier (tests)
+    alone: int = 0  # the fill's first N pods through kube-scheduler alone first (0: not)
     keep: bool = False
 
 
@@ -106,10 +109,28 @@ class FillResult:
     retried_before_delete: int = 0
     latency: dict[str, dict[str, float | None]] = field(default_factory=dict)
     cpu_s: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds spent
+    # (pods, seconds): the first pods' decisions, as many as the scheduler-alone pass had
+    head: tuple[int, float] = (0, 0.0)
 
     @property
     def allocation(self) -> float:
         return 100 * self.allocated_milli / max(self.capacity_milli, 1)
+
+    @property
+    def rate(self) -> float:
+        return self.pods / max(self.seconds, 1e-9)
+
+
+@dataclass
+class AloneResult:
+    """The fill's first pods through kube-scheduler alone (the same profile, no gpu-aware),
+    on the same nodes, before the fill: what the scheduler, the API server and the
+    harness do without the extender."""
+
+    pods: int = 0
+    placed: int = 0
+    seconds: float = 0.0
+    cpu_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -142,6 +163,7 @@ class Report:
     nodes: int = 0
     gpus: int = 0
     fill: FillResult | None = None
+    alone: AloneResult | None = None
     churn: ChurnResult | None = None
     faults: list[FaultResult] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
@@ -176,6 +198,7 @@ class Replay:
         self.proxy: LeaderProxy | None = None
         self.procs: list[subprocess.Popen[bytes]] = []
         self.scheduler: subprocess.Popen[bytes] | None = None
+        self.alone_scheduler: subprocess.Popen[bytes] | None = None
         self.deleter = ThreadPoolExecutor(4, thread_name_prefix="replay-delete")
         self.rng = random.Random(options.seed)
         self.placed: dict[str, tuple[str, packing.PodSpec]] = {}  # GPU pod name -> (node, spec)
@@ -239,17 +262,23 @@ class Replay:
             if not self.proxy.holder():
                 raise SystemExit(f"no gpu-aware replica took the Lease {NS}/{LEASE}")
             url = self.proxy.url
-        config = self.work / "scheduler.json"
-        scheduler_config(config, url)
-        log = open(self.work / "kube-scheduler.log", "wb")  # noqa: SIM115 (as the process)
-        self.scheduler = subprocess.Popen(
+        self.scheduler = self.start_scheduler("kube-scheduler", url, extender=True)
+        if self.o.alone:
+            self.alone_scheduler = self.start_scheduler("kube-scheduler-alone", url, False)
+        self.report.setup_seconds = now() - t0
+        print(f"set-up: {self.report.setup_seconds:.1f}s (logs: {self.work})", flush=True)
+
+    def start_scheduler(self, name: str, url: str, extender: bool) -> subprocess.Popen[bytes]:
+        config = self.work / f"{name}.json"
+        scheduler_config(config, url, extender)
+        log = open(self.work / f"{name}.log", "wb")  # noqa: SIM115 (as the process)
+        proc = subprocess.Popen(
             [cache_bin("kube-scheduler"), f"--config={config}", "--secure-port=0", "--v=1"],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        self.procs.append(self.scheduler)
-        self.report.setup_seconds = now() - t0
-        print(f"set-up: {self.report.setup_seconds:.1f}s (logs: {self.work})", flush=True)
+        self.procs.append(proc)
+        return proc
 
     def cleanup(self) -> None:
         self.cluster.close()
@@ -298,7 +327,8 @@ class Replay:
         status, body = self.api.request(
             "POST",
             f"/api/v1/namespaces/{NS}/pods",
-            pod_object(name, spec, self.run_id, phase, node, labels),
+            pod_object(name, spec, self.run_id, phase, node, labels,
+                   ALONE_SCHEDULER_NAME if phase == "alone" else SCHEDULER_NAME),
         )
         if status != 201:
             raise SystemExit(f"pod {name}: HTTP {status}: {str(body)[:300]}")
@@ -319,10 +349,13 @@ class Replay:
         return spec
 
     # -- fill -------------------------------------------------------------------------
-    def fill(self) -> FillResult:
-        result = FillResult(capacity_milli=self.capacity * MILLI)
-        before = self.metrics()
-        cpu_before = self.cpu()
+    def admit(
+        self, phase: str, arrivals: Iterator[packing.PodSpec], enough: Callable[[list[str]], bool]
+    ) -> tuple[list[str], float, float]:
+        """FGD's protocol for ``phase``'s pods: created in arrival order, at most
+        ``window`` waiting for a decision; one found Unschedulable at its first attempt is
+        deleted at once; until the arrivals end or ``enough(names)`` after a creation.
+        Returns the pods, the start and the last decision (monotonic)."""
         cluster = self.cluster
         names: list[str] = []
         deleted: set[str] = set()
@@ -335,7 +368,7 @@ class Replay:
                 and name in cluster.unschedulable_at
                 and name not in cluster.bound_at
                 and name not in deleted
-                and pod["metadata"]["labels"].get("phase") == "fill"
+                and pod["metadata"]["labels"].get("phase") == phase
             ):
                 deleted.add(name)
                 self.deleter.submit(self.delete, name)
@@ -343,32 +376,70 @@ class Replay:
         cluster.listeners.append(on_event)
         t0 = now()
         try:
-            while result.arrived_milli < result.capacity_milli:
-                if self.o.max_pods is not None and len(names) >= self.o.max_pods:
-                    break
+            for spec in arrivals:
                 if not cluster.wait(
                     lambda: sum(1 for n in inflight if not self._decided(n)) < self.o.window,
                     self.o.fill_timeout,
                 ):
-                    raise SystemExit("fill: no scheduling decision within the timeout")
+                    raise SystemExit(f"{phase}: no scheduling decision within the timeout")
                 inflight[:] = [n for n in inflight if not self._decided(n)]
-                spec = self._arrival()
-                name = self.create(spec, "fill")
+                name = self.create(spec, phase)
                 names.append(name)
                 inflight.append(name)
-                result.arrived_milli += spec.requested
                 if len(names) % 500 == 0:
-                    print(f"  fill: {len(names)} pods, {now() - t0:.0f}s", flush=True)
+                    print(f"  {phase}: {len(names)} pods, {now() - t0:.0f}s", flush=True)
+                if enough(names):
+                    break
             if not cluster.wait(lambda: all(map(self._decided, names)), self.o.fill_timeout):
-                raise SystemExit("fill: pods left without a decision")
-            last = max(
-                min(cluster.bound_at.get(n, 1e18), cluster.unschedulable_at.get(n, 1e18))
-                for n in names
-            )
+                raise SystemExit(f"{phase}: pods left without a decision")
         finally:
             cluster.listeners.remove(on_event)
+        return names, t0, max(map(self.decided_at, names), default=t0)
+
+    def decided_at(self, name: str) -> float:
+        return min(self.cluster.bound_at.get(name, 1e18),
+                   self.cluster.unschedulable_at.get(name, 1e18))
+
+    def alone(self, pods: int) -> AloneResult:
+        """The fill's first ``pods`` pods through kube-scheduler without gpu-aware (its
+        own scheduler, the same profile), then deleted: the rate and the CPU per pod of
+        the rest of the path on the same nodes, before gpu-aware's fill."""
+        assert self.alone_scheduler is not None
+        cpu_before = self.cpu(self.alone_scheduler)
+        names, t0, last = self.admit("alone", iter(self.order[:pods]), lambda _: False)
+        cpu_after = self.cpu(self.alone_scheduler)
+        result = AloneResult(len(names), sum(n in self.cluster.bound_at for n in names),
+                             last - t0)
+        result.cpu_s = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
+        self.alone_scheduler.terminate()
+        self.alone_scheduler.wait(10)
+        self.api.request("DELETE", f"/api/v1/namespaces/{NS}/pods?labelSelector=phase%3Dalone"
+                         "&gracePeriodSeconds=0")
+        if not self.cluster.wait(lambda: all(n in self.cluster.gone_at for n in names), 300):
+            raise SystemExit("alone: its pods not gone within 300 s")
+        return result
+
+    def fill(self) -> FillResult:
+        result = FillResult(capacity_milli=self.capacity * MILLI)
+        before = self.metrics()
+        cpu_before = self.cpu()
+        cluster = self.cluster
+
+        def arrivals() -> Iterator[packing.PodSpec]:
+            while result.arrived_milli < result.capacity_milli:
+                spec = self._arrival()
+                result.arrived_milli += spec.requested
+                yield spec
+
+        def enough(names: list[str]) -> bool:
+            return self.o.max_pods is not None and len(names) >= self.o.max_pods
+
+        names, t0, last = self.admit("fill", arrivals(), enough)
         result.seconds = last - t0
         result.pods = len(names)
+        if self.o.alone:  # the same first pods as kube-scheduler alone had
+            head = sorted(map(self.decided_at, names))[: self.o.alone]
+            result.head = (len(head), head[-1] - t0 if head else 0.0)
         result.latency = latency_figures(before, self.metrics())
         cpu_after = self.cpu()
         result.cpu_s = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
@@ -503,11 +574,13 @@ class Replay:
                 if pod is not None and spec.gpus:
                     self.placed[name] = (pod["spec"]["nodeName"], spec)
 
-    def cpu(self) -> dict[str, float]:
-        """CPU seconds so far of the processes the replay drives (where the time goes)."""
+    def cpu(self, scheduler: subprocess.Popen[bytes] | None = None) -> dict[str, float]:
+        """CPU seconds so far of the processes the replay drives (where the time goes);
+        ``scheduler``: the kube-scheduler counted (default gpu-aware's)."""
+        scheduler = scheduler or self.scheduler
         pids: dict[str, list[int]] = {
             "gpu-aware": [e.proc.pid for e in self.extenders if e.proc is not None],
-            "kube-scheduler": [self.scheduler.pid] if self.scheduler is not None else [],
+            "kube-scheduler": [scheduler.pid] if scheduler is not None else [],
             "harness": [os.getpid()],
         }
         for daemon in ("kube-apiserver", "etcd"):
@@ -755,6 +828,10 @@ class Replay:
             print(note, flush=True)
         try:
             self.setup()
+            if self.o.alone:
+                self.report.alone = a = self.alone(self.o.alone)
+                print(f"kube-scheduler alone: {a.pods} pods in {a.seconds:.0f}s "
+                      f"({a.rate:.1f} pods/s), {a.placed} placed", flush=True)
             if "fill" in self.o.phases:
                 self.report.fill = self.fill()
                 f = self.report.fill

@@ -2,7 +2,7 @@
 """Scheduling throughput of the real kube-scheduler with the gpu-aware extender over many
 fake GPU nodes, each extender mode side by side with the scheduler alone, in one run.
 
-Needs the lab (`lab/up`, as root; run it under the lab lock). What it does:
+Needs the lab (`lab/up`, as root; run it under the lab's lock, `lab/lablock.py`). What it does:
 1. registers N fake nodes (`lab/fake_nodes.py`, with this Python: Ready,
    `metax-tech.com/gpu`, the device plugin's annotations computed by the product's code)
    and keeps their Leases fresh for the run;
@@ -19,7 +19,7 @@ Needs the lab (`lab/up`, as root; run it under the lab lock). What it does:
 4. prints one table: pods/s (first to last bind) per setup and its ratio to the
    scheduler alone, and where the pods went (share per fake-node variant).
 
-    sudo flock /var/lock/gpuk8s-lab.lock python3 benchmarks/scheduling.py --nodes 1000 --pods 1000
+    sudo python3 lab/lablock.py python3 benchmarks/scheduling.py --nodes 1000 --pods 1000
 
 Runs with any Python that has this checkout installed (e.g. `.venv/bin/python`).
 """

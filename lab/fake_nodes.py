@@ -58,7 +58,9 @@ KUBECONFIG = os.environ.get("KUBECONFIG", "/etc/kubernetes/admin.conf")
 
 # ----------------------------------------------------------------------------- API client
 class Api:
-    """Minimal Kubernetes REST client: one keep-alive connection per thread."""
+    """Minimal Kubernetes REST client: one keep-alive connection per thread. Authenticates
+    with the kubeconfig's client certificate (the lab's admin.conf) or its bearer token
+    (a private API server's, e.g. the integration tier's)."""
 
     def __init__(self, kubeconfig: str = KUBECONFIG) -> None:
         import yaml  # PyYAML: a gpuk8s dependency
@@ -69,6 +71,18 @@ class Api:
         user = cfg["users"][0]["user"]
         url = urlparse(cluster["server"])
         self.host, self.port = url.hostname or "127.0.0.1", url.port or 443
+        self.headers = {"Accept": "application/json"}
+        if user.get("token"):
+            self.headers["Authorization"] = f"Bearer {user['token']}"
+            self.ctx = ssl.create_default_context()
+            if cluster.get("insecure-skip-tls-verify"):
+                self.ctx.check_hostname = False
+                self.ctx.verify_mode = ssl.CERT_NONE
+            elif cluster.get("certificate-authority-data"):
+                self.ctx.load_verify_locations(
+                    cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+            self._local = threading.local()
+            return
         # ssl reads the CA, certificate and key from files once, here; the client key
         # must not outlive that on disk
         with tempfile.TemporaryDirectory(prefix="fake-nodes-") as where:
@@ -97,7 +111,7 @@ class Api:
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"
     ) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Accept": "application/json"}
+        headers = dict(self.headers)
         if data is not None:
             headers["Content-Type"] = content_type
         for attempt in range(3):
@@ -121,7 +135,7 @@ class Api:
         the stream (an ``ERROR`` event, e.g. 410 Gone, is yielded like any other)."""
         conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=timeout)
         try:
-            conn.request("GET", path, headers={"Accept": "application/json"})
+            conn.request("GET", path, headers=self.headers)
             resp = conn.getresponse()
             if resp.status != 200:
                 raise OSError(f"watch {path}: HTTP {resp.status}: {resp.read()[:200]!r}")

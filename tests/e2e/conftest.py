@@ -9,7 +9,6 @@ skipped by `requires_paths(...)` naming the missing files (also documented).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -33,14 +32,17 @@ REGISTRY = os.environ.get("GPUK8S_REGISTRY", "127.0.0.1:5000")
 FAKE_TOLERATION = {"key": "lab.gpuk8s.io/fake-node", "operator": "Exists", "effect": "NoSchedule"}
 
 
+sys.path.insert(0, str(LAB))
+try:
+    import lablock  # lab/lablock.py: the lab's one lock
+    import versions as lab_versions  # lab/versions.py
+finally:
+    sys.path.remove(str(LAB))
+
+
 def versions() -> dict[str, str]:
     """lab/versions.env for the lab's release (lab/versions.py; GPUK8S_KUBE_VERSION as lab/up
     had it)."""
-    sys.path.insert(0, str(LAB))
-    try:
-        import versions as lab_versions
-    finally:
-        sys.path.remove(str(LAB))
     resolved: dict[str, str] = lab_versions.load()
     return resolved
 
@@ -119,20 +121,13 @@ def containerd_generation() -> str:
 def lab_session_lock() -> Iterator[None]:
     """One e2e session on the lab at a time: each sets aside and gives back the installed
     releases and parks cp2's scheduler, so two at once undo each other's work. A second
-    session waits here (flock on the lab's state directory) until the first ends."""
+    session -- or a benchmark on the lab -- waits here until the first ends (the lab's one
+    lock, lab/lablock.py)."""
     if os.environ.get("GPUK8S_E2E") != "1" or not STATE.is_dir():
         yield
         return
-    with open(STATE / "e2e.lock", "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"\n[e2e] another e2e session holds {STATE / 'e2e.lock'}: waiting", flush=True)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with lablock.hold(lablock.lock_path(), lambda line: print(f"\n[e2e] {line}", flush=True)):
+        yield
 
 
 @pytest.fixture(scope="session")

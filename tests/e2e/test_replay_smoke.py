@@ -8,6 +8,8 @@ is a benchmark: docs/benchmarks.md):
 * after every phase gpu-aware's ledger, the device plugin's view (its Allocate code, run
   for the fake nodes) and the pods' annotations in the API agree: no stale booking, none
   missing, no GPU booked beyond 100 %;
+* kube-scheduler alone (``--alone``): the fill's first pods placed without gpu-aware
+  (deleted before the fill, which the checks after it would otherwise see);
 * churn: every pod that waited for a release was bound after it;
 * gpu-aware killed: GPU pods waited while it was down, pods without GPUs were scheduled
   meanwhile, and after the restart it served again and the GPU pods were bound.
@@ -62,6 +64,7 @@ def report(lab: dict[str, str]) -> replay.Report:
         churn_parallel=8,
         faults=("extender-kill",),
         extender_port=18095,
+        alone=40,
     )
     (work / "run").mkdir()
     result = replay.Replay(options, work / "run").run()
@@ -78,6 +81,16 @@ def test_fill_places_or_fails_each_pod_once(report: replay.Report) -> None:
     assert fill.placed > fill.pods // 2
     assert fill.arrived_milli >= fill.capacity_milli  # the fill went to arrived 100 %
     assert 0 < fill.allocated_milli <= fill.capacity_milli
+
+
+def test_scheduler_alone_places_the_fills_first_pods_and_leaves_none(
+    report: replay.Report,
+) -> None:
+    alone, fill = report.alone, report.fill
+    assert alone is not None and fill is not None
+    assert alone.pods == 40 and 0 < alone.placed <= 40 and alone.seconds > 0
+    assert fill.head[0] == 40 and 0 < fill.head[1] <= fill.seconds
+    assert alone.cpu_s["kube-scheduler"] > 0
 
 
 def test_ledger_device_plugin_and_api_agree_after_every_phase(report: replay.Report) -> None:

@@ -1,5 +1,5 @@
 """GPU sharing against a real kube-apiserver: the extender's bind verb chooses node and
-GPU, records the choice on the pod and binds it; many concurrent binds never over-commit
+GPU and binds the pod with the choice in one write; many concurrent binds never over-commit
 a GPU; a restarted extender rebuilds its per-GPU accounting from the pod annotations."""
 
 from __future__ import annotations
@@ -599,3 +599,56 @@ def test_real_kube_scheduler_asks_gpu_aware_about_pods_without_gpus(
             if item.metadata.name.startswith(tag):
                 core.delete_namespaced_pod(item.metadata.name, "default",
                                            grace_period_seconds=0)
+
+
+def test_the_binding_sets_node_and_choice_in_one_write_or_nothing(apiserver: Any) -> None:
+    """bind's one write (``KubePodApi.bind`` with annotations), the real API server as the
+    oracle, as gpu-aware's own user: the Binding's annotations land on the pod with its
+    node in one resourceVersion; a Binding for another UID (the pod replaced meanwhile)
+    and one for a bound pod are refused (409) and leave the pod exactly as it was."""
+    from kubernetes.client.exceptions import ApiException
+
+    from gpuk8s.services.extender.podapi import KubePodApi
+    from gpuk8s.services.kube import api_client
+
+    tag = uuid.uuid4().hex[:6]
+    core = apiserver.core()
+    pods = KubePodApi(api_client(apiserver.kubeconfig("gpu-aware")))
+    choice = {ASSIGNED_ANNOTATION: f'{{"node": "n-{tag}"}}', PHASE_ANNOTATION: "allocating"}
+
+    created = core.create_namespaced_pod("default", _shared_pod(f"{tag}-one", 50))
+    before = int(created.metadata.resource_version)
+    pods.bind("default", f"{tag}-one", created.metadata.uid, f"n-{tag}", choice)
+    got = core.read_namespaced_pod(f"{tag}-one", "default")
+    assert got.spec.node_name == f"n-{tag}"
+    assert {k: got.metadata.annotations[k] for k in choice} == choice
+    # one write: a watch from the created version sees one change, carrying both
+    from kubernetes import watch
+
+    seen = [(e["type"], e["object"].spec.node_name,
+             (e["object"].metadata.annotations or {}).get(ASSIGNED_ANNOTATION))
+            for e in watch.Watch().stream(
+                core.list_namespaced_pod, "default", field_selector=f"metadata.name={tag}-one",
+                resource_version=str(before), timeout_seconds=2)]
+    assert seen == [("MODIFIED", f"n-{tag}", choice[ASSIGNED_ANNOTATION])], seen
+
+    # the same pod again (already bound): refused, unchanged
+    with pytest.raises(ApiException) as bound:
+        pods.bind("default", f"{tag}-one", created.metadata.uid, "elsewhere",
+                  {ASSIGNED_ANNOTATION: "other"})
+    assert bound.value.status == 409
+    again = core.read_namespaced_pod(f"{tag}-one", "default")
+    assert again.spec.node_name == f"n-{tag}"
+    assert again.metadata.annotations[ASSIGNED_ANNOTATION] == choice[ASSIGNED_ANNOTATION]
+    assert again.metadata.resource_version == got.metadata.resource_version
+
+    # a Binding naming another UID (the pod of that name was replaced): refused, unchanged
+    other = core.create_namespaced_pod("default", _shared_pod(f"{tag}-two", 50))
+    with pytest.raises(ApiException) as replaced:
+        pods.bind("default", f"{tag}-two", "0e0e0e0e-0000-4000-8000-000000000000", f"n-{tag}",
+                  choice)
+    assert replaced.value.status == 409
+    left = core.read_namespaced_pod(f"{tag}-two", "default")
+    assert not left.spec.node_name
+    assert ASSIGNED_ANNOTATION not in (left.metadata.annotations or {})
+    assert left.metadata.resource_version == other.metadata.resource_version

@@ -71,18 +71,19 @@ def pod(name: str, vcore: str = "50", vmemory: str | None = None) -> dict[str, A
 
 
 class Conflict(RuntimeError):
-    """What the kubernetes client raises for a stale resourceVersion."""
+    """What the kubernetes client raises for a refused write (409)."""
 
     status = 409
 
 
 class Api:
-    """An in-memory pod store with the API's optimistic check (resourceVersion)."""
+    """An in-memory pod store with the API server's checks of a Binding."""
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self.pods: dict[str, dict[str, Any]] = {}
         self.fail_bind = False
+        self.writes = 0  # pod writes (bindings)
         # changes someone else makes to a pod right after bind has read it, once each
         self.after_read: dict[str, Any] = {}
 
@@ -95,22 +96,20 @@ class Api:
             meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
         return got
 
-    def annotate(self, namespace: str, name: str, rv: str, ann: dict[str, str | None]) -> None:
-        meta = self.pods[name]["metadata"]
-        if rv != meta["resourceVersion"]:
-            raise Conflict("409 Conflict")
-        target = meta.setdefault("annotations", {})
-        for key, value in ann.items():
-            if value is None:
-                target.pop(key, None)
-            else:
-                target[key] = value
-        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
-
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind(self, namespace: str, name: str, uid: str, node: str,
+             annotations: dict[str, str] | None = None) -> None:
+        """pods/binding as the API server does it: the UID must be the pod's, a bound pod
+        is refused (409); node and annotations are set in one write."""
         if self.fail_bind:
             raise RuntimeError("binding refused")
-        self.pods[name]["spec"]["nodeName"] = node
+        pod = self.pods[name]
+        meta = pod["metadata"]
+        if meta["uid"] != uid or pod["spec"].get("nodeName"):
+            raise Conflict("409 Conflict")
+        meta.setdefault("annotations", {}).update(annotations or {})
+        pod["spec"]["nodeName"] = node
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        self.writes += 1
 
 
 def over(items: list[dict[str, Any]], **options: Any) -> tuple[Extender, Api, Ledger]:
@@ -198,19 +197,12 @@ def test_bad_requests_and_failures_release_the_gpus(annotations: dict[str, str])
     assert ledger.usage("a") == {} and ASSIGNED_ANNOTATION not in api.pods["p1"]["metadata"].get(
         "annotations", {})
     api.fail_bind = False
-    # the pod changed between read and patch: the API refuses (resourceVersion), the
-    # reservation goes
-    real = api.get_pod
-
-    def stale(namespace: str, name: str) -> dict[str, Any]:
-        got = real(namespace, name)
-        got["metadata"]["resourceVersion"] = "0"
-        return got
-
-    api.get_pod = stale  # type: ignore[method-assign]
-    assert "cannot record the GPU choice" in bind(ext, api, pod("p2", "100"), "a")
-    api.get_pod = real  # type: ignore[method-assign]
-    assert ledger.usage("a") == {}
+    # the pod was replaced (same name, another UID) between read and Binding: the API
+    # refuses the Binding (409), the reservation goes, the new pod is left as it was
+    api.after_read["p2"] = lambda obj: obj["metadata"].update({"uid": "uid-other"})
+    assert "binding default/p2 to a failed: HTTP 409" in bind(ext, api, pod("p2", "100"), "a")
+    assert ledger.usage("a") == {} and api.writes == 0
+    assert ASSIGNED_ANNOTATION not in (api.pods["p2"]["metadata"].get("annotations") or {})
     assert bind(ext, api, pod("p3", "100"), "a") == ""
     assert bind(ext, api, pod("p4", "100"), "a") == ""
     assert "held exclusively" in bind(ext, api, pod("p5", "10"), "a")
@@ -496,7 +488,8 @@ def test_view_assignment_reads_the_allocate_phase() -> None:
 
 def test_bind_records_the_choice_on_a_pod_nudged_meanwhile(annotations: dict[str, str]) -> None:
     """The requeue nudge (or any change that is not a GPU choice) between bind's read and
-    its write is a 409 the choice survives: the write is retried on the new version."""
+    its write does not stop the choice: the Binding checks the pod's UID and that it is
+    unbound, not its version; node and choice are one write."""
     ext, api, _ledger = setup(annotations)
     p = pod("p1", "50")
     api.after_read["p1"] = lambda obj: obj["metadata"].setdefault("annotations", {}).update(
@@ -506,6 +499,7 @@ def test_bind_records_the_choice_on_a_pod_nudged_meanwhile(annotations: dict[str
     assert ASSIGNED_ANNOTATION in meta["annotations"]
     assert meta["annotations"]["gpuk8s.io/sharing.requeue"] == "1"
     assert api.pods["p1"]["spec"]["nodeName"] == "a"
+    assert api.writes == 1
 
 
 def test_bind_keeps_the_conflict_when_the_pod_was_placed_meanwhile(
@@ -517,7 +511,7 @@ def test_bind_keeps_the_conflict_when_the_pod_was_placed_meanwhile(
     p = pod("p1", "50")
     api.after_read["p1"] = lambda obj: obj["spec"].update({"nodeName": "b"})
     error = bind(ext, api, p, "a")
-    assert "cannot record the GPU choice" in error and "409" in error
+    assert "binding default/p1 to a failed" in error and "409" in error
     assert ASSIGNED_ANNOTATION not in (api.pods["p1"]["metadata"].get("annotations") or {})
     assert ledger.usage("a") == {} or all(u.core == 0 for u in ledger.usage("a").values())
 
@@ -622,16 +616,18 @@ def test_pods_without_gpus_go_where_their_cpu_strands_no_gpu(
     scores = {h["Host"]: h["Score"] for h in result}
     # a: 6 cores left cannot feed an 8-core share: its free GPUs would be stranded
     assert scores["b"] > scores["c"] > scores["a"] > scores["unknown"] == 0
+    # a GPU pod on the second entry, a pod without GPUs on the main one: every node 0,
+    # answered with an empty list (a node not listed counts as 0)
     status, result = call(ext, "prioritize-nogpu", {"Pod": plain_pod("g", "4", gpus=1),
                                                     "Nodes": nodes})
-    assert status == 200 and {h["Score"] for h in result} == {0}
+    assert (status, result) == (200, [])
     status, result = call(ext, "prioritize", {"Pod": plain_pod("p", "4"), "Nodes": nodes})
-    assert status == 200 and {h["Score"] for h in result} == {0}  # the main entry: as before
+    assert (status, result) == (200, [])
     off = Extender(WeightSource(None, Weights(1, 1)))
     status, result = call(off, "prioritize-nogpu", {
         "Pod": plain_pod("p", "4"),
         "Nodes": {"items": [node("a", annotations)]}})
-    assert status == 200 and [h["Score"] for h in result] == [0]
+    assert (status, result) == (200, [])  # no sharing: every node 0
 
 
 def test_pods_without_gpus_keep_a_home_for_the_largest_one_seen(

@@ -94,9 +94,8 @@ def test_extender_bind_path_uses_one_connection(api: tuple[_Counting, Any]) -> N
     pods = KubePodApi(client)
     for _ in range(10):
         assert pods.get_pod("ns", "p")["metadata"]["name"] == "p"
-        pods.annotate("ns", "p", "1", {"a": "b"})
         pods.touch("ns", "p", {"a": "b"})
-        pods.bind("ns", "p", "uid", "node-1")
+        pods.bind("ns", "p", "uid", "node-1", {"a": "b"})
     assert server.connections == 1
 
 

@@ -88,6 +88,14 @@ def test_scheduler_configuration_is_the_roles(tmp_path: Path) -> None:
     ]
     assert cfg["percentageOfNodesToScore"] == 100
     assert cfg["profiles"][0]["schedulerName"] == replay.SCHEDULER_NAME
+    # --alone: the same profile, no extender, a scheduler of its own name
+    replay.scheduler_config(tmp_path / "a.json", "http://127.0.0.1:1", extender=False)
+    alone = json.loads((tmp_path / "a.json").read_text())
+    assert "extenders" not in alone
+    assert alone["profiles"][0]["schedulerName"] == "gpuk8s-replay-alone"
+    assert {k: v for k, v in alone["profiles"][0].items() if k != "schedulerName"} == {
+        k: v for k, v in cfg["profiles"][0].items() if k != "schedulerName"}
+    assert alone["percentageOfNodesToScore"] == 100
 
 
 def test_quantiles_as_prometheus_interpolates() -> None:

@@ -39,7 +39,7 @@ __all__ = [
 
 LEADER_LABEL = "gpuk8s.io/gpu-aware-leader"
 DEFAULT_LEASE = "gpu-aware"
-# a binding must finish within this margin of the leadership's end (its two API writes)
+# a binding must finish within this margin of the leadership's end (its API write)
 BIND_MARGIN_S = 3.0
 
 

@@ -256,7 +256,7 @@ def view_assignment(view: PodView) -> tuple[str, Assignment | None, float | None
         return uid, None, None
     bound = view.spec.nodeName if view.spec is not None else None
     if assignment is not None and bound and bound != assignment.node:
-        # not an assignment bind wrote (bind annotates, then binds to that very node):
+        # not an assignment bind wrote (its Binding sets it with that very node):
         # it holds nothing anywhere
         log.warning(
             "pod sharing annotation names another node than the pod's; ignored",

@@ -545,11 +545,11 @@ class Extender:
     def prioritize(self, args: ExtenderArgs, nogpu: bool = False) -> bytes:
         """The HostPriorityList, encoded by hand from cached pieces (no json.dumps)."""
         names, raw = self._raw(args, nogpu)
+        if raw is None:  # every node scores 0: kube-scheduler counts a node not listed as
+            return b"[]"  # 0, and decodes no list of every node (the second entry, GPU pods)
         # (a dict of whole '{"Host":..,"Score":s}' strings per name and score was
         # slower: the per-request memory touched matters more than the concatenation)
         heads = _encoded(self._host_heads, names, _host_head)
-        if raw is None:  # every node scores 0
-            raw = [MISSING] * len(names)
         return _priority_answer(heads, raw, self.min_score)
 
     # -- bind -----------------------------------------------------------------------

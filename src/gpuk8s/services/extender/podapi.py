@@ -1,12 +1,14 @@
-"""The pod API GPU sharing's ``bind`` writes through: read, annotate, bind.
+"""The pod API GPU sharing's ``bind`` goes through: read, bind with annotations.
 
 ``PodApi`` is the protocol (tests give an in-memory one); ``KubePodApi`` speaks to the
-API server with the kubernetes client: an annotation patch carries the pod's
-``resourceVersion``, so the API refuses it (409) when the pod changed since it was
-read.
+API server with the kubernetes client. A Binding's ``metadata.annotations`` are set on
+the pod by the API server in the same write as its node (``pods/binding``: the pod's
+UID must be the Binding's, and a bound pod is refused, 409), so the GPU choice and the
+node reach the pod, its watchers and etcd at once: one write, no pod left annotated
+and unbound.
 
-Example: ``KubePodApi(client).annotate("ml", "p1", "42", {"a": "x", "b": None})`` sets
-``a`` and removes ``b`` on pod ml/p1 if its resourceVersion is still 42.
+Example: ``KubePodApi(client).bind("ml", "p1", uid, "n1", {"a": "x"})`` binds pod ml/p1
+of that UID to node n1 and sets its annotation ``a``.
 """
 
 from __future__ import annotations
@@ -22,11 +24,10 @@ class PodApi(Protocol):
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
 
-    def annotate(
-        self, namespace: str, name: str, resource_version: str, annotations: dict[str, str | None]
+    def bind(
+        self, namespace: str, name: str, uid: str, node: str,
+        annotations: dict[str, str] | None = None,
     ) -> None: ...
-
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
 
 
 class KubePodApi:
@@ -42,34 +43,31 @@ class KubePodApi:
         data: dict[str, Any] = json.loads(kube.body(resp))
         return data
 
-    def annotate(
-        self, namespace: str, name: str, resource_version: str, annotations: dict[str, str | None]
-    ) -> None:
-        """Set annotations if the pod is still at ``resource_version`` (409 otherwise)."""
-        self._patch_metadata(
-            namespace, name, {"resourceVersion": resource_version, "annotations": annotations}
-        )
-
     def touch(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         """Set annotations whatever the pod's version (``requeue.PodToucher``)."""
-        self._patch_metadata(namespace, name, {"annotations": annotations})
-
-    def _patch_metadata(self, namespace: str, name: str, metadata: dict[str, Any]) -> None:
         kube.body(
             self._core.patch_namespaced_pod(
                 name,
                 namespace,
-                {"metadata": metadata},
+                {"metadata": {"annotations": annotations}},
                 _content_type="application/merge-patch+json",
                 _preload_content=False,
             )
         )
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind(
+        self, namespace: str, name: str, uid: str, node: str,
+        annotations: dict[str, str] | None = None,
+    ) -> None:
+        """Bind the pod of ``uid`` to ``node``, setting ``annotations`` on it in the same
+        write (409 for another UID or a bound pod)."""
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+        if annotations:
+            metadata["annotations"] = dict(annotations)
         body: Any = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         kube.body(

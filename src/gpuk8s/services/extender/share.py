@@ -18,17 +18,18 @@ pod. Pods without GPUs go where their CPU and memory strand the least GPU capaci
 (``fill_stranded``; then not where they take the last room of the largest pod without
 GPUs seen; then ``gpus_per_core``, then the rise: ``LOAD_RANK``; then best fit on CPU).
 
-Bind: under one lock choose the GPUs against the ledger and reserve them; write the
-assignment on the pod (a patch carrying its ``resourceVersion``), then bind it; a
-failure releases the reservation and removes the annotation. It waits up to
+Bind: under one lock choose the GPUs against the ledger and reserve them; then one API
+write, the pod's Binding carrying the assignment as annotations (the API server sets them
+on the pod with its node, atomically; the Binding's UID must be the pod's): a failure
+releases the reservation and leaves the pod as it was. It waits up to
 ``BIND_WAIT_S`` while another pod of the same node, mode and number of device ids
 waits for gpu-device's ``Allocate`` (which learns only that number).
 
 Example (``test_filter_prioritize_bind_best_fit``): on two ``sgpu`` nodes where node
 ``a`` already holds a 60 % share of one GPU and ``b`` is empty, a pod asking ``sgpu: 1,
 vcore: 40`` is kept on both by ``filter_parts``, ranked higher on ``a`` by ``raw`` (it
-fills that GPU exactly; ``b`` would open a fresh one), and ``bind`` annotates it
-``gpuk8s.io/sharing.assigned`` with node ``a`` and that GPU, then binds it.
+fills that GPU exactly; ``b`` would open a fresh one), and ``bind`` binds it to ``a``
+with ``gpuk8s.io/sharing.assigned`` naming node ``a`` and that GPU.
 """
 
 from __future__ import annotations
@@ -215,10 +216,6 @@ class _NodeKeys:
                     self._keys.clear()
                 self._keys[name] = entry
         return entry
-
-
-# tries of the choice's write when the pod changed meanwhile for another reason
-_RECORD_ATTEMPTS = 3
 
 
 # what the pod asks besides its share: CPU millicores, memory MiB
@@ -812,22 +809,16 @@ class Sharing:
                     f"(pod {ns}/{name})"
                 )
             self.ledger.wait_for_change(change, left)
-        annotations: dict[str, str | None] = {
+        annotations = {
             ASSIGNED_ANNOTATION: assignment.to_json(),
             BIND_TIME_ANNOTATION: str(int(self._clock() * 1e9)),
             PHASE_ANNOTATION: PHASE_ALLOCATING,
         }
-        try:
-            self._record(ns, name, uid, meta.resourceVersion or "", annotations)
+        try:  # one write: the API server refuses it for another UID or a bound pod (409)
+            self.api.bind(ns, name, uid, node, annotations)
         except Exception as err:
             self.ledger.release(uid)
             self.bind_failures += 1
-            return 200, f"gpu-aware: cannot record the GPU choice on {ns}/{name}: {_short(err)}"
-        try:
-            self.api.bind(ns, name, uid, node)
-        except Exception as err:
-            self.bind_failures += 1
-            self._undo(ns, name, uid)
             return 200, f"gpu-aware: binding {ns}/{name} to {node} failed: {_short(err)}"
         self.binds += 1
         self.requeue.forget(uid)
@@ -844,28 +835,6 @@ class Sharing:
         ids = view.ids if view is not None else {}
         return tuple(ids[i] for i in gpus) if all(i in ids for i in gpus) else ()
 
-    def _record(
-        self, ns: str, name: str, uid: str, version: str, annotations: dict[str, str | None]
-    ) -> None:
-        """Write the choice onto the pod if it is still the pod ``bind`` read. A 409 from
-        a change that does not concern the choice (the requeue nudge of a pod this
-        extender turned away earlier, a label) is retried on the pod's new version; a
-        pod that meanwhile got another UID, a node or a choice keeps the 409."""
-        assert self.api is not None
-        for attempt in range(_RECORD_ATTEMPTS):
-            try:
-                self.api.annotate(ns, name, version, annotations)
-                return
-            except Exception as err:
-                if getattr(err, "status", None) != 409 or attempt + 1 == _RECORD_ATTEMPTS:
-                    raise
-                pod = self.api.get_pod(ns, name)
-                meta = pod.get("metadata") or {}
-                if (meta.get("uid") != uid or (pod.get("spec") or {}).get("nodeName")
-                        or ASSIGNED_ANNOTATION in (meta.get("annotations") or {})):
-                    raise
-                version = str(meta.get("resourceVersion") or "")
-
     def _bind_plain(self, ns: str, name: str, uid: str, node: str) -> str:
         assert self.api is not None
         try:
@@ -873,27 +842,6 @@ class Sharing:
         except Exception as err:
             return f"gpu-aware: binding {ns}/{name} to {node} failed: {_short(err)}"
         return ""
-
-    def _undo(self, ns: str, name: str, uid: str) -> None:
-        """Forget a choice whose binding failed (the annotation too, best effort: a
-        pod left annotated keeps its GPUs reserved until it is deleted or rebound)."""
-        assert self.api is not None
-        try:
-            pod = self.api.get_pod(ns, name)
-            version = str(pod.get("metadata", {}).get("resourceVersion", ""))
-            if not pod.get("spec", {}).get("nodeName"):
-                self.api.annotate(
-                    ns,
-                    name,
-                    version,
-                    {ASSIGNED_ANNOTATION: None, BIND_TIME_ANNOTATION: None, PHASE_ANNOTATION: None},
-                )
-                self.ledger.release(uid)
-        except Exception as err:
-            log.warning(
-                "could not remove a failed GPU choice",
-                extra={"pod": f"{ns}/{name}", "error": _short(err)},
-            )
 
 
 def _short(err: Exception) -> str:
