@@ -986,12 +986,13 @@ def test_nodes_of_one_shape_and_state_share_one_placement(annotations: dict[str,
     assert len({sharing.nodes.get(n).shape for n in names}) == 1  # type: ignore[union-attr]
     placed: list[str] = []
     real = share.Sharing._place
+    fit = share.Sharing._fit
 
     def counted(self: Any, view: Any, *rest: Any) -> Any:
         placed.append(view.name)
-        return real(self, view, *rest)
+        return fit(self, view, *rest)
 
-    share.Sharing._place = counted  # type: ignore[method-assign]
+    share.Sharing._fit = counted  # type: ignore[method-assign]
     try:
         sharing.raw(HALF, names)
         assert placed == ["n0"]  # six nodes, one shape and state: one placement
@@ -1002,7 +1003,7 @@ def test_nodes_of_one_shape_and_state_share_one_placement(annotations: dict[str,
         # answers (memoised per node)
         assert placed == ["n3"]
     finally:
-        share.Sharing._place = real  # type: ignore[method-assign]
+        share.Sharing._fit = fit  # type: ignore[method-assign]
     mix = sharing._scarce_mix()[1]
     alone = [real(sharing, sharing.nodes.get(n), n, HALF, "", Room(None, None), mix)
              for n in names]
@@ -1238,3 +1239,58 @@ def test_a_node_usage_is_read_once_per_ledger_version(
     monkeypatch.undo()
     fresh = Sharing(sharing.nodes, ledger)
     assert got == [fresh.place(n, HALF, cpu_milli=1_000) for n in names]
+
+
+def test_rooms_that_fall_alike_share_one_fit_and_answer_as_alone(
+    annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Sharing._place_shared``: nodes of one shape and usage whose free CPU and memory
+    fall alike among the values the mix's classes ask (``ShareMix.room_key``) share one
+    ``_fit``, whatever the pod's CPU and memory; on random rooms, pods and bookings
+    every answer equals ``_place`` for that node alone (CPU balance included)."""
+    import random
+
+    from gpuk8s.core.sharing import Room
+    from gpuk8s.services.extender import share
+
+    rng = random.Random(3)
+    names = [f"n{i}" for i in range(8)]
+    arrivals = ArrivalMix(prior=())
+    for i in range(12):
+        arrivals.observe(f"a{i}", ShareRequest(MODE_SGPU, 1 + i % 2, 100 if i % 3 else 40, 0,
+                                               bool(i % 3)), 4_000 * (1 + i % 4), 8_192 * (i % 3))
+    free = {n: (rng.randrange(0, 64_000), rng.randrange(0, 65_536)) for n in names}
+    room = DictRoom(free)
+    ext, api, ledger = over([node(n, annotations) for n in names], arrivals=arrivals,
+                            free_room=room)
+    sharing = ext.sharing
+    assert sharing is not None
+    fits: list[str] = []
+    fit = share.Sharing._fit
+
+    def counted(self: Any, view: Any, *rest: Any) -> Any:
+        fits.append(view.name)
+        return fit(self, view, *rest)
+
+    monkeypatch.setattr(share.Sharing, "_fit", counted)
+    for name in names:  # every room in one place among the classes' values
+        room.set(name, (60_000 + rng.randrange(3_000), 70_000 + rng.randrange(1_000)))
+    for cpu in (1_000, 1_200, 1_300):  # and pods whose rooms after fall alike too
+        sharing.filter_parts(HALF, names, need=(cpu, 512))
+    assert fits == ["n0"]  # one shape, usage and room place: one fit
+    requests = [HALF, ShareRequest(MODE_SGPU, 1, 30, 0), ShareRequest(MODE_SGPU, 1, 100, 0, True),
+                ShareRequest(MODE_SGPU, 2, 100, 0, True)]
+    for step in range(40):
+        name = rng.choice(names)
+        room.set(name, (rng.randrange(0, 64_000), rng.randrange(0, 65_536)))
+        if step % 5 == 4:
+            bind(ext, api, pod(f"p{step}", "30"), rng.choice(names))
+        request = rng.choice(requests)
+        need = (rng.randrange(0, 16_000), rng.randrange(0, 16_384))
+        mixed = sharing._scarce_mix()
+        got = sharing._placements(request, names, "", need, mixed)
+        for n in names:
+            cpu, memory = free[n]
+            alone = sharing._place(sharing.nodes.get(n), n, request, "",
+                                   Room(cpu, memory, *need), mixed[1])
+            assert got[n] == alone, (step, n)

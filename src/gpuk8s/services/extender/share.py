@@ -169,9 +169,9 @@ class _Touched:
 
 # what a request reads of a node: its view, free CPU and memory, its class (shape,
 # booked usage, free CPU and memory), its state (free percent per GPU, free CPU and
-# memory) and that free percent per GPU; class and state as ids (``_NodeKeys``) or as
-# the keys themselves
-_Entry = tuple[SharedNode, int | None, int | None, Any, Any, tuple[int, ...]]
+# memory), that free percent per GPU, and its shape and usage (``_place_shared``);
+# class, state, shape and usage as ids (``_NodeKeys``) or as the keys themselves
+_Entry = tuple[SharedNode, int | None, int | None, Any, Any, tuple[int, ...], Any]
 
 
 class _NodeKeys:
@@ -211,9 +211,10 @@ class _NodeKeys:
     def keep(self, epoch: int, name: str, read: _Entry) -> _Entry:
         """``read`` with its class and state as ids, kept if nothing was dropped since
         ``epoch``."""
-        node, cpu, memory, klass, state, free = read
+        node, cpu, memory, klass, state, free, base = read
         with self._lock:
-            entry = (node, cpu, memory, self._ids(klass), self._ids(state), free)
+            entry = (node, cpu, memory, self._ids(klass), self._ids(state), free,
+                     self._ids(base))
             if epoch == self._epoch:
                 if len(self._keys) >= MAX_MEMO:
                     self._keys.clear()
@@ -317,6 +318,10 @@ class Sharing:
         # ``_classes``: the entries over all requests
         self._by_class: dict[tuple[Any, ...], dict[Any, Placement]] = {}
         self._classes = 0
+        # (shape and usage id, share, mix version, where the room falls before and
+        # after the pod) -> ``_fit``'s answer, shared by rooms that fall alike
+        # (``_place_shared``)
+        self._by_room: dict[tuple[Any, ...], tuple[Placement, int]] = {}
         # the latest filter's placements per node and what they depended on (``_state``)
         self._answers: tuple[tuple[Any, ...], dict[str, Placement]] | None = None
         # per node what the ledger books there (``_usage``): ((ledger version, view
@@ -421,7 +426,8 @@ class Sharing:
                 continue
             placed = classes.get(klass)
             if placed is None:
-                placed = self._place(node, name, share, "", Room(cpu, memory, *need), mix)
+                placed = self._place_shared(node, entry[6], share, Room(cpu, memory, *need),
+                                            mix_version, mix)
                 if self._classes >= MAX_MEMO:
                     self._by_class.clear()
                     classes = self._by_class[request] = {}
@@ -442,7 +448,8 @@ class Sharing:
                        and node.problem is None else (None, None))
         shape = node.shape if node.shape is not None else (name, id(node))
         _, usage_key, free = self._usage(node)
-        read = (node, cpu, memory, (shape, usage_key, cpu, memory), (free, cpu, memory), free)
+        read = (node, cpu, memory, (shape, usage_key, cpu, memory), (free, cpu, memory), free,
+                (shape, usage_key))
         return read if self._keys is None else self._keys.keep(epoch, name, read)
 
     def _usage(
@@ -531,24 +538,65 @@ class Sharing:
         room: Room,
         mix: ShareMix,
     ) -> Placement:
+        return self._balanced(*self._fit(node, name, share, without, room, mix), room, mix)
+
+    def _place_shared(
+        self, node: SharedNode, base: Any, share: ShareRequest, room: Room,
+        mix_version: Any, mix: ShareMix,
+    ) -> Placement:
+        """``_place`` for a node whose shape and booked usage have the id ``base``:
+        ``_fit`` reads the room only where it falls among the values the mix's classes
+        ask (``ShareMix.room_key``, before and after the pod), so nodes of one shape and
+        usage whose rooms fall alike share it, whatever the pod's CPU and memory; the
+        CPU balance, which reads the room itself, is added per room."""
+        after = room.after()
+        key = (base, share, mix_version, mix.room_key(room.cpu, room.memory),
+               mix.room_key(after.cpu, after.memory))
+        fit = self._by_room.get(key)
+        if fit is None:
+            fit = self._fit(node, node.name, share, "", room, mix)
+            _remember(self._by_room, key, fit)
+        return self._balanced(*fit, room, mix)
+
+    @staticmethod
+    def _balanced(placed: Placement, free: int, room: Room, mix: ShareMix) -> Placement:
+        """``placed`` with the CPU balance of the node it leaves (``free``: percent
+        free over its GPUs after the pod): the node whose free CPU stays in step with
+        its free GPU capacity ranks higher."""
+        if placed.gpus is None or mix.cpu_per_gpu is None or room.cpu is None:
+            return placed
+        imbalance = cpu_balance(free, room.after(), mix.cpu_per_gpu)
+        return replace(placed, raw=round(placed.raw - CPU_BALANCE * imbalance, 9))
+
+    def _fit(
+        self,
+        node: SharedNode | None,
+        name: str,
+        share: ShareRequest,
+        without: str,
+        room: Room,
+        mix: ShareMix,
+    ) -> tuple[Placement, int]:
+        """Where ``share`` goes on ``node`` before the CPU balance (``_balanced``), and
+        the percent free over its GPUs after it."""
         if node is None:
-            return Placement(None, "gpu-aware: node not in the extender's node cache yet")
+            return Placement(None, "gpu-aware: node not in the extender's node cache yet"), 0
         if node.problem is not None:
-            return Placement(None, f"gpu-aware: {node.problem}", True)
+            return Placement(None, f"gpu-aware: {node.problem}", True), 0
         if node.mode != share.mode:
             return Placement(
                 None,
                 f"gpu-aware: node sharing mode is {node.mode!r} ({SHARING_MODE_LABEL}); "
                 f"the pod asks for {share.mode!r}",
                 True,
-            )
+            ), 0
         healthy = sum(1 for g in node.gpus if g.healthy)
         if healthy < share.gpus:
             return Placement(
                 None,
                 f"gpu-aware: node has {healthy} healthy GPU(s); the pod needs {share.gpus}",
                 True,
-            )
+            ), 0
         # the node's booked usage as read (``_placements`` passes ``without`` only for
         # the node that holds that pod's share)
         usage = (self.ledger.usage(name, without, node.index_by_id) if without
@@ -570,7 +618,7 @@ class Sharing:
             prefer = {i: per_group.get(node.groups.get(i), 0) for i in unshared}
             chosen = choose_shared(node.gpus, usage, share, prefer, mix, room)
             if chosen.gpus is None:
-                return Placement(None, f"gpu-aware: {chosen.why}")
+                return Placement(None, f"gpu-aware: {chosen.why}"), 0
             fresh = sum(1 for i in chosen.gpus if i in prefer)
             # least waste against the mix's LP packing first, then the least rise of
             # the node's fragmentation; then, opening a GPU, the node with the fewest
@@ -581,12 +629,9 @@ class Sharing:
                 - round(chosen.rise, 9)
                 - TIE * (len(unshared) - fresh),
             )
-        if placed.gpus is None or mix.cpu_per_gpu is None or room.cpu is None:
-            return placed
-        # and the node whose free CPU stays in step with its free GPU capacity
-        free = sum(free_percent(node.gpus, usage).values()) - share.core * share.gpus
-        imbalance = cpu_balance(free, room.after(), mix.cpu_per_gpu)
-        return replace(placed, raw=round(placed.raw - CPU_BALANCE * imbalance, 9))
+        if placed.gpus is None:
+            return placed, 0
+        return placed, sum(free_percent(node.gpus, usage).values()) - share.core * share.gpus
 
     @staticmethod
     def _place_whole(
