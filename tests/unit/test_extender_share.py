@@ -757,6 +757,22 @@ class DictRoom:
         self.changes += 1
 
 
+def count_nodes(monkeypatch: pytest.MonkeyPatch, method: str) -> list[str]:
+    """The nodes ``Sharing.<method>`` (first argument a node view) is called for, in
+    order, from now until the monkeypatch is undone."""
+    from gpuk8s.services.extender import share
+
+    called: list[str] = []
+    real = getattr(share.Sharing, method)
+
+    def counted(self: Any, view: Any, *rest: Any) -> Any:
+        called.append(view.name)
+        return real(self, view, *rest)
+
+    monkeypatch.setattr(share.Sharing, method, counted)
+    return called
+
+
 def touch_one(
     rng: Any, step: int, names: list[str], room: DictRoom, ledger: Ledger, sharing: Sharing,
     annotations: dict[str, str], cpus: tuple[int, ...], core: int,
@@ -1180,14 +1196,7 @@ def test_homes_stay_counted_while_the_mix_keeps_its_whole_gpu_classes(
         return whole_homes(gpus, *rest)
 
     monkeypatch.setattr(share, "whole_homes", homes)
-    real = share.Sharing._recount
-    recounted: list[str] = []
-
-    def recount(self: Any, view: Any, mix: Any) -> bool:
-        recounted.append(view.name)
-        return real(self, view, mix)
-
-    monkeypatch.setattr(share.Sharing, "_recount", recount)
+    recounted = count_nodes(monkeypatch, "_recount")
     for i in range(10):  # fractional pods only: the mix moves, its whole classes do not
         arrivals.observe(f"s{i}", ShareRequest(MODE_SGPU, 1, 10 + 5 * i, 0), 1_000)
     moved = sharing._scarce_mix()
@@ -1251,7 +1260,6 @@ def test_rooms_that_fall_alike_share_one_fit_and_answer_as_alone(
     import random
 
     from gpuk8s.core.sharing import Room
-    from gpuk8s.services.extender import share
 
     rng = random.Random(3)
     names = [f"n{i}" for i in range(8)]
@@ -1261,18 +1269,11 @@ def test_rooms_that_fall_alike_share_one_fit_and_answer_as_alone(
                                                bool(i % 3)), 4_000 * (1 + i % 4), 8_192 * (i % 3))
     free = {n: (rng.randrange(0, 64_000), rng.randrange(0, 65_536)) for n in names}
     room = DictRoom(free)
-    ext, api, ledger = over([node(n, annotations) for n in names], arrivals=arrivals,
-                            free_room=room)
+    ext, api, _ = over([node(n, annotations) for n in names], arrivals=arrivals,
+                       free_room=room)
     sharing = ext.sharing
     assert sharing is not None
-    fits: list[str] = []
-    fit = share.Sharing._fit
-
-    def counted(self: Any, view: Any, *rest: Any) -> Any:
-        fits.append(view.name)
-        return fit(self, view, *rest)
-
-    monkeypatch.setattr(share.Sharing, "_fit", counted)
+    fits = count_nodes(monkeypatch, "_fit")
     for name in names:  # every room in one place among the classes' values
         room.set(name, (60_000 + rng.randrange(3_000), 70_000 + rng.randrange(1_000)))
     for cpu in (1_000, 1_200, 1_300):  # and pods whose rooms after fall alike too

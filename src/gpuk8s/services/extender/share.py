@@ -568,15 +568,8 @@ class Sharing:
         imbalance = cpu_balance(free, room.after(), mix.cpu_per_gpu)
         return replace(placed, raw=round(placed.raw - CPU_BALANCE * imbalance, 9))
 
-    def _fit(
-        self,
-        node: SharedNode | None,
-        name: str,
-        share: ShareRequest,
-        without: str,
-        room: Room,
-        mix: ShareMix,
-    ) -> tuple[Placement, int]:
+    def _fit(self, node: SharedNode | None, name: str, share: ShareRequest, without: str,
+             room: Room, mix: ShareMix) -> tuple[Placement, int]:
         """Where ``share`` goes on ``node`` before the CPU balance (``_balanced``), and
         the percent free over its GPUs after it."""
         if node is None:
