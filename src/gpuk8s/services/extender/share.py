@@ -209,8 +209,8 @@ class _NodeKeys:
         return self._keys.get
 
     def keep(self, epoch: int, name: str, read: _Entry) -> _Entry:
-        """``read`` with its class and state as ids, kept if nothing was dropped since
-        ``epoch``."""
+        """``read`` with its class, state, and shape and usage as ids, kept if nothing
+        was dropped since ``epoch``."""
         node, cpu, memory, klass, state, free, base = read
         with self._lock:
             entry = (node, cpu, memory, self._ids(klass), self._ids(state), free,
