@@ -753,6 +753,22 @@ class DictRoom:
         self.changes += 1
 
 
+def count_nodes(monkeypatch: pytest.MonkeyPatch, method: str) -> list[str]:
+    """The nodes ``Sharing.<method>`` (first argument a node view) is called for, in
+    order, from now until the monkeypatch is undone."""
+    from gpuk8s.services.extender import share
+
+    called: list[str] = []
+    real = getattr(share.Sharing, method)
+
+    def counted(self: Any, view: Any, *rest: Any) -> Any:
+        called.append(view.name)
+        return real(self, view, *rest)
+
+    monkeypatch.setattr(share.Sharing, method, counted)
+    return called
+
+
 def touch_one(
     rng: Any, step: int, names: list[str], room: DictRoom, ledger: Ledger, sharing: Sharing,
     annotations: dict[str, str], cpus: tuple[int, ...], core: int,
@@ -842,13 +858,13 @@ def test_a_node_is_read_again_only_once_touched_and_answers_as_from_scratch(
     sharing = ext.sharing
     assert sharing is not None
     read: list[str] = []
-    real = share.Sharing._usage_key
+    real = share.Sharing._node_entry
 
-    def usage_key(self: Any, node: Any) -> Any:
-        read.append(node.name)
-        return real(self, node)
+    def entry(self: Any, name: str, epoch: int) -> Any:
+        read.append(name)
+        return real(self, name, epoch)
 
-    share.Sharing._usage_key = usage_key  # type: ignore[method-assign]
+    share.Sharing._node_entry = entry  # type: ignore[method-assign]
     try:
         requests = [HALF, ShareRequest(MODE_SGPU, 1, 30, 0), ShareRequest(MODE_SGPU, 1, 100, 0)]
         for share_request in requests:
@@ -868,7 +884,7 @@ def test_a_node_is_read_again_only_once_touched_and_answers_as_from_scratch(
             assert got == want, step
             assert ranked == fresh.raw_nogpu(names, (3_000, 2_048)), step
     finally:
-        share.Sharing._usage_key = real  # type: ignore[method-assign]
+        share.Sharing._node_entry = real  # type: ignore[method-assign]
 
 
 def test_homes_totals_stay_the_sum_of_the_parts_counted() -> None:
@@ -878,7 +894,7 @@ def test_homes_totals_stay_the_sum_of_the_parts_counted() -> None:
 
     rng = random.Random(7)
     homes, parts = _Homes(), {}
-    homes.reset("v1", 3)
+    homes.reset("v1", ((1, 100, 0, 0), (2, 100, 0, 0), (8, 100, 0, 0)))
     for step in range(400):
         name = f"n{rng.randrange(12)}"
         if step % 50 == 49:
@@ -892,7 +908,7 @@ def test_homes_totals_stay_the_sum_of_the_parts_counted() -> None:
             assert homes.at(name) == step
         assert homes.free == sum(p[0] for p in parts.values())
         assert homes.totals == [sum(p[1][i] for p in parts.values()) for i in range(3)]
-    homes.reset("v2", 2)
+    homes.reset("v2", ((1, 100, 0, 0), (4, 100, 0, 0)))
     assert homes.totals == [0, 0] and homes.free == 0 and homes.at("n1") is None
 
 
@@ -982,12 +998,13 @@ def test_nodes_of_one_shape_and_state_share_one_placement(annotations: dict[str,
     assert len({sharing.nodes.get(n).shape for n in names}) == 1  # type: ignore[union-attr]
     placed: list[str] = []
     real = share.Sharing._place
+    fit = share.Sharing._fit
 
     def counted(self: Any, view: Any, *rest: Any) -> Any:
         placed.append(view.name)
-        return real(self, view, *rest)
+        return fit(self, view, *rest)
 
-    share.Sharing._place = counted  # type: ignore[method-assign]
+    share.Sharing._fit = counted  # type: ignore[method-assign]
     try:
         sharing.raw(HALF, names)
         assert placed == ["n0"]  # six nodes, one shape and state: one placement
@@ -998,7 +1015,7 @@ def test_nodes_of_one_shape_and_state_share_one_placement(annotations: dict[str,
         # answers (memoised per node)
         assert placed == ["n3"]
     finally:
-        share.Sharing._place = real  # type: ignore[method-assign]
+        share.Sharing._fit = fit  # type: ignore[method-assign]
     mix = sharing._scarce_mix()[1]
     alone = [real(sharing, sharing.nodes.get(n), n, HALF, "", Room(None, None), mix)
              for n in names]
@@ -1146,3 +1163,131 @@ def test_homes_are_counted_once_per_node_state(
     fresh = share.Sharing(sharing.nodes, ledger, free_room=lambda name: free[name],
                           arrivals=arrivals)
     assert fresh._scarce_mix() == mixed
+
+
+def test_homes_stay_counted_while_the_mix_keeps_its_whole_gpu_classes(
+    annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_Homes``: a node's homes read only the mix's whole-GPU classes, so a new mix
+    version with the same classes (fractional arrivals moved it) counts no node again,
+    one with another whole-GPU class counts every node; the factors are a fresh
+    extender's either way."""
+    from gpuk8s.core.sharing import whole_homes
+    from gpuk8s.services.extender import share
+
+    names = [f"n{i}" for i in range(6)]
+    room = DictRoom({n: (8_000 * (1 + i), 65_536) for i, n in enumerate(names)})
+    arrivals = ArrivalMix(prior=())
+    for i in range(20):
+        arrivals.observe(f"w{i}", ShareRequest(MODE_SGPU, 1 + i % 2, 100, 0, True), 8_000)
+    ext, _, ledger = over([node(n, annotations) for n in names], arrivals=arrivals,
+                          free_room=room)
+    sharing = ext.sharing
+    assert sharing is not None
+    first = sharing._scarce_mix()
+    counted: list[tuple[int, ...]] = []
+
+    def homes(gpus: Any, *rest: Any) -> Any:
+        counted.append(tuple(gpus))
+        return whole_homes(gpus, *rest)
+
+    monkeypatch.setattr(share, "whole_homes", homes)
+    recounted = count_nodes(monkeypatch, "_recount")
+    for i in range(10):  # fractional pods only: the mix moves, its whole classes do not
+        arrivals.observe(f"s{i}", ShareRequest(MODE_SGPU, 1, 10 + 5 * i, 0), 1_000)
+    moved = sharing._scarce_mix()
+    assert moved[0][0] != first[0][0]  # a new mix version
+    assert recounted == [] and counted == []
+    fresh = Sharing(sharing.nodes, ledger, free_room=room, arrivals=arrivals)
+    assert fresh._scarce_mix()[0] == moved[0]
+    assert fresh._homes.totals == sharing._homes.totals
+    recounted.clear()
+    for i in range(10):  # a whole-GPU class the mix did not have
+        arrivals.observe(f"q{i}", ShareRequest(MODE_SGPU, 4, 100, 0, True), 16_000)
+    again = sharing._scarce_mix()
+    assert sorted(recounted) == names
+    fresh = Sharing(sharing.nodes, ledger, free_room=room, arrivals=arrivals)
+    assert fresh._scarce_mix()[0] == again[0]
+    assert fresh._homes.totals == sharing._homes.totals
+
+
+def test_a_node_usage_is_read_once_per_ledger_version(
+    annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Sharing._usage``: placing requests of many shapes on unchanged nodes reads each
+    node's booked usage from the ledger once (not once per placement), and again once
+    after a booking there; every answer stays a fresh extender's."""
+    names = [f"n{i}" for i in range(3)]
+    ext, api, ledger = over([node(n, annotations) for n in names])
+    sharing = ext.sharing
+    assert sharing is not None
+    assert bind(ext, api, pod("p1", "60"), "n1") == ""
+    read: list[str] = []
+    real = ledger.usage
+
+    def usage(name: str, *rest: Any, **options: Any) -> Any:
+        read.append(name)
+        return real(name, *rest, **options)
+
+    monkeypatch.setattr(ledger, "usage", usage)
+    requests = [ShareRequest(MODE_SGPU, 1, pct, 0) for pct in (10, 20, 30, 40, 50)]
+    for need in ((1_000, 512), (2_000, 1_024), (3_000, 2_048)):
+        for request in requests:
+            sharing.filter_parts(request, names, need=need)
+    assert read and len(read) == len(set(read))  # no node twice (n1 since its booking)
+    monkeypatch.undo()
+    assert bind(ext, api, pod("p2", "30"), "n2") == ""
+    monkeypatch.setattr(ledger, "usage", usage)
+    read.clear()
+    got = [sharing.place(n, HALF, cpu_milli=1_000) for n in names]
+    assert read == ["n2"]
+    monkeypatch.undo()
+    fresh = Sharing(sharing.nodes, ledger)
+    assert got == [fresh.place(n, HALF, cpu_milli=1_000) for n in names]
+
+
+def test_rooms_that_fall_alike_share_one_fit_and_answer_as_alone(
+    annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Sharing._place_shared``: nodes of one shape and usage whose free CPU and memory
+    fall alike among the values the mix's classes ask (``ShareMix.room_key``) share one
+    ``_fit``, whatever the pod's CPU and memory; on random rooms, pods and bookings
+    every answer equals ``_place`` for that node alone (CPU balance included)."""
+    import random
+
+    from gpuk8s.core.sharing import Room
+
+    rng = random.Random(3)
+    names = [f"n{i}" for i in range(8)]
+    arrivals = ArrivalMix(prior=())
+    for i in range(12):
+        arrivals.observe(f"a{i}", ShareRequest(MODE_SGPU, 1 + i % 2, 100 if i % 3 else 40, 0,
+                                               bool(i % 3)), 4_000 * (1 + i % 4), 8_192 * (i % 3))
+    free = {n: (rng.randrange(0, 64_000), rng.randrange(0, 65_536)) for n in names}
+    room = DictRoom(free)
+    ext, api, _ = over([node(n, annotations) for n in names], arrivals=arrivals,
+                       free_room=room)
+    sharing = ext.sharing
+    assert sharing is not None
+    fits = count_nodes(monkeypatch, "_fit")
+    for name in names:  # every room in one place among the classes' values
+        room.set(name, (60_000 + rng.randrange(3_000), 70_000 + rng.randrange(1_000)))
+    for cpu in (1_000, 1_200, 1_300):  # and pods whose rooms after fall alike too
+        sharing.filter_parts(HALF, names, need=(cpu, 512))
+    assert fits == ["n0"]  # one shape, usage and room place: one fit
+    requests = [HALF, ShareRequest(MODE_SGPU, 1, 30, 0), ShareRequest(MODE_SGPU, 1, 100, 0, True),
+                ShareRequest(MODE_SGPU, 2, 100, 0, True)]
+    for step in range(40):
+        name = rng.choice(names)
+        room.set(name, (rng.randrange(0, 64_000), rng.randrange(0, 65_536)))
+        if step % 5 == 4:
+            bind(ext, api, pod(f"p{step}", "30"), rng.choice(names))
+        request = rng.choice(requests)
+        need = (rng.randrange(0, 16_000), rng.randrange(0, 16_384))
+        mixed = sharing._scarce_mix()
+        got = sharing._placements(request, names, "", need, mixed)
+        for n in names:
+            cpu, memory = free[n]
+            alone = sharing._place(sharing.nodes.get(n), n, request, "",
+                                   Room(cpu, memory, *need), mixed[1])
+            assert got[n] == alone, (step, n)

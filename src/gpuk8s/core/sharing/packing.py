@@ -100,6 +100,10 @@ class ShareMix:
         )
         # thresholds: CPU values at which the set of classes a node can feed changes
         self.cpus: tuple[int, ...] = tuple(sorted({max(c[2], 0) for c, _ in self.classes}))
+        # every CPU and memory value a class asks (``room_key``)
+        self.cpu_points: tuple[int, ...] = tuple(
+            sorted({*self.cpus, *(c[2] for c, _ in self.classes)}))
+        self.memory_points: tuple[int, ...] = tuple(sorted({c[3] for c, _ in self.classes}))
         self._tables([w for _, w in self.classes], 1.0)
         # whole-GPU classes (index in ``classes``) and, per one, the whole-GPU classes of
         # its GPU count whose pods fit only where it fits too (as much CPU and memory or
@@ -136,6 +140,14 @@ class ShareMix:
 
     def __bool__(self) -> bool:
         return bool(self.classes)
+
+    def room_key(self, cpu: int | None, memory: int | None) -> tuple[int | None, int | None]:
+        """Where free ``cpu`` and ``memory`` (None: not known) fall among the values
+        the classes ask: ``node_fragmentation`` compares the room with those values
+        only, so rooms with one key give it the same answer (the weights do not
+        count: a ``scaled`` mix has the same key)."""
+        return (None if cpu is None else bisect_right(self.cpu_points, cpu),
+                None if memory is None else bisect_right(self.memory_points, memory))
 
     def _tables(self, weights: Sequence[float], total: float) -> None:
         """The per-threshold tables for the classes weighted by ``weights`` (in the

@@ -57,6 +57,7 @@ from ...core.sharing import (
     Filled,
     GpuUsage,
     Room,
+    ShareClass,
     ShareMix,
     ShareRequest,
     allocate_ids,
@@ -169,9 +170,9 @@ class _Touched:
 
 # what a request reads of a node: its view, free CPU and memory, its class (shape,
 # booked usage, free CPU and memory), its state (free percent per GPU, free CPU and
-# memory) and that free percent per GPU; class and state as ids (``_NodeKeys``) or as
-# the keys themselves
-_Entry = tuple[SharedNode, int | None, int | None, Any, Any, tuple[int, ...]]
+# memory), that free percent per GPU, and its shape and usage (``_place_shared``);
+# class, state, shape and usage as ids (``_NodeKeys``) or as the keys themselves
+_Entry = tuple[SharedNode, int | None, int | None, Any, Any, tuple[int, ...], Any]
 
 
 class _NodeKeys:
@@ -202,15 +203,19 @@ class _NodeKeys:
                 self._epoch += 1
             return self._epoch
 
-    def get(self, name: str) -> _Entry | None:
-        return self._keys.get(name)
+    @property
+    def get(self) -> Callable[[str], _Entry | None]:
+        """The kept entry of a node, or None (the dict's own ``get``: one lookup per
+        node and request, no Python call around it)."""
+        return self._keys.get
 
     def keep(self, epoch: int, name: str, read: _Entry) -> _Entry:
-        """``read`` with its class and state as ids, kept if nothing was dropped since
-        ``epoch``."""
-        node, cpu, memory, klass, state, free = read
+        """``read`` with its class, state, and shape and usage as ids, kept if nothing
+        was dropped since ``epoch``."""
+        node, cpu, memory, klass, state, free, base = read
         with self._lock:
-            entry = (node, cpu, memory, self._ids(klass), self._ids(state), free)
+            entry = (node, cpu, memory, self._ids(klass), self._ids(state), free,
+                     self._ids(base))
             if epoch == self._epoch:
                 if len(self._keys) >= MAX_MEMO:
                     self._keys.clear()
@@ -233,19 +238,23 @@ class Placement:
 
 
 class _Homes:
-    """Homes per whole-GPU class of one mix version (``core.sharing.whole_homes``),
-    summed over the nodes, with each node's part and the state it was counted in, so
-    that a recount adds up only the nodes that changed."""
+    """Homes per whole-GPU class of the mix (``core.sharing.whole_homes``), summed over
+    the nodes, with each node's part and the state it was counted in, so that a recount
+    adds up only the nodes that changed. A node's homes read only the mix's whole-GPU
+    classes (``wholes``: each one's GPUs, percent, CPU and memory, in the mix's order),
+    so the parts stay valid across mix versions with the same classes."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.version: Any = None
+        self.wholes: tuple[ShareClass, ...] | None = None
         self.totals: list[int] = []
         self.free = 0  # percent free over the nodes counted
         self._parts: dict[str, tuple[Any, int, tuple[int, ...]]] = {}
 
-    def reset(self, version: Any, classes: int) -> None:
-        self.version, self.totals, self.free, self._parts = version, [0] * classes, 0, {}
+    def reset(self, version: Any, wholes: tuple[ShareClass, ...]) -> None:
+        self.version, self.wholes = version, wholes
+        self.totals, self.free, self._parts = [0] * len(wholes), 0, {}
 
     def at(self, name: str) -> Any:
         part = self._parts.get(name)
@@ -303,13 +312,19 @@ class Sharing:
         # per request (share, pod CPU and memory, mix version): the class of (node
         # shape, its usage, its free CPU and memory; ``_NodeKeys``' id of it) ->
         # placement, what the nodes of one shape and state share (``_placements``);
-        # ``_classes``: the entries over all requests; per node the usage key of its
-        # ledger version (``_usage_key``)
+        # ``_classes``: the entries over all requests
         self._by_class: dict[tuple[Any, ...], dict[Any, Placement]] = {}
         self._classes = 0
+        # (shape and usage id, share, mix version, where the room falls before and
+        # after the pod) -> ``_fit``'s answer, shared by rooms that fall alike
+        # (``_place_shared``)
+        self._by_room: dict[tuple[Any, ...], tuple[Placement, int]] = {}
         # the latest filter's placements per node and what they depended on (``_state``)
         self._answers: tuple[tuple[Any, ...], dict[str, Placement]] | None = None
-        self._usage_keys: dict[str, tuple[tuple[int, int], tuple[Any, ...]]] = {}
+        # per node what the ledger books there (``_usage``): ((ledger version, view
+        # identity), usage per GPU index, its hashable key, percent free per GPU)
+        self._usages: dict[str, tuple[tuple[int, int], dict[int, GpuUsage], tuple[Any, ...],
+                                      tuple[int, ...]]] = {}
         # what pods without GPUs share across nodes of one state: (free percent per GPU,
         # free CPU and memory, mix version) -> (the node filled with each class, its
         # fragmentation) before the pod; with the pod's CPU and memory added -> its value
@@ -320,13 +335,11 @@ class Sharing:
         self._nogpu_largest: Need = (0, 0)
         # the mix with whole-GPU classes weighted by their shortage (``whole_scarcity``):
         # ((ledger change, node views' changes, mix version, room version), (version,
-        # scaled mix)); the homes counted for it (``_Homes``); per node ((node
-        # identity, ledger version), percent free per GPU), which pods without GPUs
-        # read too (``_free_percents``)
+        # scaled mix)); the homes counted for it (``_Homes``)
         self._scarce: tuple[tuple[Any, ...], tuple[Any, ShareMix]] | None = None
         self._homes = _Homes()
-        # (free percent per GPU, free CPU and memory, mix version) -> the homes of a
-        # node in that state (``_recount``)
+        # (free percent per GPU, free CPU and memory, the mix's whole-GPU classes) ->
+        # the homes of a node in that state (``_recount``)
         self._homes_of: dict[tuple[Any, ...], tuple[int, ...]] = {}
         # the nodes whose homes may have moved since the last recount
         self._touched = _Touched()
@@ -339,7 +352,6 @@ class Sharing:
                 ledger.listen(touched)
                 if self._room is not None:
                     self._room.listen(touched)
-        self._free_of: dict[str, tuple[tuple[int, int], tuple[int, ...]]] = {}
         # the allocator's best sets, shared by the nodes of one topology
         self._sets = BestSets()
         self.binds = 0
@@ -394,6 +406,11 @@ class Sharing:
         out: dict[str, Placement] = {}
         for name in names:
             entry = get(name) if get is not None else None
+            if entry is not None and name != mine:  # most nodes: one lookup more
+                placed = classes.get(entry[3])
+                if placed is not None:
+                    out[name] = placed
+                    continue
             if entry is None:
                 entry = self._node_entry(name, epoch)
                 if entry is None:
@@ -406,7 +423,8 @@ class Sharing:
                 continue
             placed = classes.get(klass)
             if placed is None:
-                placed = self._place(node, name, share, "", Room(cpu, memory, *need), mix)
+                placed = self._place_shared(node, entry[6], share, Room(cpu, memory, *need),
+                                            mix_version, mix)
                 if self._classes >= MAX_MEMO:
                     self._by_class.clear()
                     classes = self._by_class[request] = {}
@@ -426,26 +444,28 @@ class Sharing:
         cpu, memory = (self._free_room(name) if self._free_room is not None
                        and node.problem is None else (None, None))
         shape = node.shape if node.shape is not None else (name, id(node))
-        free = self._free_percents(node)
-        read = (node, cpu, memory, (shape, self._usage_key(node), cpu, memory),
-                (free, cpu, memory), free)
+        _, usage_key, free = self._usage(node)
+        read = (node, cpu, memory, (shape, usage_key, cpu, memory), (free, cpu, memory), free,
+                (shape, usage_key))
         return read if self._keys is None else self._keys.keep(epoch, name, read)
 
-    def _usage_key(self, node: SharedNode) -> tuple[Any, ...]:
-        """What the ledger books on ``node``, per GPU index now, as a hashable value
-        (cached per ledger version of the node and view of it: a GPU leaving the bus
-        renumbers the others)."""
+    def _usage(
+        self, node: SharedNode
+    ) -> tuple[dict[int, GpuUsage], tuple[Any, ...], tuple[int, ...]]:
+        """What the ledger books on ``node``: usage per GPU index now, the same as a
+        hashable key, and percent free per usable GPU (``core.sharing.free_percent``);
+        read once per ledger version of the node and view of it (a GPU leaving the bus
+        renumbers the others). The usage is shared: its readers do not change it."""
         name = node.name
         version = (self.ledger.version(name), id(node))
-        known = self._usage_keys.get(name)
+        known = self._usages.get(name)
         if known is None or known[0] != version:
             usage = self.ledger.usage(name, index_by_id=node.index_by_id)
-            known = (version, tuple(
-                (index, u.core, u.memory_mib, u.shares, u.exclusive)
-                for index, u in sorted(usage.items())
-            ))
-            _remember(self._usage_keys, name, known)
-        return known[1]
+            key = tuple((index, u.core, u.memory_mib, u.shares, u.exclusive)
+                        for index, u in sorted(usage.items()))
+            known = (version, usage, key, tuple(free_percent(node.gpus, usage).values()))
+            _remember(self._usages, name, known)
+        return known[1], known[2], known[3]
 
     def _scarce_mix(self) -> tuple[Any, ShareMix]:
         """The arrival mix with each whole-GPU class weighted by its shortage of homes
@@ -462,8 +482,11 @@ class Sharing:
         with homes.lock:  # requests run in threads: one recount at a time
             touched = self._touched.take()
             if homes.version != version:
-                homes.reset(version, len(mix.wholes))
-                touched = None
+                wholes = tuple(mix.classes[at][0] for at in mix.wholes)
+                if wholes != homes.wholes:  # other classes: every node counted again
+                    homes.reset(version, wholes)
+                    touched = None
+                homes.version = version
             if touched is None or (self._free_room is not None and self._room is None):
                 seen = set()
                 for node in self.nodes.all():
@@ -493,26 +516,15 @@ class Sharing:
         cpu, memory = self._free_room(name) if self._free_room is not None else (None, None)
         at = (id(node), self.ledger.version(name), cpu, memory)
         if self._homes.at(name) != at:
-            free = self._free_percents(node)
-            # nodes of one state have the same homes: counted once per mix version
-            key = (free, cpu, memory, self._homes.version)
+            free = self._usage(node)[2]
+            # nodes of one state have the same homes: counted once per whole-GPU classes
+            key = (free, cpu, memory, self._homes.wholes)
             homes = self._homes_of.get(key)
             if homes is None:
                 homes = whole_homes(free, Room(cpu, memory), mix)
                 _remember(self._homes_of, key, homes)
             self._homes.count(name, at, sum(free), homes)
         return True
-
-    def _free_percents(self, node: SharedNode) -> tuple[int, ...]:
-        """Percent free per usable GPU of ``node`` (``core.sharing.free_percent``),
-        cached until the node's view or its ledger version changes."""
-        at = (id(node), self.ledger.version(node.name))
-        known = self._free_of.get(node.name)
-        if known is None or known[0] != at:
-            usage = self.ledger.usage(node.name, index_by_id=node.index_by_id)
-            known = (at, tuple(free_percent(node.gpus, usage).values()))
-            _remember(self._free_of, node.name, known)
-        return known[1]
 
     def _place(
         self,
@@ -523,25 +535,62 @@ class Sharing:
         room: Room,
         mix: ShareMix,
     ) -> Placement:
+        return self._balanced(*self._fit(node, name, share, without, room, mix), room, mix)
+
+    def _place_shared(
+        self, node: SharedNode, base: Any, share: ShareRequest, room: Room,
+        mix_version: Any, mix: ShareMix,
+    ) -> Placement:
+        """``_place`` for a node whose shape and booked usage have the id ``base``:
+        ``_fit`` reads the room only where it falls among the values the mix's classes
+        ask (``ShareMix.room_key``, before and after the pod), so nodes of one shape and
+        usage whose rooms fall alike share it, whatever the pod's CPU and memory; the
+        CPU balance, which reads the room itself, is added per room."""
+        after = room.after()
+        key = (base, share, mix_version, mix.room_key(room.cpu, room.memory),
+               mix.room_key(after.cpu, after.memory))
+        fit = self._by_room.get(key)
+        if fit is None:
+            fit = self._fit(node, node.name, share, "", room, mix)
+            _remember(self._by_room, key, fit)
+        return self._balanced(*fit, room, mix)
+
+    @staticmethod
+    def _balanced(placed: Placement, free: int, room: Room, mix: ShareMix) -> Placement:
+        """``placed`` with the CPU balance of the node it leaves (``free``: percent
+        free over its GPUs after the pod): the node whose free CPU stays in step with
+        its free GPU capacity ranks higher."""
+        if placed.gpus is None or mix.cpu_per_gpu is None or room.cpu is None:
+            return placed
+        imbalance = cpu_balance(free, room.after(), mix.cpu_per_gpu)
+        return replace(placed, raw=round(placed.raw - CPU_BALANCE * imbalance, 9))
+
+    def _fit(self, node: SharedNode | None, name: str, share: ShareRequest, without: str,
+             room: Room, mix: ShareMix) -> tuple[Placement, int]:
+        """Where ``share`` goes on ``node`` before the CPU balance (``_balanced``), and
+        the percent free over its GPUs after it."""
         if node is None:
-            return Placement(None, "gpu-aware: node not in the extender's node cache yet")
+            return Placement(None, "gpu-aware: node not in the extender's node cache yet"), 0
         if node.problem is not None:
-            return Placement(None, f"gpu-aware: {node.problem}", True)
+            return Placement(None, f"gpu-aware: {node.problem}", True), 0
         if node.mode != share.mode:
             return Placement(
                 None,
                 f"gpu-aware: node sharing mode is {node.mode!r} ({SHARING_MODE_LABEL}); "
                 f"the pod asks for {share.mode!r}",
                 True,
-            )
+            ), 0
         healthy = sum(1 for g in node.gpus if g.healthy)
         if healthy < share.gpus:
             return Placement(
                 None,
                 f"gpu-aware: node has {healthy} healthy GPU(s); the pod needs {share.gpus}",
                 True,
-            )
-        usage = self.ledger.usage(name, without, node.index_by_id)
+            ), 0
+        # the node's booked usage as read (``_placements`` passes ``without`` only for
+        # the node that holds that pod's share)
+        usage = (self.ledger.usage(name, without, node.index_by_id) if without
+                 else self._usage(node)[0])
         # unshared GPUs per link group: opening a GPU where few are left keeps whole
         # groups (and nodes) for the multi-GPU pods
         unshared = [
@@ -559,7 +608,7 @@ class Sharing:
             prefer = {i: per_group.get(node.groups.get(i), 0) for i in unshared}
             chosen = choose_shared(node.gpus, usage, share, prefer, mix, room)
             if chosen.gpus is None:
-                return Placement(None, f"gpu-aware: {chosen.why}")
+                return Placement(None, f"gpu-aware: {chosen.why}"), 0
             fresh = sum(1 for i in chosen.gpus if i in prefer)
             # least waste against the mix's LP packing first, then the least rise of
             # the node's fragmentation; then, opening a GPU, the node with the fewest
@@ -570,12 +619,9 @@ class Sharing:
                 - round(chosen.rise, 9)
                 - TIE * (len(unshared) - fresh),
             )
-        if placed.gpus is None or mix.cpu_per_gpu is None or room.cpu is None:
-            return placed
-        # and the node whose free CPU stays in step with its free GPU capacity
-        free = sum(free_percent(node.gpus, usage).values()) - share.core * share.gpus
-        imbalance = cpu_balance(free, room.after(), mix.cpu_per_gpu)
-        return replace(placed, raw=round(placed.raw - CPU_BALANCE * imbalance, 9))
+        if placed.gpus is None:
+            return placed, 0
+        return placed, sum(free_percent(node.gpus, usage).values()) - share.core * share.gpus
 
     @staticmethod
     def _place_whole(
