@@ -198,17 +198,24 @@ def nvidia_play(extra: dict[str, object], check: bool = False
     return proc, int(found.group(1)) if found else -1
 
 
-def changed_tasks(out: str) -> list[str]:
-    """The tasks of an ansible-playbook run (default callback) that reported changed."""
-    found: list[str] = []
+def changed_by_host(out: str) -> list[tuple[str, str]]:
+    """(task, host) of each task of an ansible-playbook run (default callback) that
+    reported changed on that host, in order, once each."""
+    found: list[tuple[str, str]] = []
     task = ""
     for line in out.splitlines():
         header = re.match(r"TASK \[(.*)\] \**$", line)
+        changed = re.match(r"changed: \[([^\]]+)\]", line)
         if header:
             task = header.group(1)
-        elif line.startswith("changed: ") and task not in found:
-            found.append(task)
+        elif changed and (task, changed.group(1)) not in found:
+            found.append((task, changed.group(1)))
     return found
+
+
+def changed_tasks(out: str) -> list[str]:
+    """The tasks of an ansible-playbook run (default callback) that reported changed."""
+    return list(dict.fromkeys(task for task, _ in changed_by_host(out)))
 
 
 def test_nvidia_host_role_four_steps(tmp_path: Path) -> None:
