@@ -19,9 +19,9 @@ description:
     labels of NVIDIA's GPU Feature Discovery (C(nvidia.com/gpu.product), C(.memory),
     C(.count), C(.family), C(.compute.major|minor), C(nvidia.com/cuda.driver.*),
     C(nvidia.com/cuda.runtime.*), C(nvidia.com/mig.*), C(gpu.sharing-strategy),
-    C(gpu.replicas), C(mps.capable), C(gpu.machine), C(gpu.present)); the sharing labels
-    follow the node's C(gpuk8s.io/sharing-mode) in O(current_labels), as gpu-label's do
-    with the chart's C(gpuDevice.sharing).
+    C(gpu.replicas), C(mps.capable), C(gpu.machine), C(gpu.mode), C(gpu.present)); the
+    sharing labels follow the node's C(gpuk8s.io/sharing-mode) in O(current_labels), as
+    gpu-label's do with the chart's C(gpuDevice.sharing).
   - Talks to no API server. Given the node's O(current_labels) it also returns the
     patch (a label mapped to null is to be removed) for C(kubernetes.core.k8s) to apply.
   - Read-only on the host; C(changed) is always false, C(needs_update) tells whether

@@ -341,6 +341,31 @@ def pod_phase(ns: str, name: str) -> str:
     return kubectl("-n", ns, "get", "pod", name, "-o", "jsonpath={.status.phase}", check=False)
 
 
+SGPU = "metax-tech.com/sgpu"  # gpu-device's shared resources in sgpu mode (core.sharing)
+VCORE = "metax-tech.com/vcore"
+
+
+def shared_gpu_pod(name: str, namespace: str, vcore: int, *, node: str = "",
+                   annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """A busybox pod asking for a share of one GPU: one sGPU with ``vcore`` percent of its
+    cores. Placed by the scheduler, or bound to ``node`` with ``annotations`` (what
+    gpu-aware's bind would have written) when they are given."""
+    pod: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "main", "image": BUSYBOX, "command": ["sleep", "3600"],
+                            "resources": {"limits": {SGPU: "1", VCORE: str(vcore)}}}],
+        },
+    }
+    if node:
+        pod["spec"]["nodeName"] = node
+    if annotations:
+        pod["metadata"]["annotations"] = dict(annotations)
+    return pod
+
+
 def tool(name: str) -> str:
     """A console script of this Python environment (the venv running pytest), else PATH."""
     local = Path(sys.executable).parent / name

@@ -32,17 +32,17 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import (
-    BUSYBOX,
     SIM_ROOT,
     apply,
     kubectl,
     kubectl_json,
     pod_phase,
     requires_paths,
+    shared_gpu_pod,
     wait_until,
 )
 from .test_gpu_stack import gpuk8s
-from .test_sharing import GPUS, NS, SGPU, assignment, kubelet_gpus, sgpu_stack
+from .test_sharing import GPUS, NS, assignment, kubelet_gpus, sgpu_stack
 
 pytestmark = [
     pytest.mark.e2e,
@@ -91,23 +91,12 @@ def per_gpu(samples: list[tuple[str, dict[str, str], float]], name: str
             for n, labels, value in samples if n == name}
 
 
-def shared_pod(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": WORK},
-        "spec": {
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "main", "image": BUSYBOX, "command": ["sleep", "3600"],
-                            "resources": {"limits": {SGPU: "1", "metax-tech.com/vcore": "50"}}}],
-        },
-    }
-
-
 def test_1_shared_pods_are_metered_on_their_assigned_gpu(stack: dict[str, str]) -> None:
     node = stack["node"]
     names = ("shared-a", "shared-b")
     for _ in range(ATTEMPTS):
         for name in names:
-            apply(shared_pod(name))
+            apply(shared_gpu_pod(name, WORK, 50))
         pods = {}
         for name in names:
             wait_until(f"{name} Running", lambda name=name: pod_phase(WORK, name) == "Running",

@@ -369,3 +369,30 @@ def test_7_helm_test_leaves_nothing_behind_passed_or_failed(installed: dict[str,
         wait_until("test hooks deleted", lambda: "gpu-test" not in leftovers(), 60)
     finally:
         kubectl("delete", "node", bad, "--wait=false", check=False)
+
+
+def test_8_helm_4_upgrade_replaces_a_live_weight_edit(installed: dict[str, str]) -> None:
+    """issue 52 item 4 on the lab's helm 4: after ``kubectl replace`` of gpu-aware's weight
+    ConfigMap, ``helm upgrade --set gpuAware.scoreWeight=5`` stops on the key the editor
+    owns (nothing changes); the command NOTES.txt and docs/extender.md give
+    (``--force-conflicts``) puts 5 in the ConfigMap and leaves the release deployed."""
+    assert Path(HELM).parent.name.startswith("helm-v4."), HELM
+
+    def weights() -> dict[str, str]:
+        return dict(kubectl_json("get", "configmap", "gpu-aware-plugin", "-n", NS)["data"])
+
+    live = kubectl_json("get", "configmap", "gpu-aware-plugin", "-n", NS)
+    live["data"]["scoreWeight"] = "3"
+    kubectl("replace", "-f", "-", stdin=json.dumps(live))
+    five = (HELM, "--kubeconfig", KUBECONFIG, "upgrade", RELEASE,
+            str(REPO / "charts" / "metax-gpu-extensions"), "-n", NS, "--reuse-values",
+            "--set", "gpuAware.scoreWeight=5", "--wait", "--timeout", "3m")
+    refused = run(*five, check=False, timeout=300)
+    assert refused.returncode != 0
+    assert 'conflict with "kubectl-replace"' in refused.stderr, refused.stderr
+    assert weights()["scoreWeight"] == "3"
+    out = run(*five, "--force-conflicts", timeout=300).stdout
+    assert "gpuAware.scoreWeight: the chart's new value 5 replaced the live edit 3" in out
+    assert weights() == {"scoreWeight": "5", "lossWeight": "1"}
+    status = json.loads(helm("status", RELEASE, "-n", NS, "-o", "json"))["info"]["status"]
+    assert status == "deployed"

@@ -36,11 +36,12 @@ from .conftest import (
     kubectl,
     kubectl_json,
     run,
+    shared_gpu_pod,
     wait_until,
 )
 from .test_gpu_stack import helm
 from .test_manual import gpu_aware_metric
-from .test_sharing import NS, SGPU, VCORE, sgpu_stack
+from .test_sharing import NS, sgpu_stack
 
 pytestmark = [pytest.mark.e2e]
 
@@ -129,11 +130,7 @@ def test_3_kube_scheduler_is_still_served(stack: dict[str, str]) -> None:
     ips = [p["status"]["podIP"] for p in gpu_aware_pods()]
     before = sum(gpu_aware_metric(ip, "gpu_aware_requests_total", verb="filter", code="200")
                  for ip in ips)
-    apply({"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "placed", "namespace": WORK},
-           "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
-               "name": "main", "image": BUSYBOX, "command": ["sleep", "3600"],
-               "resources": {"limits": {SGPU: "1", VCORE: "50"}}}]}})
+    apply(shared_gpu_pod("placed", WORK, 50))
     wait_until("the GPU pod Running", lambda: kubectl(
         "-n", WORK, "get", "pod", "placed", "-o", "jsonpath={.status.phase}") == "Running", 120)
     after = sum(gpu_aware_metric(ip, "gpu_aware_requests_total", verb="filter", code="200")

@@ -34,11 +34,11 @@ from typing import Any
 import pytest
 
 from .conftest import (
-    BUSYBOX,
     HELM,
     KUBECONFIG,
     REGISTRY,
     REPO,
+    SGPU,
     SIM_ROOT,
     apply,
     kubectl,
@@ -46,6 +46,7 @@ from .conftest import (
     pod_phase,
     requires_paths,
     run,
+    shared_gpu_pod,
     wait_until,
 )
 from .test_gpu_stack import helm, sim_state
@@ -60,8 +61,6 @@ NS = "metax-gpu-extensions"
 RELEASE = "e2e-sharing"
 WORK = "e2e-sharing"
 MODE_LABEL = "gpuk8s.io/sharing-mode"
-SGPU = "metax-tech.com/sgpu"
-VCORE = "metax-tech.com/vcore"
 ASSIGNED = "gpuk8s.io/sharing.assigned"
 PHASE = "gpuk8s.io/sharing.phase"
 DEVICES = "metax-tech.com/gpu.devices"
@@ -122,20 +121,7 @@ def sharing(lab: dict[str, str]) -> Iterator[dict[str, str]]:
 
 
 def shared_pod(name: str, vcore: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": WORK},
-        "spec": {
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{
-                "name": "main",
-                "image": BUSYBOX,
-                "command": ["sleep", "3600"],
-                "resources": {"limits": {SGPU: "1", VCORE: str(vcore)}},
-            }],
-        },
-    }
+    return shared_gpu_pod(name, WORK, vcore)
 
 
 def pods() -> list[dict[str, Any]]:

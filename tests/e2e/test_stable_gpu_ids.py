@@ -36,13 +36,13 @@ from typing import Any
 import pytest
 
 from .conftest import (
-    BUSYBOX,
     SIM_ROOT,
     apply,
     kubectl,
     kubectl_json,
     pod_phase,
     requires_paths,
+    shared_gpu_pod,
     wait_until,
 )
 from .test_exporter_sharing import exporter_pod, scrape
@@ -53,8 +53,6 @@ from .test_sharing import (
     GPUS,
     NS,
     PHASE,
-    SGPU,
-    VCORE,
     assignment,
     gpu_in_container,
     sgpu_stack,
@@ -102,29 +100,9 @@ def pinned_pod(name: str, node: str, index: int, uid: str, vcore: int) -> dict[s
     ``vcore`` percent of GPU ``index`` (stable id ``uid``)."""
     record = {"container": "main", "core": vcore, "gpus": [index], "ids": [uid],
               "memoryMiB": 0, "mode": "sgpu", "node": node, "whole": False}
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": WORK, "annotations": {
-            ASSIGNED: json.dumps(record, separators=(",", ":"), sort_keys=True),
-            BIND_TIME: str(time.time_ns()), PHASE: "allocating"}},
-        "spec": {
-            "nodeName": node, "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "main", "image": BUSYBOX, "command": ["sleep", "3600"],
-                            "resources": {"limits": {SGPU: "1", VCORE: str(vcore)}}}],
-        },
-    }
-
-
-def placed_pod(name: str, vcore: int) -> dict[str, Any]:
-    """A shared pod for the real scheduler and gpu-aware to place."""
-    return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": WORK},
-        "spec": {
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "main", "image": BUSYBOX, "command": ["sleep", "3600"],
-                            "resources": {"limits": {SGPU: "1", VCORE: str(vcore)}}}],
-        },
-    }
+    return shared_gpu_pod(name, WORK, vcore, node=node, annotations={
+        ASSIGNED: json.dumps(record, separators=(",", ":"), sort_keys=True),
+        BIND_TIME: str(time.time_ns()), PHASE: "allocating"})
 
 
 def running(name: str) -> dict[str, Any]:
@@ -175,7 +153,7 @@ def rediscover(node: str, want: int) -> None:
 def place_new(name: str, node: str) -> str:
     """Place a NEW % share through the scheduler; the stable id of the card it got,
     checked against its container's card."""
-    apply(placed_pod(name, NEW))
+    apply(shared_gpu_pod(name, WORK, NEW))
     pod = running(name)
     a = assignment(pod)
     assert a is not None and len(a.get("ids") or []) == 1, a

@@ -40,6 +40,7 @@ from gpuk8s.services.runtime import agent as agent_module
 from gpuk8s.services.runtime import containerd, proof
 from gpuk8s.services.runtime.agent import WRAPPER_NAME, RuntimeAgent, RuntimeSettings
 from tests.containerd_corpus import DROP_INS, Case, cases
+from tests.fleet_dialects import lab_lib
 
 pytestmark = pytest.mark.integration
 
@@ -59,27 +60,6 @@ CRI_V1 = """# no `version` key: containerd reads version 1
   [plugins.cri.cni]
     bin_dir = "/opt/cni/bin"
 """
-CRI_V2 = """[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "registry.k8s.io/pause:3.10"
-  # the lab's quirk: no CAP_SYS_RESOURCE on this machine kind
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-"""
-CRI_V3 = """[plugins."io.containerd.cri.v1.runtime"]
-  # containerd 2.x: CDI always on; the handler still works for a forced wrapper
-  [plugins."io.containerd.cri.v1.runtime".containerd]
-    default_runtime_name = "runc"
-    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-"""
 
 
 def containerd2() -> str:
@@ -96,23 +76,21 @@ def containerd2() -> str:
 LAB_SOCKETS = ("/run/containerd/containerd.sock", "/run/containerd/containerd.sock.ttrpc")
 
 
-def config(base: Path, version: int | None, cri: str = "") -> str:
-    """A private containerd's config: ``version`` (None: no key), paths under ``base``.
-    (Version 4 moved the server addresses into plugins: containerd 2.4 ignores a [grpc]
-    table there and would serve the lab's socket.)"""
-    sock = f"{base}/run/containerd/containerd.sock"
-    if version == 4:
-        servers = "".join(
-            f'[plugins."io.containerd.server.v1.{name}"]\n  address = "{address}"\n'
-            for name, address in (("grpc", sock), ("ttrpc", sock + ".ttrpc"), ("debug", ""),
-                                  ("metrics", "")))
-    else:
-        servers = (f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n'
-                   '[debug]\n  address = ""\n[metrics]\n  address = ""\n')
-    opt = "plugins.opt" if version is None else 'plugins."io.containerd.internal.v1.opt"'
-    return ("" if version is None else f"version = {version}\n") + (
-        f'root = "{base}/var/lib/containerd"\nstate = "{base}/run/containerd/state"\n'
-        f'{servers}[{opt}]\n  path = "{base}/opt/containerd"\n') + cri
+def lab_config(version: int | None) -> str:
+    """The lab's own containerd config (lab/lib.sh ``containerd_config``: version 2 for
+    containerd 1.6, version 3 for 2.x) made a private node's (``node_private``): ``version``
+    2 or 3 as the lab writes it, 4 the version-3 one as containerd 2.4 writes its own
+    (version 4: the server addresses in plugins), None the version-2 one without its
+    ``version`` key (containerd reads it as version 1)."""
+    doc = tomlkit.parse(lab_lib('containerd_config "$1"', "2" if version in (3, 4) else "1.6"))
+    assert doc["version"] == (3 if version in (3, 4) else 2), doc["version"]
+    if version is None:
+        del doc["version"]
+    elif version == 4:
+        doc["version"] = 4
+        for name in ("grpc", "ttrpc"):  # version 4 has them in plugins (node_private)
+            del doc[name]
+    return node_private(tomlkit.dumps(doc), version or 1)
 
 
 def _ignore_sighup() -> None:
@@ -232,13 +210,13 @@ def _cri_table(dump: str) -> Any:
     return section["containerd"]
 
 
-CASES = [  # (containerd, config version, CRI section as written)
+CASES = [  # (containerd, config version, a version-1 config's CRI section; None: the lab's)
     ("1.6", None, CRI_V1),
     ("1.6", None, ""),  # version 1 without any CRI section: containerd's defaults
-    ("1.6", 2, CRI_V2),
-    ("2.x", 2, CRI_V2),  # migrated by 2.x
-    ("2.x", 3, CRI_V3),
-    ("2.x", 4, CRI_V3),  # what 2.4 writes (`containerd config default`)
+    ("1.6", 2, None),
+    ("2.x", 2, None),  # migrated by 2.x
+    ("2.x", 3, None),
+    ("2.x", 4, None),  # what 2.4 writes (`containerd config default`)
     ("2.x", None, CRI_V1),  # 2.x still migrates version 1
 ]
 
@@ -246,10 +224,10 @@ CASES = [  # (containerd, config version, CRI section as written)
 @pytest.mark.parametrize(("generation", "version", "cri"), CASES)
 def test_real_containerd_serves_the_edited_config_and_uninstall_restores_it(
     node: Callable[[str, str], Node], tmp_path: Path, generation: str, version: int | None,
-    cri: str,
+    cri: str | None,
 ) -> None:
     binary = DEBIAN if generation == "1.6" else containerd2()
-    n = node(binary, config(Path("@BASE@"), version, cri))
+    n = node(binary, lab_config(version) if cri is None else node_private(cri, 1))
     original = n.config.read_bytes()
     before = n.start()
     assert containerd.not_served(n.served(), "metax", WRAPPER, True)  # not there yet
@@ -284,7 +262,7 @@ def test_a_containerd_that_ignores_sighup_is_reported_and_its_config_left_alone(
 ) -> None:
     """Issue 28 item 0 with the real containerd 1.6, started as the lab's first lab/up
     started it from a SIGHUP-ignoring parent (no supervisor that resets it)."""
-    n = node(DEBIAN, config(Path("@BASE@"), 2, CRI_V2))
+    n = node(DEBIAN, lab_config(2))
     original = n.config.read_bytes()
     pid = n.start(supervised=False, ignore_sighup=True)
     agent = n.agent(tmp_path)
@@ -312,7 +290,7 @@ def test_an_unsafe_config_is_left_untouched_and_containerd_not_restarted(
 ) -> None:
     """No `version` key (so version 1) but a CRI section named by URI: containerd 1.6 runs
     on it (ignoring that section); the agent refuses to guess."""
-    n = node(DEBIAN, config(Path("@BASE@"), None, CRI_V2))
+    n = node(DEBIAN, lab_config(None))
     original = n.config.read_bytes()
     pid = n.start()
     report = n.agent(tmp_path).one_pass()
@@ -327,7 +305,7 @@ def test_restart_mode_none_before_containerd_runs_is_pending_then_served_when_it
 ) -> None:
     """A node provisioned before its runtime starts (restart mode none): the edit is made and
     said as pending, not failed; the real containerd started afterwards serves it."""
-    n = node(DEBIAN, config(Path("@BASE@"), 2, CRI_V2))
+    n = node(DEBIAN, lab_config(2))
     agent = n.agent(tmp_path, restart_mode="none")
     report = agent.one_pass()
     assert report.state == "pending", report.message
@@ -341,7 +319,7 @@ def test_restart_mode_none_before_containerd_runs_is_pending_then_served_when_it
 def test_a_containerd_reading_another_file_is_restarted_once_then_the_edit_undone(
     node: Callable[[str, str], Node], tmp_path: Path,
 ) -> None:
-    n = node(DEBIAN, config(Path("@BASE@"), 2, CRI_V2))
+    n = node(DEBIAN, lab_config(2))
     original = n.config.read_bytes()
     other = n.base / "etc/containerd/other.toml"
     other.write_bytes(original)
@@ -362,7 +340,7 @@ def test_a_containerd_reading_another_file_is_restarted_once_then_the_edit_undon
 def test_native_cdi_on_containerd_2_is_read_from_its_cri(
     node: Callable[[str, str], Node], tmp_path: Path,
 ) -> None:
-    n = node(containerd2(), config(Path("@BASE@"), 3, CRI_V3))
+    n = node(containerd2(), lab_config(3))
     original = n.config.read_bytes()
     pid = n.start()
     version = subprocess.run([n.binary, "--version"], capture_output=True, text=True,
@@ -374,7 +352,7 @@ def test_native_cdi_on_containerd_2_is_read_from_its_cri(
     assert n.config.read_bytes() == original and n.pid() == pid  # nothing to edit
     assert containerd.cri_cdi_enabled(n.served())
     # containerd 1.6 has no CDI: told it is 2.x (a wrong Node status), the agent says so
-    old = node(DEBIAN, config(Path("@BASE@"), 2, CRI_V2))
+    old = node(DEBIAN, lab_config(2))
     old.start()
     agent = old.agent(tmp_path, runtime="auto", runtime_version="containerd://2.0.0")
     report = agent.one_pass()
@@ -478,7 +456,7 @@ def _issue_49_edit(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_an_edit_the_private_containerd_refuses_never_reaches_the_node(
     node: Callable[[str, str], Node], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    n = node(DEBIAN, config(Path("@BASE@"), 2, CRI_V2))
+    n = node(DEBIAN, lab_config(2))
     original = n.config.read_bytes()
     pid = n.start()
     _issue_49_edit(monkeypatch)
@@ -499,7 +477,7 @@ def test_a_restart_that_loses_the_cri_restores_the_config_restarts_and_says_why(
     """Issue 49 item 1 where no private containerd can prove the edit (skipped): after the
     restart the CRI is gone, so the original goes back, containerd is restarted onto it and
     its CRI must answer again before the pass reports failed."""
-    n = node(DEBIAN, config(Path("@BASE@"), 2, CRI_V2))
+    n = node(DEBIAN, lab_config(2))
     original = n.config.read_bytes()
     first = n.start()
     _issue_49_edit(monkeypatch)
@@ -521,7 +499,7 @@ def test_a_proof_that_cannot_run_here_is_skipped_and_said(
     """Where the private containerd's directory cannot be made (a read-only host mount in the
     pod), or the original itself does not run privately, the edit is not proven and says so;
     the original must be the control: a private containerd refusing both blames neither."""
-    n = node(DEBIAN, config(Path("@BASE@"), 2, CRI_V2))
+    n = node(DEBIAN, lab_config(2))
     n.start()
     text = n.config.read_text()
     args = ("/etc/containerd", lambda p: str(n.base) + p, "metax", WRAPPER, True)

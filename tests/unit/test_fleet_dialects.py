@@ -16,7 +16,7 @@ from gpuk8s.ansible import schedfiles
 from gpuk8s.ansible.harness import run_module
 from gpuk8s.core import schedconf
 from gpuk8s.core.schedconf import ANNOTATION
-from tests.fleet_dialects import VALUES, Dialect, dialects
+from tests.fleet_dialects import PLACEHOLDER, Dialect, dialects
 
 MANIFEST = "/etc/kubernetes/manifests/kube-scheduler.yaml"
 URL = "http://10.96.0.50:8080"
@@ -72,11 +72,13 @@ def test_every_dialect_has_its_files_and_only_the_lab_placeholders() -> None:
     assert names == ["containerd2", "k3s-rke2", "kubeadm", "kubespray"]
     for dialect in dialects():
         assert (dialect.directory / "README.md").read_text().strip()
-        for placeholder in VALUES:  # the README names every placeholder it uses
-            if placeholder in (dialect.directory / "config.toml").read_text() + (
-                    dialect.directory / "kube-scheduler.yaml").read_text():
-                assert placeholder in (dialect.directory.parent / "README.md").read_text()
-        assert dialect.config and dialect.scheduler  # render() checks none is left
+        used = PLACEHOLDER.findall((dialect.directory / "config.toml").read_text() + (
+            dialect.directory / "kube-scheduler.yaml").read_text())
+        assert used, dialect.name
+        for placeholder in used:  # the README names every placeholder it uses
+            assert placeholder in (dialect.directory.parent / "README.md").read_text()
+        # filled in by lab/lib.sh's fill_template; render() checks none is left
+        assert dialect.config and dialect.scheduler
 
 
 @pytest.mark.parametrize("dialect", dialects(), ids=lambda d: d.name)

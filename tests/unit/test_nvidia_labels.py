@@ -18,6 +18,7 @@ from gpuk8s.core.labels import (
     GFD_LABELS,
     compute_labels,
     gfd_family,
+    gfd_gpu_mode,
     gfd_machine,
     gfd_product,
     label_diff,
@@ -57,6 +58,7 @@ H100_GFD = {
     "nvidia.com/mig.capable": "true",
     "nvidia.com/mig.strategy": "none",
     "nvidia.com/gpu.machine": "unknown",
+    "nvidia.com/gpu.mode": "compute",
     "nvidia.com/gpu.present": "true",
 }
 
@@ -84,6 +86,7 @@ GFD_DOCUMENTED = {
                              r"ada-lovelace|hopper|blackwell|undefined",
     "nvidia.com/gpu.machine": STRING,
     "nvidia.com/gpu.memory": INTEGER,  # MiB
+    "nvidia.com/gpu.mode": r"compute|graphics|unknown",
     "nvidia.com/gpu.product": STRING,
     "nvidia.com/gpu.replicas": INTEGER,
     "nvidia.com/gpu.sharing-strategy": r"none|mps|time-slicing",
@@ -95,22 +98,23 @@ GFD_DOCUMENTED = {
 # What GFD writes on the simulated nodes, per GFD's rules, for whole GPUs (the chart's
 # default): model, memory MiB, capability and family from NVML; MIG on A100/H100, not
 # on T4 (MIG strategy none: no MIG devices); replicas 1, strategy none; the machine from
-# DMI. Sharing modes change four of them (below).
+# DMI; the mode from the PCI class (all three are 3D controllers, 0x030200: compute).
+# Sharing modes change four of them (below).
 GFD_TABLE = {
     "nvidia-8": {"gpu.product": "NVIDIA-H100-80GB-HBM3", "gpu.count": "8",
                  "gpu.memory": "81559", "gpu.family": "hopper", "gpu.compute.major": "9",
                  "gpu.compute.minor": "0", "mig.capable": "true", "mig.strategy": "none",
                  "cuda.driver-version.full": "550.54.15",
-                 "cuda.runtime-version.full": "12.4"},
+                 "cuda.runtime-version.full": "12.4", "gpu.mode": "compute"},
     "a100-8": {"gpu.product": "NVIDIA-A100-SXM4-80GB", "gpu.count": "8",
                "gpu.memory": "81920", "gpu.family": "ampere", "gpu.compute.major": "8",
                "gpu.compute.minor": "0", "mig.capable": "true", "mig.strategy": "none",
                "cuda.driver-version.full": "535.183.01",
-               "cuda.runtime-version.full": "12.2"},
+               "cuda.runtime-version.full": "12.2", "gpu.mode": "compute"},
     "t4-2": {"gpu.product": "Tesla-T4", "gpu.count": "2", "gpu.memory": "15360",
              "gpu.family": "turing", "gpu.compute.major": "7", "gpu.compute.minor": "5",
              "mig.capable": "false", "cuda.driver-version.full": "515.65.01",
-             "cuda.runtime-version.full": "11.7"},
+             "cuda.runtime-version.full": "11.7", "gpu.mode": "compute"},
 }
 # per sharing mode: strategy, replicas (device ids per GPU gpu-device serves), MPS
 # capable, and GFD's "-SHARED" after a replicated product
@@ -246,6 +250,36 @@ def test_gfd_machine_type() -> None:
     assert gfd_machine("  ") == gfd_machine(None) == "unknown"
     # GFD only turns blanks into '-'; characters no label value may hold become '-' too
     assert gfd_machine("Standard_ND96isr (H100) v5") == "Standard_ND96isr--H100--v5"
+
+
+def test_gfd_gpu_mode_from_the_pci_class(tmp_path: Path) -> None:
+    """GFD's gpu.mode: a 3D controller computes, a VGA controller is a graphics GPU, any
+    other class is unknown; read from each GPU's sysfs ``class`` file, the first GPU's
+    class on a node of mixed modes (GFD keeps the first)."""
+    assert gfd_gpu_mode([0x030200]) == "compute"
+    assert gfd_gpu_mode([0x030000]) == "graphics"
+    assert gfd_gpu_mode([0x038000]) == gfd_gpu_mode([None]) == gfd_gpu_mode([]) == "unknown"
+    assert gfd_gpu_mode([0x030000, 0x030200]) == "graphics"
+    assert gfd_gpu_mode([0x030200, 0x030000, 0x030000]) == "compute"
+    root = str(tmp_path / "t4")
+    sim.create(root, "t4-2")
+    first, second = sorted(discover(root).gpus, key=lambda g: g.index)
+    assert (first.pci_class, second.pci_class) == (0x030200, 0x030200)
+
+    def set_class(address: str, code: str) -> None:
+        with open(f"{root}/sys/bus/pci/devices/{address}/class", "w", encoding="utf-8") as f:
+            f.write(code + "\n")
+
+    store = LabelStore({"n": {}})
+    one_pass = make_pass(store, "n", root, discover)
+    one_pass()
+    assert store.labels["n"]["nvidia.com/gpu.mode"] == "compute"
+    set_class(second.pci_address, "0x030000")  # the second GPU in VGA mode: the first's
+    assert one_pass().changes == {}
+    set_class(first.pci_address, "0x030000")  # both: graphics, and the label follows
+    assert one_pass().changes == {"nvidia.com/gpu.mode": "graphics"}
+    assert [g.pci_class for g in discover(root).gpus] == [0x030000, 0x030000]
+    assert discover(root).to_dict()["gpus"][0]["pci_class"] == "0x030000"
 
 
 def test_two_part_driver_version_has_an_empty_rev(nvidia_sim_root: str) -> None:

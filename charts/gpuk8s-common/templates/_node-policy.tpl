@@ -46,6 +46,7 @@ gpu-label:
     - nvidia.com/mig.strategy
     - nvidia.com/gpu.machine
     - nvidia.com/gpu.present
+    - nvidia.com/gpu.mode
 gpu-device:
   annotations:
     - metax-tech.com/gpu.devices

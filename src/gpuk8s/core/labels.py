@@ -11,7 +11,8 @@ Outside that prefix (SPEC §14), from the same inventory:
 * on NVIDIA nodes, the labels of NVIDIA's GPU Feature Discovery (GFD) with GFD's value
   formats (``gfd_labels``), so selectors written for GFD keep working: the resource and
   version labels, MIG capability, the sharing strategy and replicas of the node's sharing
-  mode, MPS capability and the machine type -- and the GPU Operator's ``gpu.present``.
+  mode, MPS capability, the machine type and the GPU mode (compute or graphics, from the
+  PCI class) -- and the GPU Operator's ``gpu.present``.
 
 ``owned_labels`` names the keys outside the prefix that gpu-label manages on a node (adds,
 changes, removes): every GFD key it can write, and the bare CUDA keys on NVIDIA nodes only.
@@ -98,6 +99,7 @@ GFD_LABELS: tuple[str, ...] = (
     "nvidia.com/mig.strategy",  # mig-strategy.go: none, single or mixed
     "nvidia.com/gpu.machine",  # machine-type.go: the DMI product name
     "nvidia.com/gpu.present",  # the GPU Operator's, which GFD's users select on too
+    "nvidia.com/gpu.mode",  # nvml.go newGPUModeLabeler: from the PCI class
 )
 
 # GFD's sharing strategy and replicas (device ids per GPU that gpu-device serves) for a
@@ -116,6 +118,10 @@ MIG_CAPABLE_PRODUCTS = frozenset(
 )
 # GFD's gpu.machine when the machine type cannot be read
 MACHINE_UNKNOWN = "unknown"
+# GFD's gpu.mode by PCI class code: a VGA controller (can drive a display) or a 3D
+# controller (cannot); any other class, or none read, is "unknown"
+GPU_MODES: dict[int, str] = {0x030000: "graphics", 0x030200: "compute"}
+GPU_MODE_UNKNOWN = "unknown"
 
 _VALUE_OK = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -169,6 +175,15 @@ def gfd_machine(product_name: str | None) -> str:
     return value or MACHINE_UNKNOWN
 
 
+def gfd_gpu_mode(pci_classes: Iterable[int | None]) -> str:
+    """GFD's ``gpu.mode`` of a node from its GPUs' PCI class codes in index order
+    (``GPU_MODES``): the first GPU's. GFD compares the classes in that order and, at the
+    first that differs, keeps the one before it: on a node of mixed modes, the first
+    GPU's too."""
+    first = next(iter(pci_classes), None)
+    return GPU_MODES.get(first, GPU_MODE_UNKNOWN) if first is not None else GPU_MODE_UNKNOWN
+
+
 def gfd_labels(
     inventory: NodeInventory,
     *,
@@ -182,7 +197,8 @@ def gfd_labels(
     GPU; the strategy is ``none``: whole GPUs only), the sharing strategy and replicas of
     ``sharing_mode`` (``GFD_SHARING``; shared: ``-SHARED`` after the product, as GFD;
     ``mps.capable`` true only in MPS mode; a mode without a GFD strategy, such as MetaX's
-    sgpu, gets none of the three), ``machine`` (``gfd_machine``) and ``gpu.present``."""
+    sgpu, gets none of the three), ``machine`` (``gfd_machine``), ``gpu.mode`` from the
+    PCI class (``gfd_gpu_mode``) and ``gpu.present``."""
     if inventory.backend != "nvidia" or not inventory.has_gpus or not inventory.driver.loaded:
         return {}
     gpus = sorted(inventory.gpus, key=lambda g: g.index)
@@ -194,6 +210,7 @@ def gfd_labels(
         "nvidia.com/gpu.count": str(len(gpus)),
         "nvidia.com/gpu.present": "true",
         "nvidia.com/gpu.machine": machine,
+        "nvidia.com/gpu.mode": gfd_gpu_mode(g.pci_class for g in gpus),
         "nvidia.com/mig.capable": _bool(mig),
     }
     if mig:

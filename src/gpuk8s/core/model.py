@@ -96,6 +96,9 @@ class Gpu:
     name: str | None = None  # the vendor tool's full name ("NVIDIA H100 80GB HBM3")
     # NVIDIA: CUDA compute capability (major, minor), e.g. (9, 0) for an H100
     compute_capability: tuple[int, int] | None = None
+    # PCI class code (sysfs ``class``, 24 bits): 0x030200 a 3D controller, 0x030000 a VGA
+    # controller; None where it could not be read
+    pci_class: int | None = None
 
     @property
     def stable_id(self) -> str:
@@ -258,4 +261,5 @@ def gpu_to_dict(gpu: Gpu) -> dict[str, Any]:
         "name": gpu.name,
         "compute_capability": None if gpu.compute_capability is None
         else "{}.{}".format(*gpu.compute_capability),
+        "pci_class": None if gpu.pci_class is None else f"0x{gpu.pci_class:06x}",
     }

@@ -373,6 +373,7 @@ def discover(
                 device_nodes=nodes,
                 driver_bound=bound,
                 fault=reasons.get(dev.address),
+                pci_class=dev.class_code,
             )
         )
     inventory = NodeInventory(

@@ -438,6 +438,7 @@ def discover(root: str, devices: list[sysfs.PciDevice], runner: Runner | None = 
                 fault=bad.get(dev.address),
                 name=_value(row.get("name")),
                 compute_capability=compute.get(dev.address),
+                pci_class=dev.class_code,
             )
         )
     controls = tuple(p for p in CONTROL_DEVICES if os.path.lexists(host_path(root, p)))
