@@ -34,14 +34,14 @@ FAKE_TOLERATION = {"key": "lab.gpuk8s.io/fake-node", "operator": "Exists", "effe
 
 
 def versions() -> dict[str, str]:
-    """lab/versions.env for the lab's release (lab/versions.py; GPUK8S_KUBE_VERSION as lab/up
-    had it)."""
+    """lab/versions.env for the lab's release (lab/versions.py: the one lab/up --kube brought
+    it up with; a GPUK8S_KUBE_VERSION naming another is refused)."""
     sys.path.insert(0, str(LAB))
     try:
         import versions as lab_versions
     finally:
         sys.path.remove(str(LAB))
-    resolved: dict[str, str] = lab_versions.load()
+    resolved: dict[str, str] = lab_versions.load(lab=True)
     return resolved
 
 
