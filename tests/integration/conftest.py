@@ -84,7 +84,7 @@ ROLES = {
 
 sys.path.insert(0, str(REPO / "lab"))
 try:
-    import versions as lab_versions  # lab/versions.py
+    import versions as versions_py  # lab/versions.py (lab_versions is a fixture below)
 finally:
     sys.path.remove(str(REPO / "lab"))
 
@@ -92,13 +92,13 @@ finally:
 def _pinned_versions() -> dict[str, str]:
     """lab/versions.env for the release this run uses (lab/versions.py: GPUK8S_KUBE_VERSION,
     else the lab's release, else KUBE_VERSION)."""
-    resolved: dict[str, str] = lab_versions.load()
+    resolved: dict[str, str] = versions_py.load()
     return resolved
 
 
 def _release_chosen() -> bool:
     """GPUK8S_KUBE_VERSION or the lab's record named the release (no other may stand in)."""
-    return bool(lab_versions.chosen(os.environ))
+    return bool(versions_py.chosen(os.environ))
 
 
 def find_binary(name: str, pinned_dir: str | None) -> str | None:
