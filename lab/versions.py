@@ -64,7 +64,8 @@ def state_dir(environ: Mapping[str, str]) -> Path:
 
 
 def recorded(environ: Mapping[str, str]) -> tuple[str, str] | None:
-    """(release, where it was read) of the lab in ``$GPUK8S_LAB_STATE``, or None (no lab):
+    """(release, where it was read) of the lab in ``$GPUK8S_LAB_STATE``, or None (no lab, or
+    one a user cannot read: the lab scripts resolve again as root, lab/lib.sh as_root):
     lab/up's record, else the release of the kube-apiserver an older lab/up started."""
     state = state_dir(environ)
     record = state / RECORD
@@ -72,12 +73,12 @@ def recorded(environ: Mapping[str, str]) -> tuple[str, str] | None:
         release = record.read_text().strip()
         if release:
             return release, str(record)
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
         pass
     cmd = state / "run" / "kube-apiserver.cmd"
     try:
         found = APISERVER_CMD.search(cmd.read_text(errors="replace"))
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
         return None
     return (found.group(1), str(cmd)) if found else None
 
