@@ -3,7 +3,7 @@
 
 ``benchmarks/packing.py`` places the trace's pods by calling the product's code in one
 process. This replays the same pods through the parts a user runs: the API server, a
-real kube-scheduler (the lab's binary, v1.37.2), gpu-aware over HTTP (this checkout's
+real kube-scheduler (the lab's binary, of the lab's release), gpu-aware over HTTP (this checkout's
 ``gpuk8s serve extender``, its filter / prioritize / bind verbs) and the watches, on fake
 nodes (``lab/fake_nodes.py``: Node objects kept Ready, publishing the product's own
 annotations). Needs the lab (``lab/up``), as root, under the lab's lock (``--lab-lock``:

@@ -51,7 +51,8 @@ SCHEDULER_NAME = "gpuk8s-bench"
 
 
 def versions() -> dict[str, str]:
-    """lab/versions.env for the release this run uses (GPUK8S_KUBE_VERSION picks another)."""
+    """lab/versions.env for the release this run uses: GPUK8S_KUBE_VERSION, else the lab's
+    (lab/up --kube), else KUBE_VERSION."""
     resolved: dict[str, str] = lab_versions.load()
     return resolved
 

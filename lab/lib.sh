@@ -4,6 +4,8 @@
 
 LAB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$LAB_DIR/.." && pwd)"
+# the lab's Kubernetes release (lab/up --kube records it; GPUK8S_KUBE_VERSION must agree)
+VERSIONS_FOR_LAB=1
 # shellcheck source=lab/versions.sh
 . "$LAB_DIR/versions.sh"
 

@@ -41,9 +41,9 @@ finally:
 
 
 def versions() -> dict[str, str]:
-    """lab/versions.env for the lab's release (lab/versions.py; GPUK8S_KUBE_VERSION as lab/up
-    had it)."""
-    resolved: dict[str, str] = lab_versions.load()
+    """lab/versions.env for the lab's release (lab/versions.py: the one lab/up --kube brought
+    it up with; a GPUK8S_KUBE_VERSION naming another is refused)."""
+    resolved: dict[str, str] = lab_versions.load(lab=True)
     return resolved
 
 

@@ -10,7 +10,7 @@ GPUs: docs/dra.md, "Runtimes"), so the module runs the lab node on containerd 2.
 
 Order matters inside this module (one install shared by the tests, torn down at the end).
 It is installed with the chart's defaults first (``gpuDra.groupDevices: auto``: no group
-devices and no group classes on any release measured so far -- on the lab's 1.35 they
+devices and no group classes on any release measured so far -- on 1.35.4 they
 slow the scheduler and it mis-allocates matchAttribute claims beside them, docs/dra.md
 "Flags"); the group-device tests then turn them on (``groupDevices: true``, which also
 brings the group-2|4|8 classes), as an administrator of such a cluster would.
@@ -407,6 +407,48 @@ def test_8_a_vf_claim_gets_vfs(dra: dict[str, str]) -> None:
     finally:
         gpuk8s("sim", "vfnum", "--root", str(SIM_ROOT), "--vfnum", "0")
         restart_gpu_dra(node, 14)
+
+
+def allocated_health(pod: str) -> dict[str, str]:
+    """resourceID -> health of every claim device in the pod's containers'
+    ``allocatedResourcesStatus`` (the kubelet writes it from gpu-dra's health stream,
+    ResourceHealthStatus gate)."""
+    status = kubectl_json("-n", PODS, "get", "pod", pod)["status"]
+    return {str(r.get("resourceID")): str(r.get("health"))
+            for c in status.get("containerStatuses") or []
+            for s in c.get("allocatedResourcesStatus") or []
+            if str(s.get("name", "")).startswith("claim:")
+            for r in s.get("resources") or []}
+
+
+def test_9_a_running_pods_faulted_gpu_shows_in_its_allocated_resources_status(
+        dra: dict[str, str]) -> None:
+    """Issue 51 item 6: the kubelet's own view of a claim's device health. A pod runs on
+    GPU 5; after `sim fail` its container's allocatedResourcesStatus says Unhealthy for
+    that device (gpu-dra's NodeWatchResources stream, read by the kubelet), and Healthy
+    after `sim heal`. Needs a real kubelet with ResourceHealthStatus (lab/versions.env).
+    The kubelet names the device by the first CDI device id gpu-dra returned from
+    NodePrepareResources (<driver>/claim=<claim uid>-<n>-<device>: docs/dra.md)."""
+    node = dra["node"]
+    run_claim("five", [request(cel=index_is(5))])
+    resource = f"{DRIVER}/claim={claim_uid('five')}-0-{device_of(node, 5)}"
+
+    def health() -> str | None:
+        return allocated_health("five").get(resource)
+
+    wait_until("the kubelet reports the claim's device Healthy",
+               lambda: health() == "Healthy", 60)
+    assert set(allocated_health("five")) == {resource}, allocated_health("five")
+    gpuk8s("sim", "fail", "--root", str(SIM_ROOT), "--gpu", "5")
+    try:
+        wait_until("the kubelet reports the claim's device Unhealthy",
+                   lambda: health() == "Unhealthy", HEALTHY_INTERVAL + 30)
+        assert pod_phase(PODS, "five") == "Running", "NoSchedule: the running pod stays"
+    finally:
+        gpuk8s("sim", "heal", "--root", str(SIM_ROOT), "--gpu", "5")
+    wait_until("the kubelet reports the claim's device Healthy again",
+               lambda: health() == "Healthy", HEALTHY_INTERVAL + 30)
+    delete_pods("five")
 
 
 def test_10_a_claim_no_node_can_serve_gets_an_event_on_its_pod(dra: dict[str, str]) -> None:

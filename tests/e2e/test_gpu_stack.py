@@ -306,7 +306,7 @@ def test_5_rbac_matrix_each_service_account_may_do_its_job_and_nothing_else(
 def test_6_node_agents_may_patch_only_their_own_node(
     installed: dict[str, str], tmp_path: Path
 ) -> None:
-    """The chart's ValidatingAdmissionPolicies on the lab's kube-apiserver (1.35): a token
+    """The chart's ValidatingAdmissionPolicies on the lab's kube-apiserver: a token
     of the real gpu-label pod changes a label it writes on its own Node, never another
     Node, and on its own Node no label it does not own."""
     node = installed["node"]

@@ -205,7 +205,7 @@ def test_5_gpu_aware_places_4_gpu_pod_inside_one_link_group(
         assert marker["configHash"] == "sha256:" + hashlib.sha256(config.encode()).hexdigest()
         assert any(c["type"] == "Ready" and c["status"] == "True"
                    for c in after["status"]["conditions"])
-        # ...and a kubernetes_version the real scheduler image (1.35) contradicts is refused
+        # ...and a kubernetes_version the real scheduler image (the lab's) contradicts is refused
         text = manifest.read_bytes()
         refused = run(tool("ansible-playbook"), "-i", INVENTORY,
                       str(REPO / "playbooks" / "gpu_aware.yml"),

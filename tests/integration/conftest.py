@@ -19,12 +19,13 @@ user            groups             RBAC granted by the fixture
 
 The apiserver runs with the lab's feature gates and runtime config for its release
 (``KUBE_FEATURE_GATES_v1_<minor>``, ``KUBE_RUNTIME_CONFIG_v1_<minor>`` in lab/versions.env: the
-DRA parts gpu-dra uses). ``GPUK8S_KUBE_VERSION=v1.37.2`` runs the tier on another release the
-lab knows (``KUBE_VERSIONS``; lab/versions.py resolves it).
+DRA parts gpu-dra uses). The release is the lab's (the one ``lab/up --kube`` brought it up
+with), else versions.env's ``KUBE_VERSION``; ``GPUK8S_KUBE_VERSION=v1.35.4`` runs the tier on
+another release the lab knows (``KUBE_VERSIONS``; lab/versions.py resolves it).
 
 Binaries: kube-apiserver from ``$GPUK8S_CACHE/bin/kube-<KUBE_VERSION>/`` (built by
 ``lab/tools.sh kube``; any ``kube-*`` there or on PATH as a fallback, except when
-``GPUK8S_KUBE_VERSION`` names the release: then only that one), etcd from
+``GPUK8S_KUBE_VERSION`` or the lab's record names the release: then only that one), etcd from
 ``$GPUK8S_CACHE/bin/etcd-<ETCD_VERSION>/`` (``lab/tools.sh etcd``), else ``etcd`` on
 PATH (Debian: ``apt-get install etcd-server``). Tests using the fixture skip only when
 one of these (or openssl) is missing, and the skip names what is missing.
@@ -81,24 +82,32 @@ ROLES = {
 }
 
 
+sys.path.insert(0, str(REPO / "lab"))
+try:
+    import versions as versions_py  # lab/versions.py (lab_versions is a fixture below)
+finally:
+    sys.path.remove(str(REPO / "lab"))
+
+
 def _pinned_versions() -> dict[str, str]:
-    """lab/versions.env for the release this run uses (lab/versions.py: GPUK8S_KUBE_VERSION)."""
-    sys.path.insert(0, str(REPO / "lab"))
-    try:
-        import versions as lab_versions
-    finally:
-        sys.path.remove(str(REPO / "lab"))
-    resolved: dict[str, str] = lab_versions.load()
+    """lab/versions.env for the release this run uses (lab/versions.py: GPUK8S_KUBE_VERSION,
+    else the lab's release, else KUBE_VERSION)."""
+    resolved: dict[str, str] = versions_py.load()
     return resolved
+
+
+def _release_chosen() -> bool:
+    """GPUK8S_KUBE_VERSION or the lab's record named the release (no other may stand in)."""
+    return bool(versions_py.chosen(os.environ))
 
 
 def find_binary(name: str, pinned_dir: str | None) -> str | None:
     """``name`` in the pinned cache dir, else any cached version, else on PATH; only the
-    pinned dir for Kubernetes programs when GPUK8S_KUBE_VERSION chose the release."""
+    pinned dir for Kubernetes programs when the release was chosen (``_release_chosen``)."""
     candidates = []
     if pinned_dir:
         candidates.append(CACHE_BIN / pinned_dir / name)
-        if pinned_dir.startswith("kube-") and os.environ.get("GPUK8S_KUBE_VERSION"):
+        if pinned_dir.startswith("kube-") and _release_chosen():
             path = candidates[0]
             return str(path) if path.is_file() and os.access(path, os.X_OK) else None
     prefix = pinned_dir.split("-")[0] if pinned_dir else name
@@ -340,7 +349,7 @@ def apiserver() -> Iterator[ApiServer]:
         from gpuk8s.services.kube import api_client
 
         admin = api_client(kubeconfigs["admin"])
-        if os.environ.get("GPUK8S_KUBE_VERSION"):  # the release asked for, not a fallback
+        if _release_chosen():  # the release asked for, not a fallback
             served = client.VersionApi(admin).get_code().git_version
             assert served == versions["KUBE_VERSION"], (served, apiserver_bin)
         rbac = client.RbacAuthorizationV1Api(admin)

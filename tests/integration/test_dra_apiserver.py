@@ -1,6 +1,7 @@
-"""gpu-dra's ResourceSlices and DeviceClasses judged by the real kube-apiserver 1.35 (with
-the lab's DRA feature gates), the own-node admission policy of the chart, and the real
-kube-scheduler's DRA allocator choosing from the slices.
+"""gpu-dra's ResourceSlices and DeviceClasses judged by the real kube-apiserver of the lab's
+release (1.37.2 by default, 1.35.4 with GPUK8S_KUBE_VERSION; with its DRA feature gates),
+the own-node admission policy of the chart, and the real kube-scheduler's DRA allocator
+choosing from the slices.
 
 No kubelet here: nodes are API objects, so pods are bound but never run; what is checked
 is what the scheduler allocated (``status.allocation`` of the claims). The kubelet side
@@ -26,6 +27,7 @@ from gpuk8s.core import dra
 from gpuk8s.core.dra import DRIVER, PoolOptions, build_slices
 from gpuk8s.discovery import discover
 from gpuk8s.services.dra.publisher import KubeSlices, SlicePublisher, _canonical
+from tests.unit.test_charts import KUBE_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,10 +87,11 @@ def device_classes(helm_binary: str, *sets: str, kinds: tuple[str, ...] = ("Devi
                    release: str = "r") -> list[dict[str, Any]]:
     """The chart's DeviceClasses (gpuDra.enabled and ``sets``), as helm renders them, or
     other ``kinds`` of gpu-dra's template (rendered for a cluster that serves
-    ValidatingAdmissionPolicy)."""
+    ValidatingAdmissionPolicy). The chart depends on the release only through Chart.yaml's
+    kubeVersion: rendered for versions.env's minor (test_charts.KUBE_VERSION)."""
     proc = subprocess.run(
         [helm_binary, "template", release, str(REPO / "charts" / "metax-gpu-extensions"),
-         "--kube-version", "1.35.0", "--api-versions", VAP_API, "--set", "gpuDra.enabled=true",
+         "--kube-version", KUBE_VERSION, "--api-versions", VAP_API, "--set", "gpuDra.enabled=true",
          *[a for value in sets for a in ("--set", value)],
          "--show-only", "templates/gpu-dra.yaml"],
         capture_output=True, text=True, check=True)

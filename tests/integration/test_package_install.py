@@ -153,7 +153,7 @@ def test_extensions_install_rbac_and_uninstall(
                 f"ClusterRoleBinding/{rel}-gpu-aware",
                 f"ClusterRoleBinding/{rel}-gpu-mps",
                 "Role/gpu-aware",
-                # the apiserver (1.35) serves ValidatingAdmissionPolicy
+                # the apiserver (>= 1.30) serves ValidatingAdmissionPolicy
                 f"ValidatingAdmissionPolicy/{rel}-own-node",
                 f"ValidatingAdmissionPolicyBinding/{rel}-own-node",
                 # gpu-device: only the sharing annotation of its own node's pods
@@ -305,7 +305,7 @@ def test_node_agents_may_patch_only_their_own_node(
     apiserver: Any, helm: Any, charts: dict[str, str], chart: str, agents: list[str],
     values: list[str],
 ) -> None:
-    """The ValidatingAdmissionPolicy on this real kube-apiserver (1.35): a node agent's
+    """The ValidatingAdmissionPolicy on this real kube-apiserver (>= 1.30): a node agent's
     token bound to its pod on node A (the token carries the node, as the kubelet's does)
     patches a key it owns on A, and is denied on B (RBAC alone allows both) and for a key
     it does not own on A (issue 50: NodeRestriction's rule)."""

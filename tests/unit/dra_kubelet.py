@@ -1,7 +1,7 @@
 """A kubelet stand-in for DRA plugins (real gRPC on unix sockets), and a fake API server.
 
 ``FakeDraKubelet`` plays the kubelet's part as pkg/kubelet/pluginmanager and
-pkg/kubelet/cm/dra (v1.35.4) do:
+pkg/kubelet/cm/dra (v1.35.4, and v1.37.2 for the health service) do:
 
 * watches the registry directory for sockets (the plugin watcher; at start it walks the
   directory, as a restarted kubelet does), calls ``pluginregistration.Registration/GetInfo``,
@@ -10,7 +10,10 @@ pkg/kubelet/cm/dra (v1.35.4) do:
   reports with ``NotifyRegistrationStatus``;
 * calls ``NodePrepareResources`` / ``NodeUnprepareResources`` on the plugin's endpoint with
   the service it chose (or one a test names);
-* opens ``v1alpha1.DRAResourceHealth/NodeWatchResources`` and records each update;
+* opens ``DRAResourceHealth/NodeWatchResources`` and records each update: of the newest
+  health service it knows that the plugin advertises, as 1.37's ``pickHealthService``
+  (``health_services``: v1 then v1alpha1 as 1.37; ``(HEALTH_V1ALPHA1,)`` is 1.35, which
+  calls v1alpha1 whatever the plugin advertises);
 * ``restart()``: forgets every registration and walks the directory again.
 
 ``FakeResourceApi`` holds ResourceClaims and ResourceSlices in memory with resource
@@ -34,6 +37,7 @@ from gpuk8s.core.errors import GpuK8sError
 from gpuk8s.services.dra.grpcapi import (
     DRA_V1,
     DRA_V1BETA1,
+    HEALTH_SERVICES,
     DraPluginStub,
     HealthStub,
     RegistrationStub,
@@ -55,6 +59,7 @@ class Registration:
     service: str | None  # the gRPC service chosen, None when refused
     error: str = ""
     at: float = 0.0
+    health: str | None = None  # the DRAResourceHealth service chosen, None: not advertised
 
 
 @dataclass
@@ -66,9 +71,11 @@ class HealthWatch:
 
 
 class FakeDraKubelet:
-    def __init__(self, registry_dir: str, poll: float = 0.02) -> None:
+    def __init__(self, registry_dir: str, poll: float = 0.02,
+                 health_services: tuple[str, ...] = HEALTH_SERVICES) -> None:
         self.registry_dir = registry_dir
         self.poll = poll
+        self.health_services = health_services
         self.registrations: list[Registration] = []
         self.known: dict[str, tuple[int, int]] = {}  # socket path -> (inode, ctime)
         self.refuse_with = ""  # non-empty: NotifyRegistrationStatus(false, this)
@@ -143,10 +150,11 @@ class FakeDraKubelet:
         except grpc.RpcError:
             self.known.pop(path, None)  # try again at the next poll
             return
+        health = next((h for h in self.health_services if h in info.supported_versions), None)
         with self._cond:
             self.registrations.append(Registration(
                 path, info.type, info.name, info.endpoint, list(info.supported_versions),
-                None if error else service, error, time.monotonic()))
+                None if error else service, error, time.monotonic(), health))
             self._cond.notify_all()
 
     def wait_registrations(self, count: int, timeout: float = 10.0) -> list[Registration]:
@@ -186,9 +194,13 @@ class FakeDraKubelet:
 
     def watch_health(self) -> HealthWatch:
         plugin = self._plugin()
+        if plugin.health is None:
+            raise AssertionError(f"the plugin advertises no health service this kubelet "
+                                 f"knows ({list(self.health_services)}): {plugin.versions}")
         channel = grpc.insecure_channel(unix_target(plugin.endpoint))
         self._channels.append(channel)
-        stream = HealthStub(channel).NodeWatchResources(drahealth.NodeWatchResourcesRequest())
+        stream = HealthStub(channel, plugin.health).NodeWatchResources(
+            drahealth.NodeWatchResourcesRequest())
         watch = HealthWatch()
         self.watches.append(watch)
 

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
@@ -30,7 +31,15 @@ EXT = CHARTS / "metax-gpu-extensions"
 OP = CHARTS / "metax-operator"
 NS = "gpu-ns"
 REL = "rel"
-KUBE_VERSION = "1.35.0"  # the lab's minor; schemas of the same minor are used below
+sys.path.insert(0, str(REPO / "lab"))
+import versions as lab_versions  # noqa: E402  (lab/versions.py)
+
+sys.path.remove(str(REPO / "lab"))
+# the checkout's default lab release (lab/versions.env KUBE_VERSION, not a running lab's:
+# the same renders on every machine); its minor's schemas are used below. The other
+# releases the lab builds: test_charts_kube_releases.py
+LAB_RELEASE = lab_versions.read()["KUBE_VERSION"]
+KUBE_VERSION = LAB_RELEASE.lstrip("v").rsplit(".", 1)[0] + ".0"
 P = "metax-tech.com/"
 
 # minimal values each chart needs to render
@@ -375,10 +384,10 @@ def _refs(node: Any) -> Iterable[str]:
 
 @pytest.fixture(scope="module")
 def kubeconform_schemas(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """kubeconform-readable schemas from kubernetes-validate's 1.35 strict set: each kind we
-    render, made standalone by inlining the definitions it reaches."""
+    """kubeconform-readable schemas from kubernetes-validate's strict set of KUBE_VERSION's
+    minor: each kind we render, made standalone by inlining the definitions it reaches."""
     kv = pytest.importorskip("kubernetes_validate")
-    src = Path(kv.__file__).parent / "kubernetes-json-schema" / "v1.35.0-local-strict"
+    src = Path(kv.__file__).parent / "kubernetes-json-schema" / f"v{KUBE_VERSION}-local-strict"
     defs = json.loads((src / "_definitions.json").read_text())["$defs"]
     out = tmp_path_factory.mktemp("kubeconform-schemas")
     names = {

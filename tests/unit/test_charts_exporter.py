@@ -11,6 +11,7 @@ import yaml
 
 from tests.unit.test_charts import (
     EXT,
+    KUBE_VERSION,
     NS,
     OP,
     OP_MIN,
@@ -34,7 +35,7 @@ ON = {"gpuExporter": {"enabled": True}}
 
 
 def render_with_crds(chart: Path, values: dict[str, Any], apis: list[str]) -> Objects:
-    args = ["template", REL, str(chart), "-n", NS, "--kube-version", "1.35.0"]
+    args = ["template", REL, str(chart), "-n", NS, "--kube-version", KUBE_VERSION]
     for api in apis:
         args += ["--api-versions", api]
     proc = run_helm(args, values)

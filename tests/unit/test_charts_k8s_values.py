@@ -23,6 +23,7 @@ import yaml
 
 from tests.unit.test_charts import (  # noqa: F401 (kubeconform_schemas: a fixture)
     EXT,
+    LAB_RELEASE,
     OP,
     OP_MIN,
     _deep_merge,
@@ -194,18 +195,17 @@ GOOD = [
 
 @pytest.fixture(scope="module")
 def kube_schemas(request: pytest.FixtureRequest) -> Path:
-    """kubeconform schemas of the lab's Kubernetes: lab/schemas.sh's (from the apiserver's
-    own OpenAPI document) where it has made them on this machine, else those of
-    kubernetes-validate for the same minor (test_charts.kubeconform_schemas), so the unit
-    tier needs no apiserver."""
-    env = (REPO / "lab" / "versions.env").read_text()
-    version = re.search(r"(?m)^KUBE_VERSION=(\S+)$", env)
-    assert version
+    """kubeconform schemas of the checkout's lab release (test_charts.LAB_RELEASE):
+    lab/schemas.sh's (from the apiserver's own OpenAPI document) where it has made them on
+    this machine, else those of kubernetes-validate for the same minor
+    (test_charts.kubeconform_schemas), so the unit tier needs no apiserver."""
     made = Path(os.environ.get("GPUK8S_CACHE", "/var/cache/gpuk8s")) / "schemas"
-    made /= f"kube-{version.group(1)}"
+    made /= f"kube-{LAB_RELEASE}"
     if (made / "daemonset-apps-v1.json").exists():
+        # that release, not a running lab's other one (lab/versions.py: the variable wins)
         proc = subprocess.run(["bash", str(REPO / "lab" / "schemas.sh")], capture_output=True,
-                              text=True, check=False)  # cached: prints the folder
+                              text=True, check=False,  # cached: prints the folder
+                              env={**os.environ, "GPUK8S_KUBE_VERSION": LAB_RELEASE})
         assert proc.returncode == 0 and Path(proc.stdout.strip()) == made, proc.stderr
         return made
     return Path(request.getfixturevalue("kubeconform_schemas"))

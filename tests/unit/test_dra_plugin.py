@@ -25,7 +25,14 @@ from gpuk8s.core.dra import DRIVER, PoolOptions, gpu_device_name, group_device_n
 from gpuk8s.core.model import NodeInventory
 from gpuk8s.discovery import discover
 from gpuk8s.services.dra.driver import CDI_KIND, spec_path
-from gpuk8s.services.dra.grpcapi import DRA_V1, DRA_V1BETA1, HEALTHY, UNHEALTHY
+from gpuk8s.services.dra.grpcapi import (
+    DRA_V1,
+    DRA_V1BETA1,
+    HEALTH_V1,
+    HEALTH_V1ALPHA1,
+    HEALTHY,
+    UNHEALTHY,
+)
 from gpuk8s.services.dra.main import DraApp, DraConfig
 from gpuk8s.services.node.devices import AllocateOptions
 
@@ -126,13 +133,34 @@ def test_registers_as_dra_plugin_and_the_kubelet_picks_v1(
     assert reg.type == "DRAPlugin" and reg.name == DRIVER
     assert reg.socket == os.path.join(dirs["registry"], f"{DRIVER}-reg.sock")
     assert reg.endpoint == os.path.join(dirs["plugin"], "dra.sock")
-    assert reg.versions == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
-    assert reg.service == DRA_V1 and reg.error == ""
+    assert reg.versions == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
+                            "v1alpha1.DRAResourceHealth"]
+    assert reg.service == DRA_V1 and reg.error == "" and reg.health == HEALTH_V1
     assert node.kubelet.wait_for(lambda: node.app.server.registered.is_set(), 5,
                                  "registration status") is None
     node.api.wait(lambda: node.app.publisher.published_at is not None, 5, "slices")
     ok, body = node.app.readiness()
     assert ok and body["registered"] and body["slicesPublished"]
+
+
+@pytest.mark.parametrize("kubelet_health", [(HEALTH_V1, HEALTH_V1ALPHA1), (HEALTH_V1ALPHA1,)],
+                         ids=["kubelet-1.37-v1", "kubelet-1.35-v1alpha1"])
+def test_the_health_stream_answers_on_each_version_the_kubelet_calls(
+    c500: tuple[str, NodeInventory], dirs: dict[str, str], nodes: list[Node],
+    kubelet_health: tuple[str, ...]
+) -> None:
+    """The kubelet 1.37 picks DRAResourceHealth v1 (the newest both know), 1.35 calls
+    v1alpha1: both get every device of the pool, HEALTHY, on the same stream."""
+    root, inv = c500
+    kubelet = FakeDraKubelet(dirs["registry"], health_services=kubelet_health).start()
+    node = start(nodes, root, inv, dirs, kubelet=kubelet)
+    [reg] = node.kubelet.wait_registrations(1)
+    assert reg.health == kubelet_health[0]
+    node.api.wait(lambda: node.app.publisher.published_at is not None, 5, "slices")
+    watch = node.kubelet.watch_health()
+    node.kubelet.wait_for(lambda: bool(watch.updates), 5, "first health update")
+    assert set(watch.updates[0]) == set(node.api.devices())
+    assert set(watch.updates[0].values()) == {HEALTHY}
 
 
 def test_a_refused_registration_is_not_ready(

@@ -14,7 +14,8 @@ above it), so they are built from the card's PCI address, never from its index:
 ``index`` attribute shows the index for people. Releases before these names built them
 from indexes (``gpu-<index>``, ``group-<i>-<j>...``): ``legacy_device_gpus`` reads them.
 
-Two optional shapes, each needing an alpha feature of Kubernetes 1.35:
+Two optional shapes, each needing a feature gate that is alpha (off) in Kubernetes 1.35 and
+beta (on) from 1.36:
 
 * **Group devices** (``DRAPartitionableDevices``): a link-complete 2-, 4- or 8-GPU set
   (every pair joined by MetaXLink / NVLink) as one device ``group<k>-...``. A counter

@@ -1,19 +1,23 @@
 """gRPC glue of gpu-dra: the kubelet's DRA plugin API (v1 and v1beta1), the DRA health
-stream (v1alpha1) and plugin registration, wired with generic handlers from the messages
-generated from the vendored kubelet protos (``node.protos``).
+stream (v1 and v1alpha1) and plugin registration, wired with generic handlers from the
+messages generated from the vendored kubelet protos (``node.protos``).
 
 Services and paths (k8s.io/kubelet v0.35.4):
 
 * ``/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources`` (and ``Unprepare``),
   the same under ``...dra.v1beta1.DRAPlugin``: one servicer answers both, the messages
   differ only in v1's ``share_id``;
-* ``/v1alpha1.DRAResourceHealth/NodeWatchResources`` (server stream);
+* ``/v1.DRAResourceHealth/NodeWatchResources`` (server stream; the kubelet 1.37 picks it)
+  and the same under ``v1alpha1`` (the only one the kubelet 1.31-1.36 calls; 1.37 keeps it
+  until 1.40): k8s.io/kubelet's dra-health ``v1/api.proto`` is ``v1alpha1/api.proto`` in
+  another proto package, so one servicer and the vendored v1alpha1 messages serve both;
 * ``/pluginregistration.Registration/GetInfo`` and ``NotifyRegistrationStatus`` on the
   registration socket the kubelet's plugin watcher finds in ``plugins_registry``.
 
 Registration advertises the services as ``supported_versions`` in the kubelet's
 "<package>.<service>" short form (``v1.DRAPlugin``, ``v1beta1.DRAPlugin``,
-``v1alpha1.DRAResourceHealth``); the kubelet picks the newest it knows.
+``v1.DRAResourceHealth``, ``v1alpha1.DRAResourceHealth``); the kubelet picks the newest
+of each it knows (1.35 ignores the names it does not know and calls v1alpha1).
 The test harness (a kubelet stand-in) uses the stubs below from the other side.
 """
 
@@ -34,11 +38,14 @@ drav1, drav1beta1, drahealth, reg = protos.load_modules(
 
 DRA_V1 = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
 DRA_V1BETA1 = "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
-HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+HEALTH_V1 = "v1.DRAResourceHealth"
+HEALTH_V1ALPHA1 = "v1alpha1.DRAResourceHealth"
+HEALTH_SERVICES = (HEALTH_V1, HEALTH_V1ALPHA1)  # newest first
 REGISTRATION_SERVICE = "pluginregistration.Registration"
 PLUGIN_TYPE = "DRAPlugin"
-# what registration advertises, newest first (the kubelet's DRAPluginService constants)
-SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", HEALTH_SERVICE)
+# what registration advertises, newest first (the kubelet's DRAPluginService and
+# DRAResourceHealthService constants)
+SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", *HEALTH_SERVICES)
 DRA_MODULES = {DRA_V1: drav1, DRA_V1BETA1: drav1beta1}
 HEALTHY = drahealth.HEALTHY
 UNHEALTHY = drahealth.UNHEALTHY
@@ -140,14 +147,15 @@ def dra_handlers(servicer: DraServicer) -> list[grpc.GenericRpcHandler]:
 HealthStream = Callable[[Any, grpc.ServicerContext], Iterator[Any]]
 
 
-def health_handler(stream: HealthStream) -> grpc.GenericRpcHandler:
-    return grpc.method_handlers_generic_handler(HEALTH_SERVICE, {
+def health_handlers(stream: HealthStream) -> list[grpc.GenericRpcHandler]:
+    """``stream`` as NodeWatchResources of every DRAResourceHealth version."""
+    return [grpc.method_handlers_generic_handler(service, {
         "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
             stream,
             request_deserializer=drahealth.NodeWatchResourcesRequest.FromString,
             response_serializer=drahealth.NodeWatchResourcesResponse.SerializeToString,
         ),
-    })
+    }) for service in HEALTH_SERVICES]
 
 
 def registration_handler(get_info: Handler, notify: Handler) -> grpc.GenericRpcHandler:
@@ -176,9 +184,9 @@ class DraPluginStub:
 
 
 class HealthStub:
-    def __init__(self, channel: grpc.Channel) -> None:
+    def __init__(self, channel: grpc.Channel, service: str = HEALTH_V1) -> None:
         self.NodeWatchResources = channel.unary_stream(
-            f"/{HEALTH_SERVICE}/NodeWatchResources",
+            f"/{service}/NodeWatchResources",
             request_serializer=drahealth.NodeWatchResourcesRequest.SerializeToString,
             response_deserializer=drahealth.NodeWatchResourcesResponse.FromString,
         )

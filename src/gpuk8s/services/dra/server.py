@@ -1,7 +1,7 @@
 """gpu-dra's sockets: serve the DRA services, then offer registration, and keep both.
 
 Order (the kubelet's plugin watcher, pkg/kubelet/pluginmanager): the DRA socket
-``<plugin dir>/dra.sock`` (DRAPlugin v1 + v1beta1, DRAResourceHealth) is served and
+``<plugin dir>/dra.sock`` (DRAPlugin v1 + v1beta1, DRAResourceHealth v1 + v1alpha1) is served and
 answers first; then the registration socket ``<registry dir>/gpu.metax-tech.com-reg.sock``
 appears. The watcher notices it, calls ``GetInfo`` (type ``DRAPlugin``, the driver name,
 the DRA socket's path, the services we offer) and reports the outcome through
@@ -34,7 +34,7 @@ from .grpcapi import (
     HealthStream,
     RegistrationStub,
     dra_handlers,
-    health_handler,
+    health_handlers,
     reg,
     registration_handler,
 )
@@ -117,7 +117,7 @@ class DraServer:
     def serve(self) -> None:
         opts = self.options
         self._listen(opts.socket_path,
-                     [*dra_handlers(self.servicer), health_handler(self.health_stream)], "dra")
+                     [*dra_handlers(self.servicer), *health_handlers(self.health_stream)], "dra")
         self._listen(opts.registration_path,
                      [registration_handler(self._get_info, self._notify)], "dra-reg")
         try:
