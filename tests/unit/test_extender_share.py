@@ -912,6 +912,52 @@ def test_homes_totals_stay_the_sum_of_the_parts_counted() -> None:
     assert homes.totals == [0, 0] and homes.free == 0 and homes.at("n1") is None
 
 
+def test_a_full_count_of_homes_adds_up_each_node_state_once() -> None:
+    """After a ``reset`` (a mix with other whole-GPU classes: every node counted again)
+    ``_Homes`` stores the nodes' parts and adds them up on the first read, once per
+    distinct part: 1,200 nodes in 3 states read their homes 3 times, not 1,200 (the
+    code before summed the totals at every count); the sums equal the parts' sums,
+    through recounts and forgotten nodes before the read and counts after it."""
+    import random
+
+    reads = [0]
+
+    class Homes(tuple[int, ...]):
+        def __iter__(self) -> Any:
+            reads[0] += 1
+            return super().__iter__()
+
+    rng = random.Random(11)
+    states = [(rng.randrange(800), Homes(rng.randrange(5) for _ in range(3)))
+              for _ in range(3)]
+    homes = _Homes()
+    parts: dict[str, tuple[int, tuple[int, ...]]] = {}
+    homes.reset("v1", ((1, 100, 0, 0), (2, 100, 0, 0), (8, 100, 0, 0)))
+    reads[0] = 0
+    for step in range(1_500):
+        name = f"n{step % 1_200}"
+        part = states[rng.randrange(3)]
+        homes.count(name, step, *part)
+        parts[name] = part
+    for name in [f"n{i}" for i in range(0, 1_200, 7)]:
+        homes.forget(name)
+        del parts[name]
+    assert homes.totals == [sum(p[1][i] for p in parts.values()) for i in range(3)]
+    assert homes.free == sum(p[0] for p in parts.values())
+    assert reads[0] == 3
+    for step in range(200):  # after the read: kept up to date count by count
+        name = f"n{rng.randrange(1_300)}"
+        if step % 9 == 8:
+            homes.forget(name)
+            parts.pop(name, None)
+        else:
+            fresh = (rng.randrange(800), tuple(rng.randrange(5) for _ in range(3)))
+            homes.count(name, step, *fresh)
+            parts[name] = fresh
+        assert homes.free == sum(p[0] for p in parts.values())
+        assert homes.totals == [sum(p[1][i] for p in parts.values()) for i in range(3)]
+
+
 def test_a_home_whose_cpu_is_taken_is_no_home(annotations: dict[str, str]) -> None:
     """One in five arriving pods asks 2 whole GPUs and 60 cores. While every node has
     the cores, each is a home and a 1-GPU pod on a strands one GPU for them (0.2 x

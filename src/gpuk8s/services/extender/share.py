@@ -38,6 +38,7 @@ import json
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
@@ -242,19 +243,46 @@ class _Homes:
     the nodes, with each node's part and the state it was counted in, so that a recount
     adds up only the nodes that changed. A node's homes read only the mix's whole-GPU
     classes (``wholes``: each one's GPUs, percent, CPU and memory, in the mix's order),
-    so the parts stay valid across mix versions with the same classes."""
+    so the parts stay valid across mix versions with the same classes. After a
+    ``reset`` the parts are only stored, and the first read of ``totals`` or ``free``
+    adds them up once per distinct part (most nodes share a state, so a full count
+    costs one sum per state instead of one per node)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.version: Any = None
         self.wholes: tuple[ShareClass, ...] | None = None
-        self.totals: list[int] = []
-        self.free = 0  # percent free over the nodes counted
+        self._totals: list[int] = []
+        self._free = 0  # percent free over the nodes counted
+        self._stale = False  # the sums are not kept: ``_add_up`` on the next read
         self._parts: dict[str, tuple[Any, int, tuple[int, ...]]] = {}
 
     def reset(self, version: Any, wholes: tuple[ShareClass, ...]) -> None:
         self.version, self.wholes = version, wholes
-        self.totals, self.free, self._parts = [0] * len(wholes), 0, {}
+        self._totals, self._free, self._parts = [0] * len(wholes), 0, {}
+        self._stale = True
+
+    @property
+    def totals(self) -> list[int]:
+        if self._stale:
+            self._add_up()
+        return self._totals
+
+    @property
+    def free(self) -> int:
+        if self._stale:
+            self._add_up()
+        return self._free
+
+    def _add_up(self) -> None:
+        """The sums from the parts, each distinct part added once (times its count)."""
+        seen = Counter((free, homes) for _, free, homes in self._parts.values())
+        totals = [0] * len(self._totals)
+        free_sum = 0
+        for (free, homes), times in seen.items():
+            free_sum += free * times
+            totals = [t + h * times for t, h in zip(totals, homes, strict=True)]
+        self._totals, self._free, self._stale = totals, free_sum, False
 
     def at(self, name: str) -> Any:
         part = self._parts.get(name)
@@ -263,12 +291,16 @@ class _Homes:
     def count(self, name: str, at: Any, free: int, homes: tuple[int, ...]) -> None:
         old = self._parts.get(name)
         self._parts[name] = (at, free, homes)
+        if self._stale:
+            return
         if old is None:
-            self.free += free
-            self.totals = [t + h for t, h in zip(self.totals, homes, strict=True)]
+            self._free += free
+            self._totals = [t + h for t, h in zip(self._totals, homes, strict=True)]
         else:  # one pass: the node's old part out, its new part in
-            self.free += free - old[1]
-            self.totals = [t + h - o for t, h, o in zip(self.totals, homes, old[2], strict=True)]
+            self._free += free - old[1]
+            self._totals = [
+                t + h - o for t, h, o in zip(self._totals, homes, old[2], strict=True)
+            ]
 
     def keep(self, names: set[str]) -> None:
         """Forget the nodes not in ``names``."""
@@ -278,9 +310,9 @@ class _Homes:
 
     def forget(self, name: str) -> None:
         part = self._parts.pop(name, None)
-        if part is not None:
-            self.free -= part[1]
-            self.totals = [t - h for t, h in zip(self.totals, part[2], strict=True)]
+        if part is not None and not self._stale:
+            self._free -= part[1]
+            self._totals = [t - h for t, h in zip(self._totals, part[2], strict=True)]
 
 
 class Sharing:
