@@ -454,7 +454,7 @@ def test_the_nodes_sharing_label_picks_the_pool_shape() -> None:
     ("auto", "v1.35.4", False, "Kubernetes v1.35.4"),  # the lab's: leaks counters, slow
     ("auto", "v1.36.2", False, "kubernetes/kubernetes#140436"),
     ("auto", "v1.36.3", False, "0.17 on 500"),  # fixed allocator, never measured at scale
-    ("auto", "v1.37.2", False, "no later release has been measured"),
+    ("auto", "v1.37.2", False, "not yet repeated"),
     ("auto", None, False, "could not be read"),
     ("auto", "garbage", False, "could not be read"),
     ("on", "v1.35.4", True, None),  # the administrator's choice
