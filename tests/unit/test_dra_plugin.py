@@ -249,12 +249,12 @@ def test_slices_wiped_by_a_starting_kubelet_come_back_at_once(
     c500: tuple[str, NodeInventory], dirs: dict[str, str], nodes: list[Node]
 ) -> None:
     root, inv = c500
-    node = start(nodes, root, inv, dirs)  # resync every 30 s: the watch must do it
-    node.api.wait(lambda: len(node.api.devices()) == 14, 5, "slices")
+    # resync only every hour: slices back within a minute come from the watch, whatever the
+    # machine's load (no wall-clock bound on the watch itself)
+    node = start(nodes, root, inv, dirs, resync_interval=3600.0)
+    node.api.wait(lambda: len(node.api.devices()) == 14, 60, "slices")
     node.api.wipe(NODE)
-    wiped = time.monotonic()
-    when = node.api.wait(lambda: len(node.api.devices()) == 14, 5, "slices back")
-    assert when - wiped < 2.0
+    node.api.wait(lambda: len(node.api.devices()) == 14, 60, "slices back before the resync")
 
 
 def test_a_kubelet_restart_keeps_prepared_claims(
