@@ -449,8 +449,8 @@ def test_bind_waits_while_a_pod_of_the_same_size_awaits_allocate(
     time.sleep(0.2)
     assert not answers  # still waiting for q2
     allocated(api, "q2")
-    waiter.join(5)
-    assert answers == [""] and time.monotonic() - started < 5
+    waiter.join(9)
+    assert answers == [""] and time.monotonic() - started < 9  # woken, not bind_wait_s's 10 s
     # after an extender restart the watch reports q5 waiting since its bind time
     meta = api.pods["q5"]["metadata"]
     a5 = parse_assignment(meta["annotations"][ASSIGNED_ANNOTATION])
