@@ -24,15 +24,14 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-STATE_ENV = "GPUK8S_LAB_STATE"
-DEFAULT_STATE = "/var/lib/gpuk8s-lab"
+from versions import state_dir  # lab/versions.py: where the lab's state directory is
+
 NAME = "e2e.lock"
 
 
 def lock_path(environ: Mapping[str, str] | None = None) -> Path:
     """The lock file of the lab whose state directory ``GPUK8S_LAB_STATE`` names."""
-    env = os.environ if environ is None else environ
-    return Path(env.get(STATE_ENV) or DEFAULT_STATE) / NAME
+    return state_dir(os.environ if environ is None else environ) / NAME
 
 
 @contextlib.contextmanager
