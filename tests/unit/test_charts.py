@@ -654,13 +654,15 @@ def test_operator_controller_rbac() -> None:
     # driver-manager's template hash (its out-of-date pods are replaced): that one only
     assert {p for p in perms if p[:3] == ("apps", "daemonsets", "get")} == {
         ("apps", "daemonsets", "get", "driver-manager")}
-    # every node agent DaemonSet the hook deletes is one the chart creates
+    # the hook deletes every node agent DaemonSet the chart can create (each cleans its node
+    # on the way out), and only those
     from gpuk8s.services.operator.main import DAEMONSET_NAMES, NODE_AGENTS
 
-    for agent in NODE_AGENTS:
-        name = DAEMONSET_NAMES.get(agent, agent)
-        assert rendered.has("DaemonSet", name) and ("apps", "daemonsets", "delete", name) \
-            in perms, name
+    every = objs(OP, {**OP_MIN, "gpuDra": {"enabled": True}, "gpuExporter": {"enabled": True},
+                      "gpuMps": {"enabled": True}})
+    daemonsets = {d["metadata"]["name"] for d in every.of("DaemonSet")}
+    assert {DAEMONSET_NAMES.get(a, a) for a in NODE_AGENTS} == daemonsets
+    assert {p[3] for p in perms if p[:3] == ("apps", "daemonsets", "delete")} == daemonsets
     hook = rendered.get("Job", "operator-uninstall")
     assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     # it waits for operator-controller's pods to be gone: it must not be one of them
@@ -668,6 +670,21 @@ def test_operator_controller_rbac() -> None:
     assert labels["app.kubernetes.io/name"] == "operator-uninstall"
     assert container(hook, "uninstall")["args"][:3] == ["serve", "operator-controller",
                                                           "--namespace=$(POD_NAMESPACE)"]
+
+
+def test_operator_controller_and_its_hook_act_on_the_releases_nodes_only() -> None:
+    """nodeSelector confines the release to a node group: the controller and its uninstall
+    hook get it as their --node-selector (a scheme beside on other nodes is left alone)."""
+    def selectors(rendered: Objects) -> list[str | None]:
+        return [flags(container(rendered.get(kind, name), c)).get("node-selector")
+                for kind, name, c in (("Deployment", "operator-controller",
+                                       "operator-controller"),
+                                      ("Job", "operator-uninstall", "uninstall"))]
+
+    assert selectors(objs(OP, OP_MIN)) == [None, None]  # every node, as before
+    confined = objs(OP, {**OP_MIN, "nodeSelector": {"gpuk8s.io/scheme": "operator",
+                                                    "example.com/pool": "a"}})
+    assert selectors(confined) == ["example.com/pool=a,gpuk8s.io/scheme=operator"] * 2
 
 
 def test_host_paths_are_plain_paths_under_the_root(combo: Any) -> None:
