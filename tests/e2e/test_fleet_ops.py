@@ -84,8 +84,10 @@ EXTRA_VARS: dict[str, Any] = {
 EXPECTED_GPUS = {"gpu-ext": 8, "gpu-vf": 32}
 
 
-def playbook(name: str, *args: str, extra: dict[str, Any] | None = None) -> None:
-    """ansible-playbook -i inventories/fleet playbooks/NAME.yml over SSH; timed."""
+def playbook(name: str, *args: str, extra: dict[str, Any] | None = None,
+             base: dict[str, Any] | None = None) -> None:
+    """ansible-playbook -i inventories/fleet playbooks/NAME.yml over SSH with ``base``
+    (default EXTRA_VARS) and ``extra``; timed."""
     start = time.monotonic()
     run(
         tool("ansible-playbook"),
@@ -93,7 +95,7 @@ def playbook(name: str, *args: str, extra: dict[str, Any] | None = None) -> None
         str(REPO / "inventories" / "fleet"),
         str(REPO / "playbooks" / f"{name}.yml"),
         "-e",
-        json.dumps({**EXTRA_VARS, **(extra or {})}),
+        json.dumps({**(EXTRA_VARS if base is None else base), **(extra or {})}),
         *args,
         cwd=str(REPO),
         timeout=1200,
