@@ -8,10 +8,14 @@ nobody. Then uninstall.yml: no release, pod, label, annotation, wrapper or CDI s
 on any node, each node's containerd config byte for byte as found, its CRI serving.
 
 One install is shared by the module (two releases, e2e-fleet-ext and e2e-fleet-op: names the
-session fixture ``releases_set_aside`` treats as the tier's own)."""
+session fixture ``releases_set_aside`` treats as the tier's own). The component images are
+those lab/up built (test_fleet_ops.IMAGES), or, with $GPUK8S_E2E_IMAGE_TAG set, the ones a
+checkout built with `IMAGE_VERSION=<tag> images/build.sh components` into its build/images
+(a tag of its own, pulled Always: the nodes' image caches keep other checkouts' tags)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,6 +67,11 @@ VARS: dict[str, Any] = {
     ]}},
 }
 UNTOUCHED = ("cp2", "gpu-nv")
+TAG = os.environ.get("GPUK8S_E2E_IMAGE_TAG", "")
+if TAG:
+    for _scheme in ("gpu_extensions", "gpu_operator"):
+        VARS[f"{_scheme}_pull_policy"] = "Always"
+        VARS[f"{_scheme}_values"] = {**VARS.get(f"{_scheme}_values", {}), "imageTag": TAG}
 
 
 def release_pods(release: tuple[str, str]) -> dict[str, set[str]]:

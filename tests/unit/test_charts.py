@@ -618,6 +618,12 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
     "gpu-test": {("", "nodes", "get", ANY), ("", "nodes", "list", ANY)},
     "gpu-exporter": {("", "pods", "list", ANY)},
     "gpu-mps": {("", "nodes", "get", ANY)},
+    # the extensions chart's uninstall hook: its node agents stopped, then the release's nodes
+    # cleaned (gpuk8s serve node-cleanup)
+    "gpu-extensions-uninstall": {("", "nodes", v, ANY) for v in ("get", "list", "patch")}
+    | {("", "pods", "list", ANY)}
+    | {("apps", "daemonsets", "delete", name) for name in (
+        "metax-gpu-device", "metax-gpu-dra", "gpu-exporter", "gpu-label", "gpu-mps")},
 }
 
 
@@ -685,6 +691,28 @@ def test_operator_controller_and_its_hook_act_on_the_releases_nodes_only() -> No
     confined = objs(OP, {**OP_MIN, "nodeSelector": {"gpuk8s.io/scheme": "operator",
                                                     "example.com/pool": "a"}})
     assert selectors(confined) == ["example.com/pool=a,gpuk8s.io/scheme=operator"] * 2
+
+
+def test_the_extensions_uninstall_hook_stops_every_agent_and_cleans_the_releases_nodes() -> None:
+    """helm uninstall of the extensions chart leaves no label or annotation of ours: a
+    bounded pre-delete Job (`gpuk8s serve node-cleanup`) deletes every node agent DaemonSet
+    the chart can create, then cleans the nodes its nodeSelector selects."""
+    from gpuk8s.services.operator.cleanup import EXTENSIONS_AGENTS
+    from gpuk8s.services.operator.main import DAEMONSET_NAMES
+
+    every = objs(EXT, {"gpuDra": {"enabled": True}, "gpuExporter": {"enabled": True},
+                       "gpuMps": {"enabled": True}, "nodeSelector": {"gpuk8s.io/scheme": "x"}})
+    daemonsets = {d["metadata"]["name"] for d in every.of("DaemonSet")}
+    assert {DAEMONSET_NAMES.get(a, a) for a in EXTENSIONS_AGENTS} == daemonsets
+    hook = every.get("Job", "gpu-extensions-uninstall")
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    assert 0 < hook["spec"]["activeDeadlineSeconds"] <= 300  # never hangs the uninstall
+    c = container(hook, "uninstall")
+    assert c["args"][:2] == ["serve", "node-cleanup"]
+    f = flags(c)
+    assert f["node-selector"] == "gpuk8s.io/scheme=x" and 0 < float(f["timeout"]) < 300
+    assert "node-selector" not in flags(container(objs(EXT).get("Job", "gpu-extensions-uninstall"),
+                                                  "uninstall"))
 
 
 def test_host_paths_are_plain_paths_under_the_root(combo: Any) -> None:
@@ -1595,7 +1623,8 @@ VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 def test_node_agents_may_patch_only_their_own_node(chart: Path, values: dict[str, Any],
                                                    agents: list[str]) -> None:
     """Rendered only where the cluster serves ValidatingAdmissionPolicy (>= 1.30); every
-    ServiceAccount that may patch Nodes is in it except operator-controller's."""
+    ServiceAccount that may patch Nodes is in it except operator-controller's and the
+    extensions chart's uninstall hook's (they clean the release's nodes)."""
     proc = run_helm(["template", REL, str(chart), "-n", NS, "--kube-version", KUBE_VERSION,
                      "--api-versions", VAP_API], values)
     assert proc.returncode == 0, proc.stderr
@@ -1621,7 +1650,8 @@ def test_node_agents_may_patch_only_their_own_node(chart: Path, values: dict[str
     assert set(_owned_node_keys(spec)) == set(users)
     patchers = {sa for sa, rules in _rules_by_subject(objs(chart, values)).items()
                 if ("", "nodes", "patch", ANY) in _permissions(rules)}
-    assert patchers - set(agents) <= {"operator-controller"}, patchers
+    # the controller and the extensions chart's uninstall hook clean any of the release's nodes
+    assert patchers - set(agents) <= {"operator-controller", "gpu-extensions-uninstall"}, patchers
     # without the API (older clusters, plain `helm template`) nothing is rendered
     assert not objs(chart, values).of("ValidatingAdmissionPolicy")
 

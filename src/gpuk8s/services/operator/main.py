@@ -218,21 +218,26 @@ class KubeCluster:
             time.sleep(2)
         return left
 
-    def uninstall(self, timeout: float) -> tuple[list[str], list[str]]:
+    def uninstall(self, timeout: float, agents: Sequence[str] = NODE_AGENTS,
+                  controller: bool = True) -> tuple[list[str], list[str]]:
         """(done, left): see docs/operator.md, "Uninstall". Order: the controller first (it
         would recreate what is cleaned), then every node agent but container-runtime, then
-        container-runtime (it takes the runtime handler away last)."""
+        container-runtime (it takes the runtime handler away last). ``controller=False``
+        (the GPU Extensions chart's hook, ``gpuk8s serve node-cleanup``): no controller to
+        stop and no ConfigMap of its to delete; ``agents`` are that chart's."""
         done: list[str] = []
         deadline = time.monotonic() + timeout
-        left = self._delete_and_wait("deployment", ["operator-controller"], deadline)
-        if left:
-            return done, [f"operator-controller still running: {', '.join(left)}"]
-        done.append("operator-controller stopped")
+        if controller:
+            left = self._delete_and_wait("deployment", ["operator-controller"], deadline)
+            if left:
+                return done, [f"operator-controller still running: {', '.join(left)}"]
+            done.append("operator-controller stopped")
         nodes = self.gpu_nodes()
         for node in nodes:
             self.annotate_node(str(node["metadata"]["name"]), {UNINSTALL: "true"})
         done.append(f"marked {len(nodes)} GPU node(s) for uninstall")
-        for group in ([n for n in NODE_AGENTS if n != "container-runtime"], ["container-runtime"]):
+        last = [n for n in agents if n == "container-runtime"]
+        for group in filter(None, ([n for n in agents if n not in last], last)):
             left = self._delete_and_wait("daemonset", group, deadline)
             if left:
                 return done, [f"pods still terminating after {timeout:.0f}s: {', '.join(left)}"]
@@ -270,7 +275,7 @@ class KubeCluster:
         if lifted:
             done.append(f"uncordoned {len(lifted)} node(s) an unfinished driver upgrade had "
                         f"cordoned before changing anything: {', '.join(lifted)}")
-        for name in (CONFIG_NAME, STATUS_NAME):
+        for name in (CONFIG_NAME, STATUS_NAME) if controller else ():
             try:
                 self.core.delete_namespaced_config_map(name, self.namespace)
                 done.append(f"configmap {name} deleted")
