@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import FLEET_MARKS, HELM, KUBECONFIG, LAB, kubectl_json, run
+from .conftest import FLEET_MARKS, HELM, KUBECONFIG, LAB, kubectl_json, run, wait_until
 from .test_fleet_ops import (  # noqa: F401 (both_schedulers: a fixture used below)
     EXTRA_VARS,
     FLEET_NODES,
@@ -97,7 +97,9 @@ def before(both_schedulers: None) -> dict[str, Any]:  # noqa: F811
             "labels": {n: our_labels(found[n]) for n in FLEET_NODES},
             "annotations": {n: {k: v for k, v in (found[n]["metadata"].get("annotations")
                                                   or {}).items() if k.startswith(P)}
-                            for n in UNTOUCHED}}
+                            for n in UNTOUCHED},
+            "files": {n: {f for f in (CDI_SPEC, WRAPPER) if exists_on(n, f)}
+                      for n in FLEET_NODES}}
 
 
 @pytest.fixture(scope="module")
@@ -137,9 +139,13 @@ def test_1_each_scheme_serves_its_group_and_nothing_else(
     agents = {c: n for c, n in op_pods.items() if c not in ("operator-controller",)}
     assert agents and all(n == {"gpu-op"} for n in agents.values()), op_pods
     # operator-controller sees its group only
-    status = kubectl_json("get", "configmap", "operator-status", "-n", OP[1])["data"]
-    assert set(yaml.safe_load(status["nodes"])) == {"gpu-op"}, status
-    assert status["summary"] == "1/1 GPU node(s) ready"
+    def status() -> dict[str, str]:
+        data: dict[str, str] = kubectl_json("get", "configmap", "operator-status", "-n",
+                                            OP[1])["data"]
+        return data if data.get("summary") == "1/1 GPU node(s) ready" else {}
+
+    assert set(yaml.safe_load(wait_until("operator-status: 1/1", status, 60)["nodes"])) == {
+        "gpu-op"}
     # the NVIDIA node and the second control plane: nothing of MetaX's added
     for name in UNTOUCHED:
         assert SCHEME not in found[name]["metadata"]["labels"], name
@@ -162,7 +168,7 @@ def test_2_uninstall_leaves_every_node_as_found(
         assert SCHEME not in meta["labels"], name
         assert containerd_config_hash(name) == before["containerd"][name], name
         assert "Server:" in node_exec(name, "ctr", "version"), name  # its CRI serves
-        assert not exists_on(name, CDI_SPEC) and not exists_on(name, WRAPPER), name
+        assert {f for f in (CDI_SPEC, WRAPPER) if exists_on(name, f)} == before["files"][name]
     for name in ("gpu-ext", "gpu-vf", "gpu-op"):  # the schemes' nodes: nothing of ours
         meta = found[name]["metadata"]
         assert [k for k in meta["labels"] if k.startswith(P)] == [], name
