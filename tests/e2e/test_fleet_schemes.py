@@ -22,7 +22,16 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import FLEET_MARKS, HELM, KUBECONFIG, LAB, kubectl_json, run, wait_until
+from .conftest import (
+    FLEET_MARKS,
+    HELM,
+    KUBECONFIG,
+    LAB,
+    kubectl_json,
+    run,
+    tool,
+    wait_until,
+)
 from .test_fleet_ops import (  # noqa: F401 (both_schedulers: a fixture used below)
     EXTRA_VARS,
     FLEET_NODES,
@@ -90,6 +99,15 @@ def exists_on(node: str, path: str) -> bool:
                timeout=60).returncode == 0
 
 
+def bare_again(node: str) -> None:
+    """The node's simulated host tree as lab/fleetctl made it (its preset: nodriver-8 on
+    gpu-op), so the driver the operator installed does not outlive the module (the
+    uninstall leaves an installed driver in place, docs/operator.md "Uninstall")."""
+    preset = node_exec(node, "cat", "/var/lib/gpuk8s-lab/sim-preset").strip()
+    node_exec(node, tool("gpuk8s"), "sim", "create", "--preset", preset, "--root", SIM,
+              "--device-nodes", "char", "--force")
+
+
 @pytest.fixture(scope="module")
 def before(both_schedulers: None) -> dict[str, Any]:  # noqa: F811
     found = nodes()
@@ -99,7 +117,8 @@ def before(both_schedulers: None) -> dict[str, Any]:  # noqa: F811
                                                   or {}).items() if k.startswith(P)}
                             for n in UNTOUCHED},
             "files": {n: {f for f in (CDI_SPEC, WRAPPER) if exists_on(n, f)}
-                      for n in FLEET_NODES}}
+                      for n in FLEET_NODES},
+            "op_bare": not exists_on("gpu-op", f"{SIM}/opt/mxdriver")}
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +130,13 @@ def installed(before: dict[str, Any]) -> Iterator[dict[str, Any]]:
         playbook("install", base=VARS)
         yield state
     finally:
-        if not state["uninstalled"]:
-            playbook("uninstall", base=VARS)
-        restore_labels(before["labels"])
+        try:
+            if not state["uninstalled"]:
+                playbook("uninstall", base=VARS)
+        finally:
+            restore_labels(before["labels"])
+            if before["op_bare"]:
+                bare_again("gpu-op")
 
 
 def test_1_each_scheme_serves_its_group_and_nothing_else(
