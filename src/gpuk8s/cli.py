@@ -27,6 +27,7 @@ SERVICES: dict[str, str] = {
     "driver-manager": "gpuk8s.services.drivermanager.main",
     "container-runtime": "gpuk8s.services.runtime.main",
     "operator-controller": "gpuk8s.services.operator.main",
+    "node-cleanup": "gpuk8s.services.operator.cleanup",
     "mps": "gpuk8s.services.mps.main",
     "dra-plugin": "gpuk8s.services.dra.main",
     "dra-pending": "gpuk8s.services.dra.pending",

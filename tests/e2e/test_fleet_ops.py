@@ -9,8 +9,9 @@ the release lab/install left is set aside before and given back after the tier).
 nodes are tainted lab.gpuk8s.io/fleet, so the release tolerates that taint. Images and charts
 go to their own registry project, so the single-node tier's stay as lab/up pushed them.
 
-The operator node (gpu-op, no driver) is outside this install: the charts have no node
-selector, so one scheme per cluster; its GPUs are found by gpu-label but never advertised."""
+This module installs one scheme on every node (-e gpuk8s_scheme=extensions): the operator
+node (gpu-op, no driver) has its GPUs found by gpu-label but never advertised. Both schemes
+at once, each on its node group: tests/e2e/test_fleet_schemes.py."""
 
 from __future__ import annotations
 
@@ -84,8 +85,10 @@ EXTRA_VARS: dict[str, Any] = {
 EXPECTED_GPUS = {"gpu-ext": 8, "gpu-vf": 32}
 
 
-def playbook(name: str, *args: str, extra: dict[str, Any] | None = None) -> None:
-    """ansible-playbook -i inventories/fleet playbooks/NAME.yml over SSH; timed."""
+def playbook(name: str, *args: str, extra: dict[str, Any] | None = None,
+             base: dict[str, Any] | None = None) -> None:
+    """ansible-playbook -i inventories/fleet playbooks/NAME.yml over SSH with ``base``
+    (default EXTRA_VARS) and ``extra``; timed."""
     start = time.monotonic()
     run(
         tool("ansible-playbook"),
@@ -93,7 +96,7 @@ def playbook(name: str, *args: str, extra: dict[str, Any] | None = None) -> None
         str(REPO / "inventories" / "fleet"),
         str(REPO / "playbooks" / f"{name}.yml"),
         "-e",
-        json.dumps({**EXTRA_VARS, **(extra or {})}),
+        json.dumps({**(EXTRA_VARS if base is None else base), **(extra or {})}),
         *args,
         cwd=str(REPO),
         timeout=1200,
@@ -247,9 +250,9 @@ def test_uninstall_over_ssh_leaves_every_node_as_found(
         assert containerd_config_hash(name) == before_install["containerd"][name], name
         # the node's CRI serves (containerd's own client against its socket)
         assert "Server:" in node_exec(name, "ctr", "version"), name
-    # Not yet true, so not asserted here (issue 49, item 4): the extensions scheme's uninstall
-    # leaves gpu-label's metax-tech.com/ labels on every node it ran on; the module's teardown
-    # gives each fleet node its labels as found (restore_labels).
+    # The extensions chart's uninstall hook removes gpu-label's metax-tech.com/ labels from
+    # every node it ran on (asserted in test_fleet_schemes.py); the module's teardown gives
+    # each fleet node its labels as found (restore_labels).
     pods = kubectl_json(
         "-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/instance=" + RELEASE
     )

@@ -120,3 +120,70 @@ def test_uninstall_lifts_an_unfinished_upgrades_cordon_only_where_the_host_did_n
     finally:
         for name in nodes:
             core.delete_node(name)
+
+
+def test_a_release_confined_to_a_node_group_reads_and_cleans_only_those_nodes(
+    cluster: Any,
+) -> None:
+    """Two schemes side by side (inventories/fleet): the operator release's nodeSelector
+    (--node-selector) is the controller's whole world, and its uninstall leaves the other
+    scheme's nodes, labels and annotations alone."""
+    from kubernetes import client
+
+    kube, core, other = cluster  # a GPU node of the other scheme (no scheme label)
+    scheme = "gpuk8s.io/scheme"
+    ours = f"op-{uuid.uuid4().hex[:6]}"
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=ours, labels={
+        "metax-tech.com/gpu.installed": "true", "metax-tech.com/gpu.product": "C500",
+        scheme: "operator"}, annotations={"metax-tech.com/gpu.devices": "[]"})))
+    confined = KubeCluster(kube.client, kube.namespace, f"{scheme}=operator")
+    try:
+        assert [n["metadata"]["name"] for n in confined.gpu_nodes()] == [ours]
+        assert {n["metadata"]["name"] for n in kube.gpu_nodes()} >= {ours, other}
+        status = Controller(confined).one_pass()
+        assert list(status["nodes"]) == [ours] and status["summary"].endswith(
+            "/1 GPU node(s) ready"), status
+        done, left = confined.uninstall(timeout=30)
+        assert left == [], left
+        mine, theirs = core.read_node(ours).metadata, core.read_node(other).metadata
+        assert not [k for k in mine.labels if k.startswith("metax-tech.com/")]
+        assert not [k for k in (mine.annotations or {}) if k.startswith("metax-tech.com/")]
+        assert mine.labels[scheme] == "operator"  # the play's, removed by uninstall.yml
+        assert theirs.labels["metax-tech.com/gpu.installed"] == "true"
+        assert theirs.annotations == {"metax-tech.com/gpu.devices": "[]"}
+        assert any("marked 1 GPU node(s)" in line for line in done), done
+    finally:
+        core.delete_node(ours)
+
+
+def test_the_extensions_hook_cleans_its_nodes_only_and_touches_no_configmap(
+    cluster: Any, apiserver: Any, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`gpuk8s serve node-cleanup` (the GPU Extensions chart's pre-delete hook): the nodes
+    its selector picks lose every metax-tech.com/ label and annotation (the marker too),
+    another scheme's node keeps its own; no controller, so no ConfigMap is deleted."""
+    from kubernetes import client
+
+    from gpuk8s.services.operator.cleanup import main as node_cleanup
+
+    kube, core, other = cluster
+    ours = f"ext-{uuid.uuid4().hex[:6]}"
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=ours, labels={
+        "metax-tech.com/gpu.installed": "true", "metax-tech.com/driver.ready": "true",
+        "gpuk8s.io/scheme": "extensions", "example.com/keep": "yes"},
+        annotations={"metax-tech.com/gpu.topology": "{}", "example.com/keep": "yes"})))
+    Controller(kube).one_pass()  # an operator release's ConfigMaps in the namespace
+    try:
+        assert node_cleanup(["--namespace", kube.namespace, "--kubeconfig",
+                             apiserver.kubeconfig("admin"), "--node-selector",
+                             "gpuk8s.io/scheme=extensions", "--timeout", "30"]) == 0
+        out = capsys.readouterr()
+        assert "left:" not in out.err and "removed from 1 node(s)" in out.out, out
+        mine, theirs = core.read_node(ours).metadata, core.read_node(other).metadata
+        assert mine.labels == {"gpuk8s.io/scheme": "extensions", "example.com/keep": "yes"}
+        assert mine.annotations == {"example.com/keep": "yes"}
+        assert theirs.labels["metax-tech.com/gpu.installed"] == "true"
+        names = {c.metadata.name for c in core.list_namespaced_config_map(kube.namespace).items}
+        assert {CONFIG_NAME, STATUS_NAME} <= names
+    finally:
+        core.delete_node(ours)

@@ -125,6 +125,10 @@ PURPOSE = {
     ("operator-controller", "daemonsets"):
         "driver-manager's template (upgrades); the uninstall hook deletes the agents",
     ("operator-controller", "deployments"): "the uninstall hook deletes operator-controller last",
+    ("gpu-extensions-uninstall", "nodes"):
+        "uninstall hook: the release's nodes lose their metax-tech.com/ labels and annotations",
+    ("gpu-extensions-uninstall", "pods"): "uninstall hook: waits for the node agents' pods",
+    ("gpu-extensions-uninstall", "daemonsets"): "uninstall hook: stops the node agents first",
 }
 
 

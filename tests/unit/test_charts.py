@@ -627,6 +627,12 @@ EXPECTED_PERMISSIONS: dict[str, set[tuple[str, str, str, str]]] = {
     "gpu-test": {("", "nodes", "get", ANY), ("", "nodes", "list", ANY)},
     "gpu-exporter": {("", "pods", "list", ANY)},
     "gpu-mps": {("", "nodes", "get", ANY)},
+    # the extensions chart's uninstall hook: its node agents stopped, then the release's nodes
+    # cleaned (gpuk8s serve node-cleanup)
+    "gpu-extensions-uninstall": {("", "nodes", v, ANY) for v in ("get", "list", "patch")}
+    | {("", "pods", "list", ANY)}
+    | {("apps", "daemonsets", "delete", name) for name in (
+        "metax-gpu-device", "metax-gpu-dra", "gpu-exporter", "gpu-label", "gpu-mps")},
 }
 
 
@@ -663,13 +669,15 @@ def test_operator_controller_rbac() -> None:
     # driver-manager's template hash (its out-of-date pods are replaced): that one only
     assert {p for p in perms if p[:3] == ("apps", "daemonsets", "get")} == {
         ("apps", "daemonsets", "get", "driver-manager")}
-    # every node agent DaemonSet the hook deletes is one the chart creates
+    # the hook deletes every node agent DaemonSet the chart can create (each cleans its node
+    # on the way out), and only those
     from gpuk8s.services.operator.main import DAEMONSET_NAMES, NODE_AGENTS
 
-    for agent in NODE_AGENTS:
-        name = DAEMONSET_NAMES.get(agent, agent)
-        assert rendered.has("DaemonSet", name) and ("apps", "daemonsets", "delete", name) \
-            in perms, name
+    every = objs(OP, {**OP_MIN, "gpuDra": {"enabled": True}, "gpuExporter": {"enabled": True},
+                      "gpuMps": {"enabled": True}})
+    daemonsets = {d["metadata"]["name"] for d in every.of("DaemonSet")}
+    assert {DAEMONSET_NAMES.get(a, a) for a in NODE_AGENTS} == daemonsets
+    assert {p[3] for p in perms if p[:3] == ("apps", "daemonsets", "delete")} == daemonsets
     hook = rendered.get("Job", "operator-uninstall")
     assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     # it waits for operator-controller's pods to be gone: it must not be one of them
@@ -677,6 +685,43 @@ def test_operator_controller_rbac() -> None:
     assert labels["app.kubernetes.io/name"] == "operator-uninstall"
     assert container(hook, "uninstall")["args"][:3] == ["serve", "operator-controller",
                                                           "--namespace=$(POD_NAMESPACE)"]
+
+
+def test_operator_controller_and_its_hook_act_on_the_releases_nodes_only() -> None:
+    """nodeSelector confines the release to a node group: the controller and its uninstall
+    hook get it as their --node-selector (a scheme beside on other nodes is left alone)."""
+    def selectors(rendered: Objects) -> list[str | None]:
+        return [flags(container(rendered.get(kind, name), c)).get("node-selector")
+                for kind, name, c in (("Deployment", "operator-controller",
+                                       "operator-controller"),
+                                      ("Job", "operator-uninstall", "uninstall"))]
+
+    assert selectors(objs(OP, OP_MIN)) == [None, None]  # every node, as before
+    confined = objs(OP, {**OP_MIN, "nodeSelector": {"gpuk8s.io/scheme": "operator",
+                                                    "example.com/pool": "a"}})
+    assert selectors(confined) == ["example.com/pool=a,gpuk8s.io/scheme=operator"] * 2
+
+
+def test_the_extensions_uninstall_hook_stops_every_agent_and_cleans_the_releases_nodes() -> None:
+    """helm uninstall of the extensions chart leaves no label or annotation of ours: a
+    bounded pre-delete Job (`gpuk8s serve node-cleanup`) deletes every node agent DaemonSet
+    the chart can create, then cleans the nodes its nodeSelector selects."""
+    from gpuk8s.services.operator.cleanup import EXTENSIONS_AGENTS
+    from gpuk8s.services.operator.main import DAEMONSET_NAMES
+
+    every = objs(EXT, {"gpuDra": {"enabled": True}, "gpuExporter": {"enabled": True},
+                       "gpuMps": {"enabled": True}, "nodeSelector": {"gpuk8s.io/scheme": "x"}})
+    daemonsets = {d["metadata"]["name"] for d in every.of("DaemonSet")}
+    assert {DAEMONSET_NAMES.get(a, a) for a in EXTENSIONS_AGENTS} == daemonsets
+    hook = every.get("Job", "gpu-extensions-uninstall")
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    assert 0 < hook["spec"]["activeDeadlineSeconds"] <= 300  # never hangs the uninstall
+    c = container(hook, "uninstall")
+    assert c["args"][:2] == ["serve", "node-cleanup"]
+    f = flags(c)
+    assert f["node-selector"] == "gpuk8s.io/scheme=x" and 0 < float(f["timeout"]) < 300
+    assert "node-selector" not in flags(container(objs(EXT).get("Job", "gpu-extensions-uninstall"),
+                                                  "uninstall"))
 
 
 def test_host_paths_are_plain_paths_under_the_root(combo: Any) -> None:
@@ -1587,7 +1632,8 @@ VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 def test_node_agents_may_patch_only_their_own_node(chart: Path, values: dict[str, Any],
                                                    agents: list[str]) -> None:
     """Rendered only where the cluster serves ValidatingAdmissionPolicy (>= 1.30); every
-    ServiceAccount that may patch Nodes is in it except operator-controller's."""
+    ServiceAccount that may patch Nodes is in it except operator-controller's and the
+    extensions chart's uninstall hook's (they clean the release's nodes)."""
     proc = run_helm(["template", REL, str(chart), "-n", NS, "--kube-version", KUBE_VERSION,
                      "--api-versions", VAP_API], values)
     assert proc.returncode == 0, proc.stderr
@@ -1613,7 +1659,8 @@ def test_node_agents_may_patch_only_their_own_node(chart: Path, values: dict[str
     assert set(_owned_node_keys(spec)) == set(users)
     patchers = {sa for sa, rules in _rules_by_subject(objs(chart, values)).items()
                 if ("", "nodes", "patch", ANY) in _permissions(rules)}
-    assert patchers - set(agents) <= {"operator-controller"}, patchers
+    # the controller and the extensions chart's uninstall hook clean any of the release's nodes
+    assert patchers - set(agents) <= {"operator-controller", "gpu-extensions-uninstall"}, patchers
     # without the API (older clusters, plain `helm template`) nothing is rendered
     assert not objs(chart, values).of("ValidatingAdmissionPolicy")
 

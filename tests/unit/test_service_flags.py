@@ -15,7 +15,9 @@ from gpuk8s.services.flags import KUBECONFIG_FALLBACK, port_number
 # the extender's --health-port is the shared one with ``unset``: unset means "the main port
 # serves the probes" and 0 a free port; the others default to 0, off
 OWN_HEALTH_PORT = {"extender"}
-NO_HEALTH_PORT = {"exporter"}  # the probes are on its --port, beside /metrics
+# exporter: the probes are on its --port, beside /metrics; node-cleanup: a helm hook that
+# exits when done
+NO_HEALTH_PORT = {"exporter", "node-cleanup"}
 
 
 def _action(parser: argparse.ArgumentParser, flag: str) -> argparse.Action | None:

@@ -381,3 +381,17 @@ host-extra-{{ $i }} {{ $path }} Directory
     type: {{ index $f 2 }}
 {{- end }}
 {{- end -}}
+
+
+{{/*
+The release's nodeSelector as a label selector (key=value,... sorted by key; empty: every
+node): the uninstall hooks (and operator-controller) act on those nodes only, so a release confined
+to a node group (another scheme's release beside it) leaves the other nodes alone.
+*/}}
+{{- define "gpuk8s.nodeSelectorTerms" -}}
+{{- $terms := list -}}
+{{- range $key, $value := .Values.nodeSelector | default dict -}}
+{{- $terms = append $terms (printf "%s=%s" $key (toString $value)) -}}
+{{- end -}}
+{{- join "," $terms -}}
+{{- end -}}

@@ -13,3 +13,4 @@ capabilities:
   drop: ["ALL"]
   add: ["CHOWN", "FOWNER", "DAC_OVERRIDE"]
 {{- end -}}
+

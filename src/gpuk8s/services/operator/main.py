@@ -21,6 +21,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -40,23 +41,49 @@ from .controller import CONFIG_NAME, STATUS_NAME, Controller
 
 log = logging.getLogger("gpuk8s.operator-controller")
 
-NODE_AGENTS = ("container-runtime", "driver-manager", "gpu-device", "gpu-label")
+# Every node agent DaemonSet the chart may deploy (app.kubernetes.io/name), stopped by the
+# uninstall hook so each cleans its node (container-runtime last, see KubeCluster.uninstall)
+NODE_AGENTS = ("container-runtime", "driver-manager", "gpu-device", "gpu-dra", "gpu-exporter",
+               "gpu-label", "gpu-mps")
 # DaemonSet names where they differ from the component (app.kubernetes.io/name) name: the
 # manual finds gpu-device's pods as metax-gpu-device-xxxxx
-DAEMONSET_NAMES = {"gpu-device": "metax-gpu-device"}
+DAEMONSET_NAMES = {"gpu-device": "metax-gpu-device", "gpu-dra": "metax-gpu-dra"}
 GPU_NODES = PREFIX + "gpu.installed=true"
 
 
-class KubeCluster:
-    """``controller.Cluster`` over the official client, in one namespace."""
+def selected(base: str, node_selector: str) -> str:
+    """The label selector of ``base`` (may be empty) ANDed with the release's node selector
+    (empty: every node)."""
+    return ",".join(s for s in (base, node_selector.strip()) if s)
 
-    def __init__(self, api_client_: Any, namespace: str) -> None:
+
+_SELECTOR_TERM = re.compile(
+    r"^(?:[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+    r"=(?:[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+def check_node_selector(node_selector: str) -> None:
+    """``--node-selector``: empty, or comma-separated ``key=value`` terms (what the chart
+    renders from its nodeSelector map); ConfigError naming the bad term otherwise."""
+    for term in node_selector.split(",") if node_selector else ():
+        if not _SELECTOR_TERM.match(term):
+            raise ConfigError(f"--node-selector: {term!r} must be key=value (a label key and "
+                              "value, terms joined by commas), or the whole selector empty")
+
+
+class KubeCluster:
+    """``controller.Cluster`` over the official client, in one namespace; it acts only on
+    the nodes ``node_selector`` (a label selector, the release's nodeSelector; empty: every
+    node) selects."""
+
+    def __init__(self, api_client_: Any, namespace: str, node_selector: str = "") -> None:
         from kubernetes import client
 
         self.client = api_client_
         self.core = client.CoreV1Api(api_client_)
         self.apps = client.AppsV1Api(api_client_)
         self.namespace = namespace
+        self.node_selector = node_selector
 
     def _plain(self, obj: Any) -> Any:
         return self.client.sanitize_for_serialization(obj)
@@ -102,7 +129,8 @@ class KubeCluster:
 
     def gpu_nodes(self) -> list[Mapping[str, Any]]:
         try:
-            items = self.core.list_node(label_selector=GPU_NODES).items
+            items = self.core.list_node(
+                label_selector=selected(GPU_NODES, self.node_selector)).items
         except Exception as err:
             raise classify(err, "list nodes") from err
         return [self._plain(n) for n in items]
@@ -190,28 +218,34 @@ class KubeCluster:
             time.sleep(2)
         return left
 
-    def uninstall(self, timeout: float) -> tuple[list[str], list[str]]:
+    def uninstall(self, timeout: float, agents: Sequence[str] = NODE_AGENTS,
+                  controller: bool = True) -> tuple[list[str], list[str]]:
         """(done, left): see docs/operator.md, "Uninstall". Order: the controller first (it
         would recreate what is cleaned), then every node agent but container-runtime, then
-        container-runtime (it takes the runtime handler away last)."""
+        container-runtime (it takes the runtime handler away last). ``controller=False``
+        (the GPU Extensions chart's hook, ``gpuk8s serve node-cleanup``): no controller to
+        stop and no ConfigMap of its to delete; ``agents`` are that chart's."""
         done: list[str] = []
         deadline = time.monotonic() + timeout
-        left = self._delete_and_wait("deployment", ["operator-controller"], deadline)
-        if left:
-            return done, [f"operator-controller still running: {', '.join(left)}"]
-        done.append("operator-controller stopped")
+        if controller:
+            left = self._delete_and_wait("deployment", ["operator-controller"], deadline)
+            if left:
+                return done, [f"operator-controller still running: {', '.join(left)}"]
+            done.append("operator-controller stopped")
         nodes = self.gpu_nodes()
         for node in nodes:
             self.annotate_node(str(node["metadata"]["name"]), {UNINSTALL: "true"})
         done.append(f"marked {len(nodes)} GPU node(s) for uninstall")
-        for group in ([n for n in NODE_AGENTS if n != "container-runtime"], ["container-runtime"]):
+        last = [n for n in agents if n == "container-runtime"]
+        for group in filter(None, ([n for n in agents if n not in last], last)):
             left = self._delete_and_wait("daemonset", group, deadline)
             if left:
                 return done, [f"pods still terminating after {timeout:.0f}s: {', '.join(left)}"]
             done.append(f"{', '.join(group)} stopped")
         done.append("node agents stopped (each cleaned up its node)")
-        try:
-            every = [self._plain(n) for n in self.core.list_node().items]
+        try:  # the release's nodes only: another release's (a scheme beside) keep theirs
+            every = [self._plain(n) for n in self.core.list_node(
+                label_selector=self.node_selector or None).items]
         except Exception as err:
             raise classify(err, "list nodes") from err
         cleaned = 0
@@ -241,7 +275,7 @@ class KubeCluster:
         if lifted:
             done.append(f"uncordoned {len(lifted)} node(s) an unfinished driver upgrade had "
                         f"cordoned before changing anything: {', '.join(lifted)}")
-        for name in (CONFIG_NAME, STATUS_NAME):
+        for name in (CONFIG_NAME, STATUS_NAME) if controller else ():
             try:
                 self.core.delete_namespaced_config_map(name, self.namespace)
                 done.append(f"configmap {name} deleted")
@@ -327,6 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upgrade-pod-selector", default="",
                    help="driver.upgradePolicy.podSelector: evict only the GPU pods with these "
                    "labels (a label selector; empty: every GPU pod)")
+    p.add_argument("--node-selector", default="",
+                   help="label selector of the nodes this release serves (the chart's "
+                   "nodeSelector): the controller and its uninstall act on those only "
+                   "(default: every node)")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between passes")
     add_health_port_argument(p, serves="GET /healthz, /livez, /metrics")
     add_kubeconfig_argument(p, used_for="the cluster the operator runs")
@@ -358,7 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_version("--driver-version", args.driver_version or None)
         target = upgrade.Target(version=args.driver_version or None
                                 if args.driver_deploy_policy == "Always" else None)
-        cluster = KubeCluster(api_client(args.kubeconfig), args.namespace)
+        check_node_selector(args.node_selector)
+        cluster = KubeCluster(api_client(args.kubeconfig), args.namespace, args.node_selector)
     except GpuK8sError as err:
         print(f"gpuk8s serve operator-controller: error: {err}", file=sys.stderr)
         return 2
