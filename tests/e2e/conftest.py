@@ -25,8 +25,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "lab"
 CACHE = Path(os.environ.get("GPUK8S_CACHE", "/var/cache/gpuk8s"))
-STATE = Path(os.environ.get("GPUK8S_LAB_STATE", "/var/lib/gpuk8s-lab"))
-SIM_ROOT = STATE / "simroot"
 KUBECONFIG = "/etc/kubernetes/admin.conf"
 REGISTRY = os.environ.get("GPUK8S_REGISTRY", "127.0.0.1:5000")
 FAKE_TOLERATION = {"key": "lab.gpuk8s.io/fake-node", "operator": "Exists", "effect": "NoSchedule"}
@@ -38,6 +36,9 @@ try:
     import versions as lab_versions  # lab/versions.py
 finally:
     sys.path.remove(str(LAB))
+
+STATE = lab_versions.state_dir(os.environ)  # $GPUK8S_LAB_STATE or the lab's default
+SIM_ROOT = STATE / "simroot"
 
 
 def versions() -> dict[str, str]:
