@@ -57,7 +57,10 @@ options:
     choices: [containerd, cdi]
     default: containerd
   containerd_version:
-    description: containerd's version (C(1.6.20)); default - C(containerd --version) on the node.
+    description:
+      - containerd's version (C(1.6.20)); default - the version of the containerd serving
+        O(containerd_socket) (its own program, which may not be the C(containerd) on PATH),
+        else C(containerd --version) on the node's PATH.
     type: str
   containerd_config:
     description: containerd's config file.
@@ -233,6 +236,20 @@ def planned(agent):
     return actions, path, diff
 
 
+def containerd_version(module, system_root, socket):
+    """The version of the containerd serving ``socket`` (its own program, as the proof runs
+    it: a node may run a containerd 2.x beside the distribution's 1.x on PATH), else of
+    ``containerd`` on PATH (not running yet); None when neither answers."""
+    serving = proof.node_binary(host_path(system_root, socket))
+    if isinstance(serving, tuple):
+        found = version_tuple(serving[1])
+    else:
+        tool = tool_path(system_root, "containerd")
+        rc, out, _ = module.run_command([tool, "--version"]) if tool else (1, "", "")
+        found = version_tuple(out) if rc == 0 else None
+    return ".".join(str(n) for n in found) if found else None
+
+
 def node_path(system_root, path):
     """``path`` (under ``system_root``, as seen here) as the node names it."""
     return "/" + os.path.relpath(path, system_root).lstrip("/")
@@ -273,11 +290,7 @@ def main():
     p = module.params
     version = p["containerd_version"]
     if p["runtime"] == "containerd" and not version:
-        tool = tool_path(p["system_root"], "containerd")
-        if tool is not None:
-            rc, out, _ = module.run_command([tool, "--version"])
-            found = version_tuple(out) if rc == 0 else None
-            version = ".".join(str(n) for n in found) if found else None
+        version = containerd_version(module, p["system_root"], p["containerd_socket"])
     settings = runtime_agent.RuntimeSettings(
         host_root=p["host_root"], system_root=p["system_root"],
         device_path_prefix=p["device_path_prefix"].rstrip("/"), cdi_dir=p["cdi_dir"],
@@ -291,7 +304,7 @@ def main():
     try:
         if p["state"] == "absent":
             present = [path for path in agent.spec_paths() if os.path.exists(path)]
-            installed = os.path.exists(settings.sys(settings.install_dir))
+            installed = runtime_agent.installed(settings.sys(settings.install_dir))
             config, before, after = agent.uninstalled()
             diff = config_diff(node_path(settings.system_root, config), before, after) \
                 if before != after else None

@@ -232,7 +232,7 @@ def changed_by_host(out: str) -> dict[str, list[str]]:
 
 def test_nvidia_host_role_four_steps(tmp_path: Path) -> None:
     """check -> the tasks that would change, nothing installed; apply -> exactly those
-    tasks change; check and apply again -> unchanged."""
+    tasks change; check and apply again -> unchanged; the same for the undo."""
     extra = nvidia_role_vars(tmp_path, "nvidia-8-nodriver")
     root = Path(str(extra["nvidia_host_root"]))
     config = (tmp_path / "system/etc/containerd/config.toml").read_text()
@@ -254,6 +254,23 @@ def test_nvidia_host_role_four_steps(tmp_path: Path) -> None:
         proc, changed = nvidia_play(extra, check=check)
         assert proc.returncode == 0 and changed == 0, proc.stdout[-5000:]
         assert changed_tasks(proc.stdout) == []
+    # the undo: check names the one task the run changes; containerd's config back byte for
+    # byte, the spec and the wrapper's directory gone; then nothing left to do
+    undo = {**extra, "nvidia_host_state": "absent"}
+    proc, _ = nvidia_play(undo, check=True)
+    assert changed_tasks(proc.stdout) == [
+        "nvidia_host : Remove the CDI spec, the wrapper and the runtime handler"], proc.stdout
+    assert (tmp_path / "system/etc/cdi/nvidia.com-gpu.json").exists()
+    proc, _ = nvidia_play(undo)
+    assert proc.returncode == 0 and changed_tasks(proc.stdout) == [
+        "nvidia_host : Remove the CDI spec, the wrapper and the runtime handler"], proc.stdout
+    assert (tmp_path / "system/etc/containerd/config.toml").read_text() == config
+    assert not (tmp_path / "system/usr/local/gpuk8s").exists()
+    assert sorted(p.name for p in (tmp_path / "system/etc").rglob("*")) == [
+        "cdi", "config.toml", "containerd"]  # no spec, no backup of the config
+    for check in (True, False):
+        proc, changed = nvidia_play(undo, check=check)
+        assert proc.returncode == 0 and changed == 0, proc.stdout[-5000:]
 
 
 def test_nvidia_host_role_names_what_is_missing(tmp_path: Path) -> None:

@@ -408,3 +408,25 @@ def sim_root_lib(tmp_path: Path) -> str:
     if not os.path.isdir(root):
         sim.create(root, "nvidia-8")
     return f"{root}{LIB}"
+
+
+def test_uninstall_removes_only_an_install_directory_it_made(tmp_path: Path) -> None:
+    """The wrapper's directory goes at uninstall when the agent made it; one that was there
+    before (a pod's mount point, an installer's own) is emptied and stays; and with nothing
+    installed, uninstall has nothing to do."""
+    root = str(tmp_path / "node")
+    sim.create(root, "nvidia-8")
+    for system, there in ((tmp_path / "made", False), (tmp_path / "found", True)):
+        install = system / "usr/local/gpuk8s"
+        if there:
+            install.mkdir(parents=True)
+        else:
+            system.mkdir()
+        runtime = agent(root, system)
+        assert runtime.uninstall() == []
+        runtime.write_spec()
+        assert os.access(install / "bin/gpuk8s-oci-runtime", os.X_OK)
+        done = runtime.uninstall()
+        assert f"/usr/local/gpuk8s {'emptied' if there else 'removed'}" in done
+        assert install.exists() == there and not (there and any(install.iterdir()))
+        assert runtime.uninstall() == []

@@ -292,3 +292,44 @@ def test_nvidia_smi_in_a_container_output_is_read(tmp_path: Path) -> None:
                                  runner=runner, work_dir=str(tmp_path / "work"),
                                  runc=str(tmp_path / "bin/wrapper"))
     assert not (tmp_path / "work").exists()
+
+
+def test_the_container_check_leaves_no_directory_it_made(tmp_path: Path) -> None:
+    """Its work directory goes again when the check made it, and stays when it was there."""
+    runc = tmp_path / "bin/runc"
+    runc.parent.mkdir()
+    runc.write_text('#!/bin/sh\n[ "$1" = spec ] || exit 0\n'
+                    'echo \'{"process": {"args": ["sh"]}, "mounts": []}\' > "$3/config.json"\n')
+    runc.chmod(0o755)
+    tool(tmp_path, "bin/wrapper", "Driver Version: 550.54.15   CUDA Version: 12.4\n"
+                                  "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)")
+    (tmp_path / "rootfs/bin").mkdir(parents=True)
+    for work, there in ((tmp_path / "var/nvidia-check", False), (tmp_path / "own", True)):
+        if there:
+            work.mkdir()
+        result = containercheck.run_check(
+            wrapper=str(tmp_path / "bin/wrapper"), rootfs=str(tmp_path / "rootfs"),
+            devices=["nvidia.com/gpu=all"], runner=runner, work_dir=str(work), runc=str(runc))
+        assert (result.driver_version, result.gpus) == (NEW, 1)
+        assert work.exists() == there and not (there and any(work.iterdir()))
+    assert (tmp_path / "var").is_dir()  # only the directory it made
+
+
+def test_the_running_kubelet_and_containerd_are_found_before_path(tmp_path: Path) -> None:
+    """A node's kubelet or containerd running from outside PATH (RKE2's, a containerd 2.x
+    beside the distribution's 1.x) is the one asked for its version."""
+    proc = tmp_path / "proc"
+    for pid, comm, exe in ((40, "containerd-shim", "/usr/bin/shim"), (7, "bash", "/bin/bash"),
+                           (300, "kubelet", "/var/lib/rancher/rke2/bin/kubelet"),
+                           (120, "containerd", "/opt/containerd-2.4/containerd")):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "comm").write_text(comm + "\n")
+        (proc / str(pid) / "exe").symlink_to(exe)
+    (proc / "self").mkdir()
+    assert checks.running_program("/", "kubelet", str(proc)) == [
+        "/var/lib/rancher/rke2/bin/kubelet"]
+    assert checks.running_program("/", "containerd", str(proc)) == [
+        "/opt/containerd-2.4/containerd"]
+    assert checks.running_program("/", "dockerd", str(proc)) == []
+    # another root's processes are not this machine's
+    assert checks.running_program(str(tmp_path), "kubelet", str(proc)) == []

@@ -11,6 +11,7 @@ node's kernel gives every container anyway). Stdlib only, Python 3.8+.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -82,6 +83,7 @@ def run_check(*, wrapper: str, rootfs: str, devices: Sequence[str], runner: Runn
     if os.path.realpath(rootfs) == "/":
         raise ContainerCheckError("rootfs /: the host's own root is not an image's root "
                                   "filesystem")
+    made = not os.path.isdir(work_dir)  # ours to remove again: the node left as found
     os.makedirs(work_dir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="nvidia-check-", dir=work_dir)
     name = os.path.basename(work)
@@ -106,6 +108,9 @@ def run_check(*, wrapper: str, rootfs: str, devices: Sequence[str], runner: Runn
     finally:
         run_tool(runner, [runc, "--root", state, "delete", "-f", name])
         shutil.rmtree(work, ignore_errors=True)
+        if made:
+            with contextlib.suppress(OSError):  # not empty: another check's work goes on
+                os.rmdir(work_dir)
 
 
 def _ok(result: ToolResult, what: str) -> None:

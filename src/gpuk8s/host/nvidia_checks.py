@@ -77,6 +77,29 @@ def tool_path(root: str, name: str, extra: Sequence[str] = ()) -> str | None:
     return find_tool(root, name, [*extra, *(f"{d}/{name}" for d in BIN_DIRS)])
 
 
+def running_program(root: str, name: str, proc: str = "/proc") -> list[str]:
+    """The program of the running process called ``name`` (``comm``), lowest pid first, as
+    a candidate before PATH: a node's kubelet or containerd may run from outside PATH
+    (RKE2's ``/var/lib/rancher/rke2/bin``, a containerd 2.x beside the distribution's 1.x
+    in ``/usr/bin``), and its version is the one that counts. Only on the host itself
+    (``root`` /): another root's processes are not this machine's to read."""
+    if os.path.realpath(root) != "/":
+        return []
+    try:
+        pids = sorted(int(p) for p in os.listdir(proc) if p.isdigit())
+    except OSError:
+        return []
+    for pid in pids:
+        try:
+            with open(f"{proc}/{pid}/comm", encoding="utf-8") as handle:
+                if handle.read().strip() != name:
+                    continue
+            return [os.readlink(f"{proc}/{pid}/exe")]
+        except OSError:  # gone, or not ours to read
+            continue
+    return []
+
+
 @dataclass(frozen=True)
 class SmiStatus:
     """What ``nvidia-smi`` (no argument, as the manual runs it) says."""
@@ -188,7 +211,7 @@ def gather(root: str, runner: Runner | None = None, *, system_root: str | None =
     release = os_release(root)
     toolkit = tool_path(system, "nvidia-ctk")
     cli = tool_path(system, "nvidia-container-cli")
-    kubelet = tool_path(system, "kubelet")
+    kubelet = tool_path(system, "kubelet", running_program(system, "kubelet"))
     python = host_path(system, host_python)
     apiserver = _read(host_path(system, APISERVER_MANIFEST))
     privileged = None
@@ -212,7 +235,8 @@ def gather(root: str, runner: Runner | None = None, *, system_root: str | None =
         dkms=tool_path(root, "dkms") is not None,
         kernel_headers=headers_present(root, kernel),
         toolkit_version=_first_version(runner, toolkit or cli),
-        containerd_version=_first_version(runner, tool_path(system, "containerd")),
+        containerd_version=_first_version(
+            runner, tool_path(system, "containerd", running_program(system, "containerd"))),
         docker_version=_first_version(runner, tool_path(system, "docker")),
         kubernetes_version=kubernetes_version or _first_version(runner, kubelet),
         apiserver_allow_privileged=privileged,

@@ -72,6 +72,10 @@ log = logging.getLogger("gpuk8s.container-runtime")
 
 WRAPPER_NAME = "gpuk8s-oci-runtime"
 STATE_NAME = "state.json"
+# in the install directory when the agent made it: uninstall removes the directory only then
+# (one that was there before, a pod's mount point or a directory the node's installer left,
+# is emptied and stays)
+CREATED_NAME = ".created-by-gpuk8s"
 RUNC_CANDIDATES = ("/usr/sbin/runc", "/usr/bin/runc", "/usr/local/sbin/runc",
                    "/usr/local/bin/runc")
 TASKS_DIR = "/run/containerd/io.containerd.runtime.v2.task"
@@ -317,14 +321,21 @@ class RuntimeAgent:
     def wrapper_path(self) -> str:
         return f"{self.settings.install_dir}/bin/{WRAPPER_NAME}"
 
+    def install_dir(self) -> str:
+        """The install directory (as seen here), made and marked ours where it was not."""
+        install = self.settings.sys(self.settings.install_dir)
+        if not os.path.isdir(install):
+            os.makedirs(install)
+            files.atomic_write(os.path.join(install, CREATED_NAME), "")
+        return install
+
     def write_wrapper(self) -> str:
         """The wrapper executable (also the CDI hooks' program) in ``<install dir>/bin``;
         that directory."""
-        s = self.settings
-        bin_dir = os.path.join(s.sys(s.install_dir), "bin")
+        bin_dir = os.path.join(self.install_dir(), "bin")
         os.makedirs(bin_dir, exist_ok=True)
         wrapper = os.path.join(bin_dir, WRAPPER_NAME)
-        payload = wrapper_zip(s.host_python)
+        payload = wrapper_zip(self.settings.host_python)
         if _read_bytes(wrapper) != payload:
             tmp = wrapper + ".new"
             with open(tmp, "wb") as handle:
@@ -462,7 +473,7 @@ class RuntimeAgent:
         s = self.settings
         proven = proof.prove(self.socket(), text, candidate, os.path.dirname(s.containerd_config),
                              s.sys, s.handler, self.wrapper_path(), s.set_default, drop_in,
-                             os.path.join(s.sys(s.install_dir), "proof"))
+                             os.path.join(self.install_dir(), "proof"))
         if proven.failed is None:
             self.details["proof"] = f"skipped: {proven.skipped}" if proven.skipped else \
                 f"proven with a private {proven.binary}"
@@ -622,13 +633,17 @@ class RuntimeAgent:
             files.write_json(config_path, config)
             done.append(f"wrapper retired: {len(users)} running container(s) were created "
                         f"through it; the last one to end removes {s.install_dir}")
-        else:
-            for entry in (os.listdir(install) if os.path.isdir(install) else []):
+        elif installed(install):
+            made = os.path.exists(os.path.join(install, CREATED_NAME))
+            for entry in os.listdir(install):
                 files.remove(os.path.join(install, entry))
             try:
-                os.rmdir(install)
-                done.append(f"{s.install_dir} removed")
-            except OSError:  # the pod's mount point: emptied; the kubelet keeps the dir
+                if made:  # else there before us (the node's own, a pod's mount point): it stays
+                    os.rmdir(install)
+                    done.append(f"{s.install_dir} removed")
+            except OSError:  # the pod's mount point: the kubelet keeps the dir
+                made = False
+            if not made:
                 done.append(f"{s.install_dir} emptied")
         if clear_readiness(s.host_root, "runtime.ready", s.status_dir):
             done.append("runtime.ready marker removed")
@@ -666,6 +681,12 @@ class RuntimeAgent:
                                             s.set_default, None).text == text
         except RuntimeConfigError:
             return False
+
+
+def installed(install: str) -> bool:
+    """Whether the install directory (as seen here) holds anything: an empty one that was
+    there before is not ours to report or remove."""
+    return os.path.isdir(install) and bool(os.listdir(install))
 
 
 def _read(path: str) -> str | None:
