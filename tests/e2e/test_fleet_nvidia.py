@@ -132,16 +132,24 @@ def test_1_check_predicts_the_install_and_the_node_serves_the_gpus_through_cdi(
     node(CDI_CHECK, "validate", SPEC)
     spec = json.loads(node("cat", SPEC))
     assert spec["kind"] == "nvidia.com/gpu"
-    assert {d["name"] for d in spec["devices"]} == {*map(str, range(GPUS)), "all"}
+    # the GPUs as the node's (simulated) nvidia-smi lists them: index -> PCI address
+    listed = dict(line.split(", ") for line in node(
+        f"{SIM}/usr/bin/nvidia-smi", "--query-gpu=index,pci.bus_id",
+        "--format=csv,noheader").splitlines())
+    assert len(listed) == GPUS
+    pci = {index: bus[-12:].lower() for index, bus in listed.items()}  # 0000:03:00.0
+    assert {d["name"] for d in spec["devices"]} == {*pci.values(), "all"}
     base = {"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin"], "cwd": "/"},
             "root": {"path": "rootfs"}, "mounts": [], "linux": {}}
     injected = json.loads(run(str(LAB / "fleetctl"), "exec", NODE, CDI_CHECK, "inject",
-                              "/etc/cdi", "nvidia.com/gpu=3", input=json.dumps(base),
+                              "/etc/cdi", f"nvidia.com/gpu={pci['3']}", input=json.dumps(base),
                               timeout=60).stdout)
-    devices = {d["path"]: d.get("hostPath", d["path"]) for d in injected["linux"]["devices"]}
-    assert devices["/dev/nvidia3"] == f"{SIM}/dev/nvidia3"
-    assert not any(p in devices for p in ("/dev/nvidia0", "/dev/nvidia2", "/dev/nvidia4"))
-    node("test", "-c", f"{SIM}/dev/nvidia3")
+    devices = {d["path"]: (d["major"], d["minor"]) for d in injected["linux"]["devices"]}
+    assert set(devices) == {"/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia-uvm",
+                            "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"}
+    # the simulated GPU 3's char device on the node (lab/fleetctl: --device-nodes char)
+    number = node("stat", "-c", "%t %T", f"{SIM}/dev/nvidia3").split()
+    assert devices["/dev/nvidia3"] == tuple(int(n, 16) for n in number)
     # the wrapper the spec's hooks run is installed, executable by the node's python3
     hooks = {h["path"] for h in spec["containerEdits"].get("hooks", [])}
     for hook in hooks:
