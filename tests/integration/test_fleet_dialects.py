@@ -5,12 +5,13 @@ dialect, with each dialect's own containerd generation, is the corpus test
 (``fleet-*`` in tests/integration/test_runtime_containerd.py).
 
 The module (``library/nvidia_container_runtime.py``, through the AnsibleModule harness) runs
-the container-runtime agent's code: told the node's containerd is 2.4.2 it writes the CDI
-spec only, since that containerd reads CDI itself, and every containerd file stays as it was;
-where it cannot tell the version (no containerd program where it looks, as on a node whose
-containerd is not a distribution package) it registers its wrapper, which on this dialect goes
-in a drop-in of its own: proven by a private containerd first, served after the restart, and
-``state=absent`` gives every file back byte for byte with the CRI serving.
+the container-runtime agent's code: it asks the containerd serving the node's socket for its
+version (no containerd program is under the node root, as on a node whose containerd is not a
+distribution package), and that containerd 2.4.2 reads CDI itself, so it writes the CDI spec
+only and every containerd file stays as it was; told the node's containerd is a 1.6 it
+registers its wrapper, which on this dialect goes in a drop-in of its own: proven by a private
+containerd first, served after the restart, and ``state=absent`` gives every file back byte
+for byte with the CRI serving.
 
 Needs root and containerd 2.x (scripts/prereqs integration builds it)."""
 
@@ -58,6 +59,9 @@ def files(n: Node) -> dict[str, bytes]:
             for p in sorted((n.base / "etc/containerd").rglob("*")) if p.is_file()}
 
 
+OLD = "1.6.20"  # a containerd without CDI of its own: the wrapper registered
+
+
 def nvidia(n: Node, tmp_path: Path, check: bool = False, **args: Any) -> dict[str, Any]:
     gpus = tmp_path / "gpus"
     if not gpus.exists():
@@ -81,11 +85,11 @@ def test_containerd_2_dialect_reads_cdi_itself_so_no_containerd_file_changes(
 ) -> None:
     n, original, pid = started(node)
     assert containerd.cri_cdi_enabled(n.served())
-    done = nvidia(n, tmp_path, containerd_version="2.4.2")
+    done = nvidia(n, tmp_path)  # the version: the serving containerd's, not given
     assert not done.get("failed") and done["mode"] == "native" and done["proof"] is None, done
     assert files(n) == original and n.pid() == pid  # not touched, not restarted
     assert (n.base / "etc/cdi/nvidia.com-gpu.json").exists()
-    removed = nvidia(n, tmp_path, state="absent", containerd_version="2.4.2")
+    removed = nvidia(n, tmp_path, state="absent")
     assert not removed.get("failed"), removed
     assert not (n.base / "etc/cdi/nvidia.com-gpu.json").exists()
     assert files(n) == original and n.pid() == pid
@@ -96,13 +100,13 @@ def test_containerd_2_dialect_takes_the_nvidia_handler_in_a_drop_in_and_gives_it
 ) -> None:
     n, original, before = started(node)
     assert containerd.not_served(n.served(), "nvidia", WRAPPER, True)  # not there yet
-    # no containerd program under the node root: the version is unknown, so the wrapper
-    checked = nvidia(n, tmp_path, check=True)
+    # told a 1.6 (no CDI of its own): the wrapper
+    checked = nvidia(n, tmp_path, check=True, containerd_version=OLD)
     assert checked["changed"] and files(n) == original  # check mode wrote nothing
     # it names the file the run writes: our drop-in, not the node's config
     assert f"create /{OURS} and restart containerd" in checked["actions"], checked["actions"]
     assert checked["diff"]["after_header"] == f"/{OURS}"
-    done = nvidia(n, tmp_path)
+    done = nvidia(n, tmp_path, containerd_version=OLD)
     assert not done.get("failed") and done["mode"] == "wrapper", done
     assert done["proof"] == "proven with a private containerd v2.4.2", done
     assert n.pid() not in (0, before)  # restarted onto it
@@ -113,12 +117,12 @@ def test_containerd_2_dialect_takes_the_nvidia_handler_in_a_drop_in_and_gives_it
     # the node's own files as they were: the handler is in our drop-in, imported last
     assert {k: v for k, v in files(n).items() if k != OURS} == original
     assert (n.base / OURS).read_text() == checked["diff"]["after"]  # what check mode showed
-    assert not nvidia(n, tmp_path)["changed"]  # a second run: nothing to do
+    assert not nvidia(n, tmp_path, containerd_version=OLD)["changed"]  # a second run: nothing to do
     restarted = n.pid()
-    checked = nvidia(n, tmp_path, check=True, state="absent")
+    checked = nvidia(n, tmp_path, containerd_version=OLD, check=True, state="absent")
     assert checked["diff"]["before_header"] == f"/{OURS}", checked["diff"]
     assert checked["diff"]["after_header"] == "(removed)"
-    removed = nvidia(n, tmp_path, state="absent")
+    removed = nvidia(n, tmp_path, containerd_version=OLD, state="absent")
     assert not removed.get("failed") and removed["changed"], removed
     assert files(n) == original  # byte for byte, our drop-in gone
     assert n.pid() not in (0, restarted)
