@@ -1,17 +1,22 @@
 """The toolkit driven over SSH against the fleet (inventories/fleet, lab/README.md "Fleet"),
-as an administrator runs it from a workstation: push_artifacts.yml, install.yml, verify.yml
-and uninstall.yml through real sshd and sudo on every node, each test asserting what the
-cluster and the nodes show, never task output.
+as an administrator runs it from a workstation: what the fleet modules share (the playbook
+runner, the node helpers, the variables that point the playbooks at this checkout's
+artifacts) and the GPU Extensions scheme installed on every node, once per module that
+uses the ``installed`` fixture (test_fleet_maint.py).
 
-One install is shared by the module: the GPU Extensions scheme under the release name
-``e2e-fleet`` (a name the session fixture ``releases_set_aside`` treats as the tier's own:
-the release lab/install left is set aside before and given back after the tier). The fleet's
-nodes are tainted lab.gpuk8s.io/fleet, so the release tolerates that taint. Images and charts
-go to their own registry project, so the single-node tier's stay as lab/up pushed them.
+That install is the GPU Extensions scheme under the release name ``e2e-fleet`` (a name the
+session fixture ``releases_set_aside`` treats as the tier's own: the release lab/install
+left is set aside before and given back after the tier), with -e gpuk8s_scheme=extensions:
+one scheme on every node. The fleet's nodes are tainted lab.gpuk8s.io/fleet, so the release
+tolerates that taint. Images and charts go to their own registry project, so the
+single-node tier's stay as lab/up pushed them. ``installed`` checks what that install must
+show before any test uses it (``assert_extensions_everywhere``): the lab node and the
+extensions nodes advertise their GPUs, the driverless operator node (gpu-op) has its GPUs
+found but none advertised, cp2 none.
 
-This module installs one scheme on every node (-e gpuk8s_scheme=extensions): the operator
-node (gpu-op, no driver) has its GPUs found by gpu-label but never advertised. Both schemes
-at once, each on its node group: tests/e2e/test_fleet_schemes.py."""
+No test of its own: install.yml, verify.yml and uninstall.yml over SSH, node by node, are
+asserted on the one install of both schemes in tests/e2e/test_fleet_schemes.py (one install
+and uninstall fewer in the tier)."""
 
 from __future__ import annotations
 
@@ -28,7 +33,6 @@ from .conftest import (
     CACHE,
     FLEET_MARKS,
     HELM,
-    KUBECONFIG,
     LAB,
     REGISTRY,
     REPO,
@@ -150,6 +154,44 @@ def package_charts() -> None:
         run(HELM, "package", str(REPO / "charts" / chart), "-d", str(BUILD / "charts"))
 
 
+def device_plugin_nodes(release: str, namespace: str) -> set[str]:
+    """The nodes the release's gpu-device pods run on."""
+    pods = kubectl_json(
+        "-n", namespace, "get", "pods", "-l", "app.kubernetes.io/instance=" + release
+    )
+    return {
+        p["spec"].get("nodeName") or ""
+        for p in pods["items"]
+        if p["metadata"]["labels"].get("app.kubernetes.io/name") == "gpu-device"
+    }
+
+
+def assert_extensions_everywhere(lab_node: str) -> None:
+    """What the GPU Extensions scheme on every node (``installed``) shows: every MetaX node
+    with a driver advertises its GPUs, the driverless one none, cp2 none."""
+    found = nodes()
+    expected = {lab_node: 8, **EXPECTED_GPUS}
+    for name, gpus in expected.items():
+        node = found[name]
+        assert node["status"]["allocatable"].get("metax-tech.com/gpu") == str(gpus), name
+        labels = node["metadata"]["labels"]
+        assert labels["metax-tech.com/gpu.product"] == "C500", name
+        assert labels["metax-tech.com/driver.ready"] == "true", name
+    assert found["gpu-vf"]["metadata"]["labels"]["metax-tech.com/gpu.sriov"] == "on"
+    # the driverless node: its GPUs found, none advertised without a driver
+    op = found["gpu-op"]
+    assert op["metadata"]["labels"]["metax-tech.com/gpu.installed"] == "true"
+    assert op["metadata"]["labels"].get("metax-tech.com/driver.ready") != "true"
+    assert op["status"]["allocatable"].get("metax-tech.com/gpu", "0") == "0"
+    # the second control plane has no GPUs
+    assert found["cp2"]["status"]["allocatable"].get("metax-tech.com/gpu", "0") == "0"
+    assert found["cp2"]["metadata"]["labels"]["metax-tech.com/gpu.installed"] == "false"
+    # the release's node agents run on the fleet's GPU nodes (the fleet taint tolerated)
+    device_nodes = device_plugin_nodes(RELEASE, NAMESPACE)
+    assert set(expected) <= device_nodes, device_nodes
+    assert "gpu-op" not in device_nodes and "cp2" not in device_nodes, device_nodes
+
+
 @pytest.fixture(scope="module")
 def both_schedulers(lab: dict[str, str], standby_scheduler_parked: bool) -> Iterator[None]:
     """cp2's kube-scheduler running for the module (the tier parks it): the playbooks
@@ -177,83 +219,9 @@ def installed(before_install: dict[str, Any], lab: dict[str, str]) -> Iterator[d
     state = {"uninstalled": False}
     try:  # a failed install is uninstalled too
         playbook("install")
+        assert_extensions_everywhere(lab["node"])
         yield state
     finally:
         if not state["uninstalled"]:
             playbook("uninstall")
         restore_labels(before_install["labels"])
-
-
-def test_install_over_ssh_advertises_every_extensions_node_gpus(
-    installed: dict[str, Any], lab: dict[str, str]
-) -> None:
-    found = nodes()
-    expected = {lab["node"]: 8, **EXPECTED_GPUS}
-    for name, gpus in expected.items():
-        node = found[name]
-        assert node["status"]["allocatable"].get("metax-tech.com/gpu") == str(gpus), name
-        labels = node["metadata"]["labels"]
-        assert labels["metax-tech.com/gpu.product"] == "C500", name
-        assert labels["metax-tech.com/driver.ready"] == "true", name
-    assert found["gpu-vf"]["metadata"]["labels"]["metax-tech.com/gpu.sriov"] == "on"
-    # the driverless node: its GPUs found, none advertised without a driver
-    op = found["gpu-op"]
-    assert op["metadata"]["labels"]["metax-tech.com/gpu.installed"] == "true"
-    assert op["metadata"]["labels"].get("metax-tech.com/driver.ready") != "true"
-    assert op["status"]["allocatable"].get("metax-tech.com/gpu", "0") == "0"
-    # the second control plane has no GPUs
-    assert found["cp2"]["status"]["allocatable"].get("metax-tech.com/gpu", "0") == "0"
-    assert found["cp2"]["metadata"]["labels"]["metax-tech.com/gpu.installed"] == "false"
-    # the release's node agents run on the fleet's GPU nodes (the fleet taint tolerated)
-    pods = kubectl_json(
-        "-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/instance=" + RELEASE
-    )
-    device_nodes = {
-        p["spec"].get("nodeName")
-        for p in pods["items"]
-        if p["metadata"]["labels"].get("app.kubernetes.io/name") == "gpu-device"
-    }
-    assert set(expected) <= device_nodes, device_nodes
-    assert "gpu-op" not in device_nodes and "cp2" not in device_nodes, device_nodes
-
-
-def test_verify_playbook_passes_over_ssh_on_the_extensions_nodes(installed: dict[str, Any]) -> None:
-    # verify.yml compares each node's labels and allocatable with what the modules read on
-    # the node itself over SSH: a mismatch fails the run (run() raises)
-    playbook("verify", "--limit", "gpu_extensions_nodes")
-
-
-def test_uninstall_over_ssh_leaves_every_node_as_found(
-    installed: dict[str, Any], before_install: dict[str, Any]
-) -> None:
-    playbook("uninstall")
-    installed["uninstalled"] = True
-    releases = json.loads(
-        run(
-            HELM,
-            "--kubeconfig",
-            KUBECONFIG,
-            "list",
-            "-n",
-            NAMESPACE,
-            "--deployed",
-            "--failed",
-            "--pending",
-            "--uninstalling",
-            "-o",
-            "json",
-        ).stdout
-        or "[]"
-    )
-    assert RELEASE not in {r["name"] for r in releases}
-    for name in FLEET_NODES:
-        assert containerd_config_hash(name) == before_install["containerd"][name], name
-        # the node's CRI serves (containerd's own client against its socket)
-        assert "Server:" in node_exec(name, "ctr", "version"), name
-    # The extensions chart's uninstall hook removes gpu-label's metax-tech.com/ labels from
-    # every node it ran on (asserted in test_fleet_schemes.py); the module's teardown gives
-    # each fleet node its labels as found (restore_labels).
-    pods = kubectl_json(
-        "-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/instance=" + RELEASE
-    )
-    assert pods["items"] == []

@@ -4,8 +4,11 @@ on the inventory's gpu_extensions_nodes (gpu-ext, gpu-vf) and the GPU Operator s
 gpu_operator_nodes (gpu-op, driverless: the operator's driver-manager installs its driver
 into the node's simulated host tree), each release confined to its group by the
 gpuk8s.io/scheme label (playbooks/vars/schemes.yml); gpu-nv (NVIDIA) and cp2 are left to
-nobody. Then uninstall.yml: no release, pod, label, annotation, wrapper or CDI spec of ours
-on any node, each node's containerd config byte for byte as found, its CRI serving.
+nobody. verify.yml over SSH passes on every GPU node of both groups, each node judged by
+its own scheme. Then uninstall.yml: no release, pod, label, annotation, wrapper or CDI spec
+of ours on any node, each node's containerd config byte for byte as found, its CRI serving.
+This is the tier's one install and uninstall over SSH that is asserted for itself
+(test_fleet_ops.py holds the helpers and the one-scheme install the other fleet modules use).
 
 One install is shared by the module (two releases, e2e-fleet-ext and e2e-fleet-op: names the
 session fixture ``releases_set_aside`` treats as the tier's own). The component images are
@@ -27,6 +30,7 @@ from .conftest import (
     HELM,
     KUBECONFIG,
     LAB,
+    REGISTRY,
     kubectl_json,
     run,
     tool,
@@ -36,6 +40,7 @@ from .test_fleet_ops import (  # noqa: F401 (both_schedulers: a fixture used bel
     EXTRA_VARS,
     FLEET_NODES,
     FLEET_TAINT,
+    IMAGES,
     both_schedulers,
     containerd_config_hash,
     node_exec,
@@ -55,6 +60,9 @@ DRIVER, SDK = "2.33.0.6", "2.33.0.4"
 SIM = "/var/lib/gpuk8s-lab/simroot"
 CDI_SPEC = "/etc/cdi/metax-tech.com-gpu.json"
 WRAPPER = "/usr/local/gpuk8s/bin/gpuk8s-oci-runtime"
+# the payload images are no components (push_artifacts.yml pushes those to the module's
+# project): they stay where lab/up's `images/build.sh payloads` pushed them
+PAYLOADS = f"{REGISTRY}/gpuk8s"
 # test_fleet_ops' variables (the lab registry, helm, artifacts) less its one-scheme choice:
 # the inventory's groups decide
 BASE = {k: v for k, v in EXTRA_VARS.items()
@@ -68,7 +76,8 @@ VARS: dict[str, Any] = {
     "gpu_operator_driver_version": DRIVER,
     "gpu_operator_maca_images": [f"maca-c500:{SDK}-ubuntu22.04-amd64"],
     # the simulator's stand-ins for modprobe and depmod (inventories/lab's operator values)
-    "gpu_operator_values": {"tolerations": [FLEET_TAINT], "driver": {"extraArgs": [
+    "gpu_operator_values": {"tolerations": [FLEET_TAINT], "maca": {"payload": {
+        "registry": PAYLOADS}}, "driver": {"payload": {"registry": PAYLOADS}, "extraArgs": [
         "--load-command={host_root}/usr/sbin/modprobe {module}",
         "--unload-command={host_root}/usr/sbin/modprobe -r {module}",
         "--depmod-command={host_root}/usr/sbin/depmod -a -b {host_root} {kernel_release}",
@@ -110,6 +119,7 @@ def bare_again(node: str) -> None:
 
 @pytest.fixture(scope="module")
 def before(both_schedulers: None) -> dict[str, Any]:  # noqa: F811
+    assert IMAGES.is_dir(), f"{IMAGES} missing: lab/up builds the images"
     found = nodes()
     return {"containerd": {n: containerd_config_hash(n) for n in FLEET_NODES},
             "labels": {n: our_labels(found[n]) for n in FLEET_NODES},
@@ -149,6 +159,7 @@ def test_1_each_scheme_serves_its_group_and_nothing_else(
         assert labels[SCHEME] == "extensions", name
         assert found[name]["status"]["allocatable"].get(P + "gpu") == str(gpus), name
         assert labels[P + "gpu.product"] == "C500" and labels[P + "driver.ready"] == "true"
+    assert found["gpu-vf"]["metadata"]["labels"][P + "gpu.sriov"] == "on"
     # the operator release: gpu-op, its driver installed by driver-manager, its GPUs advertised
     op = found["gpu-op"]["metadata"]["labels"]
     assert op[SCHEME] == "operator"
@@ -176,13 +187,25 @@ def test_1_each_scheme_serves_its_group_and_nothing_else(
         assert not any(name in n for pods in (ext_pods, op_pods) for n in pods.values())
 
 
-def test_2_uninstall_leaves_every_node_as_found(
+def test_2_verify_playbook_passes_over_ssh_on_both_schemes_nodes(
+    installed: dict[str, Any]
+) -> None:
+    # verify.yml compares each GPU node's labels and allocatable with what the modules read
+    # on the node itself over SSH, each node by its own scheme (gpu-op's driver mode is the
+    # operator's cloud): a mismatch fails the run (run() raises)
+    playbook("verify", base=VARS)
+
+
+def test_3_uninstall_leaves_every_node_as_found(
     installed: dict[str, Any], before: dict[str, Any]
 ) -> None:
     playbook("uninstall", base=VARS)
     installed["uninstalled"] = True
     for release, namespace in (EXT, OP):
-        out = run(HELM, "--kubeconfig", KUBECONFIG, "list", "-n", namespace, "-a", "-q").stdout
+        # every state helm 3 and 4 list (helm 4 has no --all)
+        out = run(HELM, "--kubeconfig", KUBECONFIG, "list", "-n", namespace, "-q",
+                  *(f"--{s}" for s in ("deployed", "failed", "pending", "superseded",
+                                       "uninstalling", "uninstalled"))).stdout
         assert release not in out.split(), release
         assert release_pods((release, namespace)) == {}, release
     found = nodes()
