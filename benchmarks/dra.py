@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -256,13 +257,15 @@ def dra_throughput(api: fake_nodes.Api, args: argparse.Namespace, work: Path) ->
                       claim(name, sizes[i % len(sizes)], False)))
         items.append((f"/api/v1/namespaces/{NS}/pods", claim_pod(name, None)))
     create_all(api, items)
+    load = [os.getloadavg()[0]]  # the rate moves with the machine's load: say it
     sched = start_scheduler(work, "throughput", args.gates)
     try:
         bound, rate = wait_bound(api, args.pods, args.timeout, sched)
     finally:
         stop(sched)
+    load.append(os.getloadavg()[0])
     delete_namespace(api)
-    return {"bound": bound, "rate": rate}
+    return {"bound": bound, "rate": rate, "load": load}
 
 
 def extended_throughput(api: fake_nodes.Api, args: argparse.Namespace, work: Path,
@@ -449,6 +452,10 @@ def report(args: argparse.Namespace, results: dict[str, Any], work: Path) -> Non
             ratio = f"{100 * rate / base:.0f} %" if base else "-"
             print(f"  {label:<46} bound {r['bound']:>5}/{args.pods:<5} {rate:>8.1f} pods/s "
                   f"{ratio:>6} of the scheduler alone")
+    if (results.get("dra") or {}).get("load"):
+        before, after = results["dra"]["load"]
+        print(f"  (DRA run on {os.cpu_count()} CPUs, 1-minute load average {before:.1f} before, "
+              f"{after:.1f} after: compare absolute rates only at like load)")
     d = results.get("driver")
     if d:
         publish = f"{d['publish_s']:.2f} s" if d["publish_s"] is not None else "not within 30 s"

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from baseline import extract  # benchmarks/baseline.py (this directory is on sys.path)
+from scheduling import versions  # lab/versions.env: the release the fake kubelets report
 from stats import percentile
 
 PRESETS = ("c500-8", "c550-8", "mixed-16", "c500-8-vf4")
@@ -84,7 +85,9 @@ def node_names(count: int) -> list[str]:
     return [f"gpu-node-{i:05d}" for i in range(count)]
 
 
-def node_object(name: str, annotations: dict[str, str], rng: random.Random) -> dict[str, Any]:
+def node_object(
+    name: str, annotations: dict[str, str], rng: random.Random, kubelet: str
+) -> dict[str, Any]:
     """A Node as the apiserver serves it (labels, status, images: ~5 KB)."""
     return {
         "metadata": {
@@ -133,8 +136,8 @@ def node_object(name: str, annotations: dict[str, str], rng: random.Random) -> d
                 "kernelVersion": "6.1.0-25-amd64",
                 "osImage": "Debian GNU/Linux 12",
                 "containerRuntimeVersion": "containerd://1.7.24",
-                "kubeletVersion": "v1.35.4",
-                "kubeProxyVersion": "v1.35.4",
+                "kubeletVersion": kubelet,
+                "kubeProxyVersion": kubelet,
                 "operatingSystem": "linux",
                 "architecture": "amd64",
             },
@@ -289,8 +292,10 @@ def bodies(
     if cache_mode:
         nodes_field: dict[str, Any] = {"NodeNames": names}
     else:
+        kubelet = versions()["KUBE_VERSION"]
         items = [
-            node_object(n, a, rng) for n, a in zip(names, assign(count, pool, seed), strict=True)
+            node_object(n, a, rng, kubelet)
+            for n, a in zip(names, assign(count, pool, seed), strict=True)
         ]
         nodes_field = {"Nodes": {"metadata": {}, "items": items}}
     out = []

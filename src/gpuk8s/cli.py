@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="as gpu-dra's flag (default auto: what the plugin decides for "
                         "--kube-version)")
     p.add_argument("--kube-version", default=None,
-                   help="the API server's version (v1.35.4) that --group-devices auto "
+                   help="the API server's version (v1.<minor>.<patch>) that --group-devices auto "
                         "weighs (default: unknown)")
     p.add_argument("--unhealthy-devices", choices=UNHEALTHY_MODES, default="taint")
     p.add_argument("--node-uid", default="",

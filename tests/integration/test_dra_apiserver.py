@@ -174,9 +174,8 @@ def test_publisher_syncs_and_keeps_the_generation_when_nothing_changed(
         assert publisher.sync_once() is False, "timeAdded stamped by the server is not a change"
         assert publisher.problems == []
         publisher.start()  # a starting kubelet deletes the node's slices: they come back
-        admin = _slices_api(apiserver)
-        time.sleep(1)  # the watch is established
-        for body in admin.list(node):
+        admin = _slices_api(apiserver)  # at once: a delete before the watch began is
+        for body in admin.list(node):   # repaired too (it syncs after its list)
             admin.delete(body["metadata"]["name"])
         deadline = time.monotonic() + 5
         while len(admin.list(node)) != 2:
@@ -184,6 +183,56 @@ def test_publisher_syncs_and_keeps_the_generation_when_nothing_changed(
             time.sleep(0.1)
         publisher.stop()
     finally:
+        _delete_node_slices(apiserver, node)
+        core.delete_node(node)
+
+
+def test_slices_deleted_between_two_watch_streams_come_back(
+    apiserver: Any, inventories: dict[str, Any]
+) -> None:
+    """The API server ends each watch stream (timeoutSeconds, shortened to 1 s here); the
+    slices are deleted just before the next watch request. A watch that starts again
+    from "now" never hears of it (the resync, an hour here, would); one that goes on from
+    the last resourceVersion it saw gets the DELETED events and republishes at once."""
+    import functools
+
+    node = "watch-gap-node"
+    core = apiserver.core()
+    uid = core.create_node({"apiVersion": "v1", "kind": "Node",
+                            "metadata": {"name": node}}).metadata.uid
+    admin = _slices_api(apiserver)
+    slices = _slices_api(apiserver, "gpu-dra")
+    real = slices._api.list_resource_slice  # type: ignore[attr-defined]
+    watches: list[int] = []
+
+    @functools.wraps(real)
+    def list_resource_slice(*args: Any, **kw: Any) -> Any:
+        if kw.get("watch"):
+            kw["timeout_seconds"] = 1
+            if len(watches) == 1:  # the first stream has ended: wipe before the second
+                for body in admin.list(node):
+                    admin.delete(body["metadata"]["name"])
+            watches.append(len(watches))
+        return real(*args, **kw)
+
+    slices._api.list_resource_slice = list_resource_slice  # type: ignore[attr-defined]
+    publisher = SlicePublisher(node, inventories["c500-8"], PoolOptions(), slices,
+                               interval=3600.0, node_uid=uid)
+    try:
+        assert publisher.sync_once() is True
+        published = len(admin.list(node))
+        publisher.start()
+        deadline = time.monotonic() + 60
+        while len(watches) < 2:
+            assert time.monotonic() < deadline, "the watch never asked again"
+            time.sleep(0.1)
+        while len(admin.list(node)) != published:
+            assert time.monotonic() < deadline, \
+                "the slices deleted between two watch streams were not published again"
+            time.sleep(0.1)
+        assert publisher.generation == 2, "published again, as a new generation"
+    finally:
+        publisher.stop()
         _delete_node_slices(apiserver, node)
         core.delete_node(node)
 

@@ -243,7 +243,12 @@ class NotFound(GpuK8sError):
 
 
 class FakeResourceApi:
-    """ResourceClaims (``get``) and this driver's ResourceSlices (``SliceApi``)."""
+    """ResourceClaims (``get``) and this driver's ResourceSlices (``SliceApi``).
+
+    Every slice write is an event with its resourceVersion, and ``watch_deleted`` follows
+    them the way ``services.listwatch`` follows a real API server: from the version it
+    listed at, every event in order (a create and a delete between two looks are two
+    events, never "no change"), and a sync asked for after its list."""
 
     def __init__(self, disabled_gates: tuple[str, ...] = ()) -> None:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
@@ -253,6 +258,7 @@ class FakeResourceApi:
         self.writes: list[tuple[str, str, float]] = []  # (verb, name, monotonic time)
         self.fail_writes = False
         self._version = 0
+        self.events: list[tuple[int, str, str, str]] = []  # (version, type, name, node)
         self._lock = threading.Lock()
         self.changed = threading.Condition(self._lock)
 
@@ -281,11 +287,18 @@ class FakeResourceApi:
                 for device in spec.get("devices") or []:
                     for name in fields:
                         device.pop(name, None)
-        self._version += 1
+        name = body["metadata"]["name"]
+        self._event("MODIFIED" if name in self.slices else "ADDED", body)
         body["metadata"]["resourceVersion"] = str(self._version)
-        self.slices[body["metadata"]["name"]] = body
+        self.slices[name] = body
         self.changed.notify_all()
         return copy.deepcopy(body)
+
+    def _event(self, kind: str, body: Mapping[str, Any]) -> None:
+        """Record a change (the lock held): the next resourceVersion."""
+        self._version += 1
+        self.events.append((self._version, kind, body["metadata"]["name"],
+                            body["spec"].get("nodeName", "")))
 
     def list(self, node: str) -> list[dict[str, Any]]:
         with self._lock:
@@ -316,26 +329,30 @@ class FakeResourceApi:
     def delete(self, name: str) -> None:
         with self._lock:
             self.writes.append(("delete", name, time.monotonic()))
-            self.slices.pop(name, None)
+            gone = self.slices.pop(name, None)
+            if gone is not None:
+                self._event("DELETED", gone)
             self.changed.notify_all()
 
-    def watch_deleted(self, node: str, on_deleted: Callable[[], None],
+    def watch_deleted(self, node: str, on_lost: Callable[[], None],
                       stop: threading.Event) -> None:
-        with self._lock:
-            seen = {n for n, s in self.slices.items() if s["spec"].get("nodeName") == node}
+        with self._lock:  # the list: the version to watch from
+            seen = self._version
+        on_lost()
         while not stop.is_set():
             with self._lock:
-                self.changed.wait(0.05)
-                now = {n for n, s in self.slices.items() if s["spec"].get("nodeName") == node}
-            gone, seen = seen - now, now
-            if gone:
-                on_deleted()
+                if self._version == seen:
+                    self.changed.wait(0.05)
+                new = [e for e in self.events if e[0] > seen]
+                seen = self._version
+            if any(kind == "DELETED" and on == node for _, kind, _, on in new):
+                on_lost()
 
     def wipe(self, node: str) -> None:
         """What a starting kubelet does: delete every slice of its node."""
         with self._lock:
             for name in [n for n, s in self.slices.items() if s["spec"].get("nodeName") == node]:
-                del self.slices[name]
+                self._event("DELETED", self.slices.pop(name))
             self.changed.notify_all()
 
     def devices(self) -> dict[str, dict[str, Any]]:

@@ -427,6 +427,40 @@ def test_cli_prints_the_slices_as_yaml_and_json(roots: dict[str, str]) -> None:
     assert bad.returncode == 2 and "--node-name" in bad.stderr
 
 
+@pytest.mark.parametrize("release", ["v1.35.4", "v1.37.2"])
+def test_cli_default_is_what_the_plugin_publishes_on_that_release(
+    roots: dict[str, str], release: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin's side as ``serve dra-plugin`` builds it: its own flag defaults, auto's
+    choice for the API server's release, the publisher's ``wanted`` on a fresh node."""
+    from dataclasses import replace
+
+    from gpuk8s.services.dra.main import build_parser, config_from_args
+
+    for name in ("GROUP_DEVICES", "SHARING_MODE", "NODE_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    args = build_parser().parse_args(["--node-name", "gpu-7", "--sharing-mode", "exclusive"])
+    config = config_from_args(args, "exclusive")
+    groups, why = dra.group_devices_wanted(args.group_devices, release)
+    assert groups is False and why, "auto keeps group devices off on both releases today"
+    inv, pool = inventory(roots, "c500-8"), replace(config.pool, groups=groups)
+    plugin = SlicePublisher("gpu-7", inv, pool, _NoApi()).wanted(1)
+
+    def printed(*extra: str) -> Any:
+        return json.loads(subprocess.run(
+            [sys.executable, "-m", "gpuk8s.cli", "dra", "slices", "--root", roots["c500-8"],
+             "--node-name", "gpu-7", "--json", *extra],
+            capture_output=True, text=True, check=True).stdout)
+
+    assert printed("--kube-version", release) == plugin
+    assert printed() == plugin, "by default, with no release given"
+    names = [d["name"] for d in plugin[0]["spec"]["devices"]]
+    assert len(plugin) == 1 and len(names) == 8, "one slice of the 8 GPUs, no counters"
+    assert names == [d.name for d in dra.steering_order(
+        Topology.from_inventory(inv, units_for_inventory(inv)), dra.pool_devices(inv, pool),
+        [])], "in steering order"
+
+
 def test_bad_flags_are_refused_before_anything_is_read(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "KUBECONFIG": str(tmp_path / "none")}
     for args, message in (

@@ -10,7 +10,11 @@ slices); a reorder alone keeps it.
 
 A watch on the node's slices brings back deleted ones at once (a kubelet that starts
 deletes every slice of its node until the drivers register again), and a full sync every
-``interval`` repairs anything else.
+``interval`` repairs anything else. The watch is Kubernetes' list-then-watch
+(``services.listwatch``): it watches from its list's resourceVersion and from the last
+version seen when the server closes a stream, so no delete falls between two streams, and
+it asks for a sync after every (re)list, so a delete before the watch began, or lost to a
+``410 Gone``, is repaired too.
 
 After each write the driver reads back what the API server kept: a server without
 ``DRAPartitionableDevices`` drops ``sharedCounters``/``consumesCounters`` (a group device
@@ -50,10 +54,12 @@ class SliceApi(Protocol):
 
 
 class SliceWatch(Protocol):
-    """Optional: calls ``on_deleted`` whenever one of the node's slices of this driver is
-    deleted (the kubelet wipes them when it starts), until ``stop`` is set."""
+    """Optional: calls ``on_lost`` whenever one of the node's slices of this driver may
+    have gone (the kubelet wipes them when it starts), until ``stop`` is set: on each
+    delete, and whenever deletes may have been missed (as the watch begins, after it
+    lost its place)."""
 
-    def watch_deleted(self, node: str, on_deleted: Callable[[], None],
+    def watch_deleted(self, node: str, on_lost: Callable[[], None],
                       stop: threading.Event) -> None: ...
 
 
@@ -95,24 +101,20 @@ class KubeSlices:
     def delete(self, name: str) -> None:
         self._call(f"delete resourceslice {name}", self._api.delete_resource_slice, name)
 
-    def watch_deleted(self, node: str, on_deleted: Callable[[], None],
+    def watch_deleted(self, node: str, on_lost: Callable[[], None],
                       stop: threading.Event) -> None:
-        from kubernetes import watch
+        from ..listwatch import list_watch
 
-        while not stop.is_set():
-            try:
-                stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
-                    self._api.list_resource_slice, timeout_seconds=60,
-                    field_selector=f"spec.nodeName={node},spec.driver={DRIVER}",
-                    deserialize=False)
-                for event in stream:
-                    if stop.is_set():
-                        return
-                    if event.get("type") == "DELETED":
-                        on_deleted()
-            except Exception as err:  # the API server restarts: watch again shortly
-                log.debug("slice watch ended", extra={"error": str(err)})
-                stop.wait(2.0)
+        def listed(items: list[Any]) -> None:  # deletes before this list were not seen
+            on_lost()
+
+        def event(kind: str, raw: Any) -> None:
+            if kind == "DELETED":
+                on_lost()
+
+        list_watch(self._api.list_resource_slice, listed, event, stop,
+                   f"resourceslices of {node}",
+                   field_selector=f"spec.nodeName={node},spec.driver={DRIVER}")
 
 
 class PublishMetrics(Protocol):
@@ -277,7 +279,7 @@ class SlicePublisher:
                              name="slices-watch", daemon=True).start()
 
     def _deleted(self) -> None:
-        log.info("a ResourceSlice of this node was deleted: publishing again")
+        log.info("a ResourceSlice of this node was deleted (or may have been): syncing")
         self.nudge(0.2)
 
     def stop(self, timeout: float = 5.0) -> None:
