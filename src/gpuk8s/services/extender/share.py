@@ -41,6 +41,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import compress, filterfalse, repeat
+from operator import itemgetter, not_
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -176,6 +178,11 @@ class _Touched:
 _Entry = tuple[SharedNode, int | None, int | None, Any, Any, tuple[int, ...], Any]
 
 
+# what ``_placements`` reads for a node without a kept entry: its class (a fresh
+# object) is no request's
+_NO_ENTRY: Any = (None, None, None, object(), None, (), None)
+
+
 class _NodeKeys:
     """Per node, what a request reads of it (an ``_Entry``, class and state as ids),
     kept until the node is touched (its view, ledger or room). The sources touch a node
@@ -203,6 +210,11 @@ class _NodeKeys:
                     self._keys.pop(name, None)
                 self._epoch += 1
             return self._epoch
+
+    @property
+    def entries(self) -> dict[str, _Entry]:
+        """The kept entries by node name (read them with the dict's own ``get``)."""
+        return self._keys
 
     @property
     def get(self) -> Callable[[str], _Entry | None]:
@@ -408,7 +420,7 @@ class Sharing:
         ``memory_mib`` (``without``: a pod whose own assignment does not count, e.g. on a
         re-bind; ``mixed``: ``_scarce_mix()`` when the caller took it already)."""
         mixed = mixed if mixed is not None else self._scarce_mix()
-        return self._placements(share, [name], without, (cpu_milli, memory_mib), mixed)[name]
+        return self._placements(share, [name], without, (cpu_milli, memory_mib), mixed)[0]
 
     def _placements(
         self,
@@ -417,13 +429,15 @@ class Sharing:
         without: str,
         need: Need,
         mixed: tuple[Any, ShareMix],
-    ) -> dict[str, Placement]:
-        """``place`` for each of ``names``, shared by the nodes of one shape
-        (``SharedNode.shape``) and state: the same GPUs, usage and room give the same
-        answer whatever the node's name, so one lookup per node finds it (what is the
-        same for every node -- the request, the mix, the pod's own assignment -- is
-        looked up once). A node that holds ``without``'s share, or has no view, is
-        placed alone every time."""
+    ) -> list[Placement]:
+        """``place`` for each of ``names`` (in their order), shared by the nodes of one
+        shape (``SharedNode.shape``) and state: the same GPUs, usage and room give the
+        same answer whatever the node's name. A node whose entry is kept and whose class
+        this request has placed costs only two dict lookups, made by ``map`` (no Python
+        code per name); the rest are placed below, once per class. What is the same for
+        every node -- the request, the mix, the pod's own assignment -- is looked up
+        once. A node that holds ``without``'s share, or has no view, is placed alone
+        every time."""
         mix_version, mix = mixed
         own = self.ledger.get(without) if without else None
         mine = own.node if own is not None else None
@@ -434,24 +448,30 @@ class Sharing:
             self._classes += 1
         keys = self._keys
         epoch = keys.begin() if keys is not None else 0
-        get = keys.get if keys is not None else None
-        out: dict[str, Placement] = {}
-        for name in names:
-            entry = get(name) if get is not None else None
-            if entry is not None and name != mine:  # most nodes: one lookup more
-                placed = classes.get(entry[3])
-                if placed is not None:
-                    out[name] = placed
+        if keys is not None:
+            # entry -> class id -> placement, C-level; None where either is missing
+            entries: list[_Entry] = list(map(keys.entries.get, names, repeat(_NO_ENTRY)))
+            out: list[Placement | None] = list(
+                map(classes.get, map(itemgetter(3), entries)))
+        else:
+            entries = [_NO_ENTRY] * len(names)
+            out = [None] * len(names)
+        if mine is not None:
+            out = [None if name == mine else placed
+                   for name, placed in zip(names, out, strict=True)]
+        # the positions left (a Placement is always true), C-level too
+        for at in compress(range(len(names)), map(not_, out)):
+            name, entry = names[at], entries[at]
+            if entry is _NO_ENTRY:
+                read = self._node_entry(name, epoch)
+                if read is None:
+                    out[at] = self._place(None, name, share, without, Room(), mix)
                     continue
-            if entry is None:
-                entry = self._node_entry(name, epoch)
-                if entry is None:
-                    out[name] = self._place(None, name, share, without, Room(), mix)
-                    continue
+                entry = read
             node, cpu, memory, klass = entry[0], entry[1], entry[2], entry[3]
             if name == mine:
                 room = Room(cpu, memory, *need)
-                out[name] = self._place(node, name, share, without, room, mix)
+                out[at] = self._place(node, name, share, without, room, mix)
                 continue
             placed = classes.get(klass)
             if placed is None:
@@ -463,8 +483,8 @@ class Sharing:
                     self._classes = 0
                 classes[klass] = placed
                 self._classes += 1
-            out[name] = placed
-        return out
+            out[at] = placed
+        return out  # type: ignore[return-value]  # every None replaced above
 
     def _node_entry(self, name: str, epoch: int) -> _Entry | None:
         """What a request reads of node ``name`` (None: no view), read now and kept
@@ -691,43 +711,51 @@ class Sharing:
         self, share: ShareRequest, names: list[str], uid: str = "", need: Need = (0, 0)
     ) -> tuple[list[str], dict[str, str], dict[str, str]]:
         """(nodes kept, failed, unresolvable); the pod counts as an arrival of the mix.
-        The placements are kept for the pod's prioritize (``raw``) while nothing moves."""
+        The placements are kept for the pod's prioritize (``raw``) while nothing moves.
+        The verdict is taken once per distinct placement (the nodes of a class share
+        one), the names sorted by ``map`` and ``compress``."""
         self.arrivals.observe(uid, share, *need)
-        keep: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         mixed = self._scarce_mix()
-        table = self._placements(share, names, uid, need, mixed)
-        for name in names:
-            placed = table[name]
-            if placed.gpus is not None:
-                keep.append(name)
-            elif placed.unresolvable:
-                unresolvable[name] = placed.reason
-            else:
-                failed[name] = placed.reason
+        placed = self._placements(share, names, uid, need, mixed)
+        ids = list(map(id, placed))
+        distinct = dict(zip(ids, placed, strict=True))
+        fits = {at for at, one in distinct.items() if one.gpus is not None}
+        if len(fits) == len(distinct):
+            keep = list(names)
+        else:
+            kept = list(map(fits.__contains__, ids))
+            keep = list(compress(names, kept))
+            refused = list(map(not_, kept))
+            for name, one in zip(compress(names, refused), compress(placed, refused),
+                                 strict=True):
+                (unresolvable if one.unresolvable else failed)[name] = one.reason
         state = self._state(share, uid, need, mixed[0])
-        self._answers = (state, table) if state is not None else None
+        self._answers = (
+            (state, dict(zip(names, placed, strict=True))) if state is not None else None)
         return keep, failed, unresolvable
 
     def raw(
         self, share: ShareRequest, names: list[str], uid: str = "", need: Need = (0, 0)
     ) -> list[float | None]:
         """Placement value per node, higher is better (None where the share does not fit);
-        the pod's filter answers where nothing moved since (``_state``)."""
-        out: list[float | None] = []
+        the pod's filter answers where nothing moved since (``_state``). The value is
+        taken once per distinct placement, the names mapped to it by ``map``."""
         mixed = self._scarce_mix()
         state = self._state(share, uid, need, mixed[0])
         answers = self._answers
         table = answers[1] if answers is not None and state is not None and (
             answers[0] == state) else {}
-        missing = [name for name in names if name not in table]
+        missing = list(filterfalse(table.__contains__, names))
         if missing:
-            table = {**table, **self._placements(share, missing, uid, need, mixed)}
-        for name in names:
-            placed = table[name]
-            out.append(placed.raw if placed.gpus is not None else None)
-        return out
+            found = self._placements(share, missing, uid, need, mixed)
+            table = {**table, **dict(zip(missing, found, strict=True))}
+        placed = list(map(table.__getitem__, names))
+        ids = list(map(id, placed))
+        values = {at: one.raw if one.gpus is not None else None
+                  for at, one in dict(zip(ids, placed, strict=True)).items()}
+        return list(map(values.__getitem__, ids))
 
     def _state(
         self, share: ShareRequest, uid: str, need: Need, mix_version: Any
