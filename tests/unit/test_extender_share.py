@@ -1383,3 +1383,57 @@ def test_filter_and_prioritize_read_each_class_verdict_once(
     assert few == many  # per class, not per node (the code before: 2 reads per node)
     assert many <= 4  # two classes: a verdict each in filter, a value each in raw
 
+
+def test_a_pods_filter_and_prioritize_parse_its_requests_once(
+    annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``demand.PodDemands``: kube-scheduler sends one version of a pod to filter, then to
+    prioritize; its requests are parsed once (by UID and resourceVersion), again for a
+    new version, and every time for a pod without a resourceVersion; the answers are
+    those of an extender that parses every request."""
+    from gpuk8s.services.extender import demand
+
+    parsed: list[str] = []
+    real = demand.pod_totals
+
+    def counted(view: Any, *rest: Any) -> Any:
+        parsed.append(view.metadata.resourceVersion)
+        return real(view, *rest)
+
+    monkeypatch.setattr(demand, "pod_totals", counted)
+
+    items = [node("a", annotations), node("b", annotations), node("x", annotations, None)]
+
+    def answers(ext: Extender, p: dict[str, Any]) -> tuple[Any, Any]:
+        status, filtered = call(ext, "filter", {"Pod": p, "Nodes": {"items": items}})
+        assert status == 200, filtered
+        kept = filtered["Nodes"]["items"]
+        status, ranked = call(ext, "prioritize", {"Pod": p, "Nodes": {"items": kept}})
+        assert status == 200, ranked
+        return filtered, ranked
+
+    def made() -> Extender:
+        ext, api, _ = setup(annotations)
+        assert bind(ext, api, pod("p0", "60"), "a") == ""  # a and b rank apart
+        parsed.clear()
+        return ext
+
+    ext = made()
+    first = pod("p1", "40")
+    got = answers(ext, first)
+    assert parsed == ["1"]  # the code before: once per request
+    second = pod("p1", "100")  # the same pod after a change: a new version
+    second["metadata"]["resourceVersion"] = "2"  # two whole GPUs: a has one left
+    second["spec"]["containers"][0]["resources"]["limits"]["metax-tech.com/sgpu"] = "2"
+    got2 = answers(ext, second)
+    assert parsed == ["1", "2"]
+    unversioned = pod("p1", "40")
+    del unversioned["metadata"]["resourceVersion"]
+    got3 = answers(ext, unversioned)
+    assert parsed == ["1", "2", None, None]
+    assert got2 != got  # another share, another answer
+    for p, want in ((first, got), (second, got2), (unversioned, got3)):
+        fresh = made()
+        fresh.demands = demand.PodDemands(bound=0)  # nothing kept: every request parsed
+        assert answers(fresh, p) == want
+        assert len(parsed) == 2
