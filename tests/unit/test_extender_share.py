@@ -1437,3 +1437,37 @@ def test_a_pods_filter_and_prioritize_parse_its_requests_once(
         fresh.demands = demand.PodDemands(bound=0)  # nothing kept: every request parsed
         assert answers(fresh, p) == want
         assert len(parsed) == 2
+
+
+def test_each_node_keeps_its_class_placement_when_the_memo_starts_over(
+    annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Sharing._placements`` when the class memo starts over within one request
+    (``MAX_MEMO``) and after: every node still gets its own class's placement, the
+    one a sharing with a memo that never starts over gives it."""
+    from gpuk8s.services.extender import share
+
+    names = [f"n{i}" for i in range(8)]
+    ext, api, ledger = over([node(n, annotations) for n in names])
+    sharing = ext.sharing
+    assert sharing is not None
+    for at, name in enumerate(names[:4]):  # four booked states and the empty one
+        assert bind(ext, api, pod(f"p{at}", str(20 + 10 * at)), name) == ""
+    every = [*reversed(names), "n1", "gone"]  # a name twice, one without a view
+    want = share.Sharing(sharing.nodes, ledger, arrivals=sharing.arrivals)._placements(
+        HALF, every, "uid-p1", (0, 0), sharing._scarce_mix())
+    cleared: list[int] = []
+
+    class Memo(dict[Any, Any]):
+        def clear(self) -> None:
+            cleared.append(len(self))
+            super().clear()
+
+    monkeypatch.setattr(share, "MAX_MEMO", 3)
+    sharing._by_class = Memo()
+    for _ in range(2):  # placed, then (the memo small) placed again in part
+        got = sharing._placements(HALF, every, "uid-p1", (0, 0), sharing._scarce_mix())
+        assert got == want
+    assert len(cleared) >= 2  # it started over within each request
+    assert len({p.raw for p in want if p.gpus is not None}) >= 3  # classes apart
+    assert want[-1].gpus is None and want[6] == want[8]  # n1 twice: one answer

@@ -40,9 +40,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import compress, filterfalse, repeat
-from operator import itemgetter, not_
+from operator import eq, is_, itemgetter, not_
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -448,41 +448,57 @@ class Sharing:
             self._classes += 1
         keys = self._keys
         epoch = keys.begin() if keys is not None else 0
-        if keys is not None:
-            # entry -> class id -> placement, C-level; None where either is missing
-            entries: list[_Entry] = list(map(keys.entries.get, names, repeat(_NO_ENTRY)))
-            out: list[Placement | None] = list(
-                map(classes.get, map(itemgetter(3), entries)))
-        else:
-            entries = [_NO_ENTRY] * len(names)
-            out = [None] * len(names)
+        count = len(names)
+        # each name's kept entry and class id, C-level (``_NO_ENTRY``: none kept)
+        entries: list[_Entry] = (list(map(keys.entries.get, names, repeat(_NO_ENTRY)))
+                                 if keys is not None else [_NO_ENTRY] * count)
+        ids = list(map(itemgetter(3), entries))
+        out: list[Placement | None] = list(map(classes.get, ids))
+        if all(out) and mine is None:  # a Placement is always true: all answered
+            return out  # type: ignore[return-value]
+        # placed alone: the nodes without a kept entry or view, and the pod's own node
+        alone: dict[int, Placement] = {}
+        for at in compress(range(count), map(is_, entries, repeat(_NO_ENTRY))):
+            read = self._node_entry(names[at], epoch)
+            if read is None:
+                alone[at] = self._place(None, names[at], share, without, Room(), mix)
+            else:
+                entries[at], ids[at] = read, read[3]
         if mine is not None:
-            out = [None if name == mine else placed
-                   for name, placed in zip(names, out, strict=True)]
-        # the positions left (a Placement is always true), C-level too
-        for at in compress(range(len(names)), map(not_, out)):
-            name, entry = names[at], entries[at]
-            if entry is _NO_ENTRY:
-                read = self._node_entry(name, epoch)
-                if read is None:
-                    out[at] = self._place(None, name, share, without, Room(), mix)
-                    continue
-                entry = read
-            node, cpu, memory, klass = entry[0], entry[1], entry[2], entry[3]
-            if name == mine:
-                room = Room(cpu, memory, *need)
-                out[at] = self._place(node, name, share, without, room, mix)
-                continue
+            for at in compress(range(count), map(eq, names, repeat(mine))):
+                node, cpu, memory = entries[at][0], entries[at][1], entries[at][2]
+                if node is not None:  # else placed above, without a view
+                    alone[at] = self._place(node, mine, share, without,
+                                            Room(cpu, memory, *need), mix)
+        # the other nodes: each class not yet placed is placed once, at its first node;
+        # the positions, their classes in order and each one's first position C-level
+        missing = list(compress(range(count), map(not_, out)))
+        if alone:
+            missing = [at for at in missing if at not in alone]
+        wanted = list(map(ids.__getitem__, missing))
+        first = dict(zip(reversed(wanted), reversed(missing), strict=True))
+        placed_now: dict[Any, Placement] = {}
+        cleared = False
+        for klass in dict.fromkeys(wanted):
             placed = classes.get(klass)
             if placed is None:
-                placed = self._place_shared(node, entry[6], share, Room(cpu, memory, *need),
-                                            mix_version, mix)
+                entry = entries[first[klass]]
+                placed = self._place_shared(entry[0], entry[6], share,
+                                            Room(entry[1], entry[2], *need), mix_version, mix)
                 if self._classes >= MAX_MEMO:
                     self._by_class.clear()
                     classes = self._by_class[request] = {}
                     self._classes = 0
+                    cleared = True
                 classes[klass] = placed
                 self._classes += 1
+            placed_now[klass] = placed
+        if cleared:  # the memo started over meanwhile: the hits are only in ``out``
+            for at in missing:
+                out[at] = placed_now[ids[at]]
+        else:  # every class is in ``classes`` now
+            out = list(map(classes.get, ids))
+        for at, placed in alone.items():
             out[at] = placed
         return out  # type: ignore[return-value]  # every None replaced above
 
@@ -615,7 +631,8 @@ class Sharing:
         if placed.gpus is None or mix.cpu_per_gpu is None or room.cpu is None:
             return placed
         imbalance = cpu_balance(free, room.after(), mix.cpu_per_gpu)
-        return replace(placed, raw=round(placed.raw - CPU_BALANCE * imbalance, 9))
+        return Placement(placed.gpus, placed.reason, placed.unresolvable,
+                         round(placed.raw - CPU_BALANCE * imbalance, 9))
 
     def _fit(self, node: SharedNode | None, name: str, share: ShareRequest, without: str,
              room: Room, mix: ShareMix) -> tuple[Placement, int]:
