@@ -41,8 +41,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import compress, filterfalse, repeat
-from operator import eq, is_, itemgetter, not_
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -178,11 +176,6 @@ class _Touched:
 _Entry = tuple[SharedNode, int | None, int | None, Any, Any, tuple[int, ...], Any]
 
 
-# what ``_placements`` reads for a node without a kept entry: its class (a fresh
-# object) is no request's
-_NO_ENTRY: Any = (None, None, None, object(), None, (), None)
-
-
 class _NodeKeys:
     """Per node, what a request reads of it (an ``_Entry``, class and state as ids),
     kept until the node is touched (its view, ledger or room). The sources touch a node
@@ -210,11 +203,6 @@ class _NodeKeys:
                     self._keys.pop(name, None)
                 self._epoch += 1
             return self._epoch
-
-    @property
-    def entries(self) -> dict[str, _Entry]:
-        """The kept entries by node name (read them with the dict's own ``get``)."""
-        return self._keys
 
     @property
     def get(self) -> Callable[[str], _Entry | None]:
@@ -420,7 +408,7 @@ class Sharing:
         ``memory_mib`` (``without``: a pod whose own assignment does not count, e.g. on a
         re-bind; ``mixed``: ``_scarce_mix()`` when the caller took it already)."""
         mixed = mixed if mixed is not None else self._scarce_mix()
-        return self._placements(share, [name], without, (cpu_milli, memory_mib), mixed)[0]
+        return self._placements(share, [name], without, (cpu_milli, memory_mib), mixed)[name]
 
     def _placements(
         self,
@@ -429,15 +417,13 @@ class Sharing:
         without: str,
         need: Need,
         mixed: tuple[Any, ShareMix],
-    ) -> list[Placement]:
-        """``place`` for each of ``names`` (in their order), shared by the nodes of one
-        shape (``SharedNode.shape``) and state: the same GPUs, usage and room give the
-        same answer whatever the node's name. A node whose entry is kept and whose class
-        this request has placed costs only two dict lookups, made by ``map`` (no Python
-        code per name); the rest are placed below, once per class. What is the same for
-        every node -- the request, the mix, the pod's own assignment -- is looked up
-        once. A node that holds ``without``'s share, or has no view, is placed alone
-        every time."""
+    ) -> dict[str, Placement]:
+        """``place`` for each of ``names``, shared by the nodes of one shape
+        (``SharedNode.shape``) and state: the same GPUs, usage and room give the same
+        answer whatever the node's name, so one lookup per node finds it (what is the
+        same for every node -- the request, the mix, the pod's own assignment -- is
+        looked up once). A node that holds ``without``'s share, or has no view, is
+        placed alone every time."""
         mix_version, mix = mixed
         own = self.ledger.get(without) if without else None
         mine = own.node if own is not None else None
@@ -448,59 +434,37 @@ class Sharing:
             self._classes += 1
         keys = self._keys
         epoch = keys.begin() if keys is not None else 0
-        count = len(names)
-        # each name's kept entry and class id, C-level (``_NO_ENTRY``: none kept)
-        entries: list[_Entry] = (list(map(keys.entries.get, names, repeat(_NO_ENTRY)))
-                                 if keys is not None else [_NO_ENTRY] * count)
-        ids = list(map(itemgetter(3), entries))
-        out: list[Placement | None] = list(map(classes.get, ids))
-        if all(out) and mine is None:  # a Placement is always true: all answered
-            return out  # type: ignore[return-value]
-        # placed alone: the nodes without a kept entry or view, and the pod's own node
-        alone: dict[int, Placement] = {}
-        for at in compress(range(count), map(is_, entries, repeat(_NO_ENTRY))):
-            read = self._node_entry(names[at], epoch)
-            if read is None:
-                alone[at] = self._place(None, names[at], share, without, Room(), mix)
-            else:
-                entries[at], ids[at] = read, read[3]
-        if mine is not None:
-            for at in compress(range(count), map(eq, names, repeat(mine))):
-                node, cpu, memory = entries[at][0], entries[at][1], entries[at][2]
-                if node is not None:  # else placed above, without a view
-                    alone[at] = self._place(node, mine, share, without,
-                                            Room(cpu, memory, *need), mix)
-        # the other nodes: each class not yet placed is placed once, at its first node;
-        # the positions, their classes in order and each one's first position C-level
-        missing = list(compress(range(count), map(not_, out)))
-        if alone:
-            missing = [at for at in missing if at not in alone]
-        wanted = list(map(ids.__getitem__, missing))
-        first = dict(zip(reversed(wanted), reversed(missing), strict=True))
-        placed_now: dict[Any, Placement] = {}
-        cleared = False
-        for klass in dict.fromkeys(wanted):
+        get = keys.get if keys is not None else None
+        out: dict[str, Placement] = {}
+        for name in names:
+            entry = get(name) if get is not None else None
+            if entry is not None and name != mine:  # most nodes: one lookup more
+                placed = classes.get(entry[3])
+                if placed is not None:
+                    out[name] = placed
+                    continue
+            if entry is None:
+                entry = self._node_entry(name, epoch)
+                if entry is None:
+                    out[name] = self._place(None, name, share, without, Room(), mix)
+                    continue
+            node, cpu, memory, klass = entry[0], entry[1], entry[2], entry[3]
+            if name == mine:
+                room = Room(cpu, memory, *need)
+                out[name] = self._place(node, name, share, without, room, mix)
+                continue
             placed = classes.get(klass)
             if placed is None:
-                entry = entries[first[klass]]
-                placed = self._place_shared(entry[0], entry[6], share,
-                                            Room(entry[1], entry[2], *need), mix_version, mix)
+                placed = self._place_shared(node, entry[6], share, Room(cpu, memory, *need),
+                                            mix_version, mix)
                 if self._classes >= MAX_MEMO:
                     self._by_class.clear()
                     classes = self._by_class[request] = {}
                     self._classes = 0
-                    cleared = True
                 classes[klass] = placed
                 self._classes += 1
-            placed_now[klass] = placed
-        if cleared:  # the memo started over meanwhile: the hits are only in ``out``
-            for at in missing:
-                out[at] = placed_now[ids[at]]
-        else:  # every class is in ``classes`` now
-            out = list(map(classes.get, ids))
-        for at, placed in alone.items():
-            out[at] = placed
-        return out  # type: ignore[return-value]  # every None replaced above
+            out[name] = placed
+        return out
 
     def _node_entry(self, name: str, epoch: int) -> _Entry | None:
         """What a request reads of node ``name`` (None: no view), read now and kept
@@ -728,51 +692,43 @@ class Sharing:
         self, share: ShareRequest, names: list[str], uid: str = "", need: Need = (0, 0)
     ) -> tuple[list[str], dict[str, str], dict[str, str]]:
         """(nodes kept, failed, unresolvable); the pod counts as an arrival of the mix.
-        The placements are kept for the pod's prioritize (``raw``) while nothing moves.
-        The verdict is taken once per distinct placement (the nodes of a class share
-        one), the names sorted by ``map`` and ``compress``."""
+        The placements are kept for the pod's prioritize (``raw``) while nothing moves."""
         self.arrivals.observe(uid, share, *need)
+        keep: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         mixed = self._scarce_mix()
-        placed = self._placements(share, names, uid, need, mixed)
-        ids = list(map(id, placed))
-        distinct = dict(zip(ids, placed, strict=True))
-        fits = {at for at, one in distinct.items() if one.gpus is not None}
-        if len(fits) == len(distinct):
-            keep = list(names)
-        else:
-            kept = list(map(fits.__contains__, ids))
-            keep = list(compress(names, kept))
-            refused = list(map(not_, kept))
-            for name, one in zip(compress(names, refused), compress(placed, refused),
-                                 strict=True):
-                (unresolvable if one.unresolvable else failed)[name] = one.reason
+        table = self._placements(share, names, uid, need, mixed)
+        for name in names:
+            placed = table[name]
+            if placed.gpus is not None:
+                keep.append(name)
+            elif placed.unresolvable:
+                unresolvable[name] = placed.reason
+            else:
+                failed[name] = placed.reason
         state = self._state(share, uid, need, mixed[0])
-        self._answers = (
-            (state, dict(zip(names, placed, strict=True))) if state is not None else None)
+        self._answers = (state, table) if state is not None else None
         return keep, failed, unresolvable
 
     def raw(
         self, share: ShareRequest, names: list[str], uid: str = "", need: Need = (0, 0)
     ) -> list[float | None]:
         """Placement value per node, higher is better (None where the share does not fit);
-        the pod's filter answers where nothing moved since (``_state``). The value is
-        taken once per distinct placement, the names mapped to it by ``map``."""
+        the pod's filter answers where nothing moved since (``_state``)."""
+        out: list[float | None] = []
         mixed = self._scarce_mix()
         state = self._state(share, uid, need, mixed[0])
         answers = self._answers
         table = answers[1] if answers is not None and state is not None and (
             answers[0] == state) else {}
-        missing = list(filterfalse(table.__contains__, names))
+        missing = [name for name in names if name not in table]
         if missing:
-            found = self._placements(share, missing, uid, need, mixed)
-            table = {**table, **dict(zip(missing, found, strict=True))}
-        placed = list(map(table.__getitem__, names))
-        ids = list(map(id, placed))
-        values = {at: one.raw if one.gpus is not None else None
-                  for at, one in dict(zip(ids, placed, strict=True)).items()}
-        return list(map(values.__getitem__, ids))
+            table = {**table, **self._placements(share, missing, uid, need, mixed)}
+        for name in names:
+            placed = table[name]
+            out.append(placed.raw if placed.gpus is not None else None)
+        return out
 
     def _state(
         self, share: ShareRequest, uid: str, need: Need, mix_version: Any
