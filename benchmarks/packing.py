@@ -539,7 +539,10 @@ def pod_object(
     spec: dict[str, Any] = {"containers": [{"name": "main", "resources": resources}]}
     if node is not None:
         spec["nodeName"] = node
-    return {"metadata": {"name": pod.name, "namespace": "openb", "uid": uid}, "spec": spec}
+    # a version, as the API server gives every pod (gpu-aware parses a pod version's
+    # requests once for its filter and prioritize: ``demand.PodDemands``)
+    return {"metadata": {"name": pod.name, "namespace": "openb", "uid": uid,
+                         "resourceVersion": "1"}, "spec": spec}
 
 
 # ----------------------------------------------------------------------------- scheduler model

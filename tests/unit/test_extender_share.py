@@ -1337,3 +1337,92 @@ def test_rooms_that_fall_alike_share_one_fit_and_answer_as_alone(
             alone = sharing._place(sharing.nodes.get(n), n, request, "",
                                    Room(cpu, memory, *need), mixed[1])
             assert got[n] == alone, (step, n)
+
+
+def test_a_pods_filter_and_prioritize_parse_its_requests_once(
+    annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``demand.PodDemands``: kube-scheduler sends one version of a pod to filter, then to
+    prioritize; its requests are parsed once (by UID and resourceVersion), again for a
+    new version, and every time for a pod without a resourceVersion; the answers are
+    those of an extender that parses every request."""
+    from gpuk8s.services.extender import demand
+
+    parsed: list[str] = []
+    real = demand.pod_totals
+
+    def counted(view: Any, *rest: Any) -> Any:
+        parsed.append(view.metadata.resourceVersion)
+        return real(view, *rest)
+
+    monkeypatch.setattr(demand, "pod_totals", counted)
+
+    items = [node("a", annotations), node("b", annotations), node("x", annotations, None)]
+
+    def answers(ext: Extender, p: dict[str, Any]) -> tuple[Any, Any]:
+        status, filtered = call(ext, "filter", {"Pod": p, "Nodes": {"items": items}})
+        assert status == 200, filtered
+        kept = filtered["Nodes"]["items"]
+        status, ranked = call(ext, "prioritize", {"Pod": p, "Nodes": {"items": kept}})
+        assert status == 200, ranked
+        return filtered, ranked
+
+    def made() -> Extender:
+        ext, api, _ = setup(annotations)
+        assert bind(ext, api, pod("p0", "60"), "a") == ""  # a and b rank apart
+        parsed.clear()
+        return ext
+
+    ext = made()
+    first = pod("p1", "40")
+    got = answers(ext, first)
+    assert parsed == ["1"]  # the code before: once per request
+    second = pod("p1", "100")  # the same pod after a change: a new version
+    second["metadata"]["resourceVersion"] = "2"  # two whole GPUs: a has one left
+    second["spec"]["containers"][0]["resources"]["limits"]["metax-tech.com/sgpu"] = "2"
+    got2 = answers(ext, second)
+    assert parsed == ["1", "2"]
+    unversioned = pod("p1", "40")
+    del unversioned["metadata"]["resourceVersion"]
+    got3 = answers(ext, unversioned)
+    assert parsed == ["1", "2", None, None]
+    assert got2 != got  # another share, another answer
+    for p, want in ((first, got), (second, got2), (unversioned, got3)):
+        fresh = made()
+        fresh.demands = demand.PodDemands(bound=0)  # nothing kept: every request parsed
+        assert answers(fresh, p) == want
+        assert len(parsed) == 2
+
+
+def test_each_node_keeps_its_class_placement_when_the_memo_starts_over(
+    annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Sharing._placements`` when the class memo starts over within one request
+    (``MAX_MEMO``) and after: every node still gets its own class's placement, the
+    one a sharing with a memo that never starts over gives it."""
+    from gpuk8s.services.extender import share
+
+    names = [f"n{i}" for i in range(8)]
+    ext, api, ledger = over([node(n, annotations) for n in names])
+    sharing = ext.sharing
+    assert sharing is not None
+    for at, name in enumerate(names[:4]):  # four booked states and the empty one
+        assert bind(ext, api, pod(f"p{at}", str(20 + 10 * at)), name) == ""
+    every = [*reversed(names), "gone"]  # one without a view
+    want = share.Sharing(sharing.nodes, ledger, arrivals=sharing.arrivals)._placements(
+        HALF, every, "uid-p1", (0, 0), sharing._scarce_mix())
+    cleared: list[int] = []
+
+    class Memo(dict[Any, Any]):
+        def clear(self) -> None:
+            cleared.append(len(self))
+            super().clear()
+
+    monkeypatch.setattr(share, "MAX_MEMO", 3)
+    sharing._by_class = Memo()
+    for _ in range(2):  # placed, then (the memo small) placed again in part
+        got = sharing._placements(HALF, every, "uid-p1", (0, 0), sharing._scarce_mix())
+        assert got == want
+    assert len(cleared) >= 2  # it started over within each request
+    assert len({p.raw for p in want.values() if p.gpus is not None}) >= 3  # apart
+    assert want["gone"].gpus is None

@@ -4,7 +4,9 @@
 and memory requests (the scheduler's rule, ``core.effective``: containers, init
 containers, sidecars, overhead), its GPU-sharing request (``core.sharing.pod_share``)
 and its ``gpuk8s.io/cuda-runtime`` annotation as sent. Filter, prioritize and bind all
-take it from here; none re-reads the pod.
+take it from here; none re-reads the pod. ``PodDemands`` keeps each pod's demand by its UID
+and resourceVersion, so that a pod's filter and prioritize (two requests) parse its
+requests once.
 
 Example: a pod with one container limiting ``metax-tech.com/gpu: 2`` and requesting
 ``cpu: 500m`` has ``Demand(gpus=2, cpu_milli=500, memory_mib=0, share=None,
@@ -56,6 +58,35 @@ def pod_demand(pod: PodView, root: str = "Pod", lenient: bool = False) -> Demand
     runtime = annotations.cuda_runtime if annotations is not None else None
     cuda = bytes(runtime) if runtime and bytes(runtime) != b"null" else None
     return Demand(gpus, cpu, memory, view_share(pod, root), cuda)
+
+
+MAX_DEMANDS = 1024  # pods whose demand ``PodDemands`` keeps (then it starts over)
+
+
+class PodDemands:
+    """``pod_demand`` kept per pod version: the API server gives every change of a pod a
+    new resourceVersion, so (UID, resourceVersion) names one content of the pod, and
+    kube-scheduler sends the same pod to filter and then prioritize. A pod without
+    either is parsed every time; the demand of a pod that fails to parse is not kept.
+    Bounded: after ``bound`` pods it starts over (0: nothing kept)."""
+
+    def __init__(self, bound: int = MAX_DEMANDS) -> None:
+        self._bound = bound
+        self._known: dict[tuple[str, str], Demand] = {}
+
+    def __call__(self, pod: PodView) -> Demand:
+        meta = pod.metadata
+        if meta is None or not meta.uid or not meta.resourceVersion:
+            return pod_demand(pod)
+        key = (meta.uid, meta.resourceVersion)
+        known = self._known.get(key)
+        if known is None:
+            known = pod_demand(pod)
+            if len(self._known) >= self._bound:
+                self._known.clear()
+            if self._bound > 0:
+                self._known[key] = known
+        return known
 
 
 def quantity_of(raw: Raw | bytes) -> Fraction | None:

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ...core.schedconf import NOGPU_VERB
 from .cuda import NodeCudaVersions, refusals
+from .demand import PodDemands
 from .filtered import FilterMemory
 from .nodes import (
     BoundPods,
@@ -250,6 +251,8 @@ class Extender:
         self._clock = clock
         # the nodes each pod passed in filter: bind checks its node is one of them
         self.filtered = FilterMemory()
+        # each pod version's demand, parsed once for its filter and prioritize
+        self.demands = PodDemands()
 
     # -- candidates -------------------------------------------------------------
     def _synced_cache(self) -> NodeCache:
@@ -594,7 +597,7 @@ class Extender:
                 status, error = self.bind(parse_bind(body))
                 response = Response(status, json.dumps({"Error": error}).encode())
             else:
-                args = parse_args(body)
+                args = parse_args(body, self.demands)
                 try:
                     data = (
                         self.filter_json(args)

@@ -40,7 +40,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -595,7 +595,8 @@ class Sharing:
         if placed.gpus is None or mix.cpu_per_gpu is None or room.cpu is None:
             return placed
         imbalance = cpu_balance(free, room.after(), mix.cpu_per_gpu)
-        return replace(placed, raw=round(placed.raw - CPU_BALANCE * imbalance, 9))
+        return Placement(placed.gpus, placed.reason, placed.unresolvable,
+                         round(placed.raw - CPU_BALANCE * imbalance, 9))
 
     def _fit(self, node: SharedNode | None, name: str, share: ShareRequest, without: str,
              room: Room, mix: ShareMix) -> tuple[Placement, int]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -268,8 +269,11 @@ def go_strings(body: bytes) -> bytes:
     return fixed.decode("utf-8", "replace").encode("utf-8")
 
 
-def parse_args(body: bytes) -> ExtenderArgs:
-    """Decode and check an ``ExtenderArgs`` body (filter and prioritize share it).
+def parse_args(
+    body: bytes, demand_of: Callable[[PodView], Demand] = pod_demand
+) -> ExtenderArgs:
+    """Decode and check an ``ExtenderArgs`` body (filter and prioritize share it); the
+    pod's demand from ``demand_of`` (``demand.PodDemands``: once per pod version).
 
     Duplicate keys: the last wins, at every level (Go's ``encoding/json``, which the
     scheduler's side of the protocol uses). Strings are read as Go reads them
@@ -289,7 +293,7 @@ def parse_args(body: bytes) -> ExtenderArgs:
     if pod is None:
         raise BadRequest("Pod: required (an object)")
     meta = pod.metadata or ObjectMeta()
-    demand = pod_demand(pod)
+    demand = demand_of(pod)
 
     nodes: list[NodeItem] | None = None
     if fields.Nodes is not None:
