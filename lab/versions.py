@@ -9,7 +9,10 @@ It must be one of ``KUBE_VERSIONS`` (``v`` optional: ``1.35.4`` is ``v1.35.4``);
 ``KUBE_FEATURE_GATES_v1_<minor>`` and ``KUBE_RUNTIME_CONFIG_v1_<minor>``. For the commands that
 act on the lab (``lab=True``, ``--lab``: lab/lib.sh, the e2e tier) a ``GPUK8S_KUBE_VERSION``
 other than the lab's recorded release is refused: the lab changes release only through
-lab/down and lab/up. The one reader of versions.env: the shell scripts take
+lab/down and lab/up. Tearing a lab down (``teardown=True``, ``--teardown``: lab/down) must
+work whatever its release: a recorded release versions.env no longer lists is then used with
+a warning naming it (its programs stop what runs; its gate lists, if gone, are empty). The
+one reader of versions.env: the shell scripts take
 ``python3 lab/versions.py --shell [--lab]`` (lab/versions.sh), the tests and benchmarks
 ``load()``.
 
@@ -90,8 +93,9 @@ def chosen(environ: Mapping[str, str]) -> bool:
 
 
 def release_for(environ: Mapping[str, str], pinned: Mapping[str, str],
-                lab: bool = False) -> str:
-    """The release this run uses (the module docstring's order), one of KUBE_VERSIONS."""
+                lab: bool = False, teardown: bool = False) -> str:
+    """The release this run uses (the module docstring's order), one of KUBE_VERSIONS;
+    ``teardown``: the lab's recorded release also when it is not (warned on stderr)."""
     known = [v for v in pinned.get("KUBE_VERSIONS", pinned["KUBE_VERSION"]).split(",") if v]
     asked = environ.get(OVERRIDE, "")
     lab_release = recorded(environ)
@@ -108,33 +112,48 @@ def release_for(environ: Mapping[str, str], pinned: Mapping[str, str],
     else:
         release, source = pinned["KUBE_VERSION"], f"KUBE_VERSION={pinned['KUBE_VERSION']!r}"
     if release not in known:
-        raise ValueError(f"{source}: not a release the lab knows; allowed: {', '.join(known)}")
+        unknown = f"{source}: not a release the lab knows; allowed: {', '.join(known)}"
+        if not (teardown and lab_release and lab_release[0] == release):
+            raise ValueError(unknown)
+        print(f"lab/versions: warning: {unknown}; tearing the lab down anyway",
+              file=sys.stderr)
     return release
 
 
 def load(environ: Mapping[str, str] | None = None, path: Path = ENV_FILE,
-         lab: bool = False) -> dict[str, str]:
+         lab: bool = False, teardown: bool = False) -> dict[str, str]:
     """versions.env with KUBE_VERSION, KUBE_FEATURE_GATES and KUBE_RUNTIME_CONFIG resolved
-    for the release this run uses (``release_for``; ``lab``: a command acting on the lab)."""
+    for the release this run uses (``release_for``; ``lab``: a command acting on the lab;
+    ``teardown``: lab/down, which tolerates a recorded release versions.env no longer has)."""
     env = os.environ if environ is None else environ
     out = read(path)
-    release = release_for(env, out, lab)
-    key = minor_key(release)
+    release = release_for(env, out, lab, teardown)
     out["KUBE_VERSION"] = release
+    try:
+        key = minor_key(release)
+    except ValueError:
+        if not teardown:
+            raise
+        key = ""
     for name in ("KUBE_FEATURE_GATES", "KUBE_RUNTIME_CONFIG"):
-        if f"{name}_{key}" not in out:
-            raise ValueError(f"{path}: {name}_{key} missing for {release}")
-        out[name] = out[f"{name}_{key}"]
+        value = out.get(f"{name}_{key}") if key else None
+        if value is None:
+            if not teardown:
+                raise ValueError(f"{path}: {name}_{key} missing for {release}")
+            value = ""  # nothing is started on the way down
+        out[name] = value
     return out
 
 
 def main(argv: list[str]) -> int:
-    if argv not in (["--shell"], ["--shell", "--lab"]):
-        print("usage: versions.py --shell [--lab]   (prints the resolved versions as shell "
-              "assignments; --lab: for a command acting on the lab)", file=sys.stderr)
+    if argv[:1] != ["--shell"] or not set(argv[1:]) <= {"--lab", "--teardown"}:
+        print("usage: versions.py --shell [--lab] [--teardown]   (prints the resolved versions "
+              "as shell assignments; --lab: for a command acting on the lab; --teardown: "
+              "lab/down, which accepts the lab's recorded release even when versions.env no "
+              "longer lists it)", file=sys.stderr)
         return 2
     try:
-        resolved = load(lab="--lab" in argv)
+        resolved = load(lab="--lab" in argv, teardown="--teardown" in argv)
     except ValueError as exc:
         print(f"lab/versions: {exc}", file=sys.stderr)
         return 2

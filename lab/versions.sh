@@ -5,8 +5,10 @@
 # $GPUK8S_LAB_STATE was brought up with, else KUBE_VERSION; KUBE_FEATURE_GATES /
 # KUBE_RUNTIME_CONFIG are that release's lists. lab/versions.py resolves them (the one
 # reader of versions.env); this evaluates its assignments. VERSIONS_FOR_LAB=1 (lab/lib.sh:
-# the commands acting on the lab) refuses a GPUK8S_KUBE_VERSION other than the lab's.
+# the commands acting on the lab) refuses a GPUK8S_KUBE_VERSION other than the lab's;
+# VERSIONS_FOR_TEARDOWN=1 (lab/down) accepts a recorded release versions.env no longer
+# lists, with a warning.
 _versions="$(python3 "$(dirname "${BASH_SOURCE[0]}")/versions.py" --shell \
-    ${VERSIONS_FOR_LAB:+--lab})" || exit 2
+    ${VERSIONS_FOR_LAB:+--lab} ${VERSIONS_FOR_TEARDOWN:+--teardown})" || exit 2
 eval "$_versions"
 unset _versions

@@ -157,6 +157,30 @@ def _ours(release: str) -> bool:
     return release == "e2e" or release.startswith("e2e-")
 
 
+# where kube_scheduler_extender (the gpu_aware role's default backup: true) copies
+# kube-scheduler's manifest and /etc/metax/extender.yaml before it changes them
+SCHEDULER_BACKUPS = Path("/var/lib/gpuk8s/backups")
+
+
+@contextlib.contextmanager
+def removing_scheduler_backups(backups: Path = SCHEDULER_BACKUPS) -> Iterator[None]:
+    """Around a playbook run that may change kube-scheduler's configuration: the backups it
+    made (``kube-scheduler.yaml.*~``, ``extender.yaml.*~`` new in ``backups``, and the
+    directory when it made it) are removed once the run succeeded, so the tests leave the
+    node as they found it; a run that failed keeps them (what restores the node by hand)."""
+    existed = backups.is_dir()
+    before = set(os.listdir(backups)) if existed else set()
+    yield
+    if not backups.is_dir():
+        return
+    for name in set(os.listdir(backups)) - before:
+        if name.startswith(("kube-scheduler.yaml.", "extender.yaml.")) and name.endswith("~"):
+            (backups / name).unlink()
+    if not existed:
+        with contextlib.suppress(OSError):  # not empty: someone else's files stay
+            backups.rmdir()
+
+
 def _gpu_aware_playbook(state: str, namespace: str) -> None:
     """playbooks/gpu_aware.yml for the release in ``namespace``: over HTTPS when its chart
     made kube-scheduler's certificate (gpuAware.tls), else plain HTTP (a release of a
@@ -165,10 +189,11 @@ def _gpu_aware_playbook(state: str, namespace: str) -> None:
                                                  timeout=900).stdout.strip()
     tls = kubectl("-n", namespace, "get", "secret", "gpu-aware-scheduler-client", "-o", "name",
                   check=False).strip() != ""
-    run(tool("ansible-playbook"), "-i", str(REPO / "inventories" / "lab"),
-        str(REPO / "playbooks" / "gpu_aware.yml"), "-e", f"gpu_aware_state={state}",
-        "-e", f"gpu_aware_namespace={namespace}", "-e", f"gpu_aware_tls={str(tls).lower()}",
-        timeout=900, cwd=str(REPO), env={**os.environ, "GPUK8S_HELM": helm3})
+    with removing_scheduler_backups():
+        run(tool("ansible-playbook"), "-i", str(REPO / "inventories" / "lab"),
+            str(REPO / "playbooks" / "gpu_aware.yml"), "-e", f"gpu_aware_state={state}",
+            "-e", f"gpu_aware_namespace={namespace}", "-e", f"gpu_aware_tls={str(tls).lower()}",
+            timeout=900, cwd=str(REPO), env={**os.environ, "GPUK8S_HELM": helm3})
 
 
 # the fleet's test modules: e2e, and the one documented skip besides GPUK8S_E2E (lab/up

@@ -26,6 +26,7 @@ from .conftest import (
     apply,
     kubectl,
     kubectl_json,
+    removing_scheduler_backups,
     requires_paths,
     run,
     tool,
@@ -58,17 +59,20 @@ def helm_for_ansible() -> str:
 
 
 def playbook(name: str, *extra: str) -> str:
+    """ansible-playbook NAME on the lab; the kube-scheduler backups a successful run made
+    (gpu_aware.yml, uninstall.yml) are removed again."""
     env = {**os.environ, "GPUK8S_HELM": helm_for_ansible()}
-    return run(
-        tool("ansible-playbook"),
-        "-i",
-        INVENTORY,
-        str(REPO / "playbooks" / name),
-        *extra,
-        timeout=900,
-        cwd=str(REPO),
-        env=env,
-    ).stdout
+    with removing_scheduler_backups():
+        return run(
+            tool("ansible-playbook"),
+            "-i",
+            INVENTORY,
+            str(REPO / "playbooks" / name),
+            *extra,
+            timeout=900,
+            cwd=str(REPO),
+            env=env,
+        ).stdout
 
 
 @pytest.fixture(scope="module")

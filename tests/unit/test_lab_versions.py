@@ -218,3 +218,46 @@ def test_lab_up_kube_is_recorded_for_the_later_lab_commands(
     again = subprocess.run(["bash", "-c", f'LAB_UP_SOURCE_ONLY=1; . "{LAB}/up"; '
                             'echo "$KUBE_VERSION"'], capture_output=True, text=True, check=False)
     assert again.stdout.strip() == "v1.35.4", again.stderr
+
+
+def test_teardown_takes_a_recorded_release_the_checkout_no_longer_knows(
+        no_lab: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """lab/down must tear down a lab whose release was dropped from KUBE_VERSIONS: the
+    release is used (its programs stop what runs), with a warning naming it."""
+    no_lab.mkdir()
+    (no_lab / "kube-version").write_text("v1.34.1\n")
+    got = lab_versions.load(lab=True, teardown=True)
+    assert (got["KUBE_VERSION"], got["KUBE_FEATURE_GATES"], got["KUBE_RUNTIME_CONFIG"]) == \
+        ("v1.34.1", "", "")
+    warning = capsys.readouterr().err
+    assert "warning: the lab's release 'v1.34.1'" in warning
+    assert "not a release the lab knows; allowed: v1.35.4, v1.37.2" in warning
+    # only the lab's own record is tolerated: an unknown release asked for is still refused
+    with pytest.raises(ValueError, match=r"not a release the lab knows; allowed: v1\.35\.4"):
+        lab_versions.load({"GPUK8S_KUBE_VERSION": "v1.33.0",
+                           "GPUK8S_LAB_STATE": str(no_lab / "none")}, lab=True, teardown=True)
+
+
+def test_only_lab_down_tolerates_an_unknown_recorded_release(no_lab: Path) -> None:
+    """lab/down's preamble (everything before as_root: its settings, lab/lib.sh) resolves the
+    dropped release with a warning, and exports that to what it runs (lab/fleetctl down,
+    lab/netpol.sh stop); every other lab command (lab/lib.sh alone) refuses it."""
+    no_lab.mkdir()
+    (no_lab / "kube-version").write_text("v1.34.1\n")
+    head, sep, _ = (LAB / "down").read_text().partition('\nas_root "$@"\n')
+    assert sep, "lab/down calls as_root after sourcing lab/lib.sh"
+    here = '$(dirname "${BASH_SOURCE[0]}")'
+    assert here in head
+    head = head.replace(here, str(LAB))  # run from bash -c, not from lab/
+    cache = os.environ.get("GPUK8S_CACHE", "/var/cache/gpuk8s")
+    down = subprocess.run(["bash", "-c", head + '\necho "$KUBE_VERSION $(kube_bin kube-proxy)"'
+                           f'\nbash -c \'. "{LAB}/lib.sh"; echo "$KUBE_VERSION"\''],
+                          capture_output=True, text=True, check=False)
+    assert down.returncode == 0, down.stderr
+    assert down.stdout.split() == ["v1.34.1", f"{cache}/bin/kube-v1.34.1/kube-proxy", "v1.34.1"]
+    assert "warning: the lab's release 'v1.34.1'" in down.stderr
+    other = subprocess.run(["bash", "-c", f'. "{LAB}/lib.sh"; echo "$KUBE_VERSION"'],
+                           capture_output=True, text=True, check=False)
+    assert other.returncode == 2 and other.stdout == ""
+    assert ("the lab's release 'v1.34.1'" in other.stderr
+            and "not a release the lab knows; allowed: v1.35.4, v1.37.2" in other.stderr)
