@@ -528,6 +528,39 @@ def test_tls_files_are_mounted_and_a_renewal_restarts_the_scheduler(root: Path) 
     assert (root / MANIFEST).read_text() == original
 
 
+def test_check_mode_predicts_the_change_of_tls_files_written_in_the_same_run(
+    root: Path,
+) -> None:
+    """The gpu_aware role copies the certificate files, then runs the module: in check mode
+    they are not there yet (or still the old ones), so with tls_files_pending the module
+    reads none of them and predicts the manifest change the real run makes; nothing is
+    written. Without it a missing file is still an error."""
+    files = {"ca_file": "ca.crt", "cert_file": "client.crt", "key_file": "client.key"}
+    tls = {key: f"/etc/metax/pki/{name}" for key, name in files.items()}
+    https: dict[str, Any] = {"url_prefix": "https://10.96.0.50:8080", "enable_https": True,
+                             "tls_config": tls}
+    before = snapshot(root)
+    predicted = run(root, check=True, tls_files_pending=True, **https)
+    assert not predicted.get("failed"), predicted
+    assert predicted["changed"] and predicted["manifest_changed"]
+    assert snapshot(root) == before
+    refused = run(root, check=True, **https)
+    assert refused["failed"] and "/etc/metax/pki/ca.crt cannot be read" in refused["msg"]
+    # the real run (files written by then) reads them; tls_files_pending changes nothing there
+    pki = root / "etc/metax/pki"
+    pki.mkdir(parents=True)
+    for name in files.values():
+        (pki / name).write_text(f"{name} v1\n")
+    assert run(root, tls_files_pending=True, **https)["manifest_changed"]
+    first = marker_of(root)["tlsHash"]
+    assert first.startswith("sha256:")
+    assert not run(root, check=True, **https)["changed"]
+    # renewed files, not written yet in check mode: the restart is predicted all the same
+    renewal = run(root, check=True, tls_files_pending=True, **https)
+    assert renewal["changed"] and renewal["manifest_changed"]
+    assert marker_of(root)["tlsHash"] == first
+
+
 def test_a_directory_mount_covers_the_config(root: Path) -> None:
     text = add_mount((root / MANIFEST).read_text(), "metax", "/etc/metax", "/etc/metax",
                      "DirectoryOrCreate")

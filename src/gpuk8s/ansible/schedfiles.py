@@ -158,6 +158,9 @@ class Request:
     # administrator's file when neither url_prefix nor the manifest's marker names it
     managed_resources: tuple[str, ...] = ()
     profile: str = "packing"  # schedconf.PROFILES; only in the file we own
+    # check mode, the tlsConfig files replaced earlier in the same run (not written yet):
+    # their content is not read, the marker's tls_hash is predicted to change
+    tls_pending: bool = False
 
 
 def under_root(root: str, path: str) -> str:
@@ -272,6 +275,11 @@ def plan(request: Request) -> Plan:
     return result
 
 
+# Marker.tls_hash of a check-mode plan whose tlsConfig files are about to be replaced:
+# never the hash of real files, so the manifest is predicted to change as the real run's does
+TLS_PENDING = "pending"
+
+
 def tls_hash(request: Request) -> str:
     """The content of the tlsConfig files on the host (``Marker.tls_hash``); "" without
     them. ManifestError when one is missing: the scheduler pod mounts each with type
@@ -280,6 +288,8 @@ def tls_hash(request: Request) -> str:
     files = request.spec.tls_files()
     if not files:
         return ""
+    if request.tls_pending:
+        return TLS_PENDING
     digest = hashlib.sha256()
     for name, path in sorted(files.items()):
         try:
