@@ -160,8 +160,11 @@ options:
         default: false
   scheduler_profile:
     description:
-      - Scheduler settings written next to the extender in O(config_path) (not into a
-        configuration file the administrator owns).
+      - Scheduler settings written next to the extender in O(config_path). In a
+        configuration file the administrator owns, each top-level key of the profile
+        (C(percentageOfNodesToScore), C(profiles)) the file lacks is written and recorded in
+        the annotation, and removed again by O(state=absent) (or V(none)); a key the
+        administrator set is left as it is, with a warning.
       - C(packing) - C(percentageOfNodesToScore 100), so the extender ranks every
         feasible node, and C(NodeResourcesFit) scoring C(MostAllocated) on
         C(metax-tech.com/gpu) alone, so the scheduler's own scorers break the extender's

@@ -13,7 +13,8 @@ the nodes show:
    GPUs, although the default scorers prefer the other (4 free GPUs split 2 + 2);
 3. failover: the lab node's kube-scheduler is stopped (its static pod manifest moved aside),
    cp2's takes the Lease and a GPU pod still schedules through gpu-aware (its filter
-   counter grows); then the lab node's scheduler is back and leading;
+   counter grows), with the packing profile the lab node's has (written into kubespray's
+   own file too); then the lab node's scheduler is back and leading;
 4. ``gpu_aware_state=absent`` leaves both schedulers' files byte-identical to before.
 
 The module leaves both manifests, the Lease holder and the parked/running state of cp2's
@@ -432,6 +433,10 @@ def test_3_failover_to_cp2_schedules_through_gpu_aware(
     lab_node = lab["node"]
     assert scheduler_leader() == lab_node
     manifest = SCHEDULER_MANIFEST.read_bytes()
+    packing = {k: v for k, v in scheduler_config(LAB_HOST).items()
+               if k in ("percentageOfNodesToScore", "profiles")}
+    assert packing["profiles"][0]["pluginConfig"][0]["args"]["scoringStrategy"][
+        "type"] == "MostAllocated", packing
     before = filter_requests()
     t0 = time.monotonic()
     SCHEDULER_MANIFEST.rename(LAB_PARKED)  # the kubelet stops the lab node's scheduler
@@ -449,6 +454,10 @@ def test_3_failover_to_cp2_schedules_through_gpu_aware(
         scheduled = time.monotonic() - t0
         # only cp2's scheduler runs: gpu-aware's filter answered it for this pod
         assert filter_requests() > before
+        # and it scores as the lab node's did: the packing profile (MostAllocated on GPUs,
+        # every feasible node scored) is in kubespray's own file too
+        cp2 = scheduler_config(FLEET_STANDBY)
+        assert {k: cp2.get(k) for k in packing} == packing, cp2
         print(f"\n[fleet] failover: cp2 leads {took_over:.1f}s after the lab node's scheduler "
               f"stopped; GPU pod Running at {scheduled:.1f}s", file=sys.stderr)
     finally:
