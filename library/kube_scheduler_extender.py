@@ -160,8 +160,11 @@ options:
         default: false
   scheduler_profile:
     description:
-      - Scheduler settings written next to the extender in O(config_path) (not into a
-        configuration file the administrator owns).
+      - Scheduler settings written next to the extender in O(config_path). In a
+        configuration file the administrator owns, each top-level key of the profile
+        (C(percentageOfNodesToScore), C(profiles)) the file lacks is written and recorded in
+        the annotation, and removed again by O(state=absent) (or V(none)); a key the
+        administrator set is left as it is, with a warning.
       - C(packing) - C(percentageOfNodesToScore 100), so the extender ranks every
         feasible node, and C(NodeResourcesFit) scoring C(MostAllocated) on
         C(metax-tech.com/gpu) alone, so the scheduler's own scorers break the extender's
@@ -171,6 +174,15 @@ options:
     type: str
     choices: [packing, none]
     default: packing
+  tls_files_pending:
+    description:
+      - The tlsConfig files are replaced earlier in the same run (the gpu_aware role copies
+        them first). In check mode, where they are not written yet, their content is not
+        read (a missing file is no error) and the manifest is predicted to change, as the
+        real run's does when new files restart the scheduler. Without check mode it changes
+        nothing.
+    type: bool
+    default: false
   kubernetes_version:
     description:
       - Kubernetes version of the control plane (C(v1.29.3), C(1.29)); picks the
@@ -354,6 +366,7 @@ def argument_spec():
             ),
         ),
         scheduler_profile=dict(type="str", choices=list(schedconf.PROFILES), default="packing"),
+        tls_files_pending=dict(type="bool", default=False),
         kubernetes_version=dict(type="str"),
         manifest_path=dict(type="path", default=schedconf.DEFAULT_MANIFEST),
         config_path=dict(type="path", default=schedconf.DEFAULT_CONFIG_PATH),
@@ -393,7 +406,7 @@ def spec_from_params(params):
     return spec
 
 
-def request_from_params(params):
+def request_from_params(params, check_mode=False):
     return schedfiles.Request(
         state=params["state"],
         spec=spec_from_params(params),
@@ -405,6 +418,7 @@ def request_from_params(params):
         host_root=params["host_root"],
         managed_resources=tuple(r["name"] for r in params["managed_resources"]),
         profile=params["scheduler_profile"],
+        tls_pending=check_mode and params["tls_files_pending"],
     )
 
 
@@ -480,7 +494,7 @@ def main():
     params = module.params
     backups = []
     try:
-        plan = schedfiles.plan(request_from_params(params))
+        plan = schedfiles.plan(request_from_params(params, module.check_mode))
         if plan.changed and not module.check_mode:
             # present: the configuration first, since the patched manifest mounts it with
             # type File; absent: the manifest first, so no scheduler restarts without it.

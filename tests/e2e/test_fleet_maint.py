@@ -20,9 +20,12 @@ binary indexes, is put back from a copy taken before)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +39,8 @@ from tests.ansible.test_ansible_layer import changed_by_host
 from .conftest import (
     BUSYBOX,
     FLEET_MARKS,
+    KUBECONFIG,
+    KUBECTL,
     REPO,
     apply,
     kubectl,
@@ -187,6 +192,43 @@ def sim_root_kept(request: pytest.FixtureRequest) -> Iterator[str]:
             kubectl("patch", "node", name, "-p", json.dumps({"metadata": {"annotations": stale}}))
 
 
+@contextlib.contextmanager
+def node_states(name: str) -> Iterator[list[dict[str, Any]]]:
+    """Every state of Node ``name`` the API server reports while the block runs (kubectl's
+    watch: each change, in order, none missed); the list is filled when the block ends."""
+    states: list[dict[str, Any]] = []
+    proc = subprocess.Popen([KUBECTL, "--kubeconfig", KUBECONFIG, "get", "node", name,
+                             "--watch", "-o", "json"], stdout=subprocess.PIPE, text=True)
+    out = proc.stdout
+    assert out is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(out.readline, "")))
+    reader.start()
+    try:
+        # the watch has begun once it has reported the node as it is now
+        wait_until(f"the watch of {name} started",
+                   lambda: "".join(lines).rstrip().endswith("}"), 60, interval=0.2)
+        yield states
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        reader.join(timeout=30)
+    text, decoder, at = "".join(lines), json.JSONDecoder(), 0
+    while text[at:].strip():
+        at += len(text[at:]) - len(text[at:].lstrip())
+        obj, at = decoder.raw_decode(text, at)
+        states.append(obj)
+
+
+def maintained(state: dict[str, Any]) -> bool:
+    """The node as SPEC §9 has it during the maintenance action: cordoned, marked, none of
+    its metax-tech.com/ labels."""
+    return (bool(state["spec"].get("unschedulable"))
+            and MARK in (state["metadata"].get("annotations") or {})
+            and not [k for k in state["metadata"].get("labels", {})
+                     if k.startswith("metax-tech.com/")])
+
+
 def deployment(ns: str, name: str, nodes_allowed: list[str], prefer: str) -> dict[str, Any]:
     """One GPU pod of a Deployment, on one of ``nodes_allowed``, ``prefer`` first."""
     term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
@@ -285,7 +327,12 @@ def test_maintenance_moves_the_gpu_pod_upgrades_the_driver_and_gives_the_node_ba
 
     upgrade = push_payload(UPGRADE, tmp_path)
     start = time.monotonic()
-    changed = honest_run("maintenance", NODE, upgrade)
+    with node_states(NODE) as states:
+        changed = honest_run("maintenance", NODE, upgrade)
+    # while the driver was upgraded the node was cordoned, marked and without our labels
+    # (the check run before it changed nothing: the node's first state was as found)
+    assert not maintained(states[0]) and any(maintained(s) for s in states), [
+        (s["spec"].get("unschedulable"), sorted(s["metadata"].get("labels", {}))) for s in states]
     print(f"\n[fleet] maintenance of {NODE} to {UPGRADE} (check + real) in "
           f"{time.monotonic() - start:.0f}s", file=sys.stderr)
     for step in ("Cordon the node", "Evict the pods that use GPUs",

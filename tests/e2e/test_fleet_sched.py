@@ -13,7 +13,8 @@ the nodes show:
    GPUs, although the default scorers prefer the other (4 free GPUs split 2 + 2);
 3. failover: the lab node's kube-scheduler is stopped (its static pod manifest moved aside),
    cp2's takes the Lease and a GPU pod still schedules through gpu-aware (its filter
-   counter grows); then the lab node's scheduler is back and leading;
+   counter grows), with the packing profile the lab node's has (written into kubespray's
+   own file too); then the lab node's scheduler is back and leading;
 4. ``gpu_aware_state=absent`` leaves both schedulers' files byte-identical to before.
 
 The module leaves both manifests, the Lease holder and the parked/running state of cp2's
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -84,24 +86,31 @@ LAB_HOST = "lab"
 OUTSIDER = "gpu-ext"
 
 
-def gpu_aware_playbook(*args: str) -> str:
-    """playbooks/gpu_aware.yml over SSH against the fleet; its output."""
+def gpu_aware_run(*args: str, extra: dict[str, Any] | None = None,
+                  check: bool = True) -> subprocess.CompletedProcess[str]:
+    """playbooks/gpu_aware.yml over SSH against the fleet, timed."""
     start = time.monotonic()
-    out = run(
+    proc = run(
         tool("ansible-playbook"),
         "-i",
         str(REPO / "inventories" / "fleet"),
         str(REPO / "playbooks" / "gpu_aware.yml"),
         "-e",
         # no backups left on the nodes (/var/lib/gpuk8s/backups): test 4 proves the restore
-        json.dumps({**EXTRA_VARS, "gpu_aware_backup": False}),
+        json.dumps({**EXTRA_VARS, "gpu_aware_backup": False, **(extra or {})}),
         *args,
         cwd=str(REPO),
         timeout=1200,
-    ).stdout
-    print(f"\n[fleet] gpu_aware.yml {' '.join(args)} in {time.monotonic() - start:.0f}s",
-          file=sys.stderr)
-    return out
+        check=check,
+    )
+    print(f"\n[fleet] gpu_aware.yml {' '.join(args)} {extra or ''} in "
+          f"{time.monotonic() - start:.0f}s", file=sys.stderr)
+    return proc
+
+
+def gpu_aware_playbook(*args: str) -> str:
+    """gpu_aware_run's output (a failed run fails the test)."""
+    return gpu_aware_run(*args).stdout
 
 
 def read_file(node: str, path: str) -> bytes | None:
@@ -138,6 +147,13 @@ def scheduler_config(node: str) -> dict[str, Any]:
     assert text is not None, f"{node}: {config[0]} missing"
     loaded: dict[str, Any] = yaml.safe_load(text)
     return loaded
+
+
+def scheduler_pod(node: str) -> dict[str, Any]:
+    """The node's kube-scheduler mirror pod."""
+    pod: dict[str, Any] = kubectl_json("-n", "kube-system", "get", "pod",
+                                       f"kube-scheduler-{node}")
+    return pod
 
 
 def gpu_aware_entry(node: str) -> dict[str, Any]:
@@ -177,6 +193,44 @@ def connects(node: str, address: str, port: int) -> bool:
                timeout=60).returncode == 0
 
 
+def curl_filter(url: str, server_name: str, *tls: str) -> subprocess.CompletedProcess[str]:
+    """A filter call with curl (its exit status, its HTTP status on stdout): the name the
+    certificate holds resolved to the cluster IP in ``url``, as kube-scheduler's
+    serverName makes Go verify it."""
+    address = url.split("//", 1)[1].split("/", 1)[0]
+    host, port = address.rsplit(":", 1)
+    return run("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
+               "--resolve", f"{server_name}:{port}:{host}", *tls, "-X", "POST",
+               "-H", "Content-Type: application/json", "--data", '{"Pod": {}, "NodeNames": []}',
+               f"https://{server_name}:{port}/filter", check=False)
+
+
+def assert_only_the_scheduler_is_admitted(extender: dict[str, Any], tmp_path: Path) -> None:
+    tls = extender["tlsConfig"]
+    url, name, ca = extender["urlPrefix"], tls["serverName"], tls["caFile"]
+    # kube-scheduler's own files: admitted
+    mine = curl_filter(url, name, "--cacert", ca, "--cert", tls["certFile"], "--key",
+                       tls["keyFile"])
+    assert (mine.returncode, mine.stdout) == (0, "200"), (mine.stdout, mine.stderr)
+    # no client certificate: refused in the handshake, nothing answered
+    bare = curl_filter(url, name, "--cacert", ca)
+    assert bare.returncode != 0 and bare.stdout in ("", "000"), (bare.stdout, bare.stderr)
+    # a certificate of another CA: refused the same way
+    other = tmp_path / "other"
+    other.mkdir()
+    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        "-subj", "/CN=kube-scheduler", "-keyout", str(other / "key.pem"),
+        "-out", str(other / "cert.pem"))
+    stranger = curl_filter(url, name, "--cacert", ca, "--cert", str(other / "cert.pem"),
+                           "--key", str(other / "key.pem"))
+    assert stranger.returncode != 0 and stranger.stdout in ("", "000"), (
+        stranger.stdout, stranger.stderr)
+    # plain HTTP on the TLS port gets no answer either
+    plain = run("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
+                url.replace("https://", "http://") + "/filter", check=False)
+    assert plain.stdout != "200", plain.stdout
+
+
 FILTER_FROM_CP2 = r"""
 import json, socket, ssl, sys
 url, server_name, ca, cert, key = sys.argv[1:6]
@@ -194,7 +248,9 @@ with socket.create_connection((host, int(port)), timeout=10) as raw:
         data = b""
         while chunk := tls.recv(65536):
             data += chunk
-print(data.decode(errors="replace"))
+head, _, answer = data.partition(b"\r\n\r\n")
+print(head.split(b"\r\n", 1)[0].decode())  # the status line, then the body
+print(answer.decode(errors="replace"))
 """
 
 
@@ -259,6 +315,7 @@ def fleet_sched(lab: dict[str, str], standby_scheduler_parked: bool) -> Iterator
         try:
             playbook("install", extra={"gpu_extensions_deploy_gpu_aware": True})
             state["check"] = changed_by_host(gpu_aware_playbook("--check", "--diff"))
+            state["cp2_pod"] = scheduler_pod(FLEET_STANDBY)["metadata"]
             state["real"] = changed_by_host(gpu_aware_playbook())
             # either scheduler may lead after the restarts, one at a time
             lab_scheduler_leads(lab["node"])
@@ -273,7 +330,7 @@ def fleet_sched(lab: dict[str, str], standby_scheduler_parked: bool) -> Iterator
 
 
 def test_1_gpu_aware_on_both_control_planes_and_cp2_admitted(
-    fleet_sched: dict[str, Any], lab: dict[str, str]
+    fleet_sched: dict[str, Any], lab: dict[str, str], tmp_path: Path
 ) -> None:
     # --check --diff predicted exactly what the real run changed, on both hosts
     assert fleet_sched["real"] == fleet_sched["check"]
@@ -291,9 +348,19 @@ def test_1_gpu_aware_on_both_control_planes_and_cp2_admitted(
                                                      or b"")
     # both schedulers serve the new configuration (mirror pods Ready), the lab node leads
     for node in (lab["node"], FLEET_STANDBY):
-        pod = kubectl_json("-n", "kube-system", "get", "pod", f"kube-scheduler-{node}")
+        pod = scheduler_pod(node)
         ready = [c["status"] for c in pod["status"].get("conditions", []) if c["type"] == "Ready"]
         assert ready == ["True"], (node, pod["status"])
+    # on cp2 only its own --config file changed, not what the manifest runs: the annotation
+    # holding that file's hash changed the manifest, so the kubelet restarted kube-scheduler
+    cp2_config = read_file(FLEET_STANDBY, CONTROL_PLANE_FILES[1]) or b""
+    annotations = scheduler_pod(FLEET_STANDBY)["metadata"]["annotations"]
+    marker = json.loads(annotations["metax-tech.com/scheduler-extender"])
+    assert marker["configHash"] == "sha256:" + hashlib.sha256(cp2_config).hexdigest()
+    assert (annotations["kubernetes.io/config.hash"]
+            != fleet_sched["cp2_pod"]["annotations"]["kubernetes.io/config.hash"])
+    # gpu-aware admits kube-scheduler's client certificate (the lab node's files) only
+    assert_only_the_scheduler_is_admitted(entries[LAB_HOST], tmp_path)
     # the install listed both control planes' addresses in the policy
     policy = kubectl_json("-n", NAMESPACE, "get", "networkpolicy", "gpu-aware")
     sources = {peer["ipBlock"]["cidr"] for rule in policy["spec"]["ingress"]
@@ -318,8 +385,9 @@ def test_1_gpu_aware_on_both_control_planes_and_cp2_admitted(
     answer = run(str(LAB / "fleetctl"), "exec", FLEET_STANDBY, "python3", "-c",
                  FILTER_FROM_CP2, entry["urlPrefix"], tls["serverName"], tls["caFile"],
                  tls["certFile"], tls["keyFile"], timeout=60).stdout
-    assert answer.startswith("HTTP/1.1 200"), answer
-    result = json.loads(answer.split("\r\n\r\n", 1)[1])
+    status, body = answer.split("\n", 1)
+    assert status.startswith("HTTP/1.1 200"), answer
+    result = json.loads(body)
     assert "gpu-ext" in (result.get("NodeNames") or []) + list(result.get("FailedNodes") or {})
 
 
@@ -365,6 +433,10 @@ def test_3_failover_to_cp2_schedules_through_gpu_aware(
     lab_node = lab["node"]
     assert scheduler_leader() == lab_node
     manifest = SCHEDULER_MANIFEST.read_bytes()
+    packing = {k: v for k, v in scheduler_config(LAB_HOST).items()
+               if k in ("percentageOfNodesToScore", "profiles")}
+    assert packing["profiles"][0]["pluginConfig"][0]["args"]["scoringStrategy"][
+        "type"] == "MostAllocated", packing
     before = filter_requests()
     t0 = time.monotonic()
     SCHEDULER_MANIFEST.rename(LAB_PARKED)  # the kubelet stops the lab node's scheduler
@@ -382,6 +454,10 @@ def test_3_failover_to_cp2_schedules_through_gpu_aware(
         scheduled = time.monotonic() - t0
         # only cp2's scheduler runs: gpu-aware's filter answered it for this pod
         assert filter_requests() > before
+        # and it scores as the lab node's did: the packing profile (MostAllocated on GPUs,
+        # every feasible node scored) is in kubespray's own file too
+        cp2 = scheduler_config(FLEET_STANDBY)
+        assert {k: cp2.get(k) for k in packing} == packing, cp2
         print(f"\n[fleet] failover: cp2 leads {took_over:.1f}s after the lab node's scheduler "
               f"stopped; GPU pod Running at {scheduled:.1f}s", file=sys.stderr)
     finally:
@@ -401,6 +477,13 @@ def test_3_failover_to_cp2_schedules_through_gpu_aware(
 
 
 def test_4_absent_leaves_both_control_planes_as_found(fleet_sched: dict[str, Any]) -> None:
+    # a kubernetes_version the lab node's real scheduler image contradicts is refused there
+    # (the first host of the serial play), and nothing is written on either control plane
+    configured = control_plane_files()
+    refused = gpu_aware_run(extra={"gpu_aware_kubernetes_version": "1.23"}, check=False)
+    assert refused.returncode != 0
+    assert "selects kubescheduler.config.k8s.io/v1beta3" in refused.stdout, refused.stdout
+    assert control_plane_files() == configured
     gpu_aware_playbook("-e", "gpu_aware_state=absent")
     fleet_sched["absent"] = True
     assert control_plane_files() == fleet_sched["files"]

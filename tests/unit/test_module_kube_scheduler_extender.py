@@ -250,7 +250,8 @@ def test_existing_config_gets_our_extender_appended(root: Path) -> None:
     config = schedfiles.read(str(theirs)).data
     assert marker_of(root) == {"configHash": sha256(theirs.read_text()), "urlPrefix": URL,
                                "configFlag": False,
-                               "entryHash": schedconf.entry_hash(config["extenders"][1])}
+                               "entryHash": schedconf.entry_hash(config["extenders"][1]),
+                               "profileKeys": ["percentageOfNodesToScore", "profiles"]}
     assert (root / MANIFEST).read_text().replace(marker_lines(root), "") == manifest.decode()
     assert not (root / CONFIG).exists()
     text = theirs.read_text()
@@ -265,7 +266,7 @@ def test_existing_config_gets_our_extender_appended(root: Path) -> None:
     assert (root / MANIFEST).read_bytes() == manifest
 
 
-def test_scheduler_profile_is_written_with_our_extender_only(root: Path) -> None:
+def test_scheduler_profile_is_written_with_our_extender(root: Path) -> None:
     assert not run(root).get("failed")
     config = schedfiles.read(str(root / CONFIG)).data
     assert config["percentageOfNodesToScore"] == 100
@@ -278,18 +279,50 @@ def test_scheduler_profile_is_written_with_our_extender_only(root: Path) -> None
     assert (root / MANIFEST).read_text() != before
     assert "profiles" not in schedfiles.read(str(root / CONFIG)).data
     assert run(root, scheduler_profile="spread")["failed"]
-    # a configuration file the administrator owns keeps its own profile, with a warning
-    fresh = root.parent / "other"
-    shutil.copytree(root.parent / "host", fresh)
-    shutil.rmtree(fresh / "etc/metax")
-    run(fresh, state="absent")
-    with_foreign_config(fresh)
+
+
+def test_scheduler_profile_goes_into_an_administrators_file_where_it_lacks_the_keys(
+    root: Path,
+) -> None:
+    """kubespray's file (no percentageOfNodesToScore, no profiles) gets packing's keys, so a
+    scheduler on it packs GPU pods like one on our own file; absent, or the profile none,
+    removes exactly them. A key the administrator set stays theirs, with a warning."""
+    theirs = with_foreign_config(root)
+    manifest = (root / MANIFEST).read_bytes()
+    assert run(root)["changed"]
+    config = schedfiles.read(str(theirs)).data
+    packing = schedconf.packing_profile()
+    assert config["percentageOfNodesToScore"] == packing["percentageOfNodesToScore"]
+    assert config["profiles"] == packing["profiles"]
+    assert theirs.read_text().startswith(FOREIGN)  # their content first, as it was
+    assert not run(root)["changed"]
+    switched = run(root, scheduler_profile="none")
+    assert switched["changed"] and switched["manifest_changed"]
+    config = schedfiles.read(str(theirs)).data
+    assert "profiles" not in config and "percentageOfNodesToScore" not in config
+    assert "profileKeys" not in marker_of(root)
+    assert run(root)["changed"]
+    assert run(root, state="absent")["changed"]
+    assert theirs.read_text() == FOREIGN and (root / MANIFEST).read_bytes() == manifest
+    # their own percentageOfNodesToScore: left as it is (and after absent), profiles added
+    own = FOREIGN + "percentageOfNodesToScore: 50\n"
+    theirs.write_text(own)
     plan = schedfiles.plan(schedfiles.Request(
-        state="present", spec=schedconf.ExtenderSpec(URL), url_prefix=URL, host_root=str(fresh)))
-    assert any("scheduler_profile packing" in w for w in plan.warnings)
-    appended = run(fresh)
-    assert appended["mode"] == "appended"
-    assert "profiles" not in schedfiles.read(str(fresh / "srv/sched/config.yaml")).data
+        state="present", spec=schedconf.ExtenderSpec(URL), url_prefix=URL, host_root=str(root)))
+    assert any("sets percentageOfNodesToScore itself" in w for w in plan.warnings), plan.warnings
+    assert not run(root).get("failed")
+    config = schedfiles.read(str(theirs)).data
+    assert config["percentageOfNodesToScore"] == 50 and config["profiles"] == packing["profiles"]
+    assert marker_of(root)["profileKeys"] == ["profiles"]
+    # a profile of ours edited by hand since: absent leaves it, with a warning
+    theirs.write_text(theirs.read_text().replace("type: MostAllocated", "type: LeastAllocated"))
+    plan = schedfiles.plan(schedfiles.Request(state="absent", spec=None, url_prefix=None,
+                                              host_root=str(root)))
+    assert any("profiles, written by gpuk8s" in w for w in plan.warnings), plan.warnings
+    assert run(root, state="absent")["changed"]
+    config = schedfiles.read(str(theirs)).data
+    assert config["percentageOfNodesToScore"] == 50 and "profiles" in config
+    assert "extenders" in config and len(config["extenders"]) == 1
 
 
 def test_absent_in_foreign_config_without_a_record_changes_nothing(root: Path) -> None:
@@ -526,6 +559,39 @@ def test_tls_files_are_mounted_and_a_renewal_restarts_the_scheduler(root: Path) 
     (pki / "client.key").write_text("client.key v2\n")
     assert run(root, state="absent")["changed"]
     assert (root / MANIFEST).read_text() == original
+
+
+def test_check_mode_predicts_the_change_of_tls_files_written_in_the_same_run(
+    root: Path,
+) -> None:
+    """The gpu_aware role copies the certificate files, then runs the module: in check mode
+    they are not there yet (or still the old ones), so with tls_files_pending the module
+    reads none of them and predicts the manifest change the real run makes; nothing is
+    written. Without it a missing file is still an error."""
+    files = {"ca_file": "ca.crt", "cert_file": "client.crt", "key_file": "client.key"}
+    tls = {key: f"/etc/metax/pki/{name}" for key, name in files.items()}
+    https: dict[str, Any] = {"url_prefix": "https://10.96.0.50:8080", "enable_https": True,
+                             "tls_config": tls}
+    before = snapshot(root)
+    predicted = run(root, check=True, tls_files_pending=True, **https)
+    assert not predicted.get("failed"), predicted
+    assert predicted["changed"] and predicted["manifest_changed"]
+    assert snapshot(root) == before
+    refused = run(root, check=True, **https)
+    assert refused["failed"] and "/etc/metax/pki/ca.crt cannot be read" in refused["msg"]
+    # the real run (files written by then) reads them; tls_files_pending changes nothing there
+    pki = root / "etc/metax/pki"
+    pki.mkdir(parents=True)
+    for name in files.values():
+        (pki / name).write_text(f"{name} v1\n")
+    assert run(root, tls_files_pending=True, **https)["manifest_changed"]
+    first = marker_of(root)["tlsHash"]
+    assert first.startswith("sha256:")
+    assert not run(root, check=True, **https)["changed"]
+    # renewed files, not written yet in check mode: the restart is predicted all the same
+    renewal = run(root, check=True, tls_files_pending=True, **https)
+    assert renewal["changed"] and renewal["manifest_changed"]
+    assert marker_of(root)["tlsHash"] == first
 
 
 def test_a_directory_mount_covers_the_config(root: Path) -> None:

@@ -157,7 +157,10 @@ class Request:
     # resource names of our extender: with state=absent, they find it in the
     # administrator's file when neither url_prefix nor the manifest's marker names it
     managed_resources: tuple[str, ...] = ()
-    profile: str = "packing"  # schedconf.PROFILES; only in the file we own
+    profile: str = "packing"  # schedconf.PROFILES; in another's file where it lacks the keys
+    # check mode, the tlsConfig files replaced earlier in the same run (not written yet):
+    # their content is not read, the marker's tls_hash is predicted to change
+    tls_pending: bool = False
 
 
 def under_root(root: str, path: str) -> str:
@@ -214,12 +217,6 @@ def plan(request: Request) -> Plan:
         assert existing is not None
         result.mode = "appended"
         result.config_path = existing
-        if request.state == "present" and request.profile != "none":
-            result.warnings.append(
-                f"scheduler_profile {request.profile} is not written into {existing} (the "
-                "administrator's file): add its settings there yourself "
-                "(see core/schedconf.py packing_profile)"
-            )
         host = schedconf.host_path_of(manifest.data, existing) or existing
         _plan_foreign(request, manifest.data, host, result)
     elif request.state == "present":
@@ -272,6 +269,11 @@ def plan(request: Request) -> Plan:
     return result
 
 
+# Marker.tls_hash of a check-mode plan whose tlsConfig files are about to be replaced:
+# never the hash of real files, so the manifest is predicted to change as the real run's does
+TLS_PENDING = "pending"
+
+
 def tls_hash(request: Request) -> str:
     """The content of the tlsConfig files on the host (``Marker.tls_hash``); "" without
     them. ManifestError when one is missing: the scheduler pod mounts each with type
@@ -280,6 +282,8 @@ def tls_hash(request: Request) -> str:
     files = request.spec.tls_files()
     if not files:
         return ""
+    if request.tls_pending:
+        return TLS_PENDING
     digest = hashlib.sha256()
     for name, path in sorted(files.items()):
         try:
@@ -321,6 +325,16 @@ def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> N
                 )
         elif marker is not None and marker.url_prefix.rstrip("/") != url.rstrip("/"):
             result.changes.append(f"{host}: extender {marker.url_prefix} -> {url} (URL changed)")
+        owned = marker.profile_keys if marker is not None else ()
+        profile_keys, changes, theirs = schedconf.merge_profile(doc.data, request.profile,
+                                                                owned)
+        result.changes += [f"{host}: {change}" for change in changes]
+        for key in theirs:
+            result.warnings.append(
+                f"{host} sets {key} itself: left as it is, so scheduler_profile "
+                f"{request.profile}'s {key} is not applied (see core/schedconf.py "
+                "packing_profile)"
+            )
         made_key = "extenders" not in doc.data or (marker is not None and marker.extenders_key)
         if schedconf.upsert_extender(doc.data, request.spec, ours):
             result.changes.append(f"{host}: extender {url}")
@@ -336,7 +350,8 @@ def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> N
             manifest,
             schedconf.Marker(schedconf.config_hash(text), url, False,
                              entry_hash=schedconf.entry_hash(entry),
-                             tls_hash=tls_hash(request), extenders_key=made_key),
+                             tls_hash=tls_hash(request), extenders_key=made_key,
+                             profile_keys=tuple(profile_keys)),
         )
     else:
         # only an entry the manifest's record says gpuk8s wrote is removed: without a
@@ -376,6 +391,14 @@ def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> N
             result.changes.append(f"{host}: removed extender {marker.url_prefix}")
             if marker.extenders_key and doc.data.get("extenders") == []:
                 del doc.data["extenders"]  # ours made the key: the file as it was
+        if marker is not None:
+            changes, edited = schedconf.remove_profile(doc.data, marker.profile_keys)
+            result.changes += [f"{host}: {change}" for change in changes]
+            for key in edited:
+                result.warnings.append(
+                    f"{host}: {key}, written by gpuk8s's scheduler_profile, was edited since: "
+                    "left in place; remove it yourself"
+                )
         result.changes += schedconf.unpatch_manifest(manifest, request.config_path,
                                                      remove_flag=False)
     after = doc.render()

@@ -320,6 +320,50 @@ def packing_profile(resource: str = GPU_RESOURCE) -> dict[str, Any]:
 PROFILES = ("packing", "none")
 
 
+def merge_profile(config: MutableMapping[str, Any], profile: str,
+                  owned: Collection[str]) -> tuple[list[str], list[str], list[str]]:
+    """The ``profile``'s settings in a configuration file the administrator owns: each
+    top-level key of ``packing_profile()`` is written where the file has no such key, or
+    where the key is one gpuk8s wrote (``owned``, from the manifest's marker); a key the
+    administrator set is left as it is. With ``none`` the keys gpuk8s wrote go again.
+    Returns (the keys gpuk8s now owns, the changes, the administrator's keys left)."""
+    if profile not in PROFILES:
+        raise ConfigError(f"scheduler_profile {profile!r} must be one of {', '.join(PROFILES)}")
+    wanted = packing_profile() if profile == "packing" else {}
+    ours: list[str] = []
+    changes: list[str] = []
+    left: list[str] = []
+    for key, value in wanted.items():
+        if key in config and key not in owned:
+            left.append(key)
+            continue
+        ours.append(key)
+        if config.get(key) != value:
+            config[key] = value
+            changes.append(f"{key}: scheduler_profile {profile}")
+    dropped, _ = remove_profile(config, [key for key in owned if key not in wanted])
+    return ours, changes + dropped, left
+
+
+def remove_profile(config: MutableMapping[str, Any],
+                   owned: Collection[str]) -> tuple[list[str], list[str]]:
+    """Remove the profile keys gpuk8s wrote into an administrator's file (``owned``), each
+    only while it still holds what ``packing_profile()`` wrote. Returns (the changes, the
+    keys left because they were edited since)."""
+    written = packing_profile()
+    changes: list[str] = []
+    edited: list[str] = []
+    for key in owned:
+        if key not in config:
+            continue
+        if key in written and config[key] == written[key]:
+            del config[key]
+            changes.append(f"{key}: removed")
+        else:
+            edited.append(key)
+    return changes, edited
+
+
 def new_config(spec: ExtenderSpec, api_version: str,
                kubeconfig: str = DEFAULT_KUBECONFIG, profile: str = "packing") -> dict[str, Any]:
     """The whole file we own (``/etc/metax/extender.yaml``); ``profile`` ``packing``
@@ -631,6 +675,8 @@ class Marker:
     # the administrator's file had no ``extenders`` key: ours made it, and removing our
     # entry removes the key again (the file back byte for byte)
     extenders_key: bool = False
+    # the scheduler_profile keys written into the administrator's file (merge_profile)
+    profile_keys: tuple[str, ...] = ()
 
     def render(self) -> str:
         data: dict[str, Any] = {"configHash": self.config_hash, "urlPrefix": self.url_prefix,
@@ -641,6 +687,8 @@ class Marker:
             data["tlsHash"] = self.tls_hash
         if self.extenders_key:
             data["extendersKey"] = True
+        if self.profile_keys:
+            data["profileKeys"] = list(self.profile_keys)
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
@@ -663,6 +711,7 @@ def read_marker(manifest: Mapping[str, Any]) -> Marker | None:
         return None
     if not isinstance(data, dict):
         return None
+    keys = data.get("profileKeys")
     return Marker(
         config_hash=str(data.get("configHash", "")),
         url_prefix=str(data.get("urlPrefix", "")),
@@ -670,6 +719,7 @@ def read_marker(manifest: Mapping[str, Any]) -> Marker | None:
         entry_hash=str(data.get("entryHash", "")),
         tls_hash=str(data.get("tlsHash", "")),
         extenders_key=data.get("extendersKey") is True,
+        profile_keys=tuple(str(k) for k in keys) if isinstance(keys, list) else (),
     )
 
 
