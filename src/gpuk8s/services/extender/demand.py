@@ -5,8 +5,8 @@ and memory requests (the scheduler's rule, ``core.effective``: containers, init
 containers, sidecars, overhead), its GPU-sharing request (``core.sharing.pod_share``)
 and its ``gpuk8s.io/cuda-runtime`` annotation as sent. Filter, prioritize and bind all
 take it from here; none re-reads the pod. ``PodDemands`` keeps each pod's demand by its UID
-and resourceVersion, so that a pod's filter and prioritize (two requests) parse its
-requests once.
+and resourceVersion, beside the parts of the pod it was computed from, so that a pod's
+filter and prioritize (two requests) parse its requests once.
 
 Example: a pod with one container limiting ``metax-tech.com/gpu: 2`` and requesting
 ``cpu: 500m`` has ``Demand(gpus=2, cpu_milli=500, memory_mib=0, share=None,
@@ -62,31 +62,51 @@ def pod_demand(pod: PodView, root: str = "Pod", lenient: bool = False) -> Demand
 
 MAX_DEMANDS = 1024  # pods whose demand ``PodDemands`` keeps (then it starts over)
 
+# What ``pod_demand`` reads of a pod: its containers, init containers, overhead and
+# ``gpuk8s.io/cuda-runtime`` annotation, as the typed views sent (compared with ``==``).
+DemandParts = tuple[object, object, object, object]
+
+
+def demand_parts(pod: PodView) -> DemandParts:
+    """The parts of the pod that ``pod_demand`` reads: equal parts give an equal demand."""
+    spec = pod.spec
+    meta = pod.metadata
+    annotations = meta.annotations if meta is not None else None
+    runtime = annotations.cuda_runtime if annotations is not None else None
+    if spec is None:
+        return (None, None, None, runtime)
+    return (spec.containers, spec.initContainers, spec.overhead, runtime)
+
 
 class PodDemands:
     """``pod_demand`` kept per pod version: the API server gives every change of a pod a
     new resourceVersion, so (UID, resourceVersion) names one content of the pod, and
-    kube-scheduler sends the same pod to filter and then prioritize. A pod without
-    either is parsed every time; the demand of a pod that fails to parse is not kept.
-    Bounded: after ``bound`` pods it starts over (0: nothing kept)."""
+    kube-scheduler sends the same pod to filter and then prioritize. The kept demand is
+    served only to a pod whose read parts (``demand_parts``) equal those it was computed
+    from: a caller that sends other requests under a real pod's version gets its own
+    parse, and the pod's next request parses again and replaces the entry. A pod without
+    UID or resourceVersion is parsed every time; the demand of a pod that fails to parse
+    is not kept. Bounded: after ``bound`` pods it starts over (0: nothing kept)."""
 
     def __init__(self, bound: int = MAX_DEMANDS) -> None:
         self._bound = bound
-        self._known: dict[tuple[str, str], Demand] = {}
+        self._known: dict[tuple[str, str], tuple[DemandParts, Demand]] = {}
 
     def __call__(self, pod: PodView) -> Demand:
         meta = pod.metadata
         if meta is None or not meta.uid or not meta.resourceVersion:
             return pod_demand(pod)
         key = (meta.uid, meta.resourceVersion)
+        parts = demand_parts(pod)
         known = self._known.get(key)
-        if known is None:
-            known = pod_demand(pod)
-            if len(self._known) >= self._bound:
-                self._known.clear()
-            if self._bound > 0:
-                self._known[key] = known
-        return known
+        if known is not None and known[0] == parts:
+            return known[1]
+        demand = pod_demand(pod)
+        if known is None and len(self._known) >= self._bound:
+            self._known.clear()
+        if self._bound > 0:
+            self._known[key] = (parts, demand)
+        return demand
 
 
 def quantity_of(raw: Raw | bytes) -> Fraction | None:
