@@ -94,7 +94,8 @@ def test_upgrade_with_a_new_weight_after_kubectl_replace(
         assert weights() == {"scoreWeight": "6", "lossWeight": "1"}
         assert _status(helm, rel, NS) == "deployed"
     finally:
-        helm("uninstall", rel, "-n", NS, "--wait", "--timeout", "120s")
+        # --no-hooks: the pre-delete node-cleanup hook is a Job, and this tier runs no pods
+        helm("uninstall", rel, "-n", NS, "--no-hooks", "--wait", "--timeout", "120s")
 
 
 def test_live_edit_that_stays_names_the_command_that_replaces_it(
@@ -113,7 +114,8 @@ def test_live_edit_that_stays_names_the_command_that_replaces_it(
                 f"helm upgrade {rel} <CHART> -n {ns} --reuse-values "
                 "--set gpuAware.lossWeight=<a new value> --force-conflicts replaces it)") in out
     finally:
-        helm("uninstall", rel, "-n", ns, "--wait", "--timeout", "120s")
+        # --no-hooks: the pre-delete node-cleanup hook is a Job, and this tier runs no pods
+        helm("uninstall", rel, "-n", ns, "--no-hooks", "--wait", "--timeout", "120s")
 
 
 def test_a_release_whose_uninstall_hung_is_still_listed(

@@ -188,7 +188,8 @@ def test_extensions_install_rbac_and_uninstall(
         status = helm("status", rel, "-n", ns).stdout
         assert "helm test ext -n metax-gpu-extensions --logs" in status  # the NOTES
     finally:
-        helm("uninstall", rel, "-n", ns, "--wait", "--timeout", "120s")
+        # --no-hooks: the pre-delete node-cleanup hook is a Job, and this tier runs no pods
+        helm("uninstall", rel, "-n", ns, "--no-hooks", "--wait", "--timeout", "120s")
     assert _release_objects(apiserver, rel, ns) == []
 
 
@@ -432,7 +433,8 @@ def test_upgrade_keeps_live_weights_unless_the_chart_changes_them(
              "--set", "gpuAware.scoreWeight=5", "--set", "gpuAware.lossWeight=7")
         assert weights() == {"scoreWeight": "5", "lossWeight": "9"}
     finally:
-        helm("uninstall", rel, "-n", ns, "--wait", "--timeout", "120s")
+        # --no-hooks: the pre-delete node-cleanup hook is a Job, and this tier runs no pods
+        helm("uninstall", rel, "-n", ns, "--no-hooks", "--wait", "--timeout", "120s")
     assert _release_objects(apiserver, rel, ns) == []
     # helm 3 (what the playbooks' kubernetes.core.helm runs) patches client-side: the new
     # chart value applies at once
@@ -448,7 +450,8 @@ def test_upgrade_keeps_live_weights_unless_the_chart_changes_them(
         assert weights() == {"scoreWeight": "1", "lossWeight": "7"}
         assert "gpuAware.lossWeight: the chart's new value 7 replaced the live edit 3" in out
     finally:
-        helm3("uninstall", rel, "-n", ns, "--wait", "--timeout", "120s")
+        # --no-hooks: the pre-delete node-cleanup hook is a Job, and this tier runs no pods
+        helm3("uninstall", rel, "-n", ns, "--no-hooks", "--wait", "--timeout", "120s")
 
 
 def _helm3() -> str:
@@ -564,7 +567,8 @@ def test_gpu_aware_certificates_are_kept_renewed_and_only_the_control_plane_admi
         names = [s.metadata.name for s in core.list_namespaced_secret(ns).items]
         assert not [n for n in names if n.startswith("gpu-aware")], names
     finally:
-        helm("uninstall", rel, "-n", ns, "--wait", "--timeout", "120s")
+        # --no-hooks: the pre-delete node-cleanup hook is a Job, and this tier runs no pods
+        helm("uninstall", rel, "-n", ns, "--no-hooks", "--wait", "--timeout", "120s")
         for name in ("cp-tls", "worker-tls"):
             core.delete_node(name)
     assert _release_objects(apiserver, rel, ns) == []
