@@ -153,6 +153,11 @@ def test_extensions_install_rbac_and_uninstall(
                 f"ClusterRoleBinding/{rel}-gpu-aware",
                 f"ClusterRoleBinding/{rel}-gpu-mps",
                 "Role/gpu-aware",
+                # the pre-delete node cleanup (its Job is a hook: made at uninstall only)
+                "ServiceAccount/gpu-extensions-uninstall",
+                f"ClusterRole/{rel}-gpu-extensions-uninstall",
+                f"ClusterRoleBinding/{rel}-gpu-extensions-uninstall",
+                "Role/gpu-extensions-uninstall",
                 # the apiserver (>= 1.30) serves ValidatingAdmissionPolicy
                 f"ValidatingAdmissionPolicy/{rel}-own-node",
                 f"ValidatingAdmissionPolicyBinding/{rel}-own-node",
