@@ -84,8 +84,11 @@ def test_a_release_without_its_gate_list_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("release", ["", "v1.35.4", "v1.37.2"])
-def test_shell_sees_what_python_sees(release: str) -> None:
-    env = {"GPUK8S_KUBE_VERSION": release} if release else {}
+def test_shell_sees_what_python_sees(release: str, tmp_path: Path) -> None:
+    # a state directory of no lab: this machine's own lab may run another release
+    env = {"GPUK8S_LAB_STATE": str(tmp_path)}
+    if release:
+        env["GPUK8S_KUBE_VERSION"] = release
     want = lab_versions.load(env)
     proc = shell(env, 'printf "%s\\n" "$KUBE_VERSION" "$KUBE_FEATURE_GATES" '
                       '"$KUBE_RUNTIME_CONFIG" "$ETCD_VERSION"')
