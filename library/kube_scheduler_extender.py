@@ -164,7 +164,8 @@ options:
         configuration file the administrator owns, each top-level key of the profile
         (C(percentageOfNodesToScore), C(profiles)) the file lacks is written and recorded in
         the annotation, and removed again by O(state=absent) (or V(none)); a key the
-        administrator set is left as it is, with a warning.
+        administrator set is left as it is, with a warning, and so is one of those keys
+        edited since (no longer recorded).
       - C(packing) - C(percentageOfNodesToScore 100), so the extender ranks every
         feasible node, and C(NodeResourcesFit) scoring C(MostAllocated) on
         C(metax-tech.com/gpu) alone, so the scheduler's own scorers break the extender's

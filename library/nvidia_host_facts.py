@@ -40,6 +40,14 @@ options:
     description:
       - The node's Kubernetes version, when the node has no kubelet to ask (C(kubelet --version)).
     type: str
+  containerd_socket:
+    description:
+      - The node's containerd socket (as the node names it). The containerd asked for its
+        version is the process serving it (C(gpuk8s.host.serving), as C(nvidia_container_runtime)
+        finds it); where nothing visible serves it, the running process called C(containerd),
+        else C(containerd) on PATH.
+    type: path
+    default: /run/containerd/containerd.sock
   host_python:
     description: The python3 gpuk8s' runtime wrapper runs with (checked for >= 3.8).
     type: path
@@ -149,6 +157,7 @@ def main():
             host_root=dict(type="path", default="/"),
             system_root=dict(type="path"),
             kubernetes_version=dict(type="str"),
+            containerd_socket=dict(type="path", default=nvidia_checks.CONTAINERD_SOCKET),
             host_python=dict(type="path", default="/usr/bin/python3"),
             scheme=dict(type="str", choices=list(nvidia_checks.SCHEMES), default="extensions"),
             runtime=dict(type="str", choices=list(nvidia_checks.RUNTIMES), default="gpuk8s"),
@@ -168,7 +177,8 @@ def main():
         wants = nvidia_checks.Wants(p["scheme"], p["runtime"], p["mps"], p["cuda_runtime"])
         facts = nvidia_checks.gather(p["host_root"], runner, system_root=p["system_root"],
                                      kubernetes_version=p["kubernetes_version"],
-                                     host_python=p["host_python"])
+                                     host_python=p["host_python"],
+                                     containerd_socket=p["containerd_socket"])
         checks = nvidia_checks.evaluate(facts, wants, p["checks"])
     except GpuK8sError as err:
         module.fail_json(msg=str(err))

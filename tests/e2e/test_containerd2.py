@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuk8s.host.serving import socket_peer_pid
 from gpuk8s.services.runtime import containerd
 
 from .conftest import (
@@ -61,7 +62,7 @@ def node2(lab: dict[str, str]) -> Iterator[dict[str, str]]:
 
 def test_1_the_lab_node_runs_containerd_2_with_cdi(node2: dict[str, str]) -> None:
     assert containerd_generation() == "2"
-    pid = containerd.socket_peer_pid(CONTAINERD_SOCKET)
+    pid = socket_peer_pid(CONTAINERD_SOCKET)
     exe = os.readlink(f"/proc/{pid}/exe")
     assert exe.endswith(f"/containerd-{VERSION}/containerd"), exe
     info = kubectl_json("get", "node", node2["node"])["status"]["nodeInfo"]
@@ -80,7 +81,7 @@ def test_2_operator_scheme_uses_containerd_cdi_and_leaves_containerd_alone(
     node2: dict[str, str], namespace: str
 ) -> None:
     node = node2["node"]
-    before = containerd.socket_peer_pid(CONTAINERD_SOCKET)
+    before = socket_peer_pid(CONTAINERD_SOCKET)
     run(str(LAB / "install"), "-e", "gpuk8s_scheme=operator",
         "-e", "gpu_artifacts_charts_force=true", timeout=900)
     wait_until("allocatable 8", lambda: gpu(node) == 8, 180)
@@ -97,7 +98,7 @@ def test_2_operator_scheme_uses_containerd_cdi_and_leaves_containerd_alone(
     assert CONTAINERD_CONFIG.read_text() == node2["containerd_config"]
     # (the chart's install-dir volume makes the directory; nothing goes into it)
     assert not any(Path("/usr/local/gpuk8s").glob("**/*"))
-    assert containerd.socket_peer_pid(CONTAINERD_SOCKET) == before
+    assert socket_peer_pid(CONTAINERD_SOCKET) == before
     wait_until("status says ready",
                lambda: operator_status()["summary"] == "1/1 GPU node(s) ready", 60)
     cid = gpu_pod_sees_the_sdk_its_devices_and_env(namespace)
@@ -110,9 +111,9 @@ def test_2_operator_scheme_uses_containerd_cdi_and_leaves_containerd_alone(
 
 
 def test_3_uninstall_leaves_containerd_as_it_was(node2: dict[str, str]) -> None:
-    before = containerd.socket_peer_pid(CONTAINERD_SOCKET)
+    before = socket_peer_pid(CONTAINERD_SOCKET)
     playbook("uninstall.yml", "-e", "gpuk8s_scheme=operator")
     assert not releases(NS)
     assert not CDI_SPEC.exists()
     assert CONTAINERD2_CONFIG.read_text() == node2["containerd2_config"]
-    assert containerd.socket_peer_pid(CONTAINERD_SOCKET) == before  # never restarted
+    assert socket_peer_pid(CONTAINERD_SOCKET) == before  # never restarted

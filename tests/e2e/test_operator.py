@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuk8s.host.serving import socket_peer_pid
 from gpuk8s.services.runtime import containerd
 from gpuk8s.services.runtime.agent import TASKS_DIR, WRAPPER_NAME
 
@@ -151,7 +152,7 @@ def test_1_install_playbook_gives_a_bare_node_its_driver_sdk_and_gpus(
 ) -> None:
     node = operator_lab["node"]
     assert not (SIM_ROOT / "opt/mxdriver").exists()  # bare: no driver, no SDK
-    before = containerd.socket_peer_pid(CONTAINERD_SOCKET)  # seen from outside, as root
+    before = socket_peer_pid(CONTAINERD_SOCKET)  # seen from outside, as root
     assert containerd.not_served(containerd.cri_config(CONTAINERD_SOCKET), "metax", None,
                                  True) is None
     # force: the registry may hold an older chart of the same version (another checkout)
@@ -179,7 +180,7 @@ def test_1_install_playbook_gives_a_bare_node_its_driver_sdk_and_gpus(
     assert 'default_runtime_name = "metax"' in config and "gpuk8s-oci-runtime" in config
     # ... and containerd really restarted onto it (issue 28 item 0): a new process serves
     # the socket, and its CRI serves the handler with the wrapper, as the default runtime
-    assert containerd.socket_peer_pid(CONTAINERD_SOCKET) != before
+    assert socket_peer_pid(CONTAINERD_SOCKET) != before
     assert containerd.not_served(containerd.cri_config(CONTAINERD_SOCKET), "metax", WRAPPER,
                                  True) is None
     wait_until("status says ready",
@@ -250,12 +251,12 @@ def test_3_driver_config_vfnum_4_gives_32_and_a_bad_value_is_reported(
 
 def test_4_uninstall_leaves_nothing_of_the_operator_behind(operator_lab: dict[str, str]) -> None:
     node = operator_lab["node"]
-    before = containerd.socket_peer_pid(CONTAINERD_SOCKET)
+    before = socket_peer_pid(CONTAINERD_SOCKET)
     playbook("uninstall.yml", "-e", "gpuk8s_scheme=operator")
     assert not releases(NS)
     assert not CDI_SPEC.exists()
     assert CONTAINERD_CONFIG.read_text() == operator_lab["containerd_config"]
-    assert containerd.socket_peer_pid(CONTAINERD_SOCKET) != before  # restarted onto it
+    assert socket_peer_pid(CONTAINERD_SOCKET) != before  # restarted onto it
     assert containerd.not_served(containerd.cri_config(CONTAINERD_SOCKET), "metax", None,
                                  True) is None
     # the wrapper goes with the last container created through it (the hook's own pod)

@@ -452,3 +452,44 @@ def test_an_upgrade_killed_before_its_commit_is_rolled_back_then_done(
     assert not cordoned and MARK not in annotations
     wait_for(lambda: labels(apiserver, name).get("metax-tech.com/gpu.installed") == "true",
              "labels written again by gpu-label")
+
+
+def test_vfnum_recreates_exactly_the_nodes_gpu_device_pods(apiserver: Any, tmp_path: Path) -> None:
+    """playbooks/vfnum.yml (gpu_virtualization) finds the node's gpu-device pods with
+    node_maintenance's lookup (tasks/device_pods.yml, the one both roles use) and deletes
+    those alone: not another node's gpu-device pod, not another pod on the node."""
+    core = apiserver.core()
+    node, other = f"vf-{uuid.uuid4().hex[:6]}", f"vf-{uuid.uuid4().hex[:6]}"
+    device = {"app.kubernetes.io/name": "gpu-device"}
+    pods = {"here": (node, device), "there": (other, device), "app": (node, {})}
+    names = {key: f"{key}-{node}" for key in pods}
+    for key, (on, labels_) in pods.items():
+        pod = gpu_pod(names[key], on)
+        pod["metadata"]["labels"] = labels_
+        core.create_namespaced_pod("default", pod)
+    root = tmp_path / "sim"
+    sim.create(str(root), "c500-8")
+    inventory = tmp_path / "hosts.json"
+    inventory.write_text(json.dumps({"all": {"children": {"gpu_nodes": {"hosts": {"gpu": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+        "gpuk8s_node_name": node, "gpuk8s_api_host": "gpu",
+        "gpuk8s_kubeconfig": apiserver.kubeconfig("admin")}}}}}}))
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "PATH": f"{BIN}:{os.environ['PATH']}"}
+    try:
+        run = subprocess.run(
+            [str(BIN / "ansible-playbook"), "-i", str(inventory),
+             str(REPO / "playbooks/vfnum.yml"), "-e", "gpu_virtualization_vfnum=4",
+             "-e", f"gpu_virtualization_host_root={root}", "-e", "gpu_virtualization_wait=false",
+             "-e", "gpu_virtualization_restart_device_plugin=true"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+        assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+        deleted = {}
+        for key, name in names.items():
+            # a pod bound to a node is only marked for deletion: no kubelet here confirms it
+            pod = core.read_namespaced_pod(name, "default")
+            deleted[key] = pod.metadata.deletion_timestamp is not None
+        assert deleted == {"here": True, "there": False, "app": False}
+    finally:
+        for name in names.values():
+            core.delete_namespaced_pod(name, "default", grace_period_seconds=0)

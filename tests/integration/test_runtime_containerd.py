@@ -35,6 +35,7 @@ import tomlkit
 
 from gpuk8s import sim
 from gpuk8s.host.readiness import read_readiness
+from gpuk8s.host.serving import peer_pid_or_zero
 from gpuk8s.services.nodeagent import Reporter
 from gpuk8s.services.runtime import agent as agent_module
 from gpuk8s.services.runtime import containerd, proof
@@ -128,7 +129,7 @@ class Node:
         return str(self.base / "run/containerd/containerd.sock")
 
     def pid(self) -> int:
-        return containerd.peer_pid_or_zero(self.socket)
+        return peer_pid_or_zero(self.socket)
 
     def start(self, supervised: bool = True, ignore_sighup: bool = False,
               config: Path | None = None) -> int:

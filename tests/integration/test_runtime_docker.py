@@ -27,6 +27,7 @@ import pytest
 
 from gpuk8s import sim
 from gpuk8s.host.readiness import read_readiness
+from gpuk8s.host.serving import peer_pid_or_zero
 from gpuk8s.services.nodeagent import Reporter
 from gpuk8s.services.runtime import containerd, docker
 from gpuk8s.services.runtime.agent import WRAPPER_NAME, RuntimeAgent, RuntimeSettings
@@ -152,7 +153,7 @@ def test_real_dockerd_serves_the_wrapper_and_uninstall_restores_daemon_json(
     assert read_readiness(agent.settings.host_root) == {"runtime.ready": True}
     info = node.cli_info()  # what `docker info` shows
     assert info["Runtimes"]["metax"]["path"] == WRAPPER and info["DefaultRuntime"] == "metax"
-    assert containerd.peer_pid_or_zero(node.socket) == pid  # reloaded, not restarted
+    assert peer_pid_or_zero(node.socket) == pid  # reloaded, not restarted
     edited = json.loads(node.daemon_json.read_text())
     assert edited["log-level"] == "warn" and edited["max-concurrent-downloads"] == 2
     # a dockerd started afresh on the edited file accepts it and serves the runtime
@@ -174,5 +175,5 @@ def test_an_unsafe_daemon_json_is_left_untouched(node: DockerNode, tmp_path: Pat
     assert report.state == "failed" and "not the wrapper" in report.message, report.message
     assert node.daemon_json.read_text() == foreign
     assert sorted(p.name for p in node.daemon_json.parent.iterdir()) == ["daemon.json"]
-    assert containerd.peer_pid_or_zero(node.socket) == pid
+    assert peer_pid_or_zero(node.socket) == pid
     assert node.info()["Runtimes"]["metax"]["path"] == "/usr/bin/runc"

@@ -325,6 +325,28 @@ def test_scheduler_profile_goes_into_an_administrators_file_where_it_lacks_the_k
     assert "extenders" in config and len(config["extenders"]) == 1
 
 
+def test_scheduler_profile_none_warns_of_an_edited_key_it_leaves(root: Path) -> None:
+    """The profile none, like absent, leaves a profile key gpuk8s wrote and an administrator
+    edited since in their file, and says so: the key is no longer recorded as gpuk8s'."""
+    theirs = with_foreign_config(root)
+    assert run(root)["changed"]
+    theirs.write_text(theirs.read_text().replace("type: MostAllocated", "type: LeastAllocated"))
+    edited = theirs.read_text()
+    plan = schedfiles.plan(schedfiles.Request(
+        state="present", spec=schedconf.ExtenderSpec(URL), url_prefix=URL, host_root=str(root),
+        profile="none"))
+    assert [w for w in plan.warnings if "profiles, written by gpuk8s" in w] == [
+        "/srv/sched/config.yaml: profiles, written by gpuk8s's scheduler_profile, "
+        "was edited since: left in place and no longer gpuk8s's; remove it yourself"]
+    switched = run(root, scheduler_profile="none")
+    assert switched["changed"]
+    config = schedfiles.read(str(theirs)).data
+    assert "percentageOfNodesToScore" not in config  # unedited: removed
+    assert config["profiles"] == schedfiles.parse(edited, "edited").data["profiles"]
+    assert "LeastAllocated" in theirs.read_text()
+    assert "profileKeys" not in marker_of(root)
+
+
 def test_absent_in_foreign_config_without_a_record_changes_nothing(root: Path) -> None:
     """No gpuk8s record in the manifest: nothing of the administrator's file is ours."""
     theirs = with_foreign_config(root)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 
 from gpuk8s import sim
 from gpuk8s.discovery.tools import default_runner
-from gpuk8s.host import containercheck
+from gpuk8s.host import containercheck, serving
 from gpuk8s.host import nvidia_checks as checks
 from gpuk8s.host import nvidia_driver as driver
 
@@ -333,3 +335,39 @@ def test_the_running_kubelet_and_containerd_are_found_before_path(tmp_path: Path
     assert checks.running_program("/", "dockerd", str(proc)) == []
     # another root's processes are not this machine's
     assert checks.running_program(str(tmp_path), "kubelet", str(proc)) == []
+
+
+def test_the_containerd_asked_is_the_one_serving_the_socket(tmp_path: Path) -> None:
+    """A process named containerd that does not serve the node's socket (the distribution's
+    1.x beside the 2.x the node runs) is not the one asked: the checks and the runtime agent
+    find containerd the same way, by the socket's peer (host.serving); the name is only the
+    fallback where no socket answers."""
+    system = tmp_path / "sys"
+    proc = tmp_path / "proc"
+    (proc / "120").mkdir(parents=True)  # named containerd, serves nothing
+    (proc / "120/comm").write_text("containerd\n")
+    (proc / "120/exe").symlink_to("/usr/bin/containerd")
+    tool(tmp_path, "containerd-2.4", "containerd github.com/containerd/containerd/v2 v2.4.2 x")
+    (proc / str(os.getpid())).mkdir()  # this test serves the socket
+    (proc / str(os.getpid()) / "exe").symlink_to(tmp_path / "containerd-2.4")
+    tool(system, "usr/bin/containerd", "containerd github.com/containerd/containerd 1.6.20 x")
+    (system / "run").mkdir()
+    served = str(proc / str(os.getpid()) / "exe")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(system / "run/c.sock"))
+        server.listen(4)
+        assert serving.serving_program(str(system / "run/c.sock"), str(proc)) == (
+            os.getpid(), served)
+        assert checks.daemon_program(str(system), "containerd", "/run/c.sock", str(proc)) == \
+            served
+        # by name alone, on the host itself, the other one
+        assert checks.running_program("/", "containerd", str(proc)) == ["/usr/bin/containerd"]
+        facts = checks.gather(str(tmp_path / "none"), runner, system_root=str(system),
+                              kubernetes_version="1.30", containerd_socket="/run/c.sock")
+        # gather reads the real /proc: the program serving the socket is this Python, and
+        # that is the one asked for its version, not containerd 1.6.20 under the root
+        assert facts.containerd_version == "{}.{}.{}".format(*sys.version_info[:3])
+    # nothing serves the socket: the fallback (under this root: PATH's containerd)
+    assert serving.serving_program(str(system / "run/c.sock"), str(proc)) is None
+    assert checks.daemon_program(str(system), "containerd", "/run/c.sock", str(proc)) == \
+        str(system / "usr/bin/containerd")

@@ -25,6 +25,7 @@ from gpuk8s.discovery import discover
 from gpuk8s.discovery.tools import default_runner
 from gpuk8s.host import driver as drv
 from gpuk8s.host.readiness import read_readiness
+from gpuk8s.host.serving import peer_pid_or_zero
 from gpuk8s.services.deviceplugin.main import PluginConfig, resolve_cdi
 from gpuk8s.services.drivermanager.agent import DriverAgent, PayloadSource
 from gpuk8s.services.drivermanager.main import main as driver_manager_main
@@ -633,10 +634,7 @@ def test_runtime_ready_only_once_containerd_really_restarted_onto_the_handler(
     config = system / "etc/containerd/config.toml"
 
     def peer() -> int:
-        try:
-            return containerd.socket_peer_pid(str(sock))
-        except OSError:
-            return 0
+        return peer_pid_or_zero(str(sock))
 
     def serving(pid: int) -> bool:
         return peer() == pid

@@ -297,6 +297,16 @@ def tls_hash(request: Request) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+def _warn_edited(result: Plan, host: str, edited: list[str]) -> None:
+    """Warn of the profile keys gpuk8s wrote into ``host`` that an administrator edited
+    since: they stay in the file, no longer gpuk8s' (``schedconf.remove_profile``)."""
+    for key in edited:
+        result.warnings.append(
+            f"{host}: {key}, written by gpuk8s's scheduler_profile, was edited since: "
+            "left in place and no longer gpuk8s's; remove it yourself"
+        )
+
+
 def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> None:
     """Our extender in a configuration file the administrator owns (their own --config,
     or ours written by hand per the manual): the entry is added, replaced or removed;
@@ -326,9 +336,10 @@ def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> N
         elif marker is not None and marker.url_prefix.rstrip("/") != url.rstrip("/"):
             result.changes.append(f"{host}: extender {marker.url_prefix} -> {url} (URL changed)")
         owned = marker.profile_keys if marker is not None else ()
-        profile_keys, changes, theirs = schedconf.merge_profile(doc.data, request.profile,
-                                                                owned)
+        profile_keys, changes, theirs, edited = schedconf.merge_profile(
+            doc.data, request.profile, owned)
         result.changes += [f"{host}: {change}" for change in changes]
+        _warn_edited(result, host, edited)
         for key in theirs:
             result.warnings.append(
                 f"{host} sets {key} itself: left as it is, so scheduler_profile "
@@ -394,11 +405,7 @@ def _plan_foreign(request: Request, manifest: Any, host: str, result: Plan) -> N
         if marker is not None:
             changes, edited = schedconf.remove_profile(doc.data, marker.profile_keys)
             result.changes += [f"{host}: {change}" for change in changes]
-            for key in edited:
-                result.warnings.append(
-                    f"{host}: {key}, written by gpuk8s's scheduler_profile, was edited since: "
-                    "left in place; remove it yourself"
-                )
+            _warn_edited(result, host, edited)
         result.changes += schedconf.unpatch_manifest(manifest, request.config_path,
                                                      remove_flag=False)
     after = doc.render()

@@ -320,13 +320,15 @@ def packing_profile(resource: str = GPU_RESOURCE) -> dict[str, Any]:
 PROFILES = ("packing", "none")
 
 
-def merge_profile(config: MutableMapping[str, Any], profile: str,
-                  owned: Collection[str]) -> tuple[list[str], list[str], list[str]]:
+def merge_profile(config: MutableMapping[str, Any], profile: str, owned: Collection[str]
+                  ) -> tuple[list[str], list[str], list[str], list[str]]:
     """The ``profile``'s settings in a configuration file the administrator owns: each
     top-level key of ``packing_profile()`` is written where the file has no such key, or
     where the key is one gpuk8s wrote (``owned``, from the manifest's marker); a key the
-    administrator set is left as it is. With ``none`` the keys gpuk8s wrote go again.
-    Returns (the keys gpuk8s now owns, the changes, the administrator's keys left)."""
+    administrator set is left as it is. With ``none`` the keys gpuk8s wrote go again, as
+    ``remove_profile`` takes them: one edited since stays, and is no longer gpuk8s'.
+    Returns (the keys gpuk8s now owns, the changes, the administrator's keys left, the keys
+    gpuk8s wrote that were edited since and stay)."""
     if profile not in PROFILES:
         raise ConfigError(f"scheduler_profile {profile!r} must be one of {', '.join(PROFILES)}")
     wanted = packing_profile() if profile == "packing" else {}
@@ -341,8 +343,8 @@ def merge_profile(config: MutableMapping[str, Any], profile: str,
         if config.get(key) != value:
             config[key] = value
             changes.append(f"{key}: scheduler_profile {profile}")
-    dropped, _ = remove_profile(config, [key for key in owned if key not in wanted])
-    return ours, changes + dropped, left
+    dropped, edited = remove_profile(config, [key for key in owned if key not in wanted])
+    return ours, changes + dropped, left, edited
 
 
 def remove_profile(config: MutableMapping[str, Any],

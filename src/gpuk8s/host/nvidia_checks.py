@@ -38,6 +38,7 @@ from ..discovery.kmodule import kernel_release
 from ..discovery.nvidia import NVSMI_CANDIDATES
 from ..discovery.tools import Runner, find_tool, host_path, run_tool
 from .sdk import os_release
+from .serving import serving_program
 
 MIN_KUBERNETES = (1, 25)
 MIN_OPERATOR_KUBERNETES = (1, 23)
@@ -52,6 +53,7 @@ OPERATOR_OS = {"ubuntu": ("18.04", "20.04", "22.04"), "centos": ("8", "9"),
 APISERVER_MANIFEST = "/etc/kubernetes/manifests/kube-apiserver.yaml"
 KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
 KUBELET_FLAGS = "/var/lib/kubelet/kubeadm-flags.env"
+CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 BIN_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 CHECKS = ("kubernetes", "device_plugins", "nvidia_gpu", "nvidia_smi", "container_toolkit", "mps",
           "cuda", "container_runtime", "host_os", "allow_privileged")
@@ -78,10 +80,8 @@ def tool_path(root: str, name: str, extra: Sequence[str] = ()) -> str | None:
 
 
 def running_program(root: str, name: str, proc: str = "/proc") -> list[str]:
-    """The program of the running process called ``name`` (``comm``), lowest pid first, as
-    a candidate before PATH: a node's kubelet or containerd may run from outside PATH
-    (RKE2's ``/var/lib/rancher/rke2/bin``, a containerd 2.x beside the distribution's 1.x
-    in ``/usr/bin``), and its version is the one that counts. Only on the host itself
+    """The program of the running process called ``name`` (``comm``), lowest pid first: the
+    fallback of ``daemon_program`` where no socket answers. Only on the host itself
     (``root`` /): another root's processes are not this machine's to read."""
     if os.path.realpath(root) != "/":
         return []
@@ -98,6 +98,25 @@ def running_program(root: str, name: str, proc: str = "/proc") -> list[str]:
         except OSError:  # gone, or not ours to read
             continue
     return []
+
+
+def daemon_program(root: str, name: str, socket_path: str | None = None,
+                   proc: str = "/proc") -> str | None:
+    """The program of the running daemon ``name``, asked for its version before the one on
+    PATH: a node's kubelet or containerd may run from outside PATH (RKE2's
+    ``/var/lib/rancher/rke2/bin``, a containerd 2.x beside the distribution's 1.x in
+    ``/usr/bin``), and the running one's version is the one that counts.
+
+    It is the process serving ``socket_path`` (a path on the host, under ``root``) where
+    that is visible (``host.serving``, the way the container-runtime agent finds the
+    containerd it configures: the daemon the node uses, not merely one of that name); else,
+    the fallback where no socket answers (none given, as for the kubelet; not served, not
+    visible), the running process called ``name`` (``running_program``); else ``name`` under
+    ``root`` (PATH on the host itself)."""
+    served = serving_program(host_path(root, socket_path), proc) if socket_path else None
+    if served is not None and os.access(served[1], os.X_OK):
+        return served[1]
+    return tool_path(root, name, running_program(root, name, proc))
 
 
 @dataclass(frozen=True)
@@ -190,12 +209,13 @@ def _read(path: str) -> str:
 
 
 def gather(root: str, runner: Runner | None = None, *, system_root: str | None = None,
-           kubernetes_version: str | None = None, host_python: str = "/usr/bin/python3"
-           ) -> HostFacts:
+           kubernetes_version: str | None = None, host_python: str = "/usr/bin/python3",
+           containerd_socket: str = CONTAINERD_SOCKET) -> HostFacts:
     """Read the host: its GPUs, driver, OS and build tools under ``root``; its container
     runtime, Kubernetes and python3 under ``system_root`` (default ``root``; differs only
     where the GPU tree is simulated, as in the lab). ``kubernetes_version`` stands in for
-    ``kubelet --version`` (a node without a kubelet yet)."""
+    ``kubelet --version`` (a node without a kubelet yet); the containerd asked for its
+    version is the one serving ``containerd_socket`` (``daemon_program``)."""
     system = root if system_root is None else system_root
     inventory = discover(root, runner=runner)
     gpus = tuple({"index": g.index, "pci_address": g.pci_address, "product": g.product,
@@ -211,7 +231,7 @@ def gather(root: str, runner: Runner | None = None, *, system_root: str | None =
     release = os_release(root)
     toolkit = tool_path(system, "nvidia-ctk")
     cli = tool_path(system, "nvidia-container-cli")
-    kubelet = tool_path(system, "kubelet", running_program(system, "kubelet"))
+    kubelet = daemon_program(system, "kubelet")
     python = host_path(system, host_python)
     apiserver = _read(host_path(system, APISERVER_MANIFEST))
     privileged = None
@@ -236,7 +256,7 @@ def gather(root: str, runner: Runner | None = None, *, system_root: str | None =
         kernel_headers=headers_present(root, kernel),
         toolkit_version=_first_version(runner, toolkit or cli),
         containerd_version=_first_version(
-            runner, tool_path(system, "containerd", running_program(system, "containerd"))),
+            runner, daemon_program(system, "containerd", containerd_socket)),
         docker_version=_first_version(runner, tool_path(system, "docker")),
         kubernetes_version=kubernetes_version or _first_version(runner, kubelet),
         apiserver_allow_privileged=privileged,

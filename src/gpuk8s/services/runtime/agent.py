@@ -64,6 +64,7 @@ from ...discovery.tools import host_path
 from ...host import files, ociwrapper
 from ...host.ociwrapper import CONFIG_NAME
 from ...host.readiness import clear_readiness, write_readiness
+from ...host.serving import peer_pid_or_zero
 from ..nodeagent import Report, Reporter
 from . import containerd, docker, proof
 from .containerd import Configured, RuntimeConfigError
@@ -418,7 +419,7 @@ class RuntimeAgent:
         digest = hashlib.sha256(result.text.encode()).hexdigest()
         attempt = state.get("attempt") or {}
         if attempt.get("digest") == digest and \
-                attempt.get("pid") == containerd.peer_pid_or_zero(self.socket()):
+                attempt.get("pid") == peer_pid_or_zero(self.socket()):
             raise RuntimeConfigError(f"{attempt.get('reason')} (not tried again until "
                                      f"{b.name} or its config changes)")
         if b.name == "containerd" and result.changed:
@@ -444,7 +445,7 @@ class RuntimeAgent:
         if reason is None:
             self._forget_attempt()
             return
-        before = containerd.peer_pid_or_zero(self.socket())
+        before = peer_pid_or_zero(self.socket())
         try:
             done = self._restart_onto(self.wrapper_path(), reason)
         except RestartPending:
@@ -458,7 +459,7 @@ class RuntimeAgent:
                 if made_backup:
                     files.remove(backup)
             state["attempt"] = {"digest": digest, "reason": message,
-                                "pid": containerd.peer_pid_or_zero(self.socket())}
+                                "pid": peer_pid_or_zero(self.socket())}
             files.write_json(self._state_path(), state)
             raise RuntimeConfigError(message) from err
         self._forget_attempt()
@@ -483,7 +484,7 @@ class RuntimeAgent:
             return
         message = f"{s.containerd_config} not changed: {proven.failed}"
         state["attempt"] = {"digest": digest, "reason": message,
-                            "pid": containerd.peer_pid_or_zero(self.socket())}
+                            "pid": peer_pid_or_zero(self.socket())}
         files.write_json(self._state_path(), state)
         raise RuntimeConfigError(message)
 
@@ -513,7 +514,7 @@ class RuntimeAgent:
             raise RestartPending(f"{done} ({reason})")
 
         def served() -> str | None:
-            pid = containerd.peer_pid_or_zero(self.socket())
+            pid = peer_pid_or_zero(self.socket())
             if b.new_process and (pid <= 0 or (old > 0 and pid == old)):
                 return f"{b.name} (pid {old}) has not been replaced"
             try:
@@ -527,7 +528,7 @@ class RuntimeAgent:
 
         containerd.wait_for(f"after {done}, {b.name} serving its new config", served,
                             RESTART_TIMEOUT)
-        return f"{done}; now pid {containerd.peer_pid_or_zero(self.socket())}"
+        return f"{done}; now pid {peer_pid_or_zero(self.socket())}"
 
     def _put_back(self, config_path: str, text: str | None, before: int) -> str:
         """The config as it was before our edit (``text`` None: there was none) and the
@@ -554,7 +555,7 @@ class RuntimeAgent:
 
         def back(old: int) -> Callable[[], str | None]:
             def check() -> str | None:
-                pid = containerd.peer_pid_or_zero(self.socket())
+                pid = peer_pid_or_zero(self.socket())
                 if b.new_process and (pid <= 0 or pid == old):
                     return f"{b.name} (pid {old}) has not been replaced"
                 try:
@@ -573,18 +574,18 @@ class RuntimeAgent:
                     RESTART_TIMEOUT)
                 restore(text or "")
             else:
-                now = containerd.peer_pid_or_zero(self.socket())
+                now = peer_pid_or_zero(self.socket())
                 if now != before:
                     # restarted onto the edit (or exited on it and not back yet): it runs
                     # the edit until restarted again; wait for a process to signal first
                     containerd.wait_for(f"{b.name} running again", lambda: None if
-                                        containerd.peer_pid_or_zero(self.socket()) > 0 else
+                                        peer_pid_or_zero(self.socket()) > 0 else
                                         f"nothing serves {b.socket}", RESTART_TIMEOUT)
                     done, old = b.restart(s.restart_mode, self.socket(), s.system_root)
                     containerd.wait_for(f"after {done}, {b.name} back on the previous config",
                                         back(old), RESTART_TIMEOUT)
                     return f"; {b.config} is as it was and {b.name} was restarted onto it " \
-                           f"(now pid {containerd.peer_pid_or_zero(self.socket())}, its CRI " \
+                           f"(now pid {peer_pid_or_zero(self.socket())}, its CRI " \
                            "answers)"
             containerd.wait_for(f"{b.name} back on the previous config", answers,
                                 RESTART_TIMEOUT)

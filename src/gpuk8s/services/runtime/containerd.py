@@ -56,8 +56,6 @@ import json
 import os
 import re
 import signal
-import socket
-import struct
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
@@ -69,6 +67,7 @@ import tomlkit
 
 from ...core.cdi import CDI_ANNOTATION_PREFIX
 from ...core.errors import ConfigError, GpuK8sError
+from ...host.serving import peer_pid_or_zero
 
 ANNOTATIONS = (CDI_ANNOTATION_PREFIX + "*",)
 RESTART_MODES = ("signal", "systemd", "none")
@@ -608,23 +607,6 @@ def cri_cdi_enabled(config: Mapping[str, Any]) -> bool:
 
 
 # ------------------------------------------------------------------------------ restart
-def socket_peer_pid(path: str) -> int:
-    """pid of the process serving a unix socket (SO_PEERCRED); 0 when not visible here."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(5)
-        sock.connect(path)
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, _uid, _gid = struct.unpack("3i", creds)
-    return int(pid)
-
-
-def peer_pid_or_zero(path: str) -> int:
-    try:
-        return socket_peer_pid(path)
-    except OSError:
-        return 0
-
-
 def ignores_sighup(pid: int, proc: str = "/proc") -> bool:
     """Whether ``pid`` ignores SIGHUP (``SigIgn`` in /proc/<pid>/status): a Go program such
     as containerd keeps a SIGHUP it was started with ignored, and then never exits on it."""

@@ -36,6 +36,7 @@ from typing import Any
 
 import tomlkit
 
+from ...host.serving import serving_program
 from . import containerd
 
 PROOF_DIR = "/run/gpuk8s/proof"
@@ -56,10 +57,10 @@ class Proof:
 
 def node_binary(socket_path: str) -> tuple[str, str] | str:
     """(program, its ``--version``) of the containerd serving ``socket_path``, or why none."""
-    pid = containerd.peer_pid_or_zero(socket_path)
-    if pid <= 0:
+    served = serving_program(socket_path)
+    if served is None:
         return f"no containerd process visible on {socket_path}"
-    exe = f"/proc/{pid}/exe"
+    pid, exe = served
     try:
         done = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30,
                               check=False)
