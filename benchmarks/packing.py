@@ -64,12 +64,15 @@ against each baseline: the difference of the means, the per-seed differences, an
 "above" only when the mean lies beyond the other's range.
 
 Run: python benchmarks/packing.py [--trace default] [--seeds 42-51] [--jobs 2] [--quick]
-[--json FILE] [--by-shape] [--cpu-scale F] [--nodes-scale N] [--churn [--lifetimes
-trace|exp] [--churn-load L] [--churn-span S]]. ``--cpu-scale`` derives a cluster with
-every node's CPU times F (``scale_cpu``), ``--nodes-scale`` one with the nodes N times
-over (``repeat_nodes``: 4 makes openb's 1,213 nodes 4,852); ``--churn`` lets pods leave
-(``churn_workload``, ``churn_replay``: arrivals a fixed gap apart, each placed pod
-leaving after its lifetime) and prints the time-weighted allocation instead.
+[--json FILE] [--by-shape] [--cpu-scale F] [--nodes-scale N] [--pods N] [--churn
+[--lifetimes trace|exp] [--churn-load L] [--churn-span S]]. ``--cpu-scale`` derives a
+cluster with every node's CPU times F (``scale_cpu``), ``--nodes-scale`` one with the
+nodes N times over (``repeat_nodes``: 4 makes openb's 1,213 nodes 4,852, the pods
+resampled to fill them); ``--pods N`` replays only the first N pods of each seed (for
+timings on a part of a large run: an allocation mark it does not reach reads 0);
+``--churn`` lets pods leave (``churn_workload``, ``churn_replay``: arrivals a fixed gap
+apart, each placed pod leaving after its lifetime) and prints the time-weighted
+allocation instead.
 ``--quick`` (2 seeds, every 8th node, for tests) keeps the protocol on a sub-cluster;
 ``--by-shape`` adds a table of where each policy leaves its capacity: per node shape
 (GPUs x cores), the free GPUs and free cores at arrived 100 % (mean per seed).
@@ -1265,7 +1268,7 @@ def _shapes() -> dict[int, Shape]:
 def run_seed(
     seed: int, policies: Sequence[str], data: str, every: int, taint: float,
     trace: str = "default", nogpu: bool = True, cpu_scale: float = 1.0,
-    churn: Churn | None = None, times: int = 1,
+    churn: Churn | None = None, times: int = 1, prefix: int | None = None,
 ) -> list[Result]:
     specs, pods = load(Path(data), trace)
     specs = cluster(specs, every, cpu_scale, times)
@@ -1279,7 +1282,7 @@ def run_seed(
                  order, lives, gap)
             for policy in policies
         ]
-    order = workload(pods, capacity, seed)
+    order = workload(pods, capacity, seed)[:prefix]
     out = [pooled(specs, order, seed)]
     if any(p not in ("gpu-aware", *WHOLE_BASELINES) for p in policies):
         out.append(pooled(specs, order, seed, shared=True))
@@ -1498,17 +1501,22 @@ def run(
     cpu_scale: float = 1.0,
     churn: Churn | None = None,
     times: int = 1,
+    prefix: int | None = None,
 ) -> list[dict[str, Any]]:
     """Replay every seed with every policy; one summary row per policy. ``cpu_scale``:
     every node's CPU times this (``scale_cpu``); ``churn``: pods also leave
     (``churn_replay``) instead of the fill protocol; ``times``: the nodes repeated
-    (``repeat_nodes``)."""
+    (``repeat_nodes``); ``prefix``: only the first that many pods of each seed's fill
+    protocol (for timings: marks the prefix does not reach read an allocation of 0)."""
     unknown = [p for p in policies if p not in ALL_POLICIES]
     if unknown:
         raise ValueError(f"policies {', '.join(unknown)}: known are {', '.join(ALL_POLICIES)}")
     cluster([], 1, cpu_scale, times)  # a bad factor fails here, before any replay
+    if prefix is not None and (prefix < 1 or churn is not None):
+        raise ValueError(f"pods {prefix}: a whole number above 0 is allowed, and only "
+                         "with the fill protocol (not with churn)")
     args = [(s, tuple(policies), str(data), every, taint, trace, nogpu, cpu_scale, churn,
-             times) for s in seeds]
+             times, prefix) for s in seeds]
     if jobs > 1 and len(seeds) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             chunks = list(pool.map(run_seed, *zip(*args, strict=True)))
@@ -1543,6 +1551,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes-scale", type=int, default=1,
                         help="the trace's nodes this many times over (4: openb's 1,213 "
                         "nodes as 4,852, the pods resampled to fill them)")
+    parser.add_argument("--pods", type=int, default=None,
+                        help="only the first N pods of each seed's fill protocol (for "
+                        "timings on a part of the run; marks it does not reach read 0)")
     parser.add_argument("--churn", action="store_true",
                         help="pods also leave (see --lifetimes, --churn-load, --churn-span) "
                         "instead of the fill protocol")
@@ -1572,7 +1583,8 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     started = time.perf_counter()
     rows = run(seeds, policies, Path(args.data), every, args.jobs, args.taint_cores_per_gpu,
-               args.trace, not args.no_rank_nogpu, args.cpu_scale, churn, args.nodes_scale)
+               args.trace, not args.no_rank_nogpu, args.cpu_scale, churn, args.nodes_scale,
+               args.pods)
     elapsed = time.perf_counter() - started
     specs, _ = load(Path(args.data), args.trace)
     specs = cluster(specs, every, args.cpu_scale, args.nodes_scale)
@@ -1580,6 +1592,7 @@ def main(argv: list[str] | None = None) -> int:
         f"openb trace {args.trace!r}: {len(specs)} nodes, {sum(s.gpus for s in specs)} GPUs, "
         f"{sum(s.cpu for s in specs) // 1000} cores (CPU x {args.cpu_scale:g}), "
         f"seeds {','.join(map(str, seeds))}, {elapsed:.0f} s ({args.jobs} process(es))"
+        + (f", the first {args.pods} pods of each seed" if args.pods is not None else "")
     )
     if churn is not None:
         print(f"churn: lifetimes {churn.lifetimes}, offered load {churn.load:g} x capacity "

@@ -1426,3 +1426,67 @@ def test_each_node_keeps_its_class_placement_when_the_memo_starts_over(
     assert len(cleared) >= 2  # it started over within each request
     assert len({p.raw for p in want.values() if p.gpus is not None}) >= 3  # apart
     assert want["gone"].gpus is None
+
+
+def test_a_kept_frame_is_weighed_again_for_each_mix_and_node_state(
+    annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Sharing._frame`` (what ``_fit`` reads that no mix weighs) is kept per shape,
+    usage and share, and ``_fragmentation``'s answers per mix version: while the mix
+    moves (bursts of arrivals re-take it) and bookings and rooms move, every answer of
+    ``_placements`` equals ``_place`` from scratch for that node alone, a frame is made
+    far less often than a fit weighs one, and the same node state and request get
+    other answers under other mixes (so an answer kept for another mix, or for another
+    usage, is caught)."""
+    import random
+
+    from gpuk8s.core.sharing import Room
+
+    rng = random.Random(5)
+    names = [f"n{i}" for i in range(6)]
+    arrivals = ArrivalMix(prior=())
+    room = DictRoom({n: (32_000, 65_536) for n in names})
+    ext, _, ledger = over([node(n, annotations) for n in names], arrivals=arrivals,
+                          free_room=room)
+    sharing = ext.sharing
+    assert sharing is not None
+    frames = count_nodes(monkeypatch, "_frame")
+    fits = count_nodes(monkeypatch, "_fit")
+    requests = [HALF, ShareRequest(MODE_SGPU, 1, 30, 0), ShareRequest(MODE_SGPU, 1, 70, 0),
+                ShareRequest(MODE_SGPU, 1, 100, 0, True),
+                ShareRequest(MODE_SGPU, 2, 100, 0, True), ShareRequest(MODE_SGPU, 2, 40, 0)]
+    classes = [(1, 20), (1, 30), (1, 50), (1, 70), (1, 100), (2, 100), (2, 40)]
+    seen: dict[tuple[Any, ...], set[Any]] = {}
+    made = weighed = 0
+    for step in range(80):
+        k, pct = rng.choice(classes)  # a burst of one class: the mix moves
+        for i in range(rng.randrange(1, 8)):
+            arrivals.observe(f"a{step}-{i}", ShareRequest(MODE_SGPU, k, pct, 0, pct == 100),
+                             rng.choice((0, 4_000, 16_000)))
+        name = rng.choice(names)
+        if step % 4 == 1:
+            ledger.set(f"u{step}", Assignment(name, (rng.randrange(2),),
+                                              ShareRequest(MODE_SGPU, 1, rng.choice((20, 50)),
+                                                           0)))
+        elif step % 4 == 3 and ledger.assignments():
+            ledger.release(rng.choice(sorted(ledger.assignments())))
+        elif step % 4 == 2:
+            room.set(name, (rng.choice((4_000, 32_000)), 65_536))
+        request = rng.choice(requests)
+        need = (rng.choice((0, 2_000, 8_000)), 0)
+        mixed = sharing._scarce_mix()
+        frames.clear()
+        fits.clear()
+        got = sharing._placements(request, names, "", need, mixed)
+        made += len(frames)
+        weighed += len(fits)
+        for n in names:
+            alone = sharing._place(sharing.nodes.get(n), n, request, "",
+                                   Room(*room(n), *need), mixed[1])
+            assert got[n] == alone, (step, n)
+            state = (n, ledger.version(n), room(n), request, need)
+            seen.setdefault(state, set()).add((mixed[0], got[n]))
+    assert weighed > 3 * made  # kept frames weighed again
+    # node states answered under several mixes, with other answers
+    moved = [s for s, answers in seen.items() if len({a for _, a in answers}) > 1]
+    assert len(moved) >= 5, len(moved)

@@ -580,3 +580,23 @@ def test_churn_run_frees_capacity_and_every_policy_sees_the_same_pods(
         assert result.held == result.reported > 0
     table = bench.churn_table(list(rows.values()))
     assert table.count("\n") == 2 + len(policies) - 1 and "600 %" in table
+
+
+def test_pods_replays_only_a_prefix_of_each_seeds_pods(multi_gpu_trace: Path) -> None:
+    """``--pods N``: each policy decides exactly the first N pods of the seed's fill
+    protocol (its GPU pods' decisions timed), the same pods as the whole run's first N;
+    a prefix below 1, or with churn, is refused."""
+    bench = load_benchmark()
+    nodes, pods = bench.load(multi_gpu_trace)
+    order = bench.workload(pods, sum(n.gpus for n in nodes), 42)
+    for prefix in (1, 25, 70):
+        gpu_pods = sum(1 for p in order[:prefix] if p.gpus)
+        results = bench.run_seed(42, ("bestfit", "gpu-aware-sharing"), str(multi_gpu_trace),
+                                 1, 0.0, prefix=prefix)
+        timed = {r.policy: len(r.pod_ms) for r in results if r.pod_ms}
+        assert timed == {"bestfit": gpu_pods, "gpu-aware-sharing": gpu_pods}, prefix
+    whole = bench.run_seed(42, ("bestfit",), str(multi_gpu_trace), 1, 0.0)
+    assert len(whole[-1].pod_ms) == sum(1 for p in order if p.gpus) > gpu_pods
+    for bad, churn in ((0, None), (-3, None), (10, bench.Churn())):
+        with pytest.raises(ValueError, match=r"pods .*above 0.*not with churn"):
+            bench.run([42], ("bestfit",), data=multi_gpu_trace, churn=churn, prefix=bad)

@@ -30,7 +30,15 @@ from .annotation import (
     usage_from_assignments,
 )
 from .capacity import GpuCapacity, GpuUsage, fits, free_percent, leftover
-from .choice import Chosen, choose_shared, whole_rise
+from .choice import (
+    Candidates,
+    Chosen,
+    Fragmentation,
+    choose_shared,
+    shared_candidates,
+    weigh_shared,
+    whole_rise,
+)
 from .container import (
     MPS_CONTAINER_PIPE_DIR,
     MPS_HOST_ROOT,
@@ -122,12 +130,12 @@ __all__ = [
     "REQUEUE_ANNOTATION", "SGPU_RESOURCE", "SHARING_MODES", "SHARING_MODE_LABEL",
     "SHARING_RESOURCES", "VCORE_RESOURCE", "VCUDA_CORE_RESOURCE", "VCUDA_MEMORY_RESOURCE",
     "VCUDA_MEMORY_UNIT_MIB", "VMEMORY_RESOURCE", "WHOLE_GPU_RESOURCES", "ZERO_COUNT_WHY",
-    "Assignment", "Chosen", "ContainerAsk", "Family", "Filled", "GpuCapacity", "GpuUsage",
-    "Room", "ShareClass", "ShareMix", "ShareRequest", "SharingError",
+    "Assignment", "Candidates", "Chosen", "ContainerAsk", "Family", "Filled", "Fragmentation",
+    "GpuCapacity", "GpuUsage", "Room", "ShareClass", "ShareMix", "ShareRequest", "SharingError",
     "allocate_ids", "check_mode", "choose_shared", "cpu_balance", "fill_stranded",
     "fill_taken", "filled", "fits", "free_percent", "gpus_per_core", "leftover",
     "memory_label_mib", "memory_mib", "mps_log_dir", "mps_pipe_dir", "node_fragmentation",
     "parse_assignment", "parse_share", "pod_share", "pod_share_json", "poisson_tail",
-    "share_env", "share_mounts", "spare_cpu", "usage_from_assignments", "whole_homes",
-    "whole_rise", "whole_scarcity",
+    "share_env", "share_mounts", "shared_candidates", "spare_cpu", "usage_from_assignments",
+    "weigh_shared", "whole_homes", "whole_rise", "whole_scarcity",
 ]

@@ -39,9 +39,9 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import msgspec
 
@@ -55,20 +55,24 @@ from ...core.sharing import (
     PHASE_ANNOTATION,
     SHARING_MODE_LABEL,
     Assignment,
+    Candidates,
     Filled,
+    Fragmentation,
+    GpuCapacity,
     GpuUsage,
     Room,
     ShareClass,
     ShareMix,
     ShareRequest,
     allocate_ids,
-    choose_shared,
     cpu_balance,
     fill_taken,
     filled,
     free_percent,
     gpus_per_core,
     node_fragmentation,
+    shared_candidates,
+    weigh_shared,
     whole_homes,
     whole_rise,
     whole_scarcity,
@@ -238,6 +242,22 @@ class Placement:
     raw: float = 0.0  # best fit: higher is better
 
 
+class _Frame(NamedTuple):
+    """What ``Sharing._fit`` reads of a node, its booked usage and a share that no mix
+    weighs (``Sharing._frame``): ``failed``, an answer no mix changes, or the node's
+    GPUs, the usage (read, never changed), its unshared GPUs, the percent free over its
+    GPUs after the share, and either the whole GPUs chosen with their link score or the
+    shared candidates with each unshared GPU's group rank (``prefer``)."""
+
+    failed: Placement | None
+    caps: tuple[GpuCapacity, ...] = ()
+    usage: Mapping[int, GpuUsage] = {}
+    unshared: int = 0
+    left: int = 0
+    whole: tuple[tuple[int, ...], float] | None = None
+    shared: tuple[Candidates, dict[int, int]] | None = None
+
+
 class _Homes:
     """Homes per whole-GPU class of the mix (``core.sharing.whole_homes``), summed over
     the nodes, with each node's part and the state it was counted in, so that a recount
@@ -351,6 +371,12 @@ class Sharing:
         # after the pod) -> ``_fit``'s answer, shared by rooms that fall alike
         # (``_place_shared``)
         self._by_room: dict[tuple[Any, ...], tuple[Placement, int]] = {}
+        # (shape and usage id, share) -> what ``_fit`` reads that no mix weighs
+        # (``_frame``), so that a new mix version or room only weighs it again
+        self._frames: dict[tuple[Any, ...], _Frame] = {}
+        # (mix version, (free percents, where the room falls) -> the fragmentation):
+        # ``_fragmentation``'s answers under the latest mix version
+        self._frags: tuple[Any, dict[tuple[Any, ...], float]] = (None, {})
         # the latest filter's placements per node and what they depended on (``_state``)
         self._answers: tuple[tuple[Any, ...], dict[str, Placement]] | None = None
         # per node what the ledger books there (``_usage``): ((ledger version, view
@@ -583,9 +609,38 @@ class Sharing:
                mix.room_key(after.cpu, after.memory))
         fit = self._by_room.get(key)
         if fit is None:
-            fit = self._fit(node, node.name, share, "", room, mix)
+            # what no mix weighs, kept per shape and usage and share: a new mix version
+            # or room weighs it again instead of placing the share again
+            frame = self._frames.get((base, share))
+            if frame is None:
+                frame = self._frame(node, node.name, share, "")
+                _remember(self._frames, (base, share), frame)
+            fit = self._fit(node, node.name, share, "", room, mix, frame,
+                            self._fragmentation(mix_version, mix))
             _remember(self._by_room, key, fit)
         return self._balanced(*fit, room, mix)
+
+    def _fragmentation(self, mix_version: Any, mix: ShareMix) -> Fragmentation:
+        """``node_fragmentation`` against ``mix`` (of version ``mix_version``), each
+        answer kept per free percents and where the room falls among the values the
+        mix's classes ask (``ShareMix.room_key``: rooms with one key get one answer),
+        while the mix version stays: nodes of many shapes and usages share free
+        percents (an empty 8-GPU node) and weigh them alike."""
+        kept = self._frags
+        if kept[0] != mix_version:
+            kept = self._frags = (mix_version, {})
+        answers = kept[1]
+        room_key = mix.room_key
+
+        def fragmentation(free: Sequence[int], room: Room) -> float:
+            key = (tuple(free), room_key(room.cpu, room.memory))
+            value = answers.get(key)
+            if value is None:
+                value = node_fragmentation(free, room, mix)
+                _remember(answers, key, value)
+            return value
+
+        return fragmentation
 
     @staticmethod
     def _balanced(placed: Placement, free: int, room: Room, mix: ShareMix) -> Placement:
@@ -599,27 +654,66 @@ class Sharing:
                          round(placed.raw - CPU_BALANCE * imbalance, 9))
 
     def _fit(self, node: SharedNode | None, name: str, share: ShareRequest, without: str,
-             room: Room, mix: ShareMix) -> tuple[Placement, int]:
+             room: Room, mix: ShareMix, frame: _Frame | None = None,
+             fragmentation: Fragmentation | None = None) -> tuple[Placement, int]:
         """Where ``share`` goes on ``node`` before the CPU balance (``_balanced``), and
-        the percent free over its GPUs after it."""
+        the percent free over its GPUs after it: the ``_frame`` (what no mix reads;
+        ``frame``: one kept for this node's shape, usage and the share) weighed with
+        ``mix`` (``fragmentation``: ``node_fragmentation`` against it, or kept answers
+        of it)."""
+        if frame is None:
+            frame = self._frame(node, name, share, without)
+        if frame.failed is not None:
+            return frame.failed, 0
+        if frame.whole is not None:
+            gpus, score = frame.whole
+            rise = (whole_rise(frame.caps, frame.usage, gpus, mix, room, fragmentation)
+                    if mix else 0.0)
+            # least rise of fragmentation; then the best-linked set; then the fewest
+            # unshared GPUs left (best fit)
+            placed = Placement(gpus, raw=-round(rise, 9) + TIE * score / 100
+                               - TIE**2 * (frame.unshared - share.gpus))
+            return placed, frame.left
+        assert frame.shared is not None
+        candidates, prefer = frame.shared
+        chosen = weigh_shared(candidates, share, mix, room, fragmentation)
+        assert chosen.gpus is not None  # the frame has enough candidates
+        fresh = sum(1 for i in chosen.gpus if i in prefer)
+        # least waste against the mix's LP packing first, then the least rise of the
+        # node's fragmentation; then, opening a GPU, the node with the fewest unshared
+        # GPUs after it (whole nodes stay whole)
+        placed = Placement(
+            tuple(chosen.gpus),
+            raw=-WASTE_RANK * chosen.waste
+            - round(chosen.rise, 9)
+            - TIE * (frame.unshared - fresh),
+        )
+        return placed, frame.left
+
+    def _frame(self, node: SharedNode | None, name: str, share: ShareRequest,
+               without: str) -> _Frame:
+        """What ``_fit`` reads of ``node``, its booked usage (``without``: that pod's
+        share not counted) and ``share`` that no mix weighs: why the share cannot go
+        there, or the GPUs it can take (whole: the topology allocator's choice; shared:
+        the candidates best fit first, ``core.sharing.shared_candidates``)."""
         if node is None:
-            return Placement(None, "gpu-aware: node not in the extender's node cache yet"), 0
+            return _Frame(Placement(None, "gpu-aware: node not in the extender's node cache yet"))
         if node.problem is not None:
-            return Placement(None, f"gpu-aware: {node.problem}", True), 0
+            return _Frame(Placement(None, f"gpu-aware: {node.problem}", True))
         if node.mode != share.mode:
-            return Placement(
+            return _Frame(Placement(
                 None,
                 f"gpu-aware: node sharing mode is {node.mode!r} ({SHARING_MODE_LABEL}); "
                 f"the pod asks for {share.mode!r}",
                 True,
-            ), 0
+            ))
         healthy = sum(1 for g in node.gpus if g.healthy)
         if healthy < share.gpus:
-            return Placement(
+            return _Frame(Placement(
                 None,
                 f"gpu-aware: node has {healthy} healthy GPU(s); the pod needs {share.gpus}",
                 True,
-            ), 0
+            ))
         # the node's booked usage as read (``_placements`` passes ``without`` only for
         # the node that holds that pod's share)
         usage = (self.ledger.usage(name, without, node.index_by_id) if without
@@ -631,41 +725,32 @@ class Sharing:
             for g in node.gpus
             if g.healthy and g.free_whole and (g.index not in usage or usage[g.index].empty)
         ]
+        left = sum(free_percent(node.gpus, usage).values()) - share.core * share.gpus
+        if share.whole:
+            whole = self._whole_gpus(node, usage, share, self._sets)
+            if isinstance(whole, Placement):
+                return _Frame(whole)
+            return _Frame(None, node.gpus, usage, len(unshared), left, whole=whole)
         per_group: dict[object, int] = {}
         for index in unshared:
             key = node.groups.get(index)
             per_group[key] = per_group.get(key, 0) + 1
-        if share.whole:
-            placed = self._place_whole(node, usage, share, len(unshared), room, mix, self._sets)
-        else:
-            prefer = {i: per_group.get(node.groups.get(i), 0) for i in unshared}
-            chosen = choose_shared(node.gpus, usage, share, prefer, mix, room)
-            if chosen.gpus is None:
-                return Placement(None, f"gpu-aware: {chosen.why}"), 0
-            fresh = sum(1 for i in chosen.gpus if i in prefer)
-            # least waste against the mix's LP packing first, then the least rise of
-            # the node's fragmentation; then, opening a GPU, the node with the fewest
-            # unshared GPUs after it (whole nodes stay whole)
-            placed = Placement(
-                tuple(chosen.gpus),
-                raw=-WASTE_RANK * chosen.waste
-                - round(chosen.rise, 9)
-                - TIE * (len(unshared) - fresh),
-            )
-        if placed.gpus is None:
-            return placed, 0
-        return placed, sum(free_percent(node.gpus, usage).values()) - share.core * share.gpus
+        prefer = {i: per_group.get(node.groups.get(i), 0) for i in unshared}
+        candidates = shared_candidates(node.gpus, usage, share, prefer)
+        if candidates.ok is None:
+            return _Frame(Placement(None, f"gpu-aware: {candidates.why}"))
+        return _Frame(None, node.gpus, usage, len(unshared), left,
+                      shared=(candidates, prefer))
 
     @staticmethod
-    def _place_whole(
+    def _whole_gpus(
         node: SharedNode,
         usage: dict[int, GpuUsage],
         share: ShareRequest,
-        unshared: int,
-        room: Room,
-        mix: ShareMix,
         sets: BestSets,
-    ) -> Placement:
+    ) -> tuple[tuple[int, ...], float] | Placement:
+        """The whole GPUs the topology allocator picks for ``share`` and their link
+        score, or why it cannot."""
         free = [
             pos
             for pos, g in enumerate(node.gpus)
@@ -679,13 +764,7 @@ class Sharing:
             )
         chosen, key = sets(node.topology, free, share.gpus)
         gpus = tuple(sorted(node.gpus[p].index for p in chosen))
-        score = float(key[0]) if key else 0.0
-        rise = whole_rise(node.gpus, usage, gpus, mix, room) if mix else 0.0
-        # least rise of fragmentation; then the best-linked set; then the fewest
-        # unshared GPUs left (best fit)
-        return Placement(
-            gpus, raw=-round(rise, 9) + TIE * score / 100 - TIE**2 * (unshared - share.gpus)
-        )
+        return gpus, float(key[0]) if key else 0.0
 
     # -- filter / prioritize ----------------------------------------------------
     def filter_parts(
