@@ -679,6 +679,23 @@ def _large_seen(annotations: dict[str, str]) -> tuple[Sharing, ArrivalMix, Ledge
     return sharing, arrivals, ledger
 
 
+def test_arrivals_count_large_pods_without_gpus_in_their_window() -> None:
+    """``ArrivalMix.large``: the pods without GPUs asking at least the CPU or at least
+    the memory given, each UID once, the latest ``window`` of them; beside the GPUs
+    and the CPU all pods in the windows ask (a GPU pod's CPU counts too)."""
+    arrivals = ArrivalMix(prior=(), window=2)
+    arrivals.observe("g", HALF, 4000, 1024)
+    arrivals.observe_plain("a", 32_000, 1024)
+    arrivals.observe_plain("a", 32_000, 1024)  # the same pod again
+    arrivals.observe_plain("b", 2_000, 65_536)
+    assert arrivals.large((32_000, 65_536)) == (2, 0.5, 38_000)
+    arrivals.observe_plain("c", 1_000, 1024)  # a leaves the window
+    assert arrivals.large((32_000, 65_536)) == (1, 0.5, 7_000)
+    assert arrivals.large((1_000, 1024)) == (2, 0.5, 7_000)
+    arrivals.observe_plain("", 64_000, 1024)  # no UID: not counted
+    assert arrivals.large((32_000, 65_536))[0] == 1
+
+
 def test_gpu_pods_spare_the_last_rooms_of_large_pods_without_gpus(
     annotations: dict[str, str],
 ) -> None:
