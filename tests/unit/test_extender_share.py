@@ -663,6 +663,82 @@ def test_pods_without_gpus_keep_a_home_for_the_largest_one_seen(
     assert ranks["b"] > ranks["a"]
 
 
+def _large_seen(annotations: dict[str, str]) -> tuple[Sharing, ArrivalMix, Ledger]:
+    """Nodes a (34 cores free: the one room for a 32-core pod) and b (8 cores); four
+    half-GPU pods asking 4 cores each and four 32-core pods without GPUs observed."""
+    free = {"a": (34_000, 65_536), "b": (8_000, 65_536)}
+    arrivals = ArrivalMix(prior=())
+    for i in range(4):
+        arrivals.observe(f"s{i}", HALF, 4000, 1024)
+    ext, _, ledger = over([node(n, annotations) for n in "ab"],
+                          free_room=lambda name: free[name], arrivals=arrivals)
+    sharing = ext.sharing
+    assert sharing is not None
+    for i in range(4):
+        sharing.raw_nogpu(list("ab"), (32_000, 1_024), f"n{i}")
+    return sharing, arrivals, ledger
+
+
+def test_arrivals_count_large_pods_without_gpus_in_their_window() -> None:
+    """``ArrivalMix.large``: the pods without GPUs asking at least the CPU or at least
+    the memory given, each UID once, the latest ``window`` of them; beside the GPUs
+    and the CPU all pods in the windows ask (a GPU pod's CPU counts too)."""
+    arrivals = ArrivalMix(prior=(), window=2)
+    arrivals.observe("g", HALF, 4000, 1024)
+    arrivals.observe_plain("a", 32_000, 1024)
+    arrivals.observe_plain("a", 32_000, 1024)  # the same pod again
+    arrivals.observe_plain("b", 2_000, 65_536)
+    assert arrivals.large((32_000, 65_536)) == (2, 0.5, 38_000)
+    arrivals.observe_plain("c", 1_000, 1024)  # a leaves the window
+    assert arrivals.large((32_000, 65_536)) == (1, 0.5, 7_000)
+    assert arrivals.large((1_000, 1024)) == (2, 0.5, 7_000)
+    arrivals.observe_plain("", 64_000, 1024)  # no UID: not counted
+    assert arrivals.large((32_000, 65_536))[0] == 1
+
+
+def test_gpu_pods_spare_the_last_rooms_of_large_pods_without_gpus(
+    annotations: dict[str, str],
+) -> None:
+    """Node a has the cluster's last room for a 32-core pod without GPUs (34 cores
+    free), b 8 cores. While the observed arrivals expect more such pods than rooms are
+    left (four 32-core pods among four GPU pods, GPUs free), a half-GPU pod asking 4
+    cores goes to b, though a ranks first on the rest (the CPU balance: b's 8 cores
+    leave its free GPUs short of the arrivals' 8 cores per GPU); once the arrivals are
+    mostly GPU pods (four 32-core pods in 404) the order is a before b again, as
+    without the rule."""
+    sharing, arrivals, _ = _large_seen(annotations)
+    small, large = (4_000, 1_024), (32_000, 1_024)
+    sharing.raw_nogpu(list("ab"), large, "n0")  # asked again: one pod, counted once
+    assert arrivals.large(large)[0] == 4
+    short = dict(zip("ab", sharing.raw(HALF, list("ab"), "g0", small), strict=True))
+    assert short["b"] is not None and short["a"] is not None
+    assert short["b"] > short["a"]  # a holds the last 32-core room
+    for i in range(400):  # four large pods in 404 arrivals: about 2 % of them
+        arrivals.observe(f"t{i}", HALF, 4000, 1024)
+    plenty = dict(zip("ab", sharing.raw(HALF, list("ab"), "g1", small), strict=True))
+    assert plenty["b"] is not None and plenty["a"] is not None
+    assert plenty["a"] > plenty["b"]
+
+
+def test_pods_without_gpus_spare_the_last_rooms_while_they_run_short(
+    annotations: dict[str, str],
+) -> None:
+    """Node a's GPUs are all booked and it has the cluster's last room for a 32-core pod
+    (34 cores free); b has two free GPUs and 8 cores. A 4-core pod without GPUs strands
+    nothing on a and part of b's GPUs' CPU: it goes to a while rooms are plenty, and to
+    b while the observed arrivals expect more 32-core pods than rooms are left."""
+    sharing, arrivals, ledger = _large_seen(annotations)
+    for gpu in (0, 1):
+        ledger.set(f"a{gpu}", Assignment("a", (gpu,), ShareRequest(MODE_SGPU, 1, 100, 0)))
+    small = (4_000, 1_024)
+    short = dict(zip("ab", sharing.raw_nogpu(list("ab"), small, "p0"), strict=True))
+    assert short["b"] > short["a"]  # a holds the last 32-core room
+    for i in range(400):  # four large pods in 404 arrivals
+        arrivals.observe(f"t{i}", HALF, 4000, 1024)
+    plenty = dict(zip("ab", sharing.raw_nogpu(list("ab"), small, "p1"), strict=True))
+    assert plenty["a"] > plenty["b"]  # the GPU capacity stranded decides first
+
+
 def test_prioritize_follows_the_mix_packing_before_fragmentation(
     annotations: dict[str, str],
 ) -> None:

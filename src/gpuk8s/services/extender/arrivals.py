@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Any, TypeVar
 
 from ...core.sharing import (
     DEFAULT_SHARE_MIX,
@@ -27,6 +28,21 @@ from ...core.sharing import (
 MIX_DRIFT = 0.05  # re-take the request mix after this share of its weight changed
 MIX_PRIOR = 0.1  # weight of DEFAULT_SHARE_MIX next to the arrived pods' requests
 ARRIVALS = 20_000  # sharing pods remembered for the request mix (the latest)
+
+
+_K = TypeVar("_K", bound=tuple[Any, ...])
+
+
+def _drop_oldest(seen: OrderedDict[str, _K], counts: dict[_K, int]) -> _K:
+    """Take the oldest pod out of a window (``seen``: UID -> its class) and out of its
+    class's count; its class."""
+    _, old = seen.popitem(last=False)
+    left = counts.get(old, 0) - 1
+    if left > 0:
+        counts[old] = left
+    else:
+        counts.pop(old, None)
+    return old
 
 
 class ArrivalMix:
@@ -54,6 +70,13 @@ class ArrivalMix:
         self._total = 0
         self._drift = 0
         self._lock = threading.Lock()
+        # the GPUs and CPU millicores the pods in the windows ask (``large``)
+        self._gpus = 0.0
+        self._cpu = 0
+        # pods without GPUs (``observe_plain``): UID -> (CPU millicores, memory MiB), the
+        # latest ``window``, and how many ask each
+        self._plain: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._needs: dict[tuple[int, int], int] = {}
         self._mix: tuple[int, ShareMix] = (1, self._take())
 
     def observe(self, uid: str, share: ShareRequest, cpu_milli: int, memory_mib: int = 0) -> None:
@@ -69,15 +92,38 @@ class ArrivalMix:
             self._pods[klass] = self._pods.get(klass, 0) + 1
             self._total += 1
             self._drift += 1
+            self._gpus += klass[0] * klass[1] / FULL_CORE
+            self._cpu += klass[2]
             while len(self._seen) > self._window:
-                _, old = self._seen.popitem(last=False)
-                left = self._pods.get(old, 0) - 1
-                if left > 0:
-                    self._pods[old] = left
-                else:
-                    self._pods.pop(old, None)
+                old = _drop_oldest(self._seen, self._pods)
                 self._total -= 1
                 self._drift += 1
+                self._gpus -= old[0] * old[1] / FULL_CORE
+                self._cpu -= old[2]
+
+    def observe_plain(self, uid: str, cpu_milli: int, memory_mib: int) -> None:
+        """A pod without GPUs the scheduler asks about (the second entry; once per UID,
+        the latest ``window`` kept). It does not enter the mix (it asks no GPU); it
+        counts for ``large``."""
+        if not uid or uid in self._plain:
+            return
+        need = (max(cpu_milli, 0), max(memory_mib, 0))
+        with self._lock:
+            self._plain[uid] = need
+            self._needs[need] = self._needs.get(need, 0) + 1
+            self._cpu += need[0]
+            while len(self._plain) > self._window:
+                self._cpu -= _drop_oldest(self._plain, self._needs)[0]
+
+    def large(self, largest: tuple[int, int]) -> tuple[int, float, int]:
+        """(the pods without GPUs observed that ask at least the CPU or at least the
+        memory of ``largest``, the GPUs and the CPU millicores all observed pods ask):
+        the share of the arriving pods that need a room as large as ``largest``, per GPU
+        and per core."""
+        with self._lock:
+            pods = sum(n for (cpu, memory), n in self._needs.items()
+                       if cpu >= largest[0] or memory >= largest[1])
+            return pods, self._gpus, self._cpu
 
     def _take(self) -> ShareMix:
         total = self._total

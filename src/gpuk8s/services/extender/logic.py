@@ -517,7 +517,7 @@ class Extender:
             if demand.gpus or demand.share is not None or self.sharing is None:
                 return args.names(), None
             sharing, names = self._sharing_names(args)
-            return names, _missing(sharing.raw_nogpu(names, demand.need))
+            return names, _missing(sharing.raw_nogpu(names, demand.need, args.pod_uid))
         if demand.share is not None:
             sharing, names = self._sharing_names(args)
             return names, _missing(

@@ -17,6 +17,9 @@ nodes ranked by that rise plus ``CPU_BALANCE`` x the node's CPU imbalance after 
 pod. Pods without GPUs go where their CPU and memory strand the least GPU capacity
 (``fill_stranded``; then not where they take the last room of the largest pod without
 GPUs seen; then ``gpus_per_core``, then the rise: ``LOAD_RANK``; then best fit on CPU).
+While the rooms for that largest pod run short (``_short``: no more left than the
+observed arrivals expect such pods), every pod -- GPU pods (``NOGPU_ROOM``) and pods
+without GPUs alike -- first goes where it takes the fewest of them.
 
 Bind: under one lock choose the GPUs against the ledger and reserve them; then one API
 write, the pod's Binding carrying the assignment as annotations (the API server sets them
@@ -50,6 +53,7 @@ from ...core.sharing import (
     ASSIGNED_ANNOTATION,
     BIND_TIME_ANNOTATION,
     COUNTED_RESOURCE,
+    FULL_CORE,
     MODE_EXCLUSIVE,
     PHASE_ALLOCATING,
     PHASE_ANNOTATION,
@@ -121,6 +125,12 @@ CPU_BALANCE = 0.5
 # 8 GPUs (at most 800)
 WASTE_RANK = 1e8
 MAX_MEMO = 200_000  # placements remembered (per node state and share)
+# GPU pods, while the rooms for the largest pod without GPUs seen run short (no more
+# left over the nodes than such pods are still expected, ``Sharing._short``): the
+# rooms a GPU pod takes rank first, before the waste against the mix's packing
+# (``WASTE_RANK`` x at most 8 GPUs) and everything after it
+NOGPU_ROOM = 1e12
+UNBOUNDED = 1 << 40  # rooms on a node whose CPU and memory are not known
 
 
 @runtime_checkable
@@ -149,6 +159,41 @@ def _holds(room: Room, need: Need) -> bool:
     millicores and memory MiB of ``need`` for one more pod."""
     return (room.cpu is None or room.cpu >= need[0]) and (
         room.memory is None or room.memory >= need[1])
+
+
+def _rooms(room: Room, need: Need) -> int:
+    """How many pods asking ``need`` fit in ``room`` side by side (``UNBOUNDED`` where
+    neither the room nor the need limits)."""
+    counts = [have // want for have, want in ((room.cpu, need[0]), (room.memory, need[1]))
+              if have is not None and want > 0]
+    return max(min(counts), 0) if counts else UNBOUNDED
+
+
+class _LargeRooms:
+    """The rooms for the largest pod without GPUs seen (``largest``) and the free CPU,
+    per node and summed over the nodes (``Sharing._short``); counted again from scratch
+    when ``largest`` grows."""
+
+    def __init__(self) -> None:
+        self.largest: Need = (0, 0)
+        self.rooms = 0
+        self.cpu = 0
+        self._parts: dict[str, tuple[int, int]] = {}
+
+    def reset(self, largest: Need) -> None:
+        self.largest, self.rooms, self.cpu, self._parts = largest, 0, 0, {}
+
+    def count(self, name: str, cpu: int | None, memory: int | None) -> None:
+        part = (_rooms(Room(cpu, memory), self.largest), cpu if cpu is not None else 0)
+        old = self._parts.get(name, (0, 0))
+        self._parts[name] = part
+        self.rooms += part[0] - old[0]
+        self.cpu += part[1] - old[1]
+
+    def forget(self, name: str) -> None:
+        old = self._parts.pop(name, (0, 0))
+        self.rooms -= old[0]
+        self.cpu -= old[1]
 
 
 class _Touched:
@@ -391,6 +436,8 @@ class Sharing:
         self._nogpu_class: dict[tuple[Any, ...], tuple[float, ...]] = {}
         # the largest CPU and the largest memory a pod without GPUs asked (``raw_nogpu``)
         self._nogpu_largest: Need = (0, 0)
+        # the rooms for it over the nodes, counted with the homes (``_scarce_mix``)
+        self._large = _LargeRooms()
         # the mix with whole-GPU classes weighted by their shortage (``whole_scarcity``):
         # ((ledger change, node views' changes, mix version, room version), (version,
         # scaled mix)); the homes counted for it (``_Homes``)
@@ -545,17 +592,27 @@ class Sharing:
                     homes.reset(version, wholes)
                     touched = None
                 homes.version = version
+            large = self._large
+            if large.largest != self._nogpu_largest:
+                large.reset(self._nogpu_largest)
+                touched = None
             if touched is None or (self._free_room is not None and self._room is None):
                 seen = set()
+                large.reset(large.largest)
                 for node in self.nodes.all():
                     if self._recount(node, mix):
                         seen.add(node.name)
+                    self._count_large(node)
                 homes.keep(seen)
             else:  # only the nodes whose ledger, view or room moved
                 for name in touched:
                     view = self.nodes.get(name)
                     if view is None or not self._recount(view, mix):
                         homes.forget(name)
+                    if view is None:
+                        large.forget(name)
+                    else:
+                        self._count_large(view)
             factors = whole_scarcity(homes.totals, homes.free, mix)
         scaled_version = (version, tuple(sorted(factors.items())))
         if hit is not None and hit[1][0] == scaled_version:
@@ -583,6 +640,38 @@ class Sharing:
                 _remember(self._homes_of, key, homes)
             self._homes.count(name, at, sum(free), homes)
         return True
+
+    def _count_large(self, node: SharedNode) -> None:
+        """Count ``node``'s rooms for the largest pod without GPUs again (under the
+        homes' lock); a node with a problem takes no pod."""
+        if node.problem is not None:
+            self._large.forget(node.name)
+            return
+        room = self._free_room(node.name) if self._free_room is not None else (None, None)
+        self._large.count(node.name, *room)
+
+    def _short(self) -> Need | None:
+        """The largest pod without GPUs seen while its rooms run short, else None: no
+        more rooms for it over the nodes (``_LargeRooms``) than pods that need one are
+        still expected -- the share of such pods among the observed arrivals
+        (``ArrivalMix.large``), per GPU and per core they ask, times the GPUs and the
+        CPU still free, the larger of the two (the fill assumption of
+        ``whole_scarcity``: pods keep coming while either has room; the smaller, which
+        would end the count when the CPU runs out, woke the rule too late on the
+        CPU-short cluster, see docs/benchmarks.md)."""
+        largest = self._large.largest
+        if largest == (0, 0):
+            return None
+        pods, gpus, cpu = self.arrivals.large(largest)
+        if pods == 0:
+            return None
+        with self._homes.lock:
+            rooms, free_cpu = self._large.rooms, self._large.cpu
+            free_gpus = self._homes.free / FULL_CORE
+        expected = pods * free_gpus / gpus if gpus > 0 else float("inf")
+        if cpu > 0:
+            expected = max(expected, pods * free_cpu / cpu)
+        return largest if rooms <= expected else None
 
     def _place(
         self,
@@ -804,9 +893,19 @@ class Sharing:
         missing = [name for name in names if name not in table]
         if missing:
             table = {**table, **self._placements(share, missing, uid, need, mixed)}
+        short = self._short()
         for name in names:
             placed = table[name]
-            out.append(placed.raw if placed.gpus is not None else None)
+            if placed.gpus is None:
+                out.append(None)
+            elif short is None:
+                out.append(placed.raw)
+            else:  # the rooms the pod takes from the largest pods without GPUs
+                cpu, memory = (self._free_room(name) if self._free_room is not None
+                               else (None, None))
+                room = Room(cpu, memory, *need)
+                lost = _rooms(room, short) - _rooms(room.after(), short)
+                out.append(round(placed.raw - NOGPU_ROOM * lost, 9))
         return out
 
     def _state(
@@ -819,7 +918,7 @@ class Sharing:
         rooms = self._room.version() if self._room is not None else None
         return (share, uid, need, self.ledger.change, self.nodes.changes, rooms, mix_version)
 
-    def raw_nogpu(self, names: list[str], need: Need) -> list[float | None]:
+    def raw_nogpu(self, names: list[str], need: Need, uid: str = "") -> list[float | None]:
         """Placement value per node for a pod without GPUs asking ``need`` (CPU
         millicores, memory MiB), higher is better (only the order counts: the values
         are ranks among ``names``). First the least free GPU capacity its CPU and
@@ -837,11 +936,15 @@ class Sharing:
         would not after this pod comes last (on a cluster short of CPU, small pods
         spread over the CPU-rich nodes otherwise leave no node for the large ones); and
         after the last, the node left with the least free CPU (best fit: large holes
-        stay large). None for a node gpu-aware has no usable view of."""
+        stay large). None for a node gpu-aware has no usable view of. The pod (``uid``)
+        counts as an arrival of its size (``ArrivalMix.observe_plain``)."""
+        self.arrivals.observe_plain(uid, *need)
         mix_version, mix = self.arrivals.mix()
         with self._lock:
             largest = self._nogpu_largest = (
                 max(self._nogpu_largest[0], need[0]), max(self._nogpu_largest[1], need[1]))
+        self._scarce_mix()  # the rooms for the largest counted now (``_short``)
+        short = self._short() is not None
         keys = self._keys
         epoch = keys.begin() if keys is not None else 0
         get = keys.get if keys is not None else None
@@ -859,7 +962,7 @@ class Sharing:
             value = values.get(entry[4])
             if value is None:
                 value = values[entry[4]] = self._nogpu_class_value(
-                    entry[5], entry[1], entry[2], need, mix_version, mix, largest)
+                    entry[5], entry[1], entry[2], need, mix_version, mix, largest, short)
             ranked.append(value)
         known = sorted({value for value in ranked if value is not None})
         order = {value: float(at) for at, value in enumerate(known)}
@@ -874,12 +977,13 @@ class Sharing:
         mix_version: int,
         mix: ShareMix,
         largest: Need = (0, 0),
+        short: bool = False,
     ) -> tuple[float, ...]:
         """``raw_nogpu``'s value from all it reads (the node's free percent per GPU, its free
         CPU and memory, the pod's, the mix, the largest pod without GPUs seen), shared by
         the nodes of one state: most of a cluster's nodes are alike, and a pod without
         GPUs would otherwise fill each of them with every class of the mix again."""
-        key = (free, cpu, memory, need, mix_version, largest)
+        key = (free, cpu, memory, need, mix_version, largest, short)
         ranked = self._nogpu_class.get(key)
         if ranked is not None:
             return ranked
@@ -895,9 +999,13 @@ class Sharing:
         rise = node_fragmentation(free, after, mix) - frag_before
         load = gpus_per_core(sum(free), after)
         value = -rise if load is None else -round(load, 6) * LOAD_RANK - rise
-        breaks = _holds(room, largest) and not _holds(after, largest)
         left = after.cpu if after.cpu is not None else 0
-        ranked = (-round(stranded, 6), -float(breaks), round(value, 9), -float(left))
+        if short:  # the rooms it takes from the largest first (``_short``)
+            lost = _rooms(room, largest) - _rooms(after, largest)
+            ranked = (-float(lost), -round(stranded, 6), round(value, 9), -float(left))
+        else:
+            breaks = _holds(room, largest) and not _holds(after, largest)
+            ranked = (-round(stranded, 6), -float(breaks), round(value, 9), -float(left))
         _remember(self._nogpu_class, key, ranked)
         return ranked
 
