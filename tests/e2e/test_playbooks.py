@@ -9,21 +9,18 @@ extensions scheme; uninstall.yml removes it at the end (and must leave nothing b
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
 from .conftest import (
     HELM,
-    LAB,
     REPO,
     kubectl,
     kubectl_json,
-    removing_scheduler_backups,
+    playbook,
     requires_paths,
     run,
-    tool,
     wait_until,
 )
 from .test_gpu_stack import SPEC4_LABELS, gpu
@@ -40,31 +37,6 @@ pytestmark = [
 ]
 NS = "metax-gpu-extensions"
 INVENTORY = str(REPO / "inventories" / "lab")
-
-
-def helm_for_ansible() -> str:
-    """kubernetes.core.helm (6.2, in the `ansible` package) calls `helm list --all`, which
-    helm 4 removed: give the playbooks helm 3 unless GPUK8S_HELM already names one."""
-    if os.environ.get("GPUK8S_HELM"):
-        return os.environ["GPUK8S_HELM"]
-    return run(str(LAB / "tools.sh"), "helm3", timeout=900).stdout.strip()
-
-
-def playbook(name: str, *extra: str) -> str:
-    """ansible-playbook NAME on the lab; the kube-scheduler backups a successful run made
-    (gpu_aware.yml, uninstall.yml) are removed again."""
-    env = {**os.environ, "GPUK8S_HELM": helm_for_ansible()}
-    with removing_scheduler_backups():
-        return run(
-            tool("ansible-playbook"),
-            "-i",
-            INVENTORY,
-            str(REPO / "playbooks" / name),
-            *extra,
-            timeout=900,
-            cwd=str(REPO),
-            env=env,
-        ).stdout
 
 
 @pytest.fixture(scope="module")
