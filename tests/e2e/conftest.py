@@ -61,18 +61,36 @@ BUSYBOX = f"{REGISTRY}/gpuk8s/lab-busybox:1.0"
 # the lab node without our release)
 SGPU_MODULES = ("test_exporter_sharing.py", "test_sharing.py", "test_stable_gpu_ids.py",
                 "test_netpol.py")
+# the fleet modules that share one install of the GPU Extensions scheme over SSH
+# (``fleet_extensions``): run one after the other, in this order; the install is removed
+# as soon as the next test is not theirs (pytest_runtest_teardown)
+FLEET_SHARED_MODULES = ("test_fleet_maint.py", "test_fleet_sched.py")
 
 
-def _sgpu_group(item: pytest.Item) -> int:
-    """Where an item's module sorts: 0 for the modules not sharing the sGPU stack (they
-    keep pytest's order), then SGPU_MODULES' own order."""
-    name = Path(str(item.fspath)).name
-    in_e2e = Path(str(item.fspath)).parent == Path(__file__).parent
-    return SGPU_MODULES.index(name) + 1 if in_e2e and name in SGPU_MODULES else 0
+def _e2e_module(item: pytest.Item) -> str:
+    """The file name of an e2e item's module ('' for an item of another directory)."""
+    path = Path(str(item.fspath))
+    return path.name if path.parent == Path(__file__).parent else ""
+
+
+def _module_order(items: list[pytest.Item]) -> list[str]:
+    """The modules in the order they run: pytest's, with FLEET_SHARED_MODULES next to each
+    other (where the first is) and SGPU_MODULES at the end."""
+    order = [str(item.fspath) for item in items]
+    order = list(dict.fromkeys(order))  # each module once, in pytest's order
+    names = {str(item.fspath): _e2e_module(item) for item in items}
+    fleet = [m for name in FLEET_SHARED_MODULES for m in order if names[m] == name]
+    if fleet:
+        at = order.index(fleet[0])
+        order = [m for m in order if m not in fleet]
+        order[at:at] = fleet
+    sgpu = [m for name in SGPU_MODULES for m in order if names[m] == name]
+    return [m for m in order if m not in sgpu] + sgpu
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=_sgpu_group)  # stable: every module's items keep their order
+    rank = {module: i for i, module in enumerate(_module_order(items))}
+    items.sort(key=lambda item: rank[str(item.fspath)])  # stable: each module's own order
     if os.environ.get("GPUK8S_E2E") == "1":
         return
     skip = pytest.mark.skip(
@@ -313,6 +331,38 @@ def standby_scheduler_running(
     """cp2's kube-scheduler running for one test (the lab node's still leading)."""
     with standby_scheduler_up(lab["node"], standby_scheduler_parked):
         yield
+
+
+FLEET_INSTALL = pytest.StashKey[contextlib.ExitStack]()
+
+
+@pytest.fixture(scope="session")
+def fleet_extensions(
+    request: pytest.FixtureRequest, lab: dict[str, str], standby_scheduler_parked: bool
+) -> Iterator[dict[str, Any]]:
+    """The GPU Extensions scheme installed over SSH on the fleet, ONE install for the
+    modules of FLEET_SHARED_MODULES (test_fleet_sched.py's ``extensions_installed``); it is
+    removed after the last test of theirs (pytest_runtest_teardown), or at the end of the
+    session when that comes first."""
+    from .test_fleet_sched import extensions_installed
+
+    stack = contextlib.ExitStack()
+    request.config.stash[FLEET_INSTALL] = stack
+    try:
+        yield stack.enter_context(extensions_installed(lab["node"], standby_scheduler_parked))
+    finally:
+        stack.close()  # a no-op when pytest_runtest_teardown closed it
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The fleet's shared install is removed once the next test is not one of its modules'."""
+    stack = item.config.stash.get(FLEET_INSTALL, None)
+    if stack is None or (nextitem is not None
+                         and _e2e_module(nextitem) in FLEET_SHARED_MODULES):
+        return
+    del item.config.stash[FLEET_INSTALL]
+    stack.close()
 
 
 @pytest.fixture(scope="session", autouse=True)
