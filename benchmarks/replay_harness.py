@@ -315,11 +315,17 @@ class Cluster:
         self.cond.notify_all()
 
     def wait(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """``predicate()`` once it holds, or at ``timeout``; at once when the watch is closed
+        (no event can make it hold then: the clean-up does not wait out the timeouts of the
+        load pods still undecided)."""
         with self.cond:
-            return self.cond.wait_for(predicate, timeout)
+            self.cond.wait_for(lambda: self.stop.is_set() or predicate(), timeout)
+            return predicate()
 
     def close(self) -> None:
-        self.stop.set()
+        with self.cond:
+            self.stop.set()
+            self.cond.notify_all()
 
 
 def _condition_time(pod: dict[str, Any] | None) -> str:

@@ -54,7 +54,43 @@ HELM = str(CACHE / "bin" / f"helm-{VERSIONS['HELM_VERSION']}" / "helm")
 BUSYBOX = f"{REGISTRY}/gpuk8s/lab-busybox:1.0"
 
 
+# the modules that share one install of the sGPU stack (``sgpu_release``): run last, in
+# this order, so that the session-scoped install is made once for them and removed at the
+# end of the session with nothing else between (pytest otherwise runs files in
+# alphabetical order, and the operator and single-node install modules in between need
+# the lab node without our release)
+SGPU_MODULES = ("test_exporter_sharing.py", "test_sharing.py", "test_stable_gpu_ids.py",
+                "test_netpol.py")
+# the fleet modules that share one install of the GPU Extensions scheme over SSH
+# (``fleet_extensions``): run one after the other, in this order; the install is removed
+# as soon as the next test is not theirs (pytest_runtest_teardown)
+FLEET_SHARED_MODULES = ("test_fleet_maint.py", "test_fleet_sched.py")
+
+
+def _e2e_module(item: pytest.Item) -> str:
+    """The file name of an e2e item's module ('' for an item of another directory)."""
+    path = Path(str(item.fspath))
+    return path.name if path.parent == Path(__file__).parent else ""
+
+
+def _module_order(items: list[pytest.Item]) -> list[str]:
+    """The modules in the order they run: pytest's, with FLEET_SHARED_MODULES next to each
+    other (where the first is) and SGPU_MODULES at the end."""
+    order = [str(item.fspath) for item in items]
+    order = list(dict.fromkeys(order))  # each module once, in pytest's order
+    names = {str(item.fspath): _e2e_module(item) for item in items}
+    fleet = [m for name in FLEET_SHARED_MODULES for m in order if names[m] == name]
+    if fleet:
+        at = order.index(fleet[0])
+        order = [m for m in order if m not in fleet]
+        order[at:at] = fleet
+    sgpu = [m for name in SGPU_MODULES for m in order if names[m] == name]
+    return [m for m in order if m not in sgpu] + sgpu
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {module: i for i, module in enumerate(_module_order(items))}
+    items.sort(key=lambda item: rank[str(item.fspath)])  # stable: each module's own order
     if os.environ.get("GPUK8S_E2E") == "1":
         return
     skip = pytest.mark.skip(
@@ -181,19 +217,32 @@ def removing_scheduler_backups(backups: Path = SCHEDULER_BACKUPS) -> Iterator[No
             backups.rmdir()
 
 
+def helm_for_ansible() -> str:
+    """kubernetes.core.helm (6.2, in the `ansible` package) calls `helm list --all`, which
+    helm 4 removed: give the playbooks helm 3 unless GPUK8S_HELM already names one."""
+    if os.environ.get("GPUK8S_HELM"):
+        return os.environ["GPUK8S_HELM"]
+    return run(str(LAB / "tools.sh"), "helm3", timeout=900).stdout.strip()
+
+
+def playbook(name: str, *extra: str) -> str:
+    """ansible-playbook NAME against inventories/lab (the lab node, connection local); the
+    kube-scheduler backups a successful run made (gpu_aware.yml, uninstall.yml) are
+    removed again."""
+    with removing_scheduler_backups():
+        return run(tool("ansible-playbook"), "-i", str(REPO / "inventories" / "lab"),
+                   str(REPO / "playbooks" / name), *extra, timeout=900, cwd=str(REPO),
+                   env={**os.environ, "GPUK8S_HELM": helm_for_ansible()}).stdout
+
+
 def _gpu_aware_playbook(state: str, namespace: str) -> None:
     """playbooks/gpu_aware.yml for the release in ``namespace``: over HTTPS when its chart
     made kube-scheduler's certificate (gpuAware.tls), else plain HTTP (a release of a
     chart from before issue 26, given back as it was)."""
-    helm3 = os.environ.get("GPUK8S_HELM") or run(str(LAB / "tools.sh"), "helm3",
-                                                 timeout=900).stdout.strip()
     tls = kubectl("-n", namespace, "get", "secret", "gpu-aware-scheduler-client", "-o", "name",
                   check=False).strip() != ""
-    with removing_scheduler_backups():
-        run(tool("ansible-playbook"), "-i", str(REPO / "inventories" / "lab"),
-            str(REPO / "playbooks" / "gpu_aware.yml"), "-e", f"gpu_aware_state={state}",
-            "-e", f"gpu_aware_namespace={namespace}", "-e", f"gpu_aware_tls={str(tls).lower()}",
-            timeout=900, cwd=str(REPO), env={**os.environ, "GPUK8S_HELM": helm3})
+    playbook("gpu_aware.yml", "-e", f"gpu_aware_state={state}",
+             "-e", f"gpu_aware_namespace={namespace}", "-e", f"gpu_aware_tls={str(tls).lower()}")
 
 
 # the fleet's test modules: e2e, and the one documented skip besides GPUK8S_E2E (lab/up
@@ -282,6 +331,38 @@ def standby_scheduler_running(
     """cp2's kube-scheduler running for one test (the lab node's still leading)."""
     with standby_scheduler_up(lab["node"], standby_scheduler_parked):
         yield
+
+
+FLEET_INSTALL = pytest.StashKey[contextlib.ExitStack]()
+
+
+@pytest.fixture(scope="session")
+def fleet_extensions(
+    request: pytest.FixtureRequest, lab: dict[str, str], standby_scheduler_parked: bool
+) -> Iterator[dict[str, Any]]:
+    """The GPU Extensions scheme installed over SSH on the fleet, ONE install for the
+    modules of FLEET_SHARED_MODULES (test_fleet_sched.py's ``extensions_installed``); it is
+    removed after the last test of theirs (pytest_runtest_teardown), or at the end of the
+    session when that comes first."""
+    from .test_fleet_sched import extensions_installed
+
+    stack = contextlib.ExitStack()
+    request.config.stash[FLEET_INSTALL] = stack
+    try:
+        yield stack.enter_context(extensions_installed(lab["node"], standby_scheduler_parked))
+    finally:
+        stack.close()  # a no-op when pytest_runtest_teardown closed it
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The fleet's shared install is removed once the next test is not one of its modules'."""
+    stack = item.config.stash.get(FLEET_INSTALL, None)
+    if stack is None or (nextitem is not None
+                         and _e2e_module(nextitem) in FLEET_SHARED_MODULES):
+        return
+    del item.config.stash[FLEET_INSTALL]
+    stack.close()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -390,6 +471,82 @@ def shared_gpu_pod(name: str, namespace: str, vcore: int, *, node: str = "",
     if annotations:
         pod["metadata"]["annotations"] = dict(annotations)
     return pod
+
+
+def allocatable(node: str, resource: str) -> int:
+    """The node's allocatable ``resource`` (0 when it has none)."""
+    key = resource.replace(".", "\\.")
+    return int(kubectl("get", "node", node, "-o", f"jsonpath={{.status.allocatable.{key}}}")
+               or 0)
+
+
+SGPU_NS = "metax-gpu-extensions"  # the sGPU stack's release namespace
+SGPU_RELEASE = "e2e-sgpu"
+SHARING_MODE = "sgpu"
+SGPU_GPUS = 8  # the lab node's simulated GPUs (c500-8)
+SGPU_SLOTS = 16  # replica ids per GPU in sgpu mode (core.sharing.DEFAULT_SLOTS)
+SGPU_VALUES = (
+    f"registry={REGISTRY}/gpuk8s",
+    f"hostPaths.root={SIM_ROOT}",
+    "hostPaths.extraReadPaths={/var/lib/gpuk8s-sim}",
+    f"gpuDevice.extraArgs={{--device-path-prefix={SIM_ROOT}}}",
+    "gpuDevice.sharing=true",
+    "deployExtenderGPUAware=true",
+    "gpuExporter.enabled=true",
+    "gpuExporter.interval=2",
+)
+
+
+@pytest.fixture(scope="session")
+def sgpu_release(lab: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The sGPU stack on the lab node, ONE install for the modules of SGPU_MODULES (run
+    last, see pytest_collection_modifyitems): the node labelled
+    ``gpuk8s.io/sharing-mode=sgpu`` *before* gpu-device starts (it reads the mode once, at
+    start), the chart with gpu-device sharing, gpu-aware as kube-scheduler's extender
+    (playbooks/gpu_aware.yml, the ``bind`` verb) and gpu-exporter (a 2 s interval); all
+    undone at the end of the session, pass or fail (``releases_set_aside`` then gives
+    lab/install's release back). Each module takes its own namespace (``sgpu_work``) and
+    leaves the release as it found it."""
+    node = lab["node"]
+    kubectl("label", "node", node, f"{SHARING_MODE_LABEL}={SHARING_MODE}", "--overwrite")
+    try:
+        run(HELM, "--kubeconfig", KUBECONFIG, "upgrade", "--install", SGPU_RELEASE,
+            str(REPO / "charts" / "metax-gpu-extensions"), "-n", SGPU_NS, "--create-namespace",
+            "--wait", "--timeout", "5m", *(a for v in SGPU_VALUES for a in ("--set", v)),
+            timeout=600)
+        playbook("gpu_aware.yml", "-e", f"gpu_aware_namespace={SGPU_NS}")
+        yield {**lab, "release": SGPU_RELEASE}
+    finally:
+        playbook("gpu_aware.yml", "-e", "gpu_aware_state=absent", "-e",
+                 f"gpu_aware_namespace={SGPU_NS}")
+        run(HELM, "--kubeconfig", KUBECONFIG, "uninstall", SGPU_RELEASE, "-n", SGPU_NS,
+            "--wait", "--timeout", "3m", check=False, timeout=300)
+        kubectl("label", "node", node, f"{SHARING_MODE_LABEL}-", check=False)
+        wait_until("nothing left after helm uninstall", lambda: kubectl(
+            "get", "all", "-n", SGPU_NS, "-o", "name", check=False).strip() == "", 60)
+
+
+SCHEDULER_READY = "https://127.0.0.1:10259/readyz"
+
+
+@contextlib.contextmanager
+def sgpu_work(release: dict[str, str], work: str) -> Iterator[dict[str, str]]:
+    """One module's share of ``sgpu_release``: kube-scheduler ready with the extender, every
+    GPU's sGPU replicas allocatable (nothing an earlier module placed is left), and the
+    module's own namespace ``work``, deleted (with its pods) on the way out."""
+    node = release["node"]
+    wait_until("kube-scheduler ready with the extender", lambda: run(
+        "curl", "-fsSk", SCHEDULER_READY, check=False).returncode == 0, 180)
+    wait_until(f"{SGPU} allocatable {SGPU_GPUS * SGPU_SLOTS}",
+               lambda: allocatable(node, SGPU) == SGPU_GPUS * SGPU_SLOTS, 120, interval=0.5)
+    kubectl("create", "namespace", work)
+    try:
+        wait_until("default sa", lambda: kubectl("-n", work, "get", "sa", "default",
+                                                 check=False), 30, interval=0.5)
+        yield release
+    finally:
+        kubectl("delete", "namespace", work, "--wait=true", "--timeout=120s", check=False,
+                timeout=180)
 
 
 def tool(name: str) -> str:

@@ -1,10 +1,11 @@
 """gpu-exporter on the lab's real node with shared GPUs and a GPU that leaves the bus
 (issue 28, item 9).
 
-Set-up as tests/e2e/test_sharing.py, by its ``sgpu_stack`` (node labelled
-``gpuk8s.io/sharing-mode=sgpu`` before gpu-device starts, the chart with
-``gpuDevice.sharing``, gpu-aware with the ``bind`` verb in the real kube-scheduler), plus
-gpu-exporter from the same chart. Everything is undone at the end, pass or fail.
+Set-up: the session's one sGPU stack, as tests/e2e/test_sharing.py (conftest's
+``sgpu_release``: node labelled ``gpuk8s.io/sharing-mode=sgpu`` before gpu-device starts,
+the chart with ``gpuDevice.sharing``, gpu-aware with the ``bind`` verb in the real
+kube-scheduler, gpu-exporter); the module's pods in its own namespace (``sgpu_work``),
+deleted at its end, and every simulated GPU healed.
 
 1. Two sGPU pods go through the real scheduler, extender and kubelet. The kubelet hands
    each replica ids of GPUs it picks at random (its device-manager checkpoint says
@@ -32,35 +33,35 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import (
+    SGPU_RELEASE,
     SIM_ROOT,
     apply,
     kubectl,
     kubectl_json,
     pod_phase,
     requires_paths,
+    sgpu_work,
     shared_gpu_pod,
     wait_until,
 )
 from .test_gpu_stack import gpuk8s
-from .test_sharing import GPUS, NS, assignment, kubelet_gpus, sgpu_stack
+from .test_sharing import GPUS, NS, assignment, kubelet_gpus
 
 pytestmark = [
     pytest.mark.e2e,
     requires_paths("charts/metax-gpu-extensions", "playbooks/gpu_aware.yml"),
 ]
 
-RELEASE = "e2e-exporter-sharing"
 WORK = "e2e-exporter-sharing"
-EXPORTER = "app.kubernetes.io/name=gpu-exporter"
+EXPORTER = f"app.kubernetes.io/name=gpu-exporter,app.kubernetes.io/instance={SGPU_RELEASE}"
 ATTEMPTS = 6
 
 state: dict[str, Any] = {}
 
 
 @pytest.fixture(scope="module")
-def stack(lab: dict[str, str]) -> Iterator[dict[str, str]]:
-    with sgpu_stack(lab["node"], RELEASE, WORK, "gpuExporter.enabled=true",
-                    "gpuExporter.interval=2"):
+def stack(sgpu_release: dict[str, str]) -> Iterator[dict[str, str]]:
+    with sgpu_work(sgpu_release, WORK) as lab:
         try:
             yield lab
         finally:

@@ -1,7 +1,8 @@
 """Maintenance over SSH on the fleet (issue 49, item 4 bullet 3 and item 6's check mode):
 playbooks/maintenance.yml and vfnum.yml as an administrator runs them from a workstation,
-through real sshd and sudo, against nodes of the GPU Extensions install test_fleet_ops.py
-makes (its fixtures, imported: one install and uninstall for this module).
+through real sshd and sudo, against nodes of the GPU Extensions install over SSH that this
+module shares with test_fleet_sched.py (conftest's ``fleet_extensions``: one install and
+uninstall for both; test_fleet_sched.py asserts the uninstall).
 
 * maintenance on gpu-ext: a Deployment's GPU pod there is evicted and starts on another
   node with room; the driver is upgraded in gpu-ext's own root (the simulated GPUs' root:
@@ -10,6 +11,9 @@ makes (its fixtures, imported: one install and uninstall for this module).
   back uncordoned with its labels (the driver version's the new one); a GPU pod on gpu-vf
   and every pod on the other fleet nodes keep their UID and restart count. Then the same
   play takes gpu-ext back to the driver it had.
+* the install over SSH registers the lab node's GPUs (capacity and allocatable 8) with every
+  label of SPEC §4, as the single-node install playbook did (the former
+  tests/e2e/test_playbooks.py test 1: the fleet's install is the playbooks' one e2e install).
 * check mode: each run is first made with ``--check --diff``; the tasks it reports changed,
   per host, are those the real run changes. vfnum.yml on gpu-vf the same way (4 VFs per GPU
   to 2 and back).
@@ -49,16 +53,14 @@ from .conftest import (
     tool,
     wait_until,
 )
-from .test_fleet_ops import (  # noqa: F401  (fixtures, used by name)
+from .test_fleet_ops import (
     EXTRA_VARS,
     FLEET_TAINT,
-    before_install,
-    both_schedulers,
-    installed,
     node_exec,
     nodes,
     our_labels,
 )
+from .test_gpu_stack import SPEC4_LABELS, gpu
 
 pytestmark = FLEET_MARKS
 
@@ -170,9 +172,9 @@ def driver_version(name: str) -> str:
 @pytest.fixture()
 def sim_root_kept(request: pytest.FixtureRequest) -> Iterator[str]:
     """The node (the fixture's parameter), with the extensions scheme installed over SSH
-    (test_fleet_ops.py's ``installed``), its simulated root and its Node as found
+    (conftest's ``fleet_extensions``), its simulated root and its Node as found
     afterwards: the files put back from a copy, cordon and marks as they were."""
-    request.getfixturevalue("installed")
+    request.getfixturevalue("fleet_extensions")
     name: str = request.param
     node_exec(name, "tar", "-C", SIM_ROOT, "-cf", SNAPSHOT, ".")
     before = node_state(name)
@@ -305,6 +307,22 @@ def kmod_finds(version: str) -> None:
     module = shown.split()[1]
     assert module == f"{SIM_ROOT}/lib/modules/{release}/extra/metax.ko", shown
     assert node_exec(NODE, "modinfo", "-F", "version", module).strip() == version
+
+
+def has_gpus(name: str, field: str = "allocatable") -> bool:
+    return gpu(name, field) == 8
+
+
+@pytest.mark.usefixtures("fleet_extensions")
+def test_install_over_ssh_registers_the_lab_nodes_gpus_with_their_labels(
+    lab: dict[str, str],
+) -> None:
+    for name in (lab["node"], NODE):
+        wait_until(f"capacity 8 on {name}", functools.partial(has_gpus, name, "capacity"), 180)
+        wait_until(f"allocatable 8 on {name}", functools.partial(has_gpus, name), 60)
+        labels = kubectl_json("get", "node", name)["metadata"]["labels"]
+        missing = [key for key in SPEC4_LABELS if f"metax-tech.com/{key}" not in labels]
+        assert not missing, (name, missing)
 
 
 @pytest.mark.parametrize("sim_root_kept", [NODE], indirect=True)

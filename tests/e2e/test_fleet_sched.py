@@ -22,6 +22,7 @@ scheduler as it found them (the tier parks cp2's scheduler; it runs inside the m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import subprocess
@@ -62,6 +63,7 @@ from .test_fleet_ops import (
     FLEET_TAINT,
     NAMESPACE,
     RELEASE,
+    assert_extensions_everywhere,
     nodes,
     our_labels,
     package_charts,
@@ -299,34 +301,52 @@ def lab_scheduler_leads(lab_node: str) -> None:
         standby_scheduler(True, lab_node)
 
 
-@pytest.fixture(scope="module")
-def fleet_sched(lab: dict[str, str], standby_scheduler_parked: bool) -> Iterator[dict[str, Any]]:
-    """Both schedulers running; the extensions scheme with gpu-aware installed over SSH
-    (the install lists both control planes in gpu-aware's NetworkPolicy); gpu_aware.yml
-    run with --check --diff, then for real. Afterwards: gpu_aware.yml absent (unless test 4
-    did it), uninstall.yml, our labels on the fleet nodes as found."""
-    assert scheduler_leader() == lab["node"], "the lab node's kube-scheduler must lead"
-    with standby_scheduler_up(lab["node"], standby_scheduler_parked):
+@contextlib.contextmanager
+def extensions_installed(lab_node: str, parked: bool) -> Iterator[dict[str, Any]]:
+    """The GPU Extensions scheme with gpu-aware installed over SSH, ONE install for
+    test_fleet_maint.py and this module (conftest's ``fleet_extensions``): both schedulers
+    running (the install lists both control planes in gpu-aware's NetworkPolicy),
+    push_artifacts.yml and install.yml, then what the install must show
+    (``assert_extensions_everywhere``). Afterwards: uninstall.yml, which must leave none of
+    the release's objects (the claim of the former tests/e2e/test_playbooks.py), our
+    labels on the fleet nodes and cp2's scheduler as found. Yields the control planes'
+    files and our labels as found."""
+    assert scheduler_leader() == lab_node, "the lab node's kube-scheduler must lead"
+    with standby_scheduler_up(lab_node, parked):
         files = control_plane_files()
         labels = {n: our_labels(node) for n, node in nodes().items() if n in FLEET_NODES}
-        state: dict[str, Any] = {"files": files, "absent": False}
         package_charts()
         playbook("push_artifacts")
         try:
             playbook("install", extra={"gpu_extensions_deploy_gpu_aware": True})
-            state["check"] = changed_by_host(gpu_aware_playbook("--check", "--diff"))
-            state["cp2_pod"] = scheduler_pod(FLEET_STANDBY)["metadata"]
-            state["real"] = changed_by_host(gpu_aware_playbook())
-            # either scheduler may lead after the restarts, one at a time
-            lab_scheduler_leads(lab["node"])
-            yield state
+            assert_extensions_everywhere(lab_node)
+            yield {"files": files, "labels": labels}
         finally:
-            try:
-                if not state["absent"]:
-                    gpu_aware_playbook("-e", "gpu_aware_state=absent")
+            try:  # no kube-scheduler backups left on the control planes either
+                playbook("uninstall", extra={"gpu_aware_backup": False})
             finally:
-                playbook("uninstall")
                 restore_labels(labels)
+    left = kubectl("get", "daemonset,deployment,service,configmap", "-n", NAMESPACE, "-o",
+                   "name", "-l", "app.kubernetes.io/managed-by=Helm", check=False).strip()
+    assert left == "", f"uninstall left: {left}"
+
+
+@pytest.fixture(scope="module")
+def fleet_sched(lab: dict[str, str], fleet_extensions: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """On the fleet's shared install (``fleet_extensions``, both schedulers running):
+    gpu_aware.yml run with --check --diff, then for real. Afterwards gpu_aware.yml absent
+    (unless test 4 did it)."""
+    state: dict[str, Any] = {"files": fleet_extensions["files"], "absent": False}
+    try:
+        state["check"] = changed_by_host(gpu_aware_playbook("--check", "--diff"))
+        state["cp2_pod"] = scheduler_pod(FLEET_STANDBY)["metadata"]
+        state["real"] = changed_by_host(gpu_aware_playbook())
+        # either scheduler may lead after the restarts, one at a time
+        lab_scheduler_leads(lab["node"])
+        yield state
+    finally:
+        if not state["absent"]:
+            gpu_aware_playbook("-e", "gpu_aware_state=absent")
 
 
 def test_1_gpu_aware_on_both_control_planes_and_cp2_admitted(

@@ -3,8 +3,9 @@
 The lab's bridge CNI enforces no policy; lab/up runs sigs.k8s.io/kube-network-policies
 (nftables + nfqueue) as a host daemon of the node (lab/netpol.sh), as its DaemonSet would
 on a real node. The chart is installed as the lab installs it (the policy's defaults: the
-control-plane Node found by lookup) with gpu-aware as kube-scheduler's extender
-(test_sharing's ``sgpu_stack``). Then:
+control-plane Node found by lookup) with gpu-aware as kube-scheduler's extender (the
+session's one sGPU stack, conftest's ``sgpu_release``, shared with test_sharing.py; the
+module's pods in its own namespace). Then:
 
 - a pod on the GPU node cannot open a connection to gpu-aware's extender port (each pod
   IP and the Service's ClusterIP) nor to its health port (``healthFrom`` is empty);
@@ -12,7 +13,8 @@ control-plane Node found by lookup) with gpu-aware as kube-scheduler's extender
   placed through gpu-aware's filter (its counter of answered filter requests grows);
 - the kubelet's probes still pass (the pods stay Ready, no restart);
 - the control: with ``gpuAware.networkPolicy.enabled=false`` (a helm upgrade of the same
-  release) the same pod connects to the same port, so the refusal above was the policy's.
+  release) the same pod connects to the same port, so the refusal above was the policy's;
+  the module's end gives the release its policy back.
 
 Needs the lab's enforcer running (``lab/netpol.sh start``, which lab/up runs): its absence
 is a failure, not a skip.
@@ -20,6 +22,8 @@ is a failure, not a skip.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import urllib.request
 from collections.abc import Iterator
 from functools import partial
@@ -32,20 +36,21 @@ from .conftest import (
     KUBECONFIG,
     KUBECTL,
     REPO,
+    SGPU_RELEASE,
     apply,
     kubectl,
     kubectl_json,
     run,
+    sgpu_work,
     shared_gpu_pod,
     wait_until,
 )
 from .test_gpu_stack import helm
 from .test_manual import gpu_aware_metric
-from .test_sharing import NS, sgpu_stack
+from .test_sharing import NS
 
 pytestmark = [pytest.mark.e2e]
 
-RELEASE = "e2e-netpol"
 WORK = "e2e-netpol"
 NETPOL_METRICS = "http://127.0.0.1:9080/metrics"  # lab/netpol.sh NETPOL_METRICS
 EXTENDER_PORT = 8080
@@ -64,11 +69,11 @@ def enforcer_running() -> bool:
 
 
 @pytest.fixture(scope="module")
-def stack(lab: dict[str, str]) -> Iterator[dict[str, str]]:
+def stack(sgpu_release: dict[str, str]) -> Iterator[dict[str, str]]:
     assert enforcer_running(), (
         f"no NetworkPolicy enforcer on the lab node ({NETPOL_METRICS} does not answer): "
         "run lab/netpol.sh start (lab/up runs it)")
-    with sgpu_stack(lab["node"], RELEASE, WORK):
+    with sgpu_work(sgpu_release, WORK) as lab, policy_given_back():
         apply({"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": PROBER, "namespace": WORK},
                "spec": {"terminationGracePeriodSeconds": 0, "nodeName": lab["node"],
@@ -78,6 +83,23 @@ def stack(lab: dict[str, str]) -> Iterator[dict[str, str]]:
             "-n", WORK, "get", "pod", PROBER, "-o", "jsonpath={.status.phase}") == "Running",
             60, interval=0.5)
         yield lab
+
+
+@contextlib.contextmanager
+def policy_given_back() -> Iterator[None]:
+    """The release's NetworkPolicy setting as found, once the module is done (test 5
+    turns it off)."""
+    found = json.loads(helm("get", "values", SGPU_RELEASE, "-n", NS, "--all", "-o", "json"))
+    enabled = bool(found["gpuAware"]["networkPolicy"]["enabled"])
+    try:
+        yield
+    finally:
+        now = json.loads(helm("get", "values", SGPU_RELEASE, "-n", NS, "--all", "-o", "json"))
+        if bool(now["gpuAware"]["networkPolicy"]["enabled"]) != enabled:
+            helm("upgrade", SGPU_RELEASE, str(REPO / "charts" / "metax-gpu-extensions"),
+                 "-n", NS, "--reuse-values", "--set",
+                 f"gpuAware.networkPolicy.enabled={str(enabled).lower()}", "--wait",
+                 "--timeout", "5m")
 
 
 def gpu_aware_pods() -> list[dict[str, Any]]:
@@ -146,7 +168,7 @@ def test_4_the_probes_still_pass(stack: dict[str, str]) -> None:
 
 
 def test_5_without_the_policy_the_same_pod_connects(stack: dict[str, str]) -> None:
-    helm("upgrade", RELEASE, str(REPO / "charts" / "metax-gpu-extensions"), "-n", NS,
+    helm("upgrade", SGPU_RELEASE, str(REPO / "charts" / "metax-gpu-extensions"), "-n", NS,
          "--reuse-values", "--set", "gpuAware.networkPolicy.enabled=false", "--wait",
          "--timeout", "5m")
     assert kubectl("-n", NS, "get", "networkpolicy", "-o", "name") == ""

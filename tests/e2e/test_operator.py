@@ -71,7 +71,7 @@ def lab_up(preset: str, containerd: str = "1.6") -> None:
 
 
 def playbook(name: str, *extra: str) -> str:
-    from .test_playbooks import helm_for_ansible
+    from .conftest import helm_for_ansible
 
     env = {**os.environ, "GPUK8S_HELM": helm_for_ansible()}
     return run(tool("ansible-playbook"), "-i", INVENTORY, str(REPO / "playbooks" / name),

@@ -1,11 +1,14 @@
 """GPU sharing (issue 14) on the lab's real node: sGPU pods through the real kube-scheduler,
 gpu-aware's filter/prioritize/bind, the real kubelet and gpu-device's Allocate.
 
-Set-up: the node is labelled ``gpuk8s.io/sharing-mode=sgpu`` *before* gpu-device starts
-(it reads the mode once, at start), the chart is installed with ``gpuDevice.sharing=true``
-and ``deployExtenderGPUAware=true``, and playbooks/gpu_aware.yml points kube-scheduler at
-gpu-aware with the ``bind`` verb. Everything is undone at the end, pass or fail (the
-session's ``releases_set_aside`` then gives lab/install's release back).
+Set-up: the session's one sGPU stack (conftest's ``sgpu_release``, shared with
+test_exporter_sharing.py, test_stable_gpu_ids.py and test_netpol.py): the node is labelled
+``gpuk8s.io/sharing-mode=sgpu`` *before* gpu-device starts (it reads the mode once, at
+start), the chart is installed with ``gpuDevice.sharing=true``,
+``deployExtenderGPUAware=true`` and gpu-exporter, and playbooks/gpu_aware.yml points
+kube-scheduler at gpu-aware with the ``bind`` verb. The module's pods live in its own
+namespace, deleted at its end (``sgpu_work``); the stack is undone at the end of the
+session, pass or fail (``releases_set_aside`` then gives lab/install's release back).
 
 Only ONE of the 8 simulated GPUs is left to the shared pods, and it is left by *pods*:
 seven holders ask ``sgpu: 1, vcore: 100`` (100 % = the GPU exclusively) and go through
@@ -23,7 +26,6 @@ would then look free and the second pod would not land beside the first.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import urllib.request
@@ -34,89 +36,39 @@ from typing import Any
 import pytest
 
 from .conftest import (
-    HELM,
-    KUBECONFIG,
-    REGISTRY,
-    REPO,
     SGPU,
-    SIM_ROOT,
+    SGPU_GPUS,
+    SGPU_NS,
     apply,
     kubectl,
     kubectl_json,
     pod_phase,
     requires_paths,
-    run,
+    sgpu_work,
     shared_gpu_pod,
     wait_until,
 )
-from .test_gpu_stack import helm, sim_state
-from .test_playbooks import playbook
+from .test_gpu_stack import sim_state
 
 pytestmark = [
     pytest.mark.e2e,
     requires_paths("charts/metax-gpu-extensions", "playbooks/gpu_aware.yml"),
 ]
 
-NS = "metax-gpu-extensions"
-RELEASE = "e2e-sharing"
+NS = SGPU_NS
 WORK = "e2e-sharing"
-MODE_LABEL = "gpuk8s.io/sharing-mode"
 ASSIGNED = "gpuk8s.io/sharing.assigned"
 PHASE = "gpuk8s.io/sharing.phase"
 DEVICES = "metax-tech.com/gpu.devices"
-SLOTS = 16  # replica ids per GPU in sgpu mode (core.sharing.DEFAULT_SLOTS)
-GPUS = 8
+GPUS = SGPU_GPUS
 CHECKPOINT = Path("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
-SCHEDULER_READY = "https://127.0.0.1:10259/readyz"
 
 state: dict[str, Any] = {}  # what earlier tests found (the shared GPU, the kubelet's ids)
 
 
-def allocatable(node: str, resource: str) -> int:
-    key = resource.replace(".", "\\.")
-    return int(kubectl("get", "node", node, "-o", f"jsonpath={{.status.allocatable.{key}}}")
-               or 0)
-
-
-@contextlib.contextmanager
-def sgpu_stack(node: str, release: str, work: str, *values: str) -> Iterator[None]:
-    """The node in sgpu mode with the chart (gpu-device sharing, gpu-aware as the
-    scheduler's extender; ``values``: more ``--set`` of the chart) and namespace ``work``;
-    all undone on the way out, pass or fail."""
-    kubectl("label", "node", node, f"{MODE_LABEL}=sgpu", "--overwrite")
-    try:
-        helm("upgrade", "--install", release, str(REPO / "charts" / "metax-gpu-extensions"),
-             "-n", NS, "--create-namespace", "--wait", "--timeout", "5m",
-             "--set", f"registry={REGISTRY}/gpuk8s",
-             "--set", f"hostPaths.root={SIM_ROOT}",
-             "--set", "hostPaths.extraReadPaths={/var/lib/gpuk8s-sim}",
-             "--set", f"gpuDevice.extraArgs={{--device-path-prefix={SIM_ROOT}}}",
-             "--set", "gpuDevice.sharing=true",
-             "--set", "deployExtenderGPUAware=true",
-             *(a for v in values for a in ("--set", v)))  # fmt: skip
-        playbook("gpu_aware.yml", "-e", f"gpu_aware_namespace={NS}")
-        wait_until("kube-scheduler ready with the extender", lambda: run(
-            "curl", "-fsSk", SCHEDULER_READY, check=False).returncode == 0, 180)
-        wait_until(f"{SGPU} allocatable {GPUS * SLOTS}",
-                   lambda: allocatable(node, SGPU) == GPUS * SLOTS, 120, interval=0.5)
-        kubectl("create", "namespace", work)
-        wait_until("default sa", lambda: kubectl("-n", work, "get", "sa", "default",
-                                                 check=False), 30, interval=0.5)
-        yield
-    finally:
-        kubectl("delete", "namespace", work, "--wait=true", "--timeout=120s", check=False)
-        playbook("gpu_aware.yml", "-e", "gpu_aware_state=absent", "-e",
-                 f"gpu_aware_namespace={NS}")
-        run(HELM, "--kubeconfig", KUBECONFIG, "uninstall", release, "-n", NS, "--wait",
-            "--timeout", "3m", check=False, timeout=300)
-        kubectl("label", "node", node, f"{MODE_LABEL}-", check=False)
-        wait_until("nothing left after helm uninstall", lambda: kubectl(
-            "get", "all", "-n", NS, "-o", "name", check=False).strip() == "", 60)
-
-
 @pytest.fixture(scope="module")
-def sharing(lab: dict[str, str]) -> Iterator[dict[str, str]]:
-    with sgpu_stack(lab["node"], RELEASE, WORK):
+def sharing(sgpu_release: dict[str, str]) -> Iterator[dict[str, str]]:
+    with sgpu_work(sgpu_release, WORK) as lab:
         yield lab
 
 

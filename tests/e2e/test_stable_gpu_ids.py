@@ -3,14 +3,15 @@
 back unchanged when GPU 3 is healed. tests/unit/test_stable_gpu_ids.py runs the same
 story in one process.
 
-Set-up as tests/e2e/test_exporter_sharing.py (``sgpu_stack`` of tests/e2e/test_sharing.py
-with gpu-exporter). The eight pods that hold the GPUs are *pinned*: created with
-``spec.nodeName`` and the annotations gpu-aware's bind writes (the assignment naming the
-GPU by the UUID of gpu-device's device list, the bind time, phase ``allocating``), one at
-a time (gpu-device's ``Allocate`` tells waiting pods of one size apart only by bind
-time), so that the shares sit on GPUs 5 and 6 whatever gpu-aware would have chosen: pod
-``a`` holds 50 % of GPU 5, pod ``b`` 30 % of GPU 6, fillers hold every other GPU whole.
-gpu-aware learns them from its pod watch, as it learns the pods of a restarted replica.
+Set-up as tests/e2e/test_exporter_sharing.py (the session's one sGPU stack, conftest's
+``sgpu_release``, with gpu-exporter; the module's own namespace). The eight pods that hold
+the GPUs are *pinned*: created with ``spec.nodeName`` and the annotations gpu-aware's bind
+writes (the assignment naming the GPU by the UUID of gpu-device's device list, the bind
+time, phase ``allocating``), one at a time (gpu-device's ``Allocate`` tells waiting pods of
+one size apart only by bind time), so that the shares sit on GPUs 5 and 6 whatever gpu-aware
+would have chosen: pod ``a`` holds 50 % of GPU 5, pod ``b`` 30 % of GPU 6, fillers hold
+every other GPU whole. gpu-aware learns them from its pod watch, as it learns the pods of a
+restarted replica.
 
 1. Each pod's container got the card its annotation names; the exporter meters ``a``
    and ``b`` on those cards (the ``uuid`` label of their series).
@@ -36,12 +37,14 @@ from typing import Any
 import pytest
 
 from .conftest import (
+    SGPU_RELEASE,
     SIM_ROOT,
     apply,
     kubectl,
     kubectl_json,
     pod_phase,
     requires_paths,
+    sgpu_work,
     shared_gpu_pod,
     wait_until,
 )
@@ -55,7 +58,6 @@ from .test_sharing import (
     PHASE,
     assignment,
     gpu_in_container,
-    sgpu_stack,
 )
 
 pytestmark = [
@@ -63,10 +65,9 @@ pytestmark = [
     requires_paths("charts/metax-gpu-extensions", "playbooks/gpu_aware.yml"),
 ]
 
-RELEASE = "e2e-stable-ids"
 WORK = "e2e-stable-ids"
 BIND_TIME = "gpuk8s.io/sharing.bind-time"
-GPU_DEVICE = f"app.kubernetes.io/name=gpu-device,app.kubernetes.io/instance={RELEASE}"
+GPU_DEVICE = f"app.kubernetes.io/name=gpu-device,app.kubernetes.io/instance={SGPU_RELEASE}"
 LOST = 3
 SHARES = {"a": (5, 50), "b": (6, 30)}  # pod -> (GPU index before the loss, vcore)
 NEW = 40  # vcore of the share placed after the loss: only a's and b's cards have room
@@ -75,9 +76,8 @@ state: dict[str, Any] = {}
 
 
 @pytest.fixture(scope="module")
-def stack(lab: dict[str, str]) -> Iterator[dict[str, str]]:
-    with sgpu_stack(lab["node"], RELEASE, WORK, "gpuExporter.enabled=true",
-                    "gpuExporter.interval=2"):
+def stack(sgpu_release: dict[str, str]) -> Iterator[dict[str, str]]:
+    with sgpu_work(sgpu_release, WORK) as lab:
         try:
             yield lab
         finally:

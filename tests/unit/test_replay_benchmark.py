@@ -6,6 +6,7 @@ whole replay on the lab)."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -190,3 +191,18 @@ def test_the_watch_records_decisions_once() -> None:
         cluster._apply("DELETED", pending)
     assert cluster.unschedulable_at["p"] == first and "p" in cluster.bound_at
     assert "p" in cluster.gone_at and "p" not in cluster.pods
+
+
+def test_waiters_return_when_the_watch_is_closed() -> None:
+    """The clean-up closes the watch first: a load pod's waiter (its 120 s for a decision
+    no event will bring now) returns at once, undecided (the e2e smoke's clean-up waited
+    out those timeouts: 111 of its 139 s)."""
+    cluster = replay.Cluster(FakeApi())  # type: ignore[arg-type]
+    results: list[bool] = []
+    waiter = threading.Thread(target=lambda: results.append(cluster.wait(lambda: False, 600)),
+                              daemon=True)
+    waiter.start()
+    cluster.close()
+    waiter.join(60)
+    assert not waiter.is_alive() and results == [False]
+    assert cluster.wait(lambda: True, 600) is True  # what holds still says so
