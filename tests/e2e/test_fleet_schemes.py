@@ -369,6 +369,12 @@ def test_3_a_rolling_upgrade_takes_the_operator_nodes_one_at_a_time(
     for name in OPERATOR_NODES:
         assert driver_everywhere(name) == (NEXT,) * 3, name
         assert nodes()[name]["metadata"]["labels"][P + "gpu.driver.minor"] == "35", name
+    # and its metrics (the health port, through the API server's pod proxy)
+    pod = kubectl_json("get", "pods", "-n", OP[1], "-l", "app.kubernetes.io/instance="
+                       f"{OP[0]},app.kubernetes.io/name=operator-controller")["items"][0]
+    metrics = kubectl("get", "--raw", f"/api/v1/namespaces/{OP[1]}/pods/"
+                      f"{pod['metadata']['name']}:8094/proxy/metrics")
+    assert 'operator_driver_upgrade_duration_seconds_count{result="done"} 2.0' in metrics
     kept(keeper)
 
 
