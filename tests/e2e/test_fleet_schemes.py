@@ -109,7 +109,7 @@ VARS: dict[str, Any] = {
         "registry": PAYLOADS}}, "driver": {
         "payload": {"registry": PAYLOADS},
         # the chart's maxParallel 1, maxUnavailable 25% (of two nodes: one); failures soon
-        "upgradePolicy": {"drainTimeoutSeconds": 20, "upgradeTimeoutSeconds": 120},
+        "upgradePolicy": {"drainTimeoutSeconds": 10, "upgradeTimeoutSeconds": 120},
         "extraArgs": [
         "--load-command={host_root}/usr/sbin/modprobe {module}",
         "--unload-command={host_root}/usr/sbin/modprobe -r {module}",
