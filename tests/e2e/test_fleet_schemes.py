@@ -8,7 +8,7 @@ nobody. verify.yml over SSH passes on every GPU node of both groups, each node j
 its own scheme.
 
 Day 2 of the operator scheme, on the same install (docs/operator.md "Rolling driver
-upgrade"; deployPolicy Always, driver.upgradePolicy maxParallel 1): a GPU pod runs on
+/ VF upgrades (day 2)"; deployPolicy Always, driver.upgradePolicy maxParallel 1): a GPU pod runs on
 gpu-ext, then `helm upgrade` of the operator release to a second good payload (NEXT, which
 images/build.sh payloads builds): the operator nodes are upgraded one at a time (every
 state of both Nodes the API server reported during the roll, in order: never both cordoned,
