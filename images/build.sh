@@ -6,7 +6,8 @@
 #                                                     driver-manager, container-runtime, operator-controller
 #   images/build.sh payloads   [--import] [--push]   the operator's payload images for the lab: a
 #                                                     simulated driver (driver-image), its SDK
-#                                                     (maca-c500) and a broken driver image
+#                                                     (maca-c500), a newer driver and a broken
+#                                                     driver image
 #   images/build.sh base                              the debootstrapped Debian + python3 base tarball
 #   images/build.sh all        [--import] [--push]
 #
@@ -108,6 +109,8 @@ LAB_SDK_VERSION="${LAB_SDK_VERSION:-2.33.0.4}"
 LAB_SDK_TAG="$LAB_SDK_VERSION-ubuntu22.04-amd64"
 # a tag whose image holds another driver version than it says ("wrong version inside")
 LAB_BAD_DRIVER_TAG="${LAB_BAD_DRIVER_TAG:-2.34.0.1}"
+# a second good driver, newer: the target of the fleet's rolling upgrade (test_fleet_schemes.py)
+LAB_DRIVER_NEXT_VERSION="${LAB_DRIVER_NEXT_VERSION:-2.35.0.6}"
 
 payload_image() {  # payload_image NAME TAG TREE IMAGEDIR
     local name="$1" tag="$2" tree="$3" where="$4" specs="/bin/busybox=/bin/busybox:0755" applet
@@ -126,6 +129,8 @@ build_payloads() {
     "$gpuk8s" sim payload maca --version "$LAB_SDK_VERSION" --out "$work/maca" >/dev/null
     payload_image driver-image "$LAB_DRIVER_VERSION" "$work/driver" /driver
     payload_image driver-image "$LAB_BAD_DRIVER_TAG" "$work/driver" /driver
+    "$gpuk8s" sim payload driver --version "$LAB_DRIVER_NEXT_VERSION" --out "$work/driver-next" >/dev/null
+    payload_image driver-image "$LAB_DRIVER_NEXT_VERSION" "$work/driver-next" /driver
     payload_image maca-c500 "$LAB_SDK_TAG" "$work/maca" /opt/maca
 }
 

@@ -330,7 +330,7 @@ def test_maintenance_moves_the_gpu_pod_upgrades_the_driver_and_gives_the_node_ba
     sim_root_kept: str, namespace: str, lab: dict[str, str], tmp_path: Path
 ) -> None:
     ns = namespace
-    others = {"cp2", VF_NODE, "gpu-op", "gpu-nv"}
+    others = {"cp2", VF_NODE, "gpu-op", "gpu-op2", "gpu-nv"}
     assert driver_version(NODE) == FOUND
     before = node_state(NODE)
     assert not before["unschedulable"] and not before["marks"], before

@@ -11,8 +11,8 @@ one scheme on every node. The fleet's nodes are tainted lab.gpuk8s.io/fleet, so 
 tolerates that taint. Images and charts go to their own registry project, so the
 single-node tier's stay as lab/up pushed them. ``installed`` checks what that install must
 show before any test uses it (``assert_extensions_everywhere``): the lab node and the
-extensions nodes advertise their GPUs, the driverless operator node (gpu-op) has its GPUs
-found but none advertised, cp2 none.
+extensions nodes advertise their GPUs, the driverless operator nodes (gpu-op, gpu-op2) have
+their GPUs found but none advertised, cp2 none.
 
 No test of its own: install.yml, verify.yml and uninstall.yml over SSH, node by node, are
 asserted on the one install of both schemes in tests/e2e/test_fleet_schemes.py (one install
@@ -46,7 +46,9 @@ from .conftest import (
 
 pytestmark = FLEET_MARKS
 
-FLEET_NODES = ("cp2", "gpu-ext", "gpu-vf", "gpu-op", "gpu-nv")
+FLEET_NODES = ("cp2", "gpu-ext", "gpu-vf", "gpu-op", "gpu-nv", "gpu-op2")
+# inventories/fleet's gpu_operator_nodes: driverless (lab/fleetctl's preset nodriver-8)
+OPERATOR_NODES = ("gpu-op", "gpu-op2")
 RELEASE = "e2e-fleet"
 NAMESPACE = "metax-gpu-extensions"
 FLEET_TAINT = {"key": "lab.gpuk8s.io/fleet", "operator": "Exists", "effect": "NoSchedule"}
@@ -178,18 +180,19 @@ def assert_extensions_everywhere(lab_node: str) -> None:
         assert labels["metax-tech.com/gpu.product"] == "C500", name
         assert labels["metax-tech.com/driver.ready"] == "true", name
     assert found["gpu-vf"]["metadata"]["labels"]["metax-tech.com/gpu.sriov"] == "on"
-    # the driverless node: its GPUs found, none advertised without a driver
-    op = found["gpu-op"]
-    assert op["metadata"]["labels"]["metax-tech.com/gpu.installed"] == "true"
-    assert op["metadata"]["labels"].get("metax-tech.com/driver.ready") != "true"
-    assert op["status"]["allocatable"].get("metax-tech.com/gpu", "0") == "0"
+    # the driverless nodes: their GPUs found, none advertised without a driver
+    for name in OPERATOR_NODES:
+        op = found[name]
+        assert op["metadata"]["labels"]["metax-tech.com/gpu.installed"] == "true", name
+        assert op["metadata"]["labels"].get("metax-tech.com/driver.ready") != "true", name
+        assert op["status"]["allocatable"].get("metax-tech.com/gpu", "0") == "0", name
     # the second control plane has no GPUs
     assert found["cp2"]["status"]["allocatable"].get("metax-tech.com/gpu", "0") == "0"
     assert found["cp2"]["metadata"]["labels"]["metax-tech.com/gpu.installed"] == "false"
     # the release's node agents run on the fleet's GPU nodes (the fleet taint tolerated)
     device_nodes = device_plugin_nodes(RELEASE, NAMESPACE)
     assert set(expected) <= device_nodes, device_nodes
-    assert "gpu-op" not in device_nodes and "cp2" not in device_nodes, device_nodes
+    assert not device_nodes & {"cp2", *OPERATOR_NODES}, device_nodes
 
 
 @pytest.fixture(scope="module")
