@@ -1,22 +1,21 @@
 """The toolkit driven over SSH against the fleet (inventories/fleet, lab/README.md "Fleet"),
 as an administrator runs it from a workstation: what the fleet modules share (the playbook
 runner, the node helpers, the variables that point the playbooks at this checkout's
-artifacts) and the GPU Extensions scheme installed on every node, once per module that
-uses the ``installed`` fixture (test_fleet_maint.py).
+artifacts, cp2's scheduler running for a module) and what an install of the GPU Extensions
+scheme on every node must show (``assert_extensions_everywhere``).
 
-That install is the GPU Extensions scheme under the release name ``e2e-fleet`` (a name the
-session fixture ``releases_set_aside`` treats as the tier's own: the release lab/install
-left is set aside before and given back after the tier), with -e gpuk8s_scheme=extensions:
-one scheme on every node. The fleet's nodes are tainted lab.gpuk8s.io/fleet, so the release
+That install (conftest's ``fleet_extensions``, made by test_fleet_sched.py's
+``extensions_installed``, ONE install for test_fleet_maint.py and test_fleet_sched.py) is the
+GPU Extensions scheme under the release name ``e2e-fleet`` (a name the session fixture
+``releases_set_aside`` treats as the tier's own), with -e gpuk8s_scheme=extensions: one
+scheme on every node. The fleet's nodes are tainted lab.gpuk8s.io/fleet, so the release
 tolerates that taint. Images and charts go to their own registry project, so the
-single-node tier's stay as lab/up pushed them. ``installed`` checks what that install must
-show before any test uses it (``assert_extensions_everywhere``): the lab node and the
-extensions nodes advertise their GPUs, the driverless operator nodes (gpu-op, gpu-op2) have
-their GPUs found but none advertised, cp2 none.
+single-node tier's stay as lab/up pushed them. The lab node and the extensions nodes
+advertise their GPUs, the driverless operator nodes (gpu-op, gpu-op2) have their GPUs found
+but none advertised, cp2 none.
 
 No test of its own: install.yml, verify.yml and uninstall.yml over SSH, node by node, are
-asserted on the one install of both schemes in tests/e2e/test_fleet_schemes.py (one install
-and uninstall fewer in the tier)."""
+asserted on the one install of both schemes in tests/e2e/test_fleet_schemes.py."""
 
 from __future__ import annotations
 
@@ -201,30 +200,3 @@ def both_schedulers(lab: dict[str, str], standby_scheduler_parked: bool) -> Iter
     configure and restore both control planes."""
     with standby_scheduler_up(lab["node"], standby_scheduler_parked):
         yield
-
-
-@pytest.fixture(scope="module")
-def before_install(lab: dict[str, str], both_schedulers: None) -> dict[str, Any]:
-    """The fleet as found: each fleet node's containerd config hash and our labels."""
-    assert IMAGES.is_dir(), f"{IMAGES} missing: lab/up builds the images"
-    found = nodes()
-    return {
-        "containerd": {n: containerd_config_hash(n) for n in FLEET_NODES},
-        "labels": {n: our_labels(found[n]) for n in FLEET_NODES},
-    }
-
-
-@pytest.fixture(scope="module")
-def installed(before_install: dict[str, Any], lab: dict[str, str]) -> Iterator[dict[str, Any]]:
-    """push_artifacts.yml + install.yml over SSH, once for the module; uninstall.yml after."""
-    package_charts()
-    playbook("push_artifacts")
-    state = {"uninstalled": False}
-    try:  # a failed install is uninstalled too
-        playbook("install")
-        assert_extensions_everywhere(lab["node"])
-        yield state
-    finally:
-        if not state["uninstalled"]:
-            playbook("uninstall")
-        restore_labels(before_install["labels"])
