@@ -599,7 +599,7 @@ class Sharing:
         homes = self._homes
         with homes.lock:  # requests run in threads: one recount at a time
             touched = self._touched.take()
-            if homes.version != version:  # other classes: counted per node state
+            if homes.version != version:  # classes new to the mix: counted per node state
                 homes.classes(version, tuple(mix.classes[at][0] for at in mix.wholes))
             large = self._large
             if large.largest != self._nogpu_largest:
