@@ -874,7 +874,8 @@ def test_homes_recount_only_touched_nodes_and_match_a_full_count(
     annotations: dict[str, str],
 ) -> None:
     """The homes are recounted only for the nodes whose booking, view or room moved
-    (``_Touched``); after any run of such changes they equal a count from scratch, and
+    (``_Touched``), not when whole-GPU classes enter or leave the mix (arrivals of a
+    short window); after any run of such changes they equal a count from scratch, and
     an unchanged node is not counted again."""
     import random
 
@@ -882,7 +883,7 @@ def test_homes_recount_only_touched_nodes_and_match_a_full_count(
 
     rng = random.Random(11)
     names = [f"n{i}" for i in range(6)]
-    arrivals = ArrivalMix(prior=())
+    arrivals = ArrivalMix(prior=(), window=12)
     for i in range(10):
         arrivals.observe(f"seen-{i}", ShareRequest(MODE_SGPU, 1 + i % 2, 100, 0, True), 8_000)
     room = DictRoom({n: (64_000, 65_536) for n in names})
@@ -893,25 +894,31 @@ def test_homes_recount_only_touched_nodes_and_match_a_full_count(
     counted: list[str] = []
     real = share.Sharing._recount
 
-    def recount(self: Any, view: Any, mix: Any) -> bool:
+    def recount(self: Any, view: Any) -> bool:
         counted.append(view.name)
-        return real(self, view, mix)
+        return real(self, view)
 
     share.Sharing._recount = recount  # type: ignore[method-assign]
     try:
         sharing._scarce_mix()
         assert sorted(counted) == names  # the first count sees every node
-        for step in range(60):
+        classes = set()
+        for step in range(120):
             counted.clear()
             name = touch_one(rng, step, names, room, ledger, sharing, annotations,
                              (4_000, 16_000, 64_000), 100)
+            for i in range(rng.randrange(4)):  # whole-GPU classes come and go
+                arrivals.observe(f"a{step}-{i}", ShareRequest(
+                    MODE_SGPU, rng.choice((1, 2)), 100, 0, True), rng.choice((8_000, 30_000)))
             factors, _ = sharing._scarce_mix()  # (mix version, scarcity factors), mix
+            classes.add(sharing._homes.wholes)
             assert set(counted) <= {name}  # only the node touched
             fresh = Sharing(sharing.nodes, ledger, free_room=room, arrivals=arrivals)
             again, _ = fresh._scarce_mix()
             assert sharing._homes.totals == fresh._homes.totals, step
             assert sharing._homes.free == fresh._homes.free, step
             assert again == factors
+        assert len(classes) >= 10  # the whole-GPU classes moved, and often
     finally:
         share.Sharing._recount = real  # type: ignore[method-assign]
 
@@ -963,75 +970,90 @@ def test_a_node_is_read_again_only_once_touched_and_answers_as_from_scratch(
         share.Sharing._node_entry = real  # type: ignore[method-assign]
 
 
-def test_homes_totals_stay_the_sum_of_the_parts_counted() -> None:
-    """``_Homes`` adds up only the nodes that changed: after any mix of first counts,
-    recounts and forgotten nodes, its totals equal a sum over what is left."""
+def test_homes_kept_by_difference_equal_a_full_recount_at_every_step() -> None:
+    """``_Homes`` keeps its totals by difference (a node's old state out, its new one
+    in) and a change of the whole-GPU classes counts only the classes new to the mix,
+    over the distinct states; after every one of 3,000 random steps -- counts, forgotten
+    and kept nodes, classes appearing and leaving -- the totals and the free percent
+    equal a recount of every node from scratch (``whole_homes`` over its free
+    percents and room)."""
     import random
 
-    rng = random.Random(7)
-    homes, parts = _Homes(), {}
-    homes.reset("v1", ((1, 100, 0, 0), (2, 100, 0, 0), (8, 100, 0, 0)))
-    for step in range(400):
-        name = f"n{rng.randrange(12)}"
-        if step % 50 == 49:
-            keep = {n for n in parts if rng.random() < 0.7}
-            homes.keep(keep)
-            parts = {n: p for n, p in parts.items() if n in keep}
-        else:
-            part = (rng.randrange(800), tuple(rng.randrange(5) for _ in range(3)))
-            homes.count(name, step, *part)
-            parts[name] = part
-            assert homes.at(name) == step
-        assert homes.free == sum(p[0] for p in parts.values())
-        assert homes.totals == [sum(p[1][i] for p in parts.values()) for i in range(3)]
-    homes.reset("v2", ((1, 100, 0, 0), (4, 100, 0, 0)))
-    assert homes.totals == [0, 0] and homes.free == 0 and homes.at("n1") is None
+    from gpuk8s.core.sharing import Room, ShareMix, whole_homes, wholly_free
+    from gpuk8s.services.extender import share
 
-
-def test_a_full_count_of_homes_adds_up_each_node_state_once() -> None:
-    """After a ``reset`` (a mix with other whole-GPU classes: every node counted again)
-    ``_Homes`` stores the nodes' parts and adds them up on the first read, once per
-    distinct part: 1,200 nodes in 3 states read their homes 3 times, not 1,200 (the
-    code before summed the totals at every count); the sums equal the parts' sums,
-    through recounts and forgotten nodes before the read and counts after it."""
-    import random
-
-    reads = [0]
-
-    class Homes(tuple[int, ...]):
-        def __iter__(self) -> Any:
-            reads[0] += 1
-            return super().__iter__()
-
-    rng = random.Random(11)
-    states = [(rng.randrange(800), Homes(rng.randrange(5) for _ in range(3)))
-              for _ in range(3)]
+    rng = random.Random(53)
+    pool = [(k, 100, cpu, memory) for k in (1, 2, 4, 8) for cpu in (0, 4_000, 24_000)
+            for memory in (0, 65_536)]
     homes = _Homes()
-    parts: dict[str, tuple[int, tuple[int, ...]]] = {}
-    homes.reset("v1", ((1, 100, 0, 0), (2, 100, 0, 0), (8, 100, 0, 0)))
-    reads[0] = 0
-    for step in range(1_500):
-        name = f"n{step % 1_200}"
-        part = states[rng.randrange(3)]
-        homes.count(name, step, *part)
-        parts[name] = part
-    for name in [f"n{i}" for i in range(0, 1_200, 7)]:
-        homes.forget(name)
-        del parts[name]
-    assert homes.totals == [sum(p[1][i] for p in parts.values()) for i in range(3)]
-    assert homes.free == sum(p[0] for p in parts.values())
-    assert reads[0] == 3
-    for step in range(200):  # after the read: kept up to date count by count
-        name = f"n{rng.randrange(1_300)}"
-        if step % 9 == 8:
+    nodes: dict[str, tuple[tuple[int, ...], Room]] = {}
+    wholes = tuple(rng.sample(pool, 3))
+    homes.classes("v0", wholes)
+    for step in range(3_000):
+        name = f"n{rng.randrange(40)}"
+        what = rng.randrange(10)
+        if what == 0:  # the mix's whole-GPU classes move: some leave, some come
+            offered = list(dict.fromkeys(
+                [k for k in wholes if rng.random() < 0.6] + rng.sample(pool, 3)))
+            wholes = tuple(rng.sample(offered, rng.randrange(min(len(offered), 5) + 1)))
+            homes.classes(f"v{step}", wholes)
+        elif what == 1:
             homes.forget(name)
-            parts.pop(name, None)
-        else:
-            fresh = (rng.randrange(800), tuple(rng.randrange(5) for _ in range(3)))
-            homes.count(name, step, *fresh)
-            parts[name] = fresh
-        assert homes.free == sum(p[0] for p in parts.values())
-        assert homes.totals == [sum(p[1][i] for p in parts.values()) for i in range(3)]
+            nodes.pop(name, None)
+        elif what == 2:
+            keep = {n for n in nodes if rng.random() < 0.9}
+            homes.keep(keep)
+            nodes = {n: v for n, v in nodes.items() if n in keep}
+        else:  # a node counted in a new state (most often one other nodes share)
+            free = tuple(rng.choice((0, 30, 100, 100)) for _ in range(rng.choice((1, 2, 8))))
+            room = Room(rng.choice((None, 8_000, 32_000)), rng.choice((None, 131_072)))
+            full = wholly_free(free)
+            homes.count(name, step, sum(free),
+                        (full, room.cpu, room.memory) if full else share.NO_HOMES)
+            nodes[name] = (free, room)
+            assert homes.at(name) == step
+        mix = ShareMix({klass: 1.0 for klass in wholes})
+        order = tuple(mix.classes[at][0] for at in mix.wholes)
+        recount = [whole_homes(free, room, mix) for free, room in nodes.values()]
+        want = {klass: sum(h[at] for h in recount) for at, klass in enumerate(order)}
+        assert homes.wholes == wholes
+        assert homes.totals == [want[klass] for klass in wholes], step
+        assert homes.free == sum(sum(free) for free, _ in nodes.values()), step
+
+
+def test_a_new_whole_gpu_class_is_counted_once_per_node_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A whole-GPU class new to the mix is counted over the distinct node states, once
+    each, not over the nodes (the code before counted every node again for any change
+    of the classes); the classes the mix keeps are not counted again, and a node that
+    moves to a state already counted costs no count."""
+    from gpuk8s.core.sharing import class_homes
+    from gpuk8s.services.extender import share
+
+    calls: list[tuple[Any, ...]] = []
+
+    def counted(*args: Any) -> int:
+        calls.append(args)
+        return class_homes(*args)
+
+    monkeypatch.setattr(share, "class_homes", counted)
+    states = [(8, 64_000, 262_144), (4, 16_000, None), (1, None, None)]
+    homes = _Homes()
+    one, two = (1, 100, 4_000, 0), (2, 100, 8_000, 0)
+    homes.classes("v1", (one,))
+    for i in range(1_200):
+        homes.count(f"n{i}", 0, 800, states[i % 3])
+    homes.count("empty", 0, 30, share.NO_HOMES)
+    assert len(calls) == 3  # one count per state and class
+    calls.clear()
+    homes.classes("v2", (two, one))
+    assert sorted(call[-1] for call in calls) == [two] * 3
+    assert homes.totals == [400 * (4 + 2 + 0), 400 * (8 + 4 + 1)]
+    calls.clear()
+    homes.count("n0", 1, 400, states[1])  # to a state counted already
+    assert calls == []
+    assert homes.totals == [400 * (4 + 2 + 0) - 4 + 2, 400 * (8 + 4 + 1) - 8 + 4]
 
 
 def test_a_home_whose_cpu_is_taken_is_no_home(annotations: dict[str, str]) -> None:
@@ -1257,10 +1279,10 @@ def test_a_filter_looks_up_what_all_nodes_share_once(
 def test_homes_are_counted_once_per_node_state(
     annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``Sharing._recount``: nodes whose free GPUs, CPU and memory are equal count the
-    same homes per whole-GPU class, computed once per mix version; the scarcity mix
-    is the one an extender that counted every node alone gives."""
-    from gpuk8s.core.sharing import whole_homes
+    """``Sharing._recount``: nodes whose wholly free GPUs, CPU and memory are equal
+    count the same homes per whole-GPU class, computed once per class; the scarcity
+    mix is the one an extender that counted every node alone gives."""
+    from gpuk8s.core.sharing import class_homes
     from gpuk8s.services.extender import share
 
     names = [f"n{i}" for i in range(6)]
@@ -1272,15 +1294,17 @@ def test_homes_are_counted_once_per_node_state(
                             free_room=lambda name: free[name], arrivals=arrivals)
     sharing = ext.sharing
     assert sharing is not None
-    counted: list[tuple[int, ...]] = []
+    counted: list[tuple[Any, ...]] = []
 
-    def homes(gpus: Any, *rest: Any) -> Any:
-        counted.append(tuple(gpus))
-        return whole_homes(gpus, *rest)
+    def homes(*args: Any) -> int:
+        counted.append(args)
+        return class_homes(*args)
 
-    monkeypatch.setattr(share, "whole_homes", homes)
+    monkeypatch.setattr(share, "class_homes", homes)
     mixed = sharing._scarce_mix()
-    assert counted == [(100, 100)]  # six nodes, one state: counted once
+    wholes = sharing._homes.wholes
+    assert wholes  # six nodes, one state: counted once per class
+    assert sorted(counted) == sorted((2, 32_000, 65_536, klass) for klass in wholes)
     monkeypatch.undo()
     fresh = share.Sharing(sharing.nodes, ledger, free_room=lambda name: free[name],
                           arrivals=arrivals)
@@ -1291,14 +1315,15 @@ def test_homes_stay_counted_while_the_mix_keeps_its_whole_gpu_classes(
     annotations: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``_Homes``: a node's homes read only the mix's whole-GPU classes, so a new mix
-    version with the same classes (fractional arrivals moved it) counts no node again,
-    one with another whole-GPU class counts every node; the factors are a fresh
-    extender's either way."""
-    from gpuk8s.core.sharing import whole_homes
+    version with the same classes (fractional arrivals moved it) counts nothing again,
+    and one with another whole-GPU class counts only that class, once per node state,
+    reading no node again (the code before counted every node); the factors are a
+    fresh extender's either way."""
+    from gpuk8s.core.sharing import class_homes
     from gpuk8s.services.extender import share
 
     names = [f"n{i}" for i in range(6)]
-    room = DictRoom({n: (8_000 * (1 + i), 65_536) for i, n in enumerate(names)})
+    room = DictRoom({n: (8_000 * (1 + i % 3), 65_536) for i, n in enumerate(names)})
     arrivals = ArrivalMix(prior=())
     for i in range(20):
         arrivals.observe(f"w{i}", ShareRequest(MODE_SGPU, 1 + i % 2, 100, 0, True), 8_000)
@@ -1307,13 +1332,14 @@ def test_homes_stay_counted_while_the_mix_keeps_its_whole_gpu_classes(
     sharing = ext.sharing
     assert sharing is not None
     first = sharing._scarce_mix()
-    counted: list[tuple[int, ...]] = []
+    before = sharing._homes.wholes
+    counted: list[tuple[Any, ...]] = []
 
-    def homes(gpus: Any, *rest: Any) -> Any:
-        counted.append(tuple(gpus))
-        return whole_homes(gpus, *rest)
+    def homes(*args: Any) -> int:
+        counted.append(args)
+        return class_homes(*args)
 
-    monkeypatch.setattr(share, "whole_homes", homes)
+    monkeypatch.setattr(share, "class_homes", homes)
     recounted = count_nodes(monkeypatch, "_recount")
     for i in range(10):  # fractional pods only: the mix moves, its whole classes do not
         arrivals.observe(f"s{i}", ShareRequest(MODE_SGPU, 1, 10 + 5 * i, 0), 1_000)
@@ -1323,11 +1349,16 @@ def test_homes_stay_counted_while_the_mix_keeps_its_whole_gpu_classes(
     fresh = Sharing(sharing.nodes, ledger, free_room=room, arrivals=arrivals)
     assert fresh._scarce_mix()[0] == moved[0]
     assert fresh._homes.totals == sharing._homes.totals
-    recounted.clear()
+    recounted.clear()  # the fresh extender's counts
+    counted.clear()
     for i in range(10):  # a whole-GPU class the mix did not have
-        arrivals.observe(f"q{i}", ShareRequest(MODE_SGPU, 4, 100, 0, True), 16_000)
+        arrivals.observe(f"q{i}", ShareRequest(MODE_SGPU, 2, 100, 0, True), 16_000)
     again = sharing._scarce_mix()
-    assert sorted(recounted) == names
+    new = [klass for klass in sharing._homes.wholes if klass not in before]
+    assert new == [(2, 100, 16_000, 0)]
+    assert recounted == []  # no node read again
+    assert sorted(counted) == sorted((2, cpu, 65_536, new[0])
+                                     for cpu in (8_000, 16_000, 24_000))  # 3 states
     fresh = Sharing(sharing.nodes, ledger, free_room=room, arrivals=arrivals)
     assert fresh._scarce_mix()[0] == again[0]
     assert fresh._homes.totals == sharing._homes.totals

@@ -96,6 +96,7 @@ from .packing import (
     Room,
     ShareClass,
     ShareMix,
+    class_homes,
     cpu_balance,
     fill_stranded,
     fill_taken,
@@ -106,6 +107,7 @@ from .packing import (
     spare_cpu,
     whole_homes,
     whole_scarcity,
+    wholly_free,
 )
 from .request import (
     MEMORY_UNIT_MIB,
@@ -132,10 +134,10 @@ __all__ = [
     "VCUDA_MEMORY_UNIT_MIB", "VMEMORY_RESOURCE", "WHOLE_GPU_RESOURCES", "ZERO_COUNT_WHY",
     "Assignment", "Candidates", "Chosen", "ContainerAsk", "Family", "Filled", "Fragmentation",
     "GpuCapacity", "GpuUsage", "Room", "ShareClass", "ShareMix", "ShareRequest", "SharingError",
-    "allocate_ids", "check_mode", "choose_shared", "cpu_balance", "fill_stranded",
+    "allocate_ids", "check_mode", "choose_shared", "class_homes", "cpu_balance", "fill_stranded",
     "fill_taken", "filled", "fits", "free_percent", "gpus_per_core", "leftover",
     "memory_label_mib", "memory_mib", "mps_log_dir", "mps_pipe_dir", "node_fragmentation",
     "parse_assignment", "parse_share", "pod_share", "pod_share_json", "poisson_tail",
     "share_env", "share_mounts", "shared_candidates", "spare_cpu", "usage_from_assignments",
-    "weigh_shared", "whole_homes", "whole_rise", "whole_scarcity",
+    "weigh_shared", "whole_homes", "whole_rise", "whole_scarcity", "wholly_free",
 ]

@@ -6,6 +6,7 @@
 ``Room``               a node's free CPU and memory, and what the pod asks of both
 ``node_fragmentation`` free GPU capacity no class of the mix can use (Gandiva/FGD)
 ``whole_homes``        per whole-GPU class: how many of its pods the node can still take
+                       (``class_homes`` for one class, ``wholly_free`` GPUs)
 ``whole_scarcity``     per whole-GPU class whose homes run out: a weight factor
 ``filled``, ``fill_stranded``, ``fill_taken``: the node filled with each class alone
 ``cpu_balance``, ``spare_cpu``, ``gpus_per_core``: free CPU against free GPUs
@@ -194,24 +195,34 @@ class ShareMix:
         return out
 
 
+def wholly_free(free: Sequence[int]) -> int:
+    """How many of the GPUs with ``free`` percent free are wholly free."""
+    return sum(1 for f in free if f >= FULL_CORE)
+
+
+def class_homes(full: int, cpu: int | None, memory: int | None, klass: ShareClass) -> int:
+    """How many pods of the whole-GPU class ``klass`` a node with ``full`` wholly free
+    GPUs could take at once, as far as its free CPU millicores and memory MiB (None:
+    not known, limits nothing) feed them."""
+    k, _, need_cpu, need_memory = klass
+    homes = full // k
+    if homes and cpu is not None and need_cpu > 0:
+        homes = min(homes, max(cpu, 0) // need_cpu)
+    if homes and memory is not None and need_memory > 0:
+        homes = min(homes, max(memory, 0) // need_memory)
+    return homes
+
+
 def whole_homes(free: Sequence[int], room: Room, mix: ShareMix) -> tuple[int, ...]:
     """Per whole-GPU class of the mix (``mix.wholes``): how many of its pods the node
     could take at once -- its wholly free GPUs over the class's count, as far as its
-    free CPU and memory (``room``; None: not known, limits nothing) feed them."""
-    full = sum(1 for f in free if f >= FULL_CORE)
+    free CPU and memory (``room``; None: not known, limits nothing) feed them
+    (``class_homes``)."""
+    full = wholly_free(free)
     if not full:
         return (0,) * len(mix.wholes)
-    cpu, memory = room.cpu, room.memory
-    out = []
-    for at in mix.wholes:
-        k, _, need_cpu, need_memory = mix.classes[at][0]
-        homes = full // k
-        if homes and cpu is not None and need_cpu > 0:
-            homes = min(homes, max(cpu, 0) // need_cpu)
-        if homes and memory is not None and need_memory > 0:
-            homes = min(homes, max(memory, 0) // need_memory)
-        out.append(homes)
-    return tuple(out)
+    return tuple(class_homes(full, room.cpu, room.memory, mix.classes[at][0])
+                 for at in mix.wholes)
 
 
 def poisson_tail(mean: float, k: int) -> float:

@@ -41,7 +41,6 @@ import json
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -69,6 +68,7 @@ from ...core.sharing import (
     ShareMix,
     ShareRequest,
     allocate_ids,
+    class_homes,
     cpu_balance,
     fill_taken,
     filled,
@@ -77,9 +77,9 @@ from ...core.sharing import (
     node_fragmentation,
     shared_candidates,
     weigh_shared,
-    whole_homes,
     whole_rise,
     whole_scarcity,
+    wholly_free,
 )
 from .arrivals import ArrivalMix
 from .demand import pod_demand
@@ -303,69 +303,85 @@ class _Frame(NamedTuple):
     shared: tuple[Candidates, dict[int, int]] | None = None
 
 
+# a node as its homes see it: its wholly free GPUs, free CPU millicores and memory MiB
+# (``core.sharing.class_homes``); every node without a wholly free GPU is ``NO_HOMES``
+_HomeState = tuple[int, int | None, int | None]
+NO_HOMES: _HomeState = (0, None, None)
+
+
 class _Homes:
-    """Homes per whole-GPU class of the mix (``core.sharing.whole_homes``), summed over
-    the nodes, with each node's part and the state it was counted in, so that a recount
-    adds up only the nodes that changed. A node's homes read only the mix's whole-GPU
-    classes (``wholes``: each one's GPUs, percent, CPU and memory, in the mix's order),
-    so the parts stay valid across mix versions with the same classes. After a
-    ``reset`` the parts are only stored, and the first read of ``totals`` or ``free``
-    adds them up once per distinct part (most nodes share a state, so a full count
-    costs one sum per state instead of one per node)."""
+    """Homes per whole-GPU class of the mix (``wholes``, in the mix's order;
+    ``core.sharing.class_homes``), summed over the nodes and kept up to date by
+    difference. Kept: each node's part (the state of the node it was counted in, its
+    percent free, its homes state) and, per distinct homes state, its nodes and its
+    homes per class. A node that moves takes its old state's homes out of the totals
+    and puts its new state's in; a change of the mix's whole-GPU classes counts the
+    classes over the distinct states, never over the nodes (most nodes share a state),
+    and reads no node again."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.version: Any = None
-        self.wholes: tuple[ShareClass, ...] | None = None
-        self._totals: list[int] = []
-        self._free = 0  # percent free over the nodes counted
-        self._stale = False  # the sums are not kept: ``_add_up`` on the next read
-        self._parts: dict[str, tuple[Any, int, tuple[int, ...]]] = {}
+        self.wholes: tuple[ShareClass, ...] = ()
+        self.totals: list[int] = []
+        self.free = 0  # percent free over the nodes counted
+        self._parts: dict[str, tuple[Any, int, _HomeState]] = {}
+        # per homes state: [its nodes, its homes per class of ``wholes``]
+        self._states: dict[_HomeState, list[Any]] = {}
 
-    def reset(self, version: Any, wholes: tuple[ShareClass, ...]) -> None:
-        self.version, self.wholes = version, wholes
-        self._totals, self._free, self._parts = [0] * len(wholes), 0, {}
-        self._stale = True
-
-    @property
-    def totals(self) -> list[int]:
-        if self._stale:
-            self._add_up()
-        return self._totals
-
-    @property
-    def free(self) -> int:
-        if self._stale:
-            self._add_up()
-        return self._free
-
-    def _add_up(self) -> None:
-        """The sums from the parts, each distinct part added once (times its count)."""
-        seen = Counter((free, homes) for _, free, homes in self._parts.values())
-        totals = [0] * len(self._totals)
-        free_sum = 0
-        for (free, homes), times in seen.items():
-            free_sum += free * times
+    def classes(self, version: Any, wholes: tuple[ShareClass, ...]) -> None:
+        """Follow the mix of ``version``, whose whole-GPU classes are ``wholes``: a
+        class new to the mix counted once per distinct state, the others kept."""
+        self.version = version
+        if wholes == self.wholes:
+            return
+        was = {klass: at for at, klass in enumerate(self.wholes)}
+        # per class: where the state's homes of it are kept already, or -1: count them
+        where = [was.get(klass, -1) for klass in wholes]
+        totals = [0] * len(wholes)
+        for state, kept in self._states.items():
+            old = kept[1]
+            homes = kept[1] = tuple(
+                old[at] if at >= 0 else class_homes(*state, klass) if state[0] else 0
+                for at, klass in zip(where, wholes, strict=True))
+            times = kept[0]
             totals = [t + h * times for t, h in zip(totals, homes, strict=True)]
-        self._totals, self._free, self._stale = totals, free_sum, False
+        self.wholes, self.totals = wholes, totals
+
+    @staticmethod
+    def _homes(state: _HomeState, wholes: tuple[ShareClass, ...]) -> tuple[int, ...]:
+        if state[0] == 0:
+            return (0,) * len(wholes)
+        return tuple(class_homes(*state, klass) for klass in wholes)
 
     def at(self, name: str) -> Any:
         part = self._parts.get(name)
         return part[0] if part is not None else None
 
-    def count(self, name: str, at: Any, free: int, homes: tuple[int, ...]) -> None:
+    def count(self, name: str, at: Any, free: int, state: _HomeState) -> None:
+        """Node ``name`` counted in the node state ``at``: ``free`` percent free over
+        its GPUs, ``state`` for its homes (``NO_HOMES`` without a wholly free GPU)."""
         old = self._parts.get(name)
-        self._parts[name] = (at, free, homes)
-        if self._stale:
-            return
+        self._parts[name] = (at, free, state)
         if old is None:
-            self._free += free
-            self._totals = [t + h for t, h in zip(self._totals, homes, strict=True)]
-        else:  # one pass: the node's old part out, its new part in
-            self._free += free - old[1]
-            self._totals = [
-                t + h - o for t, h, o in zip(self._totals, homes, old[2], strict=True)
-            ]
+            self.free += free
+            self._move(state, 1)
+        else:
+            self.free += free - old[1]
+            if old[2] != state:
+                self._move(old[2], -1)
+                self._move(state, 1)
+
+    def _move(self, state: _HomeState, times: int) -> None:
+        """One node into (``times`` 1) or out of (-1) ``state``, with its homes."""
+        kept = self._states.get(state)
+        if kept is None:
+            kept = self._states[state] = [0, self._homes(state, self.wholes)]
+        kept[0] += times
+        if not kept[0]:
+            del self._states[state]
+        if state[0]:
+            self.totals = [t + h * times for t, h in zip(self.totals, kept[1], strict=True)]
 
     def keep(self, names: set[str]) -> None:
         """Forget the nodes not in ``names``."""
@@ -375,9 +391,9 @@ class _Homes:
 
     def forget(self, name: str) -> None:
         part = self._parts.pop(name, None)
-        if part is not None and not self._stale:
-            self._free -= part[1]
-            self._totals = [t - h for t, h in zip(self._totals, part[2], strict=True)]
+        if part is not None:
+            self.free -= part[1]
+            self._move(part[2], -1)
 
 
 class Sharing:
@@ -443,9 +459,6 @@ class Sharing:
         # scaled mix)); the homes counted for it (``_Homes``)
         self._scarce: tuple[tuple[Any, ...], tuple[Any, ShareMix]] | None = None
         self._homes = _Homes()
-        # (free percent per GPU, free CPU and memory, the mix's whole-GPU classes) ->
-        # the homes of a node in that state (``_recount``)
-        self._homes_of: dict[tuple[Any, ...], tuple[int, ...]] = {}
         # the nodes whose homes may have moved since the last recount
         self._touched = _Touched()
         # per node its class key until touched (``_placements``); None where the rooms
@@ -586,12 +599,8 @@ class Sharing:
         homes = self._homes
         with homes.lock:  # requests run in threads: one recount at a time
             touched = self._touched.take()
-            if homes.version != version:
-                wholes = tuple(mix.classes[at][0] for at in mix.wholes)
-                if wholes != homes.wholes:  # other classes: every node counted again
-                    homes.reset(version, wholes)
-                    touched = None
-                homes.version = version
+            if homes.version != version:  # classes new to the mix: counted per node state
+                homes.classes(version, tuple(mix.classes[at][0] for at in mix.wholes))
             large = self._large
             if large.largest != self._nogpu_largest:
                 large.reset(self._nogpu_largest)
@@ -600,14 +609,14 @@ class Sharing:
                 seen = set()
                 large.reset(large.largest)
                 for node in self.nodes.all():
-                    if self._recount(node, mix):
+                    if self._recount(node):
                         seen.add(node.name)
                     self._count_large(node)
                 homes.keep(seen)
             else:  # only the nodes whose ledger, view or room moved
                 for name in touched:
                     view = self.nodes.get(name)
-                    if view is None or not self._recount(view, mix):
+                    if view is None or not self._recount(view):
                         homes.forget(name)
                     if view is None:
                         large.forget(name)
@@ -622,7 +631,7 @@ class Sharing:
         self._scarce = (key, scaled)
         return scaled
 
-    def _recount(self, node: SharedNode, mix: ShareMix) -> bool:
+    def _recount(self, node: SharedNode) -> bool:
         """Count ``node``'s homes again if its state moved since (under the homes'
         lock); False: sharing pods do not go there (problem, exclusive mode)."""
         if node.problem is not None or node.mode == MODE_EXCLUSIVE:
@@ -632,13 +641,8 @@ class Sharing:
         at = (id(node), self.ledger.version(name), cpu, memory)
         if self._homes.at(name) != at:
             free = self._usage(node)[2]
-            # nodes of one state have the same homes: counted once per whole-GPU classes
-            key = (free, cpu, memory, self._homes.wholes)
-            homes = self._homes_of.get(key)
-            if homes is None:
-                homes = whole_homes(free, Room(cpu, memory), mix)
-                _remember(self._homes_of, key, homes)
-            self._homes.count(name, at, sum(free), homes)
+            full = wholly_free(free)
+            self._homes.count(name, at, sum(free), (full, cpu, memory) if full else NO_HOMES)
         return True
 
     def _count_large(self, node: SharedNode) -> None:
