@@ -9,13 +9,14 @@ GPU); and for every GPU pod that fits nowhere, why: no node has the GPUs it asks
 (``no-gpu-room``: a share finds no GPU with its part free, a whole-GPU pod no node with
 that many whole free GPUs), or the nodes that have them lack CPU, memory, or both.
 
-``--variant``: ``arrivals`` weighs the request mix by the arrivals alone (gpu-aware
-before it followed departures, ``ArrivalMix.follow`` never called); ``nowaste`` drops
-the waste against the mix's LP packing from the share ranking (``share.WASTE_RANK``
-0: FGD's rise first). Both change module state of this process only.
+``--variant`` (repeatable): ``arrivals`` weighs the request mix by the arrivals alone
+(gpu-aware before it followed departures, ``ArrivalMix.follow`` never called);
+``nowaste`` drops the waste against the mix's LP packing from the share ranking
+(``share.WASTE_RANK`` 0: FGD's rise first). Both change module state of this process
+only.
 
 Usage: python benchmarks/churn_detail.py POLICY SEED [--every N] [--lifetimes
-trace|exp] [--variant arrivals|nowaste] [--steady PERCENT] [--every-pods K]; prints
+trace|exp] [--variant arrivals|nowaste ...] [--steady PERCENT] [--every-pods K]; prints
 one JSON object (percentages of the GPU capacity, averaged over the readings; counts
 per run).
 """
@@ -33,7 +34,7 @@ from paper_policies import typical_pods
 from gpuk8s.services.extender import share
 
 LIFE_BUCKETS = ((3600.0, "<1h"), (86400.0, "1h-1d"), (float("inf"), ">1d"))
-VARIANTS = ("", "arrivals", "nowaste")
+VARIANTS = ("arrivals", "nowaste")
 
 
 def life_bucket(seconds: float) -> str:
@@ -94,13 +95,14 @@ def whole_kind(cpu: int, whole: int) -> str:
 
 
 def detail(policy: str, seed: int, every: int = 8, lifetimes: str = "trace",
-           variant: str = "", steady: float = 400.0, every_pods: int = 50,
+           variants: tuple[str, ...] = (), steady: float = 400.0, every_pods: int = 50,
            data: Path = packing.DATA) -> dict[str, Any]:
-    if variant not in VARIANTS:
-        raise ValueError(f"variant {variant!r}: allowed are {', '.join(map(repr, VARIANTS))}")
-    if variant == "nowaste":
+    for variant in variants:
+        if variant not in VARIANTS:
+            raise ValueError(f"variant {variant!r}: allowed are {', '.join(VARIANTS)}")
+    if "nowaste" in variants:
         share.WASTE_RANK = 0.0
-    if variant == "arrivals":
+    if "arrivals" in variants:
         share.ArrivalMix.follow = lambda self, holding: None  # type: ignore[method-assign]
     specs, pods = packing.load(data)
     specs = packing.cluster(specs, every, 1.0, 1)
@@ -169,7 +171,7 @@ def detail(policy: str, seed: int, every: int = 8, lifetimes: str = "trace",
         return {k: round(100 * v / readings / capacity, 2) for k, v in sorted(values.items())}
 
     return {
-        "policy": policy, "seed": seed, "variant": variant or "as committed",
+        "policy": policy, "seed": seed, "variants": list(variants) or "none (the code as it is)",
         "time-weighted alloc after 100 %": round(result.churn_mean or 0.0, 2),
         "readings": state["readings"],
         "placed, % of GPUs, by class and lifetime": pct(standing),
@@ -185,12 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("seed", type=int)
     parser.add_argument("--every", type=int, default=8)
     parser.add_argument("--lifetimes", choices=packing.LIFETIMES, default="trace")
-    parser.add_argument("--variant", choices=VARIANTS, default="")
+    parser.add_argument("--variant", choices=VARIANTS, action="append", default=[])
     parser.add_argument("--steady", type=float, default=400.0)
     parser.add_argument("--every-pods", type=int, default=50)
     parser.add_argument("--data", type=Path, default=packing.DATA)
     args = parser.parse_args(argv)
-    print(json.dumps(detail(args.policy, args.seed, args.every, args.lifetimes, args.variant,
+    print(json.dumps(detail(args.policy, args.seed, args.every, args.lifetimes,
+                            tuple(args.variant),
                             args.steady, args.every_pods, args.data), indent=1))
     return 0
 
