@@ -345,6 +345,12 @@ def test_arrival_mix_weighs_classes_by_the_pods_that_stay() -> None:
     assert dict(mix.classes) == pytest.approx({k: w / total for k, w in weights.items()})
     # the CPU per GPU of what stays: (2 + 8) x 4 cores + 1 x 8 over 0.6 + 4.8 + 2 GPUs
     assert mix.cpu_per_gpu == pytest.approx(48_000 / 7.4)
+    there.clear()  # nothing stays: the arrivals are all the mix can go by
+    for i in range(2):
+        arrivals.observe(f"late{i}", long_, 4000)
+    mix = arrivals.mix()[1]
+    weights = {(1, 30, 4000, 0): 10, (1, 60, 4000, 0): 12, (2, 100, 8000, 0): 2}
+    assert dict(mix.classes) == pytest.approx({k: w / 24 for k, w in weights.items()})
 
 
 def test_bound_pods_that_are_deleted_leave_the_mix(annotations: dict[str, str]) -> None:

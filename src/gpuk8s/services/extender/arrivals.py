@@ -72,7 +72,7 @@ class ArrivalMix:
     standing count over the arrivals, as Little's law has it, from what the extender
     saw leave, no lifetime assumed. A class none of whose pods was placed takes the
     share over all classes. While no placed pod has left (the cluster only fills)
-    every share is 1 and the mix is the arrivals'."""
+    every share is 1 and the mix is the arrivals'; so it is when none stays."""
 
     def __init__(
         self,
@@ -162,7 +162,7 @@ class ArrivalMix:
     def _staying(self) -> dict[ShareClass, float]:
         """Per class its pods in the window, each class times the share of its placed
         pods still placed (the share over all classes where none was placed); the
-        counts themselves while no placed pod has left."""
+        counts themselves while no placed pod has left, or when none stays."""
         holding = self._holding
         if holding is None or not self._placed:
             return dict(self._pods)
@@ -173,7 +173,7 @@ class ArrivalMix:
             counts[1] += holding(uid)
         was = sum(n for n, _ in placed.values())
         stays = sum(n for _, n in placed.values())
-        if stays == was:
+        if stays in (was, 0):  # nothing left, or nothing stays: the arrivals say most
             return dict(self._pods)
         overall = stays / was
         return {
