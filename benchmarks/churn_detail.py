@@ -12,11 +12,11 @@ that many whole free GPUs), or the nodes that have them lack CPU, memory, or bot
 ``--variant`` (repeatable): ``arrivals`` weighs the request mix by the arrivals alone
 (gpu-aware before it followed departures, ``ArrivalMix.follow`` never called);
 ``nowaste`` drops the waste against the mix's LP packing from the share ranking
-(``share.WASTE_RANK`` 0: FGD's rise first). Both change module state of this process
-only.
+(``share.WASTE_RANK`` 0: FGD's rise first); ``nobalance`` drops the CPU balance of
+GPU pods (``share.CPU_BALANCE`` 0). They change module state of this process only.
 
 Usage: python benchmarks/churn_detail.py POLICY SEED [--every N] [--lifetimes
-trace|exp] [--variant arrivals|nowaste ...] [--steady PERCENT] [--every-pods K]; prints
+trace|exp] [--variant arrivals|nowaste|nobalance ...] [--steady PERCENT] [--every-pods K]; prints
 one JSON object (percentages of the GPU capacity, averaged over the readings; counts
 per run).
 """
@@ -34,7 +34,7 @@ from paper_policies import typical_pods
 from gpuk8s.services.extender import share
 
 LIFE_BUCKETS = ((3600.0, "<1h"), (86400.0, "1h-1d"), (float("inf"), ">1d"))
-VARIANTS = ("arrivals", "nowaste")
+VARIANTS = ("arrivals", "nowaste", "nobalance")
 
 
 def life_bucket(seconds: float) -> str:
@@ -102,6 +102,8 @@ def detail(policy: str, seed: int, every: int = 8, lifetimes: str = "trace",
             raise ValueError(f"variant {variant!r}: allowed are {', '.join(VARIANTS)}")
     if "nowaste" in variants:
         share.WASTE_RANK = 0.0
+    if "nobalance" in variants:
+        share.CPU_BALANCE = 0.0
     if "arrivals" in variants:
         share.ArrivalMix.follow = lambda self, holding: None  # type: ignore[method-assign]
     specs, pods = packing.load(data)
