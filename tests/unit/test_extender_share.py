@@ -319,6 +319,59 @@ def test_arrival_mix_cpu_per_gpu_counts_pods_not_weight() -> None:
     assert arrivals.mix()[1].cpu_per_gpu == pytest.approx(16_000 / 2.5)
 
 
+def test_arrival_mix_weighs_classes_by_the_pods_that_stay() -> None:
+    """Under churn the mix is what stays placed: each class weighs its arrivals times
+    the share of its placed pods still placed; a class never placed takes the share
+    over all classes; until a placed pod leaves, the arrivals' counts."""
+    there: set[str] = set()
+    arrivals = ArrivalMix(prior=(), holding=there.__contains__)
+    short, long_ = ShareRequest(MODE_SGPU, 1, 30, 0), ShareRequest(MODE_SGPU, 1, 60, 0)
+    for i in range(10):
+        for name, share in ((f"s{i}", short), (f"l{i}", long_)):
+            arrivals.observe(name, share, 4000)
+            arrivals.placed(name)
+            there.add(name)
+    arrivals.placed("never-seen")  # not an arrival of the window: ignored
+    mix = arrivals.mix()[1]
+    assert dict(mix.classes) == pytest.approx({(1, 30, 4000, 0): 0.5, (1, 60, 4000, 0): 0.5})
+    there -= {f"s{i}" for i in range(8)}  # eight of the short-lived ones left
+    there -= {"l0", "l1"}  # two of the long-lived ones
+    for i in range(2):  # arrivals re-take the mix; these two find no room (not placed)
+        arrivals.observe(f"big{i}", ShareRequest(MODE_SGPU, 2, 100, 0, whole=True), 8000)
+    mix = arrivals.mix()[1]
+    # short: 10 x 2/10 = 2; long: 10 x 8/10 = 8; never placed: 2 x 10/20 (all classes)
+    weights = {(1, 30, 4000, 0): 2.0, (1, 60, 4000, 0): 8.0, (2, 100, 8000, 0): 1.0}
+    total = sum(weights.values())
+    assert dict(mix.classes) == pytest.approx({k: w / total for k, w in weights.items()})
+    # the CPU per GPU of what stays: (2 + 8) x 4 cores + 1 x 8 over 0.6 + 4.8 + 2 GPUs
+    assert mix.cpu_per_gpu == pytest.approx(48_000 / 7.4)
+    there.clear()  # nothing stays: the arrivals are all the mix can go by
+    for i in range(2):
+        arrivals.observe(f"late{i}", long_, 4000)
+    mix = arrivals.mix()[1]
+    weights = {(1, 30, 4000, 0): 10, (1, 60, 4000, 0): 12, (2, 100, 8000, 0): 2}
+    assert dict(mix.classes) == pytest.approx({k: w / 24 for k, w in weights.items()})
+
+
+def test_bound_pods_that_are_deleted_leave_the_mix(annotations: dict[str, str]) -> None:
+    """The extender's own binds and the pod watch's deletions are what the mix
+    follows: a bound pod counts as staying until the ledger drops it."""
+    arrivals = ArrivalMix(prior=())
+    ext, api, ledger = over([node("a", annotations), node("b", annotations)], arrivals=arrivals)
+    short, long_ = ShareRequest(MODE_SGPU, 1, 30, 0), ShareRequest(MODE_SGPU, 1, 60, 0)
+    for name, share, vcore in (("s1", short, "30"), ("s2", short, "30"), ("l1", long_, "60"),
+                               ("l2", long_, "60")):
+        arrivals.observe(f"uid-{name}", share, 0)
+        assert bind(ext, api, pod(name, vcore), "a" if name[0] == "s" else "b") == ""
+    mix = arrivals.mix()[1]
+    assert dict(mix.classes) == pytest.approx({(1, 30, 0, 0): 0.5, (1, 60, 0, 0): 0.5})
+    ledger.set("uid-s1", None, deleted=True)  # the pod watch: one short-lived pod left
+    arrivals.observe("uid-next", long_, 0)  # the next arrival re-takes the mix
+    mix = arrivals.mix()[1]
+    # short: 2 x 1/2 = 1; long: 3 (two placed, both there, and the new one)
+    assert dict(mix.classes) == pytest.approx({(1, 30, 0, 0): 0.25, (1, 60, 0, 0): 0.75})
+
+
 def test_sharing_metrics(annotations: dict[str, str]) -> None:
     from prometheus_client import generate_latest
 

@@ -600,3 +600,46 @@ def test_pods_replays_only_a_prefix_of_each_seeds_pods(multi_gpu_trace: Path) ->
     for bad, churn in ((0, None), (-3, None), (10, bench.Churn())):
         with pytest.raises(ValueError, match=r"pods .*above 0.*not with churn"):
             bench.run([42], ("bestfit",), data=multi_gpu_trace, churn=churn, prefix=bad)
+
+
+def load_churn_detail() -> ModuleType:
+    """``benchmarks/churn_detail.py`` (it imports ``packing`` as the scripts do)."""
+    if str(REPO / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(REPO / "benchmarks"))
+    import churn_detail
+
+    return churn_detail
+
+
+def test_churn_detail_says_why_a_gpu_pod_fits_nowhere() -> None:
+    detail = load_churn_detail()
+    spec = detail.packing.PodSpec
+    one, half = spec("one", 8000, 1000, 1, 1000), spec("half", 8000, 1000, 1, 500)
+    # (free CPU, free memory, free milli-GPUs per GPU) per node
+    assert detail.why_failed([(64_000, 9000, [600, 0])], one) == "no-gpu-room"
+    assert detail.why_failed([(4000, 9000, [1000]), (64_000, 9000, [0])], one) == "cpu"
+    assert detail.why_failed([(64_000, 500, [1000])], one) == "memory"
+    assert detail.why_failed([(4000, 500, [1000])], one) == "cpu+memory"
+    assert detail.why_failed([(4000, 9000, [1000]), (64_000, 500, [600])], half) == "cpu"
+    assert detail.why_failed([(64_000, 9000, [400])], half) == "no-gpu-room"
+
+
+def test_churn_detail_accounts_for_every_gpu(multi_gpu_trace: Path) -> None:
+    """What stays placed and what is free (on partly used or whole free GPUs) add up to
+    the cluster's GPUs at every reading (FGD books exactly the milli-GPUs asked); the
+    run's figure is ``packing.py --churn``'s."""
+    detail = load_churn_detail()
+    out = detail.detail("fgd", 42, every=1, lifetimes="exp", steady=100.0, every_pods=5,
+                        data=multi_gpu_trace)
+    assert out["readings"] > 0
+    placed = out["placed, % of GPUs, by class and lifetime"]
+    free = out["free, % of GPUs, by where"]
+    by_class = sum(v for k, v in placed.items() if " " not in k)
+    assert by_class + sum(free.values()) == pytest.approx(100.0, abs=0.05)
+    assert sum(v for k, v in placed.items() if " " in k) == pytest.approx(by_class, abs=0.05)
+    for reasons in out["GPU pods failed after the steady mark, by class and why"].values():
+        assert set(reasons) <= {"no-gpu-room", "cpu", "memory", "cpu+memory"}
+    bench = detail.packing
+    churn = bench.Churn(lifetimes="exp")
+    results = bench.run_seed(42, ["fgd"], str(multi_gpu_trace), 1, 0.0, churn=churn)
+    assert out["time-weighted alloc after 100 %"] == pytest.approx(results[0].churn_mean, abs=0.01)

@@ -421,6 +421,9 @@ class Sharing:
         self._free_room = free_room
         self._room = free_room if isinstance(free_room, RoomView) else None
         self.arrivals = arrivals if arrivals is not None else ArrivalMix()
+        # the mix follows what stays: a pod bound here is placed until the ledger
+        # no longer holds it (deleted or finished)
+        self.arrivals.follow(lambda uid: ledger.get(uid) is not None)
         self._lock = threading.Lock()
         # per request (share, pod CPU and memory, mix version): the class of (node
         # shape, its usage, its free CPU and memory; ``_NodeKeys``' id of it) ->
@@ -1091,6 +1094,7 @@ class Sharing:
             self.bind_failures += 1
             return 200, f"gpu-aware: binding {ns}/{name} to {node} failed: {_short(err)}"
         self.binds += 1
+        self.arrivals.placed(uid)
         self.requeue.forget(uid)
         log.info(
             "pod bound with shared GPUs",
