@@ -411,6 +411,11 @@ def test_4_a_pdb_that_blocks_the_drain_fails_it_and_changes_nothing(
 
 
 def test_5_a_bad_payload_fails_cordoned_with_an_event(keeper: dict[str, Any]) -> None:
+    # this drain must succeed: test 4's GPU pod on gpu-op is evicted now, and on a loaded
+    # machine its termination outlasts the 10 s that make test 4's blocked drain fail soon
+    # (a clean room's drain failed "GPU pods did not terminate" after 10 s, and the payload
+    # was never tried)
+    set_operator(**{"driver.upgradePolicy.drainTimeoutSeconds": "120"})
     since = now_on_server()
     kubectl("label", "node", "gpu-op", f"{STATE_LABEL}=upgrade-required", "--overwrite")
     wait_until("gpu-op's upgrade failed in driver-manager", lambda: (
